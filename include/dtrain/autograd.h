@@ -1,0 +1,134 @@
+/* dtrain/autograd.h — define-by-run tape, parameters, modules and hooks.
+ *
+ * A dt_graph is the context of one forward/backward: every op called with it
+ * allocates its output from the graph's arena and (when grad is enabled)
+ * appends a node to the tape. dt_graph_backward() walks the tape in reverse.
+ *
+ *   dt_graph_reset(g);                       // new step: tape cleared, arena rewound
+ *   dt_tensor *loss = model->forward(...);   // ops record nodes
+ *   dt_graph_backward(g, loss);              // grads accumulate into param->grad
+ *
+ * Parameters (dt_param) own a name, a value and a grad. Both are views the
+ * layout code may re-point into flat buffers (see nn.h dt_model_set_layout).
+ * Gradients always *accumulate* (+=); zero them with dt_model_zero_grad().
+ *
+ * Hooks data parallel relies on:
+ *  - grad-ready: fired exactly once per backward for every parameter that was
+ *    used in the forward, as soon as its gradient is final (all uses,
+ *    e.g. a tied embedding used twice, have been accumulated), in the order
+ *    backward produces them. Parameters not used get no call; the caller can
+ *    query dt_param.used after backward.
+ *  - module pre/post forward, pre/post backward (ZeRO-3 gathers,
+ *    recompute). Pre-backward fires when backward reaches the last node the
+ *    module recorded; post-backward after its first node has been processed.
+ */
+#ifndef DTRAIN_AUTOGRAD_H
+#define DTRAIN_AUTOGRAD_H
+
+#include "dtrain/tensor.h"
+
+typedef struct dt_graph dt_graph;
+typedef struct dt_node dt_node;
+typedef struct dt_module dt_module;
+typedef struct dt_param dt_param;
+
+/* ---- parameters ---- */
+typedef dt_status (*dt_grad_ready_fn)(dt_param *p, void *user);
+
+struct dt_param {
+    char name[128];          /* "h.0.attn.c_attn.weight" */
+    dt_tensor value;         /* F32; value.param == this */
+    dt_tensor grad;          /* F32, same shape; accumulates */
+    int index;               /* registration order in its model */
+    int weight_decay;        /* 1: decoupled weight decay applies (matrices) */
+    int requires_grad;       /* 0: frozen; no grad, no hook */
+    /* per-backward bookkeeping, managed by the graph */
+    int uses;                /* uses recorded on the current tape */
+    int pending;             /* uses not yet back-propagated */
+    int used;                /* >0 if used in the current forward */
+    dt_grad_ready_fn on_grad_ready;
+    void *on_grad_ready_user;
+};
+
+/* Allocate owned value+grad storage (zeroed). */
+dt_status dt_param_init(dt_param *p, const char *name, int ndim, const int64_t *shape);
+void dt_param_free(dt_param *p);
+
+/* ---- modules ---- */
+typedef enum dt_module_hook_kind {
+    DT_HOOK_PRE_FORWARD = 0,
+    DT_HOOK_POST_FORWARD,
+    DT_HOOK_PRE_BACKWARD,
+    DT_HOOK_POST_BACKWARD,
+    DT_HOOK_KINDS
+} dt_module_hook_kind;
+
+typedef dt_status (*dt_module_hook_fn)(dt_module *m, dt_module_hook_kind kind, void *user);
+
+struct dt_module {
+    char name[96];           /* "h.3.attn" */
+    dt_param **params;       /* parameters owned directly by this module */
+    int n_params;
+    dt_module_hook_fn hook;  /* one hook function receives every kind; NULL = none */
+    void *hook_user;
+    int index;               /* registration order in its model */
+};
+
+/* Brackets a module's forward: fires PRE/POST_FORWARD and records markers so
+ * backward fires PRE/POST_BACKWARD. Returns the hook's status. */
+dt_status dt_module_enter(dt_graph *g, dt_module *m);
+dt_status dt_module_leave(dt_graph *g, dt_module *m);
+
+/* ---- the graph ---- */
+dt_graph *dt_graph_create(void);
+void dt_graph_free(dt_graph *g);
+/* Drop the tape, rewind the arena (memory is kept for the next step), and
+ * reset parameter use counts of every param touched by the previous tape. */
+void dt_graph_reset(dt_graph *g);
+/* no-grad / eval: ops compute but record nothing. Returns previous value. */
+int dt_graph_set_grad_enabled(dt_graph *g, int enabled);
+int dt_graph_grad_enabled(const dt_graph *g);
+/* Training flag read by dropout / batchnorm. */
+void dt_graph_set_training(dt_graph *g, int training);
+int dt_graph_training(const dt_graph *g);
+/* Called between backward nodes (about every op); DDP/ZeRO use it to poll
+ * MPI progress while backward computes. NULL to disable. */
+typedef void (*dt_graph_tick_fn)(void *user);
+void dt_graph_set_tick(dt_graph *g, dt_graph_tick_fn fn, void *user);
+
+/* Backward from a scalar: dloss = 1 (times grad_scale in _scaled). */
+dt_status dt_graph_backward(dt_graph *g, dt_tensor *loss);
+dt_status dt_graph_backward_scaled(dt_graph *g, dt_tensor *loss, float grad_scale);
+size_t dt_graph_arena_bytes(const dt_graph *g);   /* high-water mark */
+
+/* ---- for op implementers ---- */
+/* Uninitialised F32 tensor from the arena (64-byte aligned). NULL+msg on OOM. */
+dt_tensor *dt_graph_tensor(dt_graph *g, int ndim, const int64_t *shape);
+dt_tensor *dt_graph_tensor_zeros(dt_graph *g, int ndim, const int64_t *shape);
+/* Raw scratch from the arena, lives until dt_graph_reset. */
+void *dt_graph_scratch(dt_graph *g, size_t bytes);
+
+typedef void (*dt_backward_fn)(dt_graph *g, dt_node *n);
+#define DT_NODE_MAX_INPUTS 6
+struct dt_node {
+    dt_backward_fn backward;       /* NULL for module markers */
+    const char *op;                /* "linear", for traces and errors */
+    dt_tensor *out;
+    dt_tensor *in[DT_NODE_MAX_INPUTS];
+    int n_in;
+    void *saved;                   /* op-specific, from the arena */
+    float f[4];                    /* op-specific scalars */
+    int64_t i[4];
+    dt_module *module;             /* markers only */
+    int marker;                    /* 0 op, 1 module enter, 2 module leave */
+};
+/* Record an op whose output is `out`. Returns NULL when grad is disabled or
+ * no input requires grad (then the op need not save anything). Sets
+ * out->requires_grad / grad_fn and bumps parameter use counts. */
+dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *out,
+                         int n_in, dt_tensor *const *in);
+/* Gradient buffer of t for a backward fn to accumulate into (+=).
+ * Returns NULL if t does not require grad. Lazily zero-allocated. */
+float *dt_grad_of(dt_graph *g, dt_tensor *t);
+
+#endif

@@ -1,0 +1,82 @@
+/* dtrain/nn.h — models: named parameters, buffers, modules, flat layout.
+ *
+ * A model registers parameters in a fixed order (PyTorch's named_parameters
+ * order; GPT-2 uses Hugging Face names and layouts so checkpoints are
+ * interchangeable). By default parameters and gradients live in two flat
+ * buffers, laid out in *reverse* registration order (≈ the order backward
+ * produces gradients), so a DDP bucket or ZeRO shard is a contiguous range.
+ * Parallel strategies may impose another layout (padding, alignment) with
+ * dt_model_set_layout.
+ */
+#ifndef DTRAIN_NN_H
+#define DTRAIN_NN_H
+
+#include "dtrain/ops.h"
+
+typedef struct dt_named_buffer {
+    char name[128];          /* "bn1.running_mean" */
+    dt_tensor value;         /* F32, owned */
+} dt_named_buffer;
+
+typedef enum dt_model_kind { DT_MODEL_MLP = 0, DT_MODEL_CNN = 1, DT_MODEL_GPT2 = 2 } dt_model_kind;
+
+#define DT_MLP_MAX_LAYERS 16
+typedef struct dt_model_cfg {
+    dt_model_kind kind;
+    /* MLP: in -> hidden[0] -> ... -> out, ReLU between */
+    int mlp_in, mlp_out, mlp_n_hidden, mlp_hidden[DT_MLP_MAX_LAYERS];
+    /* CNN (Fashion-MNIST): conv(1->c1,5x5,pad 2)+BN+ReLU+pool2, conv(c1->c2)+BN+ReLU+pool2, fc(c2*7*7 -> fc) + ReLU, fc(->10) */
+    int cnn_c1, cnn_c2, cnn_fc, cnn_classes;
+    /* GPT-2 */
+    int n_layer, n_embd, n_head, vocab, max_t;
+    float dropout;           /* residual / attention-output dropout (0 = off) */
+} dt_model_cfg;
+
+/* Defaults: MLP 784-[256,256]-10; CNN c1=32 c2=64 fc=128 classes 10;
+ * GPT-2 tiny L=4 C=128 H=4 V=256 maxT=128. */
+dt_model_cfg dt_model_cfg_default(dt_model_kind kind);
+dt_status dt_model_cfg_validate(const dt_model_cfg *c);
+
+/* A batch. Image models: x_img[B, 1, 28, 28] and y[B]. Language models:
+ * x_ids[B, T], y[B, T]. Targets < 0 are ignored. */
+typedef struct dt_batch {
+    int64_t B, T;
+    const float *x_img;
+    const int32_t *x_ids;
+    const int32_t *y;
+} dt_batch;
+
+typedef struct dt_model dt_model;
+struct dt_model {
+    dt_model_cfg cfg;
+    dt_param **params; int n_params;
+    dt_named_buffer **buffers; int n_buffers;
+    dt_module **modules; int n_modules;
+    dt_flat param_flat, grad_flat;   /* every param's value / grad is a view into these */
+    size_t *offsets;                 /* offsets[i]: element offset of params[i] in the flats */
+    size_t n_elems;                  /* sum of param numel (no padding) */
+    dt_rng dropout_rng;
+    dt_bn_sync bn_sync;              /* SyncBatchNorm reducer; fn NULL = local stats */
+    /* forward: returns the scalar loss; *logits (optional) gets [B*T or B, classes] */
+    dt_tensor *(*forward)(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits);
+    void (*destroy)(dt_model *m);
+    void *impl;
+};
+
+/* Build and initialise (seeded: same seed -> same weights). */
+dt_status dt_model_create(const dt_model_cfg *cfg, uint64_t seed, dt_model **out);
+void dt_model_free(dt_model *m);
+dt_tensor *dt_model_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits);
+size_t dt_model_num_params(const dt_model *m);
+void dt_model_zero_grad(dt_model *m);
+dt_param *dt_model_find_param(const dt_model *m, const char *name);
+/* Re-point values and grads into new flat buffers of `total` elements where
+ * params[i] starts at offsets[i] (values copied, grads zeroed, gaps zero). */
+dt_status dt_model_set_layout(dt_model *m, const size_t *offsets, size_t total);
+/* Training FLOPs per sample (image) or per token (LM): 6*N (+ attention). */
+double dt_model_flops_per_item(const dt_model *m, int64_t T);
+/* Parse "mlp" | "cnn" | "gpt2". */
+int dt_model_kind_parse(const char *s, dt_model_kind *out);
+const char *dt_model_kind_name(dt_model_kind k);
+
+#endif

@@ -1,0 +1,77 @@
+/* dtrain/ops.h — differentiable ops. Each takes the graph, returns a new
+ * arena tensor (NULL + error message on bad shapes), and records its backward.
+ * All F32, contiguous, row-major. GEMMs go through cblas_sgemm; everything
+ * else is an OpenMP loop. Shapes are written [dim0, dim1, ...].
+ *
+ * Inputs that carry data but no gradient (token ids, labels) are plain
+ * int32 arrays owned by the caller; they must stay alive until backward.
+ */
+#ifndef DTRAIN_OPS_H
+#define DTRAIN_OPS_H
+
+#include "dtrain/autograd.h"
+
+/* Weight layout of a linear layer. */
+typedef enum dt_wlayout {
+    DT_W_OUT_IN = 0,  /* w[out, in]  (torch.nn.Linear; also a tied lm-head over wte[V, C]) */
+    DT_W_IN_OUT = 1,  /* w[in, out]  (Hugging Face GPT-2 Conv1D) */
+} dt_wlayout;
+
+/* y[..., out] = x[..., in] · W (+ b[out]); leading dims flattened into N rows. */
+dt_tensor *dt_op_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, dt_wlayout layout);
+/* c[M, N] = a[M, K] · b[K, N]; also batched: a[Bt, M, K] · b[Bt, K, N]. */
+dt_tensor *dt_op_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b);
+/* y[N, C] = x[N, C] + b[C] (x may be any shape whose last dim is C). */
+dt_tensor *dt_op_bias_add(dt_graph *g, dt_tensor *x, dt_tensor *b);
+/* y = a + b, same shape (residual). */
+dt_tensor *dt_op_add(dt_graph *g, dt_tensor *a, dt_tensor *b);
+dt_tensor *dt_op_relu(dt_graph *g, dt_tensor *x);
+/* GELU, tanh approximation (GPT-2). */
+dt_tensor *dt_op_gelu(dt_graph *g, dt_tensor *x);
+/* LayerNorm over the last dim C: w[C], b[C]. */
+dt_tensor *dt_op_layernorm(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, float eps);
+/* Softmax over the last dim. */
+dt_tensor *dt_op_softmax(dt_graph *g, dt_tensor *x);
+/* Fused causal multi-head self-attention.
+ * qkv[B, T, 3C] laid out as [q | k | v], each C = n_head * hs -> y[B, T, C]. */
+dt_tensor *dt_op_attention(dt_graph *g, dt_tensor *qkv, int n_head);
+/* y[n, C] = w[ids[i], :]; w[V, C]. ids out of range -> error. Output shape is
+ * given by (ndim, shape) whose numel / C must equal n. */
+dt_tensor *dt_op_embedding(dt_graph *g, dt_tensor *w, const int32_t *ids, int64_t n,
+                           int ndim, const int64_t *shape);
+/* Mean softmax cross-entropy over rows: logits[N, V], targets[N] (int32,
+ * target < 0 = ignored row). Returns a scalar (ndim 0). Fused: the backward
+ * is softmax - onehot, no separate probability tensor is kept beyond the arena. */
+dt_tensor *dt_op_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *targets);
+/* 2-D convolution, x[N, C, H, W], w[OC, C, KH, KW], b[OC] or NULL.
+ * im2col + GEMM. -> [N, OC, OH, OW]. */
+dt_tensor *dt_op_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int pad);
+/* Max pool, square window k, stride s, no padding. x[N, C, H, W]. */
+dt_tensor *dt_op_maxpool2d(dt_graph *g, dt_tensor *x, int k, int s);
+
+/* BatchNorm over x[N, C, S...] (per channel C, statistics over N and S).
+ * Training (dt_graph_training): normalise with batch statistics and update
+ * running_mean / running_var (unbiased var) with `momentum`; eval: use the
+ * running statistics. `sync` (may be NULL) all-reduces the per-channel
+ * statistics across ranks (SyncBatchNorm): called with a float array of
+ * length n and must replace it by its sum over ranks; it also returns the
+ * global element count through *count (in: local count). */
+typedef dt_status (*dt_bn_sync_fn)(float *data, int64_t n, double *count, void *user);
+typedef struct dt_bn_sync { dt_bn_sync_fn fn; void *user; } dt_bn_sync;
+dt_tensor *dt_op_batchnorm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                           dt_tensor *running_mean, dt_tensor *running_var,
+                           float momentum, float eps, const dt_bn_sync *sync);
+
+/* Inverted dropout with probability p; identity when !training or p == 0.
+ * Mask drawn from rng (seeded -> reproducible). */
+dt_tensor *dt_op_dropout(dt_graph *g, dt_tensor *x, float p, dt_rng *rng);
+/* Same data, new shape (numel must match). */
+dt_tensor *dt_op_reshape(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape);
+/* [N, ...] -> [N, rest]. */
+dt_tensor *dt_op_flatten(dt_graph *g, dt_tensor *x);
+
+/* ---- non-differentiable helpers ---- */
+/* argmax over the last dim of logits[N, V]; returns number of rows equal to labels. */
+int64_t dt_count_correct(const dt_tensor *logits, const int32_t *labels);
+
+#endif

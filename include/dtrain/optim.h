@@ -1,0 +1,86 @@
+/* dtrain/optim.h — SGD and AdamW over ranges of flat buffers, clipping, LR schedules.
+ *
+ * The kernels step a contiguous element range [0, n) of a parameter buffer,
+ * its gradient and its state: DDP steps the whole flat buffer, ZeRO only the
+ * shard a rank owns. Weight decay is a per-range flag (callers split ranges
+ * at parameter boundaries; dt_optimizer does this from a segment table).
+ *
+ * Semantics follow PyTorch:
+ *   SGD:   g' = g + wd*p; buf = momentum*buf + g' (buf = g' on step 1);
+ *          d = nesterov ? g' + momentum*buf : buf; p -= lr*d
+ *   AdamW: p -= lr*wd*p; m = b1*m + (1-b1)g; v = b2*v + (1-b2)g^2;
+ *          p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
+ */
+#ifndef DTRAIN_OPTIM_H
+#define DTRAIN_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dtrain/error.h"
+
+typedef enum dt_optim_kind { DT_OPTIM_SGD = 0, DT_OPTIM_ADAMW = 1 } dt_optim_kind;
+
+typedef struct dt_optim_cfg {
+    dt_optim_kind kind;
+    float lr;              /* base LR (the schedule scales it) */
+    float weight_decay;
+    float momentum;        /* SGD */
+    int nesterov;          /* SGD */
+    float beta1, beta2, eps;  /* AdamW */
+} dt_optim_cfg;
+/* PyTorch-like defaults for kind: AdamW lr 1e-3, betas .9/.999, eps 1e-8, wd 0.01;
+ * SGD lr 0.01, momentum 0, wd 0. */
+dt_optim_cfg dt_optim_cfg_default(dt_optim_kind kind);
+/* Rejects contradictions (nesterov without momentum, negative lr, betas outside [0,1)). */
+dt_status dt_optim_cfg_validate(const dt_optim_cfg *c);
+/* Number of state floats per parameter element (SGD: 1 if momentum > 0 else 0; AdamW: 2). */
+int dt_optim_state_per_elem(const dt_optim_cfg *c);
+
+/* Kernels on one range. `step` is 1-based (after increment). grad_scale
+ * multiplies the gradient first (clipping / averaging); 1.0 = none.
+ * `state` points at state_per_elem arrays of n floats each (state[0] = m or buf,
+ * state[1] = v). OpenMP-parallel. */
+void dt_sgd_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
+                       float *buf, size_t n, int64_t step, float grad_scale);
+void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
+                         float *m, float *v, size_t n, int64_t step, float grad_scale);
+
+/* Sum of squares of x[0..n) in double (for the global grad norm; the caller
+ * sums partial results across ranks / shards, then takes sqrt). */
+double dt_sumsq(const float *x, size_t n);
+/* Scale factor for clipping: min(1, max_norm / (norm + 1e-6)); 1 if max_norm <= 0. */
+float dt_clip_scale(double norm, float max_norm);
+
+/* ---- an optimizer over a flat buffer ----
+ * Segments say where parameters start and whether they decay; the optimizer
+ * owns state for [state_begin, state_end) of the flat buffer only (the whole
+ * buffer for DDP, a shard for ZeRO). */
+typedef struct dt_optim_segment { size_t offset, numel; int decay; } dt_optim_segment;
+
+typedef struct dt_optimizer {
+    dt_optim_cfg cfg;
+    dt_optim_segment *segs;
+    int n_segs;
+    size_t state_begin, state_end;   /* owned range of the flat buffer, in elements */
+    float *state[2];                 /* each (state_end - state_begin) floats, or NULL */
+    int64_t step;                    /* completed steps */
+} dt_optimizer;
+
+dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_optim_segment *segs,
+                            int n_segs, size_t state_begin, size_t state_end);
+void dt_optimizer_free(dt_optimizer *o);
+/* Step params/grads restricted to [begin, end) ⊆ [state_begin, state_end).
+ * `param` and `grad` index the full flat buffer (element 0 = flat offset 0).
+ * Does not increment o->step (call dt_optimizer_finish_step once per step). */
+void dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const float *grad,
+                             size_t begin, size_t end, float grad_scale);
+void dt_optimizer_finish_step(dt_optimizer *o);
+
+/* ---- LR schedule: linear warm-up then cosine decay to min_lr ---- */
+typedef struct dt_lr_schedule {
+    float lr, min_lr;
+    int64_t warmup, total;  /* total <= 0: constant after warm-up */
+} dt_lr_schedule;
+float dt_lr_at(const dt_lr_schedule *s, int64_t step);   /* step 0-based */
+
+#endif

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install deps, build with -Werror, run every test; then the fast tests again
+# under ASan+UBSan. Exit non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+scripts/deps.sh
+scripts/build.sh build
+(cd build && ctest --output-on-failure -j1)
+scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DDTRAIN_SANITIZE=ON
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp
+(cd build-asan && ctest --output-on-failure -j1 -LE slow)

@@ -1,0 +1,53 @@
+#include <stdlib.h>
+#include "arena.h"
+#include "dtrain/tensor.h"
+
+#define DT_ARENA_MIN_BLOCK ((size_t)4 << 20)
+
+static int add_block(dt_arena *a, size_t cap) {
+    if (a->n_blocks == a->cap_blocks) {
+        int nc = a->cap_blocks ? 2 * a->cap_blocks : 4;
+        dt_arena_block *nb = realloc(a->blocks, (size_t)nc * sizeof *nb);
+        if (!nb) return -1;
+        a->blocks = nb;
+        a->cap_blocks = nc;
+    }
+    char *base = dt_alloc(cap);
+    if (!base) return -1;
+    a->blocks[a->n_blocks++] = (dt_arena_block){base, cap, 0};
+    return 0;
+}
+
+void *dt_arena_alloc(dt_arena *a, size_t bytes) {
+    size_t need = (bytes + 63) & ~(size_t)63;
+    if (need == 0) need = 64;
+    dt_arena_block *b = a->n_blocks ? &a->blocks[a->n_blocks - 1] : NULL;
+    if (!b || b->cap - b->used < need) {
+        size_t cap = need > DT_ARENA_MIN_BLOCK ? need : DT_ARENA_MIN_BLOCK;
+        if (b && cap < b->cap * 2) cap = b->cap * 2;   /* geometric growth */
+        if (add_block(a, cap) != 0) return NULL;
+        b = &a->blocks[a->n_blocks - 1];
+    }
+    void *p = b->base + b->used;
+    b->used += need;
+    a->in_use += need;
+    if (a->in_use > a->high_water) a->high_water = a->in_use;
+    return p;
+}
+
+void dt_arena_reset(dt_arena *a) {
+    if (a->n_blocks > 1) {   /* merge: one block big enough for the whole step */
+        size_t total = 0;
+        for (int i = 0; i < a->n_blocks; i++) { total += a->blocks[i].cap; dt_free(a->blocks[i].base); }
+        a->n_blocks = 0;
+        if (add_block(a, total) != 0) a->n_blocks = 0;   /* retried lazily on next alloc */
+    }
+    for (int i = 0; i < a->n_blocks; i++) a->blocks[i].used = 0;
+    a->in_use = 0;
+}
+
+void dt_arena_free(dt_arena *a) {
+    for (int i = 0; i < a->n_blocks; i++) dt_free(a->blocks[i].base);
+    free(a->blocks);
+    *a = (dt_arena){0};
+}

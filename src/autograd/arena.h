@@ -1,0 +1,19 @@
+/* Bump allocator behind a dt_graph: one step's activations and tape nodes.
+ * Reset rewinds without freeing; if a step overflowed into extra blocks, the
+ * next reset merges them into one block of the high-water size, so a steady
+ * training loop does one allocation total. */
+#ifndef DT_AUTOGRAD_ARENA_H
+#define DT_AUTOGRAD_ARENA_H
+#include <stddef.h>
+
+typedef struct dt_arena_block { char *base; size_t cap, used; } dt_arena_block;
+typedef struct dt_arena {
+    dt_arena_block *blocks;
+    int n_blocks, cap_blocks;
+    size_t in_use, high_water;   /* bytes handed out this step / max over steps */
+} dt_arena;
+
+void *dt_arena_alloc(dt_arena *a, size_t bytes);   /* 64-byte aligned; NULL on OOM */
+void dt_arena_reset(dt_arena *a);
+void dt_arena_free(dt_arena *a);
+#endif

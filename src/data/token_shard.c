@@ -1,0 +1,200 @@
+/* llm.c token shards.
+ *
+ * Layout (all little-endian): int32 header[256] with header[0] = 20240520
+ * (magic), header[1] = 1 (version), header[2] = n_tokens; then n_tokens uint16.
+ * The file size must be exactly 1024 + 2 * n_tokens. Empty shards
+ * (n_tokens == 0) are rejected on load and on write.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "dtrain/data.h"
+
+#define SHARD_MAGIC 20240520
+#define SHARD_VERSION 1
+#define SHARD_HDR_INTS 256
+#define SHARD_HDR_BYTES (SHARD_HDR_INTS * 4)
+#define SHARD_CHUNK 65536   /* tokens per read/write chunk */
+
+static int32_t le32(const uint8_t *p) {
+    return (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
+}
+
+static void put_le32(uint8_t *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (uint8_t)u; p[1] = (uint8_t)(u >> 8); p[2] = (uint8_t)(u >> 16); p[3] = (uint8_t)(u >> 24);
+}
+
+dt_status dt_token_shard_load(const char *path, dt_token_dataset *out) {
+    if (!path || !out) return DT_ERR(DT_EINVAL, "dt_token_shard_load: NULL argument");
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) return DT_ERR(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
+    dt_status st = DT_OK;
+    uint16_t *tok = NULL;
+    uint8_t hdr[SHARD_HDR_BYTES];
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        st = DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = DT_ERR(DT_EINVAL, "%s: not a regular file", path);
+        goto done;
+    }
+    int64_t size = (int64_t)sb.st_size;
+    if (size < SHARD_HDR_BYTES) {
+        st = DT_ERR(DT_EFORMAT, "%s: truncated: %lld bytes, smaller than the %d-byte header", path,
+                    (long long)size, SHARD_HDR_BYTES);
+        goto done;
+    }
+    if (fread(hdr, 1, sizeof hdr, f) != sizeof hdr) {
+        st = DT_ERR(DT_EIO, "%s: cannot read header", path);
+        goto done;
+    }
+    int32_t magic = le32(hdr), version = le32(hdr + 4), n32 = le32(hdr + 8);
+    if (magic != SHARD_MAGIC) {
+        st = DT_ERR(DT_EFORMAT, "%s: bad magic %d (expected %d)", path, magic, SHARD_MAGIC);
+        goto done;
+    }
+    if (version != SHARD_VERSION) {
+        st = DT_ERR(DT_EFORMAT, "%s: unsupported version %d (expected %d)", path, version, SHARD_VERSION);
+        goto done;
+    }
+    if (n32 <= 0) {
+        st = DT_ERR(DT_EFORMAT, "%s: bad token count %d in header", path, n32);
+        goto done;
+    }
+    int64_t n = n32, expect = SHARD_HDR_BYTES + 2 * n;
+    if (size != expect) {
+        st = DT_ERR(DT_EFORMAT, "%s: size mismatch: header says %lld tokens (%lld bytes), file has %lld bytes",
+                    path, (long long)n, (long long)expect, (long long)size);
+        goto done;
+    }
+    tok = malloc((size_t)n * sizeof *tok);
+    if (!tok) {
+        st = DT_ERR(DT_ENOMEM, "%s: out of memory for %lld tokens", path, (long long)n);
+        goto done;
+    }
+    uint8_t buf[2 * SHARD_CHUNK];
+    int maxid = 0;
+    for (int64_t i = 0; i < n;) {
+        size_t want = (size_t)(n - i < SHARD_CHUNK ? n - i : SHARD_CHUNK);
+        size_t r = fread(buf, 2, want, f);
+        if (r != want) {   /* file shrank under us */
+            st = DT_ERR(DT_EFORMAT, "%s: truncated: expected %lld tokens, got %lld", path,
+                        (long long)n, (long long)(i + (int64_t)r));
+            goto done;
+        }
+        for (size_t k = 0; k < want; k++) {
+            uint16_t t = (uint16_t)(buf[2 * k] | (buf[2 * k + 1] << 8));
+            tok[i + (int64_t)k] = t;
+            if (t > maxid) maxid = t;
+        }
+        i += (int64_t)want;
+    }
+    out->tokens = tok;
+    out->n_tokens = n;
+    out->vocab = maxid + 1;
+    tok = NULL;
+done:
+    free(tok);
+    fclose(f);
+    return st;
+}
+
+/* write(2) all of buf, retrying on EINTR / short writes. 0 ok, -1 errno set. */
+static int write_all(int fd, const void *buf, size_t len) {
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Serialise the shard into a temp file in path's directory, fsync it, rename
+ * over path, then fsync the directory so the rename itself is durable. On any
+ * failure before the rename the temp file is removed and path is untouched. */
+static dt_status shard_write_atomic(const char *path, const uint16_t *tokens, int64_t n) {
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    char *dir = malloc(plen + 2);
+    if (!tmp || !dir) {
+        free(tmp);
+        free(dir);
+        return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
+    }
+    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
+    /* dir = dirname(path): "." if no slash, "/" if only the leading one. */
+    const char *slash = strrchr(path, '/');
+    if (!slash) strcpy(dir, ".");
+    else if (slash == path) strcpy(dir, "/");
+    else { memcpy(dir, path, (size_t)(slash - path)); dir[slash - path] = 0; }
+
+    dt_status st = DT_OK;
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        st = DT_ERR(DT_EIO, "%s: cannot create temp file %s: %s", path, tmp, strerror(errno));
+        goto out;
+    }
+    (void)fchmod(fd, 0644);   /* mkstemp makes 0600; shards are ordinary data files */
+
+    uint8_t hdr[SHARD_HDR_BYTES] = {0};
+    put_le32(hdr, SHARD_MAGIC);
+    put_le32(hdr + 4, SHARD_VERSION);
+    put_le32(hdr + 8, (int32_t)n);
+    int err = write_all(fd, hdr, sizeof hdr);
+    uint8_t buf[2 * SHARD_CHUNK];
+    for (int64_t i = 0; err == 0 && i < n;) {
+        int64_t m = n - i < SHARD_CHUNK ? n - i : SHARD_CHUNK;
+        for (int64_t k = 0; k < m; k++) {
+            buf[2 * k] = (uint8_t)tokens[i + k];
+            buf[2 * k + 1] = (uint8_t)(tokens[i + k] >> 8);
+        }
+        err = write_all(fd, buf, (size_t)(2 * m));
+        i += m;
+    }
+    if (err == 0) err = fsync(fd);
+    if (err != 0) {
+        st = DT_ERR(DT_EIO, "%s: write to %s failed: %s", path, tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        goto out;
+    }
+    if (close(fd) != 0) {
+        st = DT_ERR(DT_EIO, "%s: close of %s failed: %s", path, tmp, strerror(errno));
+        unlink(tmp);
+        goto out;
+    }
+    if (rename(tmp, path) != 0) {
+        st = DT_ERR(DT_EIO, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
+        unlink(tmp);
+        goto out;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (dfd < 0 || fsync(dfd) != 0) {
+        st = DT_ERR(DT_EIO, "%s: fsync of directory %s failed: %s", path, dir, strerror(errno));
+    }
+    if (dfd >= 0) close(dfd);
+out:
+    free(tmp);
+    free(dir);
+    return st;
+}
+
+dt_status dt_token_shard_write(const char *path, const uint16_t *tokens, int64_t n) {
+    if (!path || !tokens) return DT_ERR(DT_EINVAL, "dt_token_shard_write: NULL argument");
+    if (n <= 0 || n > INT32_MAX)
+        return DT_ERR(DT_EINVAL, "%s: token count %lld out of range [1, %d]", path, (long long)n, INT32_MAX);
+    return shard_write_atomic(path, tokens, n);
+}

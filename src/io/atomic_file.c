@@ -1,0 +1,145 @@
+/* Atomic file replacement: temp file in the target's directory, fsync,
+ * rename, fsync of the directory. A crash or error never leaves a partially
+ * written file at the destination. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "dtrain/io.h"
+#include "io/atomic_file_internal.h"
+
+/* Distinguishes temp files of concurrent writers within one process. */
+static atomic_uint tmp_counter;
+
+static char *str_dup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = malloc(n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+static void af_release(dt_atomic_file *af) {
+    free(af->path);
+    free(af->tmp_path);
+    af->path = af->tmp_path = NULL;
+    af->f = NULL;
+}
+
+dt_status dt_atomic_open(dt_atomic_file *af, const char *path) {
+    memset(af, 0, sizeof *af);
+    if (!path || !*path) return DT_ERR(DT_EINVAL, "atomic write: empty path");
+    af->path = str_dup(path);
+    size_t cap = strlen(path) + 64;
+    af->tmp_path = malloc(cap);
+    if (!af->path || !af->tmp_path) {
+        af_release(af);
+        return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
+    }
+    int fd = -1;
+    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
+        unsigned n = atomic_fetch_add(&tmp_counter, 1u);
+        snprintf(af->tmp_path, cap, "%s.tmp.%ld.%u", path, (long)getpid(), n);
+        fd = open(af->tmp_path, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        int e = errno;
+        dt_status s = DT_ERR(DT_EIO, "%s: cannot create temp file '%s': %s", path,
+                             af->tmp_path, strerror(e));
+        af_release(af);
+        return s;
+    }
+    af->f = fdopen(fd, "wb");
+    if (!af->f) {
+        int e = errno;
+        close(fd);
+        unlink(af->tmp_path);
+        dt_status s = DT_ERR(DT_EIO, "%s: fdopen failed: %s", path, strerror(e));
+        af_release(af);
+        return s;
+    }
+    return DT_OK;
+}
+
+dt_status dt_atomic_write(dt_atomic_file *af, const void *bytes, size_t n) {
+    if (!af->f) return DT_ERR(DT_ESTATE, "atomic write: file is not open");
+    if (n == 0) return DT_OK;
+    if (fwrite(bytes, 1, n, af->f) != n) {
+        int e = errno;
+        return DT_ERR(DT_EIO, "%s: write failed: %s", af->path, strerror(e));
+    }
+    return DT_OK;
+}
+
+void dt_atomic_discard(dt_atomic_file *af) {
+    if (af->f) fclose(af->f);
+    if (af->tmp_path) unlink(af->tmp_path);
+    af_release(af);
+}
+
+/* fsync the directory holding path so the rename itself is durable. */
+static dt_status fsync_parent_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir;
+    if (!slash) {
+        dir = str_dup(".");
+    } else {
+        size_t n = slash == path ? 1 : (size_t)(slash - path);
+        dir = malloc(n + 1);
+        if (dir) { memcpy(dir, path, n); dir[n] = 0; }
+    }
+    if (!dir) return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    dt_status s = DT_OK;
+    if (fd < 0) {
+        s = DT_ERR(DT_EIO, "%s: cannot open directory '%s' for fsync: %s", path, dir,
+                   strerror(errno));
+    } else {
+        /* Some file systems cannot fsync directories; that is not an error. */
+        if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP)
+            s = DT_ERR(DT_EIO, "%s: fsync of directory '%s' failed: %s", path, dir,
+                       strerror(errno));
+        close(fd);
+    }
+    free(dir);
+    return s;
+}
+
+dt_status dt_atomic_commit(dt_atomic_file *af) {
+    if (!af->f) {
+        dt_atomic_discard(af);
+        return DT_ERR(DT_ESTATE, "atomic write: file is not open");
+    }
+    const char *what = NULL;
+    int e = 0;
+    if (fflush(af->f) != 0) { what = "write"; e = errno; }
+    else if (fsync(fileno(af->f)) != 0) { what = "fsync"; e = errno; }
+    FILE *f = af->f;
+    af->f = NULL;
+    if (fclose(f) != 0 && !what) { what = "close"; e = errno; }
+    if (!what && rename(af->tmp_path, af->path) != 0) { what = "rename"; e = errno; }
+    if (what) {
+        dt_status s = DT_ERR(DT_EIO, "%s: %s failed: %s", af->path, what, strerror(e));
+        dt_atomic_discard(af);
+        return s;
+    }
+    dt_status s = fsync_parent_dir(af->path);
+    af_release(af);
+    return s;
+}
+
+dt_status dt_write_file_atomic(const char *path, const void *bytes, size_t n) {
+    if (n > 0 && !bytes) return DT_ERR(DT_EINVAL, "%s: atomic write of NULL data", path ? path : "?");
+    dt_atomic_file af;
+    DT_TRY(dt_atomic_open(&af, path));
+    dt_status s = dt_atomic_write(&af, bytes, n);
+    if (s != DT_OK) {
+        dt_atomic_discard(&af);
+        return s;
+    }
+    return dt_atomic_commit(&af);
+}
