@@ -1,8 +1,20 @@
-/* dtrain CLI entry point (subcommands land in cli/cmd_*.c). */
+/* dtrain: command-line entry point. */
 #include <stdio.h>
 #include <string.h>
+#include "cli.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dtrain <command> [options]\n\n"
+               "commands:\n"
+               "  train   train a model (dtrain train --help)\n"
+               "  eval    evaluate saved weights (dtrain eval --help)\n");
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help")) { printf("usage: dtrain <train|eval> [options]\n"); return argc < 2; }
-    fprintf(stderr, "dtrain: unknown command '%s'\n", argv[1]);
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
+    if (!strcmp(argv[1], "train")) return dt_cli_train(argc, argv, 0);
+    if (!strcmp(argv[1], "eval")) return dt_cli_train(argc, argv, 1);
+    fprintf(stderr, "dtrain: unknown command '%s' (train, eval)\n", argv[1]);
     return 2;
 }

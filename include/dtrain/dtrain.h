@@ -10,4 +10,5 @@
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/io.h"
+#include "dtrain/train.h"
 #endif

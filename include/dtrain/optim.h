@@ -69,11 +69,13 @@ typedef struct dt_optimizer {
 dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_optim_segment *segs,
                             int n_segs, size_t state_begin, size_t state_end);
 void dt_optimizer_free(dt_optimizer *o);
-/* Step params/grads restricted to [begin, end) ⊆ [state_begin, state_end).
- * `param` and `grad` index the full flat buffer (element 0 = flat offset 0).
- * Does not increment o->step (call dt_optimizer_finish_step once per step). */
-void dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const float *grad,
-                             size_t begin, size_t end, float grad_scale);
+/* Step params/grads restricted to [begin, end) ⊆ [state_begin, state_end)
+ * (DT_EINVAL, nothing stepped, otherwise). Elements in no segment (padding)
+ * are left untouched. `param` and `grad` index the full flat buffer (element
+ * 0 = flat offset 0). Does not increment o->step (call dt_optimizer_finish_step
+ * once per step). */
+dt_status dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const float *grad,
+                                  size_t begin, size_t end, float grad_scale);
 void dt_optimizer_finish_step(dt_optimizer *o);
 
 /* ---- LR schedule: linear warm-up then cosine decay to min_lr ---- */

@@ -5,8 +5,10 @@
  * Every length is hostile: the dims product is overflow-checked and capped,
  * the buffer grows with the data actually read (a tiny file cannot make us
  * allocate its claimed size up front), short data is "truncated", and bytes
- * after the declared data are rejected as trailing garbage. gzread passes
- * non-gzip files through unchanged, so raw files work the same way.
+ * after the declared data are rejected as trailing garbage ("trailing data").
+ * gzread passes non-gzip files through unchanged, so raw files work the same
+ * way. Note zlib itself ignores non-gzip bytes after the last gzip member, so
+ * those are accepted; a bad CRC or corrupt deflate data is DT_EFORMAT.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -32,8 +34,15 @@ static int64_t idx_read(gzFile gz, const char *path, void *buf, int64_t len, dt_
             else if (zerr == Z_BUF_ERROR)   /* gzip stream cut short */
                 *st = DT_ERR(DT_EFORMAT, "%s: truncated gzip stream after %lld bytes of output",
                              path, (long long)got);
-            else
-                *st = DT_ERR(DT_EFORMAT, "%s: corrupt gzip stream: %s", path, msg);
+            else {
+                /* zlib prefixes its message with the path; drop that copy */
+                size_t pl = strlen(path);
+                if (msg && strncmp(msg, path, pl) == 0 && msg[pl] == ':') {
+                    msg += pl + 1;
+                    if (*msg == ' ') msg++;
+                }
+                *st = DT_ERR(DT_EFORMAT, "%s: corrupt gzip stream: %s", path, msg ? msg : "unknown error");
+            }
             return -1;
         }
         if (r == 0) break;

@@ -1,0 +1,22 @@
+/* Table-driven flag parsing: the table that parses also prints --help. */
+#ifndef DT_CLI_ARGS_H
+#define DT_CLI_ARGS_H
+#include <stdint.h>
+
+typedef enum dt_arg_type { DT_ARG_INT, DT_ARG_I64, DT_ARG_U64, DT_ARG_FLOAT, DT_ARG_STR, DT_ARG_FLAG, DT_ARG_LIST } dt_arg_type;
+
+typedef struct dt_arg {
+    const char *name;       /* "--lr" */
+    dt_arg_type type;
+    void *dst;              /* int*, int64_t*, uint64_t*, float*, const char**, int* (flag / list count) */
+    const char *meta;       /* "N", "FILE" */
+    const char *help;
+    int *list;              /* DT_ARG_LIST: int array (dst = int *count), capacity in list_cap */
+    int list_cap;
+} dt_arg;
+
+/* Parses argv[from..argc). Unknown flags, missing values and malformed numbers
+ * produce one line in err (returns -1). Returns 1 if --help was given. */
+int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, char *err, int errlen);
+void dt_args_help(const dt_arg *table, int n, const char *usage, const char *footer);
+#endif

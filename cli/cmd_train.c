@@ -1,0 +1,133 @@
+/* dtrain train / dtrain eval: flags -> dt_train_opts -> trainer. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "args.h"
+#include "cli.h"
+#include "dtrain/train.h"
+
+typedef struct cli_flags {
+    dt_train_opts o;
+    const char *model, *data, *optim;
+    int hidden_n, hidden[DT_MLP_MAX_LAYERS], chan_n, chan[2];
+    int nproc;
+    int nesterov;
+} cli_flags;
+
+#define N_ARGS(t) ((int)(sizeof(t) / sizeof((t)[0])))
+
+static int build_table(cli_flags *f, dt_arg *t) {
+    dt_train_opts *o = &f->o;
+    dt_model_cfg *m = &o->model;
+    dt_arg a[] = {
+        {"--model", DT_ARG_STR, &f->model, "mlp|cnn|gpt2", "model (default mlp)", 0, 0},
+        {"--hidden", DT_ARG_LIST, &f->hidden_n, "N,N,..", "MLP hidden sizes (default 256,256)", f->hidden, DT_MLP_MAX_LAYERS},
+        {"--channels", DT_ARG_LIST, &f->chan_n, "C1,C2", "CNN conv channels (default 32,64)", f->chan, 2},
+        {"--fc", DT_ARG_INT, &m->cnn_fc, "N", "CNN hidden fully-connected size (default 128)", 0, 0},
+        {"--layers", DT_ARG_INT, &m->n_layer, "L", "GPT-2 layers (default 4)", 0, 0},
+        {"--embd", DT_ARG_INT, &m->n_embd, "C", "GPT-2 embedding width (default 128)", 0, 0},
+        {"--heads", DT_ARG_INT, &m->n_head, "H", "GPT-2 attention heads (default 4)", 0, 0},
+        {"--vocab", DT_ARG_INT, &m->vocab, "V", "GPT-2 vocabulary (default 256: bytes)", 0, 0},
+        {"--max-t", DT_ARG_INT, &m->max_t, "T", "GPT-2 context length (default 128)", 0, 0},
+        {"--dropout", DT_ARG_FLOAT, &m->dropout, "P", "GPT-2 dropout (default 0)", 0, 0},
+        {"--data", DT_ARG_STR, &f->data, "KIND", "fashion-mnist | text | shard (default fashion-mnist; text for gpt2)", 0, 0},
+        {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},
+        {"--val-path", DT_ARG_STR, &o->val_path, "PATH", "LM validation file (default: last 10% of the data)", 0, 0},
+        {"--batch", DT_ARG_I64, &o->batch, "B", "batch size per rank and micro-step (default 64)", 0, 0},
+        {"--seq", DT_ARG_I64, &o->seq, "T", "LM sequence length (default 64)", 0, 0},
+        {"--steps", DT_ARG_I64, &o->steps, "N", "optimizer steps (overrides --epochs)", 0, 0},
+        {"--epochs", DT_ARG_INT, &o->epochs, "N", "epochs when --steps is not given (default 1)", 0, 0},
+        {"--accum", DT_ARG_INT, &o->accum, "K", "micro-steps per optimizer step (gradient accumulation, default 1)", 0, 0},
+        {"--optim", DT_ARG_STR, &f->optim, "adamw|sgd", "optimizer (default adamw)", 0, 0},
+        {"--lr", DT_ARG_FLOAT, &o->optim.lr, "LR", "learning rate (default 1e-3 adamw, 1e-2 sgd)", 0, 0},
+        {"--min-lr", DT_ARG_FLOAT, &o->min_lr, "LR", "cosine schedule floor; with --warmup enables the schedule (default 0)", 0, 0},
+        {"--warmup", DT_ARG_I64, &o->warmup, "N", "linear warm-up steps (default 0)", 0, 0},
+        {"--wd", DT_ARG_FLOAT, &o->optim.weight_decay, "W", "weight decay, matrices only (default 0.01 adamw, 0 sgd)", 0, 0},
+        {"--momentum", DT_ARG_FLOAT, &o->optim.momentum, "M", "SGD momentum (default 0)", 0, 0},
+        {"--nesterov", DT_ARG_FLAG, &f->nesterov, NULL, "SGD Nesterov momentum", 0, 0},
+        {"--beta1", DT_ARG_FLOAT, &o->optim.beta1, "B1", "AdamW beta1 (default 0.9)", 0, 0},
+        {"--beta2", DT_ARG_FLOAT, &o->optim.beta2, "B2", "AdamW beta2 (default 0.999)", 0, 0},
+        {"--eps", DT_ARG_FLOAT, &o->optim.eps, "E", "AdamW epsilon (default 1e-8)", 0, 0},
+        {"--clip", DT_ARG_FLOAT, &o->clip, "NORM", "clip the global gradient norm (default 0: off)", 0, 0},
+        {"--seed", DT_ARG_U64, &o->seed, "S", "seed for init, shuffling, dropout (default 1)", 0, 0},
+        {"--threads", DT_ARG_INT, &o->threads, "N", "OpenMP/OpenBLAS threads per rank (default: cores / ranks)", 0, 0},
+        {"--init", DT_ARG_STR, &o->init, "FILE", "start from parameters in a safetensors file (e.g. HF GPT-2)", 0, 0},
+        {"--save", DT_ARG_STR, &o->save, "FILE", "write a checkpoint at the end (atomically)", 0, 0},
+        {"--save-every", DT_ARG_I64, &o->save_every, "N", "also checkpoint every N steps", 0, 0},
+        {"--resume", DT_ARG_STR, &o->resume, "FILE", "continue from a checkpoint (bit-for-bit)", 0, 0},
+        {"--metrics", DT_ARG_STR, &o->metrics, "FILE", "append one JSON line per step", 0, 0},
+        {"--trace", DT_ARG_STR, &o->trace, "FILE", "write a Chrome/Perfetto trace (per rank: FILE.rankN)", 0, 0},
+        {"--log-every", DT_ARG_I64, &o->log_every, "N", "progress line interval when not on a terminal", 0, 0},
+        {"--eval-batches", DT_ARG_I64, &o->eval_batches, "N", "LM evaluation batches (default: all)", 0, 0},
+        {"--stop-after", DT_ARG_I64, &o->stop_after, "N", "stop after N steps without the final save (simulates a crash)", 0, 0},
+        {"--quiet", DT_ARG_FLAG, &o->quiet, NULL, "no progress output", 0, 0},
+        {"--nproc", DT_ARG_INT, &f->nproc, "N", "data-parallel ranks on this machine (re-launches under mpirun)", 0, 0},
+    };
+    memcpy(t, a, sizeof a);
+    return N_ARGS(a);
+}
+
+static int finish_flags(cli_flags *f, char *err, int errlen) {
+    dt_train_opts *o = &f->o;
+    if (f->model && dt_model_kind_parse(f->model, &o->model.kind)) {
+        snprintf(err, (size_t)errlen, "--model: unknown model '%s' (mlp, cnn, gpt2)", f->model);
+        return -1;
+    }
+    if (f->hidden_n) {
+        o->model.mlp_n_hidden = f->hidden_n;
+        memcpy(o->model.mlp_hidden, f->hidden, sizeof f->hidden);
+    }
+    if (f->chan_n == 1) { snprintf(err, (size_t)errlen, "--channels needs two values C1,C2"); return -1; }
+    if (f->chan_n == 2) { o->model.cnn_c1 = f->chan[0]; o->model.cnn_c2 = f->chan[1]; }
+    const char *data = f->data ? f->data : o->model.kind == DT_MODEL_GPT2 ? "text" : "fashion-mnist";
+    if (!strcmp(data, "fashion-mnist")) o->data = DT_DATA_FASHION_MNIST;
+    else if (!strcmp(data, "text")) o->data = DT_DATA_TEXT;
+    else if (!strcmp(data, "shard")) o->data = DT_DATA_SHARD;
+    else { snprintf(err, (size_t)errlen, "--data: unknown kind '%s' (fashion-mnist, text, shard)", data); return -1; }
+    if (f->nesterov) o->optim.nesterov = 1;
+    if (f->nproc < 0) { snprintf(err, (size_t)errlen, "--nproc must be >= 1"); return -1; }
+    return 0;
+}
+
+/* Optimizer defaults depend on --optim, so parse it first. */
+static void pre_scan(int argc, char **argv, cli_flags *f) {
+    for (int i = 2; i < argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--optim") && i + 1 < argc) v = argv[i + 1];
+        else if (!strncmp(argv[i], "--optim=", 8)) v = argv[i] + 8;
+        if (v && !strcmp(v, "sgd")) f->o.optim = dt_optim_cfg_default(DT_OPTIM_SGD);
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) {
+            dt_model_kind k;
+            if (!dt_model_kind_parse(argv[i + 1], &k)) f->o.model = dt_model_cfg_default(k);
+        }
+    }
+}
+
+int dt_cli_train(int argc, char **argv, int eval_only) {
+    cli_flags f;
+    memset(&f, 0, sizeof f);
+    dt_train_opts_default(&f.o);
+    pre_scan(argc, argv, &f);
+    dt_arg table[64];
+    int n = build_table(&f, table);
+    char err[512];
+    int r = dt_args_parse(table, n, argc, argv, 2, err, sizeof err);
+    if (r == 1) {
+        dt_args_help(table, n, eval_only
+            ? "usage: dtrain eval --model KIND --init FILE [options]\n\nEvaluate a model (weights from --init or --resume) on the test/validation split."
+            : "usage: dtrain train [options]\n       mpirun -np N dtrain train [options]\n\nTrain a model; prints a progress line per step and the test accuracy (images) or validation loss (text) at the end.",
+            "data: fashion-mnist (IDX, gzip) | text (bytes of a file or a directory of files) | shard (llm.c .bin tokens)\n");
+        return 0;
+    }
+    if (r < 0 || finish_flags(&f, err, sizeof err)) { fprintf(stderr, "dtrain: %s\n", err); return 2; }
+    if (f.optim && strcmp(f.optim, "adamw") && strcmp(f.optim, "sgd")) {
+        fprintf(stderr, "dtrain: --optim: unknown optimizer '%s' (adamw, sgd)\n", f.optim);
+        return 2;
+    }
+    if (f.nproc > 1 && !dt_cli_under_mpi()) return dt_cli_relaunch(argc, argv, f.nproc, f.o.threads);
+    if (eval_only) {
+        if (!f.o.init && !f.o.resume) { fprintf(stderr, "dtrain: eval needs --init FILE or --resume FILE\n"); return 2; }
+        f.o.steps = 1;
+    }
+    return dt_cli_run(&f.o, eval_only);
+}

@@ -1,0 +1,48 @@
+/* --nproc N: re-launch this command under mpirun on this machine. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "cli.h"
+
+#ifndef DT_MPIEXEC
+#define DT_MPIEXEC "mpirun"
+#endif
+
+int dt_cli_under_mpi(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
+}
+
+int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) { fprintf(stderr, "dtrain: cannot find own executable for --nproc\n"); return 1; }
+    self[n] = 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int per_rank = threads > 0 ? threads : (int)(cores / nproc > 0 ? cores / nproc : 1);
+    char np[16], th[16];
+    snprintf(np, sizeof np, "%d", nproc);
+    snprintf(th, sizeof th, "%d", per_rank);
+    setenv("OMP_NUM_THREADS", th, 1);
+    char **av = calloc((size_t)argc + 16, sizeof *av);
+    if (!av) return 1;
+    int k = 0;
+    av[k++] = DT_MPIEXEC;
+    av[k++] = "-np";
+    av[k++] = np;
+    if (nproc > cores) av[k++] = "--oversubscribe";
+    if (geteuid() == 0) av[k++] = "--allow-run-as-root";
+    av[k++] = "--bind-to";
+    av[k++] = "none";
+    av[k++] = self;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--nproc")) { i++; continue; }
+        if (!strncmp(argv[i], "--nproc=", 8)) continue;
+        av[k++] = argv[i];
+    }
+    av[k] = NULL;
+    execvp(av[0], av);
+    fprintf(stderr, "dtrain: --nproc: cannot run %s: is Open MPI installed (openmpi-bin)?\n", av[0]);
+    free(av);
+    return 1;
+}

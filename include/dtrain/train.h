@@ -1,0 +1,107 @@
+/* dtrain/train.h — the training loop and checkpoints.
+ *
+ * One loop for every strategy: per step it draws K micro-batches from the
+ * sampler, runs forward + backward on each (gradients accumulate), lets the
+ * parallel strategy synchronise gradients, clips, and steps the optimizer.
+ * Strategies (DDP, ZeRO) plug in through dt_strategy without their own loop.
+ */
+#ifndef DTRAIN_TRAIN_H
+#define DTRAIN_TRAIN_H
+
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "dtrain/data.h"
+#include "dtrain/io.h"
+
+typedef enum dt_data_kind { DT_DATA_FASHION_MNIST = 0, DT_DATA_TEXT = 1, DT_DATA_SHARD = 2 } dt_data_kind;
+
+typedef struct dt_train_opts {
+    dt_model_cfg model;
+    dt_data_kind data;
+    const char *data_path;         /* NULL: the Debian default for the kind */
+    const char *val_path;          /* LM only: held-out file; NULL = last 10% of data */
+    int64_t batch;                 /* per rank, per micro-step */
+    int64_t seq;                   /* LM sequence length T */
+    int64_t steps;                 /* optimizer steps; 0 = derive from epochs */
+    int epochs;                    /* used when steps == 0 */
+    int accum;                     /* micro-steps per optimizer step (>= 1) */
+    dt_optim_cfg optim;
+    float min_lr;
+    int64_t warmup;
+    float clip;                    /* max global grad norm, 0 = off */
+    uint64_t seed;
+    int threads;                   /* 0 = leave OpenMP default */
+    const char *init;              /* safetensors with parameters to start from */
+    const char *save;              /* checkpoint path written at the end (and every save_every) */
+    int64_t save_every;
+    const char *resume;            /* checkpoint to continue from */
+    const char *metrics;           /* JSONL path */
+    const char *trace;             /* Chrome trace path (per rank: suffix .rankN) */
+    int64_t log_every;             /* non-terminal progress interval (0 = auto) */
+    int64_t eval_batches;          /* LM eval: number of batches (0 = auto) */
+    int quiet;
+    int64_t stop_after;            /* testing aid: stop (as if killed) after this many steps; 0 = off */
+} dt_train_opts;
+
+void dt_train_opts_default(dt_train_opts *o);
+dt_status dt_train_opts_validate(const dt_train_opts *o);
+
+typedef struct dt_trainer dt_trainer;
+
+/* ---- strategy hooks (all optional) ---- */
+typedef struct dt_strategy {
+    const char *name;
+    int rank, world;
+    void *self;
+    /* after model creation/load, before the first step (e.g. broadcast from rank 0) */
+    dt_status (*setup)(void *self, dt_trainer *t);
+    /* before a micro-step's forward; last = 1 on the micro-step that reduces */
+    dt_status (*before_forward)(void *self, dt_trainer *t, int last);
+    /* after the micro-step's backward */
+    dt_status (*after_backward)(void *self, dt_trainer *t, int last);
+    /* sum a few doubles across ranks (metrics, norms, eval counts) */
+    dt_status (*allreduce_sum)(void *self, double *x, int n);
+    void (*destroy)(void *self);
+} dt_strategy;
+
+struct dt_trainer {
+    dt_train_opts opts;
+    dt_model *model;
+    dt_graph *graph;
+    dt_optimizer optim;
+    dt_lr_schedule sched;
+    dt_strategy strat;
+    /* data */
+    dt_image_dataset img_train, img_test;
+    dt_token_dataset tok_train, tok_val;
+    dt_sampler sampler;
+    float *x_img; int32_t *x_ids, *y; int64_t *idx;
+    /* progress */
+    int64_t step;                  /* completed optimizer steps */
+    int64_t total_steps;
+    double last_loss;
+    dt_jsonl metrics;
+    dt_trace *trace;
+};
+
+dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out);
+void dt_trainer_free(dt_trainer *t);
+/* One optimizer step; *loss = mean loss over the micro-batches (and ranks). */
+dt_status dt_trainer_step(dt_trainer *t, double *loss);
+/* Runs to total_steps with progress output, checkpoints and metrics. */
+dt_status dt_trainer_run(dt_trainer *t);
+/* Evaluate: image -> accuracy and loss on the test split; LM -> loss on validation. */
+dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);
+
+/* ---- checkpoints (safetensors) ----
+ * Parameters by name, buffers by name, optimizer state as
+ * "optim.exp_avg.<param>" / "optim.exp_avg_sq.<param>" (AdamW) or
+ * "optim.momentum.<param>" (SGD), metadata: step, epoch, cursor, seeds, RNG. */
+dt_status dt_checkpoint_save(dt_trainer *t, const char *path);
+dt_status dt_checkpoint_load(dt_trainer *t, const char *path);
+/* Parameters only (e.g. Hugging Face GPT-2 weights); extra tensors are ignored,
+ * missing or mis-shaped ones are errors. */
+dt_status dt_model_load_params(dt_model *m, const char *path);
+dt_status dt_model_save_params(const dt_model *m, const char *path);
+
+#endif

@@ -1,0 +1,76 @@
+/* Shared helpers for the dense ops in src/ops: argument checks that format
+ * "op: ..." messages, a row-major SGEMM wrapper, OpenMP accumulation loops and
+ * a vectorisable exp.
+ *
+ * Threading rule: dt_ops_sgemm may be called from outside a parallel region
+ * (OpenBLAS then uses every OpenMP thread) or from inside one for deliberately
+ * small per-task GEMMs (the OpenMP build of OpenBLAS sees omp_in_parallel()
+ * and runs single-threaded on the calling thread). */
+#ifndef DT_OPS_INTERNAL_H
+#define DT_OPS_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "dtrain/ops.h"
+
+/* Loops over fewer elements than this run on one thread. */
+#define DT_OPS_PAR_MIN ((int64_t)1 << 15)
+
+/* "[2, 3]" for messages; the buffer lives until the end of the enclosing
+ * full expression's block (compound literal). */
+#define DT_OPS_SHAPE(t) dt_shape_str((t), (char[96]){0}, 96)
+
+/* Each check returns 0 when fine; otherwise sets DT_EINVAL with a message
+ * starting "op: " and returns -1. */
+int dt_ops_check_graph(const char *op, const dt_graph *g);
+/* t non-NULL, F32, with storage when numel > 0. */
+int dt_ops_check_tensor(const char *op, const char *name, const dt_tensor *t);
+/* Every value in dims[0..n) fits a BLAS int (the OpenBLAS here is LP64). */
+int dt_ops_check_blas(const char *op, int n, const int64_t *dims);
+
+/* Row-major C[M, N] = alpha * op(A)[M, K] · op(B)[K, N] + beta * C.
+ * ta / tb nonzero: A / B are stored transposed. Zero-sized problems are
+ * handled here (OpenBLAS would complain about ld = 0). */
+void dt_ops_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t lda, const float *B, int64_t ldb,
+                  float beta, float *C, int64_t ldc);
+
+/* dst[i] += src[i], i < n (OpenMP). */
+void dt_ops_acc(float *restrict dst, const float *restrict src, int64_t n);
+/* db[c] += sum_r dy[r, c] for dy[rows, cols] (OpenMP over column blocks,
+ * deterministic: each column is summed by one thread in row order). */
+void dt_ops_colsum_acc(float *restrict db, const float *restrict dy, int64_t rows, int64_t cols);
+
+/* Output tensor sharing x's storage with a new shape (no copy); arena struct. */
+dt_tensor *dt_ops_view(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape);
+
+/* exp(x) for float, vectorisable (no libm call): 2^n * poly(r) with
+ * r = x - n ln2 in [-ln2/2, ln2/2]; degree-7 Taylor polynomial, about 2 ulp.
+ * Inputs are clamped to [-87, 88] (so exp(-inf) ~ 1.6e-38, not 0); NaN
+ * propagates. Meant for softmax-style arguments x - max <= 0. */
+static inline float dt_ops_expf(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    /* round(x / ln2) via the 1.5 * 2^23 trick: t's low mantissa bits hold n */
+    float t = fmaf(x, 1.44269504088896341f, 12582912.0f);
+    float n = t - 12582912.0f;
+    float r = fmaf(n, -0.693359375f, x);          /* ln2 split hi/lo: exact first step */
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    uint32_t sb = (tb - 0x4B400000u + 127u) << 23;   /* 2^n, n in [-126, 127] */
+    float s;
+    memcpy(&s, &sb, sizeof s);
+    return p * s;
+}
+
+#endif

@@ -1,0 +1,86 @@
+/* AdamW (PyTorch semantics) on one contiguous range.
+ *
+ * Single pass: p, g, m, v are each read once and p, m, v written once.
+ * Bias corrections are computed in double once per call. Every element goes
+ * through the same sequence of IEEE float operations (mul, add, div, sqrt; no
+ * FMA: the project builds in ISO C mode, where GCC does not contract), so the
+ * AVX body and the scalar tail agree bitwise and the result does not depend on
+ * how a buffer is split into ranges or threads.
+ *
+ * Why intrinsics: without -fno-math-errno GCC will not vectorise sqrtf (it
+ * keeps an errno branch per element), so the x86 path is written by hand. */
+#include <math.h>
+#include "dtrain/optim.h"
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#define DT_ADAMW_PAR_MIN 32768  /* serial below this many elements */
+#define DT_ADAMW_BLOCK 4096     /* OpenMP work unit; a multiple of the vector width */
+
+typedef struct adamw_k {
+    float keep;        /* 1 - lr*wd (1 without decay) */
+    float b1, omb1;    /* beta1, 1 - beta1 */
+    float b2, omb2;    /* beta2, 1 - beta2 */
+    float step_size;   /* lr / (1 - beta1^t) */
+    float inv_bc2s;    /* 1 / sqrt(1 - beta2^t) */
+    float eps, gs;
+} adamw_k;
+
+static void adamw_block(const adamw_k *k, float *restrict p, const float *restrict g,
+                        float *restrict m, float *restrict v, size_t n) {
+    size_t i = 0;
+#if defined(__AVX__)
+    const __m256 keep = _mm256_set1_ps(k->keep), b1 = _mm256_set1_ps(k->b1),
+                 omb1 = _mm256_set1_ps(k->omb1), b2 = _mm256_set1_ps(k->b2),
+                 omb2 = _mm256_set1_ps(k->omb2), ss = _mm256_set1_ps(k->step_size),
+                 ib = _mm256_set1_ps(k->inv_bc2s), eps = _mm256_set1_ps(k->eps),
+                 gs = _mm256_set1_ps(k->gs);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), gs);
+        __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, gi));
+        __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
+                                  _mm256_mul_ps(omb2, _mm256_mul_ps(gi, gi)));
+        __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), keep);
+        __m256 den = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vi), ib), eps);
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+        _mm256_storeu_ps(p + i, _mm256_sub_ps(pi, _mm256_div_ps(_mm256_mul_ps(ss, mi), den)));
+    }
+#endif
+    /* Same operations, same order as the vector body. */
+    for (; i < n; i++) {
+        float gi = g[i] * k->gs;
+        float mi = k->b1 * m[i] + k->omb1 * gi;
+        float vi = k->b2 * v[i] + k->omb2 * (gi * gi);
+        float pi = p[i] * k->keep;
+        float den = sqrtf(vi) * k->inv_bc2s + k->eps;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - (k->step_size * mi) / den;
+    }
+}
+
+/* step is 1-based; values < 1 are treated as 1. */
+void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
+                         float *m, float *v, size_t n, int64_t step, float grad_scale) {
+    if (n == 0) return;
+    double t = step < 1 ? 1.0 : (double)step;
+    double bc1 = 1.0 - pow((double)c->beta1, t);
+    double bc2 = 1.0 - pow((double)c->beta2, t);
+    adamw_k k = {
+        .keep = decay ? (float)(1.0 - (double)lr * (double)c->weight_decay) : 1.0f,
+        .b1 = c->beta1, .omb1 = (float)(1.0 - (double)c->beta1),
+        .b2 = c->beta2, .omb2 = (float)(1.0 - (double)c->beta2),
+        .step_size = (float)((double)lr / bc1),
+        .inv_bc2s = (float)(1.0 / sqrt(bc2)),
+        .eps = c->eps, .gs = grad_scale,
+    };
+    size_t nb = (n + DT_ADAMW_BLOCK - 1) / DT_ADAMW_BLOCK;
+    #pragma omp parallel for schedule(static) if (n > DT_ADAMW_PAR_MIN)
+    for (size_t b = 0; b < nb; b++) {
+        size_t lo = b * DT_ADAMW_BLOCK;
+        size_t len = n - lo < DT_ADAMW_BLOCK ? n - lo : DT_ADAMW_BLOCK;
+        adamw_block(&k, p + lo, g + lo, m + lo, v + lo, len);
+    }
+}

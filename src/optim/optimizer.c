@@ -1,0 +1,137 @@
+/* Optimizer config (defaults, validation) and dt_optimizer over a flat
+ * buffer described by a segment table, owning state for one range of it. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dtrain/optim.h"
+#include "dtrain/tensor.h"
+
+dt_optim_cfg dt_optim_cfg_default(dt_optim_kind kind) {
+    /* Both field groups get sane values so switching kind keeps a valid cfg. */
+    dt_optim_cfg c = {
+        .kind = kind, .lr = 1e-3f, .weight_decay = 0.01f, .momentum = 0.0f, .nesterov = 0,
+        .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+    };
+    if (kind == DT_OPTIM_SGD) {
+        c.lr = 0.01f;
+        c.weight_decay = 0.0f;
+    }
+    return c;
+}
+
+/* x in [0, 1); also rejects NaN. */
+static int in_unit(float x) { return x >= 0.0f && x < 1.0f; }
+
+/* Only the fields the chosen kind uses are checked. */
+dt_status dt_optim_cfg_validate(const dt_optim_cfg *c) {
+    if (c->kind != DT_OPTIM_SGD && c->kind != DT_OPTIM_ADAMW)
+        return DT_ERR(DT_EINVAL, "optimizer kind %d unknown (sgd or adamw)", (int)c->kind);
+    if (!(c->lr >= 0.0f) || !isfinite(c->lr))
+        return DT_ERR(DT_EINVAL, "lr must be finite and >= 0 (got %g)", (double)c->lr);
+    if (!(c->weight_decay >= 0.0f) || !isfinite(c->weight_decay))
+        return DT_ERR(DT_EINVAL, "weight_decay must be finite and >= 0 (got %g)",
+                      (double)c->weight_decay);
+    if (c->kind == DT_OPTIM_SGD) {
+        if (!in_unit(c->momentum))
+            return DT_ERR(DT_EINVAL, "momentum must be in [0, 1) (got %g)", (double)c->momentum);
+        if (c->nesterov && !(c->momentum > 0.0f))
+            return DT_ERR(DT_EINVAL, "nesterov requires momentum > 0");
+    } else {
+        if (!in_unit(c->beta1))
+            return DT_ERR(DT_EINVAL, "beta1 must be in [0, 1) (got %g)", (double)c->beta1);
+        if (!in_unit(c->beta2))
+            return DT_ERR(DT_EINVAL, "beta2 must be in [0, 1) (got %g)", (double)c->beta2);
+        if (!(c->eps > 0.0f) || !isfinite(c->eps))
+            return DT_ERR(DT_EINVAL, "eps must be finite and > 0 (got %g)", (double)c->eps);
+    }
+    return DT_OK;
+}
+
+int dt_optim_state_per_elem(const dt_optim_cfg *c) {
+    if (c->kind == DT_OPTIM_ADAMW) return 2;
+    return c->momentum > 0.0f ? 1 : 0;
+}
+
+static int seg_cmp(const void *a, const void *b) {
+    size_t x = ((const dt_optim_segment *)a)->offset, y = ((const dt_optim_segment *)b)->offset;
+    return (x > y) - (x < y);
+}
+
+dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_optim_segment *segs,
+                            int n_segs, size_t state_begin, size_t state_end) {
+    memset(o, 0, sizeof *o);
+    DT_TRY(dt_optim_cfg_validate(cfg));
+    if (n_segs < 0 || (n_segs > 0 && !segs))
+        return DT_ERR(DT_EINVAL, "optimizer: bad segment table (%d segments)", n_segs);
+    if (state_begin > state_end)
+        return DT_ERR(DT_EINVAL, "optimizer: state range [%zu, %zu) is reversed", state_begin,
+                      state_end);
+    for (int i = 0; i < n_segs; i++)
+        if (segs[i].numel > SIZE_MAX - segs[i].offset)
+            return DT_ERR(DT_EINVAL, "optimizer: segment %d overflows size_t", i);
+    size_t len = state_end - state_begin;
+    if (len > SIZE_MAX / sizeof(float))
+        return DT_ERR(DT_EINVAL, "optimizer: state range of %zu elements too large", len);
+
+    dt_optim_segment *copy = NULL;
+    if (n_segs > 0) {
+        copy = malloc((size_t)n_segs * sizeof *copy);
+        if (!copy) return DT_ERR(DT_ENOMEM, "optimizer: out of memory for %d segments", n_segs);
+        memcpy(copy, segs, (size_t)n_segs * sizeof *copy);
+        qsort(copy, (size_t)n_segs, sizeof *copy, seg_cmp);
+        for (int i = 1; i < n_segs; i++)
+            if (copy[i].offset < copy[i - 1].offset + copy[i - 1].numel) {
+                dt_status s = DT_ERR(DT_EINVAL,
+                                     "optimizer: segments at offsets %zu and %zu overlap",
+                                     copy[i - 1].offset, copy[i].offset);
+                free(copy);
+                return s;
+            }
+    }
+    o->cfg = *cfg;
+    o->segs = copy;
+    o->n_segs = n_segs;
+    o->state_begin = state_begin;
+    o->state_end = state_end;
+    for (int k = 0; k < dt_optim_state_per_elem(cfg); k++) {
+        o->state[k] = dt_calloc(len * sizeof(float));
+        if (!o->state[k]) {
+            dt_optimizer_free(o);
+            return DT_ERR(DT_ENOMEM, "optimizer: out of memory for %zu state floats", len);
+        }
+    }
+    return DT_OK;
+}
+
+void dt_optimizer_free(dt_optimizer *o) {
+    if (!o) return;
+    free(o->segs);
+    dt_free(o->state[0]);
+    dt_free(o->state[1]);
+    memset(o, 0, sizeof *o);
+}
+
+dt_status dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const float *grad,
+                                  size_t begin, size_t end, float grad_scale) {
+    if (begin > end || begin < o->state_begin || end > o->state_end)
+        return DT_ERR(DT_EINVAL, "optimizer: step range [%zu, %zu) not inside owned [%zu, %zu)",
+                      begin, end, o->state_begin, o->state_end);
+    int64_t t = o->step + 1;
+    for (int i = 0; i < o->n_segs; i++) {
+        const dt_optim_segment *s = &o->segs[i];
+        if (s->offset >= end) break;  /* sorted by offset */
+        size_t lo = s->offset > begin ? s->offset : begin;
+        size_t hi = s->offset + s->numel < end ? s->offset + s->numel : end;
+        if (lo >= hi) continue;
+        size_t at = lo - o->state_begin, n = hi - lo;
+        if (o->cfg.kind == DT_OPTIM_ADAMW)
+            dt_adamw_step_range(&o->cfg, lr, s->decay, param + lo, grad + lo, o->state[0] + at,
+                                o->state[1] + at, n, t, grad_scale);
+        else
+            dt_sgd_step_range(&o->cfg, lr, s->decay, param + lo, grad + lo,
+                              o->state[0] ? o->state[0] + at : NULL, n, t, grad_scale);
+    }
+    return DT_OK;
+}
+
+void dt_optimizer_finish_step(dt_optimizer *o) { o->step++; }

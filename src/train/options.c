@@ -1,0 +1,39 @@
+/* Training options: defaults and validation (contradictions fail loudly). */
+#include <string.h>
+#include "dtrain/train.h"
+
+void dt_train_opts_default(dt_train_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->model = dt_model_cfg_default(DT_MODEL_MLP);
+    o->data = DT_DATA_FASHION_MNIST;
+    o->batch = 64;
+    o->seq = 64;
+    o->epochs = 1;
+    o->accum = 1;
+    o->optim = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    o->seed = 1;
+}
+
+dt_status dt_train_opts_validate(const dt_train_opts *o) {
+    DT_TRY(dt_model_cfg_validate(&o->model));
+    DT_TRY(dt_optim_cfg_validate(&o->optim));
+    int lm = o->model.kind == DT_MODEL_GPT2, img_data = o->data == DT_DATA_FASHION_MNIST;
+    if (lm && img_data)
+        return DT_ERR(DT_EINVAL, "--model gpt2 needs token data (--data text or --data shard), not fashion-mnist");
+    if (!lm && !img_data)
+        return DT_ERR(DT_EINVAL, "--model %s needs image data (--data fashion-mnist)", dt_model_kind_name(o->model.kind));
+    if (o->batch <= 0) return DT_ERR(DT_EINVAL, "--batch must be positive, got %lld", (long long)o->batch);
+    if (lm && (o->seq <= 0 || o->seq > o->model.max_t))
+        return DT_ERR(DT_EINVAL, "--seq %lld must be in 1..%d (the model's --max-t)", (long long)o->seq, o->model.max_t);
+    if (o->steps < 0) return DT_ERR(DT_EINVAL, "--steps must be >= 0");
+    if (o->steps == 0 && o->epochs <= 0) return DT_ERR(DT_EINVAL, "give --steps or a positive --epochs");
+    if (o->accum <= 0) return DT_ERR(DT_EINVAL, "--accum must be >= 1");
+    if (o->clip < 0) return DT_ERR(DT_EINVAL, "--clip must be >= 0");
+    if (o->min_lr < 0 || o->min_lr > o->optim.lr) return DT_ERR(DT_EINVAL, "--min-lr must be in [0, --lr]");
+    if (o->warmup < 0) return DT_ERR(DT_EINVAL, "--warmup must be >= 0");
+    if (o->threads < 0) return DT_ERR(DT_EINVAL, "--threads must be >= 0");
+    if (o->save_every < 0) return DT_ERR(DT_EINVAL, "--save-every must be >= 0");
+    if (o->save_every > 0 && !o->save) return DT_ERR(DT_EINVAL, "--save-every needs --save PATH");
+    if (o->init && o->resume) return DT_ERR(DT_EINVAL, "--init and --resume are exclusive (a checkpoint already holds the weights)");
+    return DT_OK;
+}

@@ -1,0 +1,77 @@
+/* dt_trainer_run: the step loop with progress line, metrics, checkpoints, final evaluation. */
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+#include "trainer_internal.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void fmt_eta(double s, char *buf, size_t n) {
+    long v = s > 0 ? (long)(s + 0.5) : 0;
+    snprintf(buf, n, "%ld:%02ld:%02ld", v / 3600, (v / 60) % 60, v % 60);
+}
+
+static int64_t items_per_step(const dt_trainer *t) {   /* samples or tokens, all ranks */
+    int64_t per = t->opts.batch * t->opts.accum * t->strat.world;
+    return t->opts.data == DT_DATA_FASHION_MNIST ? per : per * t->opts.seq;
+}
+
+dt_status dt_trainer_run(dt_trainer *t) {
+    const dt_train_opts *o = &t->opts;
+    int lead = t->strat.rank == 0 && !o->quiet;
+    int tty = lead && isatty(STDOUT_FILENO);
+    int64_t log_every = o->log_every > 0 ? o->log_every : (t->total_steps >= 20 ? t->total_steps / 20 : 1);
+    const char *unit = o->data == DT_DATA_FASHION_MNIST ? "samples/s" : "tok/s";
+    if (lead)
+        printf("dtrain: %s, %zu parameters, %s x%d, %lld steps of %lld %s\n",
+               dt_model_kind_name(o->model.kind), dt_model_num_params(t->model), t->strat.name,
+               t->strat.world, (long long)(t->total_steps - t->step), (long long)items_per_step(t),
+               o->data == DT_DATA_FASHION_MNIST ? "samples" : "tokens");
+    double t_start = now_s(), t_prev = t_start;
+    int64_t first = t->step;
+    while (t->step < t->total_steps) {
+        double loss;
+        DT_TRY(dt_trainer_step(t, &loss));
+        double tn = now_s(), dt = tn - t_prev;
+        t_prev = tn;
+        double rate = items_per_step(t) / (dt > 0 ? dt : 1e-9);
+        double avg = (tn - t_start) / (double)(t->step - first);
+        char eta[32];
+        fmt_eta(avg * (double)(t->total_steps - t->step), eta, sizeof eta);
+        if (tty)
+            printf("\rstep %lld/%lld  loss %.4f  %.0f %s  %.1f ms/step  ETA %s   ", (long long)t->step,
+                   (long long)t->total_steps, loss, rate, unit, dt * 1e3, eta);
+        else if (lead && (t->step % log_every == 0 || t->step == t->total_steps))
+            printf("step %lld/%lld  loss %.4f  %.0f %s  %.1f ms/step  ETA %s\n", (long long)t->step,
+                   (long long)t->total_steps, loss, rate, unit, dt * 1e3, eta);
+        fflush(stdout);
+        if (t->metrics.f) {
+            const char *keys[4] = {"step", "loss", "lr", "ms"};
+            double vals[4] = {(double)t->step, loss, dt_lr_at(&t->sched, t->step - 1), dt * 1e3};
+            DT_TRY(dt_jsonl_write(&t->metrics, 4, keys, vals));
+        }
+        if (o->save && o->save_every > 0 && t->step % o->save_every == 0) DT_TRY(dt_checkpoint_save(t, o->save));
+        if (o->stop_after > 0 && t->step - first >= o->stop_after) {
+            if (tty) printf("\n");
+            return DT_OK;   /* testing aid: behave as if killed here */
+        }
+    }
+    if (tty) printf("\n");
+    if (o->save) DT_TRY(dt_checkpoint_save(t, o->save));
+    double loss, acc;
+    DT_TRY(dt_trainer_evaluate(t, &loss, &acc));
+    if (lead) {
+        if (o->data == DT_DATA_FASHION_MNIST) printf("test accuracy: %.4f  test loss: %.4f\n", acc, loss);
+        else printf("validation loss: %.4f  (token accuracy %.4f)\n", loss, acc);
+    }
+    if (t->metrics.f) {
+        const char *keys[3] = {"step", "eval_loss", "eval_accuracy"};
+        double vals[3] = {(double)t->step, loss, acc};
+        DT_TRY(dt_jsonl_write(&t->metrics, 3, keys, vals));
+    }
+    return DT_OK;
+}

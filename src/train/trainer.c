@@ -1,0 +1,172 @@
+/* The training loop shared by every strategy. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "trainer_internal.h"
+
+dt_status dt_trainer_init_optimizer(dt_trainer *t) {
+    dt_model *m = t->model;
+    dt_optim_segment *segs = malloc((size_t)m->n_params * sizeof *segs);
+    if (!segs) return DT_ERR(DT_ENOMEM, "out of memory");
+    for (int i = 0; i < m->n_params; i++)
+        segs[i] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay};
+    dt_status s = dt_optimizer_init(&t->optim, &t->opts.optim, segs, m->n_params, 0, m->param_flat.numel);
+    free(segs);
+    return s;
+}
+
+static dt_status alloc_batch(dt_trainer *t) {
+    int64_t B = t->opts.batch, n = t->opts.data == DT_DATA_FASHION_MNIST ? B : B * t->opts.seq;
+    t->idx = malloc((size_t)B * sizeof *t->idx);
+    t->y = malloc((size_t)n * sizeof *t->y);
+    if (t->opts.data == DT_DATA_FASHION_MNIST) t->x_img = malloc((size_t)B * 784 * sizeof *t->x_img);
+    else t->x_ids = malloc((size_t)n * sizeof *t->x_ids);
+    if (!t->idx || !t->y || (!t->x_img && !t->x_ids)) return DT_ERR(DT_ENOMEM, "out of memory for batch buffers");
+    return DT_OK;
+}
+
+dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out) {
+    *out = NULL;
+    DT_TRY(dt_train_opts_validate(o));
+    dt_trainer *t = calloc(1, sizeof *t);
+    if (!t) return DT_ERR(DT_ENOMEM, "out of memory");
+    t->opts = *o;
+    if (strat) t->strat = *strat;
+    else t->strat = (dt_strategy){.name = "single", .rank = 0, .world = 1};
+    if (o->threads > 0) omp_set_num_threads(o->threads);
+    dt_status s = dt_trainer_load_data(t);
+    if (s == DT_OK) s = dt_model_create(&o->model, o->seed, &t->model);
+    if (s == DT_OK && o->init) s = dt_model_load_params(t->model, o->init);
+    if (s == DT_OK && !(t->graph = dt_graph_create())) s = DT_ENOMEM;
+    if (s == DT_OK) s = dt_trainer_init_optimizer(t);
+    if (s == DT_OK) s = dt_sampler_init(&t->sampler, dt_trainer_train_size(t), o->seed, 1,
+                                        t->strat.rank, t->strat.world, 0);
+    if (s == DT_OK) s = alloc_batch(t);
+    if (s == DT_OK) {
+        int64_t per_step = o->batch * o->accum;
+        int64_t steps_per_epoch = t->sampler.per_rank / per_step;
+        if (steps_per_epoch < 1 && o->steps == 0)
+            s = DT_ERR(DT_EINVAL, "an epoch (%lld samples per rank) is smaller than one step (%lld)",
+                       (long long)t->sampler.per_rank, (long long)per_step);
+        t->total_steps = o->steps ? o->steps : steps_per_epoch * o->epochs;
+        t->sched = (dt_lr_schedule){o->optim.lr, o->min_lr, o->warmup, o->min_lr < o->optim.lr ? t->total_steps : 0};
+        if (o->min_lr == 0 && o->warmup == 0) t->sched.total = 0;   /* constant LR unless asked */
+    }
+    if (s == DT_OK && o->resume) s = dt_checkpoint_load(t, o->resume);
+    if (s == DT_OK && t->strat.setup) s = t->strat.setup(t->strat.self, t);
+    if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
+    if (s == DT_OK && o->trace) {
+        char path[4096];
+        if (t->strat.world > 1) snprintf(path, sizeof path, "%s.rank%d", o->trace, t->strat.rank);
+        else snprintf(path, sizeof path, "%s", o->trace);
+        s = dt_trace_open(&t->trace, path, t->strat.rank);
+    }
+    if (s != DT_OK) { dt_trainer_free(t); return s; }
+    *out = t;
+    return DT_OK;
+}
+
+void dt_trainer_free(dt_trainer *t) {
+    if (!t) return;
+    if (t->strat.destroy) t->strat.destroy(t->strat.self);
+    if (t->trace) dt_trace_close(t->trace);
+    if (t->metrics.f) dt_jsonl_close(&t->metrics);
+    dt_model_free(t->model);
+    dt_graph_free(t->graph);
+    dt_optimizer_free(&t->optim);
+    dt_sampler_free(&t->sampler);
+    dt_trainer_free_data(t);
+    free(t->x_img); free(t->x_ids); free(t->y); free(t->idx);
+    free(t);
+}
+
+/* Next full local batch; crosses epoch boundaries (the partial tail is dropped,
+ * and every rank drops the same amount because shards are equal-sized). */
+static int64_t next_batch(dt_trainer *t) {
+    int64_t B = t->opts.batch, n = dt_sampler_next(&t->sampler, B, t->idx);
+    if (n < B) n = dt_sampler_next(&t->sampler, B, t->idx);
+    return n;
+}
+
+dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
+    dt_model *m = t->model;
+    int K = t->opts.accum;
+    double loss_sum = 0;
+    double t0 = dt_trace_now_us(t->trace);
+    for (int k = 0; k < K; k++) {
+        int last = k == K - 1;
+        if (next_batch(t) < t->opts.batch)
+            return DT_ERR(DT_EINVAL, "dataset too small for batch %lld", (long long)t->opts.batch);
+        dt_batch b;
+        dt_trainer_fill_batch(t, 0, t->idx, t->opts.batch, &b);
+        dt_graph_reset(t->graph);
+        dt_graph_set_training(t->graph, 1);
+        if (t->strat.before_forward) DT_TRY(t->strat.before_forward(t->strat.self, t, last));
+        double f0 = dt_trace_now_us(t->trace);
+        dt_tensor *loss = dt_model_forward(m, t->graph, &b, NULL);
+        if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;
+        double f1 = dt_trace_now_us(t->trace);
+        dt_trace_event(t->trace, "forward", "compute", 0, f0, f1);
+        loss_sum += dt_f32(loss)[0];
+        DT_TRY(dt_graph_backward_scaled(t->graph, loss, 1.0f / (float)K));
+        dt_trace_event(t->trace, "backward", "compute", 0, f1, dt_trace_now_us(t->trace));
+        if (t->strat.after_backward) DT_TRY(t->strat.after_backward(t->strat.self, t, last));
+    }
+    double o0 = dt_trace_now_us(t->trace);
+    float scale = 1.0f;
+    if (t->opts.clip > 0) {
+        double ss = dt_sumsq(m->grad_flat.data, m->grad_flat.numel);
+        scale = dt_clip_scale(sqrt(ss), t->opts.clip);
+    }
+    float lr = dt_lr_at(&t->sched, t->step);
+    dt_optimizer_step_range(&t->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale);
+    dt_optimizer_finish_step(&t->optim);
+    dt_model_zero_grad(m);
+    t->step++;
+    dt_trace_event(t->trace, "optimizer", "compute", 0, o0, dt_trace_now_us(t->trace));
+    dt_trace_event(t->trace, "step", "compute", 0, t0, dt_trace_now_us(t->trace));
+    double loss = loss_sum / K;
+    if (t->strat.allreduce_sum) {
+        DT_TRY(t->strat.allreduce_sum(t->strat.self, &loss, 1));
+        loss /= t->strat.world;
+    }
+    t->last_loss = loss;
+    if (loss_out) *loss_out = loss;
+    if (!isfinite(loss)) return DT_ERR(DT_EINVAL, "loss is %g at step %lld (lower --lr?)", loss, (long long)t->step);
+    return DT_OK;
+}
+
+dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) {
+    int image = t->opts.data == DT_DATA_FASHION_MNIST;
+    int64_t B = t->opts.batch;
+    int64_t n_items = image ? t->img_test.count : dt_token_windows(&t->tok_val, (int)t->opts.seq);
+    int64_t limit = image ? n_items : (t->opts.eval_batches ? t->opts.eval_batches * B : n_items);
+    if (limit > n_items) limit = n_items;
+    int prev_grad = dt_graph_set_grad_enabled(t->graph, 0);
+    dt_graph_set_training(t->graph, 0);
+    double sums[3] = {0, 0, 0};   /* loss * rows, correct, rows */
+    /* ranks evaluate interleaved blocks of the fixed (unshuffled) set */
+    for (int64_t start = (int64_t)t->strat.rank * B; start < limit; start += (int64_t)t->strat.world * B) {
+        int64_t n = limit - start < B ? limit - start : B;
+        for (int64_t i = 0; i < n; i++) t->idx[i] = start + i;
+        dt_batch b;
+        dt_trainer_fill_batch(t, 1, t->idx, n, &b);
+        dt_graph_reset(t->graph);
+        dt_tensor *logits = NULL, *loss = dt_model_forward(t->model, t->graph, &b, &logits);
+        if (!loss) { dt_graph_set_grad_enabled(t->graph, prev_grad); return dt_error_code(); }
+        int64_t rows = image ? n : n * t->opts.seq;
+        sums[0] += dt_f32(loss)[0] * (double)rows;
+        sums[1] += (double)dt_count_correct(logits, b.y);
+        sums[2] += (double)rows;
+    }
+    dt_graph_reset(t->graph);
+    dt_graph_set_grad_enabled(t->graph, prev_grad);
+    dt_graph_set_training(t->graph, 1);
+    if (t->strat.allreduce_sum) DT_TRY(t->strat.allreduce_sum(t->strat.self, sums, 3));
+    if (sums[2] <= 0) return DT_ERR(DT_EINVAL, "evaluation set is empty");
+    if (loss_out) *loss_out = sums[0] / sums[2];
+    if (acc_out) *acc_out = sums[1] / sums[2];
+    return DT_OK;
+}

@@ -1,0 +1,78 @@
+/* The CLI turns bad input into one clear line on stderr and a non-zero exit. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* Runs the CLI with args; returns exit code, stderr's first line in err. */
+static int run(const char *args, char *err, size_t n) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", DT_CLI_PATH, args);
+    FILE *p = popen(cmd, "r");
+    err[0] = 0;
+    int lines = 0;
+    char line[1024];
+    while (fgets(line, sizeof line, p)) { if (!lines++) snprintf(err, n, "%s", line); }
+    int st = pclose(p);
+    if (lines > 1) return -100;   /* more than one line of error output */
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void expect_error(const char *args, const char *needle) {
+    char err[1024];
+    int rc = run(args, err, sizeof err);
+    if (rc <= 0 || !strstr(err, needle)) fail_msg("'%s': rc=%d, stderr='%s' (wanted '%s')", args, rc, err, needle);
+}
+
+static void test_bad_flags(void **state) {
+    (void)state;
+    expect_error("train --bogus", "unknown option '--bogus'");
+    expect_error("train --lr", "--lr needs a value");
+    expect_error("train --lr abc", "--lr: invalid value 'abc'");
+    expect_error("train --batch 0 --steps 1", "--batch must be positive");
+    expect_error("train --model resnet", "unknown model 'resnet'");
+    expect_error("train --model gpt2 --data fashion-mnist", "needs token data");
+    expect_error("train --optim lion", "unknown optimizer 'lion'");
+    expect_error("frobnicate", "unknown command");
+    expect_error("train --init a --resume b", "exclusive");
+    expect_error("train --optim sgd --nesterov --steps 1", "nesterov");
+}
+
+static void test_missing_and_corrupt_files(void **state) {
+    (void)state;
+    expect_error("train --data-path /nonexistent/dir --steps 1", "/nonexistent/dir");
+    expect_error("train --model gpt2 --data shard --data-path /nonexistent.bin --steps 1", "/nonexistent.bin");
+    expect_error("train --resume /nonexistent.safetensors --steps 1", "/nonexistent.safetensors");
+    FILE *f = fopen("/tmp/dt_cli_garbage.safetensors", "w");
+    fputs("this is not a safetensors file at all", f);
+    fclose(f);
+    expect_error("train --init /tmp/dt_cli_garbage.safetensors --steps 1", "dt_cli_garbage.safetensors");
+    remove("/tmp/dt_cli_garbage.safetensors");
+}
+
+static void test_help_lists_flags(void **state) {
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s train --help", DT_CLI_PATH);
+    FILE *p = popen(cmd, "r");
+    char buf[16384];
+    size_t n = fread(buf, 1, sizeof buf - 1, p);
+    buf[n] = 0;
+    assert_int_equal(pclose(p), 0);
+    const char *flags[] = {"--model", "--resume", "--save", "--metrics", "--nproc", "--threads", "--seed"};
+    for (int i = 0; i < 7; i++) assert_non_null(strstr(buf, flags[i]));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_missing_and_corrupt_files),
+        cmocka_unit_test(test_help_lists_flags),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
