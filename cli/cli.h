@@ -1,9 +1,17 @@
 #ifndef DT_CLI_H
 #define DT_CLI_H
+#include "dtrain/parallel.h"
 #include "dtrain/train.h"
+
+typedef struct dt_cli_dist {
+    dt_ddp_opts ddp;
+    dt_progress_mode progress;
+} dt_cli_dist;
+
 int dt_cli_train(int argc, char **argv, int eval_only);
-/* Builds the strategy for this process (single or data parallel), runs, reports errors. */
-int dt_cli_run(const dt_train_opts *o, int eval_only);
+/* Initialises MPI, picks the strategy (single process or DDP), runs, and
+ * reports errors as one line tagged with the rank. */
+int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only);
 int dt_cli_under_mpi(void);
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads);
 #endif

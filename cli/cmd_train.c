@@ -4,7 +4,7 @@
 #include <string.h>
 #include "args.h"
 #include "cli.h"
-#include "dtrain/train.h"
+#include "dtrain/parallel.h"
 
 typedef struct cli_flags {
     dt_train_opts o;
@@ -12,6 +12,10 @@ typedef struct cli_flags {
     int hidden_n, hidden[DT_MLP_MAX_LAYERS], chan_n, chan[2];
     int nproc;
     int nesterov;
+    dt_cli_dist dist;
+    float bucket_mb, first_bucket_mb;
+    const char *compress, *progress;
+    int no_bcast;
 } cli_flags;
 
 #define N_ARGS(t) ((int)(sizeof(t) / sizeof((t)[0])))
@@ -62,6 +66,15 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--stop-after", DT_ARG_I64, &o->stop_after, "N", "stop after N steps without the final save (simulates a crash)", 0, 0},
         {"--quiet", DT_ARG_FLAG, &o->quiet, NULL, "no progress output", 0, 0},
         {"--nproc", DT_ARG_INT, &f->nproc, "N", "data-parallel ranks on this machine (re-launches under mpirun)", 0, 0},
+        {"--bucket-mb", DT_ARG_FLOAT, &f->bucket_mb, "MB", "DDP gradient bucket size (default 4)", 0, 0},
+        {"--first-bucket-mb", DT_ARG_FLOAT, &f->first_bucket_mb, "MB", "DDP first bucket size (default 1)", 0, 0},
+        {"--find-unused", DT_ARG_FLAG, &f->dist.ddp.find_unused_params, NULL, "DDP: parameters without gradient are reduced as zeros", 0, 0},
+        {"--no-broadcast-buffers", DT_ARG_FLAG, &f->no_bcast, NULL, "DDP: do not broadcast rank 0's buffers before each forward", 0, 0},
+        {"--sync-bn", DT_ARG_FLAG, &f->dist.ddp.sync_bn, NULL, "DDP: SyncBatchNorm (batch statistics over all ranks)", 0, 0},
+        {"--no-overlap", DT_ARG_FLAG, &f->dist.ddp.no_overlap, NULL, "DDP: reduce gradients only after backward", 0, 0},
+        {"--deterministic", DT_ARG_FLAG, &f->dist.ddp.deterministic, NULL, "DDP: fixed rank-order summation (bitwise reproducible at any world size)", 0, 0},
+        {"--compress", DT_ARG_STR, &f->compress, "none|bf16|fp16", "DDP: gradient compression on the wire (default none)", 0, 0},
+        {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
     };
     memcpy(t, a, sizeof a);
     return N_ARGS(a);
@@ -86,6 +99,22 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     else { snprintf(err, (size_t)errlen, "--data: unknown kind '%s' (fashion-mnist, text, shard)", data); return -1; }
     if (f->nesterov) o->optim.nesterov = 1;
     if (f->nproc < 0) { snprintf(err, (size_t)errlen, "--nproc must be >= 1"); return -1; }
+    dt_ddp_opts *d = &f->dist.ddp;
+    if (f->bucket_mb < 0 || f->first_bucket_mb < 0) { snprintf(err, (size_t)errlen, "bucket sizes must be positive"); return -1; }
+    if (f->bucket_mb > 0) d->bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
+    if (f->first_bucket_mb > 0) d->first_bucket_bytes = (size_t)(f->first_bucket_mb * 1048576.0);
+    if (f->no_bcast) d->broadcast_buffers = 0;
+    if (f->compress) {
+        if (!strcmp(f->compress, "none")) d->compress = DT_DDP_COMPRESS_NONE;
+        else if (!strcmp(f->compress, "bf16")) d->compress = DT_DDP_COMPRESS_BF16;
+        else if (!strcmp(f->compress, "fp16")) d->compress = DT_DDP_COMPRESS_FP16;
+        else { snprintf(err, (size_t)errlen, "--compress: unknown '%s' (none, bf16, fp16)", f->compress); return -1; }
+    }
+    if (f->progress) {
+        if (!strcmp(f->progress, "poll")) f->dist.progress = DT_PROGRESS_POLL;
+        else if (!strcmp(f->progress, "thread")) f->dist.progress = DT_PROGRESS_THREAD;
+        else { snprintf(err, (size_t)errlen, "--progress: unknown '%s' (poll, thread)", f->progress); return -1; }
+    }
     return 0;
 }
 
@@ -107,6 +136,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     cli_flags f;
     memset(&f, 0, sizeof f);
     dt_train_opts_default(&f.o);
+    dt_ddp_opts_default(&f.dist.ddp);
     pre_scan(argc, argv, &f);
     dt_arg table[64];
     int n = build_table(&f, table);
@@ -129,5 +159,5 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
         if (!f.o.init && !f.o.resume) { fprintf(stderr, "dtrain: eval needs --init FILE or --resume FILE\n"); return 2; }
         f.o.steps = 1;
     }
-    return dt_cli_run(&f.o, eval_only);
+    return dt_cli_run(&f.o, &f.dist, eval_only);
 }

@@ -1,21 +1,52 @@
-/* Runs a training or evaluation job in this process and reports errors as one line. */
+/* Runs a training or evaluation job in this process (one rank of it). */
+#include <mpi.h>
 #include <stdio.h>
 #include "cli.h"
 
-int dt_cli_run(const dt_train_opts *o, int eval_only) {
+static int report(dt_status s, int rank, int world) {
+    if (s == DT_OK) return 0;
+    if (world > 1) fprintf(stderr, "dtrain: rank %d: error: %s\n", rank, dt_error_message());
+    else fprintf(stderr, "dtrain: error: %s\n", dt_error_message());
+    fflush(stderr);
+    return 1;
+}
+
+int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
+    int under_mpi = dt_cli_under_mpi();
+    dt_pg *world = NULL;
+    dt_strategy strat, *sp = NULL;
+    int rank = 0, size = 1;
+    dt_status s = DT_OK;
+    if (under_mpi) {
+        dt_dist_opts dopts = {.progress = dist->progress, .deterministic = dist->ddp.deterministic};
+        s = dt_dist_init(NULL, NULL, &dopts);
+        if (s == DT_OK) s = dt_pg_world(&world);
+        if (s == DT_OK) {
+            rank = dt_pg_rank(world);
+            size = dt_pg_size(world);
+            if (size > 1) {
+                s = dt_ddp_strategy(world, &dist->ddp, &strat);
+                sp = &strat;
+            }
+        }
+    }
     dt_trainer *t = NULL;
-    dt_status s = dt_trainer_create(o, NULL, &t);
+    if (s == DT_OK) s = dt_trainer_create(o, sp, &t);
+    else if (sp && sp->destroy) sp->destroy(sp->self);
     if (s == DT_OK) {
         if (eval_only) {
             double loss, acc;
             s = dt_trainer_evaluate(t, &loss, &acc);
-            if (s == DT_OK) printf("%s loss: %.4f  accuracy: %.4f\n",
-                                   o->data == DT_DATA_FASHION_MNIST ? "test" : "validation", loss, acc);
+            if (s == DT_OK && rank == 0)
+                printf("%s loss: %.4f  accuracy: %.4f\n", o->data == DT_DATA_FASHION_MNIST ? "test" : "validation", loss, acc);
         } else {
             s = dt_trainer_run(t);
         }
     }
-    if (s != DT_OK) fprintf(stderr, "dtrain: error: %s\n", dt_error_message());
+    int rc = report(s, rank, size);
+    if (rc && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);   /* never leave the other ranks waiting */
     dt_trainer_free(t);
-    return s == DT_OK ? 0 : 1;
+    if (world) dt_pg_free(world);
+    if (under_mpi && dt_dist_initialized()) dt_dist_finalize();
+    return rc;
 }

@@ -16,8 +16,8 @@ dt_status dt_jsonl_open(dt_jsonl *j, const char *path) {
     return DT_OK;
 }
 
-/* Integral values print as integers, others with 9 significant digits
- * (enough for float32); NaN and infinities have no JSON spelling: null. */
+/* Integral values (|v| < 1e15) print as integers, others with 9 significant
+ * digits (enough for float32); NaN and infinities have no JSON spelling: null. */
 static void fmt_number(double v, char *buf, size_t cap) {
     if (!isfinite(v)) snprintf(buf, cap, "null");
     else if (v == trunc(v) && fabs(v) < 1e15) snprintf(buf, cap, "%.0f", v);

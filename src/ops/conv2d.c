@@ -18,7 +18,9 @@
 #include <string.h>
 #include "dtrain/ops.h"
 
+#ifndef DT_CONV_COL_FLOATS
 #define DT_CONV_COL_FLOATS ((int64_t)4 << 20)   /* 16 MiB of im2col per chunk */
+#endif
 
 typedef struct conv_geom {
     int64_t N, C, H, W, OC, KH, KW, OH, OW, P, K;

@@ -41,6 +41,7 @@ static void layernorm_backward(dt_graph *g, dt_node *n) {
                 }
             if (dx) {
                 float sg = 0.0f, sgx = 0.0f;
+#pragma omp simd reduction(+ : sg, sgx)
                 for (int64_t c = 0; c < C; c++) {
                     float gc = dyr[c] * wd[c];
                     sg += gc;
@@ -97,8 +98,10 @@ dt_tensor *dt_op_layernorm(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b
         const float *xr = xd + r * C;
         float *yr = yd + r * C;
         float s = 0.0f;
+#pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; c++) s += xr[c];
         float mu = s / (float)C, v = 0.0f;
+#pragma omp simd reduction(+ : v)
         for (int64_t c = 0; c < C; c++) v += (xr[c] - mu) * (xr[c] - mu);
         float rs = 1.0f / sqrtf(v / (float)C + eps);
         for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - mu) * rs * wd[c] + (bd ? bd[c] : 0.0f);

@@ -73,4 +73,21 @@ static inline float dt_ops_expf(float x) {
     return p * s;
 }
 
+/* y[0..n) = softmax(x[0..n)); y may equal x. n >= 1. */
+static inline void dt_ops_softmax_row(float *y, const float *x, int64_t n) {
+    float m = x[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; j++) {
+        float e = dt_ops_expf(x[j] - m);
+        y[j] = e;
+        s += e;
+    }
+    float inv = 1.0f / s;
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) y[j] *= inv;
+}
+
 #endif

@@ -2,14 +2,13 @@
  *
  * Single pass: p, g, m, v are each read once and p, m, v written once.
  * Bias corrections are computed in double once per call. Every element goes
- * through the same sequence of IEEE float operations (mul, add, div, sqrt; no
- * FMA: the project builds in ISO C mode, where GCC does not contract), so the
- * AVX body and the scalar tail agree bitwise and the result does not depend on
- * how a buffer is split into ranges or threads.
+ * through the same instruction sequence, so the result does not depend on how
+ * a buffer is split into ranges or threads.
  *
  * Why intrinsics: without -fno-math-errno GCC will not vectorise sqrtf (it
  * keeps an errno branch per element), so the x86 path is written by hand. */
 #include <math.h>
+#include <string.h>
 #include "dtrain/optim.h"
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -27,29 +26,50 @@ typedef struct adamw_k {
     float eps, gs;
 } adamw_k;
 
-static void adamw_block(const adamw_k *k, float *restrict p, const float *restrict g,
-                        float *restrict m, float *restrict v, size_t n) {
-    size_t i = 0;
 #if defined(__AVX__)
+/* Eight elements. The tail of a block goes through this same code on padded
+ * copies, so every element sees identical instructions whatever the
+ * compiler's FP-contraction mode. */
+static inline void adamw_vec8(const adamw_k *k, float *restrict p, const float *restrict g,
+                              float *restrict m, float *restrict v) {
     const __m256 keep = _mm256_set1_ps(k->keep), b1 = _mm256_set1_ps(k->b1),
                  omb1 = _mm256_set1_ps(k->omb1), b2 = _mm256_set1_ps(k->b2),
                  omb2 = _mm256_set1_ps(k->omb2), ss = _mm256_set1_ps(k->step_size),
                  ib = _mm256_set1_ps(k->inv_bc2s), eps = _mm256_set1_ps(k->eps),
                  gs = _mm256_set1_ps(k->gs);
-    for (; i + 8 <= n; i += 8) {
-        __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), gs);
-        __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, gi));
-        __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
-                                  _mm256_mul_ps(omb2, _mm256_mul_ps(gi, gi)));
-        __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), keep);
-        __m256 den = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vi), ib), eps);
-        _mm256_storeu_ps(m + i, mi);
-        _mm256_storeu_ps(v + i, vi);
-        _mm256_storeu_ps(p + i, _mm256_sub_ps(pi, _mm256_div_ps(_mm256_mul_ps(ss, mi), den)));
+    __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g), gs);
+    __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m)), _mm256_mul_ps(omb1, gi));
+    __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v)),
+                              _mm256_mul_ps(omb2, _mm256_mul_ps(gi, gi)));
+    __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p), keep);
+    __m256 den = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vi), ib), eps);
+    _mm256_storeu_ps(m, mi);
+    _mm256_storeu_ps(v, vi);
+    _mm256_storeu_ps(p, _mm256_sub_ps(pi, _mm256_div_ps(_mm256_mul_ps(ss, mi), den)));
+}
+
+static void adamw_block(const adamw_k *k, float *restrict p, const float *restrict g,
+                        float *restrict m, float *restrict v, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) adamw_vec8(k, p + i, g + i, m + i, v + i);
+    size_t r = n - i;
+    if (r) {   /* zero padding is harmless: 0/(0+eps) = 0 */
+        float tp[8] = {0}, tg[8] = {0}, tm[8] = {0}, tv[8] = {0};
+        memcpy(tp, p + i, r * sizeof(float));
+        memcpy(tg, g + i, r * sizeof(float));
+        memcpy(tm, m + i, r * sizeof(float));
+        memcpy(tv, v + i, r * sizeof(float));
+        adamw_vec8(k, tp, tg, tm, tv);
+        memcpy(p + i, tp, r * sizeof(float));
+        memcpy(m + i, tm, r * sizeof(float));
+        memcpy(v + i, tv, r * sizeof(float));
     }
-#endif
-    /* Same operations, same order as the vector body. */
-    for (; i < n; i++) {
+}
+#else
+/* Portable path (not vectorised by GCC because of sqrtf's errno). */
+static void adamw_block(const adamw_k *k, float *restrict p, const float *restrict g,
+                        float *restrict m, float *restrict v, size_t n) {
+    for (size_t i = 0; i < n; i++) {
         float gi = g[i] * k->gs;
         float mi = k->b1 * m[i] + k->omb1 * gi;
         float vi = k->b2 * v[i] + k->omb2 * (gi * gi);
@@ -60,6 +80,7 @@ static void adamw_block(const adamw_k *k, float *restrict p, const float *restri
         p[i] = pi - (k->step_size * mi) / den;
     }
 }
+#endif
 
 /* step is 1-based; values < 1 are treated as 1. */
 void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,

@@ -121,7 +121,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
         scale = dt_clip_scale(sqrt(ss), t->opts.clip);
     }
     float lr = dt_lr_at(&t->sched, t->step);
-    dt_optimizer_step_range(&t->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale);
+    DT_TRY(dt_optimizer_step_range(&t->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));
     dt_optimizer_finish_step(&t->optim);
     dt_model_zero_grad(m);
     t->step++;

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <string.h>
 #include "dtrain/ops.h"
 #include "gradcheck.h"
@@ -55,11 +56,11 @@ static void test_grad_ready_once_after_all_uses(void **state) {
     dt_param_free(&W); dt_param_free(&U); dt_param_free(&Z); dt_param_free(&X);
 }
 
-typedef struct mod_log { char ev[16][32]; int n; } mod_log;
+typedef struct mod_log { char ev[16][128]; int n; } mod_log;
 static dt_status mod_hook(dt_module *m, dt_module_hook_kind k, void *user) {
     static const char *names[] = {"pre_fwd", "post_fwd", "pre_bwd", "post_bwd"};
     mod_log *l = user;
-    snprintf(l->ev[l->n++], 32, "%s:%s", m->name, names[k]);
+    snprintf(l->ev[l->n++], 128, "%s:%s", m->name, names[k]);
     return DT_OK;
 }
 

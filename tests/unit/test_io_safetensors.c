@@ -412,6 +412,54 @@ static void test_corrupt_headers(void **state) {
     dt_safetensors_free(&st);
 }
 
+/* Random byte flips and truncations: load never crashes, and either fails
+ * with DT_EFORMAT or returns tensors that lie inside the file buffer. */
+static void test_corrupt_random(void **state) {
+    (void)state;
+    float w[8];
+    uint16_t g[5];
+    fill_pattern(w, sizeof w, 4);
+    fill_pattern(g, sizeof g, 6);
+    dt_st_entry e[] = {{"w", DT_F32, 2, {2, 4}, w}, {"g", DT_BF16, 1, {5}, g}};
+    dt_st_meta m[] = {{"k", "v"}};
+    const char *good = path_in("fuzz_src.safetensors"), *p = path_in("fuzz.safetensors");
+    assert_int_equal(dt_safetensors_write(good, e, 2, m, 1), DT_OK);
+    size_t n;
+    unsigned char *raw = read_all(good, &n);
+    unsigned char *buf = malloc(n);
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    int rejected = 0;
+    for (int it = 0; it < 1500; it++) {
+        memcpy(buf, raw, n);
+        size_t len = n;
+        int flips = 1 + it % 3;
+        for (int k = 0; k < flips; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            size_t at = (size_t)(rng >> 33) % n;
+            buf[at] = (unsigned char)(rng >> 20);
+        }
+        if (it % 5 == 0) len = (size_t)(rng >> 40) % n;
+        write_bytes(p, buf, len);
+        dt_safetensors st;
+        dt_status s = dt_safetensors_load(p, &st);
+        assert_true(s == DT_OK || s == DT_EFORMAT);
+        if (s != DT_OK) {
+            assert_non_null(strstr(dt_error_message(), p));
+            rejected++;
+            continue;
+        }
+        const unsigned char *lo = st.file_bytes, *hi = lo + st.file_size;
+        for (int i = 0; i < st.n_tensors; i++) {
+            const unsigned char *d = st.tensors[i].data;
+            assert_true(d >= lo && d + st.tensors[i].nbytes <= hi);
+        }
+        dt_safetensors_free(&st);
+    }
+    assert_true(rejected > 500);
+    free(buf);
+    free(raw);
+}
+
 static void test_missing_file(void **state) {
     (void)state;
     dt_safetensors st;
@@ -633,6 +681,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_corrupt_truncated, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_corrupt_header_length, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_corrupt_headers, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_corrupt_random, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_missing_file, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_expect, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_writer_rejects, setup_dir, teardown_dir),

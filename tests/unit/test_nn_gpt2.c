@@ -89,7 +89,7 @@ static void test_loss_finite_and_decreasing(void **state) {
         if (s == 0) { first = l; assert_true(fabsf(l - logf(11.f)) < 0.5f); }
         last = l;
         assert_int_equal(dt_graph_backward(g, loss), DT_OK);
-        dt_optimizer_step_range(&opt, oc.lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, 1.f);
+        assert_int_equal(dt_optimizer_step_range(&opt, oc.lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, 1.f), DT_OK);
         dt_optimizer_finish_step(&opt);
         dt_model_zero_grad(m);
     }

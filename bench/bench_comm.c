@@ -1,0 +1,218 @@
+/* bench_comm — dist layer: bandwidth vs raw MPI, and compute/communication overlap.
+ *
+ * usage: mpiexec -n 2 bench_comm [bw] [overlap] [--mode poll|thread] [--max 64M]
+ *                                [--mib 16] [--ms 200] [--t 0.3]
+ *   bw       per size 64 KiB .. --max: time per call and bus bandwidth of
+ *            raw MPI_Allreduce, dt_allreduce (blocking / async+wait /
+ *            deterministic), raw MPI_Reduce_scatter_block vs dt_reduce_scatter,
+ *            and the ratio dt/raw (time; > 1 means slower than raw MPI).
+ *   overlap  a --mib MiB f32 allreduce issued async, then --ms ms of register-
+ *            only compute in ~0.1 ms slices with dt_pg_tick() between slices,
+ *            then dt_work_wait. hidden = (T_compute + T_comm - T_total) / T_comm.
+ * The progress mode is fixed at dt_dist_init: run once per mode.
+ * time = max over ranks of the mean per call; busbw as nccl-tests
+ * (allreduce: algbw * 2(n-1)/n, reduce-scatter: algbw * (n-1)/n).
+ */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "dtrain/dist.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_comm: %s: %s\n", what, dt_error_message());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+#define OK(e) do { if ((e) != DT_OK) die(#e); } while (0)
+
+static size_t parse_size(const char *s) {
+    char *e;
+    double v = strtod(s, &e);
+    if (*e == 'k' || *e == 'K') v *= 1024;
+    if (*e == 'm' || *e == 'M') v *= 1048576;
+    return (size_t)v;
+}
+
+static double max_all(double t) {
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return t;
+}
+
+/* ---- bandwidth ---- */
+
+enum { RAW_AR, DT_AR, DT_AR_ASYNC, DT_AR_DET, RAW_RS, DT_RS, NV };
+static const char *vname[NV] = {"MPI_Allreduce", "dt_allreduce", "dt_allreduce async+wait",
+                                "dt_allreduce deterministic", "MPI_Reduce_scatter_block", "dt_reduce_scatter"};
+
+static void run_variant(int v, dt_pg *pg, MPI_Comm raw, float *a, float *b, int count, int n) {
+    dt_work *w;
+    switch (v) {
+    case RAW_AR: MPI_Allreduce(a, b, count, MPI_FLOAT, MPI_SUM, raw); break;
+    case DT_AR: OK(dt_allreduce(pg, a, b, count, DT_F32, DT_RED_SUM, NULL)); break;
+    case DT_AR_ASYNC: OK(dt_allreduce(pg, a, b, count, DT_F32, DT_RED_SUM, &w)); OK(dt_work_wait(w)); break;
+    case DT_AR_DET: OK(dt_allreduce(pg, a, b, count, DT_F32, DT_RED_SUM | DT_RED_DETERMINISTIC, NULL)); break;
+    case RAW_RS: MPI_Reduce_scatter_block(a, b, count / n, MPI_FLOAT, MPI_SUM, raw); break;
+    case DT_RS: OK(dt_reduce_scatter(pg, a, b, count / n, DT_F32, DT_RED_SUM, NULL)); break;
+    }
+}
+
+static void bench_bw(dt_pg *pg, size_t maxb, double target) {
+    int me = dt_pg_rank(pg), n = dt_pg_size(pg);
+    MPI_Comm raw;
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+    float *a = malloc(maxb + 64), *b = malloc(maxb + 64);
+    for (size_t i = 0; i < maxb / 4; i++) { a[i] = (float)(me + 1); b[i] = 0; }
+    if (!me) printf("# bandwidth: %d ranks, f32 sum; time = mean per call (max over ranks)\n"
+                    "# %9s %-28s %10s %10s %8s\n", n, "size", "variant", "time_us", "busbw_GB/s", "dt/raw");
+    for (size_t bytes = 64 << 10; bytes <= maxb; bytes *= 4) {
+        int count = (int)(bytes / 4 / (size_t)n * (size_t)n);
+        double t[NV];
+        for (int v = 0; v < NV; v++) {
+            run_variant(v, pg, raw, a, b, count, n);   /* warm-up */
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = now();
+            run_variant(v, pg, raw, a, b, count, n);
+            double t1 = max_all(now() - t0);
+            int iters = (int)(target / (t1 > 1e-6 ? t1 : 1e-6));
+            if (iters < 3) iters = 3;
+            if (iters > 2000) iters = 2000;
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = now();
+            for (int i = 0; i < iters; i++) run_variant(v, pg, raw, a, b, count, n);
+            t[v] = max_all((now() - t0) / iters);
+            int rs = v == RAW_RS || v == DT_RS;
+            float expect = (float)(n * (n + 1) / 2);
+            if (b[0] != expect || b[(rs ? count / n : count) - 1] != expect) {
+                if (!me) printf("WRONG RESULT in %s\n", vname[v]);
+            }
+            double busf = rs ? (double)(n - 1) / n : 2.0 * (n - 1) / n;
+            double ratio = v == RAW_AR || v == RAW_RS ? 1.0 : t[v] / t[v < RAW_RS ? RAW_AR : RAW_RS];
+            if (!me)
+                printf("  %8zuK %-28s %10.1f %10.3f %8.2f\n", bytes >> 10, vname[v], t[v] * 1e6,
+                       (double)bytes / t[v] / 1e9 * busf, ratio);
+        }
+        fflush(stdout);
+    }
+    free(a);
+    free(b);
+    MPI_Comm_free(&raw);
+}
+
+/* ---- overlap ---- */
+
+static volatile float sink;
+/* Register-only FMA chains: no memory traffic, no MPI calls. */
+static void work(long n) {
+    float a[8], m = 0.9999f, c = 1e-6f;
+    for (int i = 0; i < 8; i++) a[i] = (float)i;
+    for (long it = 0; it < n; it++)
+        for (int i = 0; i < 8; i++) a[i] = a[i] * m + c;
+    sink += a[0] + a[7];
+}
+
+/* compute n iterations in `slices` pieces, ticking the progress engine in between */
+static void compute(long n, int slices) {
+    long per = n / slices;
+    for (int s = 0; s < slices; s++) {
+        work(per);
+        dt_dist_tick();
+    }
+}
+
+static void bench_overlap(dt_pg *pg, size_t mib, double target_s) {
+    int me = dt_pg_rank(pg), n = dt_pg_size(pg);
+    int count = (int)(mib << 20) / 4;
+    float *x = malloc((size_t)count * 4);
+    for (int i = 0; i < count; i++) x[i] = 1.0f;
+    /* calibrate compute to ~target_s (no communication running) */
+    long iters = 1000000;
+    double t0 = now();
+    work(iters);
+    double tc = now() - t0;
+    for (int k = 0; k < 2; k++) {
+        iters = (long)((double)iters * target_s / tc);
+        t0 = now();
+        work(iters);
+        tc = now() - t0;
+    }
+    int slices = (int)(target_s / 1e-4);   /* ~0.1 ms per slice */
+    double tcomp = 1e9, tcomm = 1e9;
+    for (int r = 0; r < 3; r++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = now();
+        compute(iters, slices);
+        double t = max_all(now() - t0);
+        if (t < tcomp) tcomp = t;
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = now();
+        OK(dt_allreduce(pg, x, x, count, DT_F32, DT_RED_SUM, NULL));
+        t = max_all(now() - t0);
+        if (t < tcomm) tcomm = t;
+    }
+    const char *mode = dt_dist_progress_mode() == DT_PROGRESS_THREAD ? "thread" : "poll";
+    if (!me) printf("# overlap: %d ranks, %zu MiB f32 allreduce, mode %s: compute alone %.1f ms, allreduce alone %.1f ms\n",
+                    n, mib, mode, tcomp * 1e3, tcomm * 1e3);
+    for (int variant = 0; variant < 2; variant++) {
+        /* variant 0: no ticks at all (what happens without progress); 1: ticks */
+        double best = 1e9, bcomp = 0, bwait = 0;
+        for (int r = 0; r < 3; r++) {
+            for (int i = 0; i < count; i++) x[i] = 1.0f;
+            MPI_Barrier(MPI_COMM_WORLD);
+            double s = now();
+            dt_work *w;
+            OK(dt_allreduce(pg, x, x, count, DT_F32, DT_RED_SUM, &w));
+            if (variant) compute(iters, slices); else work(iters);
+            double c = now() - s;
+            OK(dt_work_wait(w));
+            double tot = now() - s;
+            double v[2] = {tot, c};
+            MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            if (x[0] != (float)n || x[count - 1] != (float)n) { if (!me) printf("WRONG RESULT\n"); }
+            if (v[0] < best) { best = v[0]; bcomp = v[1]; bwait = v[0] - v[1]; }
+        }
+        double hidden = (tcomp + tcomm - best) / tcomm;
+        if (!me)
+            printf("  %-6s %-22s total %7.1f ms = compute %7.1f (x%.2f) + wait %6.1f  -> %3.0f%% of comm hidden\n", mode,
+                   variant ? "compute + dt_dist_tick" : "compute, no MPI calls", best * 1e3, bcomp * 1e3,
+                   bcomp / tcomp, bwait * 1e3, 100 * hidden);
+    }
+    free(x);
+}
+
+int main(int argc, char **argv) {
+    dt_dist_opts o = {0};
+    int do_bw = 0, do_ov = 0;
+    size_t maxb = 64u << 20, mib = 16;
+    double ms = 200, target = 0.3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "bw")) do_bw = 1;
+        else if (!strcmp(argv[i], "overlap")) do_ov = 1;
+        else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
+            i++;
+            o.progress = !strcmp(argv[i], "thread") ? DT_PROGRESS_THREAD : DT_PROGRESS_POLL;
+        } else if (!strcmp(argv[i], "--max") && i + 1 < argc) maxb = parse_size(argv[++i]);
+        else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--ms") && i + 1 < argc) ms = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--t") && i + 1 < argc) target = atof(argv[++i]);
+    }
+    if (!do_bw && !do_ov) do_bw = do_ov = 1;
+    if (dt_dist_init(&argc, &argv, &o) != DT_OK) {
+        fprintf(stderr, "bench_comm: %s\n", dt_error_message());
+        return 1;
+    }
+    dt_pg *world;
+    OK(dt_pg_world(&world));
+    if (do_bw) bench_bw(world, maxb, target);
+    if (do_ov) bench_overlap(world, mib, ms * 1e-3);
+    OK(dt_pg_free(world));
+    dt_dist_finalize();
+    return 0;
+}

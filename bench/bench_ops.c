@@ -1,0 +1,359 @@
+/* bench_ops: forward+backward timings of the dense ops at GPT-2 "W1" shapes
+ * (L=6, C=384, H=6, T=256, B=8, V=256 -> N = B*T = 2048 rows), each next to
+ * raw cblas_sgemm calls of the same shapes measured in the same run, then one
+ * full GPT-2 training step built from the ops with a per-op breakdown.
+ *
+ *   OMP_NUM_THREADS=2 ./bench_ops [iters]      (default 5; best of iters)
+ *
+ * Op timings call the op (forward) and then its node's backward function
+ * directly with a random upstream gradient, so they measure the op alone.
+ * GFLOP/s counts GEMM flops only: linear 3 x 2*N*in*out; attention counts
+ * the useful causal flops 3 x 2 x 2*hs*T(T+1)/2 per (b, h). */
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "dtrain/ops.h"
+
+enum { B = 8, T = 256, C = 384, H = 6, L = 6, V = 256, N = B * T };
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void fill(float *x, int64_t n, uint64_t seed, float scale) {
+    dt_rng r;
+    dt_rng_seed(&r, seed);
+    for (int64_t i = 0; i < n; i++) x[i] = scale * (2.0f * dt_rng_uniform(&r) - 1.0f);
+}
+
+static dt_param *mkparam(const char *name, int ndim, const int64_t *shape, uint64_t seed, float scale) {
+    dt_param *p = calloc(1, sizeof *p);
+    if (!p || dt_param_init(p, name, ndim, shape) != DT_OK) {
+        fprintf(stderr, "bench_ops: %s\n", dt_error_message());
+        exit(1);
+    }
+    fill(dt_f32(&p->value), p->value.numel, seed, scale);
+    return p;
+}
+
+static void freeparam(dt_param *p) {
+    dt_param_free(p);
+    free(p);
+}
+
+/* ---------------- single-op timings ---------------- */
+
+typedef dt_tensor *(*op_fn)(dt_graph *g, dt_param **in, void *ctx);
+
+typedef struct op_time { double fwd, bwd; } op_time;
+
+/* Best-of-iters forward and backward time of one op. */
+static op_time time_op(op_fn f, dt_param **in, void *ctx, int iters) {
+    dt_graph *g = dt_graph_create();
+    op_time best = {1e30, 1e30};
+    for (int it = 0; it < iters + 1; it++) {   /* +1 warm-up */
+        dt_graph_reset(g);
+        double t0 = now();
+        dt_tensor *y = f(g, in, ctx);
+        double t1 = now();
+        if (!y || !y->grad_fn) {
+            fprintf(stderr, "bench_ops: op failed: %s\n", dt_error_message());
+            exit(1);
+        }
+        float *dy = dt_grad_of(g, y);
+        fill(dy, y->numel, 7, 1.0f);
+        double t2 = now();
+        y->grad_fn->backward(g, y->grad_fn);
+        double t3 = now();
+        if (it > 0) {
+            if (t1 - t0 < best.fwd) best.fwd = t1 - t0;
+            if (t3 - t2 < best.bwd) best.bwd = t3 - t2;
+        }
+    }
+    dt_graph_free(g);
+    return best;
+}
+
+typedef struct lin_ctx { int in, out; } lin_ctx;
+static dt_tensor *f_linear(dt_graph *g, dt_param **in, void *ctx) {
+    (void)ctx;
+    return dt_op_linear(g, &in[0]->value, &in[1]->value, &in[2]->value, DT_W_IN_OUT);
+}
+static dt_tensor *f_attention(dt_graph *g, dt_param **in, void *ctx) {
+    (void)ctx;
+    return dt_op_attention(g, &in[0]->value, H);
+}
+static dt_tensor *f_layernorm(dt_graph *g, dt_param **in, void *ctx) {
+    (void)ctx;
+    return dt_op_layernorm(g, &in[0]->value, &in[1]->value, &in[2]->value, 1e-5f);
+}
+static dt_tensor *f_gelu(dt_graph *g, dt_param **in, void *ctx) {
+    (void)ctx;
+    return dt_op_gelu(g, &in[0]->value);
+}
+static dt_tensor *f_ce(dt_graph *g, dt_param **in, void *ctx) {
+    return dt_op_cross_entropy(g, &in[0]->value, ctx);
+}
+
+/* Raw SGEMMs of a linear layer's fwd + bwd: y = x w, dx = dy w^T, dw = x^T dy. */
+static double time_raw_linear(int in, int out, int iters) {
+    float *x = malloc(sizeof(float) * N * in), *w = malloc(sizeof(float) * in * out);
+    float *y = malloc(sizeof(float) * N * out), *dx = malloc(sizeof(float) * N * in);
+    float *dw = malloc(sizeof(float) * in * out);
+    fill(x, (int64_t)N * in, 1, 1.0f);
+    fill(w, (int64_t)in * out, 2, 0.05f);
+    fill(y, (int64_t)N * out, 3, 1.0f);
+    memset(dx, 0, sizeof(float) * N * in);
+    memset(dw, 0, sizeof(float) * in * out);
+    double best = 1e30;
+    for (int it = 0; it < iters + 1; it++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, in, out, 1.0f, y, out, w, out, 1.0f, dx, in);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, N, 1.0f, x, in, y, out, 1.0f, dw, out);
+        double t = now() - t0;
+        if (it > 0 && t < best) best = t;
+    }
+    free(x); free(w); free(y); free(dx); free(dw);
+    return best;
+}
+
+static void bench_single_ops(int iters, double *sgemm_rate) {
+    printf("%-34s %9s %9s %9s %9s | %9s %9s\n", "op (fwd+bwd)", "fwd ms", "bwd ms", "total ms", "GFLOP/s",
+           "sgemm ms", "sgemm GF/s");
+    static const int lin[3][2] = {{C, 3 * C}, {C, 4 * C}, {4 * C, C}};
+    double fl_sum = 0, raw_sum = 0;
+    for (int k = 0; k < 3; k++) {
+        int in = lin[k][0], out = lin[k][1];
+        dt_param *x = mkparam("x", 2, (int64_t[]){N, in}, 1, 1.0f);
+        dt_param *w = mkparam("w", 2, (int64_t[]){in, out}, 2, 0.05f);
+        dt_param *b = mkparam("b", 1, (int64_t[]){out}, 3, 0.1f);
+        op_time t = time_op(f_linear, (dt_param *[]){x, w, b}, NULL, iters);
+        double raw = time_raw_linear(in, out, iters);
+        double fl = 3.0 * 2.0 * N * in * out;
+        char name[64];
+        snprintf(name, sizeof name, "linear %dx%d->%d", N, in, out);
+        printf("%-34s %9.2f %9.2f %9.2f %9.1f | %9.2f %9.1f\n", name, t.fwd * 1e3, t.bwd * 1e3,
+               (t.fwd + t.bwd) * 1e3, fl / (t.fwd + t.bwd) / 1e9, raw * 1e3, fl / raw / 1e9);
+        fl_sum += fl;
+        raw_sum += raw;
+        freeparam(x); freeparam(w); freeparam(b);
+    }
+    *sgemm_rate = fl_sum / raw_sum;
+    {
+        dt_param *qkv = mkparam("qkv", 3, (int64_t[]){B, T, 3 * C}, 4, 1.0f);
+        op_time t = time_op(f_attention, (dt_param *[]){qkv}, NULL, iters);
+        double fl = 3.0 * 2.0 * 2.0 * (C / H) * (T * (T + 1.0) / 2.0) * B * H;
+        printf("%-34s %9.2f %9.2f %9.2f %9.1f | %9s %9.1f (ref: linear raw rate)\n", "attention B8 T256 C384 H6",
+               t.fwd * 1e3, t.bwd * 1e3, (t.fwd + t.bwd) * 1e3, fl / (t.fwd + t.bwd) / 1e9, "-", *sgemm_rate / 1e9);
+        freeparam(qkv);
+    }
+    {
+        dt_param *x = mkparam("x", 2, (int64_t[]){N, C}, 5, 1.0f);
+        dt_param *w = mkparam("w", 1, (int64_t[]){C}, 6, 1.0f);
+        dt_param *b = mkparam("b", 1, (int64_t[]){C}, 7, 1.0f);
+        op_time t = time_op(f_layernorm, (dt_param *[]){x, w, b}, NULL, iters);
+        /* bytes: fwd reads x writes y; bwd reads x, dy, rmw dx */
+        double gb = (2.0 + 4.0) * N * C * 4 / 1e9;
+        printf("%-34s %9.2f %9.2f %9.2f %9s | (%.1f GB/s effective)\n", "layernorm 2048x384", t.fwd * 1e3,
+               t.bwd * 1e3, (t.fwd + t.bwd) * 1e3, "-", gb / (t.fwd + t.bwd));
+        freeparam(x); freeparam(w); freeparam(b);
+    }
+    {
+        dt_param *x = mkparam("x", 2, (int64_t[]){N, 4 * C}, 8, 3.0f);
+        op_time t = time_op(f_gelu, (dt_param *[]){x}, NULL, iters);
+        double gb = (2.0 + 4.0) * N * 4 * C * 4 / 1e9;
+        printf("%-34s %9.2f %9.2f %9.2f %9s | (%.1f GB/s effective)\n", "gelu 2048x1536", t.fwd * 1e3,
+               t.bwd * 1e3, (t.fwd + t.bwd) * 1e3, "-", gb / (t.fwd + t.bwd));
+        freeparam(x);
+    }
+    {
+        dt_param *x = mkparam("logits", 2, (int64_t[]){N, V}, 9, 3.0f);
+        int32_t *tg = malloc(sizeof(int32_t) * N);
+        for (int i = 0; i < N; i++) tg[i] = (int32_t)((i * 31) % V);
+        op_time t = time_op(f_ce, (dt_param *[]){x}, tg, iters);
+        printf("%-34s %9.2f %9.2f %9.2f %9s |\n", "cross_entropy 2048x256", t.fwd * 1e3, t.bwd * 1e3,
+               (t.fwd + t.bwd) * 1e3, "-");
+        free(tg);
+        freeparam(x);
+    }
+}
+
+/* ---------------- full GPT-2 step with per-op breakdown ---------------- */
+
+#define MAX_NODES 256
+#define MAX_KINDS 16
+static struct { dt_node *node; dt_backward_fn fn; } g_wrapped[MAX_NODES];
+static int g_nwrapped;
+static struct { const char *op; double fwd, bwd; int count; } g_kind[MAX_KINDS];
+static int g_nkind;
+
+static int kind_of(const char *op) {
+    for (int i = 0; i < g_nkind; i++)
+        if (!strcmp(g_kind[i].op, op)) return i;
+    if (g_nkind == MAX_KINDS) return MAX_KINDS - 1;
+    g_kind[g_nkind].op = op;
+    return g_nkind++;
+}
+
+/* Backward trampoline: time the original backward of this node. */
+static void timed_backward(dt_graph *g, dt_node *n) {
+    for (int i = 0; i < g_nwrapped; i++)
+        if (g_wrapped[i].node == n) {
+            double t0 = now();
+            g_wrapped[i].fn(g, n);
+            g_kind[kind_of(n->op)].bwd += now() - t0;
+            return;
+        }
+}
+
+/* Account an op's forward time (since g_t0) and wrap its node's backward. */
+static double g_t0;
+static dt_tensor *timed(const char *op, dt_tensor *y) {
+    if (!y) {
+        fprintf(stderr, "bench_ops: %s\n", dt_error_message());
+        exit(1);
+    }
+    int k = kind_of(op);
+    g_kind[k].fwd += now() - g_t0;
+    g_kind[k].count++;
+    if (y->grad_fn && g_nwrapped < MAX_NODES) {
+        g_wrapped[g_nwrapped].node = y->grad_fn;
+        g_wrapped[g_nwrapped++].fn = y->grad_fn->backward;
+        y->grad_fn->backward = timed_backward;
+    }
+    return y;
+}
+/* The comma operator sequences the clock read before the op runs. */
+#define TIMED(opname, expr) (g_t0 = now(), timed(opname, (expr)))
+
+typedef struct gpt2 {
+    dt_param *wte, *wpe, *lnf_w, *lnf_b;
+    dt_param *ln1_w[L], *ln1_b[L], *attn_w[L], *attn_b[L], *proj_w[L], *proj_b[L];
+    dt_param *ln2_w[L], *ln2_b[L], *fc_w[L], *fc_b[L], *fc2_w[L], *fc2_b[L];
+} gpt2;
+
+static void gpt2_init(gpt2 *m) {
+    uint64_t s = 100;
+    m->wte = mkparam("wte", 2, (int64_t[]){V, C}, s++, 0.02f);
+    m->wpe = mkparam("wpe", 2, (int64_t[]){T, C}, s++, 0.02f);
+    m->lnf_w = mkparam("lnf.w", 1, (int64_t[]){C}, s++, 1.0f);
+    m->lnf_b = mkparam("lnf.b", 1, (int64_t[]){C}, s++, 0.0f);
+    for (int l = 0; l < L; l++) {
+        m->ln1_w[l] = mkparam("ln1.w", 1, (int64_t[]){C}, s++, 1.0f);
+        m->ln1_b[l] = mkparam("ln1.b", 1, (int64_t[]){C}, s++, 0.0f);
+        m->attn_w[l] = mkparam("attn.w", 2, (int64_t[]){C, 3 * C}, s++, 0.02f);
+        m->attn_b[l] = mkparam("attn.b", 1, (int64_t[]){3 * C}, s++, 0.0f);
+        m->proj_w[l] = mkparam("proj.w", 2, (int64_t[]){C, C}, s++, 0.02f);
+        m->proj_b[l] = mkparam("proj.b", 1, (int64_t[]){C}, s++, 0.0f);
+        m->ln2_w[l] = mkparam("ln2.w", 1, (int64_t[]){C}, s++, 1.0f);
+        m->ln2_b[l] = mkparam("ln2.b", 1, (int64_t[]){C}, s++, 0.0f);
+        m->fc_w[l] = mkparam("fc.w", 2, (int64_t[]){C, 4 * C}, s++, 0.02f);
+        m->fc_b[l] = mkparam("fc.b", 1, (int64_t[]){4 * C}, s++, 0.0f);
+        m->fc2_w[l] = mkparam("fc2.w", 2, (int64_t[]){4 * C, C}, s++, 0.02f);
+        m->fc2_b[l] = mkparam("fc2.b", 1, (int64_t[]){C}, s++, 0.0f);
+    }
+}
+
+static void gpt2_free(gpt2 *m) {
+    dt_param **p = (dt_param **)m;
+    for (size_t i = 0; i < sizeof *m / sizeof *p; i++) freeparam(p[i]);
+}
+
+static dt_tensor *gpt2_step_forward(dt_graph *g, gpt2 *m, const int32_t *ids, const int32_t *pos,
+                                    const int32_t *tgt) {
+    int64_t sh[3] = {B, T, C};
+    dt_tensor *tok = TIMED("embedding", dt_op_embedding(g, &m->wte->value, ids, N, 3, sh));
+    dt_tensor *pe = TIMED("embedding", dt_op_embedding(g, &m->wpe->value, pos, N, 3, sh));
+    dt_tensor *x = TIMED("add", dt_op_add(g, tok, pe));
+    for (int l = 0; l < L; l++) {
+        dt_tensor *h = TIMED("layernorm", dt_op_layernorm(g, x, &m->ln1_w[l]->value, &m->ln1_b[l]->value, 1e-5f));
+        h = TIMED("linear", dt_op_linear(g, h, &m->attn_w[l]->value, &m->attn_b[l]->value, DT_W_IN_OUT));
+        h = TIMED("attention", dt_op_attention(g, h, H));
+        h = TIMED("linear", dt_op_linear(g, h, &m->proj_w[l]->value, &m->proj_b[l]->value, DT_W_IN_OUT));
+        x = TIMED("add", dt_op_add(g, x, h));
+        h = TIMED("layernorm", dt_op_layernorm(g, x, &m->ln2_w[l]->value, &m->ln2_b[l]->value, 1e-5f));
+        h = TIMED("linear", dt_op_linear(g, h, &m->fc_w[l]->value, &m->fc_b[l]->value, DT_W_IN_OUT));
+        h = TIMED("gelu", dt_op_gelu(g, h));
+        h = TIMED("linear", dt_op_linear(g, h, &m->fc2_w[l]->value, &m->fc2_b[l]->value, DT_W_IN_OUT));
+        x = TIMED("add", dt_op_add(g, x, h));
+    }
+    x = TIMED("layernorm", dt_op_layernorm(g, x, &m->lnf_w->value, &m->lnf_b->value, 1e-5f));
+    x = TIMED("linear", dt_op_linear(g, x, &m->wte->value, NULL, DT_W_OUT_IN));   /* tied lm head */
+    x = TIMED("reshape", dt_op_reshape(g, x, 2, (int64_t[]){N, V}));
+    return TIMED("cross_entropy", dt_op_cross_entropy(g, x, tgt));
+}
+
+static void bench_step(int iters, double sgemm_rate) {
+    gpt2 m;
+    gpt2_init(&m);
+    int32_t *ids = malloc(sizeof(int32_t) * N), *pos = malloc(sizeof(int32_t) * N), *tgt = malloc(sizeof(int32_t) * N);
+    for (int i = 0; i < N; i++) {
+        ids[i] = (int32_t)((i * 7 + 3) % V);
+        pos[i] = i % T;
+        tgt[i] = (int32_t)((i * 13 + 1) % V);
+    }
+    dt_graph *g = dt_graph_create();
+    double best = 1e30, best_fwd = 0;
+    int best_it = -1;
+    /* per-kind times of the best iteration */
+    double kf[MAX_KINDS] = {0}, kb[MAX_KINDS] = {0};
+    int kc[MAX_KINDS] = {0};
+    float loss = 0;
+    for (int it = 0; it < iters + 1; it++) {
+        dt_graph_reset(g);
+        g_nwrapped = 0;
+        for (int k = 0; k < g_nkind; k++) g_kind[k].fwd = g_kind[k].bwd = 0, g_kind[k].count = 0;
+        double t0 = now();
+        dt_tensor *l = gpt2_step_forward(g, &m, ids, pos, tgt);
+        double t1 = now();
+        if (dt_graph_backward(g, l) != DT_OK) {
+            fprintf(stderr, "bench_ops: backward: %s\n", dt_error_message());
+            exit(1);
+        }
+        double t = now() - t0;
+        loss = dt_f32(l)[0];
+        if (it > 0 && t < best) {
+            best = t;
+            best_fwd = t1 - t0;
+            best_it = it;
+            for (int k = 0; k < g_nkind; k++) kf[k] = g_kind[k].fwd, kb[k] = g_kind[k].bwd, kc[k] = g_kind[k].count;
+        }
+    }
+    (void)best_it;
+    double hs = C / H;
+    double lin_fl = 6.0 * N * (12.0 * C * C * L + (double)C * V);
+    double att_fl = L * 3.0 * 2.0 * 2.0 * hs * (T * (T + 1.0) / 2.0) * B * H;
+    printf("\nGPT-2 step (L=%d C=%d H=%d T=%d B=%d V=%d), best of %d: %.1f ms (fwd %.1f, bwd %.1f), loss %.4f\n",
+           L, C, H, T, B, V, iters, best * 1e3, best_fwd * 1e3, (best - best_fwd) * 1e3, loss);
+    printf("  GEMM flops %.1f GFLOP (linear %.1f + causal attention %.1f) -> %.1f GFLOP/s = %.0f%% of raw sgemm %.1f GFLOP/s\n",
+           (lin_fl + att_fl) / 1e9, lin_fl / 1e9, att_fl / 1e9, (lin_fl + att_fl) / best / 1e9,
+           100.0 * (lin_fl + att_fl) / best / sgemm_rate, sgemm_rate / 1e9);
+    printf("  %-14s %6s %9s %9s %9s %7s\n", "op", "calls", "fwd ms", "bwd ms", "total ms", "share");
+    double acc = 0;
+    for (int k = 0; k < g_nkind; k++) {
+        acc += kf[k] + kb[k];
+        printf("  %-14s %6d %9.2f %9.2f %9.2f %6.1f%%\n", g_kind[k].op, kc[k], kf[k] * 1e3, kb[k] * 1e3,
+               (kf[k] + kb[k]) * 1e3, 100.0 * (kf[k] + kb[k]) / best);
+    }
+    printf("  %-14s %6s %9s %9s %9.2f %6.1f%%  (tape walk, lazy grad zeroing, timers)\n", "other", "", "", "",
+           (best - acc) * 1e3, 100.0 * (best - acc) / best);
+    dt_graph_free(g);
+    gpt2_free(&m);
+    free(ids); free(pos); free(tgt);
+}
+
+int main(int argc, char **argv) {
+    int iters = argc > 1 ? atoi(argv[1]) : 5;
+    if (iters < 1) iters = 1;
+    printf("bench_ops: OpenMP threads %d, best of %d iterations\n\n", omp_get_max_threads(), iters);
+    double rate = 0;
+    bench_single_ops(iters, &rate);
+    bench_step(iters, rate);
+    return 0;
+}

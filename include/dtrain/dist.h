@@ -1,0 +1,229 @@
+/* dtrain/dist.h — process groups, asynchronous collectives, the progress engine.
+ *
+ * 1. Start and stop
+ * -----------------
+ *   dt_dist_opts o = {0};                  // zero = defaults
+ *   if (dt_dist_init(&argc, &argv, &o) != DT_OK) { ...dt_error_message()... }
+ *   ...
+ *   dt_dist_finalize();
+ *
+ * dt_dist_init calls MPI_Init_thread (unless MPI is already initialised by the
+ * caller, in which case it adopts it and leaves MPI_Finalize to the caller).
+ * A program started without mpiexec runs as a world of size 1 (Open MPI
+ * singleton); every collective then works and is a local copy.
+ *
+ * Before MPI_Init it sets a few Open MPI parameters, each ONLY if the user has
+ * not set it in the environment (so `OMPI_MCA_x=... mpiexec ...` overrides):
+ *   OMPI_MCA_btl_tcp_flags=send,inplace,need-ack,need-csum
+ *   OMPI_MCA_coll_libnbc_iallreduce_algorithm=1        (ring)
+ *   OMPI_MCA_mpi_yield_when_idle=1                     (DT_PROGRESS_THREAD only)
+ * See src/dist/dist_init.c for the measurements behind them. Set
+ * opts.keep_mpi_env = 1 to set none of them.
+ *
+ * 2. Process groups
+ * -----------------
+ * A dt_pg is a set of ranks that run collectives together: it owns a private
+ * MPI communicator (so it never interferes with anyone else's MPI traffic), a
+ * FIFO of in-flight operations and a sequence number. dt_pg_world gives all
+ * ranks; dt_pg_split partitions a group like MPI_Comm_split (same color -> same
+ * new group, ordered by key, then by parent rank). Creating, splitting and
+ * freeing groups are collective over the (parent) group.
+ *
+ *   dt_pg *world, *node;
+ *   dt_pg_world(&world);
+ *   dt_pg_split(world, dt_pg_rank(world) / 2, 0, &node);   // pairs of ranks
+ *
+ * A group is used by one thread at a time (the thread that drives training).
+ *
+ * 3. Collectives and work handles
+ * -------------------------------
+ * Every collective takes a final `dt_work **w`. With w == NULL the call is
+ * blocking. Otherwise it returns at once with *w set to a handle; the
+ * operation runs in the background and the buffers belong to it until the
+ * handle completes. Every handle must be finished with dt_work_wait, which
+ * waits, frees the handle and returns the operation's status:
+ *
+ *   dt_work *h;
+ *   dt_allreduce(pg, grad, grad, n, DT_F32, DT_RED_AVG, &h);  // in place
+ *   ...compute, calling dt_pg_tick(pg) now and then...
+ *   if (dt_work_wait(h) != DT_OK) ...;
+ *
+ * Rules that keep every rank consistent:
+ *  - Every rank of the group issues the same collectives in the same order
+ *    with the same count/dtype/op/root. dtrain hands them to MPI in exactly
+ *    that issue order (multi-phase operations included).
+ *  - Handles may be waited in any order; several may be in flight at once.
+ *  - Payload dtypes: DT_F32, DT_BF16, DT_F16. 16-bit sums convert to float32,
+ *    add, and round back to the 16-bit type (round to nearest even).
+ *  - DT_RED_AVG = the sum, then x / (float)size in float32 (a division, not a
+ *    multiplication by 1/size: so the result equals a single process dividing
+ *    the same sum by the world size), rounded back for 16-bit payloads.
+ *  - count is in elements, 0 <= count <= INT_MAX. Bad arguments fail with
+ *    DT_EINVAL before anything is issued (so no rank is left waiting for a
+ *    call that will never come, as long as all ranks pass the same arguments).
+ *  - MPI failures give DT_ECOMM with a message naming the operation, its
+ *    sequence number in the group and MPI's error string, e.g.
+ *    "allreduce #12 (4.0MiB f32) on world: MPI_Iallreduce: MPI_ERR_TRUNCATE...".
+ *    After a failed *collective* the group is broken: later calls fail at once
+ *    with DT_ECOMM. Nothing in this layer exits or aborts.
+ *
+ * 4. Progress
+ * -----------
+ * Open MPI 4.1 has no asynchronous progress: a non-blocking collective only
+ * moves while the process is inside an MPI call. A group therefore runs in one
+ * of two progress modes (chosen at dt_dist_init for all groups):
+ *
+ *  DT_PROGRESS_POLL   operations are started at issue time on the calling
+ *                     thread; they advance whenever that thread calls
+ *                     dt_pg_poll (one MPI_Testall per in-flight operation,
+ *                     plus any local reduction work of a finished phase) or
+ *                     dt_pg_tick (a clock read; polls only if >= tick_ms, default
+ *                     0.5 ms, passed since the last poll). Compute code should
+ *                     call dt_pg_tick (or dt_dist_tick for every group) often,
+ *                     e.g. between kernels or from autograd hooks.
+ *  DT_PROGRESS_THREAD each group has a communication thread that runs the
+ *                     queued operations one by one with blocking MPI calls, in
+ *                     issue order, under MPI_THREAD_MULTIPLE, while the caller
+ *                     computes. poll/tick are no-ops. Costs a thread per group
+ *                     that competes for a core.
+ *
+ * Measured (bench/bench_comm, 2 ranks, 2 cores, 16 MiB f32 allreduce overlapped
+ * with ~200 ms of compute that calls dt_pg_tick every ~0.1 ms; % of the
+ * communication time hidden, compute slow-down in brackets):
+ *
+ *                       shared memory        1 Gbit/s TCP (netsim)
+ *   DT_PROGRESS_POLL    @POLL_SHM@           @POLL_NET@
+ *   DT_PROGRESS_THREAD  @THR_SHM@            @THR_NET@
+ *
+ * Default: @DEFAULT_WHY@
+ * Override with opts.progress or the environment: DTRAIN_PROGRESS=poll|thread.
+ *
+ * 5. Determinism
+ * --------------
+ * A plain allreduce sums in whatever order MPI's algorithm picks, which
+ * depends on the world size, message size and algorithm choice. For 2 ranks
+ * that is still exact (a + b == b + a); for more it is not.
+ * With DT_RED_DETERMINISTIC or'ed into the op (or dt_pg_set_deterministic on
+ * the group) every element is summed in rank order, ((x0 + x1) + x2) + ...,
+ * in float32 (16-bit payloads are rounded once, at the end), independent of
+ * message size, of how a buffer is split into calls and of MPI's algorithm.
+ * The result is bitwise equal to one process adding the size contributions in
+ * rank order (and for AVG dividing by (float)size). It runs as an all-to-all
+ * exchange of chunks, a local rank-ordered sum, and an allgather: the same
+ * bytes on the wire as a ring allreduce.
+ * dt_reduce_scatter is ALWAYS deterministic in this sense (it is implemented
+ * as that exchange + local sum, which is also faster than Open MPI's
+ * reduce-scatter on both shared memory and TCP here).
+ *
+ * 6. Tracing
+ * ----------
+ * dt_pg_set_trace(pg, t): every operation issued afterwards records a Chrome
+ * trace event "allreduce 1.0MiB" (category "comm") in lane 1 from the moment
+ * it is handed to MPI until it completes. Keep t open while work is in flight.
+ */
+#ifndef DTRAIN_DIST_H
+#define DTRAIN_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dtrain/error.h"
+#include "dtrain/tensor.h"
+#include "dtrain/io.h"
+
+/* ---- start / stop ---- */
+typedef enum dt_progress_mode {
+    DT_PROGRESS_DEFAULT = 0,   /* DTRAIN_PROGRESS env var, else the built-in default */
+    DT_PROGRESS_POLL = 1,
+    DT_PROGRESS_THREAD = 2,
+} dt_progress_mode;
+
+typedef struct dt_dist_opts {
+    dt_progress_mode progress;
+    double tick_ms;            /* dt_pg_tick poll interval; <= 0: 0.5 ms */
+    size_t segment_bytes;      /* MPI reductions are issued in pieces of at most this; 0: 4 MiB */
+    int deterministic;         /* default for new groups (dt_pg_set_deterministic) */
+    int keep_mpi_env;          /* 1: do not set the tuned OMPI_MCA_* defaults */
+} dt_dist_opts;
+
+/* opts may be NULL (defaults). Calling it twice is DT_ESTATE. */
+dt_status dt_dist_init(int *argc, char ***argv, const dt_dist_opts *opts);
+/* Frees every remaining group (completing their in-flight work; their handles
+ * become invalid), then MPI_Finalize if dt_dist_init initialised MPI. */
+dt_status dt_dist_finalize(void);
+int dt_dist_initialized(void);            /* 1 between init and finalize */
+dt_progress_mode dt_dist_progress_mode(void);   /* the mode in effect (never DEFAULT) */
+int dt_dist_world_rank(void);
+int dt_dist_world_size(void);
+
+/* ---- process groups ---- */
+typedef struct dt_pg dt_pg;
+#define DT_PG_NO_COLOR (-1)   /* dt_pg_split color: this rank joins no group (*out = NULL) */
+
+dt_status dt_pg_world(dt_pg **out);                                   /* collective (world) */
+dt_status dt_pg_split(dt_pg *parent, int color, int key, dt_pg **out); /* collective (parent) */
+/* Completes in-flight work, frees unwaited handles (they become invalid) and
+ * the communicator. Collective. NULL is a no-op. */
+dt_status dt_pg_free(dt_pg *pg);
+int dt_pg_rank(const dt_pg *pg);
+int dt_pg_size(const dt_pg *pg);
+const char *dt_pg_name(const dt_pg *pg);          /* "world", "world/3" (color 3), ... */
+void dt_pg_set_deterministic(dt_pg *pg, int on);  /* same value on every rank */
+int dt_pg_deterministic(const dt_pg *pg);
+void dt_pg_set_trace(dt_pg *pg, dt_trace *t);     /* NULL: off */
+
+/* ---- collectives ----
+ * op: DT_RED_SUM or DT_RED_AVG, optionally | DT_RED_DETERMINISTIC. */
+typedef enum dt_redop {
+    DT_RED_SUM = 0,
+    DT_RED_AVG = 1,
+    DT_RED_DETERMINISTIC = 0x100,
+} dt_redop;
+
+typedef struct dt_work dt_work;
+
+/* in, out: count elements. in == out is in place; other overlap is EINVAL. */
+dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtype dtype,
+                       int op, dt_work **w);
+/* in: size * count elements (chunk r goes to rank r); out: count elements.
+ * out may point anywhere, including inside in (e.g. out = in + rank * count).
+ * Always summed in rank order (see 5). */
+dt_status dt_reduce_scatter(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtype dtype,
+                            int op, dt_work **w);
+/* in: count elements; out: size * count, rank r's chunk at r * count.
+ * In place: in == out + rank * count elements. Other overlap is EINVAL. */
+dt_status dt_allgather(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtype dtype,
+                       dt_work **w);
+/* buf: count elements, read at root, written elsewhere. */
+dt_status dt_broadcast(dt_pg *pg, void *buf, int64_t count, dt_dtype dtype, int root,
+                       dt_work **w);
+/* Sum (or average) to root. out is used only at root (may be NULL elsewhere);
+ * in == out at root is in place. */
+dt_status dt_reduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtype dtype, int op,
+                    int root, dt_work **w);
+/* Point to point inside the group; 0 <= tag <= 32767. A receive buffer
+ * shorter than the message is DT_ECOMM (MPI_ERR_TRUNCATE). Point-to-point
+ * errors do not break the group. */
+dt_status dt_send(dt_pg *pg, const void *buf, int64_t count, dt_dtype dtype, int peer, int tag,
+                  dt_work **w);
+dt_status dt_recv(dt_pg *pg, void *buf, int64_t count, dt_dtype dtype, int peer, int tag,
+                  dt_work **w);
+dt_status dt_barrier(dt_pg *pg, dt_work **w);
+
+/* ---- handles ---- */
+/* Waits for completion, frees w, returns the operation's status (the error
+ * message is set on the calling thread). NULL: DT_OK. */
+dt_status dt_work_wait(dt_work *w);
+/* *done = 1 once w has completed (POLL mode: polls w's group first). Does not
+ * free w. */
+dt_status dt_work_test(dt_work *w, int *done);
+/* Completes every in-flight operation of pg; returns the first failure.
+ * Handles stay valid and must still be passed to dt_work_wait. */
+dt_status dt_pg_wait_all(dt_pg *pg);
+
+/* ---- progress (DT_PROGRESS_POLL; no-ops in THREAD mode) ---- */
+void dt_pg_poll(dt_pg *pg);     /* test in-flight work now */
+void dt_pg_tick(dt_pg *pg);     /* poll if >= tick_ms since this group's last poll */
+void dt_dist_poll(void);        /* dt_pg_poll on every live group */
+void dt_dist_tick(void);        /* dt_pg_tick on every live group */
+
+#endif

@@ -1,0 +1,106 @@
+/* dtrain/parallel.h — data parallelism (DDP) over a process group.
+ *
+ * dt_ddp wraps a model whose gradients live in one flat buffer (nn.h). The
+ * buffer is cut into buckets — contiguous ranges in layout order (reverse
+ * registration ≈ backward order); the first bucket is capped small so the
+ * first reduction starts early. During backward each parameter's grad-ready
+ * hook marks it in its bucket; a full bucket is handed to the process group
+ * (all-reduce, average) at once, buckets strictly in index order on every
+ * rank; the graph's tick callback keeps MPI progressing while backward
+ * computes. dt_ddp_finish_backward waits for all of them.
+ *
+ *   dt_ddp *d; dt_ddp_create(model, world_pg, &opts, &d);   // broadcasts rank 0's params+buffers
+ *   for each step:
+ *     for k in micro-steps:
+ *       dt_graph_reset(g);
+ *       dt_ddp_before_forward(d, g, k == K-1);   // sync only on the last (no_sync otherwise)
+ *       loss = dt_model_forward(...); dt_graph_backward_scaled(g, loss, 1.0f/K);
+ *     dt_ddp_finish_backward(d);                 // grads now averaged over ranks
+ *     optimizer step; dt_model_zero_grad(model);
+ */
+#ifndef DTRAIN_PARALLEL_H
+#define DTRAIN_PARALLEL_H
+
+#include "dtrain/dist.h"
+#include "dtrain/nn.h"
+#include "dtrain/train.h"
+
+typedef struct dt_ddp dt_ddp;
+
+typedef struct dt_ddp_bucket {
+    int index;
+    size_t begin, end;        /* element range [begin, end) of the flat gradient buffer */
+    float *grad;              /* grad_flat + begin: reduce in place */
+    size_t numel;             /* end - begin */
+    int n_params;
+    int pending;              /* params not yet ready in this backward */
+    int ready, launched;
+    dt_work *work;
+    void *scratch;            /* comm-hook scratch, owned by the hook (freed with free()) */
+} dt_ddp_bucket;
+
+/* Communication hook: replaces the default reduction of a bucket.
+ * launch: start reducing b->grad (every rank calls it for the same bucket, in
+ *   the same order); return a handle in *w (or NULL if already done).
+ * finish: called after the handle completed (may be NULL); must leave the
+ *   rank-average in b->grad. */
+typedef struct dt_ddp_comm_hook {
+    dt_status (*launch)(void *state, dt_pg *pg, dt_ddp_bucket *b, dt_work **w);
+    dt_status (*finish)(void *state, dt_pg *pg, dt_ddp_bucket *b);
+    void *state;
+} dt_ddp_comm_hook;
+
+typedef enum dt_ddp_compress {
+    DT_DDP_COMPRESS_NONE = 0,
+    DT_DDP_COMPRESS_BF16 = 1,   /* gradients travel as bf16, summed in float, rounded per step */
+    DT_DDP_COMPRESS_FP16 = 2,
+} dt_ddp_compress;
+
+typedef struct dt_ddp_opts {
+    size_t first_bucket_bytes;   /* default 1 MiB */
+    size_t bucket_bytes;         /* default 4 MiB (bench/bench_ddp: 1-4 MiB best here) */
+    int find_unused_params;      /* 0: a parameter without gradient is an error naming it */
+    int broadcast_buffers;       /* 1: rank 0's buffers (BatchNorm stats) broadcast before each forward */
+    int sync_bn;                 /* 1: BatchNorm statistics all-reduced (SyncBatchNorm) */
+    int no_overlap;              /* 1: reduce only after backward (for measurement) */
+    int deterministic;           /* fixed rank-order summation (any world size) */
+    dt_ddp_compress compress;
+    const dt_ddp_comm_hook *hook;   /* custom reduction; exclusive with compress */
+    int join;                    /* uneven inputs: agree on activity each step (see dt_ddp_join) */
+} dt_ddp_opts;
+
+void dt_ddp_opts_default(dt_ddp_opts *o);
+/* Validates options (contradictions fail), buckets the flat gradient buffer,
+ * installs grad-ready hooks, broadcasts parameters and buffers from rank 0. */
+dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **out);
+void dt_ddp_free(dt_ddp *d);
+/* Before each micro-step's forward: sync = 0 accumulates locally (no_sync).
+ * Broadcasts buffers if enabled, installs the progress tick on g. With
+ * opts.join, active ranks also agree here that they are active. */
+dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync);
+/* After the synchronising micro-step's backward: marks unused parameters
+ * (error if not allowed), launches remaining buckets, waits for all. */
+dt_status dt_ddp_finish_backward(dt_ddp *d);
+/* Uneven inputs (opts.join): a rank whose data ran out calls this instead of
+ * training; it answers the other ranks' collectives (with zero gradients) for
+ * as many steps as they still run, and returns when every rank has joined.
+ * Active ranks must also call it once their own data runs out. */
+dt_status dt_ddp_join(dt_ddp *d);
+
+int dt_ddp_num_buckets(const dt_ddp *d);
+const dt_ddp_bucket *dt_ddp_bucket_at(const dt_ddp *d, int i);
+
+/* Communication statistics since creation (for benchmarks). */
+typedef struct dt_ddp_stats {
+    int64_t steps;
+    double wait_us;        /* time blocked in finish_backward waiting for reductions */
+    double backward_us;    /* time from first launch to end of backward (overlap window) */
+    size_t bytes_reduced;  /* payload bytes handed to the group */
+} dt_ddp_stats;
+dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d);
+
+/* A dt_strategy for the trainer: creates the DDP in setup() on the
+ * trainer's model. The group must outlive the trainer. */
+dt_status dt_ddp_strategy(dt_pg *pg, const dt_ddp_opts *o, dt_strategy *out);
+
+#endif

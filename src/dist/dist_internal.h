@@ -1,0 +1,146 @@
+/* Private state of the dist layer (used only by the files in src/dist). */
+#ifndef DTRAIN_DIST_INTERNAL_H
+#define DTRAIN_DIST_INTERNAL_H
+
+#include <mpi.h>
+#include <pthread.h>
+#include <stdint.h>
+#include "dtrain/dist.h"
+
+/* Phase p of a multi-phase operation runs on comm[p]. Invariant: on every
+ * comm[p], operations start in issue order on every rank (see progress.c). */
+#define DT_MAX_PHASE 2
+
+typedef enum dt_opkind {
+    DT_OPK_ALLREDUCE,       /* MPI reduction, segmented; 1 phase */
+    DT_OPK_ALLREDUCE_DET,   /* alltoallv -> rank-ordered sum -> allgatherv; 2 phases */
+    DT_OPK_REDUCE_SCATTER,  /* alltoall -> rank-ordered sum; 1 phase */
+    DT_OPK_ALLGATHER,
+    DT_OPK_BROADCAST,
+    DT_OPK_REDUCE,          /* MPI reduction to root, segmented */
+    DT_OPK_REDUCE_DET,      /* gather -> rank-ordered sum at root */
+    DT_OPK_SEND,
+    DT_OPK_RECV,
+    DT_OPK_BARRIER,
+} dt_opkind;
+
+struct dt_work {
+    dt_pg *pg;
+    dt_work *next;              /* pg in-flight FIFO (poll) / run queue (thread) */
+    dt_work *all_prev, *all_next;   /* every live handle of pg (owner thread only) */
+    dt_opkind kind;
+    uint64_t seq;
+    const void *in;
+    void *out;
+    int64_t count;
+    dt_dtype dtype;
+    int avg;                    /* DT_RED_AVG */
+    int root;                   /* root (bcast/reduce) or peer (send/recv) */
+    int tag;
+    int nphase, phase, started; /* current phase; started: its requests are live */
+    MPI_Request *req;           /* live requests of the current phase */
+    MPI_Status *sts;
+    int nreq, req_cap;
+    MPI_Request req_small[2];
+    MPI_Status sts_small[2];
+    const char *fn;             /* MPI function behind the live requests */
+    void *stage;                /* pool buffer (det / reduce-scatter staging) */
+    size_t stage_cap;
+    int *counts;                /* alltoallv / allgatherv counts+displs (det allreduce) */
+    /* completion; guarded by pg->mu in THREAD mode */
+    volatile int done;
+    dt_status st;
+    char msg[512];
+    dt_trace *trace;
+    double t_begin_us;
+    char name[48];              /* "allreduce 1.0MiB" */
+    int internal;               /* blocking call: waited by the library itself */
+};
+
+struct dt_pg {
+    MPI_Comm comm[DT_MAX_PHASE];
+    int rank, size;
+    char name[64];
+    dt_progress_mode mode;
+    int deterministic;
+    uint64_t seq;
+    dt_trace *trace;
+    dt_work *head, *tail;       /* POLL: in flight; THREAD: queued, not yet started */
+    int inflight;               /* issued and not yet completed */
+    dt_work *all;               /* live handles (owner thread) */
+    double last_poll;           /* seconds (monotonic) */
+    /* a failed collective breaks the group */
+    int broken;
+    char broken_msg[512];
+    /* staging buffers reused across operations */
+    void *pool[4];
+    size_t pool_bytes[4];
+    /* THREAD mode */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_done;
+    pthread_t thread;
+    int thread_on, quit;
+    /* registry of live groups */
+    dt_pg *reg_next;
+};
+
+/* ---- dist_init.c: process-wide state ---- */
+typedef struct dt_dist_state {
+    int initialized, we_init_mpi;
+    dt_progress_mode mode;
+    double tick_s;
+    size_t segment_bytes;
+    int deterministic;
+    int world_rank, world_size;
+    int tag_ub;
+    dt_pg *groups;              /* registry */
+    double last_tick;
+} dt_dist_state;
+extern dt_dist_state dt__dist;
+double dt__now(void);                     /* monotonic seconds */
+void dt__registry_add(dt_pg *pg);
+void dt__registry_remove(dt_pg *pg);
+dt_status dt__check_init(const char *fn);
+
+/* ---- half_ops.c ---- */
+int dt__half_ops_create(void);            /* MPI rc */
+void dt__half_ops_free(void);
+MPI_Datatype dt__mpi_type(dt_dtype t);
+MPI_Op dt__mpi_sum(dt_dtype t);
+/* out[i] = sum over r < nranks of src[r * stride + i], in rank order, in
+ * float32; then / (float)avg_div if avg_div > 0; rounded once for 16-bit. */
+void dt__sum_ranks(void *out, const void *src, int64_t n, int64_t stride, int nranks, dt_dtype t,
+                   int avg_div);
+void dt__scale_div(void *buf, int64_t n, dt_dtype t, int div);   /* x / (float)div */
+
+/* ---- pg.c ---- */
+/* A buffer of >= bytes (*cap: its real size); NULL on ENOMEM. THREAD mode:
+ * comm thread only. */
+void *dt__pool_get(dt_pg *pg, size_t bytes, size_t *cap);
+void dt__pool_put(dt_pg *pg, void *p, size_t cap);
+dt_status dt__pg_thread_start(dt_pg *pg);
+
+/* ---- collectives.c / deterministic.c: per-kind phase functions ----
+ * start: issue the current phase's non-blocking requests (may be none).
+ * finish: local work once they completed. run: the whole op, blocking.
+ * All return an MPI error code or -1 for a local failure (w->msg set). */
+int dt__op_start(dt_work *w);
+int dt__op_finish(dt_work *w);
+int dt__op_run(dt_work *w);
+int dt__det_start(dt_work *w);
+int dt__det_finish(dt_work *w);
+int dt__det_run(dt_work *w);
+int dt__req_reserve(dt_work *w, int n);   /* ensure req capacity; -1 (w->msg set) on ENOMEM */
+int dt__kind_is_det(dt_opkind k);
+const char *dt__kind_name(dt_opkind k);
+
+/* ---- progress.c ---- */
+dt_status dt__submit(dt_work *w);        /* issue (w->internal: and wait); owns w */
+int dt__pg_broken(dt_pg *pg, char *msg, size_t n);   /* thread-safe read */
+void dt__work_fail(dt_work *w, int rc, const char *mpi_fn);   /* record failure */
+void dt__work_failf(dt_work *w, dt_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void *dt__comm_thread(void *arg);
+void dt__work_free(dt_work *w);
+
+#endif

@@ -1,0 +1,96 @@
+/* Fused softmax + cross-entropy, mean over rows whose target is >= 0.
+ *   logits[N, V] (leading dims flattened), targets[N] int32 (caller-owned)
+ *   loss = (1 / n_valid) sum_{i valid} (log sum_j exp x_ij - x_i,t_i)
+ * backward, s = dloss / n_valid, valid rows only:
+ *   dx_ij += s (p_ij - [j == t_i]),  p_ij = exp(x_ij - m_i) / z_i
+ * Saved per row: max m_i and 1 / z_i; probabilities are recomputed.
+ * n_valid == 0 gives loss 0 and zero gradient. */
+#include "ops_internal.h"
+
+typedef struct ce_saved {
+    const int32_t *targets;
+    float *rmax, *rinv;   /* [N] */
+} ce_saved;
+
+static void cross_entropy_backward(dt_graph *g, dt_node *n) {
+    dt_tensor *x = n->in[0];
+    float *dx = dt_grad_of(g, x);
+    if (!dx) return;
+    const ce_saved *sv = n->saved;
+    int64_t N = n->i[0], V = n->i[1], nvalid = n->i[2];
+    if (nvalid == 0) return;
+    float s = dt_f32(n->out->grad)[0] / (float)nvalid;
+    const float *xd = dt_f32(x);
+#pragma omp parallel for schedule(static) if (N * V >= DT_OPS_PAR_MIN)
+    for (int64_t r = 0; r < N; r++) {
+        int32_t t = sv->targets[r];
+        if (t < 0) continue;
+        const float *xr = xd + r * V;
+        float *dxr = dx + r * V;
+        float m = sv->rmax[r], si = s * sv->rinv[r];
+#pragma omp simd
+        for (int64_t j = 0; j < V; j++) dxr[j] += si * dt_ops_expf(xr[j] - m);
+        dxr[t] -= s;
+    }
+}
+
+dt_tensor *dt_op_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *targets) {
+    static const char *op = "cross_entropy";
+    if (dt_ops_check_graph(op, g) || dt_ops_check_tensor(op, "logits", logits)) return NULL;
+    if (logits->ndim < 1 || logits->shape[logits->ndim - 1] == 0) {
+        DT_ERR(DT_EINVAL, "cross_entropy: logits must be [N, V] with V > 0, got %s", DT_OPS_SHAPE(logits));
+        return NULL;
+    }
+    int64_t V = logits->shape[logits->ndim - 1], N = logits->numel / V;
+    if (N > 0 && !targets) {
+        DT_ERR(DT_EINVAL, "cross_entropy: targets is NULL for logits %s", DT_OPS_SHAPE(logits));
+        return NULL;
+    }
+    int64_t nvalid = 0;
+    for (int64_t r = 0; r < N; r++) {
+        if (targets[r] >= V) {
+            DT_ERR(DT_EINVAL, "cross_entropy: target %d at row %lld out of range [0, %lld) for logits %s",
+                   (int)targets[r], (long long)r, (long long)V, DT_OPS_SHAPE(logits));
+            return NULL;
+        }
+        nvalid += targets[r] >= 0;
+    }
+    dt_tensor *out = dt_graph_tensor(g, 0, NULL);
+    ce_saved *sv = dt_graph_scratch(g, sizeof *sv);
+    float *stats = dt_graph_scratch(g, 2 * (size_t)N * sizeof(float) + 1);
+    double *rloss = dt_graph_scratch(g, (size_t)N * sizeof(double) + 1);
+    if (!out || !sv || !stats || !rloss) return NULL;
+    sv->targets = targets;
+    sv->rmax = stats;
+    sv->rinv = stats + N;
+    const float *xd = dt_f32(logits);
+#pragma omp parallel for schedule(static) if (N * V >= DT_OPS_PAR_MIN)
+    for (int64_t r = 0; r < N; r++) {
+        int32_t t = targets[r];
+        if (t < 0) {
+            rloss[r] = 0.0;
+            continue;
+        }
+        const float *xr = xd + r * V;
+        float m = xr[0];
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 0; j < V; j++) m = xr[j] > m ? xr[j] : m;
+        float z = 0.0f;
+#pragma omp simd reduction(+ : z)
+        for (int64_t j = 0; j < V; j++) z += dt_ops_expf(xr[j] - m);
+        sv->rmax[r] = m;
+        sv->rinv[r] = 1.0f / z;
+        rloss[r] = (double)m + log((double)z) - (double)xr[t];
+    }
+    double total = 0.0;   /* serial sum in row order: deterministic */
+    for (int64_t r = 0; r < N; r++) total += rloss[r];
+    dt_f32(out)[0] = nvalid ? (float)(total / (double)nvalid) : 0.0f;
+    dt_node *n = dt_graph_record(g, op, cross_entropy_backward, out, 1, &logits);
+    if (n) {
+        n->saved = sv;
+        n->i[0] = N;
+        n->i[1] = V;
+        n->i[2] = nvalid;
+    }
+    return out;
+}

@@ -1,0 +1,251 @@
+/* DDP reducer: buckets over the flat gradient buffer, launched from grad-ready hooks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "ddp_internal.h"
+
+double dt_ddp_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+void dt_ddp_opts_default(dt_ddp_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->first_bucket_bytes = (size_t)1 << 20;
+    o->bucket_bytes = (size_t)4 << 20;
+    o->broadcast_buffers = 1;
+}
+
+static dt_status validate(const dt_ddp_opts *o) {
+    if (o->first_bucket_bytes < 4 || o->bucket_bytes < 4)
+        return DT_ERR(DT_EINVAL, "ddp: bucket caps must be at least one float (got first %zu, normal %zu bytes)",
+                      o->first_bucket_bytes, o->bucket_bytes);
+    if (o->hook && o->compress != DT_DDP_COMPRESS_NONE)
+        return DT_ERR(DT_EINVAL, "ddp: a custom communication hook and built-in compression are exclusive");
+    if (o->hook && !o->hook->launch)
+        return DT_ERR(DT_EINVAL, "ddp: communication hook has no launch function");
+    if (o->deterministic && o->compress != DT_DDP_COMPRESS_NONE)
+        return DT_ERR(DT_EINVAL, "ddp: deterministic mode and %s compression are exclusive (compressed sums round per step)",
+                      o->compress == DT_DDP_COMPRESS_BF16 ? "bf16" : "fp16");
+    if (o->deterministic && o->hook)
+        return DT_ERR(DT_EINVAL, "ddp: deterministic mode cannot be guaranteed with a custom communication hook");
+    if (o->sync_bn && o->broadcast_buffers == 0)
+        return DT_OK;   /* SyncBN keeps running stats identical on its own */
+    if ((unsigned)o->compress > DT_DDP_COMPRESS_FP16) return DT_ERR(DT_EINVAL, "ddp: unknown compression %d", (int)o->compress);
+    return DT_OK;
+}
+
+static dt_status on_grad_ready(dt_param *p, void *user) {
+    dt_ddp *d = user;
+    if (!d->sync) return DT_OK;
+    int bi = d->param_bucket[p->index];
+    if (bi < 0) return DT_OK;
+    dt_ddp_bucket *b = &d->buckets[bi];
+    if (--b->pending == 0) {
+        b->ready = 1;
+        if (d->trace) dt_trace_instant(d->trace, "bucket ready", 0);
+        if (!d->opts.no_overlap) return dt_ddp_launch_ready(d);
+    }
+    return DT_OK;
+}
+
+dt_status dt_ddp_launch_ready(dt_ddp *d) {
+    while (d->next_launch < d->n_buckets && d->buckets[d->next_launch].ready) {
+        dt_ddp_bucket *b = &d->buckets[d->next_launch++];
+        if (d->stats.bytes_reduced == 0 || d->t_first_launch == 0) d->t_first_launch = dt_ddp_now_us();
+        b->launched = 1;
+        d->stats.bytes_reduced += b->numel * sizeof(float);
+        DT_TRY(d->hook.launch(d->hook.state, d->pg, b, &b->work));
+    }
+    return DT_OK;
+}
+
+static void graph_tick(void *user) { dt_pg_tick(((dt_ddp *)user)->pg); }
+
+/* Buckets: walk params in layout order, close a bucket when the next param would exceed the cap. */
+static dt_status build_buckets(dt_ddp *d) {
+    dt_model *m = d->model;
+    int n = m->n_params;
+    int *order = malloc((size_t)n * sizeof *order);
+    d->param_bucket = malloc((size_t)n * sizeof *d->param_bucket);
+    d->buckets = calloc((size_t)n + 1, sizeof *d->buckets);
+    if (!order || !d->param_bucket || !d->buckets) { free(order); return DT_ERR(DT_ENOMEM, "out of memory"); }
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++) {   /* insertion sort by offset (layout order) */
+        int x = order[i], j = i - 1;
+        while (j >= 0 && m->offsets[order[j]] > m->offsets[x]) { order[j + 1] = order[j]; j--; }
+        order[j + 1] = x;
+    }
+    dt_ddp_bucket *cur = NULL;
+    size_t cur_bytes = 0;
+    for (int k = 0; k < n; k++) {
+        dt_param *p = m->params[order[k]];
+        d->param_bucket[p->index] = -1;
+        if (!p->requires_grad) continue;
+        size_t bytes = (size_t)p->value.numel * sizeof(float);
+        size_t cap = d->n_buckets <= 1 && cur == &d->buckets[0] ? d->opts.first_bucket_bytes : d->opts.bucket_bytes;
+        if (!cur || (cur_bytes > 0 && cur_bytes + bytes > cap)) {
+            cur = &d->buckets[d->n_buckets];
+            cur->index = d->n_buckets++;
+            cur->begin = m->offsets[p->index];
+            cur_bytes = 0;
+        }
+        cur->end = m->offsets[p->index] + (size_t)p->value.numel;
+        cur->n_params++;
+        cur_bytes = (cur->end - cur->begin) * sizeof(float);
+        d->param_bucket[p->index] = cur->index;
+        p->on_grad_ready = on_grad_ready;
+        p->on_grad_ready_user = d;
+    }
+    for (int i = 0; i < d->n_buckets; i++) {
+        dt_ddp_bucket *b = &d->buckets[i];
+        b->numel = b->end - b->begin;
+        b->grad = m->grad_flat.data + b->begin;
+        b->pending = b->n_params;
+    }
+    free(order);
+    return DT_OK;
+}
+
+/* SyncBatchNorm: sum per-channel statistics and the element count across ranks. */
+static dt_status bn_sync(float *data, int64_t n, double *count, void *user) {
+    dt_ddp *d = user;
+    if (d->sync_scratch_n < n + 1) {
+        float *s = realloc(d->sync_scratch, (size_t)(n + 1) * sizeof *s);
+        if (!s) return DT_ERR(DT_ENOMEM, "out of memory");
+        d->sync_scratch = s;
+        d->sync_scratch_n = n + 1;
+    }
+    memcpy(d->sync_scratch, data, (size_t)n * sizeof(float));
+    d->sync_scratch[n] = (float)*count;   /* exact below 2^24 elements per rank */
+    DT_TRY(dt_allreduce(d->pg, d->sync_scratch, d->sync_scratch, n + 1, DT_F32,
+                        DT_RED_SUM | (d->opts.deterministic ? DT_RED_DETERMINISTIC : 0), NULL));
+    memcpy(data, d->sync_scratch, (size_t)n * sizeof(float));
+    *count = d->sync_scratch[n];
+    return DT_OK;
+}
+
+dt_status dt_ddp_bcast_buffers(dt_ddp *d) {
+    for (int i = 0; i < d->model->n_buffers; i++) {
+        dt_tensor *t = &d->model->buffers[i]->value;
+        DT_TRY(dt_broadcast(d->pg, t->data, t->numel, DT_F32, 0, NULL));
+    }
+    return DT_OK;
+}
+
+dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **out) {
+    *out = NULL;
+    dt_ddp_opts opts;
+    if (o) opts = *o;
+    else dt_ddp_opts_default(&opts);
+    DT_TRY(validate(&opts));
+    dt_ddp *d = calloc(1, sizeof *d);
+    if (!d) return DT_ERR(DT_ENOMEM, "out of memory");
+    d->opts = opts;
+    d->model = m;
+    d->pg = pg;
+    d->rank = dt_pg_rank(pg);
+    d->world = dt_pg_size(pg);
+    if (opts.deterministic) dt_pg_set_deterministic(pg, 1);
+    if (opts.hook) d->hook = *opts.hook;
+    else if (opts.compress == DT_DDP_COMPRESS_NONE) dt_ddp_hook_allreduce(d, &d->hook);
+    else dt_ddp_hook_compress(d, &d->hook, opts.compress == DT_DDP_COMPRESS_BF16 ? DT_BF16 : DT_F16);
+    dt_status s = build_buckets(d);
+    /* same model on every rank: rank 0's parameters and buffers */
+    if (s == DT_OK) s = dt_broadcast(pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, 0, NULL);
+    if (s == DT_OK) s = dt_ddp_bcast_buffers(d);
+    if (s == DT_OK && opts.sync_bn) m->bn_sync = (dt_bn_sync){bn_sync, d};
+    if (s != DT_OK) { dt_ddp_free(d); return s; }
+    *out = d;
+    return DT_OK;
+}
+
+void dt_ddp_free(dt_ddp *d) {
+    if (!d) return;
+    for (int i = 0; i < d->n_buckets; i++) {
+        if (d->buckets[i].work) dt_work_wait(d->buckets[i].work);
+        free(d->buckets[i].scratch);
+    }
+    for (int i = 0; d->model && i < d->model->n_params; i++)
+        if (d->model->params[i]->on_grad_ready_user == d) d->model->params[i]->on_grad_ready = NULL;
+    if (d->model && d->model->bn_sync.user == d) d->model->bn_sync = (dt_bn_sync){0};
+    free(d->buckets);
+    free(d->param_bucket);
+    free(d->sync_scratch);
+    free(d);
+}
+
+dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
+    d->sync = sync;
+    dt_graph_set_tick(g, d->world > 1 ? graph_tick : NULL, d);
+    if (d->opts.join) {
+        float active = 1.0f;
+        DT_TRY(dt_allreduce(d->pg, &active, &active, 1, DT_F32, DT_RED_SUM, NULL));
+    }
+    if (d->opts.broadcast_buffers && !d->opts.sync_bn && d->model->n_buffers && d->world > 1)
+        DT_TRY(dt_ddp_bcast_buffers(d));
+    return DT_OK;
+}
+
+static void reset_buckets(dt_ddp *d) {
+    for (int i = 0; i < d->n_buckets; i++) {
+        dt_ddp_bucket *b = &d->buckets[i];
+        b->pending = b->n_params;
+        b->ready = b->launched = 0;
+        b->work = NULL;
+    }
+    d->next_launch = 0;
+    d->t_first_launch = 0;
+}
+
+dt_status dt_ddp_finish_backward(dt_ddp *d) {
+    if (!d->sync) return DT_ERR(DT_ESTATE, "ddp: finish_backward on a no_sync micro-step");
+    dt_model *m = d->model;
+    char unused[512] = "";
+    int n_unused = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        dt_param *p = m->params[i];
+        int bi = d->param_bucket[i];
+        if (bi < 0 || p->used) continue;
+        if (n_unused++ < 4) {
+            size_t l = strlen(unused);
+            snprintf(unused + l, sizeof unused - l, "%s'%s'", l ? ", " : "", p->name);
+        }
+        /* reduced as zeros (its gradient is whatever was accumulated, normally zero) */
+        if (--d->buckets[bi].pending == 0) d->buckets[bi].ready = 1;
+    }
+    for (int i = 0; i < d->n_buckets; i++)
+        if (d->buckets[i].pending != 0) {
+            reset_buckets(d);
+            return DT_ERR(DT_ESTATE, "ddp: bucket %d still waits for %d gradients after backward (was backward run?)",
+                          i, d->buckets[i].pending);
+        }
+    double t_end_bw = dt_ddp_now_us();
+    dt_status s = dt_ddp_launch_ready(d);
+    double w0 = dt_ddp_now_us();
+    for (int i = 0; i < d->n_buckets; i++) {
+        dt_ddp_bucket *b = &d->buckets[i];
+        dt_status si = dt_work_wait(b->work);
+        b->work = NULL;
+        if (si == DT_OK && d->hook.finish) si = d->hook.finish(d->hook.state, d->pg, b);
+        if (s == DT_OK) s = si;
+    }
+    double w1 = dt_ddp_now_us();
+    if (d->trace) dt_trace_event(d->trace, "wait reductions", "comm", 0, dt_trace_now_us(d->trace) - (w1 - w0), dt_trace_now_us(d->trace));
+    d->stats.wait_us += w1 - w0;
+    if (d->t_first_launch > 0) d->stats.backward_us += t_end_bw - d->t_first_launch;
+    d->stats.steps++;
+    reset_buckets(d);
+    if (s != DT_OK) return s;
+    if (n_unused && !d->opts.find_unused_params)
+        return DT_ERR(DT_EINVAL, "ddp: parameter%s %s%s received no gradient in this step; if that is expected "
+                      "enable find_unused_params (--find-unused)", n_unused > 1 ? "s" : "", unused,
+                      n_unused > 4 ? " and more" : "");
+    return DT_OK;
+}
+
+int dt_ddp_num_buckets(const dt_ddp *d) { return d->n_buckets; }
+const dt_ddp_bucket *dt_ddp_bucket_at(const dt_ddp *d, int i) { return i >= 0 && i < d->n_buckets ? &d->buckets[i] : NULL; }
+dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d) { return d->stats; }

@@ -1,0 +1,31 @@
+#ifndef DT_PARALLEL_DDP_INTERNAL_H
+#define DT_PARALLEL_DDP_INTERNAL_H
+#include "dtrain/parallel.h"
+
+struct dt_ddp {
+    dt_ddp_opts opts;
+    dt_model *model;
+    dt_pg *pg;
+    int rank, world;
+    dt_ddp_bucket *buckets;
+    int n_buckets;
+    int *param_bucket;          /* params[i] -> bucket index, -1 if frozen */
+    int next_launch;            /* buckets launch strictly in index order */
+    int sync;                   /* this micro-step reduces */
+    dt_ddp_comm_hook hook;      /* effective hook (default: allreduce avg) */
+    dt_ddp_comm_hook builtin;   /* storage for the built-in hooks */
+    float *sync_scratch;        /* SyncBatchNorm exchange buffer */
+    int64_t sync_scratch_n;
+    dt_ddp_stats stats;
+    double t_first_launch;
+    dt_trace *trace;
+};
+
+double dt_ddp_now_us(void);
+/* Built-in hooks. */
+void dt_ddp_hook_allreduce(dt_ddp *d, dt_ddp_comm_hook *h);
+void dt_ddp_hook_compress(dt_ddp *d, dt_ddp_comm_hook *h, dt_dtype wire);
+/* Launch every ready bucket whose predecessors have launched. */
+dt_status dt_ddp_launch_ready(dt_ddp *d);
+dt_status dt_ddp_bcast_buffers(dt_ddp *d);
+#endif

@@ -1,0 +1,51 @@
+/* DDP as a dt_strategy for the shared training loop. */
+#include <stdlib.h>
+#include "ddp_internal.h"
+
+typedef struct ddp_strat { dt_pg *pg; dt_ddp_opts opts; dt_ddp *ddp; } ddp_strat;
+
+static dt_status s_setup(void *self, dt_trainer *t) {
+    ddp_strat *s = self;
+    DT_TRY(dt_ddp_create(t->model, s->pg, &s->opts, &s->ddp));
+    s->ddp->trace = t->trace;
+    return DT_OK;
+}
+static dt_status s_before_forward(void *self, dt_trainer *t, int last) {
+    ddp_strat *s = self;
+    s->ddp->trace = t->trace;
+    if (t->trace) dt_pg_set_trace(s->pg, t->trace);
+    return dt_ddp_before_forward(s->ddp, t->graph, last);
+}
+static dt_status s_after_backward(void *self, dt_trainer *t, int last) {
+    (void)t;
+    ddp_strat *s = self;
+    return last ? dt_ddp_finish_backward(s->ddp) : DT_OK;
+}
+static dt_status s_allreduce_sum(void *self, double *x, int n) {
+    ddp_strat *s = self;
+    float f[16];
+    if (n > 16) return DT_ERR(DT_EINVAL, "allreduce_sum: at most 16 values");
+    for (int i = 0; i < n; i++) f[i] = (float)x[i];
+    DT_TRY(dt_allreduce(s->pg, f, f, n, DT_F32, DT_RED_SUM, NULL));
+    for (int i = 0; i < n; i++) x[i] = f[i];
+    return DT_OK;
+}
+static void s_destroy(void *self) {
+    ddp_strat *s = self;
+    dt_pg_set_trace(s->pg, NULL);
+    dt_ddp_free(s->ddp);
+    free(s);
+}
+
+dt_status dt_ddp_strategy(dt_pg *pg, const dt_ddp_opts *o, dt_strategy *out) {
+    ddp_strat *s = calloc(1, sizeof *s);
+    if (!s) return DT_ERR(DT_ENOMEM, "out of memory");
+    s->pg = pg;
+    if (o) s->opts = *o;
+    else dt_ddp_opts_default(&s->opts);
+    *out = (dt_strategy){.name = "ddp", .rank = dt_pg_rank(pg), .world = dt_pg_size(pg), .self = s,
+                         .setup = s_setup, .before_forward = s_before_forward,
+                         .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
+                         .destroy = s_destroy};
+    return DT_OK;
+}
