@@ -24,6 +24,7 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
     snprintf(np, sizeof np, "%d", nproc);
     snprintf(th, sizeof th, "%d", per_rank);
     setenv("OMP_NUM_THREADS", th, 1);
+    setenv("DTRAIN_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
     char **av = calloc((size_t)argc + 16, sizeof *av);
     if (!av) return 1;
     int k = 0;

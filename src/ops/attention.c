@@ -20,7 +20,7 @@
 #include "ops_internal.h"
 
 #ifndef ATT_TILE
-#define ATT_TILE 64   /* rows per tile; multiple of 16 */
+#define ATT_TILE 64   /* rows per tile */
 #endif
 
 /* One (b, h): q/k/v point at the head's first column in qkv, y likewise.

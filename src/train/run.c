@@ -1,5 +1,6 @@
 /* dt_trainer_run: the step loop with progress line, metrics, checkpoints, final evaluation. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 #include "trainer_internal.h"
@@ -23,7 +24,10 @@ static int64_t items_per_step(const dt_trainer *t) {   /* samples or tokens, all
 dt_status dt_trainer_run(dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
     int lead = t->strat.rank == 0 && !o->quiet;
-    int tty = lead && isatty(STDOUT_FILENO);
+    /* Under mpirun every rank's stdout is a pty even when the user's is not:
+     * the --nproc launcher passes the real answer down in DTRAIN_TTY. */
+    const char *tty_env = getenv("DTRAIN_TTY");
+    int tty = lead && (tty_env ? tty_env[0] == '1' : t->strat.world == 1 && isatty(STDOUT_FILENO));
     int64_t log_every = o->log_every > 0 ? o->log_every : (t->total_steps >= 20 ? t->total_steps / 20 : 1);
     const char *unit = o->data == DT_DATA_FASHION_MNIST ? "samples/s" : "tok/s";
     if (lead)
