@@ -25,7 +25,7 @@ file(GLOB DT_UNIT_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/unit/test_*.
 foreach(src ${DT_UNIT_TESTS})
   dt_add_test_exe(${src})
   add_test(NAME ${DT_LAST_TEST} COMMAND ${DT_LAST_TEST})
-  set_tests_properties(${DT_LAST_TEST} PROPERTIES LABELS unit ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 300)
+  set_tests_properties(${DT_LAST_TEST} PROPERTIES LABELS unit ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 900)
 endforeach()
 
 file(GLOB DT_MPI_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/test_*.c)

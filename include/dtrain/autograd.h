@@ -81,7 +81,7 @@ dt_status dt_module_leave(dt_graph *g, dt_module *m);
 
 /* ---- the graph ---- */
 dt_graph *dt_graph_create(void);
-void dt_graph_free(dt_graph *g);
+void dt_graph_free(dt_graph *g);   /* before freeing params used on its tape */
 /* Drop the tape, rewind the arena (memory is kept for the next step), and
  * reset parameter use counts of every param touched by the previous tape. */
 void dt_graph_reset(dt_graph *g);

@@ -8,99 +8,209 @@
  *   dP = dy v^T,  dv += P^T dy,  dS = P (dP - rowsum(dP P)),
  *   dq += a dS k,  dk += a dS^T q
  *
- * Rows are processed in tiles of ATT_TILE: tile [i0, i1) only needs columns
- * [0, i1), so the GEMMs skip most of the masked upper triangle.
- * Saved: P[B, H, T, T]. Invariant: in row i of tile [i0, i1), P[i, j] is the
- * probability for j <= i, 0 for i < j < i1, and never read for j >= i1.
+ * The products use two register-blocked micro-kernels (4 x 32 output tiles,
+ * plain C that the compiler vectorises) on per-head packed copies of q, k, v
+ * and dy, so every tile skips the masked upper triangle at 4-row / 32-column
+ * granularity. Padded sizes: Tp = T rounded up to 32, HSp = hs rounded up to
+ * 32; padding rows/columns of the packed copies are zero.
  *
- * (b, h) pairs are independent (they touch disjoint columns of y and dqkv), so
- * they run in an OpenMP loop; the small SGEMMs inside run single-threaded
- * because OpenBLAS's OpenMP build detects the active parallel region. */
+ * Saved: P[B*H][Tp][Tp]. Invariant for row i < T: P[i][j] is the probability
+ * for j <= i and 0 for i < j < round_up(i + 1, 4); nothing else is read.
+ *
+ * (b, h) pairs are independent (disjoint columns of y and dqkv), so they run
+ * in an OpenMP loop, each thread with its own packing workspace. */
 #include <omp.h>
 #include "ops_internal.h"
 
-#ifndef ATT_TILE
-#define ATT_TILE 64   /* rows per tile */
-#endif
+#define MK_R 4    /* rows per micro-tile */
+#define MK_C 32   /* columns per micro-tile */
 
-/* One (b, h): q/k/v point at the head's first column in qkv, y likewise.
- * keep: P is the head's [T, T] block (saved for backward); else P is one
- * ATT_TILE x T scratch tile reused for every row tile. */
-static void att_head_forward(const float *q, float *y, float *P, int keep, int64_t T, int64_t C,
-                             int64_t hs, float scale) {
-    const int64_t C3 = 3 * C;
-    const float *k = q + C, *v = q + 2 * C;
-    for (int64_t i0 = 0; i0 < T; i0 += ATT_TILE) {
-        int64_t i1 = i0 + ATT_TILE < T ? i0 + ATT_TILE : T, m = i1 - i0;
-        float *Pt = keep ? P + i0 * T : P;
-        /* S[i0:i1, 0:i1] = scale * q[i0:i1, hs] · k[0:i1, hs]^T */
-        dt_ops_sgemm(0, 1, m, i1, hs, scale, q + i0 * C3, C3, k, C3, 0.0f, Pt, T);
-        for (int64_t r = 0; r < m; r++) {
-            float *row = Pt + r * T;
-            int64_t i = i0 + r;
-            dt_ops_softmax_row(row, row, i + 1);
-            for (int64_t j = i + 1; j < i1; j++) row[j] = 0.0f;
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* C[4][32] = A[4, K] · B[K, 32]; A and B row-major with strides lda, ldb. */
+static inline void mk_nn(const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb,
+                         int64_t K, float *restrict C, int64_t ldc) {
+    float acc[MK_R][MK_C] = {{0}};
+    for (int64_t k = 0; k < K; k++) {
+        const float *b = B + k * ldb;
+        for (int r = 0; r < MK_R; r++) {
+            float a = A[r * lda + k];
+            for (int c = 0; c < MK_C; c++) acc[r][c] = fmaf(a, b[c], acc[r][c]);
         }
-        /* y[i0:i1, hs] = P[i0:i1, 0:i1] · v[0:i1, hs] */
-        dt_ops_sgemm(0, 0, m, hs, i1, 1.0f, Pt, T, v, C3, 0.0f, y + i0 * C, C);
+    }
+    for (int r = 0; r < MK_R; r++)
+        for (int c = 0; c < MK_C; c++) C[r * ldc + c] = acc[r][c];
+}
+
+/* C[4][32] = A[K, 4]^T · B[K, 32]; A's 4 columns are contiguous in each row. */
+static inline void mk_tn(const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb,
+                         int64_t K, float *restrict C, int64_t ldc) {
+    float acc[MK_R][MK_C] = {{0}};
+    for (int64_t k = 0; k < K; k++) {
+        const float *a = A + k * lda, *b = B + k * ldb;
+        for (int r = 0; r < MK_R; r++)
+            for (int c = 0; c < MK_C; c++) acc[r][c] = fmaf(a[r], b[c], acc[r][c]);
+    }
+    for (int r = 0; r < MK_R; r++)
+        for (int c = 0; c < MK_C; c++) C[r * ldc + c] = acc[r][c];
+}
+
+typedef struct att_dims {
+    int64_t T, C, hs, Tp, HSp;
+    float scale;
+} att_dims;
+
+/* dst[Tp][HSp] = alpha * src[i, c] (row stride ld) for i < T, c < hs; zero padding. */
+static void pack_rows(float *dst, const float *src, int64_t ld, const att_dims *d, float alpha) {
+    for (int64_t i = 0; i < d->Tp; i++) {
+        float *o = dst + i * d->HSp;
+        int64_t c = 0;
+        if (i < d->T)
+            for (; c < d->hs; c++) o[c] = alpha * src[i * ld + c];
+        for (; c < d->HSp; c++) o[c] = 0.0f;
     }
 }
 
-/* One (b, h) backward; dq points at the head's q columns in dqkv, W is
- * ATT_TILE x T scratch for dP / dS of one row tile. */
-static void att_head_backward(const float *q, float *dq, const float *dy, const float *P, float *W,
-                              int64_t T, int64_t C, int64_t hs, float scale) {
-    const int64_t C3 = 3 * C;
-    const float *k = q + C, *v = q + 2 * C;
-    float *dk = dq + C, *dv = dq + 2 * C;
-    for (int64_t i0 = 0; i0 < T; i0 += ATT_TILE) {
-        int64_t i1 = i0 + ATT_TILE < T ? i0 + ATT_TILE : T, m = i1 - i0;
-        const float *Pt = P + i0 * T;
-        /* dP[m, i1] = dy[i0:i1, hs] · v[0:i1, hs]^T */
-        dt_ops_sgemm(0, 1, m, i1, hs, 1.0f, dy + i0 * C, C, v, C3, 0.0f, W, T);
-        /* dv[0:i1, hs] += P[i0:i1, 0:i1]^T · dy[i0:i1, hs] */
-        dt_ops_sgemm(1, 0, i1, hs, m, 1.0f, Pt, T, dy + i0 * C, C, 1.0f, dv, C3);
-        /* dS = P (dP - sum_j dP P) for j <= i; 0 for i < j < i1 */
-        for (int64_t r = 0; r < m; r++) {
-            const float *pr = Pt + r * T;
-            float *wr = W + r * T;
-            int64_t len = i0 + r + 1;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t j = 0; j < len; j++) dot += pr[j] * wr[j];
-#pragma omp simd
-            for (int64_t j = 0; j < len; j++) wr[j] = pr[j] * (wr[j] - dot);
-            for (int64_t j = len; j < i1; j++) wr[j] = 0.0f;
-        }
-        /* dq[i0:i1, hs] += scale * dS[m, i1] · k[0:i1, hs] */
-        dt_ops_sgemm(0, 0, m, hs, i1, scale, W, T, k, C3, 1.0f, dq + i0 * C3, C3);
-        /* dk[0:i1, hs] += scale * dS[m, i1]^T · q[i0:i1, hs] */
-        dt_ops_sgemm(1, 0, i1, hs, m, scale, W, T, q + i0 * C3, C3, 1.0f, dk, C3);
+/* dst[hs][Tp] = src^T: dst[c][j] = src[j, c] for j < T; zero for j >= T. */
+static void pack_cols(float *dst, const float *src, int64_t ld, const att_dims *d) {
+    for (int64_t c = 0; c < d->hs; c++) {
+        float *o = dst + c * d->Tp;
+        for (int64_t j = 0; j < d->T; j++) o[j] = src[j * ld + c];
+        for (int64_t j = d->T; j < d->Tp; j++) o[j] = 0.0f;
     }
+}
+
+/* dst[i, c0 + c] (+)= alpha * tile[r][c] for rows i = i0 + r < T, columns < hs. */
+static void unpack_tile(float *dst, int64_t ld, const float *tile, int64_t i0, int64_t c0, const att_dims *d,
+                        float alpha, int accumulate) {
+    int64_t w = d->hs - c0 < MK_C ? d->hs - c0 : MK_C;
+    for (int r = 0; r < MK_R && i0 + r < d->T; r++) {
+        float *o = dst + (i0 + r) * ld + c0;
+        const float *t = tile + r * MK_C;
+        if (accumulate)
+            for (int64_t c = 0; c < w; c++) o[c] += alpha * t[c];
+        else
+            for (int64_t c = 0; c < w; c++) o[c] = alpha * t[c];
+    }
+}
+
+static size_t fwd_ws_floats(const att_dims *d, int keep) {
+    return (size_t)(2 * d->Tp * d->HSp + d->hs * d->Tp + (keep ? 0 : MK_R * d->Tp));
+}
+static size_t bwd_ws_floats(const att_dims *d) {
+    return (size_t)(3 * d->Tp * d->HSp + d->hs * d->Tp + d->Tp * d->Tp);
+}
+
+/* One (b, h). q points at the head's q columns in qkv (k, v at +C, +2C), y at
+ * its columns of the output. keep: P is this head's [Tp][Tp] block; else P is
+ * the 4-row tile scratch at the end of ws. */
+static void att_head_forward(const att_dims *d, const float *q, float *y, float *P, int keep, float *ws) {
+    const int64_t T = d->T, Tp = d->Tp, HSp = d->HSp, ld = 3 * d->C;
+    float *Qp = ws, *Vp = Qp + Tp * HSp, *Kt = Vp + Tp * HSp;   /* [Tp][HSp] x2, [hs][Tp] */
+    if (!keep) P = Kt + d->hs * Tp;
+    pack_rows(Qp, q, ld, d, d->scale);
+    pack_rows(Vp, q + 2 * d->C, ld, d, 1.0f);
+    pack_cols(Kt, q + d->C, ld, d);
+    float tile[MK_R * MK_C];
+    for (int64_t i0 = 0; i0 < T; i0 += MK_R) {
+        float *Pt = keep ? P + i0 * Tp : P;   /* rows i0 .. i0+3, stride Tp */
+        int64_t kend = i0 + MK_R;             /* columns 0 .. kend-1 cover j <= i */
+        /* S[i0:i0+4, 0:kend] = (a q) · k^T */
+        for (int64_t j0 = 0; j0 < kend; j0 += MK_C) mk_nn(Qp + i0 * HSp, HSp, Kt + j0, Tp, d->hs, Pt + j0, Tp);
+        for (int64_t r = 0; r < MK_R; r++) {
+            float *row = Pt + r * Tp;
+            int64_t i = i0 + r, j = 0;
+            if (i < T) {
+                dt_ops_softmax_row(row, row, i + 1);
+                j = i + 1;
+            }
+            for (; j < kend; j++) row[j] = 0.0f;
+        }
+        /* y[i0:i0+4, :] = P[i0:i0+4, 0:kend] · v[0:kend, :] */
+        for (int64_t c0 = 0; c0 < d->hs; c0 += MK_C) {
+            mk_nn(Pt, Tp, Vp + c0, HSp, kend, tile, MK_C);
+            unpack_tile(y, d->C, tile, i0, c0, d, 1.0f, 0);
+        }
+    }
+}
+
+/* One (b, h) backward; dq points at the head's q columns in dqkv. */
+static void att_head_backward(const att_dims *d, const float *q, float *dq, const float *dy, const float *P,
+                              float *ws) {
+    const int64_t T = d->T, Tp = d->Tp, HSp = d->HSp, ld = 3 * d->C;
+    float *Qp = ws, *Kp = Qp + Tp * HSp, *dYp = Kp + Tp * HSp, *Vt = dYp + Tp * HSp, *dS = Vt + d->hs * Tp;
+    pack_rows(Qp, q, ld, d, d->scale);
+    pack_rows(Kp, q + d->C, ld, d, 1.0f);
+    pack_rows(dYp, dy, d->C, d, 1.0f);
+    pack_cols(Vt, q + 2 * d->C, ld, d);
+    float tile[MK_R * MK_C];
+    for (int64_t i0 = 0; i0 < T; i0 += MK_R) {
+        float *St = dS + i0 * Tp;
+        const float *Pt = P + i0 * Tp;
+        int64_t kend = i0 + MK_R;
+        /* dP[i0:i0+4, 0:kend] = dy · v^T */
+        for (int64_t j0 = 0; j0 < kend; j0 += MK_C) mk_nn(dYp + i0 * HSp, HSp, Vt + j0, Tp, d->hs, St + j0, Tp);
+        /* dS = P (dP - sum_j dP P) on j <= i, 0 up to kend */
+        for (int64_t r = 0; r < MK_R; r++) {
+            const float *pr = Pt + r * Tp;
+            float *sr = St + r * Tp;
+            int64_t i = i0 + r, j = 0;
+            if (i < T) {
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t t = 0; t <= i; t++) dot += pr[t] * sr[t];
+#pragma omp simd
+                for (int64_t t = 0; t <= i; t++) sr[t] = pr[t] * (sr[t] - dot);
+                j = i + 1;
+            }
+            for (; j < kend; j++) sr[j] = 0.0f;
+        }
+        /* dq[i0:i0+4, :] += a dS[i0:i0+4, 0:kend] · k */
+        for (int64_t c0 = 0; c0 < d->hs; c0 += MK_C) {
+            mk_nn(St, Tp, Kp + c0, HSp, kend, tile, MK_C);
+            unpack_tile(dq, ld, tile, i0, c0, d, d->scale, 1);
+        }
+    }
+    /* rows j0 .. j0+3 of dv and dk sum over i >= j0 (the causal lower part) */
+    for (int64_t j0 = 0; j0 < T; j0 += MK_R) {
+        for (int64_t c0 = 0; c0 < d->hs; c0 += MK_C) {
+            /* dv[j, :] += sum_i P[i, j] dy[i, :] */
+            mk_tn(P + j0 * Tp + j0, Tp, dYp + j0 * HSp + c0, HSp, T - j0, tile, MK_C);
+            unpack_tile(dq + 2 * d->C, ld, tile, j0, c0, d, 1.0f, 1);
+            /* dk[j, :] += sum_i dS[i, j] (a q[i, :]) */
+            mk_tn(dS + j0 * Tp + j0, Tp, Qp + j0 * HSp + c0, HSp, T - j0, tile, MK_C);
+            unpack_tile(dq + d->C, ld, tile, j0, c0, d, 1.0f, 1);
+        }
+    }
+}
+
+static int att_threads(int64_t tasks) {
+    int nthr = tasks > 1 ? omp_get_max_threads() : 1;
+    if (nthr > tasks) nthr = (int)tasks;
+    return nthr < 1 ? 1 : nthr;
 }
 
 static void attention_backward(dt_graph *g, dt_node *n) {
     dt_tensor *qkv = n->in[0];
     float *dqkv = dt_grad_of(g, qkv);
     if (!dqkv) return;
-    int64_t B = n->i[0], T = n->i[1], C = n->i[2], H = n->i[3], hs = C / H;
-    float scale = n->f[0];
+    int64_t B = n->i[0], H = n->i[3];
+    att_dims d = {.T = n->i[1], .C = n->i[2], .hs = n->i[2] / H, .scale = n->f[0]};
+    d.Tp = round_up(d.T, MK_C);
+    d.HSp = round_up(d.hs, MK_C);
     const float *P = n->saved, *x = dt_f32(qkv), *dy = dt_f32(n->out->grad);
     int64_t tasks = B * H;
-    int nthr = tasks > 1 ? omp_get_max_threads() : 1;
-    if (nthr > tasks) nthr = (int)tasks;
-    if (nthr < 1) nthr = 1;
-    float *W = dt_graph_scratch(g, (size_t)nthr * ATT_TILE * (size_t)T * sizeof(float) + 1);
-    if (!W) return;   /* ENOMEM recorded; backward aborts */
+    int nthr = att_threads(tasks);
+    size_t wsf = bwd_ws_floats(&d);
+    float *ws = dt_graph_scratch(g, (size_t)nthr * wsf * sizeof(float) + 1);
+    if (!ws) return;   /* ENOMEM recorded; backward aborts */
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
-        float *Wt = W + (size_t)omp_get_thread_num() * ATT_TILE * (size_t)T;
+        float *wt = ws + (size_t)omp_get_thread_num() * wsf;
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tasks; t++) {
-            int64_t b = t / H, h = t % H;
-            int64_t qo = b * T * 3 * C + h * hs;
-            att_head_backward(x + qo, dqkv + qo, dy + b * T * C + h * hs, P + t * T * T, Wt, T, C, hs,
-                              scale);
+            int64_t b = t / H, h = t % H, qo = b * d.T * 3 * d.C + h * d.hs;
+            att_head_backward(&d, x + qo, dqkv + qo, dy + b * d.T * d.C + h * d.hs, P + t * d.Tp * d.Tp, wt);
         }
     }
 }
@@ -118,30 +228,27 @@ dt_tensor *dt_op_attention(dt_graph *g, dt_tensor *qkv, int n_head) {
                DT_OPS_SHAPE(qkv));
         return NULL;
     }
-    int64_t dims[2] = {T, 3 * C};
-    if (dt_ops_check_blas(op, 2, dims)) return NULL;
-    int64_t hs = C / H, shape[3] = {B, T, C};
-    float scale = 1.0f / sqrtf((float)hs);
-    int64_t tasks = B * H;
-    int nthr = tasks > 1 ? omp_get_max_threads() : 1;
-    if (nthr > tasks) nthr = (int)tasks;
-    if (nthr < 1) nthr = 1;
-    /* keep P only when backward will need it; else one tile per thread */
+    att_dims d = {.T = T, .C = C, .hs = C / H, .Tp = round_up(T, MK_C), .HSp = round_up(C / H, MK_C)};
+    d.scale = 1.0f / sqrtf((float)d.hs);
+    int64_t tasks = B * H, shape[3] = {B, T, C};
+    int nthr = att_threads(tasks);
+    /* keep P only when backward will need it */
     int keep = dt_graph_grad_enabled(g) && qkv->requires_grad;
-    size_t pfloats = keep ? (size_t)(tasks * T * T) : (size_t)nthr * ATT_TILE * (size_t)T;
+    size_t wsf = fwd_ws_floats(&d, keep);
     dt_tensor *y = dt_graph_tensor(g, 3, shape);
-    float *P = dt_graph_scratch(g, pfloats * sizeof(float) + 1);
-    if (!y || !P) return NULL;
+    float *P = keep ? dt_graph_scratch(g, (size_t)(tasks * d.Tp * d.Tp) * sizeof(float) + 1) : NULL;
+    float *ws = dt_graph_scratch(g, (size_t)nthr * wsf * sizeof(float) + 1);
+    if (!y || (keep && !P) || !ws) return NULL;
     const float *x = dt_f32(qkv);
     float *yd = dt_f32(y);
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
-        float *Pthr = keep ? P : P + (size_t)omp_get_thread_num() * ATT_TILE * (size_t)T;
+        float *wt = ws + (size_t)omp_get_thread_num() * wsf;
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tasks; t++) {
             int64_t b = t / H, h = t % H;
-            att_head_forward(x + b * T * 3 * C + h * hs, yd + b * T * C + h * hs,
-                             keep ? Pthr + t * T * T : Pthr, keep, T, C, hs, scale);
+            att_head_forward(&d, x + b * T * 3 * C + h * d.hs, yd + b * T * C + h * d.hs,
+                             keep ? P + t * d.Tp * d.Tp : NULL, keep, wt);
         }
     }
     dt_node *n = dt_graph_record(g, op, attention_backward, y, 1, &qkv);
@@ -151,7 +258,7 @@ dt_tensor *dt_op_attention(dt_graph *g, dt_tensor *qkv, int n_head) {
         n->i[1] = T;
         n->i[2] = C;
         n->i[3] = H;
-        n->f[0] = scale;
+        n->f[0] = d.scale;
     }
     return y;
 }

@@ -6,12 +6,14 @@
  * A chunk of nb images is unrolled into col[K, nb*P] (row r = (c*KH + kh)*KW + kw,
  * column i*P + oh*OW + ow for image i of the chunk; zero where the window reads
  * padding). Then
- *   forward:  t[OC, nb*P]  = w[OC, K] · col                 (then scattered to y[n, oc, p])
- *   backward: dw[OC, K]   += dyT[OC, nb*P] · colᵀ
- *             dcol[K, nb*P] = wᵀ · dyT                       (then col2im += into dx)
- * Chunks are sized so col stays under DT_CONV_COL_FLOATS floats; backward
- * recomputes col rather than keeping every chunk alive in the arena.
- * SGEMM is always called outside OpenMP regions so OpenBLAS can use every thread. */
+ *   forward:  t[OC, nb*P]   = w[OC, K] . col              (then scattered to y[n, oc, p] + b)
+ *   backward: dw[OC, K]    += dyT[OC, nb*P] . col^T
+ *             dcol[K, nb*P] = w^T . dyT                    (then col2im += into dx)
+ * Chunks are equal-sized with col about DT_CONV_COL_FLOATS floats (at least
+ * one image), so the unrolled block is still in cache when the GEMM reads it
+ * and arena use does not grow with the batch. Backward recomputes col rather
+ * than keeping every chunk alive. SGEMM is always called outside OpenMP
+ * regions so OpenBLAS can use every thread. */
 #include <cblas.h>
 #include <limits.h>
 #include <stdio.h>
@@ -19,7 +21,7 @@
 #include "dtrain/ops.h"
 
 #ifndef DT_CONV_COL_FLOATS
-#define DT_CONV_COL_FLOATS ((int64_t)4 << 20)   /* 16 MiB of im2col per chunk */
+#define DT_CONV_COL_FLOATS ((int64_t)512 << 10)   /* 2 MiB of im2col per chunk: stays in cache between im2col and GEMM */
 #endif
 
 typedef struct conv_geom {
@@ -98,7 +100,17 @@ static void col2im_add(const conv_geom *G, const float *dcol, int64_t n0, int64_
     }
 }
 
-static void geom_from_node(const dt_node *n, conv_geom *G);
+/* Geometry of a recorded conv: shapes from the inputs, stride/pad/nb from n->i. */
+static void geom_from_node(const dt_node *n, conv_geom *G) {
+    const dt_tensor *x = n->in[0], *w = n->in[1];
+    G->N = x->shape[0]; G->C = x->shape[1]; G->H = x->shape[2]; G->W = x->shape[3];
+    G->OC = w->shape[0]; G->KH = w->shape[2]; G->KW = w->shape[3];
+    G->stride = n->i[0]; G->pad = n->i[1]; G->nb = n->i[2];
+    G->OH = (G->H + 2 * G->pad - G->KH) / G->stride + 1;
+    G->OW = (G->W + 2 * G->pad - G->KW) / G->stride + 1;
+    G->P = G->OH * G->OW;
+    G->K = G->C * G->KH * G->KW;
+}
 
 static void conv2d_backward(dt_graph *g, dt_node *n) {
     conv_geom G;
@@ -123,41 +135,34 @@ static void conv2d_backward(dt_graph *g, dt_node *n) {
     }
     if (!dx && !dw) return;
 
-    float *dyT = dt_graph_scratch(g, (size_t)(OC * G.nb * P) * sizeof(float));
+    /* one image per chunk: dy[n0] already is dyT[OC, P] */
+    float *dyT = G.nb == 1 ? NULL : dt_graph_scratch(g, (size_t)(OC * G.nb * P) * sizeof(float));
     float *col = dw ? dt_graph_scratch(g, (size_t)(K * G.nb * P) * sizeof(float)) : NULL;
     float *dcol = dx ? dt_graph_scratch(g, (size_t)(K * G.nb * P) * sizeof(float)) : NULL;
-    if (!dyT || (dw && !col) || (dx && !dcol)) return;   /* DT_ENOMEM already set */
+    if ((G.nb > 1 && !dyT) || (dw && !col) || (dx && !dcol)) return;   /* DT_ENOMEM already set */
 
     for (int64_t n0 = 0; n0 < G.N; n0 += G.nb) {
         int64_t nb = G.N - n0 < G.nb ? G.N - n0 : G.nb, ld = nb * P;
-        /* dyT[oc, i*P + p] = dy[n0+i, oc, p] */
-        #pragma omp parallel for schedule(static)
-        for (int64_t io = 0; io < nb * OC; io++) {
-            int64_t i = io / OC, oc = io % OC;
-            memcpy(dyT + oc * ld + i * P, dy + ((n0 + i) * OC + oc) * P, (size_t)P * sizeof(float));
+        const float *dyc = dy + n0 * OC * P;
+        if (G.nb > 1) {   /* dyT[oc, i*P + p] = dy[n0+i, oc, p] */
+            #pragma omp parallel for schedule(static)
+            for (int64_t io = 0; io < nb * OC; io++) {
+                int64_t i = io / OC, oc = io % OC;
+                memcpy(dyT + oc * ld + i * P, dy + ((n0 + i) * OC + oc) * P, (size_t)P * sizeof(float));
+            }
+            dyc = dyT;
         }
         if (dw) {
             im2col(&G, dt_f32(x), n0, nb, col);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OC, (int)K, (int)ld,
-                        1.0f, dyT, (int)ld, col, (int)ld, 1.0f, dw, (int)K);
+                        1.0f, dyc, (int)ld, col, (int)ld, 1.0f, dw, (int)K);
         }
         if (dx) {
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)ld, (int)OC,
-                        1.0f, dt_f32(w), (int)K, dyT, (int)ld, 0.0f, dcol, (int)ld);
+                        1.0f, dt_f32(w), (int)K, dyc, (int)ld, 0.0f, dcol, (int)ld);
             col2im_add(&G, dcol, n0, nb, dx);
         }
     }
-}
-
-static void geom_from_node(const dt_node *n, conv_geom *G) {
-    const dt_tensor *x = n->in[0], *w = n->in[1];
-    G->N = x->shape[0]; G->C = x->shape[1]; G->H = x->shape[2]; G->W = x->shape[3];
-    G->OC = w->shape[0]; G->KH = w->shape[2]; G->KW = w->shape[3];
-    G->stride = n->i[0]; G->pad = n->i[1]; G->nb = n->i[2];
-    G->OH = (G->H + 2 * G->pad - G->KH) / G->stride + 1;
-    G->OW = (G->W + 2 * G->pad - G->KW) / G->stride + 1;
-    G->P = G->OH * G->OW;
-    G->K = G->C * G->KH * G->KW;
 }
 
 static int bad_f32(const dt_tensor *t) { return t->dtype != DT_F32 || !t->data; }
@@ -202,7 +207,7 @@ dt_tensor *dt_op_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, i
     G.OW = (G.W + 2 * G.pad - G.KW) / G.stride + 1;
     G.P = G.OH * G.OW;
     G.K = G.C * G.KH * G.KW;
-    /* images per chunk: balanced chunks with col[K, nb*P] <= DT_CONV_COL_FLOATS (at least one image) */
+    /* images per chunk: equal-sized chunks with col[K, nb*P] about DT_CONV_COL_FLOATS (>= one image) */
     int64_t per_img = G.K * G.P;
     int64_t nchunks = (G.N * per_img + DT_CONV_COL_FLOATS - 1) / DT_CONV_COL_FLOATS;
     if (nchunks < 1) nchunks = 1;

@@ -31,9 +31,9 @@ static dt_status validate(const dt_ddp_opts *o) {
                       o->compress == DT_DDP_COMPRESS_BF16 ? "bf16" : "fp16");
     if (o->deterministic && o->hook)
         return DT_ERR(DT_EINVAL, "ddp: deterministic mode cannot be guaranteed with a custom communication hook");
-    if (o->sync_bn && o->broadcast_buffers == 0)
-        return DT_OK;   /* SyncBN keeps running stats identical on its own */
     if ((unsigned)o->compress > DT_DDP_COMPRESS_FP16) return DT_ERR(DT_EINVAL, "ddp: unknown compression %d", (int)o->compress);
+    if (o->join && o->sync_bn)
+        return DT_ERR(DT_EINVAL, "ddp: join and SyncBatchNorm are exclusive (SyncBN's forward collectives depend on the batch)");
     return DT_OK;
 }
 
@@ -54,9 +54,9 @@ static dt_status on_grad_ready(dt_param *p, void *user) {
 dt_status dt_ddp_launch_ready(dt_ddp *d) {
     while (d->next_launch < d->n_buckets && d->buckets[d->next_launch].ready) {
         dt_ddp_bucket *b = &d->buckets[d->next_launch++];
-        if (d->stats.bytes_reduced == 0 || d->t_first_launch == 0) d->t_first_launch = dt_ddp_now_us();
+        if (d->t_first_launch == 0) d->t_first_launch = dt_ddp_now_us();
         b->launched = 1;
-        d->stats.bytes_reduced += b->numel * sizeof(float);
+        d->stats.bytes_reduced += b->numel * d->wire_bytes;
         DT_TRY(d->hook.launch(d->hook.state, d->pg, b, &b->work));
     }
     return DT_OK;
@@ -121,18 +121,40 @@ static dt_status bn_sync(float *data, int64_t n, double *count, void *user) {
     memcpy(d->sync_scratch, data, (size_t)n * sizeof(float));
     d->sync_scratch[n] = (float)*count;   /* exact below 2^24 elements per rank */
     DT_TRY(dt_allreduce(d->pg, d->sync_scratch, d->sync_scratch, n + 1, DT_F32,
-                        DT_RED_SUM | (d->opts.deterministic ? DT_RED_DETERMINISTIC : 0), NULL));
+                        DT_RED_SUM | d->red_flags, NULL));
     memcpy(data, d->sync_scratch, (size_t)n * sizeof(float));
     *count = d->sync_scratch[n];
     return DT_OK;
 }
 
-dt_status dt_ddp_bcast_buffers(dt_ddp *d) {
-    for (int i = 0; i < d->model->n_buffers; i++) {
-        dt_tensor *t = &d->model->buffers[i]->value;
-        DT_TRY(dt_broadcast(d->pg, t->data, t->numel, DT_F32, 0, NULL));
+/* The root's buffers to every rank, packed into one broadcast. */
+dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root) {
+    dt_model *m = d->model;
+    if (m->n_buffers == 0 || d->world < 2) return DT_OK;
+    int64_t n = 0;
+    for (int i = 0; i < m->n_buffers; i++) n += m->buffers[i]->value.numel;
+    if (!d->buf_scratch && !(d->buf_scratch = malloc((size_t)(n ? n : 1) * sizeof(float))))
+        return DT_ERR(DT_ENOMEM, "out of memory");
+    int64_t k = 0;
+    for (int i = 0; i < m->n_buffers; i++) {
+        const dt_tensor *t = &m->buffers[i]->value;
+        memcpy(d->buf_scratch + k, t->data, (size_t)t->numel * sizeof(float));
+        k += t->numel;
+    }
+    DT_TRY(dt_broadcast(d->pg, d->buf_scratch, n, DT_F32, root, NULL));
+    k = 0;
+    for (int i = 0; i < m->n_buffers; i++) {
+        dt_tensor *t = &m->buffers[i]->value;
+        memcpy(t->data, d->buf_scratch + k, (size_t)t->numel * sizeof(float));
+        k += t->numel;
     }
     return DT_OK;
+}
+
+dt_status dt_ddp_bcast_buffers(dt_ddp *d) { return dt_ddp_bcast_buffers_from(d, 0); }
+
+int dt_ddp_bcast_buffers_enabled(const dt_ddp *d) {
+    return d->opts.broadcast_buffers && !d->opts.sync_bn && d->model->n_buffers > 0 && d->world > 1;
 }
 
 dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **out) {
@@ -148,14 +170,15 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     d->pg = pg;
     d->rank = dt_pg_rank(pg);
     d->world = dt_pg_size(pg);
-    if (opts.deterministic) dt_pg_set_deterministic(pg, 1);
+    d->red_flags = opts.deterministic ? DT_RED_DETERMINISTIC : 0;
+    d->wire_bytes = opts.hook || opts.compress == DT_DDP_COMPRESS_NONE ? sizeof(float) : 2;
     if (opts.hook) d->hook = *opts.hook;
     else if (opts.compress == DT_DDP_COMPRESS_NONE) dt_ddp_hook_allreduce(d, &d->hook);
     else dt_ddp_hook_compress(d, &d->hook, opts.compress == DT_DDP_COMPRESS_BF16 ? DT_BF16 : DT_F16);
     dt_status s = build_buckets(d);
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_broadcast(pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, 0, NULL);
-    if (s == DT_OK) s = dt_ddp_bcast_buffers(d);
+    if (s == DT_OK && m->n_buffers && d->world > 1) s = dt_ddp_bcast_buffers(d);
     if (s == DT_OK && opts.sync_bn) m->bn_sync = (dt_bn_sync){bn_sync, d};
     if (s != DT_OK) { dt_ddp_free(d); return s; }
     *out = d;
@@ -174,24 +197,28 @@ void dt_ddp_free(dt_ddp *d) {
     free(d->buckets);
     free(d->param_bucket);
     free(d->sync_scratch);
+    free(d->buf_scratch);
     free(d);
 }
 
 dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
     d->sync = sync;
     dt_graph_set_tick(g, d->world > 1 ? graph_tick : NULL, d);
+    /* With join, collectives happen only on synchronising micro-steps so a
+     * joined rank (which does not know K) can shadow them: see ddp_join.c. */
+    if (d->opts.join && !sync) return DT_OK;
     if (d->opts.join) {
         float active = 1.0f;
         DT_TRY(dt_allreduce(d->pg, &active, &active, 1, DT_F32, DT_RED_SUM, NULL));
     }
-    if (d->opts.broadcast_buffers && !d->opts.sync_bn && d->model->n_buffers && d->world > 1)
-        DT_TRY(dt_ddp_bcast_buffers(d));
+    if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
     return DT_OK;
 }
 
 static void reset_buckets(dt_ddp *d) {
     for (int i = 0; i < d->n_buckets; i++) {
         dt_ddp_bucket *b = &d->buckets[i];
+        if (b->work) dt_work_wait(b->work);   /* never leave a reduction in flight */
         b->pending = b->n_params;
         b->ready = b->launched = 0;
         b->work = NULL;
@@ -229,16 +256,19 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
         dt_ddp_bucket *b = &d->buckets[i];
         dt_status si = dt_work_wait(b->work);
         b->work = NULL;
-        if (si == DT_OK && d->hook.finish) si = d->hook.finish(d->hook.state, d->pg, b);
+        if (si == DT_OK && b->launched && d->hook.finish) si = d->hook.finish(d->hook.state, d->pg, b);
         if (s == DT_OK) s = si;
     }
     double w1 = dt_ddp_now_us();
     if (d->trace) dt_trace_event(d->trace, "wait reductions", "comm", 0, dt_trace_now_us(d->trace) - (w1 - w0), dt_trace_now_us(d->trace));
     d->stats.wait_us += w1 - w0;
-    if (d->t_first_launch > 0) d->stats.backward_us += t_end_bw - d->t_first_launch;
+    if (d->t_first_launch > 0 && d->t_first_launch < t_end_bw) d->stats.backward_us += t_end_bw - d->t_first_launch;
     d->stats.steps++;
     reset_buckets(d);
     if (s != DT_OK) return s;
+    /* Forward passes updated each rank's running statistics with its own
+     * data: end the step with rank 0's on every rank (eval, checkpoints). */
+    if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
     if (n_unused && !d->opts.find_unused_params)
         return DT_ERR(DT_EINVAL, "ddp: parameter%s %s%s received no gradient in this step; if that is expected "
                       "enable find_unused_params (--find-unused)", n_unused > 1 ? "s" : "", unused,

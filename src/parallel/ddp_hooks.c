@@ -3,8 +3,8 @@
 #include "ddp_internal.h"
 
 static dt_status allreduce_launch(void *state, dt_pg *pg, dt_ddp_bucket *b, dt_work **w) {
-    (void)state;
-    return dt_allreduce(pg, b->grad, b->grad, (int64_t)b->numel, DT_F32, DT_RED_AVG, w);
+    const dt_ddp *d = state;
+    return dt_allreduce(pg, b->grad, b->grad, (int64_t)b->numel, DT_F32, DT_RED_AVG | d->red_flags, w);
 }
 
 void dt_ddp_hook_allreduce(dt_ddp *d, dt_ddp_comm_hook *h) {

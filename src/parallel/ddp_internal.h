@@ -14,7 +14,10 @@ struct dt_ddp {
     int sync;                   /* this micro-step reduces */
     dt_ddp_comm_hook hook;      /* effective hook (default: allreduce avg) */
     dt_ddp_comm_hook builtin;   /* storage for the built-in hooks */
+    int red_flags;              /* DT_RED_DETERMINISTIC in deterministic mode */
+    size_t wire_bytes;          /* bytes per gradient element on the wire (stats) */
     float *sync_scratch;        /* SyncBatchNorm exchange buffer */
+    float *buf_scratch;         /* packed buffers for the broadcast */
     int64_t sync_scratch_n;
     dt_ddp_stats stats;
     double t_first_launch;
@@ -27,5 +30,8 @@ void dt_ddp_hook_allreduce(dt_ddp *d, dt_ddp_comm_hook *h);
 void dt_ddp_hook_compress(dt_ddp *d, dt_ddp_comm_hook *h, dt_dtype wire);
 /* Launch every ready bucket whose predecessors have launched. */
 dt_status dt_ddp_launch_ready(dt_ddp *d);
-dt_status dt_ddp_bcast_buffers(dt_ddp *d);
+dt_status dt_ddp_bcast_buffers(dt_ddp *d);   /* from rank 0 */
+dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root);
+/* Buffers are broadcast before forward and after each reduction. */
+int dt_ddp_bcast_buffers_enabled(const dt_ddp *d);
 #endif

@@ -23,7 +23,7 @@ static dt_status s_after_backward(void *self, dt_trainer *t, int last) {
 }
 static dt_status s_allreduce_sum(void *self, double *x, int n) {
     ddp_strat *s = self;
-    float f[16];
+    float f[16] = {0};
     if (n > 16) return DT_ERR(DT_EINVAL, "allreduce_sum: at most 16 values");
     for (int i = 0; i < n; i++) f[i] = (float)x[i];
     DT_TRY(dt_allreduce(s->pg, f, f, n, DT_F32, DT_RED_SUM, NULL));

@@ -73,8 +73,8 @@ void dt_trainer_free(dt_trainer *t) {
     if (t->strat.destroy) t->strat.destroy(t->strat.self);
     if (t->trace) dt_trace_close(t->trace);
     if (t->metrics.f) dt_jsonl_close(&t->metrics);
+    dt_graph_free(t->graph);   /* before the model: resetting the tape touches its params */
     dt_model_free(t->model);
-    dt_graph_free(t->graph);
     dt_optimizer_free(&t->optim);
     dt_sampler_free(&t->sampler);
     dt_trainer_free_data(t);

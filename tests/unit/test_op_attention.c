@@ -65,9 +65,11 @@ static void test_values(void **state) {
     (void)state;
     check_values(2, 5, 12, 3, 1.0f);
     check_values(1, 1, 4, 1, 1.0f);
-    check_values(2, 70, 8, 2, 1.0f);     /* two row tiles, second partial */
-    check_values(1, 130, 24, 3, 2.0f);   /* three tiles, peaky softmax */
-    check_values(3, 64, 16, 4, 1.0f);    /* exactly one tile */
+    check_values(2, 70, 8, 2, 1.0f);     /* T not a multiple of 4 or 32 */
+    check_values(1, 130, 24, 3, 2.0f);   /* peaky softmax */
+    check_values(3, 64, 16, 4, 1.0f);    /* T a multiple of the tile sizes */
+    check_values(1, 37, 80, 2, 1.0f);    /* hs = 40: two column chunks, second partial */
+    check_values(2, 33, 128, 2, 1.0f);   /* hs = 64, T just past a 32 boundary */
 }
 
 /* Changing token t's q/k/v must not change outputs at positions < t. */
@@ -104,7 +106,8 @@ static void test_gradcheck(void **state) {
     (void)state;
     check_grad(2, 5, 12, 3, 0);
     check_grad(1, 3, 2, 2, 0);        /* hs = 1 */
-    check_grad(1, 70, 8, 2, 400);     /* crosses a row-tile boundary */
+    check_grad(1, 70, 8, 2, 400);     /* T past a 32-column boundary */
+    check_grad(1, 37, 80, 2, 300);    /* hs = 40: two column chunks */
 }
 
 static void test_bad_shapes(void **state) {

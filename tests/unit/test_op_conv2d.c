@@ -127,11 +127,12 @@ static void test_conv2d_gradcheck(void **state) {
 }
 
 /* Backward for a batch processed in several im2col chunks must equal the sum
- * of single-image backwards (dw, db) and the per-image dx. 12 images of
- * K = 16*5*5 = 400 rows by P = 32*32 columns exceed the 4M-float chunk. */
-static void test_conv2d_chunked_batch_matches_per_image(void **state) {
-    (void)state;
-    const int N = 12, C = 16, H = 32, W = 32, OC = 8, KS = 5;
+ * of single-image backwards (dw, db) and the per-image dx. The batch's im2col
+ * (K = C*5*5 rows by N*H*W columns) is several times the conv's chunk budget
+ * (512K floats), so it is split: into chunks of a few images, or, when one
+ * image alone exceeds the budget, one image per chunk (want_nb1). */
+static void check_chunked(int N, int C, int H, int W, int OC, int want_nb1) {
+    const int KS = 5;
     dt_param x, w, b;
     make(&x, "x", 4, (int64_t[]){N, C, H, W}, 21);
     make(&w, "w", 4, (int64_t[]){OC, C, KS, KS}, 22);
@@ -146,6 +147,8 @@ static void test_conv2d_chunked_batch_matches_per_image(void **state) {
     dt_tensor *y = dt_op_conv2d(g, &x.value, &w.value, &b.value, 1, 2);
     assert_non_null(y);
     assert_true(y->grad_fn && y->grad_fn->i[2] < N);   /* really chunked */
+    if (want_nb1) assert_int_equal(y->grad_fn->i[2], 1);
+    else assert_true(y->grad_fn->i[2] > 1);
     assert_int_equal(dt_graph_backward(g, wsum(g, y, R)), DT_OK);
     float *dw_all = malloc((size_t)w.grad.numel * sizeof(float));
     float *db_all = malloc(OC * sizeof(float));
@@ -181,6 +184,12 @@ static void test_conv2d_chunked_batch_matches_per_image(void **state) {
     dt_graph_free(g);
     free(R); free(y_all); free(dw_all); free(db_all); free(dx_all);
     dt_param_free(&x); dt_param_free(&w); dt_param_free(&b);
+}
+
+static void test_conv2d_chunked_batch_matches_per_image(void **state) {
+    (void)state;
+    check_chunked(12, 16, 32, 32, 8, 0);   /* 400 x 1024 per image: chunks of 2 images */
+    check_chunked(3, 64, 24, 24, 4, 1);    /* 1600 x 576 per image > budget: 1 image per chunk */
 }
 
 /* Parameter gradients accumulate (+=) across backward passes. */

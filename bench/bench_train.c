@@ -1,0 +1,153 @@
+/* bench_train — training throughput on the shared workloads (../shared/WORKLOADS.md).
+ *
+ *   OMP_NUM_THREADS=2 bench_train W1 [steps]            single process
+ *   mpiexec -n 2 -x OMP_NUM_THREADS=1 bench_train W1     DDP (one rank per core)
+ *   options after the step count: --no-overlap, --bucket-mb F, --deterministic
+ *
+ * Prints ms/step, samples or tokens/s, achieved model GFLOP/s, and the GFLOP/s
+ * of cblas_sgemm on the workload's largest layer shape measured in the same
+ * run (the ratio is the figure of merit). With DDP also the time blocked
+ * waiting for gradient reductions after backward (the exposed communication).
+ * Random data: throughput does not depend on the values. */
+#include <cblas.h>
+#include <mpi.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "dtrain/parallel.h"
+
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+
+static double sgemm_gflops(int M, int K, int N) {
+    float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N),
+          *C = calloc((size_t)M * N, sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 13) / 13.f - .5f;
+    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = (float)(i % 11) / 11.f - .5f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
+    double best = 1e30;
+    for (int r = 0; r < 10; r++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    free(A); free(B); free(C);
+    return 2.0 * M * N * K / best / 1e9;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { fprintf(stderr, "usage: bench_train W1|W2|W3 [steps] [--no-overlap] [--bucket-mb F] [--deterministic]\n"); return 2; }
+    const char *w = argv[1];
+    int steps = argc > 2 ? atoi(argv[2]) : 10;
+    dt_ddp_opts dopts;
+    dt_ddp_opts_default(&dopts);
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-overlap")) dopts.no_overlap = 1;
+        else if (!strcmp(argv[i], "--deterministic")) dopts.deterministic = 1;
+        else if (!strcmp(argv[i], "--bucket-mb") && i + 1 < argc) dopts.bucket_bytes = (size_t)(atof(argv[++i]) * 1048576);
+    }
+    if (dt_dist_init(&argc, &argv, NULL) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+    dt_pg *pg;
+    dt_pg_world(&pg);
+    int rank = dt_pg_rank(pg), world = dt_pg_size(pg);
+
+    dt_model_cfg c;
+    int64_t B, T = 1;
+    int gm, gk, gn;   /* largest GEMM of the workload: [gm, gk] x [gk, gn] */
+    if (!strcmp(w, "W1")) {
+        c = dt_model_cfg_default(DT_MODEL_GPT2);
+        c.n_layer = 6; c.n_embd = 384; c.n_head = 6; c.vocab = 256; c.max_t = 256;
+        B = 8; T = 256; gm = 2048; gk = 384; gn = 1536;
+    } else if (!strcmp(w, "W2")) {
+        c = dt_model_cfg_default(DT_MODEL_GPT2);
+        c.n_layer = 12; c.n_embd = 768; c.n_head = 12; c.vocab = 50257; c.max_t = 1024;
+        B = 4; T = 64; gm = 256; gk = 768; gn = 3072;
+    } else if (!strcmp(w, "W3")) {
+        c = dt_model_cfg_default(DT_MODEL_MLP);
+        c.mlp_in = 784; c.mlp_out = 10; c.mlp_n_hidden = 4;
+        for (int i = 0; i < 4; i++) c.mlp_hidden[i] = 2048;
+        B = 64; gm = 64; gk = 2048; gn = 2048;
+    } else { fprintf(stderr, "unknown workload %s\n", w); return 2; }
+
+    dt_model *m;
+    if (dt_model_create(&c, 1, &m) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+    dt_ddp *ddp = NULL;
+    if (world > 1 && dt_ddp_create(m, pg, &dopts, &ddp) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+    dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    oc.lr = 3e-4f; oc.weight_decay = 0;
+    dt_optimizer opt;
+    dt_optim_segment seg = {0, m->param_flat.numel, 1};
+    dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel);
+    dt_graph *g = dt_graph_create();
+    /* random data */
+    dt_rng r;
+    dt_rng_seed(&r, 42 + (uint64_t)rank);
+    int64_t n_tgt = B * T;
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)n_tgt), *ids = NULL;
+    float *img = NULL;
+    int classes = c.kind == DT_MODEL_GPT2 ? c.vocab : c.mlp_out;
+    for (int64_t i = 0; i < n_tgt; i++) y[i] = (int32_t)dt_rng_below(&r, (uint64_t)classes);
+    dt_batch b = {.B = B, .T = T, .y = y};
+    if (c.kind == DT_MODEL_GPT2) {
+        ids = malloc(sizeof(int32_t) * (size_t)n_tgt);
+        for (int64_t i = 0; i < n_tgt; i++) ids[i] = (int32_t)dt_rng_below(&r, (uint64_t)c.vocab);
+        b.x_ids = ids;
+    } else {
+        img = malloc(sizeof(float) * (size_t)(B * c.mlp_in));
+        for (int64_t i = 0; i < B * c.mlp_in; i++) img[i] = dt_rng_normal(&r);
+        b.x_img = img;
+    }
+    double t_fwd = 0, t_bwd = 0, t_opt = 0, t_total = 0;
+    int warm = 2;
+    dt_ddp_stats warm_stats = {0};
+    for (int s = 0; s < steps + warm; s++) {
+        if (world > 1) MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = now();
+        dt_graph_reset(g);
+        if (ddp) dt_ddp_before_forward(ddp, g, 1);
+        dt_tensor *loss = dt_model_forward(m, g, &b, NULL);
+        if (!loss) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+        double t1 = now();
+        if (dt_graph_backward(g, loss) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+        if (ddp && dt_ddp_finish_backward(ddp) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+        double t2 = now();
+        dt_optimizer_step_range(&opt, oc.lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, 1.f);
+        dt_optimizer_finish_step(&opt);
+        dt_model_zero_grad(m);
+        double t3 = now();
+        if (s == warm - 1 && ddp) warm_stats = dt_ddp_get_stats(ddp);
+        if (s >= warm) { t_fwd += t1 - t0; t_bwd += t2 - t1; t_opt += t3 - t2; t_total += t3 - t0; }
+    }
+    double wait_ms = 0;
+    if (ddp) {
+        dt_ddp_stats st = dt_ddp_get_stats(ddp);
+        wait_ms = (st.wait_us - warm_stats.wait_us) / 1e3 / (double)(st.steps - warm_stats.steps);
+    }
+    double items = (double)B * (c.kind == DT_MODEL_GPT2 ? T : 1) * world;
+    double flops = dt_model_flops_per_item(m, T) * items;
+    double ms = t_total / steps * 1e3;
+    double achieved = flops / (t_total / steps) / 1e9 / world;   /* per rank */
+    double sg = sgemm_gflops(gm, gk, gn);
+    if (rank == 0) {
+        printf("%s ranks=%d threads/rank=%d params=%zu buckets=%d\n", w, world, omp_get_max_threads(),
+               dt_model_num_params(m), ddp ? dt_ddp_num_buckets(ddp) : 0);
+        printf("  ms/step %.1f (fwd %.1f, bwd+comm %.1f, optim %.1f)  %s/s %.0f\n", ms, t_fwd / steps * 1e3,
+               t_bwd / steps * 1e3, t_opt / steps * 1e3, c.kind == DT_MODEL_GPT2 ? "tokens" : "samples", items / (t_total / steps));
+        printf("  achieved %.1f GFLOP/s per rank; sgemm %dx%dx%d %.1f GFLOP/s in this run -> %.0f%%\n", achieved, gm, gk, gn,
+               sg, 100.0 * achieved / sg);
+        if (ddp) printf("  exposed comm wait %.2f ms/step, %.1f MB reduced per step\n", wait_ms,
+                        (double)m->grad_flat.numel * 4 / 1e6);
+        printf("RESULT workload=%s ranks=%d ms=%.3f items_per_s=%.1f gflops=%.2f sgemm=%.2f wait_ms=%.3f\n", w, world, ms,
+               items / (t_total / steps), achieved, sg, wait_ms);
+    }
+    dt_ddp_free(ddp);
+    dt_optimizer_free(&opt);
+    dt_graph_free(g);
+    dt_model_free(m);
+    free(y); free(ids); free(img);
+    dt_pg_free(pg);
+    dt_dist_finalize();
+    return 0;
+}

@@ -1,0 +1,80 @@
+/* Helpers for the multi-rank DDP tests (tests/mpi/test_ddp_*.c).
+ *
+ * Every rank runs the same code. A failed check prints rank, location and the
+ * last dtrain error, then MPI_Abort()s, so mpiexec exits non-zero.
+ *
+ * The single-process oracle (dtt_ref_step): a second, local copy of the model
+ * computes each rank's gradient separately into a zeroed buffer, sums them in
+ * rank order ((g0 + g1) + g2) + ..., divides by (float)N (dist.h's AVG) and
+ * steps the same optimizer. */
+#ifndef DDP_TESTUTIL_H
+#define DDP_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dtrain/parallel.h"
+
+void dtt_fail(const char *file, int line, const char *what);
+#define DTT_CHECK(c) do { if (!(c)) dtt_fail(__FILE__, __LINE__, #c); } while (0)
+#define DTT_OK(e) do { if ((e) != DT_OK) dtt_fail(__FILE__, __LINE__, #e " != DT_OK"); } while (0)
+
+int dtt_rank(void);
+int dtt_size(void);
+void dtt_begin(const char *name);   /* names the running test in failures */
+void dtt_end(void);                 /* barrier + "ok <name>" on rank 0 */
+
+/* ---- models ---- */
+dt_model_cfg dtt_mlp_cfg(int in, int h1, int h2, int out);   /* h2 = 0: one hidden layer */
+dt_model_cfg dtt_cnn_cfg(void);                              /* conv 1->4->8, fc 16, 10 classes */
+dt_model_cfg dtt_gpt2_cfg(void);                             /* L=1 C=16 H=2 V=32 T=8 */
+
+/* ---- batches: deterministic in key; labels come from a fixed teacher so the task is learnable ---- */
+typedef struct dtt_batch {
+    dt_batch b;
+    float *x;
+    int32_t *ids, *y;
+} dtt_batch;
+void dtt_make_batch(const dt_model_cfg *c, uint64_t key, int64_t B, dtt_batch *out);
+/* Rows of parts[0..n) one after another (one forward over the global batch). */
+void dtt_concat(const dt_model_cfg *c, const dtt_batch *parts, int n, dtt_batch *out);
+void dtt_batch_free(dtt_batch *b);
+uint64_t dtt_key(int step, int rank, int micro);
+
+/* ---- a model with its graph and optimizer ---- */
+typedef struct dtt_net {
+    dt_model *m;
+    dt_graph *g;
+    dt_optimizer opt;
+    float lr;
+} dtt_net;
+dt_optim_cfg dtt_adamw(float lr, float wd);
+void dtt_net_init(dtt_net *n, const dt_model_cfg *c, uint64_t seed, const dt_optim_cfg *oc);
+void dtt_net_free(dtt_net *n);
+/* Reset the graph, forward, backward_scaled(scale). Returns the loss. With d,
+ * dt_ddp_before_forward(d, g, sync) runs after the reset. logits (optional)
+ * receives a pointer into the graph arena (valid until the next reset). */
+float dtt_fwd_bwd(dtt_net *n, dt_ddp *d, int sync, const dt_batch *b, float scale, const float **logits);
+void dtt_opt_step(dtt_net *n);   /* optimizer step, finish_step, zero_grad */
+/* One DDP step: K micro-batches (sync only on the last), finish_backward,
+ * optimizer step. Returns the mean loss of the micro-batches. */
+float dtt_ddp_step(dtt_net *n, dt_ddp *d, const dtt_batch *micro, int K);
+
+/* ---- the single-process reference ----
+ * per_rank[r * K + k]: rank r's micro-batch k. Rank r's gradient is the sum of
+ * its K micro-steps (each backward_scaled(1/K), accumulated like DDP does
+ * locally); active[r] == 0 contributes zeros (join). NULL = all active. */
+void dtt_ref_step(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const int *active);
+/* Called by dtt_ref_step before it simulates rank r (rank-dependent forwards); NULL = none. */
+extern void (*dtt_ref_rank_hook)(int r);
+
+/* ---- comparisons ---- */
+void dtt_expect_bitwise(const float *got, const float *want, size_t n, const char *what);
+/* ||a - b|| / ||b|| (0 when both are 0) */
+double dtt_rel_diff(const float *a, const float *b, size_t n);
+void dtt_expect_close(const float *got, const float *want, size_t n, double rtol, const char *what);
+/* Bitwise equal to rank 0's copy on every rank (MPI_COMM_WORLD, independent of dtrain). */
+void dtt_expect_same_across_ranks(const float *x, size_t n, const char *what);
+int dtt_differs(const float *a, const float *b, size_t n);
+float *dtt_copy(const float *x, size_t n);
+
+#endif

@@ -1,0 +1,149 @@
+/* Uneven inputs with join: rank r has r + 2 batches, trains on them, then
+ * calls dt_ddp_join. Every rank finishes (no hang) and ends with identical
+ * parameters (and buffers), equal to the single-process reference in which
+ * ranks that ran out contribute zero gradients (bitwise at N = 2, or in
+ * deterministic mode). Also with micro-steps, BatchNorm buffers, bf16
+ * compression and a custom hook. */
+#include "test_dist_util.h"
+#include "ddp_testutil.h"
+
+static dt_pg *world;
+
+/* Custom hook: blocking SUM, / N in finish. */
+static dt_status sum_launch(void *st, dt_pg *pg, dt_ddp_bucket *b, dt_work **w) {
+    (void)st;
+    *w = NULL;
+    return dt_allreduce(pg, b->grad, b->grad, (int64_t)b->numel, DT_F32, DT_RED_SUM | DT_RED_DETERMINISTIC, NULL);
+}
+static dt_status sum_finish(void *st, dt_pg *pg, dt_ddp_bucket *b) {
+    (void)st;
+    const float n = (float)dt_pg_size(pg);
+    for (size_t i = 0; i < b->numel; i++) b->grad[i] = b->grad[i] / n;
+    return DT_OK;
+}
+static const dt_ddp_comm_hook sum_hook = {sum_launch, sum_finish, NULL};
+
+typedef struct jspec {
+    const char *name;
+    dt_model_cfg cfg;
+    int K;
+    int64_t B;
+    dt_ddp_compress compress;
+    const dt_ddp_comm_hook *hook;
+    int exact;   /* compare with the reference bitwise */
+} jspec;
+
+static void run_join(const jspec *js) {
+    int me = dt_pg_rank(world), N = dt_pg_size(world);
+    int mine = me + 2, steps = N + 1, K = js->K;
+    dt_optim_cfg oc = dtt_adamw(1e-2f, 0.01f);
+    dt_ddp_opts o;
+    dt_ddp_opts_default(&o);
+    o.join = 1;
+    o.first_bucket_bytes = 512;
+    o.bucket_bytes = 2048;
+    o.compress = js->compress;
+    o.hook = js->hook;
+    o.deterministic = N > 2 && !js->hook && js->compress == DT_DDP_COMPRESS_NONE;
+    dtt_net n, r;
+    dtt_net_init(&n, &js->cfg, 21, &oc);
+    dtt_net_init(&r, &js->cfg, 21, &oc);
+    dt_ddp *d;
+    DTT_OK(dt_ddp_create(n.m, world, &o, &d));
+    DTT_CHECK(dt_ddp_num_buckets(d) > 1);
+    for (int st = 0; st < mine; st++) {
+        dtt_batch mb[4];
+        for (int k = 0; k < K; k++) dtt_make_batch(&js->cfg, dtt_key(st, me, k), js->B, &mb[k]);
+        dtt_ddp_step(&n, d, mb, K);
+        for (int k = 0; k < K; k++) dtt_batch_free(&mb[k]);
+    }
+    DTT_OK(dt_ddp_join(d));
+    size_t ne = n.m->param_flat.numel;
+    char what[320];
+    snprintf(what, sizeof what, "%s: params across ranks after join", js->name);
+    dtt_expect_same_across_ranks(n.m->param_flat.data, ne, what);
+    for (int i = 0; i < n.m->n_buffers; i++) {
+        snprintf(what, sizeof what, "%s: buffer %s across ranks after join", js->name, n.m->buffers[i]->name);
+        dtt_expect_same_across_ranks(dt_f32(&n.m->buffers[i]->value), (size_t)n.m->buffers[i]->value.numel, what);
+    }
+    if (js->exact) {
+        int *active = calloc((size_t)N, sizeof *active);
+        for (int st = 0; st < steps; st++) {
+            dtt_batch *mb = calloc((size_t)(N * K), sizeof *mb);
+            for (int q = 0; q < N; q++) {
+                active[q] = st < q + 2;
+                for (int k = 0; k < K && active[q]; k++) dtt_make_batch(&js->cfg, dtt_key(st, q, k), js->B, &mb[q * K + k]);
+            }
+            dtt_ref_step(&r, mb, N, K, active);
+            for (int i = 0; i < N * K; i++) dtt_batch_free(&mb[i]);
+            free(mb);
+        }
+        free(active);
+        snprintf(what, sizeof what, "%s: params after join vs reference", js->name);
+        dtt_expect_bitwise(n.m->param_flat.data, r.m->param_flat.data, ne, what);
+    }
+    /* a second join right away: everyone is already done */
+    DTT_OK(dt_ddp_join(d));
+    dt_ddp_free(d);
+    dtt_net_free(&n);
+    dtt_net_free(&r);
+}
+
+static void test_join(void) {
+    dtt_begin("join: uneven inputs finish with identical parameters");
+    jspec specs[] = {
+        {"mlp", dtt_mlp_cfg(20, 16, 12, 5), 1, 8, DT_DDP_COMPRESS_NONE, NULL, 1},
+        {"mlp, 2 micro-steps", dtt_mlp_cfg(20, 16, 12, 5), 2, 4, DT_DDP_COMPRESS_NONE, NULL, 1},
+        {"cnn (BatchNorm buffers broadcast)", dtt_cnn_cfg(), 1, 3, DT_DDP_COMPRESS_NONE, NULL, 1},
+        {"mlp, bf16 compression", dtt_mlp_cfg(20, 16, 12, 5), 1, 8, DT_DDP_COMPRESS_BF16, NULL, 0},
+        {"mlp, custom hook", dtt_mlp_cfg(20, 16, 12, 5), 2, 4, DT_DDP_COMPRESS_NONE, &sum_hook, 1},
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) run_join(&specs[i]);
+    dtt_end();
+}
+
+static void test_join_misuse(void) {
+    dtt_begin("join: needs opts.join; SyncBatchNorm + join rejected");
+    dt_model_cfg c = dtt_mlp_cfg(20, 16, 0, 5);
+    dt_optim_cfg oc = dtt_adamw(1e-2f, 0.0f);
+    dtt_net n;
+    dtt_net_init(&n, &c, 1, &oc);
+    dt_ddp *d;
+    DTT_OK(dt_ddp_create(n.m, world, NULL, &d));
+    dt_error_clear();
+    DTT_CHECK(dt_ddp_join(d) == DT_ESTATE);
+    DTT_CHECK(strstr(dt_error_message(), "join") != NULL);
+    dt_ddp_free(d);
+    dt_ddp_opts o;
+    dt_ddp_opts_default(&o);
+    o.join = 1;
+    o.sync_bn = 1;
+    static char sentinel;
+    d = (dt_ddp *)(void *)&sentinel;   /* must be reset to NULL on failure */
+    dt_error_clear();
+    DTT_CHECK(dt_ddp_create(n.m, world, &o, &d) == DT_EINVAL && d == NULL);
+    DTT_CHECK(strstr(dt_error_message(), "join") && strstr(dt_error_message(), "SyncBatchNorm"));
+    /* all ranks with equal data: join returns at once */
+    o.sync_bn = 0;
+    DTT_OK(dt_ddp_create(n.m, world, &o, &d));
+    dtt_batch b;
+    dtt_make_batch(&c, dtt_key(0, dt_pg_rank(world), 0), 4, &b);
+    dtt_ddp_step(&n, d, &b, 1);
+    DTT_OK(dt_ddp_join(d));
+    dtt_expect_same_across_ranks(n.m->param_flat.data, n.m->param_flat.numel, "params after an even join");
+    dtt_batch_free(&b);
+    dt_ddp_free(d);
+    dtt_net_free(&n);
+    dtt_end();
+}
+
+#ifndef DDP_TEST_NO_MAIN
+int main(int argc, char **argv) {
+    t_init(&argc, &argv);
+    DTT_OK(dt_pg_world(&world));
+    test_join();
+    test_join_misuse();
+    DTT_OK(dt_dist_finalize());
+    return 0;
+}
+#endif
