@@ -3,7 +3,11 @@
  * raw cblas_sgemm calls of the same shapes measured in the same run, then one
  * full GPT-2 training step built from the ops with a per-op breakdown.
  *
- *   OMP_NUM_THREADS=2 ./bench_ops [iters]      (default 5; best of iters)
+ *   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive ./bench_ops [iters [ops]]
+ *   (default 5 iterations, best of; "ops" skips the full step)
+ *
+ * Each time is reported as wall and as "est" = process cpu time / threads,
+ * which approximates the wall time on idle cores when the machine is shared.
  *
  * Op timings call the op (forward) and then its node's backward function
  * directly with a random upstream gradient, so they measure the op alone.
@@ -24,6 +28,16 @@ static double now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+/* Process CPU time (all threads). On a shared machine wall time includes
+ * time other jobs held the cores; cpu / threads estimates the unloaded wall
+ * time (run with OMP_WAIT_POLICY=passive so idle threads sleep, not spin). */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static int g_threads = 1;
 
 static void fill(float *x, int64_t n, uint64_t seed, float scale) {
     dt_rng r;
@@ -50,30 +64,36 @@ static void freeparam(dt_param *p) {
 
 typedef dt_tensor *(*op_fn)(dt_graph *g, dt_param **in, void *ctx);
 
-typedef struct op_time { double fwd, bwd; } op_time;
+/* Best-of-iterations times in seconds: wall, and process cpu / threads
+ * ("est": what the wall time would be on otherwise idle cores). */
+typedef struct op_time { double fwd, bwd, fwd_est, bwd_est; } op_time;
 
-/* Best-of-iters forward and backward time of one op. */
+static void keep_min(double *best, double v) {
+    if (v < *best) *best = v;
+}
+
 static op_time time_op(op_fn f, dt_param **in, void *ctx, int iters) {
     dt_graph *g = dt_graph_create();
-    op_time best = {1e30, 1e30};
+    op_time best = {1e30, 1e30, 1e30, 1e30};
     for (int it = 0; it < iters + 1; it++) {   /* +1 warm-up */
         dt_graph_reset(g);
-        double t0 = now();
+        double c0 = cpu_now(), t0 = now();
         dt_tensor *y = f(g, in, ctx);
-        double t1 = now();
+        double t1 = now(), c1 = cpu_now();
         if (!y || !y->grad_fn) {
             fprintf(stderr, "bench_ops: op failed: %s\n", dt_error_message());
             exit(1);
         }
         float *dy = dt_grad_of(g, y);
         fill(dy, y->numel, 7, 1.0f);
-        double t2 = now();
+        double c2 = cpu_now(), t2 = now();
         y->grad_fn->backward(g, y->grad_fn);
-        double t3 = now();
-        if (it > 0) {
-            if (t1 - t0 < best.fwd) best.fwd = t1 - t0;
-            if (t3 - t2 < best.bwd) best.bwd = t3 - t2;
-        }
+        double t3 = now(), c3 = cpu_now();
+        if (it == 0) continue;
+        keep_min(&best.fwd, t1 - t0);
+        keep_min(&best.bwd, t3 - t2);
+        keep_min(&best.fwd_est, (c1 - c0) / g_threads);
+        keep_min(&best.bwd_est, (c3 - c2) / g_threads);
     }
     dt_graph_free(g);
     return best;
@@ -100,8 +120,9 @@ static dt_tensor *f_ce(dt_graph *g, dt_param **in, void *ctx) {
     return dt_op_cross_entropy(g, &in[0]->value, ctx);
 }
 
-/* Raw SGEMMs of a linear layer's fwd + bwd: y = x w, dx = dy w^T, dw = x^T dy. */
-static double time_raw_linear(int in, int out, int iters) {
+/* Raw SGEMMs of a linear layer's fwd + bwd: y = x w, dx = dy w^T, dw = x^T dy.
+ * Returns best wall seconds; *est gets best cpu / threads. */
+static double time_raw_linear(int in, int out, int iters, double *est) {
     float *x = malloc(sizeof(float) * N * in), *w = malloc(sizeof(float) * in * out);
     float *y = malloc(sizeof(float) * N * out), *dx = malloc(sizeof(float) * N * in);
     float *dw = malloc(sizeof(float) * in * out);
@@ -111,21 +132,41 @@ static double time_raw_linear(int in, int out, int iters) {
     memset(dx, 0, sizeof(float) * N * in);
     memset(dw, 0, sizeof(float) * in * out);
     double best = 1e30;
+    *est = 1e30;
     for (int it = 0; it < iters + 1; it++) {
-        double t0 = now();
+        double c0 = cpu_now(), t0 = now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, in, out, 1.0f, y, out, w, out, 1.0f, dx, in);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, N, 1.0f, x, in, y, out, 1.0f, dw, out);
-        double t = now() - t0;
-        if (it > 0 && t < best) best = t;
+        double t = now() - t0, c = (cpu_now() - c0) / g_threads;
+        if (it > 0) {
+            keep_min(&best, t);
+            keep_min(est, c);
+        }
     }
     free(x); free(w); free(y); free(dx); free(dw);
     return best;
 }
 
-static void bench_single_ops(int iters, double *sgemm_rate) {
-    printf("%-34s %9s %9s %9s %9s | %9s %9s\n", "op (fwd+bwd)", "fwd ms", "bwd ms", "total ms", "GFLOP/s",
-           "sgemm ms", "sgemm GF/s");
+static void print_row(const char *name, op_time t, double flops, double raw, double raw_est, double bytes) {
+    double tot = t.fwd + t.bwd, est = t.fwd_est + t.bwd_est;
+    printf("%-28s %7.2f %7.2f %8.2f %8.2f", name, t.fwd * 1e3, t.bwd * 1e3, tot * 1e3, est * 1e3);
+    if (flops > 0)
+        printf(" %8.1f %8.1f", flops / tot / 1e9, flops / est / 1e9);
+    else
+        printf(" %8s %8s", "-", "-");
+    if (raw > 0)
+        printf(" | %8.2f %8.2f %8.1f %8.1f  %3.0f%%", raw * 1e3, raw_est * 1e3, flops / raw / 1e9,
+               flops / raw_est / 1e9, 100.0 * raw_est / est);
+    else if (bytes > 0)
+        printf(" | %.1f GB/s (est)", bytes / est / 1e9);
+    printf("\n");
+}
+
+/* Returns the raw SGEMM rate (flop/s, est) over the three linear shapes. */
+static double bench_single_ops(int iters) {
+    printf("%-28s %7s %7s %8s %8s %8s %8s | %8s %8s %8s %8s  %4s\n", "op (fwd+bwd)", "fwd", "bwd", "total",
+           "est", "GF/s", "GF/s est", "sgemm", "est", "GF/s", "GF/s est", "op/sgemm");
     static const int lin[3][2] = {{C, 3 * C}, {C, 4 * C}, {4 * C, C}};
     double fl_sum = 0, raw_sum = 0;
     for (int k = 0; k < 3; k++) {
@@ -134,23 +175,20 @@ static void bench_single_ops(int iters, double *sgemm_rate) {
         dt_param *w = mkparam("w", 2, (int64_t[]){in, out}, 2, 0.05f);
         dt_param *b = mkparam("b", 1, (int64_t[]){out}, 3, 0.1f);
         op_time t = time_op(f_linear, (dt_param *[]){x, w, b}, NULL, iters);
-        double raw = time_raw_linear(in, out, iters);
+        double raw_est, raw = time_raw_linear(in, out, iters, &raw_est);
         double fl = 3.0 * 2.0 * N * in * out;
         char name[64];
         snprintf(name, sizeof name, "linear %dx%d->%d", N, in, out);
-        printf("%-34s %9.2f %9.2f %9.2f %9.1f | %9.2f %9.1f\n", name, t.fwd * 1e3, t.bwd * 1e3,
-               (t.fwd + t.bwd) * 1e3, fl / (t.fwd + t.bwd) / 1e9, raw * 1e3, fl / raw / 1e9);
+        print_row(name, t, fl, raw, raw_est, 0);
         fl_sum += fl;
-        raw_sum += raw;
+        raw_sum += raw_est;
         freeparam(x); freeparam(w); freeparam(b);
     }
-    *sgemm_rate = fl_sum / raw_sum;
     {
         dt_param *qkv = mkparam("qkv", 3, (int64_t[]){B, T, 3 * C}, 4, 1.0f);
         op_time t = time_op(f_attention, (dt_param *[]){qkv}, NULL, iters);
         double fl = 3.0 * 2.0 * 2.0 * (C / H) * (T * (T + 1.0) / 2.0) * B * H;
-        printf("%-34s %9.2f %9.2f %9.2f %9.1f | %9s %9.1f (ref: linear raw rate)\n", "attention B8 T256 C384 H6",
-               t.fwd * 1e3, t.bwd * 1e3, (t.fwd + t.bwd) * 1e3, fl / (t.fwd + t.bwd) / 1e9, "-", *sgemm_rate / 1e9);
+        print_row("attention B8 T256 C384 H6", t, fl, 0, 0, 0);
         freeparam(qkv);
     }
     {
@@ -158,18 +196,14 @@ static void bench_single_ops(int iters, double *sgemm_rate) {
         dt_param *w = mkparam("w", 1, (int64_t[]){C}, 6, 1.0f);
         dt_param *b = mkparam("b", 1, (int64_t[]){C}, 7, 1.0f);
         op_time t = time_op(f_layernorm, (dt_param *[]){x, w, b}, NULL, iters);
-        /* bytes: fwd reads x writes y; bwd reads x, dy, rmw dx */
-        double gb = (2.0 + 4.0) * N * C * 4 / 1e9;
-        printf("%-34s %9.2f %9.2f %9.2f %9s | (%.1f GB/s effective)\n", "layernorm 2048x384", t.fwd * 1e3,
-               t.bwd * 1e3, (t.fwd + t.bwd) * 1e3, "-", gb / (t.fwd + t.bwd));
+        /* fwd reads x, writes y; bwd reads x, dy, read-modify-writes dx */
+        print_row("layernorm 2048x384", t, 0, 0, 0, 6.0 * N * C * 4);
         freeparam(x); freeparam(w); freeparam(b);
     }
     {
         dt_param *x = mkparam("x", 2, (int64_t[]){N, 4 * C}, 8, 3.0f);
         op_time t = time_op(f_gelu, (dt_param *[]){x}, NULL, iters);
-        double gb = (2.0 + 4.0) * N * 4 * C * 4 / 1e9;
-        printf("%-34s %9.2f %9.2f %9.2f %9s | (%.1f GB/s effective)\n", "gelu 2048x1536", t.fwd * 1e3,
-               t.bwd * 1e3, (t.fwd + t.bwd) * 1e3, "-", gb / (t.fwd + t.bwd));
+        print_row("gelu 2048x1536", t, 0, 0, 0, 6.0 * N * 4 * C * 4);
         freeparam(x);
     }
     {
@@ -177,11 +211,11 @@ static void bench_single_ops(int iters, double *sgemm_rate) {
         int32_t *tg = malloc(sizeof(int32_t) * N);
         for (int i = 0; i < N; i++) tg[i] = (int32_t)((i * 31) % V);
         op_time t = time_op(f_ce, (dt_param *[]){x}, tg, iters);
-        printf("%-34s %9.2f %9.2f %9.2f %9s |\n", "cross_entropy 2048x256", t.fwd * 1e3, t.bwd * 1e3,
-               (t.fwd + t.bwd) * 1e3, "-");
+        print_row("cross_entropy 2048x256", t, 0, 0, 0, 4.0 * N * V * 4);
         free(tg);
         freeparam(x);
     }
+    return fl_sum / raw_sum;
 }
 
 /* ---------------- full GPT-2 step with per-op breakdown ---------------- */
@@ -299,8 +333,7 @@ static void bench_step(int iters, double sgemm_rate) {
         tgt[i] = (int32_t)((i * 13 + 1) % V);
     }
     dt_graph *g = dt_graph_create();
-    double best = 1e30, best_fwd = 0;
-    int best_it = -1;
+    double best = 1e30, best_fwd = 0, best_est = 1e30;
     /* per-kind times of the best iteration */
     double kf[MAX_KINDS] = {0}, kb[MAX_KINDS] = {0};
     int kc[MAX_KINDS] = {0};
@@ -309,31 +342,32 @@ static void bench_step(int iters, double sgemm_rate) {
         dt_graph_reset(g);
         g_nwrapped = 0;
         for (int k = 0; k < g_nkind; k++) g_kind[k].fwd = g_kind[k].bwd = 0, g_kind[k].count = 0;
-        double t0 = now();
+        double c0 = cpu_now(), t0 = now();
         dt_tensor *l = gpt2_step_forward(g, &m, ids, pos, tgt);
         double t1 = now();
         if (dt_graph_backward(g, l) != DT_OK) {
             fprintf(stderr, "bench_ops: backward: %s\n", dt_error_message());
             exit(1);
         }
-        double t = now() - t0;
+        double t = now() - t0, est = (cpu_now() - c0) / g_threads;
         loss = dt_f32(l)[0];
+        if (it > 0) keep_min(&best_est, est);
         if (it > 0 && t < best) {
             best = t;
             best_fwd = t1 - t0;
-            best_it = it;
             for (int k = 0; k < g_nkind; k++) kf[k] = g_kind[k].fwd, kb[k] = g_kind[k].bwd, kc[k] = g_kind[k].count;
         }
     }
-    (void)best_it;
     double hs = C / H;
     double lin_fl = 6.0 * N * (12.0 * C * C * L + (double)C * V);
     double att_fl = L * 3.0 * 2.0 * 2.0 * hs * (T * (T + 1.0) / 2.0) * B * H;
     printf("\nGPT-2 step (L=%d C=%d H=%d T=%d B=%d V=%d), best of %d: %.1f ms (fwd %.1f, bwd %.1f), loss %.4f\n",
            L, C, H, T, B, V, iters, best * 1e3, best_fwd * 1e3, (best - best_fwd) * 1e3, loss);
-    printf("  GEMM flops %.1f GFLOP (linear %.1f + causal attention %.1f) -> %.1f GFLOP/s = %.0f%% of raw sgemm %.1f GFLOP/s\n",
-           (lin_fl + att_fl) / 1e9, lin_fl / 1e9, att_fl / 1e9, (lin_fl + att_fl) / best / 1e9,
-           100.0 * (lin_fl + att_fl) / best / sgemm_rate, sgemm_rate / 1e9);
+    double fl = lin_fl + att_fl;
+    printf("  GEMM flops %.1f GFLOP (linear %.1f + causal attention %.1f)\n", fl / 1e9, lin_fl / 1e9, att_fl / 1e9);
+    printf("  wall: %.1f GFLOP/s;  est (cpu/threads %.1f ms): %.1f GFLOP/s = %.0f%% of raw sgemm est %.1f GFLOP/s\n",
+           fl / best / 1e9, best_est * 1e3, fl / best_est / 1e9, 100.0 * fl / best_est / sgemm_rate, sgemm_rate / 1e9);
+    printf("  per-op wall time in the best step:\n");
     printf("  %-14s %6s %9s %9s %9s %7s\n", "op", "calls", "fwd ms", "bwd ms", "total ms", "share");
     double acc = 0;
     for (int k = 0; k < g_nkind; k++) {
@@ -351,9 +385,11 @@ static void bench_step(int iters, double sgemm_rate) {
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 5;
     if (iters < 1) iters = 1;
-    printf("bench_ops: OpenMP threads %d, best of %d iterations\n\n", omp_get_max_threads(), iters);
-    double rate = 0;
-    bench_single_ops(iters, &rate);
-    bench_step(iters, rate);
+    g_threads = omp_get_max_threads();
+    printf("bench_ops: OpenMP threads %d, best of %d iterations; times in ms; est = process cpu / threads\n\n",
+           g_threads, iters);
+    const char *what = argc > 2 ? argv[2] : "all";   /* all | ops */
+    double rate = bench_single_ops(iters);
+    if (strcmp(what, "ops") != 0) bench_step(iters, rate);
     return 0;
 }

@@ -60,13 +60,16 @@ typedef struct dt_ddp_opts {
     size_t first_bucket_bytes;   /* default 1 MiB */
     size_t bucket_bytes;         /* default 4 MiB (bench/bench_ddp: 1-4 MiB best here) */
     int find_unused_params;      /* 0: a parameter without gradient is an error naming it */
-    int broadcast_buffers;       /* 1: rank 0's buffers (BatchNorm stats) broadcast before each forward */
+    int broadcast_buffers;       /* 1: rank 0's buffers (BatchNorm stats) broadcast before each forward
+                                    and after each reduction (ranks end every step with equal buffers) */
     int sync_bn;                 /* 1: BatchNorm statistics all-reduced (SyncBatchNorm) */
     int no_overlap;              /* 1: reduce only after backward (for measurement) */
-    int deterministic;           /* fixed rank-order summation (any world size) */
+    int deterministic;           /* fixed rank-order summation (any world size); the group's own
+                                    setting is left alone */
     dt_ddp_compress compress;
     const dt_ddp_comm_hook *hook;   /* custom reduction; exclusive with compress */
-    int join;                    /* uneven inputs: agree on activity each step (see dt_ddp_join) */
+    int join;                    /* uneven inputs: agree on activity each step (see dt_ddp_join);
+                                    exclusive with sync_bn */
 } dt_ddp_opts;
 
 void dt_ddp_opts_default(dt_ddp_opts *o);
@@ -84,7 +87,10 @@ dt_status dt_ddp_finish_backward(dt_ddp *d);
 /* Uneven inputs (opts.join): a rank whose data ran out calls this instead of
  * training; it answers the other ranks' collectives (with zero gradients) for
  * as many steps as they still run, and returns when every rank has joined.
- * Active ranks must also call it once their own data runs out. */
+ * Active ranks must also call it once their own data runs out. Under join only
+ * synchronising micro-steps communicate. On return every rank holds the
+ * parameters and buffers of a rank that ran the most steps (optimizer state
+ * is not synchronised). */
 dt_status dt_ddp_join(dt_ddp *d);
 
 int dt_ddp_num_buckets(const dt_ddp *d);
@@ -95,7 +101,7 @@ typedef struct dt_ddp_stats {
     int64_t steps;
     double wait_us;        /* time blocked in finish_backward waiting for reductions */
     double backward_us;    /* time from first launch to end of backward (overlap window) */
-    size_t bytes_reduced;  /* payload bytes handed to the group */
+    size_t bytes_reduced;  /* payload bytes handed to the group (2 per element when compressed) */
 } dt_ddp_stats;
 dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d);
 

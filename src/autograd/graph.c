@@ -183,8 +183,8 @@ dt_status dt_graph_backward_scaled(dt_graph *g, dt_tensor *loss, float grad_scal
         /* An output no gradient reached contributes nothing; its params' pending
          * uses still count down so their grad-ready hook fires. */
         if (n->out->grad || n->out == loss) {
-            n->backward(g, n);
-            if (dt_error_code() == DT_ENOMEM) return DT_ENOMEM;
+            n->backward(g, n);   /* errors (OOM, a failed SyncBN exchange) stop backward */
+            if (dt_error_code() != DT_OK) return dt_error_code();
         }
         for (int i = 0; i < n->n_in; i++) {
             dt_param *p = n->in[i] ? n->in[i]->param : NULL;

@@ -19,7 +19,8 @@
  *             ranks and *count by the global M.
  *   backward: buf[c] = sum_c dy,  buf[C + c] = sum_c dy*xhat (local sums)
  *             (*count = local M on input; the output is not used: the global M
- *             saved by the forward is.)
+ *             saved by the forward is.) Only done when x needs a gradient,
+ *             which is the same on every rank running the same model.
  * The local sums are accumulated in double and rounded to float whether or not
  * a sync fn is given, so one rank with an identity sync fn gives bit-identical
  * results to the plain path. gamma/beta gradients use the LOCAL sums

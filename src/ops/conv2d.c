@@ -10,10 +10,12 @@
  *   backward: dw[OC, K]    += dyT[OC, nb*P] . col^T
  *             dcol[K, nb*P] = w^T . dyT                    (then col2im += into dx)
  * Chunks are equal-sized with col about DT_CONV_COL_FLOATS floats (at least
- * one image), so the unrolled block is still in cache when the GEMM reads it
- * and arena use does not grow with the batch. Backward recomputes col rather
- * than keeping every chunk alive. SGEMM is always called outside OpenMP
- * regions so OpenBLAS can use every thread. */
+ * one image), so arena use does not grow without bound with the batch, while
+ * each GEMM stays wide (two-thread OpenBLAS loses a lot on narrow ones: the
+ * CNN's 32->64 conv at batch 64 fits in 2 chunks). When the whole batch is
+ * one chunk the forward's col is kept for backward (n->saved); otherwise
+ * backward recomputes each chunk's col. SGEMM is always called outside
+ * OpenMP regions so OpenBLAS can use every thread. */
 #include <cblas.h>
 #include <limits.h>
 #include <stdio.h>
@@ -21,7 +23,7 @@
 #include "dtrain/ops.h"
 
 #ifndef DT_CONV_COL_FLOATS
-#define DT_CONV_COL_FLOATS ((int64_t)512 << 10)   /* 2 MiB of im2col per chunk: stays in cache between im2col and GEMM */
+#define DT_CONV_COL_FLOATS ((int64_t)8 << 20)   /* 32 MiB of im2col per chunk */
 #endif
 
 typedef struct conv_geom {
@@ -137,7 +139,8 @@ static void conv2d_backward(dt_graph *g, dt_node *n) {
 
     /* one image per chunk: dy[n0] already is dyT[OC, P] */
     float *dyT = G.nb == 1 ? NULL : dt_graph_scratch(g, (size_t)(OC * G.nb * P) * sizeof(float));
-    float *col = dw ? dt_graph_scratch(g, (size_t)(K * G.nb * P) * sizeof(float)) : NULL;
+    /* col: the forward's when it covered the whole batch, else recomputed per chunk */
+    float *col = !dw ? NULL : n->saved ? n->saved : dt_graph_scratch(g, (size_t)(K * G.nb * P) * sizeof(float));
     float *dcol = dx ? dt_graph_scratch(g, (size_t)(K * G.nb * P) * sizeof(float)) : NULL;
     if ((G.nb > 1 && !dyT) || (dw && !col) || (dx && !dcol)) return;   /* DT_ENOMEM already set */
 
@@ -153,7 +156,7 @@ static void conv2d_backward(dt_graph *g, dt_node *n) {
             dyc = dyT;
         }
         if (dw) {
-            im2col(&G, dt_f32(x), n0, nb, col);
+            if (!n->saved) im2col(&G, dt_f32(x), n0, nb, col);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OC, (int)K, (int)ld,
                         1.0f, dyc, (int)ld, col, (int)ld, 1.0f, dw, (int)K);
         }
@@ -251,6 +254,7 @@ dt_tensor *dt_op_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, i
         n->i[0] = G.stride;
         n->i[1] = G.pad;
         n->i[2] = G.nb;
+        n->saved = G.nb >= G.N ? col : NULL;   /* col of the whole batch, still intact */
     }
     return y;
 }

@@ -245,9 +245,10 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     }
     for (int i = 0; i < d->n_buckets; i++)
         if (d->buckets[i].pending != 0) {
+            int pending = d->buckets[i].pending;
             reset_buckets(d);
             return DT_ERR(DT_ESTATE, "ddp: bucket %d still waits for %d gradients after backward (was backward run?)",
-                          i, d->buckets[i].pending);
+                          i, pending);
         }
     double t_end_bw = dt_ddp_now_us();
     dt_status s = dt_ddp_launch_ready(d);

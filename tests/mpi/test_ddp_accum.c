@@ -143,6 +143,7 @@ static void test_accum_grads(void) {
     dtt_end();
 }
 
+#ifndef DDP_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     DTT_OK(dt_pg_world(&world));
@@ -151,3 +152,4 @@ int main(int argc, char **argv) {
     DTT_OK(dt_dist_finalize());
     return 0;
 }
+#endif

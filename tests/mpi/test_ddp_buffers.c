@@ -134,6 +134,7 @@ static void test_sync_bn(void) {
     dtt_end();
 }
 
+#ifndef DDP_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     DTT_OK(dt_pg_world(&world));
@@ -142,3 +143,4 @@ int main(int argc, char **argv) {
     DTT_OK(dt_dist_finalize());
     return 0;
 }
+#endif

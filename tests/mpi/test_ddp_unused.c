@@ -3,7 +3,8 @@
  *    message naming 'fc2.bias'; nothing hangs and the next step still works;
  *  - find_unused_params = 1: training matches the single-process reference
  *    bit for bit and the unused parameter stays unchanged (weight decay 0);
- *  - the parameter unused on some ranks only: still the reference. */
+ *  - the parameter unused on some ranks only: still the reference;
+ *  - finish_backward without a backward fails cleanly on every rank. */
 #include "test_dist_util.h"
 #include "ddp_testutil.h"
 
@@ -85,6 +86,33 @@ static void test_unused_is_an_error(void) {
     dtt_end();
 }
 
+static void test_finish_without_backward(void) {
+    dtt_begin("finish_backward without backward: error on every rank, then recovers");
+    int me = dt_pg_rank(world);
+    dtt_net n;
+    net(&n, 13);
+    dt_ddp_opts o = opts(0);
+    dt_ddp *d;
+    DTT_OK(dt_ddp_create(n.m, world, &o, &d));
+    dt_model_cfg c = cfg();
+    dtt_batch b;
+    dtt_make_batch(&c, dtt_key(0, me, 0), 8, &b);
+    skip_layer = -1;
+    dt_graph_reset(n.g);
+    DTT_OK(dt_ddp_before_forward(d, n.g, 1));
+    DTT_CHECK(dt_model_forward(n.m, n.g, &b.b, NULL) != NULL);
+    dt_error_clear();
+    DTT_CHECK(dt_ddp_finish_backward(d) == DT_ESTATE);
+    DTT_CHECK(strstr(dt_error_message(), "backward") != NULL);
+    dtt_ddp_step(&n, d, &b, 1);
+    dtt_expect_same_across_ranks(n.m->param_flat.data, n.m->param_flat.numel, "params after recovery");
+    skip_layer = 1;
+    dtt_batch_free(&b);
+    dt_ddp_free(d);
+    dtt_net_free(&n);
+    dtt_end();
+}
+
 static int skip_on_odd_ranks;
 static void ref_rank_hook(int r) { skip_layer = skip_on_odd_ranks && r % 2 == 0 ? -1 : 1; }
 
@@ -140,6 +168,7 @@ int main(int argc, char **argv) {
     t_init(&argc, &argv);
     DTT_OK(dt_pg_world(&world));
     test_unused_is_an_error();
+    test_finish_without_backward();
     test_find_unused();
     DTT_OK(dt_dist_finalize());
     return 0;

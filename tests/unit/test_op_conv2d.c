@@ -129,7 +129,7 @@ static void test_conv2d_gradcheck(void **state) {
 /* Backward for a batch processed in several im2col chunks must equal the sum
  * of single-image backwards (dw, db) and the per-image dx. The batch's im2col
  * (K = C*5*5 rows by N*H*W columns) is several times the conv's chunk budget
- * (512K floats), so it is split: into chunks of a few images, or, when one
+ * (8M floats), so it is split: into chunks of several images, or, when one
  * image alone exceeds the budget, one image per chunk (want_nb1). */
 static void check_chunked(int N, int C, int H, int W, int OC, int want_nb1) {
     const int KS = 5;
@@ -188,8 +188,8 @@ static void check_chunked(int N, int C, int H, int W, int OC, int want_nb1) {
 
 static void test_conv2d_chunked_batch_matches_per_image(void **state) {
     (void)state;
-    check_chunked(12, 16, 32, 32, 8, 0);   /* 400 x 1024 per image: chunks of 2 images */
-    check_chunked(3, 64, 24, 24, 4, 1);    /* 1600 x 576 per image > budget: 1 image per chunk */
+    check_chunked(12, 16, 48, 48, 4, 0);   /* 400 x 2304 per image, 11M in all: 2 chunks of 6 */
+    check_chunked(2, 96, 64, 64, 2, 1);    /* 2400 x 4096 = 9.8M per image > budget: 1 per chunk */
 }
 
 /* Parameter gradients accumulate (+=) across backward passes. */
