@@ -9,6 +9,7 @@ struct dt_graph {
     dt_node **nodes; int n_nodes, cap_nodes;
     dt_param **touched; int n_touched, cap_touched;   /* params with uses on this tape */
     int grad_enabled, training, backward_done;
+    dt_status sticky;    /* an allocation failed while recording: backward must not run */
     dt_graph_tick_fn tick; void *tick_user;
 };
 
@@ -37,6 +38,7 @@ void dt_graph_reset(dt_graph *g) {
     g->n_touched = 0;
     g->n_nodes = 0;
     g->backward_done = 0;
+    g->sticky = DT_OK;
     dt_arena_reset(&g->arena);
 }
 
@@ -90,7 +92,7 @@ static dt_node *new_node(dt_graph *g) {
     if (!n) return NULL;
     memset(n, 0, sizeof *n);
     if (push((void ***)&g->nodes, &g->n_nodes, &g->cap_nodes, n) != 0) {
-        DT_ERR(DT_ENOMEM, "out of memory growing the tape");
+        g->sticky = DT_ERR(DT_ENOMEM, "out of memory growing the tape");
         return NULL;
     }
     return n;
@@ -103,7 +105,7 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
     for (int i = 0; i < n_in; i++) any |= in[i] && in[i]->requires_grad;
     if (!any) return NULL;
     dt_node *n = new_node(g);
-    if (!n) return NULL;
+    if (!n) { g->sticky = DT_ENOMEM; return NULL; }
     n->backward = bw;
     n->op = op;
     n->out = out;
@@ -112,7 +114,8 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
         n->in[i] = in[i];
         dt_param *p = in[i] ? in[i]->param : NULL;
         if (p && p->requires_grad) {
-            if (p->uses == 0) push((void ***)&g->touched, &g->n_touched, &g->cap_touched, p);
+            if (p->uses == 0 && push((void ***)&g->touched, &g->n_touched, &g->cap_touched, p) != 0)
+                g->sticky = DT_ERR(DT_ENOMEM, "out of memory recording parameter %s", p->name);
             p->uses++;
             p->pending++;
             p->used = 1;
@@ -169,6 +172,8 @@ dt_status dt_graph_backward_scaled(dt_graph *g, dt_tensor *loss, float grad_scal
         return DT_ERR(DT_EINVAL, "backward needs a scalar loss");
     if (!loss->requires_grad)
         return DT_ERR(DT_ESTATE, "loss does not require grad (was it computed with grad disabled?)");
+    if (g->sticky != DT_OK)
+        return DT_ERR(g->sticky, "the forward pass ran out of memory while recording the tape; no gradients computed");
     g->backward_done = 1;
     dt_error_clear();
     float *dl = dt_grad_of(g, loss);
