@@ -76,6 +76,9 @@ void dt_ddp_opts_default(dt_ddp_opts *o);
 /* Validates options (contradictions fail), buckets the flat gradient buffer,
  * installs grad-ready hooks, broadcasts parameters and buffers from rank 0. */
 dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **out);
+/* Waits for in-flight reductions and removes the hooks. The progress tick it
+ * installed on a graph stays: clear it with dt_graph_set_tick(g, NULL, NULL)
+ * before running that graph again without a DDP. */
 void dt_ddp_free(dt_ddp *d);
 /* Before each micro-step's forward: sync = 0 accumulates locally (no_sync).
  * Broadcasts buffers if enabled, installs the progress tick on g. With
