@@ -11,4 +11,6 @@
 #include "dtrain/data.h"
 #include "dtrain/io.h"
 #include "dtrain/train.h"
+#include "dtrain/dist.h"
+#include "dtrain/parallel.h"
 #endif

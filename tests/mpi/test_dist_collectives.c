@@ -39,7 +39,6 @@ static void test_allreduce(dt_pg *pg) {
                         T_OK(dt_work_wait(w));
                     }
                     t_expect_eq(out, t, exp, c, inplace ? "allreduce in place" : "allreduce");
-                    if (getenv("T_VERBOSE") && me == 0) fprintf(stderr, "%.3f %s c=%lld avg=%d inplace=%d\n", t_now(), dt_dtype_name(t), (long long)c, avg, inplace);
                     if (!inplace) {   /* input untouched */
                         for (int64_t i = 0; i < c; i++) exp[i] = src[i];
                         t_expect_eq(in, t, exp, c, "allreduce input preserved");
