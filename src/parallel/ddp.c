@@ -215,7 +215,19 @@ dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
     return DT_OK;
 }
 
-static void reset_buckets(dt_ddp *d) {
+dt_status dt_ddp_wait_buckets(dt_ddp *d) {
+    dt_status s = DT_OK;
+    for (int i = 0; i < d->n_buckets; i++) {   /* index order, like the launches */
+        dt_ddp_bucket *b = &d->buckets[i];
+        dt_status si = dt_work_wait(b->work);
+        b->work = NULL;
+        if (si == DT_OK && b->launched && d->hook.finish) si = d->hook.finish(d->hook.state, d->pg, b);
+        if (s == DT_OK) s = si;
+    }
+    return s;
+}
+
+void dt_ddp_reset_buckets(dt_ddp *d) {
     for (int i = 0; i < d->n_buckets; i++) {
         dt_ddp_bucket *b = &d->buckets[i];
         if (b->work) dt_work_wait(b->work);   /* never leave a reduction in flight */
@@ -246,26 +258,21 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     for (int i = 0; i < d->n_buckets; i++)
         if (d->buckets[i].pending != 0) {
             int pending = d->buckets[i].pending;
-            reset_buckets(d);
+            dt_ddp_reset_buckets(d);
             return DT_ERR(DT_ESTATE, "ddp: bucket %d still waits for %d gradients after backward (was backward run?)",
                           i, pending);
         }
     double t_end_bw = dt_ddp_now_us();
     dt_status s = dt_ddp_launch_ready(d);
     double w0 = dt_ddp_now_us();
-    for (int i = 0; i < d->n_buckets; i++) {
-        dt_ddp_bucket *b = &d->buckets[i];
-        dt_status si = dt_work_wait(b->work);
-        b->work = NULL;
-        if (si == DT_OK && b->launched && d->hook.finish) si = d->hook.finish(d->hook.state, d->pg, b);
-        if (s == DT_OK) s = si;
-    }
+    dt_status sw = dt_ddp_wait_buckets(d);
+    if (s == DT_OK) s = sw;
     double w1 = dt_ddp_now_us();
     if (d->trace) dt_trace_event(d->trace, "wait reductions", "comm", 0, dt_trace_now_us(d->trace) - (w1 - w0), dt_trace_now_us(d->trace));
     d->stats.wait_us += w1 - w0;
     if (d->t_first_launch > 0 && d->t_first_launch < t_end_bw) d->stats.backward_us += t_end_bw - d->t_first_launch;
     d->stats.steps++;
-    reset_buckets(d);
+    dt_ddp_reset_buckets(d);
     if (s != DT_OK) return s;
     /* Forward passes updated each rank's running statistics with its own
      * data: end the step with rank 0's on every rank (eval, checkpoints). */

@@ -30,7 +30,11 @@ void dt_ddp_hook_allreduce(dt_ddp *d, dt_ddp_comm_hook *h);
 void dt_ddp_hook_compress(dt_ddp *d, dt_ddp_comm_hook *h, dt_dtype wire);
 /* Launch every ready bucket whose predecessors have launched. */
 dt_status dt_ddp_launch_ready(dt_ddp *d);
-dt_status dt_ddp_bcast_buffers(dt_ddp *d);   /* from rank 0 */
+dt_status dt_ddp_bcast_buffers(dt_ddp *d);
+/* Wait for every bucket in index order, running the hook's finish; first error wins. */
+dt_status dt_ddp_wait_buckets(dt_ddp *d);
+/* Back to "nothing ready, nothing launched" for the next backward. */
+void dt_ddp_reset_buckets(dt_ddp *d);   /* from rank 0 */
 dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root);
 /* Buffers are broadcast before forward and after each reduction. */
 int dt_ddp_bcast_buffers_enabled(const dt_ddp *d);

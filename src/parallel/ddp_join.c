@@ -23,17 +23,9 @@ static dt_status shadow_step(dt_ddp *d) {
     }
     d->next_launch = 0;
     dt_status s = dt_ddp_launch_ready(d);
-    for (int i = 0; i < d->n_buckets; i++) {
-        dt_ddp_bucket *b = &d->buckets[i];
-        dt_status si = dt_work_wait(b->work);
-        b->work = NULL;
-        if (si == DT_OK && b->launched && d->hook.finish) si = d->hook.finish(d->hook.state, d->pg, b);
-        if (s == DT_OK) s = si;
-        b->ready = b->launched = 0;
-        b->pending = b->n_params;
-    }
-    d->next_launch = 0;
-    d->t_first_launch = 0;
+    dt_status sw = dt_ddp_wait_buckets(d);
+    if (s == DT_OK) s = sw;
+    dt_ddp_reset_buckets(d);
     memset(m->grad_flat.data, 0, m->grad_flat.numel * sizeof(float));
     DT_TRY(s);
     if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
