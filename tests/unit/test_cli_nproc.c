@@ -1,0 +1,100 @@
+/* dtrain train --nproc 2: re-launches under mpirun, trains, writes one trace
+ * per rank with the DDP timeline; an error on the ranks is reported with the
+ * rank and ends the job (no hang). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static char dir[64], corpus[128];
+
+static int setup(void **state) {
+    (void)state;
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    strcpy(dir, "/tmp/dt_nproc_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
+    FILE *f = fopen(corpus, "w");
+    for (int i = 0; i < 300; i++) fprintf(f, "a stitch in time saves nine %d\n", i % 17);
+    fclose(f);
+    return 0;
+}
+
+/* Runs a shell command; returns its exit status and captured output. */
+static int sh(const char *cmd, char *out, size_t n) {
+    FILE *p = popen(cmd, "r");
+    size_t k = fread(out, 1, n - 1, p);
+    out[k] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int count_events(const cJSON *events, const char *prefix) {
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events) {
+        const cJSON *name = cJSON_GetObjectItem(e, "name");
+        if (cJSON_IsString(name) && !strncmp(name->valuestring, prefix, strlen(prefix))) n++;
+    }
+    return n;
+}
+
+static void test_two_ranks_train_and_trace(void **state) {
+    (void)state;
+    char cmd[1024], out[8192], trace[128];
+    snprintf(trace, sizeof trace, "%s/trace.json", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s train --nproc 2 --model gpt2 --layers 1 --embd 16 --heads 2 --max-t 16 --seq 16 --batch 4 "
+             "--data text --data-path %s --steps 3 --bucket-mb 0.004 --first-bucket-mb 0.004 --trace %s 2>&1",
+             DT_CLI_PATH, corpus, trace);
+    int rc = sh(cmd, out, sizeof out);
+    if (rc != 0) fail_msg("rc=%d output:\n%s", rc, out);
+    assert_non_null(strstr(out, "ddp x2"));
+    assert_non_null(strstr(out, "validation loss"));
+    for (int r = 0; r < 2; r++) {
+        char path[160];
+        snprintf(path, sizeof path, "%s.rank%d", trace, r);
+        FILE *f = fopen(path, "rb");
+        assert_non_null(f);
+        static char buf[1 << 20];
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        cJSON *j = cJSON_Parse(buf);
+        assert_non_null(j);
+        const cJSON *ev = cJSON_GetObjectItem(j, "traceEvents");
+        assert_true(cJSON_IsArray(ev));
+        assert_int_equal(count_events(ev, "forward"), 3);
+        assert_int_equal(count_events(ev, "backward"), 3);
+        assert_int_equal(count_events(ev, "optimizer"), 3);
+        assert_true(count_events(ev, "bucket ready") >= 3 * 2);   /* tiny buckets: several per step */
+        assert_true(count_events(ev, "allreduce") >= 3 * 2);
+        assert_int_equal(count_events(ev, "wait reductions"), 3);
+        cJSON_Delete(j);
+    }
+}
+
+static void test_error_on_ranks_is_tagged_and_ends_job(void **state) {
+    (void)state;
+    char cmd[1024], out[16384];
+    snprintf(cmd, sizeof cmd, "%s train --nproc 2 --model mlp --steps 2 --resume %s/missing.safetensors 2>&1",
+             DT_CLI_PATH, dir);
+    int rc = sh(cmd, out, sizeof out);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(out, "rank ") || !strstr(out, "missing.safetensors")) fail_msg("output:\n%s", out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_ranks_train_and_trace),
+        cmocka_unit_test(test_error_on_ranks_is_tagged_and_ends_job),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
