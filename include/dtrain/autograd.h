@@ -95,8 +95,6 @@ int dt_graph_training(const dt_graph *g);
  * MPI progress while backward computes. NULL to disable. */
 typedef void (*dt_graph_tick_fn)(void *user);
 void dt_graph_set_tick(dt_graph *g, dt_graph_tick_fn fn, void *user);
-/* Run the tick callback now (no-op if none): long kernels call it between pieces. */
-void dt_graph_tick(dt_graph *g);
 
 /* Backward from a scalar: dloss = 1 (times grad_scale in _scaled). */
 dt_status dt_graph_backward(dt_graph *g, dt_tensor *loss);

@@ -51,7 +51,6 @@ int dt_graph_grad_enabled(const dt_graph *g) { return g->grad_enabled; }
 void dt_graph_set_training(dt_graph *g, int training) { g->training = training != 0; }
 int dt_graph_training(const dt_graph *g) { return g->training; }
 void dt_graph_set_tick(dt_graph *g, dt_graph_tick_fn fn, void *user) { g->tick = fn; g->tick_user = user; }
-void dt_graph_tick(dt_graph *g) { if (g->tick) g->tick(g->tick_user); }
 size_t dt_graph_arena_bytes(const dt_graph *g) { return g->arena.high_water; }
 
 void *dt_graph_scratch(dt_graph *g, size_t bytes) {

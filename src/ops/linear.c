@@ -8,35 +8,23 @@
  *   db[out]    += column sums of dy */
 #include "ops_internal.h"
 
-/* Backward runs in row chunks with the graph's tick between them, so MPI
- * progress (DDP's in-flight reductions) is polled every few ms instead of
- * stalling for a whole large GEMM. The chunking is unconditional, so results
- * do not depend on whether a tick is installed. */
-#define LINEAR_BWD_ROWS 512
-
 static void linear_backward(dt_graph *g, dt_node *n) {
     dt_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     int64_t N = n->i[0], in = n->i[1], out = n->i[2];
     dt_wlayout layout = (dt_wlayout)n->i[3];
-    const float *dy = dt_f32(n->out->grad), *xd = dt_f32(x), *wd = dt_f32(w);
+    const float *dy = dt_f32(n->out->grad);
     float *dx = dt_grad_of(g, x), *dw = dt_grad_of(g, w), *db = b ? dt_grad_of(g, b) : NULL;
-    int64_t chunk = N >= 2 * LINEAR_BWD_ROWS ? LINEAR_BWD_ROWS : N;
-    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-        int64_t rows = N - r0 < chunk ? N - r0 : chunk;
-        const float *dyc = dy + r0 * out, *xc = xd + r0 * in;
-        if (dx) {
-            if (layout == DT_W_OUT_IN)   /* dy[rows, out] · w[out, in] */
-                dt_ops_sgemm(0, 0, rows, in, out, 1.0f, dyc, out, wd, in, 1.0f, dx + r0 * in, in);
-            else                         /* dy[rows, out] · w[in, out]^T */
-                dt_ops_sgemm(0, 1, rows, in, out, 1.0f, dyc, out, wd, out, 1.0f, dx + r0 * in, in);
-        }
-        if (dw) {
-            if (layout == DT_W_OUT_IN)   /* dy^T[out, rows] · x[rows, in] */
-                dt_ops_sgemm(1, 0, out, in, rows, 1.0f, dyc, out, xc, in, 1.0f, dw, in);
-            else                         /* x^T[in, rows] · dy[rows, out] */
-                dt_ops_sgemm(1, 0, in, out, rows, 1.0f, xc, in, dyc, out, 1.0f, dw, out);
-        }
-        if (r0 + rows < N) dt_graph_tick(g);
+    if (dx) {
+        if (layout == DT_W_OUT_IN)   /* dy[N, out] · w[out, in] */
+            dt_ops_sgemm(0, 0, N, in, out, 1.0f, dy, out, dt_f32(w), in, 1.0f, dx, in);
+        else                         /* dy[N, out] · w[in, out]^T */
+            dt_ops_sgemm(0, 1, N, in, out, 1.0f, dy, out, dt_f32(w), out, 1.0f, dx, in);
+    }
+    if (dw) {
+        if (layout == DT_W_OUT_IN)   /* dy^T[out, N] · x[N, in] */
+            dt_ops_sgemm(1, 0, out, in, N, 1.0f, dy, out, dt_f32(x), in, 1.0f, dw, in);
+        else                         /* x^T[in, N] · dy[N, out] */
+            dt_ops_sgemm(1, 0, in, out, N, 1.0f, dt_f32(x), in, dy, out, 1.0f, dw, out);
     }
     if (db) dt_ops_colsum_acc(db, dy, N, out);
 }
