@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "dtrain/data.h"
+#include "util/atomic_file.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
@@ -107,89 +108,29 @@ done:
     return st;
 }
 
-/* write(2) all of buf, retrying on EINTR / short writes. 0 ok, -1 errno set. */
-static int write_all(int fd, const void *buf, size_t len) {
-    const uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
 
-/* Serialise the shard into a temp file in path's directory, fsync it, rename
- * over path, then fsync the directory so the rename itself is durable. On any
- * failure before the rename the temp file is removed and path is untouched. */
+/* Serialise the shard through an atomic file (temp, fsync, rename, dir fsync):
+ * on any failure path is untouched and no temp file is left. */
 static dt_status shard_write_atomic(const char *path, const uint16_t *tokens, int64_t n) {
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    char *dir = malloc(plen + 2);
-    if (!tmp || !dir) {
-        free(tmp);
-        free(dir);
-        return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
-    }
-    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    /* dir = dirname(path): "." if no slash, "/" if only the leading one. */
-    const char *slash = strrchr(path, '/');
-    if (!slash) strcpy(dir, ".");
-    else if (slash == path) strcpy(dir, "/");
-    else { memcpy(dir, path, (size_t)(slash - path)); dir[slash - path] = 0; }
-
-    dt_status st = DT_OK;
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        st = DT_ERR(DT_EIO, "%s: cannot create temp file %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    (void)fchmod(fd, 0644);   /* mkstemp makes 0600; shards are ordinary data files */
-
+    dt_atomic_file af;
+    DT_TRY(dt_atomic_open(&af, path));
     uint8_t hdr[SHARD_HDR_BYTES] = {0};
     put_le32(hdr, SHARD_MAGIC);
     put_le32(hdr + 4, SHARD_VERSION);
     put_le32(hdr + 8, (int32_t)n);
-    int err = write_all(fd, hdr, sizeof hdr);
+    dt_status st = dt_atomic_write(&af, hdr, sizeof hdr);
     uint8_t buf[2 * SHARD_CHUNK];
-    for (int64_t i = 0; err == 0 && i < n;) {
+    for (int64_t i = 0; st == DT_OK && i < n;) {
         int64_t m = n - i < SHARD_CHUNK ? n - i : SHARD_CHUNK;
-        for (int64_t k = 0; k < m; k++) {
+        for (int64_t k = 0; k < m; k++) {   /* little-endian uint16 */
             buf[2 * k] = (uint8_t)tokens[i + k];
             buf[2 * k + 1] = (uint8_t)(tokens[i + k] >> 8);
         }
-        err = write_all(fd, buf, (size_t)(2 * m));
+        st = dt_atomic_write(&af, buf, (size_t)(2 * m));
         i += m;
     }
-    if (err == 0) err = fsync(fd);
-    if (err != 0) {
-        st = DT_ERR(DT_EIO, "%s: write to %s failed: %s", path, tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        goto out;
-    }
-    if (close(fd) != 0) {
-        st = DT_ERR(DT_EIO, "%s: close of %s failed: %s", path, tmp, strerror(errno));
-        unlink(tmp);
-        goto out;
-    }
-    if (rename(tmp, path) != 0) {
-        st = DT_ERR(DT_EIO, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
-        unlink(tmp);
-        goto out;
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (dfd < 0 || fsync(dfd) != 0) {
-        st = DT_ERR(DT_EIO, "%s: fsync of directory %s failed: %s", path, dir, strerror(errno));
-    }
-    if (dfd >= 0) close(dfd);
-out:
-    free(tmp);
-    free(dir);
-    return st;
+    if (st != DT_OK) { dt_atomic_discard(&af); return st; }
+    return dt_atomic_commit(&af);
 }
 
 dt_status dt_token_shard_write(const char *path, const uint16_t *tokens, int64_t n) {

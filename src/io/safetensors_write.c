@@ -8,7 +8,7 @@
 #include <string.h>
 #include <cjson/cJSON.h>
 #include "dtrain/io.h"
-#include "io/atomic_file_internal.h"
+#include "util/atomic_file.h"
 
 struct dt_st_writer {
     dt_atomic_file af;

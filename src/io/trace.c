@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 #include "dtrain/io.h"
-#include "io/atomic_file_internal.h"
+#include "util/atomic_file.h"
 
 #define NO_CAT SIZE_MAX
 

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "dtrain/io.h"
-#include "io/atomic_file_internal.h"
+#include "util/atomic_file.h"
 
 /* Distinguishes temp files of concurrent writers within one process. */
 static atomic_uint tmp_counter;

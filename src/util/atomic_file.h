@@ -1,7 +1,7 @@
 /* Internal: write a file through a temp file in the same directory, then
- * fsync + rename + directory fsync. Shared by the io writers. */
-#ifndef DTRAIN_IO_ATOMIC_FILE_INTERNAL_H
-#define DTRAIN_IO_ATOMIC_FILE_INTERNAL_H
+ * fsync + rename + directory fsync. Shared by every writer (io, data). */
+#ifndef DTRAIN_UTIL_ATOMIC_FILE_H
+#define DTRAIN_UTIL_ATOMIC_FILE_H
 
 #include <stddef.h>
 #include <stdio.h>
