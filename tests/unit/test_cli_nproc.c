@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tmpdir.h"
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,10 +100,16 @@ static void test_error_on_ranks_is_tagged_and_ends_job(void **state) {
     if (!strstr(out, "rank ") || !strstr(out, "missing.safetensors")) fail_msg("output:\n%s", out);
 }
 
+static int teardown(void **state) {
+    (void)state;
+    dt_test_rm_rf(dir);
+    return 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_ranks_train_and_trace),
         cmocka_unit_test(test_error_on_ranks_is_tagged_and_ends_job),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    return cmocka_run_group_tests(tests, setup, teardown);
 }

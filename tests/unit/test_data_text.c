@@ -14,41 +14,21 @@
 #include <unistd.h>
 
 #include "dtrain/data.h"
+#include "tmpdir.h"
 
 static char g_dir[256];
 
 /* ---- fixture helpers ---- */
 
-static void rm_rf(const char *path) {
-    struct stat sb;
-    if (lstat(path, &sb) != 0) return;
-    if (S_ISDIR(sb.st_mode)) {
-        DIR *d = opendir(path);
-        if (d) {
-            struct dirent *e;
-            char sub[1024];
-            while ((e = readdir(d)) != NULL) {
-                if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-                snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-                rm_rf(sub);
-            }
-            closedir(d);
-        }
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
 
 static int group_setup(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/dt_test_text_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return dt_test_tmpdir(g_dir, sizeof g_dir, "text");
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    rm_rf(g_dir);
+    dt_test_rm_rf(g_dir);
     return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tmpdir.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,11 +134,17 @@ static void test_round_trip_and_corruption(void **state) {
     free(buf); free(p); free(q);
 }
 
+static int teardown(void **state) {
+    (void)state;
+    dt_test_rm_rf(dir);
+    return 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_bitwise_gpt2_adamw_dropout),
         cmocka_unit_test(test_resume_bitwise_mlp_sgd),
         cmocka_unit_test(test_round_trip_and_corruption),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    return cmocka_run_group_tests(tests, setup, teardown);
 }
