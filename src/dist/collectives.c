@@ -127,6 +127,16 @@ static dt_status issue(dt_work *w, dt_work **wp) {
 
 /* ---- public entry points ---- */
 
+/* Decode op: *avg, and whether the rank-ordered (deterministic) path is
+ * needed. With <= 2 ranks MPI's sum is already the rank-ordered one
+ * (a + b == b + a), except 16-bit AVG, where MPI would round the sum before
+ * dividing. */
+static int wants_det(const dt_pg *pg, int op, dt_dtype dtype, int *avg) {
+    *avg = (op & ~DT_RED_DETERMINISTIC) == DT_RED_AVG;
+    int det = (op & DT_RED_DETERMINISTIC) || pg->deterministic;
+    return det && !(pg->size <= 2 && (dtype == DT_F32 || !*avg));
+}
+
 dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtype dtype, int op,
                        dt_work **wp) {
     if (wp) *wp = NULL;
@@ -138,11 +148,7 @@ dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
     size_t nb = (size_t)count * dt_dtype_size(dtype);
     if (in != out && overlaps(in, nb, out, nb))
         return DT_ERR(DT_EINVAL, "%s on %s: input and output overlap (only in == out is allowed)", fn, pg->name);
-    int avg = (op & ~DT_RED_DETERMINISTIC) == DT_RED_AVG;
-    int det = (op & DT_RED_DETERMINISTIC) || pg->deterministic;
-    /* With <= 2 ranks MPI's sum is already the rank-ordered one (a + b == b + a),
-     * except 16-bit AVG, where MPI would round the sum before dividing. */
-    if (det && pg->size <= 2 && (dtype == DT_F32 || !avg)) det = 0;
+    int avg, det = wants_det(pg, op, dtype, &avg);
     dt_work *w = NULL;
     DT_TRY(new_work(pg, det ? DT_OPK_ALLREDUCE_DET : DT_OPK_ALLREDUCE, count, dtype, (double)nb, wp, &w));
     w->in = in;
@@ -213,9 +219,7 @@ dt_status dt_reduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtyp
         if (in != out && overlaps(in, nb, out, nb))
             return DT_ERR(DT_EINVAL, "%s on %s: input and output overlap (only in == out is allowed)", fn, pg->name);
     }
-    int avg = (op & ~DT_RED_DETERMINISTIC) == DT_RED_AVG;
-    int det = (op & DT_RED_DETERMINISTIC) || pg->deterministic;
-    if (det && pg->size <= 2 && (dtype == DT_F32 || !avg)) det = 0;
+    int avg, det = wants_det(pg, op, dtype, &avg);
     dt_work *w = NULL;
     DT_TRY(new_work(pg, det ? DT_OPK_REDUCE_DET : DT_OPK_REDUCE, count, dtype, (double)nb, wp, &w));
     w->in = in;
