@@ -22,7 +22,6 @@ static char g_dir[256];
 
 /* ---- fixture helpers ---- */
 
-
 static int group_setup(void **state) {
     (void)state;
     return dt_test_tmpdir(g_dir, sizeof g_dir, "idx");
