@@ -62,6 +62,16 @@ typedef struct dt_strategy {
     /* sum a few doubles across ranks (metrics, norms, eval counts) */
     dt_status (*allreduce_sum)(void *self, double *x, int n);
     void (*destroy)(void *self);
+    /* Strategies that shard the optimizer (ZeRO) set owns_optimizer and the
+     * three hooks below: the trainer then allocates no optimizer state, calls
+     * step() instead of its own clip + step + zero_grad, and routes
+     * checkpoints through save()/load() (load runs after setup()). */
+    int owns_optimizer;
+    dt_status (*step)(void *self, dt_trainer *t, float lr);
+    dt_status (*save)(void *self, dt_trainer *t, const char *path);
+    dt_status (*load)(void *self, dt_trainer *t, const char *path);
+    /* before evaluation / final use of the parameters (e.g. wait for gathers) */
+    dt_status (*sync_params)(void *self, dt_trainer *t);
 } dt_strategy;
 
 struct dt_trainer {
@@ -99,6 +109,19 @@ dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);
  * "optim.momentum.<param>" (SGD), metadata: step, epoch, cursor, seeds, RNG. */
 dt_status dt_checkpoint_save(dt_trainer *t, const char *path);
 dt_status dt_checkpoint_load(dt_trainer *t, const char *path);
+
+/* The metadata every checkpoint carries (format, model, optimizer, step,
+ * optim_step, data position, seed, world, RNG), for strategies that write
+ * their own files. Values point into *out. */
+#define DT_CKPT_META_MAX 16
+typedef struct dt_ckpt_meta { dt_st_meta m[DT_CKPT_META_MAX]; char v[DT_CKPT_META_MAX][64]; int n; } dt_ckpt_meta;
+void dt_checkpoint_meta(const dt_trainer *t, int64_t optim_step, dt_ckpt_meta *out);
+/* Checks format/model/optimizer and restores step, data position (converted
+ * when the checkpoint's world size differs) and RNG from a key -> value
+ * lookup; *optim_step gets the optimizer's step count. */
+typedef const char *(*dt_ckpt_meta_get)(const void *src, const char *key);
+dt_status dt_checkpoint_apply_meta(dt_trainer *t, dt_ckpt_meta_get get, const void *src,
+                                   const char *what, int64_t *optim_step);
 /* Parameters only (e.g. Hugging Face GPT-2 weights); extra tensors are ignored,
  * missing or mis-shaped ones are errors. */
 dt_status dt_model_load_params(dt_model *m, const char *path);

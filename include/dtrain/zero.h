@@ -1,0 +1,150 @@
+/* dtrain/zero.h — ZeRO stages 1/2/3: a distributed optimizer over flat buffers.
+ *
+ * The model's parameters are re-laid out (same order as DDP: reverse
+ * registration ≈ backward order) into buckets; each bucket is padded so its
+ * length divides by the world size N, and rank r owns the contiguous shard
+ * [begin + r*S, begin + (r+1)*S) of every bucket (S = bucket length / N).
+ *
+ *   stage 1: optimizer state only for the owned shards (1/N). Full parameters
+ *            and full gradients stay on every rank.
+ *   stage 2: + gradients sharded: a bucket's full gradient buffer exists from
+ *            the first gradient written into it until its reduce-scatter has
+ *            finished; then only the owned shard is kept. Gradient
+ *            accumulation (no_sync micro-steps) keeps the full buffers of the
+ *            buckets touched until the synchronising micro-step reduces them
+ *            once (memory during accumulation = stage 1's).
+ *   stage 3: + parameters sharded: between uses only the owned shard of each
+ *            bucket exists. A module's buckets are all-gathered just before
+ *            its forward and again before its backward; the buckets of the
+ *            next module (in the order of the previous step) are prefetched;
+ *            buckets no module in the window needs are freed.
+ *
+ * Per step (the trainer does this through dt_zero_strategy):
+ *   dt_zero_set_lr(z, lr);
+ *   for k in micro-steps: dt_zero_before_forward(z, g, k == K-1); forward; backward;
+ *   dt_zero_finish_backward(z);     // reduce-scatter (average) of every bucket done
+ *   dt_zero_step(z, &norm);         // owned shards stepped, parameter all-gathers issued
+ *
+ * Step overlap (dt_zero_overlap):
+ *   OFF            after backward: step every shard, then all-gather (blocking).
+ *   AFTER_BACKWARD after the last reduction: step every shard; the all-gathers
+ *                  run during the next forward, each module waits only for the
+ *                  buckets it uses (overlap_param_gather).
+ *   INTERLEAVED    during backward, as soon as a bucket's reduce-scatter
+ *                  completes its shard is stepped and (stages 1/2) its
+ *                  all-gather launched.
+ * Gradient clipping needs the global norm, i.e. every bucket reduced, before
+ * any shard is stepped: clip > 0 with INTERLEAVED is rejected at creation.
+ *
+ * Results equal DDP with the same reduction: bitwise for N = 2 and in
+ * deterministic mode (rank-order sums), since the optimizer kernels are
+ * split-invariant; clipping adds a norm summed in another order (≈1e-7).
+ */
+#ifndef DTRAIN_ZERO_H
+#define DTRAIN_ZERO_H
+
+#include "dtrain/dist.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "dtrain/train.h"
+
+typedef struct dt_zero dt_zero;
+
+typedef enum dt_zero_overlap {
+    DT_ZERO_OVERLAP_OFF = 0,
+    DT_ZERO_OVERLAP_AFTER_BACKWARD = 1,
+    DT_ZERO_OVERLAP_INTERLEAVED = 2,
+} dt_zero_overlap;
+
+typedef struct dt_zero_opts {
+    int stage;                   /* 1, 2 or 3 (default 1) */
+    size_t first_bucket_bytes;   /* default 1 MiB */
+    size_t bucket_bytes;         /* default 4 MiB */
+    dt_zero_overlap overlap_step;   /* default AFTER_BACKWARD */
+    int find_unused_params;      /* 0: a parameter without gradient is an error naming it */
+    int broadcast_buffers;       /* 1 (default): rank 0's buffers to every rank each step */
+    int deterministic;           /* rank-order sums for every reduction (any N) */
+    float clip;                  /* max global grad norm; 0 = off */
+    int prefetch;                /* stage 3: modules gathered ahead (default 1; 0 = none) */
+} dt_zero_opts;
+
+typedef struct dt_zero_bucket {
+    int index;
+    size_t begin, numel;         /* padded element range of the layout; numel % N == 0 */
+    size_t used;                 /* [begin, begin + used) holds parameters, the rest is padding */
+    size_t shard;                /* numel / N: elements each rank owns */
+    size_t own_begin;            /* begin + rank * shard */
+    size_t shard_offset;         /* this bucket's place in the rank's compact shard buffers */
+    int first_param, n_params;   /* params in layout order: order[first_param ..] */
+} dt_zero_bucket;
+
+void dt_zero_opts_default(dt_zero_opts *o);
+/* Re-lays out the model, creates the sharded optimizer for cfg, broadcasts
+ * rank 0's parameters and buffers, installs hooks. Contradictory options
+ * (clip with INTERLEAVED, stage outside 1..3, ...) fail with a message. */
+dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const dt_zero_opts *o,
+                         dt_zero **out);
+/* Waits for in-flight work, removes hooks. Stage 3: parameters are gathered
+ * back into the model's flat buffer first, so the model is whole again. */
+void dt_zero_free(dt_zero *z);
+
+void dt_zero_set_lr(dt_zero *z, float lr);   /* LR of the coming step (INTERLEAVED steps during backward) */
+/* Before each micro-step's forward; sync = 0 accumulates locally (no_sync). */
+dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync);
+/* After the synchronising micro-step's backward: unused parameters (error or
+ * zeros), remaining reduce-scatters launched and waited. */
+dt_status dt_zero_finish_backward(dt_zero *z);
+/* Clip (if enabled), step the shards not yet stepped, issue the parameter
+ * all-gathers (OFF: and wait for them). *grad_norm (may be NULL) gets the
+ * global norm when clipping, else -1. */
+dt_status dt_zero_step(dt_zero *z, double *grad_norm);
+/* Waits for parameter all-gathers in flight; afterwards (stages 1/2) every
+ * parameter value in the model is current. Stage 3: no-op. */
+dt_status dt_zero_sync_params(dt_zero *z);
+
+/* ---- introspection (checkpoints, benchmarks, tests) ---- */
+int dt_zero_stage(const dt_zero *z);
+int dt_zero_num_buckets(const dt_zero *z);
+const dt_zero_bucket *dt_zero_bucket_at(const dt_zero *z, int i);
+/* params in layout order (bucket b holds order[b.first_param .. +n_params)) */
+dt_param *const *dt_zero_param_order(const dt_zero *z);
+/* The rank's owned shard of bucket i: parameter values (S floats) and
+ * optimizer state k (S floats, NULL if the optimizer has no such state). */
+float *dt_zero_shard_params(dt_zero *z, int bucket);
+float *dt_zero_shard_state(dt_zero *z, int bucket, int k);
+int64_t dt_zero_optim_step(const dt_zero *z);         /* completed optimizer steps */
+void dt_zero_set_optim_step(dt_zero *z, int64_t step);
+const dt_optim_cfg *dt_zero_optim_cfg(const dt_zero *z);
+dt_pg *dt_zero_pg(const dt_zero *z);
+
+/* Per-rank memory: bytes held persistently for parameters, gradients and
+ * optimizer state, and the high-water mark of the temporary full-size
+ * bucket buffers (stage 2 gradients, stage 3 gathered parameters). */
+typedef struct dt_zero_memory {
+    size_t param_bytes, grad_bytes, optim_bytes;
+    size_t grad_window_peak, param_window_peak;
+} dt_zero_memory;
+dt_zero_memory dt_zero_get_memory(const dt_zero *z);
+
+typedef struct dt_zero_stats {
+    int64_t steps;
+    double wait_us;              /* blocked waiting for reductions after backward */
+    double gather_wait_us;       /* blocked waiting for parameter all-gathers */
+    double step_us;              /* optimizer time outside backward */
+    int64_t interleaved_steps;   /* bucket shards stepped during backward */
+} dt_zero_stats;
+dt_zero_stats dt_zero_get_stats(const dt_zero *z);
+
+/* ---- checkpoints (zero_checkpoint.c) ----
+ * Sharded: path is a directory; each rank writes its pieces of every
+ * parameter and optimizer state into its own safetensors file, rank 0 writes
+ * index.json last (the commit point). Consolidated: one ordinary dtrain
+ * checkpoint file streamed to rank 0 bucket by bucket. Both load at any world
+ * size and any stage (and with DDP / one process). */
+typedef enum dt_zero_ckpt_format { DT_ZERO_CKPT_SHARDED = 0, DT_ZERO_CKPT_CONSOLIDATED = 1 } dt_zero_ckpt_format;
+
+/* A dt_strategy for the trainer (replaces its optimizer step and
+ * checkpointing). The group must outlive the trainer. */
+dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format fmt, dt_strategy *out);
+
+#endif
