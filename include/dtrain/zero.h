@@ -142,6 +142,16 @@ dt_zero_stats dt_zero_get_stats(const dt_zero *z);
  * checkpoint file streamed to rank 0 bucket by bucket. Both load at any world
  * size and any stage (and with DDP / one process). */
 typedef enum dt_zero_ckpt_format { DT_ZERO_CKPT_SHARDED = 0, DT_ZERO_CKPT_CONSOLIDATED = 1 } dt_zero_ckpt_format;
+/* Collective. Parameters, buffers, optimizer state and the trainer's metadata
+ * (dt_checkpoint_meta). */
+dt_status dt_zero_save(dt_zero *z, dt_trainer *t, const char *path, dt_zero_ckpt_format fmt);
+/* Collective. Either format, written at any world size / stage (or by DDP /
+ * one process: a plain dtrain checkpoint is the consolidated format). */
+dt_status dt_zero_load(dt_zero *z, dt_trainer *t, const char *path);
+/* After the owned shards' parameter values were overwritten (load): stages
+ * 1/2 all-gather every bucket so the full parameters match; stage 3 no-op.
+ * Collective. */
+dt_status dt_zero_gather_params(dt_zero *z);
 
 /* A dt_strategy for the trainer (replaces its optimizer step and
  * checkpointing). The group must outlive the trainer. */
