@@ -89,29 +89,17 @@ static int intersect(const zc *c, const dt_param *p, size_t lo, size_t n, size_t
     return 1;
 }
 
-/* Every rank learns whether every rank succeeded. A local failure keeps its
- * own message; the others name the failing ranks. */
+/* Every rank learns whether every rank succeeded: one allreduce of
+ * {failures, sum of (rank + 1) over failures}, no allocation. A local failure
+ * keeps its own message; the others name the failing rank (or count). */
 static dt_status zc_agree(const zc *c, dt_status mine, const char *what) {
-    float *f = calloc((size_t)c->world, sizeof *f);
-    if (!f) return DT_ERR(DT_ENOMEM, "%s: out of memory", what);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", dt_error_message());
-    f[c->rank] = mine != DT_OK ? 1.0f : 0.0f;
-    dt_status s = dt_allreduce(c->pg, f, f, c->world, DT_F32, DT_RED_SUM, NULL);
-    if (s != DT_OK) { free(f); return s; }
-    if (mine != DT_OK) {
-        free(f);
-        return DT_ERR(mine, "%s", msg);
-    }
-    char ranks[128] = "";
-    size_t k = 0;
-    int bad = 0;
-    for (int r = 0; r < c->world; r++)
-        if (f[r] != 0.0f && bad++ < 8 && k < sizeof ranks)
-            k += (size_t)snprintf(ranks + k, sizeof ranks - k, "%s%d", k ? ", " : "", r);
-    free(f);
-    if (bad) return DT_ERR(DT_ECOMM, "%s: failed on rank%s %s%s (see %s error)", what, bad > 1 ? "s" : "", ranks,
-                           bad > 8 ? ", ..." : "", bad > 1 ? "their" : "its");
+    float f[2] = {mine != DT_OK ? 1.0f : 0.0f, mine != DT_OK ? (float)(c->rank + 1) : 0.0f};
+    DT_TRY(dt_allreduce(c->pg, f, f, 2, DT_F32, DT_RED_SUM, NULL));
+    if (mine != DT_OK) return DT_ERR(mine, "%s", msg);
+    if (f[0] == 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on rank %d (see its error)", what, (int)f[1] - 1);
+    if (f[0] > 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on %d ranks (see their errors)", what, (int)f[0]);
     return DT_OK;
 }
 
@@ -194,35 +182,27 @@ static dt_status save_sharded(const zc *c, const char *dir) {
 
 /* ---- consolidated ---- */
 
+static dt_st_entry entry_of(const char *name, const dt_tensor *like) {
+    dt_st_entry e = {.name = name, .dtype = DT_F32, .ndim = like->ndim};
+    memcpy(e.shape, like->shape, sizeof e.shape);
+    return e;
+}
+
 /* Entries in the order data is streamed: params by layout, buffers, then each
  * state by layout. Names point into the model / c->sname. */
 static dt_status consolidated_entries(const zc *c, dt_st_entry **out, int *n_out) {
     dt_model *m = c->m;
     dt_param *const *order = dt_zero_param_order(c->z);
-    int n = (1 + c->ns) * m->n_params + m->n_buffers, k = 0;
-    dt_st_entry *e = calloc((size_t)n + 1, sizeof *e);
+    int k = 0;
+    dt_st_entry *e = calloc((size_t)((1 + c->ns) * m->n_params + m->n_buffers + 1), sizeof *e);
     if (!e) return DT_ERR(DT_ENOMEM, "zero checkpoint: out of memory");
     for (int s = -1; s < c->ns; s++) {
         for (int j = 0; j < c->nb; j++) {
             const dt_zero_bucket *b = bucket(c, j);
             for (int q = b->first_param; q < b->first_param + b->n_params; q++)
-                e[k++] = (dt_st_entry){.name = tensor_name(c, s, order[q]), .dtype = DT_F32,
-                                       .ndim = order[q]->value.ndim};
+                e[k++] = entry_of(tensor_name(c, s, order[q]), &order[q]->value);
         }
-        if (s < 0)
-            for (int i = 0; i < m->n_buffers; i++)
-                e[k++] = (dt_st_entry){.name = m->buffers[i]->name, .dtype = DT_F32, .ndim = m->buffers[i]->value.ndim};
-    }
-    /* shapes: copy from the params / buffers just listed */
-    k = 0;
-    for (int s = -1; s < c->ns; s++) {
-        for (int j = 0; j < c->nb; j++) {
-            const dt_zero_bucket *b = bucket(c, j);
-            for (int q = b->first_param; q < b->first_param + b->n_params; q++, k++)
-                memcpy(e[k].shape, order[q]->value.shape, sizeof e[k].shape);
-        }
-        for (int i = 0; s < 0 && i < m->n_buffers; i++, k++)
-            memcpy(e[k].shape, m->buffers[i]->value.shape, sizeof e[k].shape);
+        for (int i = 0; s < 0 && i < m->n_buffers; i++) e[k++] = entry_of(m->buffers[i]->name, &m->buffers[i]->value);
     }
     *out = e;
     *n_out = k;

@@ -286,7 +286,7 @@ static void test_failures(const model_case *mc) {
     /* missing on ranks > 0 only: rank 0 reads fine but must fail too */
     char missing[300];
     snprintf(missing, sizeof missing, "%s/nothing-here", dir);
-    expect_all_fail(dt_zero_load(z, t, me == 0 ? set2 : missing), me == 0 ? "failed on rank" : "nothing-here");
+    expect_all_fail(dt_zero_load(z, t, me == 0 ? set2 : missing), me == 0 ? "failed on" : "nothing-here");
     /* sharded save onto a regular file */
     expect_all_fail(dt_zero_save(z, t, file, DT_ZERO_CKPT_SHARDED), me == 0 ? "not a directory" : "failed on rank 0");
     /* consolidated save into a missing directory */
