@@ -49,9 +49,11 @@ static int teardown(void **state) {
     return 0;
 }
 
-/* Runs `dtrain train <common> <extra>`; fails the test with its output on a non-zero exit. */
-static void train(const char *extra) {
-    static char cmd[4096], out[1 << 16];
+static char out[1 << 16];
+
+/* Runs `dtrain train <common> <extra>`; returns the exit status, output in out. */
+static int run(const char *extra) {
+    static char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "%s train --model gpt2 --layers 2 --embd 32 --heads 2 --max-t 16 --seq 16 --data text --data-path %s "
              "--steps %d --lr 3e-3 --seed 11 --eval-batches 2 --quiet --threads 1 %s 2>&1",
@@ -61,7 +63,12 @@ static void train(const char *extra) {
     size_t k = fread(out, 1, sizeof out - 1, p);
     out[k] = 0;
     int st = pclose(p);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("command failed:\n%s\noutput:\n%s", cmd, out);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void train(const char *extra) {
+    int rc = run(extra);
+    if (rc != 0) fail_msg("dtrain train ... %s: exit %d, output:\n%s", extra, rc, out);
 }
 
 /* losses[step - 1] from a --metrics file; returns the number of step lines. */
@@ -168,9 +175,23 @@ static void test_resume_at_other_world_sizes(void **state) {
     expect_params(four, ref);
 }
 
+/* One process stops after 1 step (8 samples); 3 ranks cannot split that
+ * position evenly: every rank fails with a message, the job ends. */
+static void test_position_not_divisible(void **state) {
+    (void)state;
+    char extra[512], ck[128];
+    snprintf(ck, sizeof ck, "%s/one_step.safetensors", dir);
+    snprintf(extra, sizeof extra, "--batch 8 --save %s --save-every 1 --stop-after 1", ck);
+    train(extra);
+    snprintf(extra, sizeof extra, "--nproc 3 --zero 1 --batch 2 --resume %s", ck);
+    assert_int_not_equal(run(extra), 0);
+    if (!strstr(out, "world size 1 after 8 samples") || !strstr(out, "3 ranks")) fail_msg("output:\n%s", out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_at_other_world_sizes),
+        cmocka_unit_test(test_position_not_divisible),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
