@@ -51,12 +51,13 @@ static dt_status parse_tensors(const char *dir, const cJSON *ts, dt_ckpt *c) {
                           dir, t->name, DT_MAX_DIMS);
         t->numel = 1;
         int k = 0;
-        for (const cJSON *d = v->child; d; d = d->next, k++)
+        for (const cJSON *d = v->child; d; d = d->next, k++) {
             if (json_int(d, 0, (int64_t)1 << 40, &t->shape[k]) != 0)
                 return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: index shape of '%s': bad dimension %d", dir, t->name, k);
-            else t->numel *= (uint64_t)t->shape[k];
-        if (t->numel > ((uint64_t)1 << 50))
-            return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: index shape of '%s' is too large", dir, t->name);
+            if (t->shape[k] && t->numel > ((uint64_t)1 << 50) / (uint64_t)t->shape[k])
+                return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: index shape of '%s' is too large", dir, t->name);
+            t->numel *= (uint64_t)t->shape[k];
+        }
         for (; k < DT_MAX_DIMS; k++) t->shape[k] = 1;
     }
     qsort(c->t, (size_t)c->n_t, sizeof *c->t, dt_ckpt_tensor_cmp);
