@@ -123,6 +123,7 @@ static void expect_params(const char *got_path, const char *want_path) {
     }
     assert_true(n >= 10);
     double rel = sqrt(d / s);
+    if (getenv("DT_TEST_VERBOSE")) print_message("%s: parameters rel diff %.3g\n", got_path, rel);
     if (!(rel <= TOL)) fail_msg("%s: parameters differ from %s by %.3g relative", got_path, want_path, rel);
     const char *step = dt_safetensors_meta(&got, "step");
     assert_non_null(step);
