@@ -176,7 +176,7 @@ dt_status dt_ckpt_open_sharded(const char *dir, dt_ckpt *c) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/%s", dir, DT_CKPT_INDEX_NAME) >= (int)sizeof path)
         return DT_ERR(DT_EINVAL, "sharded checkpoint %s: path too long", dir);
-    char *text;
+    char *text = NULL;
     DT_TRY(read_text(dir, path, &text));
     cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);
     free(text);
