@@ -277,10 +277,9 @@ static dt_status save_consolidated(const zc *c, const char *path) {
 
 dt_status dt_zero_save(dt_zero *z, dt_trainer *t, const char *path, dt_zero_ckpt_format fmt) {
     if (!z || !t || !path || !*path) return DT_ERR(DT_EINVAL, "dt_zero_save: bad arguments");
-    DT_TRY(dt_zero_sync_params(z));
     zc c;
-    dt_status s = zc_init(&c, z, t);
-    s = zc_agree(&c, s, path);
+    dt_status s = dt_zero_sync_params(z), si = zc_init(&c, z, t);
+    s = zc_agree(&c, s != DT_OK ? s : si, path);
     if (s == DT_OK) s = fmt == DT_ZERO_CKPT_CONSOLIDATED ? save_consolidated(&c, path) : save_sharded(&c, path);
     zc_free(&c);
     return s;
@@ -328,10 +327,11 @@ static dt_status load_local(const zc *c, const dt_ckpt *ck) {
 
 dt_status dt_zero_load(dt_zero *z, dt_trainer *t, const char *path) {
     if (!z || !t || !path || !*path) return DT_ERR(DT_EINVAL, "dt_zero_load: bad arguments");
-    DT_TRY(dt_zero_sync_params(z));   /* no all-gather may still read the shards we overwrite */
     zc c;
     dt_ckpt *ck = NULL;
-    dt_status s = zc_init(&c, z, t);
+    /* no all-gather may still read the shards we overwrite */
+    dt_status s = dt_zero_sync_params(z), si = zc_init(&c, z, t);
+    if (s == DT_OK) s = si;
     if (s == DT_OK) s = dt_ckpt_open(path, &ck);
     if (s == DT_OK) s = load_local(&c, ck);
     dt_ckpt_close(ck);
