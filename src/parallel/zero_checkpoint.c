@@ -197,10 +197,18 @@ static dt_status consolidated_entries(const zc *c, dt_st_entry **out, int *n_out
     dt_st_entry *e = calloc((size_t)((1 + c->ns) * m->n_params + m->n_buffers + 1), sizeof *e);
     if (!e) return DT_ERR(DT_ENOMEM, "zero checkpoint: out of memory");
     for (int s = -1; s < c->ns; s++) {
+        size_t next = 0;   /* streaming needs params in ascending layout offsets */
         for (int j = 0; j < c->nb; j++) {
             const dt_zero_bucket *b = bucket(c, j);
-            for (int q = b->first_param; q < b->first_param + b->n_params; q++)
+            for (int q = b->first_param; q < b->first_param + b->n_params; q++) {
+                size_t off = m->offsets[order[q]->index];
+                if (off < next) {
+                    free(e);
+                    return DT_ERR(DT_ESTATE, "zero checkpoint: parameter '%s' is out of layout order", order[q]->name);
+                }
+                next = off + (size_t)order[q]->value.numel;
                 e[k++] = entry_of(tensor_name(c, s, order[q]), &order[q]->value);
+            }
         }
         for (int i = 0; s < 0 && i < m->n_buffers; i++) e[k++] = entry_of(m->buffers[i]->name, &m->buffers[i]->value);
     }
