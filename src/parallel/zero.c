@@ -101,7 +101,13 @@ static dt_status finish_reduce(dt_zero *z, int i) {
 static dt_status step_bucket(dt_zero *z, int i, float scale) {
     zbucket *b = &z->b[i];
     float *ps = shard_param(z, i);
+    double t0 = dt_trace_now_us(z->trace);
     dt_optimizer_step_owned(&b->opt, z->lr, ps, shard_grad(z, i), scale);
+    if (z->trace) {
+        char name[48];
+        snprintf(name, sizeof name, "step shard %d", i);
+        dt_trace_event(z->trace, name, "compute", 0, t0, dt_trace_now_us(z->trace));
+    }
     b->stepped = 1;
     if (z->stage == 1) memset(b->full_grad, 0, b->pub.numel * sizeof(float));   /* next accumulation */
     if (z->stage < 3)

@@ -56,6 +56,7 @@ struct dt_zero {
     int recording;                       /* a training micro-step: record orders, prefetch */
     unsigned char *want;                 /* scratch: bucket needed now */
     dt_zero_stats stats;
+    dt_trace *trace;         /* optional: shard steps as compute events */
 };
 
 /* zero_layout.c: order params, cut buckets, pad, set the model layout, owned shards. */

@@ -21,7 +21,11 @@ static dt_status s_setup(void *self, dt_trainer *t) {
 }
 static dt_status s_before_forward(void *self, dt_trainer *t, int last) {
     zero_strat *s = self;
-    if (t->trace) dt_pg_set_trace(s->pg, t->trace);
+    if (t->trace) {
+        dt_pg_set_trace(s->pg, t->trace);
+        dt_pg_set_trace(s->z->ag_pg, t->trace);
+        s->z->trace = t->trace;
+    }
     dt_zero_set_lr(s->z, dt_lr_at(&t->sched, t->step));
     return dt_zero_before_forward(s->z, t->graph, last);
 }
@@ -52,6 +56,7 @@ static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_a
 static void s_destroy(void *self) {
     zero_strat *s = self;
     dt_pg_set_trace(s->pg, NULL);
+    if (s->z) dt_pg_set_trace(s->z->ag_pg, NULL);
     dt_zero_free(s->z);
     free(s);
 }
