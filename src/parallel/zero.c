@@ -54,7 +54,7 @@ static void point_grads(dt_zero *z, zbucket *b, float *base) {
 /* Stages 2/3: a zeroed full-size gradient buffer for bucket b. */
 static dt_status acquire_grad(dt_zero *z, zbucket *b) {
     if (b->full_grad) return DT_OK;
-    float *buf = dt_zero_pool_get(z);
+    float *buf = dt_zero_pool_get(z, b->pub.numel);
     if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory for a %zu-element gradient bucket", b->pub.numel);
     memset(buf, 0, b->pub.numel * sizeof(float));
     b->full_grad = buf;
@@ -67,7 +67,7 @@ static dt_status acquire_grad(dt_zero *z, zbucket *b) {
 static void release_grad(dt_zero *z, zbucket *b) {
     if (z->stage == 1 || !b->full_grad) return;
     point_grads(z, b, NULL);
-    dt_zero_pool_put(z, b->full_grad);
+    dt_zero_pool_put(z, b->full_grad, b->pub.numel);
     b->full_grad = NULL;
     z->grad_live -= b->pub.numel;
 }
@@ -295,7 +295,7 @@ void dt_zero_free(dt_zero *z) {
         if (z->stage > 1) dt_free(z->b[i].full_grad);
         dt_optimizer_free(&z->b[i].opt);
     }
-    for (int i = 0; i < z->n_pool; i++) dt_free(z->pool[i]);
+    for (int i = 0; i < z->n_pool; i++) dt_free(z->pool[i].buf);
     free(z->pool);
     free(z->b);
     free(z->order);

@@ -3,6 +3,8 @@
 #include "dtrain/zero.h"
 #include "parallel_internal.h"
 
+typedef struct zpool_buf { float *buf; size_t cap; } zpool_buf;
+
 /* One bucket: its public geometry plus per-step communication state. */
 typedef struct zbucket {
     dt_zero_bucket pub;
@@ -44,7 +46,7 @@ struct dt_zero {
     char tick_msg[256];
     double last_check_us;
     /* full-size bucket buffers, reused */
-    float **pool; int n_pool, cap_pool;
+    zpool_buf *pool; int n_pool, cap_pool;
     size_t grad_live, grad_peak, param_live, param_peak;   /* elements */
     /* stage 3 */
     int **mod_buckets; int *mod_nb;      /* per module: buckets holding its params */
@@ -61,9 +63,9 @@ struct dt_zero {
 
 /* zero_layout.c: order params, cut buckets, pad, set the model layout, owned shards. */
 dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_bytes);
-/* pool of max_bucket-sized buffers */
-float *dt_zero_pool_get(dt_zero *z);
-void dt_zero_pool_put(dt_zero *z, float *buf);
+/* pool of full-size bucket buffers (capacity >= numel; put back with the size it was got with) */
+float *dt_zero_pool_get(dt_zero *z, size_t numel);
+void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel);
 /* zero_params.c: module hooks; stages 1/2 wait for a module's parameter
  * all-gathers before its forward, stage 3 gathers / prefetches / frees. */
 dt_status dt_zero_modules_setup(dt_zero *z);

@@ -61,19 +61,29 @@ dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_by
     return s;
 }
 
-float *dt_zero_pool_get(dt_zero *z) {
-    if (z->n_pool > 0) return z->pool[--z->n_pool];
-    return dt_calloc(z->max_bucket * sizeof(float));
+/* Pool of full-size bucket buffers: best fit among free buffers no more than
+ * twice the request (so one huge bucket, e.g. an embedding, does not make
+ * every small bucket cost as much), else a new exact-size buffer. */
+float *dt_zero_pool_get(dt_zero *z, size_t numel) {
+    int best = -1;
+    for (int i = 0; i < z->n_pool; i++) {
+        size_t c = z->pool[i].cap;
+        if (c >= numel && c <= 2 * numel && (best < 0 || c < z->pool[best].cap)) best = i;
+    }
+    if (best < 0) return dt_calloc((numel ? numel : 1) * sizeof(float));
+    float *buf = z->pool[best].buf;
+    z->pool[best] = z->pool[--z->n_pool];
+    return buf;
 }
 
-void dt_zero_pool_put(dt_zero *z, float *buf) {
+void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel) {
     if (!buf) return;
     if (z->n_pool == z->cap_pool) {
         int cap = z->cap_pool ? 2 * z->cap_pool : 8;
-        float **p = realloc(z->pool, (size_t)cap * sizeof *p);
+        zpool_buf *p = realloc(z->pool, (size_t)cap * sizeof *p);
         if (!p) { dt_free(buf); return; }
         z->pool = p;
         z->cap_pool = cap;
     }
-    z->pool[z->n_pool++] = buf;
+    z->pool[z->n_pool++] = (zpool_buf){buf, numel};
 }

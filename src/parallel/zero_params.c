@@ -14,7 +14,7 @@
 static dt_status gather(dt_zero *z, int i) {
     zbucket *b = &z->b[i];
     if (b->full_param) return DT_OK;
-    float *buf = dt_zero_pool_get(z);
+    float *buf = dt_zero_pool_get(z, b->pub.numel);
     if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory gathering a %zu-element parameter bucket", b->pub.numel);
     b->full_param = buf;
     z->param_live += b->pub.numel;
@@ -31,7 +31,7 @@ static dt_status release(dt_zero *z, int i) {
     if (!b->full_param) return DT_OK;
     dt_status s = dt_zero_wait_gather(z, i);   /* MPI may still be writing into it */
     for (int k = 0; k < b->pub.n_params; k++) z->order[b->pub.first_param + k]->value.data = NULL;
-    dt_zero_pool_put(z, b->full_param);
+    dt_zero_pool_put(z, b->full_param, b->pub.numel);
     b->full_param = NULL;
     z->param_live -= b->pub.numel;
     return s;
