@@ -54,11 +54,17 @@ static void test_unused_is_an_error(void) {
     dtt_begin("unused parameter without find_unused_params: error naming it on every rank, no hang");
     int me = dtt_rank();
     dtz_spec s = spec(0);
-    for (int stage = 1; stage <= 3; stage++) {
-        dt_zero_opts o = zopts(&s, stage, stage == 2 ? DT_ZERO_OVERLAP_INTERLEAVED : DT_ZERO_OVERLAP_AFTER_BACKWARD);
+    static const dt_zero_overlap ovs[3] = {DT_ZERO_OVERLAP_OFF, DT_ZERO_OVERLAP_AFTER_BACKWARD,
+                                           DT_ZERO_OVERLAP_INTERLEAVED};
+    for (int cfg = 0; cfg < 9; cfg++) {
+        int stage = 1 + cfg / 3;
+        dt_zero_opts o = zopts(&s, stage, ovs[cfg % 3]);
         dtz_net n;
         dtz_net_init(&n, &s, 11, world, &o);
         DTT_CHECK(dt_zero_num_buckets(n.z) > 2);
+        float *lay0 = dtz_gather_layout(n.z);
+        float *before = dtz_params(n.m, lay0);
+        free(lay0);
         for (int st = 0; st < 2; st++) {
             dtt_batch b;
             dtt_make_batch(&s.cfg, dtt_key(st, me, 0), 8, &b);
@@ -77,8 +83,19 @@ static void test_unused_is_an_error(void) {
             DTT_CHECK(strstr(msg, "fc1.") == NULL && strstr(msg, "fc3.") == NULL);
             dt_error_clear();
             DTT_CHECK(dt_zero_step(n.z, NULL) == DT_ESTATE);   /* nothing was reduced */
+            /* the failed step changed no parameter */
+            DTT_OK(dt_zero_sync_params(n.z));
+            float *lay = dtz_gather_layout(n.z);
+            float *now = dtz_params(n.m, lay);
+            char what[128];
+            snprintf(what, sizeof what, "stage %d, overlap mode %d: parameters after a failed step", stage,
+                     (int)o.overlap_step);
+            dtz_expect_params(n.m, now, before, 0, what);
+            free(now);
+            free(lay);
             dtt_batch_free(&b);
         }
+        free(before);
         MPI_Barrier(MPI_COMM_WORLD);
         /* a regular step still works and moves the (still rank-identical) parameters */
         float *lay = dtz_gather_layout(n.z);
