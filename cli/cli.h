@@ -2,14 +2,18 @@
 #define DT_CLI_H
 #include "dtrain/parallel.h"
 #include "dtrain/train.h"
+#include "dtrain/zero.h"
 
 typedef struct dt_cli_dist {
     dt_ddp_opts ddp;
+    int zero_stage;                 /* 0: DDP */
+    dt_zero_opts zero;              /* bucket caps, find_unused, buffers, deterministic copied from ddp */
+    dt_zero_ckpt_format save_format;
     dt_progress_mode progress;
 } dt_cli_dist;
 
 int dt_cli_train(int argc, char **argv, int eval_only);
-/* Initialises MPI, picks the strategy (single process or DDP), runs, and
+/* Initialises MPI, picks the strategy (single process, DDP or ZeRO), runs, and
  * reports errors as one line tagged with the rank. */
 int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only);
 int dt_cli_under_mpi(void);

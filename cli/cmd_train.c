@@ -14,7 +14,7 @@ typedef struct cli_flags {
     int nesterov;
     dt_cli_dist dist;
     float bucket_mb, first_bucket_mb;
-    const char *compress, *progress;
+    const char *compress, *progress, *overlap_step, *save_format;
     int no_bcast;
 } cli_flags;
 
@@ -75,6 +75,9 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--deterministic", DT_ARG_FLAG, &f->dist.ddp.deterministic, NULL, "DDP: fixed rank-order summation (bitwise reproducible at any world size)", 0, 0},
         {"--compress", DT_ARG_STR, &f->compress, "none|bf16|fp16", "DDP: gradient compression on the wire (default none)", 0, 0},
         {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
+        {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default)", 0, 0},
+        {"--overlap-step", DT_ARG_STR, &f->overlap_step, "MODE", "ZeRO: interleaved | after-backward (default) | off: when shards are stepped", 0, 0},
+        {"--save-format", DT_ARG_STR, &f->save_format, "sharded|consolidated", "ZeRO checkpoints: a directory of per-rank shards (default) or one file", 0, 0},
     };
     memcpy(t, a, sizeof a);
     return N_ARGS(a);
@@ -110,6 +113,37 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         else if (!strcmp(f->compress, "fp16")) d->compress = DT_DDP_COMPRESS_FP16;
         else { snprintf(err, (size_t)errlen, "--compress: unknown '%s' (none, bf16, fp16)", f->compress); return -1; }
     }
+    if (f->dist.zero_stage < 0 || f->dist.zero_stage > 3) {
+        snprintf(err, (size_t)errlen, "--zero: stage must be 0, 1, 2 or 3 (got %d)", f->dist.zero_stage);
+        return -1;
+    }
+    dt_zero_opts *z = &f->dist.zero;
+    z->stage = f->dist.zero_stage ? f->dist.zero_stage : 1;
+    z->first_bucket_bytes = d->first_bucket_bytes;
+    z->bucket_bytes = d->bucket_bytes;
+    z->find_unused_params = d->find_unused_params;
+    z->broadcast_buffers = d->broadcast_buffers;
+    z->deterministic = d->deterministic;
+    if (f->overlap_step) {
+        if (!strcmp(f->overlap_step, "interleaved")) z->overlap_step = DT_ZERO_OVERLAP_INTERLEAVED;
+        else if (!strcmp(f->overlap_step, "after-backward")) z->overlap_step = DT_ZERO_OVERLAP_AFTER_BACKWARD;
+        else if (!strcmp(f->overlap_step, "off")) z->overlap_step = DT_ZERO_OVERLAP_OFF;
+        else { snprintf(err, (size_t)errlen, "--overlap-step: unknown '%s' (interleaved, after-backward, off)", f->overlap_step); return -1; }
+    }
+    if (f->save_format) {
+        if (!strcmp(f->save_format, "sharded")) f->dist.save_format = DT_ZERO_CKPT_SHARDED;
+        else if (!strcmp(f->save_format, "consolidated")) f->dist.save_format = DT_ZERO_CKPT_CONSOLIDATED;
+        else { snprintf(err, (size_t)errlen, "--save-format: unknown '%s' (sharded, consolidated)", f->save_format); return -1; }
+    }
+    if (!f->dist.zero_stage && (f->overlap_step || f->save_format)) {
+        snprintf(err, (size_t)errlen, "%s applies to ZeRO only (add --zero 1, 2 or 3)", f->overlap_step ? "--overlap-step" : "--save-format");
+        return -1;
+    }
+    if (f->dist.zero_stage) {
+        const char *bad = d->compress != DT_DDP_COMPRESS_NONE ? "--compress" : d->sync_bn ? "--sync-bn"
+                        : d->no_overlap ? "--no-overlap (use --overlap-step off)" : NULL;
+        if (bad) { snprintf(err, (size_t)errlen, "%s is a DDP option and is not supported with --zero", bad); return -1; }
+    }
     if (f->progress) {
         if (!strcmp(f->progress, "poll")) f->dist.progress = DT_PROGRESS_POLL;
         else if (!strcmp(f->progress, "thread")) f->dist.progress = DT_PROGRESS_THREAD;
@@ -137,6 +171,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     memset(&f, 0, sizeof f);
     dt_train_opts_default(&f.o);
     dt_ddp_opts_default(&f.dist.ddp);
+    dt_zero_opts_default(&f.dist.zero);
     pre_scan(argc, argv, &f);
     dt_arg table[64];
     int n = build_table(&f, table);

@@ -12,7 +12,7 @@ static int report(dt_status s, int rank, int world) {
 }
 
 int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
-    int under_mpi = dt_cli_under_mpi();
+    int under_mpi = dt_cli_under_mpi() || dist->zero_stage > 0;   /* ZeRO needs MPI even at one rank */
     dt_pg *world = NULL;
     dt_strategy strat, *sp = NULL;
     int rank = 0, size = 1;
@@ -24,9 +24,12 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
         if (s == DT_OK) {
             rank = dt_pg_rank(world);
             size = dt_pg_size(world);
-            if (size > 1) {
+            if (dist->zero_stage > 0) {   /* also at one rank: same code path, sharding of 1 */
+                s = dt_zero_strategy(world, &dist->zero, dist->save_format, &strat);
+                sp = s == DT_OK ? &strat : NULL;
+            } else if (size > 1) {
                 s = dt_ddp_strategy(world, &dist->ddp, &strat);
-                sp = &strat;
+                sp = s == DT_OK ? &strat : NULL;
             }
         }
     }

@@ -48,6 +48,10 @@ struct dt_param {
     int used;                /* >0 if used in the current forward */
     dt_grad_ready_fn on_grad_ready;
     void *on_grad_ready_user;
+    /* Lazily materialised gradient (ZeRO-2/3): when grad.data is NULL the
+     * first backward write calls this to point grad.data at zeroed storage
+     * (user = on_grad_ready_user). NULL hook + NULL data = error. */
+    dt_status (*on_grad_alloc)(dt_param *p, void *user);
 };
 
 /* Allocate owned value+grad storage (zeroed). */

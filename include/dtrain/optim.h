@@ -76,6 +76,9 @@ void dt_optimizer_free(dt_optimizer *o);
  * once per step). */
 dt_status dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const float *grad,
                                   size_t begin, size_t end, float grad_scale);
+/* Step the whole owned range with compact buffers: param[0] and grad[0] are
+ * flat offset state_begin (a ZeRO shard). Same arithmetic as step_range. */
+void dt_optimizer_step_owned(dt_optimizer *o, float lr, float *param, const float *grad, float grad_scale);
 void dt_optimizer_finish_step(dt_optimizer *o);
 
 /* ---- LR schedule: linear warm-up then cosine decay to min_lr ---- */

@@ -67,6 +67,9 @@ typedef struct dt_strategy {
      * step() instead of its own clip + step + zero_grad, and routes
      * checkpoints through save()/load() (load runs after setup()). */
     int owns_optimizer;
+    /* forward passes are collective (ZeRO-3 gathers): evaluation then runs
+     * the same number of forwards on every rank */
+    int collective_forward;
     dt_status (*step)(void *self, dt_trainer *t, float lr);
     dt_status (*save)(void *self, dt_trainer *t, const char *path);
     dt_status (*load)(void *self, dt_trainer *t, const char *path);
@@ -100,6 +103,8 @@ void dt_trainer_free(dt_trainer *t);
 dt_status dt_trainer_step(dt_trainer *t, double *loss);
 /* Runs to total_steps with progress output, checkpoints and metrics. */
 dt_status dt_trainer_run(dt_trainer *t);
+/* Checkpoint through the strategy's save() if it has one, else dt_checkpoint_save. */
+dt_status dt_trainer_save(dt_trainer *t, const char *path);
 /* Evaluate: image -> accuracy and loss on the test split; LM -> loss on validation. */
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);
 

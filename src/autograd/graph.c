@@ -128,7 +128,15 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
 
 float *dt_grad_of(dt_graph *g, dt_tensor *t) {
     if (!t || !t->requires_grad) return NULL;
-    if (t->param) return t->param->requires_grad ? dt_f32(&t->param->grad) : NULL;
+    if (t->param) {
+        dt_param *p = t->param;
+        if (!p->requires_grad) return NULL;
+        if (!p->grad.data) {
+            if (!p->on_grad_alloc) { DT_ERR(DT_ESTATE, "parameter %s has no gradient storage", p->name); return NULL; }
+            if (p->on_grad_alloc(p, p->on_grad_ready_user) != DT_OK) return NULL;
+        }
+        return dt_f32(&p->grad);
+    }
     if (!t->grad) {
         dt_tensor *gt = dt_graph_tensor_zeros(g, t->ndim, t->shape);
         if (!gt) return NULL;

@@ -151,7 +151,7 @@ dt_tensor *dt_model_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tens
 size_t dt_model_num_params(const dt_model *m) { return m->n_elems; }
 
 void dt_model_zero_grad(dt_model *m) {
-    memset(m->grad_flat.data, 0, m->grad_flat.numel * sizeof(float));
+    if (m->grad_flat.data) memset(m->grad_flat.data, 0, m->grad_flat.numel * sizeof(float));
 }
 
 dt_param *dt_model_find_param(const dt_model *m, const char *name) {

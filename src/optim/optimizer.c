@@ -111,11 +111,9 @@ void dt_optimizer_free(dt_optimizer *o) {
     memset(o, 0, sizeof *o);
 }
 
-dt_status dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const float *grad,
-                                  size_t begin, size_t end, float grad_scale) {
-    if (begin > end || begin < o->state_begin || end > o->state_end)
-        return DT_ERR(DT_EINVAL, "optimizer: step range [%zu, %zu) not inside owned [%zu, %zu)",
-                      begin, end, o->state_begin, o->state_end);
+/* param/grad element i sits at flat offset origin + i. */
+static void step_impl(dt_optimizer *o, float lr, float *param, const float *grad, size_t origin,
+                      size_t begin, size_t end, float grad_scale) {
     int64_t t = o->step + 1;
     for (int i = 0; i < o->n_segs; i++) {
         const dt_optim_segment *s = &o->segs[i];
@@ -123,15 +121,27 @@ dt_status dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const
         size_t lo = s->offset > begin ? s->offset : begin;
         size_t hi = s->offset + s->numel < end ? s->offset + s->numel : end;
         if (lo >= hi) continue;
-        size_t at = lo - o->state_begin, n = hi - lo;
+        size_t at = lo - o->state_begin, n = hi - lo, pi = lo - origin;
         if (o->cfg.kind == DT_OPTIM_ADAMW)
-            dt_adamw_step_range(&o->cfg, lr, s->decay, param + lo, grad + lo, o->state[0] + at,
+            dt_adamw_step_range(&o->cfg, lr, s->decay, param + pi, grad + pi, o->state[0] + at,
                                 o->state[1] + at, n, t, grad_scale);
         else
-            dt_sgd_step_range(&o->cfg, lr, s->decay, param + lo, grad + lo,
+            dt_sgd_step_range(&o->cfg, lr, s->decay, param + pi, grad + pi,
                               o->state[0] ? o->state[0] + at : NULL, n, t, grad_scale);
     }
+}
+
+dt_status dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const float *grad,
+                                  size_t begin, size_t end, float grad_scale) {
+    if (begin > end || begin < o->state_begin || end > o->state_end)
+        return DT_ERR(DT_EINVAL, "optimizer: step range [%zu, %zu) not inside owned [%zu, %zu)",
+                      begin, end, o->state_begin, o->state_end);
+    step_impl(o, lr, param, grad, 0, begin, end, grad_scale);
     return DT_OK;
+}
+
+void dt_optimizer_step_owned(dt_optimizer *o, float lr, float *param, const float *grad, float grad_scale) {
+    step_impl(o, lr, param, grad, o->state_begin, o->state_begin, o->state_end, grad_scale);
 }
 
 void dt_optimizer_finish_step(dt_optimizer *o) { o->step++; }

@@ -2,14 +2,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "ddp_internal.h"
+#include "parallel_internal.h"
 
-double dt_ddp_now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
+double dt_ddp_now_us(void) { return dt_par_now_us(); }
 
 void dt_ddp_opts_default(dt_ddp_opts *o) {
     memset(o, 0, sizeof *o);
@@ -127,28 +123,8 @@ static dt_status bn_sync(float *data, int64_t n, double *count, void *user) {
     return DT_OK;
 }
 
-/* The root's buffers to every rank, packed into one broadcast. */
 dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root) {
-    dt_model *m = d->model;
-    if (m->n_buffers == 0 || d->world < 2) return DT_OK;
-    int64_t n = 0;
-    for (int i = 0; i < m->n_buffers; i++) n += m->buffers[i]->value.numel;
-    if (!d->buf_scratch && !(d->buf_scratch = malloc((size_t)(n ? n : 1) * sizeof(float))))
-        return DT_ERR(DT_ENOMEM, "out of memory");
-    int64_t k = 0;
-    for (int i = 0; i < m->n_buffers; i++) {
-        const dt_tensor *t = &m->buffers[i]->value;
-        memcpy(d->buf_scratch + k, t->data, (size_t)t->numel * sizeof(float));
-        k += t->numel;
-    }
-    DT_TRY(dt_broadcast(d->pg, d->buf_scratch, n, DT_F32, root, NULL));
-    k = 0;
-    for (int i = 0; i < m->n_buffers; i++) {
-        dt_tensor *t = &m->buffers[i]->value;
-        memcpy(t->data, d->buf_scratch + k, (size_t)t->numel * sizeof(float));
-        k += t->numel;
-    }
-    return DT_OK;
+    return dt_par_bcast_buffers(d->model, d->pg, &d->buf_scratch, root);
 }
 
 dt_status dt_ddp_bcast_buffers(dt_ddp *d) { return dt_ddp_bcast_buffers_from(d, 0); }

@@ -1,6 +1,7 @@
 /* DDP as a dt_strategy for the shared training loop. */
 #include <stdlib.h>
 #include "ddp_internal.h"
+#include "parallel_internal.h"
 
 typedef struct ddp_strat { dt_pg *pg; dt_ddp_opts opts; dt_ddp *ddp; } ddp_strat;
 
@@ -21,15 +22,7 @@ static dt_status s_after_backward(void *self, dt_trainer *t, int last) {
     ddp_strat *s = self;
     return last ? dt_ddp_finish_backward(s->ddp) : DT_OK;
 }
-static dt_status s_allreduce_sum(void *self, double *x, int n) {
-    ddp_strat *s = self;
-    float f[16] = {0};
-    if (n > 16) return DT_ERR(DT_EINVAL, "allreduce_sum: at most 16 values");
-    for (int i = 0; i < n; i++) f[i] = (float)x[i];
-    DT_TRY(dt_allreduce(s->pg, f, f, n, DT_F32, DT_RED_SUM, NULL));
-    for (int i = 0; i < n; i++) x[i] = f[i];
-    return DT_OK;
-}
+static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_allreduce_sum(((ddp_strat *)self)->pg, x, n); }
 static void s_destroy(void *self) {
     ddp_strat *s = self;
     dt_pg_set_trace(s->pg, NULL);

@@ -58,14 +58,14 @@ dt_status dt_trainer_run(dt_trainer *t) {
             double vals[4] = {(double)t->step, loss, dt_lr_at(&t->sched, t->step - 1), dt * 1e3};
             DT_TRY(dt_jsonl_write(&t->metrics, 4, keys, vals));
         }
-        if (o->save && o->save_every > 0 && t->step % o->save_every == 0) DT_TRY(dt_checkpoint_save(t, o->save));
+        if (o->save && o->save_every > 0 && t->step % o->save_every == 0) DT_TRY(dt_trainer_save(t, o->save));
         if (o->stop_after > 0 && t->step - first >= o->stop_after) {
             if (tty) printf("\n");
             return DT_OK;   /* testing aid: behave as if killed here */
         }
     }
     if (tty) printf("\n");
-    if (o->save) DT_TRY(dt_checkpoint_save(t, o->save));
+    if (o->save) DT_TRY(dt_trainer_save(t, o->save));
     double loss, acc;
     DT_TRY(dt_trainer_evaluate(t, &loss, &acc));
     if (lead) {

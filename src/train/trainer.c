@@ -35,12 +35,17 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     t->opts = *o;
     if (strat) t->strat = *strat;
     else t->strat = (dt_strategy){.name = "single", .rank = 0, .world = 1};
+    if (t->strat.owns_optimizer && !t->strat.step) {
+        dt_status e = DT_ERR(DT_EINVAL, "strategy %s owns the optimizer but has no step()", t->strat.name ? t->strat.name : "?");
+        free(t);
+        return e;
+    }
     if (o->threads > 0) omp_set_num_threads(o->threads);
     dt_status s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_model_create(&o->model, o->seed, &t->model);
     if (s == DT_OK && o->init) s = dt_model_load_params(t->model, o->init);
     if (s == DT_OK && !(t->graph = dt_graph_create())) s = DT_ENOMEM;
-    if (s == DT_OK) s = dt_trainer_init_optimizer(t);
+    if (s == DT_OK && !t->strat.owns_optimizer) s = dt_trainer_init_optimizer(t);
     if (s == DT_OK) s = dt_sampler_init(&t->sampler, dt_trainer_train_size(t), o->seed, 1,
                                         t->strat.rank, t->strat.world, 0);
     if (s == DT_OK) s = alloc_batch(t);
@@ -54,8 +59,9 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
         t->sched = (dt_lr_schedule){o->optim.lr, o->min_lr, o->warmup, o->min_lr < o->optim.lr ? t->total_steps : 0};
         if (o->min_lr == 0 && o->warmup == 0) t->sched.total = 0;   /* constant LR unless asked */
     }
-    if (s == DT_OK && o->resume) s = dt_checkpoint_load(t, o->resume);
+    if (s == DT_OK && o->resume && !t->strat.load) s = dt_checkpoint_load(t, o->resume);
     if (s == DT_OK && t->strat.setup) s = t->strat.setup(t->strat.self, t);
+    if (s == DT_OK && o->resume && t->strat.load) s = t->strat.load(t->strat.self, t, o->resume);
     if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
     if (s == DT_OK && o->trace) {
         char path[4096];
@@ -66,6 +72,11 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s != DT_OK) { dt_trainer_free(t); return s; }
     *out = t;
     return DT_OK;
+}
+
+dt_status dt_trainer_save(dt_trainer *t, const char *path) {
+    if (t->strat.save) return t->strat.save(t->strat.self, t, path);
+    return dt_checkpoint_save(t, path);
 }
 
 void dt_trainer_free(dt_trainer *t) {
@@ -115,15 +126,19 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
         if (t->strat.after_backward) DT_TRY(t->strat.after_backward(t->strat.self, t, last));
     }
     double o0 = dt_trace_now_us(t->trace);
-    float scale = 1.0f;
-    if (t->opts.clip > 0) {
-        double ss = dt_sumsq(m->grad_flat.data, m->grad_flat.numel);
-        scale = dt_clip_scale(sqrt(ss), t->opts.clip);
-    }
     float lr = dt_lr_at(&t->sched, t->step);
-    DT_TRY(dt_optimizer_step_range(&t->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));
-    dt_optimizer_finish_step(&t->optim);
-    dt_model_zero_grad(m);
+    if (t->strat.owns_optimizer) {
+        DT_TRY(t->strat.step(t->strat.self, t, lr));
+    } else {
+        float scale = 1.0f;
+        if (t->opts.clip > 0) {
+            double ss = dt_sumsq(m->grad_flat.data, m->grad_flat.numel);
+            scale = dt_clip_scale(sqrt(ss), t->opts.clip);
+        }
+        DT_TRY(dt_optimizer_step_range(&t->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));
+        dt_optimizer_finish_step(&t->optim);
+        dt_model_zero_grad(m);
+    }
     t->step++;
     dt_trace_event(t->trace, "optimizer", "compute", 0, o0, dt_trace_now_us(t->trace));
     dt_trace_event(t->trace, "step", "compute", 0, t0, dt_trace_now_us(t->trace));
@@ -144,18 +159,27 @@ dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) 
     int64_t n_items = image ? t->img_test.count : dt_token_windows(&t->tok_val, (int)t->opts.seq);
     int64_t limit = image ? n_items : (t->opts.eval_batches ? t->opts.eval_batches * B : n_items);
     if (limit > n_items) limit = n_items;
+    if (t->strat.sync_params) DT_TRY(t->strat.sync_params(t->strat.self, t));
     int prev_grad = dt_graph_set_grad_enabled(t->graph, 0);
     dt_graph_set_training(t->graph, 0);
     double sums[3] = {0, 0, 0};   /* loss * rows, correct, rows */
-    /* ranks evaluate interleaved blocks of the fixed (unshuffled) set */
-    for (int64_t start = (int64_t)t->strat.rank * B; start < limit; start += (int64_t)t->strat.world * B) {
-        int64_t n = limit - start < B ? limit - start : B;
-        for (int64_t i = 0; i < n; i++) t->idx[i] = start + i;
+    /* ranks evaluate interleaved blocks of the fixed (unshuffled) set; with
+     * collective forwards every rank runs as many (a rank past the end
+     * repeats block 0 and counts nothing) */
+    int64_t stride = (int64_t)t->strat.world * B;
+    int64_t rounds = t->strat.collective_forward ? (limit + stride - 1) / stride : -1;
+    for (int64_t k = 0, start = (int64_t)t->strat.rank * B;
+         rounds >= 0 ? k < rounds : start < limit; k++, start += stride) {
+        int counted = start < limit;
+        int64_t s0 = counted ? start : 0;
+        int64_t n = limit - s0 < B ? limit - s0 : B;
+        for (int64_t i = 0; i < n; i++) t->idx[i] = s0 + i;
         dt_batch b;
         dt_trainer_fill_batch(t, 1, t->idx, n, &b);
         dt_graph_reset(t->graph);
         dt_tensor *logits = NULL, *loss = dt_model_forward(t->model, t->graph, &b, &logits);
         if (!loss) { dt_graph_set_grad_enabled(t->graph, prev_grad); return dt_error_code(); }
+        if (!counted) continue;
         int64_t rows = image ? n : n * t->opts.seq;
         sums[0] += dt_f32(loss)[0] * (double)rows;
         sums[1] += (double)dt_count_correct(logits, b.y);

@@ -1,0 +1,44 @@
+/* Shared by DDP and ZeRO: model buffers broadcast from one rank (BatchNorm
+ * statistics stay equal), small sums for metrics, a clock. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "parallel_internal.h"
+
+double dt_par_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+dt_status dt_par_bcast_buffers(dt_model *m, dt_pg *pg, float **scratch, int root) {
+    if (m->n_buffers == 0 || dt_pg_size(pg) < 2) return DT_OK;
+    int64_t n = 0;
+    for (int i = 0; i < m->n_buffers; i++) n += m->buffers[i]->value.numel;
+    if (!*scratch && !(*scratch = malloc((size_t)(n ? n : 1) * sizeof(float))))
+        return DT_ERR(DT_ENOMEM, "out of memory");
+    float *buf = *scratch;
+    int64_t k = 0;
+    for (int i = 0; i < m->n_buffers; i++) {
+        const dt_tensor *t = &m->buffers[i]->value;
+        memcpy(buf + k, t->data, (size_t)t->numel * sizeof(float));
+        k += t->numel;
+    }
+    DT_TRY(dt_broadcast(pg, buf, n, DT_F32, root, NULL));
+    k = 0;
+    for (int i = 0; i < m->n_buffers; i++) {
+        dt_tensor *t = &m->buffers[i]->value;
+        memcpy(t->data, buf + k, (size_t)t->numel * sizeof(float));
+        k += t->numel;
+    }
+    return DT_OK;
+}
+
+dt_status dt_par_allreduce_sum(dt_pg *pg, double *x, int n) {
+    float f[16] = {0};
+    if (n > 16) return DT_ERR(DT_EINVAL, "allreduce_sum: at most 16 values");
+    for (int i = 0; i < n; i++) f[i] = (float)x[i];
+    DT_TRY(dt_allreduce(pg, f, f, n, DT_F32, DT_RED_SUM, NULL));
+    for (int i = 0; i < n; i++) x[i] = f[i];
+    return DT_OK;
+}

@@ -1,0 +1,457 @@
+/* ZeRO core: sharded optimizer over padded buckets, gradient reduce-scatter
+ * launched from grad-ready hooks, shard steps (optionally interleaved with
+ * backward), parameter all-gathers. Stage 3's gathers live in zero_params.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "zero_internal.h"
+
+void dt_zero_opts_default(dt_zero_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->stage = 1;
+    o->first_bucket_bytes = (size_t)1 << 20;
+    o->bucket_bytes = (size_t)4 << 20;
+    o->overlap_step = DT_ZERO_OVERLAP_AFTER_BACKWARD;
+    o->broadcast_buffers = 1;
+    o->prefetch = 1;
+}
+
+static dt_status validate(const dt_zero_opts *o) {
+    if (o->stage < 1 || o->stage > 3)
+        return DT_ERR(DT_EINVAL, "zero: stage must be 1, 2 or 3 (got %d; stage 0 is plain DDP)", o->stage);
+    if (o->first_bucket_bytes < 4 || o->bucket_bytes < 4)
+        return DT_ERR(DT_EINVAL, "zero: bucket caps must be at least one float (got first %zu, normal %zu bytes)",
+                      o->first_bucket_bytes, o->bucket_bytes);
+    if ((unsigned)o->overlap_step > DT_ZERO_OVERLAP_INTERLEAVED)
+        return DT_ERR(DT_EINVAL, "zero: unknown step overlap mode %d", (int)o->overlap_step);
+    if (!(o->clip >= 0.0f) || !isfinite(o->clip))
+        return DT_ERR(DT_EINVAL, "zero: clip must be finite and >= 0 (got %g)", (double)o->clip);
+    if (o->clip > 0.0f && o->overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
+        return DT_ERR(DT_EINVAL, "zero: gradient clipping needs the global norm before any shard is stepped, "
+                      "so it cannot be combined with the interleaved step overlap (use after-backward or off)");
+    if (o->prefetch < 0) return DT_ERR(DT_EINVAL, "zero: prefetch must be >= 0 (got %d)", o->prefetch);
+    return DT_OK;
+}
+
+static float *shard_param(dt_zero *z, int i) {
+    const dt_zero_bucket *b = &z->b[i].pub;
+    return z->stage == 3 ? z->shard_param + b->shard_offset : z->m->param_flat.data + b->own_begin;
+}
+static float *shard_grad(dt_zero *z, int i) {
+    const dt_zero_bucket *b = &z->b[i].pub;
+    return z->stage == 1 ? z->m->grad_flat.data + b->own_begin : z->shard_grad + b->shard_offset;
+}
+
+/* Point every parameter of bucket b at base (NULL: detach). */
+static void point_grads(dt_zero *z, zbucket *b, float *base) {
+    for (int k = 0; k < b->pub.n_params; k++) {
+        dt_param *p = z->order[b->pub.first_param + k];
+        p->grad.data = base ? base + (z->m->offsets[p->index] - b->pub.begin) : NULL;
+    }
+}
+
+/* Stages 2/3: a zeroed full-size gradient buffer for bucket b. */
+static dt_status acquire_grad(dt_zero *z, zbucket *b) {
+    if (b->full_grad) return DT_OK;
+    float *buf = dt_zero_pool_get(z);
+    if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory for a %zu-element gradient bucket", b->pub.numel);
+    memset(buf, 0, b->pub.numel * sizeof(float));
+    b->full_grad = buf;
+    point_grads(z, b, buf);
+    z->grad_live += b->pub.numel;
+    if (z->grad_live > z->grad_peak) z->grad_peak = z->grad_live;
+    return DT_OK;
+}
+
+static void release_grad(dt_zero *z, zbucket *b) {
+    if (z->stage == 1 || !b->full_grad) return;
+    point_grads(z, b, NULL);
+    dt_zero_pool_put(z, b->full_grad);
+    b->full_grad = NULL;
+    z->grad_live -= b->pub.numel;
+}
+
+static dt_status grad_alloc(dt_param *p, void *user) {
+    dt_zero *z = user;
+    return acquire_grad(z, &z->b[z->param_bucket[p->index]]);
+}
+
+/* Reduce-scatter (average) every ready bucket whose predecessors have launched. */
+static dt_status launch_ready(dt_zero *z) {
+    while (z->next_launch < z->nb && z->b[z->next_launch].ready) {
+        zbucket *b = &z->b[z->next_launch++];
+        if (z->stage > 1) DT_TRY(acquire_grad(z, b));   /* a bucket nobody wrote: zeros */
+        b->launched = 1;
+        float *out = z->stage == 1 ? b->full_grad + (size_t)z->rank * b->pub.shard : z->shard_grad + b->pub.shard_offset;
+        DT_TRY(dt_reduce_scatter(z->pg, b->full_grad, out, (int64_t)b->pub.shard, DT_F32, z->red, &b->rs));
+    }
+    return DT_OK;
+}
+
+/* Reduce-scatter of bucket i done: keep only the shard. */
+static dt_status finish_reduce(dt_zero *z, int i) {
+    zbucket *b = &z->b[i];
+    dt_status s = dt_work_wait(b->rs);
+    b->rs = NULL;
+    release_grad(z, b);
+    return s;
+}
+
+static dt_status step_bucket(dt_zero *z, int i, float scale) {
+    zbucket *b = &z->b[i];
+    float *ps = shard_param(z, i);
+    dt_optimizer_step_owned(&b->opt, z->lr, ps, shard_grad(z, i), scale);
+    b->stepped = 1;
+    if (z->stage == 1) memset(b->full_grad, 0, b->pub.numel * sizeof(float));   /* next accumulation */
+    if (z->stage < 3)
+        DT_TRY(dt_allgather(z->ag_pg, ps, z->m->param_flat.data + b->pub.begin, (int64_t)b->pub.shard, DT_F32, &b->ag));
+    return DT_OK;
+}
+
+/* INTERLEAVED: step, in bucket order, every bucket whose reduction has completed. */
+static dt_status advance_interleaved(dt_zero *z) {
+    while (z->next_done < z->next_launch) {
+        int done = 0;
+        DT_TRY(dt_work_test(z->b[z->next_done].rs, &done));
+        if (!done) break;
+        DT_TRY(finish_reduce(z, z->next_done));
+        DT_TRY(step_bucket(z, z->next_done, 1.0f));
+        z->stats.interleaved_steps++;
+        z->next_done++;
+    }
+    return DT_OK;
+}
+
+static int interleaving(const dt_zero *z) { return z->sync && z->opts.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED; }
+
+static void graph_tick(void *user) {
+    dt_zero *z = user;
+    dt_pg_tick(z->pg);
+    dt_pg_tick(z->ag_pg);
+    if (!interleaving(z) || z->next_done >= z->next_launch || z->tick_err) return;
+    double now = dt_par_now_us();
+    if (now - z->last_check_us < 500.0) return;
+    z->last_check_us = now;
+    if (advance_interleaved(z) != DT_OK) {
+        z->tick_err = dt_error_code();
+        snprintf(z->tick_msg, sizeof z->tick_msg, "%s", dt_error_message());
+    }
+}
+
+static dt_status on_grad_ready(dt_param *p, void *user) {
+    dt_zero *z = user;
+    if (!z->sync) return DT_OK;
+    zbucket *b = &z->b[z->param_bucket[p->index]];
+    if (--b->pending == 0) {
+        b->ready = 1;
+        DT_TRY(launch_ready(z));
+    }
+    return DT_OK;
+}
+
+static dt_status init_optimizers(dt_zero *z) {
+    dt_model *m = z->m;
+    dt_optim_segment *segs = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *segs);
+    if (!segs) return DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status s = DT_OK;
+    for (int i = 0; i < z->nb && s == DT_OK; i++) {
+        dt_zero_bucket *b = &z->b[i].pub;
+        for (int k = 0; k < b->n_params; k++) {
+            dt_param *p = z->order[b->first_param + k];
+            segs[k] = (dt_optim_segment){m->offsets[p->index], (size_t)p->value.numel, p->weight_decay};
+        }
+        s = dt_optimizer_init(&z->b[i].opt, &z->cfg, segs, b->n_params, b->own_begin, b->own_begin + b->shard);
+    }
+    free(segs);
+    return s;
+}
+
+/* Stages 2/3: gradients only as shards (+ full buckets while alive).
+ * Stage 3: parameters only as shards (+ gathered buckets while in use). */
+static dt_status shard_storage(dt_zero *z) {
+    dt_model *m = z->m;
+    if (z->stage == 1) {
+        for (int i = 0; i < z->nb; i++) z->b[i].full_grad = m->grad_flat.data + z->b[i].pub.begin;
+        return DT_OK;
+    }
+    if (!(z->shard_grad = dt_calloc((z->shard_total ? z->shard_total : 1) * sizeof(float))))
+        return DT_ERR(DT_ENOMEM, "zero: out of memory for gradient shards");
+    for (int i = 0; i < z->nb; i++) point_grads(z, &z->b[i], NULL);
+    for (int i = 0; i < m->n_params; i++) m->params[i]->on_grad_alloc = grad_alloc;
+    dt_flat_free(&m->grad_flat);
+    if (z->stage < 3) return DT_OK;
+    if (!(z->shard_param = dt_calloc((z->shard_total ? z->shard_total : 1) * sizeof(float))))
+        return DT_ERR(DT_ENOMEM, "zero: out of memory for parameter shards");
+    for (int i = 0; i < z->nb; i++)
+        memcpy(shard_param(z, i), m->param_flat.data + z->b[i].pub.own_begin, z->b[i].pub.shard * sizeof(float));
+    for (int i = 0; i < m->n_params; i++) m->params[i]->value.data = NULL;
+    dt_flat_free(&m->param_flat);
+    return DT_OK;
+}
+
+static void reset_buckets(dt_zero *z) {
+    for (int i = 0; i < z->nb; i++) {
+        zbucket *b = &z->b[i];
+        b->pending = b->n_grad_params;
+        b->ready = b->n_grad_params == 0;
+        b->launched = b->stepped = 0;
+    }
+    z->next_launch = z->next_done = 0;
+}
+
+dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const dt_zero_opts *o, dt_zero **out) {
+    *out = NULL;
+    dt_zero_opts opts;
+    if (o) opts = *o;
+    else dt_zero_opts_default(&opts);
+    DT_TRY(validate(&opts));
+    DT_TRY(dt_optim_cfg_validate(cfg));
+    dt_zero *z = calloc(1, sizeof *z);
+    if (!z) return DT_ERR(DT_ENOMEM, "out of memory");
+    z->opts = opts;
+    z->cfg = *cfg;
+    z->m = m;
+    z->pg = pg;
+    z->rank = dt_pg_rank(pg);
+    z->world = dt_pg_size(pg);
+    z->stage = opts.stage;
+    z->red = DT_RED_AVG | (opts.deterministic ? DT_RED_DETERMINISTIC : 0);
+    dt_status s = dt_pg_split(pg, 0, z->rank, &z->ag_pg);
+    if (s == DT_OK) s = dt_zero_build_layout(z, opts.first_bucket_bytes, opts.bucket_bytes);
+    /* same model on every rank: rank 0's parameters and buffers */
+    if (s == DT_OK) s = dt_broadcast(pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, 0, NULL);
+    if (s == DT_OK) s = dt_par_bcast_buffers(m, pg, &z->buf_scratch, 0);
+    if (s == DT_OK) s = init_optimizers(z);
+    if (s == DT_OK) s = dt_zero_modules_setup(z);
+    if (s == DT_OK) s = shard_storage(z);
+    if (s != DT_OK) { dt_zero_free(z); return s; }
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i]->requires_grad) {
+            m->params[i]->on_grad_ready = on_grad_ready;
+            m->params[i]->on_grad_ready_user = z;
+        } else {
+            m->params[i]->on_grad_ready_user = z;   /* on_grad_alloc's user */
+        }
+    reset_buckets(z);
+    *out = z;
+    return DT_OK;
+}
+
+/* Wait every reduction and gather in flight; first error wins. */
+static dt_status drain(dt_zero *z) {
+    dt_status s = DT_OK;
+    for (int i = 0; i < z->nb; i++) {
+        if (z->b[i].rs) {
+            dt_status si = finish_reduce(z, i);
+            if (s == DT_OK) s = si;
+        }
+        dt_status si = dt_zero_wait_gather(z, i);
+        if (s == DT_OK) s = si;
+    }
+    return s;
+}
+
+/* Stages 2/3 back to a whole model: flat gradient (zeros), stage 3 also the
+ * parameters gathered into a flat buffer. Collective. */
+static void make_whole(dt_zero *z) {
+    dt_model *m = z->m;
+    if (z->stage == 3 && !m->param_flat.data && dt_flat_alloc(&m->param_flat, z->total) == DT_OK) {
+        for (int i = 0; i < z->nb; i++) {
+            zbucket *b = &z->b[i];
+            dt_allgather(z->ag_pg, z->shard_param + b->pub.shard_offset, m->param_flat.data + b->pub.begin,
+                         (int64_t)b->pub.shard, DT_F32, NULL);
+            for (int k = 0; k < b->pub.n_params; k++) {
+                dt_param *p = z->order[b->pub.first_param + k];
+                p->value.data = m->param_flat.data + m->offsets[p->index];
+            }
+        }
+    }
+    if (z->stage >= 2 && !m->grad_flat.data && dt_flat_alloc(&m->grad_flat, z->total) == DT_OK)
+        for (int i = 0; i < z->nb; i++) point_grads(z, &z->b[i], m->grad_flat.data + z->b[i].pub.begin);
+}
+
+void dt_zero_free(dt_zero *z) {
+    if (!z) return;
+    dt_model *m = z->m;
+    drain(z);
+    if (z->stage == 3) dt_zero3_release_all(z);
+    if (z->b && z->ag_pg) make_whole(z);
+    for (int i = 0; m && i < m->n_params; i++) {
+        dt_param *p = m->params[i];
+        if (p->on_grad_ready_user != z) continue;
+        p->on_grad_ready = NULL;
+        p->on_grad_alloc = NULL;
+        p->on_grad_ready_user = NULL;
+    }
+    dt_zero_modules_free(z);
+    for (int i = 0; z->b && i < z->nb; i++) {
+        if (z->stage > 1) dt_free(z->b[i].full_grad);
+        dt_optimizer_free(&z->b[i].opt);
+    }
+    for (int i = 0; i < z->n_pool; i++) dt_free(z->pool[i]);
+    free(z->pool);
+    free(z->b);
+    free(z->order);
+    free(z->param_bucket);
+    dt_free(z->shard_param);
+    dt_free(z->shard_grad);
+    free(z->buf_scratch);
+    if (z->ag_pg) dt_pg_free(z->ag_pg);
+    free(z);
+}
+
+void dt_zero_set_lr(dt_zero *z, float lr) { z->lr = lr; }
+
+static int bcast_buffers_enabled(const dt_zero *z) {
+    return z->opts.broadcast_buffers && z->m->n_buffers > 0 && z->world > 1;
+}
+
+dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync) {
+    z->sync = sync;
+    z->tick_err = DT_OK;
+    dt_graph_set_tick(g, graph_tick, z);
+    if (bcast_buffers_enabled(z)) DT_TRY(dt_par_bcast_buffers(z->m, z->pg, &z->buf_scratch, 0));
+    return dt_zero_params_before_forward(z);
+}
+
+dt_status dt_zero_finish_backward(dt_zero *z) {
+    if (!z->sync) return DT_ERR(DT_ESTATE, "zero: finish_backward on a no_sync micro-step");
+    dt_model *m = z->m;
+    char unused[512] = "";
+    int n_unused = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        dt_param *p = m->params[i];
+        if (!p->requires_grad || p->used) continue;
+        if (n_unused++ < 4) {
+            size_t l = strlen(unused);
+            snprintf(unused + l, sizeof unused - l, "%s'%s'", l ? ", " : "", p->name);
+        }
+        zbucket *b = &z->b[z->param_bucket[i]];
+        if (--b->pending == 0) b->ready = 1;   /* reduced with whatever it accumulated (zeros) */
+    }
+    dt_status s = z->tick_err ? DT_ERR(z->tick_err, "zero: stepping during backward failed: %s", z->tick_msg) : DT_OK;
+    for (int i = 0; i < z->nb && s == DT_OK; i++)
+        if (z->b[i].pending != 0)
+            s = DT_ERR(DT_ESTATE, "zero: bucket %d still waits for %d gradients after backward (was backward run?)",
+                       i, z->b[i].pending);
+    if (s == DT_OK) s = launch_ready(z);
+    double w0 = dt_par_now_us();
+    for (int i = z->next_done; i < z->nb; i++) {
+        dt_status si = z->b[i].launched ? finish_reduce(z, i) : DT_OK;
+        if (si == DT_OK && s == DT_OK && interleaving(z)) si = step_bucket(z, i, 1.0f);
+        if (s == DT_OK) s = si;
+    }
+    z->next_done = z->nb;
+    z->recording = 0;
+    z->stats.wait_us += dt_par_now_us() - w0;
+    if (z->stage == 3 && s == DT_OK) s = dt_zero3_release_all(z);
+    if (s != DT_OK) { drain(z); reset_buckets(z); return s; }
+    if (bcast_buffers_enabled(z)) DT_TRY(dt_par_bcast_buffers(m, z->pg, &z->buf_scratch, 0));
+    if (n_unused && !z->opts.find_unused_params) {
+        reset_buckets(z);
+        return DT_ERR(DT_EINVAL, "zero: parameter%s %s%s received no gradient in this step; if that is expected "
+                      "enable find_unused_params (--find-unused)", n_unused > 1 ? "s" : "", unused,
+                      n_unused > 4 ? " and more" : "");
+    }
+    z->reduced = 1;
+    return DT_OK;
+}
+
+/* Global gradient norm over the owned shards: per-rank partial sums in
+ * double exchanged bit-exactly and added in rank order (same on every rank). */
+static dt_status global_norm(dt_zero *z, double *norm) {
+    double local = 0;
+    for (int i = 0; i < z->nb; i++) local += dt_sumsq(shard_grad(z, i), z->b[i].pub.shard);
+    double *all = malloc((size_t)z->world * sizeof *all);
+    if (!all) return DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status s = dt_allgather(z->pg, &local, all, 2, DT_F32, NULL);   /* 8 bytes as 2 floats, unchanged */
+    double sum = 0;
+    for (int r = 0; r < z->world; r++) sum += all[r];
+    free(all);
+    *norm = sqrt(sum);
+    return s;
+}
+
+dt_status dt_zero_step(dt_zero *z, double *grad_norm) {
+    if (grad_norm) *grad_norm = -1;
+    if (!z->reduced) return DT_ERR(DT_ESTATE, "zero: step before finish_backward reduced the gradients");
+    z->reduced = 0;
+    double t0 = dt_par_now_us();
+    float scale = 1.0f;
+    dt_status s = DT_OK;
+    if (z->opts.clip > 0) {
+        double norm = 0;
+        s = global_norm(z, &norm);
+        scale = dt_clip_scale(norm, z->opts.clip);
+        if (grad_norm) *grad_norm = norm;
+    }
+    for (int i = 0; i < z->nb && s == DT_OK; i++)
+        if (!z->b[i].stepped) s = step_bucket(z, i, scale);
+    for (int i = 0; i < z->nb; i++) dt_optimizer_finish_step(&z->b[i].opt);
+    z->stats.steps++;
+    reset_buckets(z);
+    if (s == DT_OK && z->opts.overlap_step == DT_ZERO_OVERLAP_OFF) s = dt_zero_sync_params(z);
+    z->stats.step_us += dt_par_now_us() - t0;
+    return s;
+}
+
+dt_status dt_zero_wait_gather(dt_zero *z, int i) {
+    zbucket *b = &z->b[i];
+    if (!b->ag) return DT_OK;
+    double t0 = dt_par_now_us();
+    dt_status s = dt_work_wait(b->ag);
+    b->ag = NULL;
+    z->stats.gather_wait_us += dt_par_now_us() - t0;
+    return s;
+}
+
+dt_status dt_zero_sync_params(dt_zero *z) {
+    dt_status s = DT_OK;
+    for (int i = 0; i < z->nb; i++) {
+        dt_status si = dt_zero_wait_gather(z, i);
+        if (s == DT_OK) s = si;
+    }
+    if (z->stage == 3 && s == DT_OK) s = dt_zero3_idle(z);
+    return s;
+}
+
+dt_status dt_zero_gather_params(dt_zero *z) {
+    DT_TRY(dt_zero_sync_params(z));
+    if (z->stage == 3) return DT_OK;
+    for (int i = 0; i < z->nb; i++) {
+        zbucket *b = &z->b[i];
+        DT_TRY(dt_allgather(z->ag_pg, shard_param(z, i), z->m->param_flat.data + b->pub.begin,
+                            (int64_t)b->pub.shard, DT_F32, NULL));
+    }
+    return DT_OK;
+}
+
+/* ---- introspection ---- */
+int dt_zero_stage(const dt_zero *z) { return z->stage; }
+int dt_zero_num_buckets(const dt_zero *z) { return z->nb; }
+const dt_zero_bucket *dt_zero_bucket_at(const dt_zero *z, int i) { return i >= 0 && i < z->nb ? &z->b[i].pub : NULL; }
+dt_param *const *dt_zero_param_order(const dt_zero *z) { return z->order; }
+float *dt_zero_shard_params(dt_zero *z, int i) { return i >= 0 && i < z->nb ? shard_param(z, i) : NULL; }
+float *dt_zero_shard_state(dt_zero *z, int i, int k) {
+    return i >= 0 && i < z->nb && k >= 0 && k < 2 ? z->b[i].opt.state[k] : NULL;
+}
+int64_t dt_zero_optim_step(const dt_zero *z) { return z->nb ? z->b[0].opt.step : 0; }
+void dt_zero_set_optim_step(dt_zero *z, int64_t step) {
+    for (int i = 0; i < z->nb; i++) z->b[i].opt.step = step;
+}
+const dt_optim_cfg *dt_zero_optim_cfg(const dt_zero *z) { return &z->cfg; }
+dt_pg *dt_zero_pg(const dt_zero *z) { return z->pg; }
+
+dt_zero_memory dt_zero_get_memory(const dt_zero *z) {
+    size_t f = sizeof(float), full = z->total * f, shard = z->shard_total * f;
+    dt_zero_memory r = {
+        .param_bytes = z->stage == 3 ? shard : full,
+        .grad_bytes = z->stage == 1 ? full : shard,
+        .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * shard,
+        .grad_window_peak = z->grad_peak * f,
+        .param_window_peak = z->param_peak * f,
+    };
+    return r;
+}
+dt_zero_stats dt_zero_get_stats(const dt_zero *z) { return z->stats; }

@@ -1,0 +1,75 @@
+#ifndef DT_PARALLEL_ZERO_INTERNAL_H
+#define DT_PARALLEL_ZERO_INTERNAL_H
+#include "dtrain/zero.h"
+#include "parallel_internal.h"
+
+/* One bucket: its public geometry plus per-step communication state. */
+typedef struct zbucket {
+    dt_zero_bucket pub;
+    dt_optimizer opt;        /* state for [own_begin, own_begin + shard) */
+    int n_grad_params;       /* params that get gradients (requires_grad) */
+    int pending;             /* of those, not yet ready in this backward */
+    int ready, launched, stepped;
+    int has_orphan;          /* holds a parameter no module owns (stage 3: always gathered) */
+    dt_work *rs;             /* reduce-scatter of the gradient in flight */
+    dt_work *ag;             /* parameter all-gather in flight */
+    float *full_grad;        /* full-size gradient: grad_flat + begin (stage 1) or a pool buffer */
+    float *full_param;       /* stage 3: gathered parameters (pool buffer) or NULL */
+} zbucket;
+
+struct dt_zero {
+    dt_zero_opts opts;
+    dt_optim_cfg cfg;
+    dt_model *m;
+    dt_pg *pg;               /* gradients, buffers, norms */
+    dt_pg *ag_pg;            /* parameter all-gathers: their issue order may interleave
+                                with reduce-scatters differently on each rank (INTERLEAVED) */
+    int rank, world, stage;
+    zbucket *b; int nb;
+    dt_param **order;        /* params in layout order */
+    int *param_bucket;       /* params[i] -> bucket */
+    size_t total;            /* padded layout length */
+    size_t shard_total;      /* sum of shard sizes */
+    size_t max_bucket;       /* largest bucket, elements */
+    float *shard_param;      /* stage 3: owned parameter shards, compact */
+    float *shard_grad;       /* stages 2/3: owned gradient shards, compact */
+    float *buf_scratch;
+    int red;                 /* DT_RED_AVG | deterministic flag */
+    int sync;                /* current micro-step reduces */
+    int next_launch;         /* reduce-scatters launch in bucket order */
+    int next_done;           /* INTERLEAVED: first bucket not yet stepped */
+    float lr;
+    int reduced;             /* finish_backward done, step pending */
+    dt_status tick_err;      /* INTERLEAVED step failed inside a graph tick */
+    char tick_msg[256];
+    double last_check_us;
+    /* full-size bucket buffers, reused */
+    float **pool; int n_pool, cap_pool;
+    size_t grad_live, grad_peak, param_live, param_peak;   /* elements */
+    /* stage 3 */
+    int **mod_buckets; int *mod_nb;      /* per module: buckets holding its params */
+    int *seq, n_seq, cap_seq;            /* modules in PRE_FORWARD order, this step */
+    int *prev_seq, n_prev;               /* ... of the previous step (prefetch plan) */
+    int *bseq, n_bseq, cap_bseq;         /* modules in PRE_BACKWARD order, this step */
+    int *prev_bseq, n_prev_b;
+    int cap_prev, cap_prev_b;
+    int recording;                       /* a training micro-step: record orders, prefetch */
+    unsigned char *want;                 /* scratch: bucket needed now */
+    dt_zero_stats stats;
+};
+
+/* zero_layout.c: order params, cut buckets, pad, set the model layout, owned shards. */
+dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_bytes);
+/* pool of max_bucket-sized buffers */
+float *dt_zero_pool_get(dt_zero *z);
+void dt_zero_pool_put(dt_zero *z, float *buf);
+/* zero_params.c: module hooks; stages 1/2 wait for a module's parameter
+ * all-gathers before its forward, stage 3 gathers / prefetches / frees. */
+dt_status dt_zero_modules_setup(dt_zero *z);
+void dt_zero_modules_free(dt_zero *z);
+dt_status dt_zero_params_before_forward(dt_zero *z);
+dt_status dt_zero3_release_all(dt_zero *z);
+dt_status dt_zero3_idle(dt_zero *z);
+/* Wait the in-flight all-gather of bucket i. */
+dt_status dt_zero_wait_gather(dt_zero *z, int i);
+#endif

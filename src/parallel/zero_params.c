@@ -1,0 +1,185 @@
+/* Parameters around forward and backward, driven by module hooks.
+ * Stages 1/2: a module waits for the all-gathers of its buckets (issued by the
+ * previous step) just before its forward. Stage 3: a module's buckets are
+ * gathered before its forward and again before its backward; the buckets of
+ * the next `prefetch` modules (in the order the previous micro-step ran them)
+ * are gathered ahead; every other gathered bucket is freed. Buckets holding a
+ * parameter no module owns stay gathered from before_forward to the end of
+ * backward. Gathers run on their own group in hook order, identical on every
+ * rank. */
+#include <stdlib.h>
+#include <string.h>
+#include "zero_internal.h"
+
+static dt_status gather(dt_zero *z, int i) {
+    zbucket *b = &z->b[i];
+    if (b->full_param) return DT_OK;
+    float *buf = dt_zero_pool_get(z);
+    if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory gathering a %zu-element parameter bucket", b->pub.numel);
+    b->full_param = buf;
+    z->param_live += b->pub.numel;
+    if (z->param_live > z->param_peak) z->param_peak = z->param_live;
+    for (int k = 0; k < b->pub.n_params; k++) {
+        dt_param *p = z->order[b->pub.first_param + k];
+        p->value.data = buf + (z->m->offsets[p->index] - b->pub.begin);
+    }
+    return dt_allgather(z->ag_pg, z->shard_param + b->pub.shard_offset, buf, (int64_t)b->pub.shard, DT_F32, &b->ag);
+}
+
+static dt_status release(dt_zero *z, int i) {
+    zbucket *b = &z->b[i];
+    if (!b->full_param) return DT_OK;
+    dt_status s = dt_zero_wait_gather(z, i);   /* MPI may still be writing into it */
+    for (int k = 0; k < b->pub.n_params; k++) z->order[b->pub.first_param + k]->value.data = NULL;
+    dt_zero_pool_put(z, b->full_param);
+    b->full_param = NULL;
+    z->param_live -= b->pub.numel;
+    return s;
+}
+
+dt_status dt_zero3_release_all(dt_zero *z) {
+    dt_status s = DT_OK;
+    for (int i = 0; i < z->nb; i++) {
+        dt_status si = release(z, i);
+        if (s == DT_OK) s = si;
+    }
+    return s;
+}
+
+static dt_status push(int **arr, int *n, int *cap, int v) {
+    if (*n == *cap) {
+        int c = *cap ? 2 * *cap : 64;
+        int *a = realloc(*arr, (size_t)c * sizeof *a);
+        if (!a) return DT_ERR(DT_ENOMEM, "out of memory");
+        *arr = a;
+        *cap = c;
+    }
+    (*arr)[(*n)++] = v;
+    return DT_OK;
+}
+
+static void want_module(dt_zero *z, int mod) {
+    for (int k = 0; k < z->mod_nb[mod]; k++) z->want[z->mod_buckets[mod][k]] = 1;
+}
+
+/* Stage 3: module `mod` is about to run (forward or backward); seq/prev is
+ * this and the previous micro-step's order for that direction. */
+static dt_status stage3_enter(dt_zero *z, int mod, int **seq, int *n_seq, int *cap, const int *prev, int n_prev) {
+    int pos = *n_seq;
+    if (z->recording) DT_TRY(push(seq, n_seq, cap, mod));
+    memset(z->want, 0, (size_t)z->nb);
+    for (int i = 0; i < z->nb; i++) z->want[i] = z->b[i].has_orphan;
+    want_module(z, mod);
+    int match = z->recording && pos < n_prev && prev[pos] == mod;   /* plan still follows the last run */
+    for (int k = 1; match && k <= z->opts.prefetch && pos + k < n_prev; k++) want_module(z, prev[pos + k]);
+    for (int i = 0; i < z->nb; i++)
+        if (!z->want[i]) DT_TRY(release(z, i));
+    for (int k = 0; k < z->mod_nb[mod]; k++) DT_TRY(gather(z, z->mod_buckets[mod][k]));
+    for (int i = 0; i < z->nb; i++)   /* prefetches, in bucket order */
+        if (z->want[i]) DT_TRY(gather(z, i));
+    for (int k = 0; k < z->mod_nb[mod]; k++) DT_TRY(dt_zero_wait_gather(z, z->mod_buckets[mod][k]));
+    return DT_OK;
+}
+
+static dt_status module_hook(dt_module *mod, dt_module_hook_kind kind, void *user) {
+    dt_zero *z = user;
+    int i = mod->index;
+    if (z->stage < 3) {
+        if (kind != DT_HOOK_PRE_FORWARD) return DT_OK;
+        for (int k = 0; k < z->mod_nb[i]; k++) DT_TRY(dt_zero_wait_gather(z, z->mod_buckets[i][k]));
+        return DT_OK;
+    }
+    if (kind == DT_HOOK_PRE_FORWARD) return stage3_enter(z, i, &z->seq, &z->n_seq, &z->cap_seq, z->prev_seq, z->n_prev);
+    if (kind == DT_HOOK_PRE_BACKWARD) return stage3_enter(z, i, &z->bseq, &z->n_bseq, &z->cap_bseq, z->prev_bseq, z->n_prev_b);
+    return DT_OK;
+}
+
+dt_status dt_zero_modules_setup(dt_zero *z) {
+    dt_model *m = z->m;
+    int nm = m->n_modules;
+    z->mod_buckets = calloc((size_t)(nm ? nm : 1), sizeof *z->mod_buckets);
+    z->mod_nb = calloc((size_t)(nm ? nm : 1), sizeof *z->mod_nb);
+    z->want = calloc((size_t)(z->nb ? z->nb : 1), 1);
+    unsigned char *owned = calloc((size_t)(m->n_params ? m->n_params : 1), 1);
+    if (!z->mod_buckets || !z->mod_nb || !z->want || !owned) { free(owned); return DT_ERR(DT_ENOMEM, "out of memory"); }
+    for (int i = 0; i < nm; i++) {
+        dt_module *mod = m->modules[i];
+        if (mod->hook) { free(owned); return DT_ERR(DT_ESTATE, "zero: module %s already has a hook", mod->name); }
+        if (!(z->mod_buckets[i] = malloc((size_t)(mod->n_params ? mod->n_params : 1) * sizeof(int)))) {
+            free(owned);
+            return DT_ERR(DT_ENOMEM, "out of memory");
+        }
+        for (int k = 0; k < mod->n_params; k++) {
+            int b = z->param_bucket[mod->params[k]->index], seen = 0;
+            owned[mod->params[k]->index] = 1;
+            for (int j = 0; j < z->mod_nb[i]; j++) seen |= z->mod_buckets[i][j] == b;
+            if (!seen) z->mod_buckets[i][z->mod_nb[i]++] = b;
+        }
+    }
+    for (int i = 0; i < m->n_params; i++)
+        if (!owned[i]) z->b[z->param_bucket[i]].has_orphan = 1;
+    free(owned);
+    for (int i = 0; i < nm; i++) {
+        m->modules[i]->hook = module_hook;
+        m->modules[i]->hook_user = z;
+    }
+    return DT_OK;
+}
+
+void dt_zero_modules_free(dt_zero *z) {
+    dt_model *m = z->m;
+    for (int i = 0; m && i < m->n_modules; i++)
+        if (m->modules[i]->hook_user == z) {
+            m->modules[i]->hook = NULL;
+            m->modules[i]->hook_user = NULL;
+        }
+    for (int i = 0; z->mod_buckets && m && i < m->n_modules; i++) free(z->mod_buckets[i]);
+    free(z->mod_buckets);
+    free(z->mod_nb);
+    free(z->want);
+    free(z->seq); free(z->prev_seq); free(z->bseq); free(z->prev_bseq);
+}
+
+/* A new micro-step: last micro-step's module order becomes the prefetch plan. */
+static dt_status rotate(int *seq, int *n, int **prev, int *n_prev, int *cap_prev) {
+    if (*n == 0) return DT_OK;
+    if (*cap_prev < *n) {
+        int *a = realloc(*prev, (size_t)*n * sizeof *a);
+        if (!a) return DT_ERR(DT_ENOMEM, "out of memory");
+        *prev = a;
+        *cap_prev = *n;
+    }
+    memcpy(*prev, seq, (size_t)*n * sizeof *seq);
+    *n_prev = *n;
+    *n = 0;
+    return DT_OK;
+}
+
+static dt_status gather_orphans(dt_zero *z) {
+    for (int i = 0; i < z->nb; i++)
+        if (z->b[i].has_orphan) DT_TRY(gather(z, i));
+    for (int i = 0; i < z->nb; i++)
+        if (z->b[i].has_orphan) DT_TRY(dt_zero_wait_gather(z, i));
+    return DT_OK;
+}
+
+/* Stage 3 outside training steps (evaluation): nothing gathered but the
+ * buckets no module owns, so a forward can run. */
+dt_status dt_zero3_idle(dt_zero *z) {
+    z->recording = 0;
+    DT_TRY(dt_zero3_release_all(z));
+    return gather_orphans(z);
+}
+
+dt_status dt_zero_params_before_forward(dt_zero *z) {
+    if (z->stage < 3) {
+        for (int i = 0; i < z->nb; i++)
+            if (z->b[i].has_orphan) DT_TRY(dt_zero_wait_gather(z, i));
+        return DT_OK;
+    }
+    DT_TRY(dt_zero3_release_all(z));
+    DT_TRY(rotate(z->seq, &z->n_seq, &z->prev_seq, &z->n_prev, &z->cap_prev));
+    DT_TRY(rotate(z->bseq, &z->n_bseq, &z->prev_bseq, &z->n_prev_b, &z->cap_prev_b));
+    z->recording = 1;
+    return gather_orphans(z);
+}

@@ -1,0 +1,97 @@
+/* ZeRO as a dt_strategy: owns the optimizer step and checkpoints; prints the
+ * per-rank memory report at start-up. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include "zero_internal.h"
+
+typedef struct zero_strat {
+    dt_pg *pg;
+    dt_zero_opts opts;
+    dt_zero_ckpt_format fmt;
+    dt_zero *z;
+} zero_strat;
+
+static double peak_rss_bytes(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0.0;
+}
+
+/* One line per rank, printed by rank 0 (figures gathered over the group). */
+static dt_status memory_report(zero_strat *s, const dt_trainer *t) {
+    dt_zero_memory mem = dt_zero_get_memory(s->z);
+    int world = dt_pg_size(s->pg);
+    float mine[4] = {(float)mem.param_bytes, (float)mem.grad_bytes, (float)mem.optim_bytes, (float)peak_rss_bytes()};
+    float *all = malloc((size_t)world * sizeof mine);
+    if (!all) return DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status st = dt_allgather(s->pg, mine, all, 4, DT_F32, NULL);
+    if (st == DT_OK && dt_pg_rank(s->pg) == 0 && !t->opts.quiet) {
+        const double MiB = 1048576.0;
+        printf("dtrain: zero-%d memory per rank (MiB): params / grads / optimizer state / peak RSS so far\n", s->opts.stage);
+        for (int r = 0; r < world; r++)
+            printf("  rank %d: %.2f / %.2f / %.2f / %.1f\n", r, all[4 * r] / MiB, all[4 * r + 1] / MiB,
+                   all[4 * r + 2] / MiB, all[4 * r + 3] / MiB);
+        fflush(stdout);
+    }
+    free(all);
+    return st;
+}
+
+static dt_status s_setup(void *self, dt_trainer *t) {
+    zero_strat *s = self;
+    s->opts.clip = t->opts.clip;
+    t->strat.collective_forward = s->opts.stage == 3;
+    DT_TRY(dt_zero_create(t->model, s->pg, &t->opts.optim, &s->opts, &s->z));
+    return memory_report(s, t);
+}
+static dt_status s_before_forward(void *self, dt_trainer *t, int last) {
+    zero_strat *s = self;
+    if (t->trace) dt_pg_set_trace(s->pg, t->trace);
+    dt_zero_set_lr(s->z, dt_lr_at(&t->sched, t->step));
+    return dt_zero_before_forward(s->z, t->graph, last);
+}
+static dt_status s_after_backward(void *self, dt_trainer *t, int last) {
+    (void)t;
+    zero_strat *s = self;
+    return last ? dt_zero_finish_backward(s->z) : DT_OK;
+}
+static dt_status s_step(void *self, dt_trainer *t, float lr) {
+    (void)t;
+    zero_strat *s = self;
+    dt_zero_set_lr(s->z, lr);
+    return dt_zero_step(s->z, NULL);
+}
+static dt_status s_save(void *self, dt_trainer *t, const char *path) {
+    zero_strat *s = self;
+    return dt_zero_save(s->z, t, path, s->fmt);
+}
+static dt_status s_load(void *self, dt_trainer *t, const char *path) {
+    zero_strat *s = self;
+    return dt_zero_load(s->z, t, path);
+}
+static dt_status s_sync(void *self, dt_trainer *t) {
+    (void)t;
+    return dt_zero_sync_params(((zero_strat *)self)->z);
+}
+static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_allreduce_sum(((zero_strat *)self)->pg, x, n); }
+static void s_destroy(void *self) {
+    zero_strat *s = self;
+    dt_pg_set_trace(s->pg, NULL);
+    dt_zero_free(s->z);
+    free(s);
+}
+
+dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format fmt, dt_strategy *out) {
+    zero_strat *s = calloc(1, sizeof *s);
+    if (!s) return DT_ERR(DT_ENOMEM, "out of memory");
+    s->pg = pg;
+    if (o) s->opts = *o;
+    else dt_zero_opts_default(&s->opts);
+    s->fmt = fmt;
+    *out = (dt_strategy){.name = "zero", .rank = dt_pg_rank(pg), .world = dt_pg_size(pg), .self = s,
+                         .setup = s_setup, .before_forward = s_before_forward,
+                         .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
+                         .destroy = s_destroy, .owns_optimizer = 1, .step = s_step, .save = s_save,
+                         .load = s_load, .sync_params = s_sync};
+    return DT_OK;
+}
