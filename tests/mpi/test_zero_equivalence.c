@@ -3,7 +3,9 @@
  * INTERLEAVED) hold the same parameters as plain DDP on the same model, seed
  * and data:
  *  - bit for bit for N = 2 and, at any N, in deterministic mode (both sides);
- *  - within 1e-6 relative at N > 2 without deterministic mode;
+ *  - within 1e-6 relative at N > 2 without deterministic mode (1e-5 for
+ *    GPT-2 under AdamW, see test_nondeterministic), and then every ZeRO
+ *    configuration bit for bit equal to every other;
  * for the MLP, the CNN (BatchNorm buffers) and GPT-2 (tied embedding).
  * Parameters and buffers end identical on every rank; the CNN's BatchNorm
  * running statistics equal DDP's (broadcast from rank 0), and with
@@ -28,6 +30,7 @@ static void check_all_modes(const char *name, const dtz_spec *s, double rtol) {
     float *init = dtz_init_params(&s->cfg);
     DTT_CHECK(dtt_differs(want.params, init, want.n_params));   /* training moved the weights */
     dtt_expect_same_across_ranks(want.params, want.n_params, "DDP params across ranks");
+    float *first = NULL;   /* the first ZeRO result: every stage / overlap mode reduces alike */
     for (int stage = 1; stage <= 3; stage++)
         for (int oi = 0; oi < 3; oi++) {
             dt_zero_opts o = dtz_opts(s, stage, overlaps[oi]);
@@ -39,6 +42,8 @@ static void check_all_modes(const char *name, const dtz_spec *s, double rtol) {
             DTT_CHECK(got.n_params == want.n_params && got.n_buffers == want.n_buffers);
             dtt_expect_same_across_ranks(got.params, got.n_params, what);
             dtz_expect_params(namer, got.params, want.params, rtol, what);
+            if (!first) first = dtt_copy(got.params, got.n_params);
+            else dtz_expect_params(namer, got.params, first, 0, "ZeRO stages / overlap modes among themselves");
             if (got.n_buffers) {
                 snprintf(what, sizeof what, "%s, stage %d, overlap %s: buffers", name, stage, ov_name(overlaps[oi]));
                 if (!s->no_bcast_buffers) dtt_expect_same_across_ranks(got.buffers, got.n_buffers, what);
@@ -49,6 +54,7 @@ static void check_all_modes(const char *name, const dtz_spec *s, double rtol) {
             if (rtol == 0) DTT_CHECK(got.last_loss == want.last_loss);
             dtz_result_free(&got);
         }
+    free(first);
     free(init);
     dtz_result_free(&want);
     dt_model_free(namer);
@@ -73,14 +79,25 @@ static void test_bitwise(void) {
     dtt_end();
 }
 
+/* MPI's own summation orders differ between all-reduce (DDP) and
+ * reduce-scatter (ZeRO): gradients agree to ~1e-7. SGD carries that through;
+ * AdamW's first steps divide by |g|, so a near-zero gradient element summed
+ * in another order moves its parameter by up to ~lr: GPT-2 reaches ~1.5e-6
+ * overall (N = 4), hence 1e-5 there. Every ZeRO
+ * configuration still agrees with every other bit for bit (check_all_modes). */
 static void test_nondeterministic(void) {
     if (dtt_size() <= 2) return;
     dtt_begin("ZeRO-1/2/3 ~ DDP within 1e-6 relative (N > 2, MPI's own summation order)");
     dtz_spec mlp = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 4);
+    dtz_spec gpt_sgd = dtz_mk_spec(dtt_gpt2_cfg(), 2, 3);
+    gpt_sgd.oc = dt_optim_cfg_default(DT_OPTIM_SGD);
+    gpt_sgd.oc.lr = 0.1f;
+    gpt_sgd.oc.momentum = 0.9f;
     dtz_spec gpt = dtz_mk_spec(dtt_gpt2_cfg(), 2, 3);
-    mlp.det = gpt.det = 0;
-    check_all_modes("mlp 20-[16,12]-5", &mlp, 1e-6);
-    check_all_modes("gpt2 tiny", &gpt, 1e-6);
+    mlp.det = gpt.det = gpt_sgd.det = 0;
+    check_all_modes("mlp 20-[16,12]-5, AdamW", &mlp, 1e-6);
+    check_all_modes("gpt2 tiny, SGD momentum", &gpt_sgd, 1e-6);
+    check_all_modes("gpt2 tiny, AdamW", &gpt, 1e-5);
     dtt_end();
 }
 
