@@ -5,7 +5,8 @@
  *    by the first and the last module), prefetch 0 / 1 / 2, overlap
  *    AFTER_BACKWARD and INTERLEAVED;
  *  - evaluation between steps in no-grad mode (dt_graph_set_grad_enabled(g,
- *    0), training off) right after dt_zero_step, twice in a row: logits and
+ *    0), training off) right after dt_zero_step, twice in a row (without,
+ *    then with dt_zero_sync_params first, as the trainer does): logits and
  *    loss equal DDP's model on the same batch bit for bit, at every stage,
  *    and training continues exactly like DDP afterwards;
  *  - dt_zero_free gathers the model back: full parameters equal DDP's and the
@@ -71,6 +72,7 @@ static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts
                 size_t nd, nz;
                 float eld, elz;
                 dt_graph_set_tick(d.g, NULL, NULL);
+                if (rep == 1) DTT_OK(dt_zero_sync_params(z.z));   /* what the trainer does before evaluating */
                 float *ldg = eval_logits(d.m, d.g, &e.b, &nd, &eld);
                 float *lzg = eval_logits(z.m, z.g, &e.b, &nz, &elz);
                 snprintf(what, sizeof what, "%s, step %d, eval %d: no-grad logits vs DDP's model", name, st, rep);
