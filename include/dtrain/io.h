@@ -63,6 +63,67 @@ const char *dt_safetensors_meta(const dt_safetensors *st, const char *key);  /* 
 dt_status dt_safetensors_expect(const dt_safetensors *st, const char *name, dt_dtype dtype,
                                 int ndim, const int64_t *shape, const dt_st_tensor **out);
 
+/* ---- checkpoint sources: one safetensors file or a sharded set ----
+ * A sharded set is a directory written by every rank of a job:
+ *   shard-<set>-r<R>.safetensors   rank R's pieces: 1-D F32 tensors named
+ *                                  "<tensor>@<start>" holding elements
+ *                                  [start, start + n) of the flattened tensor;
+ *                                  metadata "set" = <set>, "rank" = R, "world"
+ *   index.json                     written last by rank 0 (the commit point):
+ *     {"format": "dtrain-zero-sharded-1", "world": W, "stage": S, "set": "<set>",
+ *      "files": [{"name": "shard-<set>-r0.safetensors", "bytes": B}, ...],  (one per rank)
+ *      "tensors": {"<tensor>": [shape], ...},
+ *      "metadata": {"<key>": "<value>", ...}}                             (the checkpoint's)
+ * <set> ("<step>-<8 hex nonce>") differs for every save, so a crash mid-save
+ * never mixes sets and the previous set stays loadable until the new index
+ * lands; files of other sets are removed after it has.
+ *
+ * dt_ckpt reads either kind the same way: whole-tensor shapes and ranges of
+ * flattened F32 elements, from whichever pieces hold them. Only headers are
+ * read at open; data is read on demand. */
+typedef struct dt_ckpt dt_ckpt;
+/* path: a safetensors file, or a directory with index.json. A sharded set is
+ * validated completely: index format, every file present with the listed size
+ * and the set's id, pieces F32 and tiling [0, numel) of every tensor exactly. */
+dt_status dt_ckpt_open(const char *path, dt_ckpt **out);
+void dt_ckpt_close(dt_ckpt *c);
+const char *dt_ckpt_path(const dt_ckpt *c);
+int dt_ckpt_is_sharded(const dt_ckpt *c);
+/* The checkpoint's metadata (file __metadata__ / index "metadata"); NULL if absent.
+ * (Not dt_ckpt_meta: train.h names the trainer's metadata block so.) */
+const char *dt_ckpt_get_meta(const dt_ckpt *c, const char *key);
+/* 1 and the full shape if the tensor exists, else 0. shape: DT_MAX_DIMS slots. */
+int dt_ckpt_find(const dt_ckpt *c, const char *name, int *ndim, int64_t *shape);
+/* Present with exactly this shape, else an error naming tensor and file. */
+dt_status dt_ckpt_expect(const dt_ckpt *c, const char *name, int ndim, const int64_t *shape);
+/* Elements [start, start + n) of the flattened F32 tensor into dst. */
+dt_status dt_ckpt_read(const dt_ckpt *c, const char *name, size_t start, size_t n, float *dst);
+
+/* ---- writing a sharded set (the caller synchronises the ranks) ----
+ *   rank 0: dt_ckpt_set_id, dt_ckpt_prepare_dir;  share the id;  barrier
+ *   every rank: dt_ckpt_write_shard;  agree that all succeeded
+ *   rank 0: dt_ckpt_write_index (commit, then removes other sets' files) */
+#define DT_CKPT_SET_MAX 40
+typedef struct dt_ckpt_piece {
+    const char *tensor;          /* full tensor name */
+    size_t start, n;             /* element range of the flattened tensor */
+    const float *data;           /* n floats */
+} dt_ckpt_piece;
+typedef struct dt_ckpt_shape { const char *name; int ndim; int64_t shape[DT_MAX_DIMS]; } dt_ckpt_shape;
+/* "<step>-<nonce as 8 hex digits>" into out[DT_CKPT_SET_MAX]. */
+void dt_ckpt_set_id(int64_t step, uint32_t nonce, char *out);
+uint32_t dt_ckpt_nonce(void);    /* from the clock and pid; differs between saves */
+/* Creates dir if missing; an existing non-directory is an error. */
+dt_status dt_ckpt_prepare_dir(const char *dir);
+/* Rank's file of the set, written atomically. Zero-length pieces are skipped. */
+dt_status dt_ckpt_write_shard(const char *dir, const char *set, int rank, int world,
+                              const dt_ckpt_piece *pieces, int n_pieces);
+/* Rank 0, after every shard was written: index.json (file sizes from the
+ * directory) atomically, then removes the files of any other set. */
+dt_status dt_ckpt_write_index(const char *dir, const char *set, int world, int stage,
+                              const dt_ckpt_shape *tensors, int n_tensors,
+                              const dt_st_meta *meta, int n_meta);
+
 /* ---- atomic whole-file write helper ---- */
 dt_status dt_write_file_atomic(const char *path, const void *bytes, size_t n);
 

@@ -99,7 +99,9 @@ dt_status dt_zero_finish_backward(dt_zero *z);
  * global norm when clipping, else -1. */
 dt_status dt_zero_step(dt_zero *z, double *grad_norm);
 /* Waits for parameter all-gathers in flight; afterwards (stages 1/2) every
- * parameter value in the model is current. Stage 3: no-op. */
+ * parameter value in the model is current. Stage 3: frees every gathered
+ * bucket except those holding parameters no module owns (then a forward, e.g.
+ * evaluation, can run; modules gather their own). */
 dt_status dt_zero_sync_params(dt_zero *z);
 
 /* ---- introspection (checkpoints, benchmarks, tests) ---- */

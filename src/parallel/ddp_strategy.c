@@ -9,7 +9,9 @@ static dt_status s_setup(void *self, dt_trainer *t) {
     ddp_strat *s = self;
     DT_TRY(dt_ddp_create(t->model, s->pg, &s->opts, &s->ddp));
     s->ddp->trace = t->trace;
-    return DT_OK;
+    size_t full = t->model->param_flat.numel * sizeof(float);
+    return dt_par_memory_report(s->pg, "ddp", full, full, (size_t)dt_optim_state_per_elem(&t->opts.optim) * full,
+                                !t->opts.quiet);
 }
 static dt_status s_before_forward(void *self, dt_trainer *t, int last) {
     ddp_strat *s = self;

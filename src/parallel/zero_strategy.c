@@ -1,8 +1,6 @@
 /* ZeRO as a dt_strategy: owns the optimizer step and checkpoints; prints the
  * per-rank memory report at start-up. */
-#include <stdio.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include "zero_internal.h"
 
 typedef struct zero_strat {
@@ -12,37 +10,14 @@ typedef struct zero_strat {
     dt_zero *z;
 } zero_strat;
 
-static double peak_rss_bytes(void) {
-    struct rusage ru;
-    return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0.0;
-}
-
-/* One line per rank, printed by rank 0 (figures gathered over the group). */
-static dt_status memory_report(zero_strat *s, const dt_trainer *t) {
-    dt_zero_memory mem = dt_zero_get_memory(s->z);
-    int world = dt_pg_size(s->pg);
-    float mine[4] = {(float)mem.param_bytes, (float)mem.grad_bytes, (float)mem.optim_bytes, (float)peak_rss_bytes()};
-    float *all = malloc((size_t)world * sizeof mine);
-    if (!all) return DT_ERR(DT_ENOMEM, "out of memory");
-    dt_status st = dt_allgather(s->pg, mine, all, 4, DT_F32, NULL);
-    if (st == DT_OK && dt_pg_rank(s->pg) == 0 && !t->opts.quiet) {
-        const double MiB = 1048576.0;
-        printf("dtrain: zero-%d memory per rank (MiB): params / grads / optimizer state / peak RSS so far\n", s->opts.stage);
-        for (int r = 0; r < world; r++)
-            printf("  rank %d: %.2f / %.2f / %.2f / %.1f\n", r, all[4 * r] / MiB, all[4 * r + 1] / MiB,
-                   all[4 * r + 2] / MiB, all[4 * r + 3] / MiB);
-        fflush(stdout);
-    }
-    free(all);
-    return st;
-}
-
 static dt_status s_setup(void *self, dt_trainer *t) {
     zero_strat *s = self;
     s->opts.clip = t->opts.clip;
     t->strat.collective_forward = s->opts.stage == 3;
     DT_TRY(dt_zero_create(t->model, s->pg, &t->opts.optim, &s->opts, &s->z));
-    return memory_report(s, t);
+    dt_zero_memory mem = dt_zero_get_memory(s->z);
+    return dt_par_memory_report(s->pg, t->strat.name, mem.param_bytes, mem.grad_bytes, mem.optim_bytes,
+                                !t->opts.quiet);
 }
 static dt_status s_before_forward(void *self, dt_trainer *t, int last) {
     zero_strat *s = self;
@@ -88,7 +63,8 @@ dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format
     if (o) s->opts = *o;
     else dt_zero_opts_default(&s->opts);
     s->fmt = fmt;
-    *out = (dt_strategy){.name = "zero", .rank = dt_pg_rank(pg), .world = dt_pg_size(pg), .self = s,
+    static const char *names[4] = {"zero", "zero-1", "zero-2", "zero-3"};
+    *out = (dt_strategy){.name = names[s->opts.stage >= 1 && s->opts.stage <= 3 ? s->opts.stage : 0], .rank = dt_pg_rank(pg), .world = dt_pg_size(pg), .self = s,
                          .setup = s_setup, .before_forward = s_before_forward,
                          .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
                          .destroy = s_destroy, .owns_optimizer = 1, .step = s_step, .save = s_save,

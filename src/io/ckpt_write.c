@@ -1,0 +1,149 @@
+/* Writing a sharded set: per-rank shard files, then index.json (the commit
+ * point), then removal of files that belong to other sets. */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include "ckpt_internal.h"
+
+#define SHARD_PREFIX "shard-"
+
+void dt_ckpt_set_id(int64_t step, uint32_t nonce, char *out) {
+    snprintf(out, DT_CKPT_SET_MAX, "%lld-%08x", (long long)step, (unsigned)nonce);
+}
+
+uint32_t dt_ckpt_nonce(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    x ^= (uint64_t)getpid() << 32;
+    x += 0x9e3779b97f4a7c15ull;   /* splitmix64 finaliser */
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return (uint32_t)(x ^ (x >> 31));
+}
+
+static int shard_name(char *buf, size_t cap, const char *set, int rank) {
+    return snprintf(buf, cap, SHARD_PREFIX "%s-r%d.safetensors", set, rank) < (int)cap;
+}
+
+dt_status dt_ckpt_prepare_dir(const char *dir) {
+    if (!dir || !*dir) return DT_ERR(DT_EINVAL, "sharded checkpoint: empty directory path");
+    struct stat sb;
+    if (stat(dir, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode)) return DT_OK;
+        return DT_ERR(DT_EINVAL, "sharded checkpoint %s: exists and is not a directory (a consolidated "
+                      "checkpoint? use another path or the consolidated format)", dir);
+    }
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return DT_ERR(DT_EIO, "sharded checkpoint %s: cannot create directory: %s", dir, strerror(errno));
+    return DT_OK;
+}
+
+dt_status dt_ckpt_write_shard(const char *dir, const char *set, int rank, int world,
+                              const dt_ckpt_piece *pieces, int n_pieces) {
+    char path[4096], name[128], vr[16], vw[16];
+    if (!shard_name(name, sizeof name, set, rank) ||
+        snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return DT_ERR(DT_EINVAL, "sharded checkpoint %s: path too long", dir);
+    dt_st_entry *e = calloc((size_t)n_pieces + 1, sizeof *e);
+    char *names = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < n_pieces; i++) cap += strlen(pieces[i].tensor) + 24;
+    if (!e || !(names = malloc(cap + 1))) {
+        free(e);
+        return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
+    }
+    int n = 0;
+    size_t used = 0;
+    for (int i = 0; i < n_pieces; i++) {
+        const dt_ckpt_piece *p = &pieces[i];
+        if (p->n == 0) continue;
+        char *nm = names + used;
+        used += (size_t)snprintf(nm, cap - used, "%s@%zu", p->tensor, p->start) + 1;
+        e[n++] = (dt_st_entry){.name = nm, .dtype = DT_F32, .ndim = 1, .shape = {(int64_t)p->n}, .data = p->data};
+    }
+    snprintf(vr, sizeof vr, "%d", rank);
+    snprintf(vw, sizeof vw, "%d", world);
+    dt_st_meta meta[3] = {{"set", set}, {"rank", vr}, {"world", vw}};
+    dt_status s = dt_safetensors_write(path, e, n, meta, 3);
+    free(e);
+    free(names);
+    return s;
+}
+
+/* index.json body; file sizes come from the directory. */
+static dt_status build_index(const char *dir, const char *set, int world, int stage,
+                             const dt_ckpt_shape *tensors, int n_tensors, const dt_st_meta *meta,
+                             int n_meta, char **out) {
+    cJSON *root = cJSON_CreateObject(), *files = NULL, *ts = NULL, *md = NULL;
+    int ok = root && cJSON_AddStringToObject(root, "format", DT_CKPT_INDEX_FORMAT) &&
+             cJSON_AddNumberToObject(root, "world", world) && cJSON_AddNumberToObject(root, "stage", stage) &&
+             cJSON_AddStringToObject(root, "set", set) && (files = cJSON_AddArrayToObject(root, "files")) &&
+             (ts = cJSON_AddObjectToObject(root, "tensors")) && (md = cJSON_AddObjectToObject(root, "metadata"));
+    dt_status s = DT_OK;
+    for (int r = 0; ok && s == DT_OK && r < world; r++) {
+        char name[128], path[4096];
+        struct stat sb;
+        shard_name(name, sizeof name, set, r);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (stat(path, &sb) != 0) {
+            s = DT_ERR(DT_EIO, "sharded checkpoint %s: rank %d's file %s is not visible: %s", dir, r, name,
+                       strerror(errno));
+            break;
+        }
+        cJSON *f = cJSON_CreateObject();
+        ok = f && cJSON_AddItemToArray(files, f) && cJSON_AddStringToObject(f, "name", name) &&
+             cJSON_AddNumberToObject(f, "bytes", (double)sb.st_size);
+    }
+    for (int i = 0; ok && s == DT_OK && i < n_tensors; i++) {
+        cJSON *sh = cJSON_CreateArray();
+        ok = sh && cJSON_AddItemToObject(ts, tensors[i].name, sh);
+        for (int d = 0; ok && d < tensors[i].ndim; d++)
+            ok = cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)tensors[i].shape[d]));
+    }
+    for (int i = 0; ok && s == DT_OK && i < n_meta; i++) ok = cJSON_AddStringToObject(md, meta[i].key, meta[i].value) != NULL;
+    if (s == DT_OK && (!ok || !(*out = cJSON_Print(root)))) s = DT_ERR(DT_ENOMEM, "%s: out of memory", dir);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* Files named like a shard (or its temp file) or an index temp file, but not of `set`. */
+static int stale(const char *name, const char *set) {
+    char keep[128];
+    int n = snprintf(keep, sizeof keep, SHARD_PREFIX "%s-r", set);
+    if (!strncmp(name, SHARD_PREFIX, strlen(SHARD_PREFIX))) return strncmp(name, keep, (size_t)n) != 0;
+    return !strncmp(name, DT_CKPT_INDEX_NAME ".tmp.", strlen(DT_CKPT_INDEX_NAME ".tmp."));
+}
+
+static void remove_stale(const char *dir, const char *set) {
+    DIR *d = opendir(dir);
+    if (!d) return;   /* best effort: the committed set is complete either way */
+    struct dirent *de;
+    char path[4096];
+    while ((de = readdir(d)))
+        if (stale(de->d_name, set) && snprintf(path, sizeof path, "%s/%s", dir, de->d_name) < (int)sizeof path)
+            unlink(path);
+    closedir(d);
+}
+
+dt_status dt_ckpt_write_index(const char *dir, const char *set, int world, int stage,
+                              const dt_ckpt_shape *tensors, int n_tensors,
+                              const dt_st_meta *meta, int n_meta) {
+    if (!dir || !set || world < 1 || n_tensors < 0 || (n_tensors && !tensors) || n_meta < 0 || (n_meta && !meta))
+        return DT_ERR(DT_EINVAL, "dt_ckpt_write_index: bad arguments");
+    char *json = NULL, path[4096];
+    if (snprintf(path, sizeof path, "%s/%s", dir, DT_CKPT_INDEX_NAME) >= (int)sizeof path)
+        return DT_ERR(DT_EINVAL, "sharded checkpoint %s: path too long", dir);
+    DT_TRY(build_index(dir, set, world, stage, tensors, n_tensors, meta, n_meta, &json));
+    dt_status s = dt_write_file_atomic(path, json, strlen(json));
+    cJSON_free(json);
+    if (s == DT_OK) remove_stale(dir, set);
+    return s;
+}

@@ -1,0 +1,30 @@
+/* Start-up memory report: every rank's parameter / gradient / optimizer-state
+ * bytes and peak RSS, printed by rank 0 (DDP and ZeRO). Collective. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include "parallel_internal.h"
+
+static double peak_rss_bytes(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0.0;   /* Linux: KiB */
+}
+
+dt_status dt_par_memory_report(dt_pg *pg, const char *label, size_t param_bytes, size_t grad_bytes,
+                               size_t optim_bytes, int print) {
+    int world = dt_pg_size(pg);
+    float mine[4] = {(float)param_bytes, (float)grad_bytes, (float)optim_bytes, (float)peak_rss_bytes()};
+    float *all = malloc((size_t)world * sizeof mine);
+    if (!all) return DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status st = dt_allgather(pg, mine, all, 4, DT_F32, NULL);
+    if (st == DT_OK && print && dt_pg_rank(pg) == 0) {
+        const double MiB = 1048576.0;
+        printf("dtrain: %s memory per rank (MiB): params / grads / optimizer state / peak RSS so far\n", label);
+        for (int r = 0; r < world; r++)
+            printf("  rank %d: %.2f / %.2f / %.2f / %.1f\n", r, all[4 * r] / MiB, all[4 * r + 1] / MiB,
+                   all[4 * r + 2] / MiB, all[4 * r + 3] / MiB);
+        fflush(stdout);
+    }
+    free(all);
+    return st;
+}
