@@ -1,0 +1,217 @@
+/* ZeRO with an unused parameter. An MLP whose forward skips fc2's bias:
+ *  - find_unused_params = 0: dt_zero_finish_backward fails on every rank
+ *    with DT_EINVAL and a message naming 'fc2.bias' (and no other
+ *    parameter), at every stage; nothing hangs and a regular step afterwards
+ *    works and leaves every rank with the same parameters;
+ *  - find_unused_params = 1: stages 1/2/3 x overlap modes train exactly like
+ *    DDP with find_unused_params (bitwise, N = 2 or deterministic) and the
+ *    unused parameter stays unchanged (weight decay 0);
+ *  - the parameter unused on odd ranks only: still DDP's result, and the
+ *    parameter trains (even ranks give it gradients);
+ *  - dt_zero_finish_backward without a backward, and dt_zero_step without
+ *    finish_backward, fail cleanly on every rank. */
+#include "test_dist_util.h"
+#include "zero_testutil.h"
+
+static dt_pg *world;
+static int skip_layer = 1;   /* layer whose bias the forward leaves out; -1: none */
+
+static dt_tensor *forward_skip(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
+    const dt_model_cfg *c = &m->cfg;
+    int64_t shape[2] = {b->B, c->mlp_in};
+    dt_tensor *x = dt_graph_tensor(g, 2, shape);
+    if (!x) return NULL;
+    x->data = (void *)b->x_img;
+    int n_layers = c->mlp_n_hidden + 1;
+    for (int i = 0; i < n_layers; i++) {
+        dt_module *mod = m->modules[i];
+        if (dt_module_enter(g, mod) != DT_OK) return NULL;
+        dt_tensor *bias = i == skip_layer ? NULL : &mod->params[1]->value;
+        if (!(x = dt_op_linear(g, x, &mod->params[0]->value, bias, DT_W_OUT_IN))) return NULL;
+        if (i + 1 < n_layers && !(x = dt_op_relu(g, x))) return NULL;
+        if (dt_module_leave(g, mod) != DT_OK) return NULL;
+    }
+    if (logits) *logits = x;
+    return dt_op_cross_entropy(g, x, b->y);
+}
+
+static dtz_spec spec(int find_unused) {
+    dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 4);
+    s.oc = dtt_adamw(1e-2f, 0.0f);
+    s.forward = forward_skip;
+    s.find_unused = find_unused;
+    s.ddp_bucket_bytes = 256;
+    return s;
+}
+
+static dt_zero_opts zopts(const dtz_spec *s, int stage, dt_zero_overlap ov) {
+    dt_zero_opts o = dtz_opts(s, stage, ov);
+    o.first_bucket_bytes = o.bucket_bytes = 256;   /* several buckets: the unused one blocks later ones */
+    return o;
+}
+
+static void test_unused_is_an_error(void) {
+    dtt_begin("unused parameter without find_unused_params: error naming it on every rank, no hang");
+    int me = dtt_rank();
+    dtz_spec s = spec(0);
+    static const dt_zero_overlap ovs[3] = {DT_ZERO_OVERLAP_OFF, DT_ZERO_OVERLAP_AFTER_BACKWARD,
+                                           DT_ZERO_OVERLAP_INTERLEAVED};
+    for (int cfg = 0; cfg < 9; cfg++) {
+        int stage = 1 + cfg / 3;
+        dt_zero_opts o = zopts(&s, stage, ovs[cfg % 3]);
+        dtz_net n;
+        dtz_net_init(&n, &s, 11, world, &o);
+        DTT_CHECK(dt_zero_num_buckets(n.z) > 2);
+        float *lay0 = dtz_gather_layout(n.z);
+        float *before = dtz_params(n.m, lay0);
+        free(lay0);
+        for (int st = 0; st < 2; st++) {
+            dtt_batch b;
+            dtt_make_batch(&s.cfg, dtt_key(st, me, 0), 8, &b);
+            skip_layer = 1;
+            dt_zero_set_lr(n.z, 1e-2f);
+            dtz_fwd_bwd(&n, 1, &b.b, 1.0f);
+            dt_error_clear();
+            dt_status rc = dt_zero_finish_backward(n.z);
+            /* every rank failed the same way */
+            int bad = rc != DT_EINVAL, any = 0;
+            MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+            DTT_CHECK(rc == DT_EINVAL && any == 0);
+            const char *msg = dt_error_message();
+            DTT_CHECK(strstr(msg, "'fc2.bias'") != NULL);
+            DTT_CHECK(strstr(msg, "find_unused") != NULL);
+            DTT_CHECK(strstr(msg, "fc1.") == NULL && strstr(msg, "fc3.") == NULL);
+            dt_error_clear();
+            DTT_CHECK(dt_zero_step(n.z, NULL) == DT_ESTATE);   /* nothing was reduced */
+            /* the failed step changed no parameter */
+            DTT_OK(dt_zero_sync_params(n.z));
+            float *lay = dtz_gather_layout(n.z);
+            float *now = dtz_params(n.m, lay);
+            char what[128];
+            snprintf(what, sizeof what, "stage %d, overlap mode %d: parameters after a failed step", stage,
+                     (int)o.overlap_step);
+            dtz_expect_params(n.m, now, before, 0, what);
+            free(now);
+            free(lay);
+            dtt_batch_free(&b);
+        }
+        free(before);
+        MPI_Barrier(MPI_COMM_WORLD);
+        /* a regular step still works and moves the (still rank-identical) parameters */
+        float *lay = dtz_gather_layout(n.z);
+        float *p0 = dtz_params(n.m, lay);
+        free(lay);
+        skip_layer = -1;
+        dtt_batch b;
+        dtt_make_batch(&s.cfg, dtt_key(5, me, 0), 8, &b);
+        dtz_step(&n, 1e-2f, &b, 1, NULL);
+        DTT_OK(dt_zero_sync_params(n.z));
+        lay = dtz_gather_layout(n.z);
+        float *p1 = dtz_params(n.m, lay);
+        size_t np = dtz_param_count(n.m);
+        dtt_expect_same_across_ranks(p1, np, "params after recovery");
+        DTT_CHECK(dtt_differs(p0, p1, np));
+        free(p0);
+        free(p1);
+        free(lay);
+        dtt_batch_free(&b);
+        dtz_net_free(&n);
+    }
+    skip_layer = 1;
+    dtt_end();
+}
+
+static void test_misuse(void) {
+    dtt_begin("finish_backward without backward / step without finish_backward: clean errors, then recovers");
+    int me = dtt_rank();
+    dtz_spec s = spec(0);
+    skip_layer = -1;
+    for (int stage = 1; stage <= 3; stage++) {
+        dt_zero_opts o = zopts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
+        dtz_net n;
+        dtz_net_init(&n, &s, 13, world, &o);
+        dtt_batch b;
+        dtt_make_batch(&s.cfg, dtt_key(0, me, 0), 8, &b);
+        dt_zero_set_lr(n.z, 1e-2f);
+        dt_error_clear();
+        DTT_CHECK(dt_zero_step(n.z, NULL) == DT_ESTATE);
+        dt_graph_reset(n.g);
+        DTT_OK(dt_zero_before_forward(n.z, n.g, 1));
+        DTT_CHECK(dt_model_forward(n.m, n.g, &b.b, NULL) != NULL);
+        dt_error_clear();
+        DTT_CHECK(dt_zero_finish_backward(n.z) == DT_ESTATE);
+        DTT_CHECK(strstr(dt_error_message(), "backward") != NULL);
+        dtz_step(&n, 1e-2f, &b, 1, NULL);
+        float *lay = dtz_gather_layout(n.z);
+        float *p = dtz_params(n.m, lay);
+        dtt_expect_same_across_ranks(p, dtz_param_count(n.m), "params after recovery");
+        free(p);
+        free(lay);
+        dtt_batch_free(&b);
+        dtz_net_free(&n);
+    }
+    skip_layer = 1;
+    dtt_end();
+}
+
+static int odd_only;
+static void skip_hook(int st, int rank, int k) {
+    (void)st; (void)k;
+    skip_layer = odd_only && rank % 2 == 0 ? -1 : 1;
+}
+
+static void run_find_unused(int odd) {
+    odd_only = odd;
+    dtz_spec s = spec(1);
+    s.before_micro = skip_hook;
+    dt_model *namer;
+    DTT_OK(dt_model_create(&s.cfg, 1, &namer));
+    dt_param *pb = dt_model_find_param(namer, "fc2.bias");
+    DTT_CHECK(pb != NULL);
+    size_t off = 0;   /* fc2.bias in the registration-order vector */
+    for (int i = 0; i < pb->index; i++) off += (size_t)namer->params[i]->value.numel;
+    size_t nb = (size_t)pb->value.numel;
+    float *init = dtz_init_params(&s.cfg);
+    dtz_result want;
+    dtz_ddp_run(&s, world, &want);
+    DTT_CHECK(dtt_differs(want.params, init, want.n_params));
+    static const dt_zero_overlap ovs[3] = {DT_ZERO_OVERLAP_OFF, DT_ZERO_OVERLAP_AFTER_BACKWARD,
+                                           DT_ZERO_OVERLAP_INTERLEAVED};
+    for (int stage = 1; stage <= 3; stage++)
+        for (int oi = 0; oi < 3; oi++) {
+            dt_zero_opts o = zopts(&s, stage, ovs[oi]);
+            dtz_result got;
+            dtz_zero_run(&s, world, &o, &got);
+            char what[160];
+            snprintf(what, sizeof what, "find_unused%s, stage %d, overlap mode %d: ZeRO vs DDP",
+                     odd ? " (odd ranks)" : "", stage, (int)ovs[oi]);
+            dtt_expect_same_across_ranks(got.params, got.n_params, what);
+            dtz_expect_params(namer, got.params, want.params, 0, what);
+            if (odd) DTT_CHECK(dtt_differs(got.params + off, init + off, nb));   /* even ranks trained it */
+            else dtt_expect_bitwise(got.params + off, init + off, nb, "unused parameter stays unchanged");
+            dtz_result_free(&got);
+        }
+    free(init);
+    dtz_result_free(&want);
+    dt_model_free(namer);
+    skip_layer = 1;
+}
+
+static void test_find_unused(void) {
+    dtt_begin("find_unused_params: ZeRO-1/2/3 == DDP, unused param unchanged");
+    run_find_unused(0);
+    dtt_end();
+    dtt_begin("find_unused_params: parameter unused on odd ranks only == DDP");
+    run_find_unused(1);
+    dtt_end();
+}
+
+int main(int argc, char **argv) {
+    t_init(&argc, &argv);
+    DTT_OK(dt_pg_world(&world));
+    test_unused_is_an_error();
+    test_misuse();
+    test_find_unused();
+    DTT_OK(dt_dist_finalize());
+    return 0;
+}
