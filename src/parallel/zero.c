@@ -129,7 +129,20 @@ static dt_status advance_interleaved(dt_zero *z) {
     return DT_OK;
 }
 
-static int interleaving(const dt_zero *z) { return z->sync && z->opts.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED; }
+static int interleaving(const dt_zero *z) {
+    return z->sync && z->opts.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED && !z->hold_steps;
+}
+
+/* At the first gradient of a synchronising backward the forward is complete,
+ * so the parameters it did not use are known. If that will fail the step
+ * (find_unused_params off), no shard may be stepped during backward. */
+static void check_unused_once(dt_zero *z) {
+    if (z->unused_checked) return;
+    z->unused_checked = 1;
+    if (z->opts.find_unused_params) return;
+    for (int i = 0; i < z->m->n_params; i++)
+        if (z->m->params[i]->requires_grad && !z->m->params[i]->used) { z->hold_steps = 1; return; }
+}
 
 static void graph_tick(void *user) {
     dt_zero *z = user;
@@ -148,6 +161,7 @@ static void graph_tick(void *user) {
 static dt_status on_grad_ready(dt_param *p, void *user) {
     dt_zero *z = user;
     if (!z->sync) return DT_OK;
+    check_unused_once(z);
     zbucket *b = &z->b[z->param_bucket[p->index]];
     if (--b->pending == 0) {
         b->ready = 1;
@@ -316,6 +330,7 @@ static int bcast_buffers_enabled(const dt_zero *z) {
 dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync) {
     z->sync = sync;
     z->tick_err = DT_OK;
+    z->unused_checked = z->hold_steps = 0;
     dt_graph_set_tick(g, graph_tick, z);
     if (bcast_buffers_enabled(z)) DT_TRY(dt_par_bcast_buffers(z->m, z->pg, &z->buf_scratch, 0));
     return dt_zero_params_before_forward(z);
@@ -342,10 +357,13 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
             s = DT_ERR(DT_ESTATE, "zero: bucket %d still waits for %d gradients after backward (was backward run?)",
                        i, z->b[i].pending);
     if (s == DT_OK) s = launch_ready(z);
+    /* an unused parameter that is an error fails the step: reduce (the other
+     * ranks may not fail) but step nothing */
+    int fail_unused = n_unused && !z->opts.find_unused_params;
     double w0 = dt_par_now_us();
     for (int i = z->next_done; i < z->nb; i++) {
         dt_status si = z->b[i].launched ? finish_reduce(z, i) : DT_OK;
-        if (si == DT_OK && s == DT_OK && interleaving(z)) si = step_bucket(z, i, 1.0f);
+        if (si == DT_OK && s == DT_OK && interleaving(z) && !fail_unused) si = step_bucket(z, i, 1.0f);
         if (s == DT_OK) s = si;
     }
     z->next_done = z->nb;
@@ -354,7 +372,7 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
     if (z->stage == 3 && s == DT_OK) s = dt_zero3_release_all(z);
     if (s != DT_OK) { drain(z); reset_buckets(z); return s; }
     if (bcast_buffers_enabled(z)) DT_TRY(dt_par_bcast_buffers(m, z->pg, &z->buf_scratch, 0));
-    if (n_unused && !z->opts.find_unused_params) {
+    if (fail_unused) {
         reset_buckets(z);
         return DT_ERR(DT_EINVAL, "zero: parameter%s %s%s received no gradient in this step; if that is expected "
                       "enable find_unused_params (--find-unused)", n_unused > 1 ? "s" : "", unused,

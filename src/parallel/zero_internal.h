@@ -42,6 +42,8 @@ struct dt_zero {
     int next_done;           /* INTERLEAVED: first bucket not yet stepped */
     float lr;
     int reduced;             /* finish_backward done, step pending */
+    int unused_checked;      /* this backward looked for unused parameters */
+    int hold_steps;          /* an unused parameter will fail this step: no interleaved steps */
     dt_status tick_err;      /* INTERLEAVED step failed inside a graph tick */
     char tick_msg[256];
     double last_check_us;
