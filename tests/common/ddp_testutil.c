@@ -267,3 +267,24 @@ float *dtt_copy(const float *x, size_t n) {
     memcpy(c, x, n * sizeof *c);
     return c;
 }
+
+int dtt_skip_layer = -1;
+
+dt_tensor *dtt_mlp_forward_skip_bias(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
+    const dt_model_cfg *c = &m->cfg;
+    int64_t shape[2] = {b->B, c->mlp_in};
+    dt_tensor *x = dt_graph_tensor(g, 2, shape);
+    if (!x) return NULL;
+    x->data = (void *)b->x_img;
+    int n_layers = c->mlp_n_hidden + 1;
+    for (int i = 0; i < n_layers; i++) {
+        dt_module *mod = m->modules[i];
+        if (dt_module_enter(g, mod) != DT_OK) return NULL;
+        dt_tensor *bias = i == dtt_skip_layer ? NULL : &mod->params[1]->value;
+        if (!(x = dt_op_linear(g, x, &mod->params[0]->value, bias, DT_W_OUT_IN))) return NULL;
+        if (i + 1 < n_layers && !(x = dt_op_relu(g, x))) return NULL;
+        if (dt_module_leave(g, mod) != DT_OK) return NULL;
+    }
+    if (logits) *logits = x;
+    return dt_op_cross_entropy(g, x, b->y);
+}

@@ -59,6 +59,11 @@ void dtt_opt_step(dtt_net *n);   /* optimizer step, finish_step, zero_grad */
  * optimizer step. Returns the mean loss of the micro-batches. */
 float dtt_ddp_step(dtt_net *n, dt_ddp *d, const dtt_batch *micro, int K);
 
+/* The MLP forward with layer dtt_skip_layer's bias left out (-1: none, the
+ * default): a parameter without gradient for the unused-parameter tests. */
+extern int dtt_skip_layer;
+dt_tensor *dtt_mlp_forward_skip_bias(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits);
+
 /* ---- the single-process reference ----
  * per_rank[r * K + k]: rank r's micro-batch k. Rank r's gradient is the sum of
  * its K micro-steps (each backward_scaled(1/K), accumulated like DDP does

@@ -9,27 +9,6 @@
 #include "ddp_testutil.h"
 
 static dt_pg *world;
-static int skip_layer = 1;   /* layer whose bias the forward leaves out; -1: none */
-
-/* The MLP forward with one layer's bias left out. */
-static dt_tensor *forward_skip(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
-    const dt_model_cfg *c = &m->cfg;
-    int64_t shape[2] = {b->B, c->mlp_in};
-    dt_tensor *x = dt_graph_tensor(g, 2, shape);
-    if (!x) return NULL;
-    x->data = (void *)b->x_img;
-    int n_layers = c->mlp_n_hidden + 1;
-    for (int i = 0; i < n_layers; i++) {
-        dt_module *mod = m->modules[i];
-        if (dt_module_enter(g, mod) != DT_OK) return NULL;
-        dt_tensor *bias = i == skip_layer ? NULL : &mod->params[1]->value;
-        if (!(x = dt_op_linear(g, x, &mod->params[0]->value, bias, DT_W_OUT_IN))) return NULL;
-        if (i + 1 < n_layers && !(x = dt_op_relu(g, x))) return NULL;
-        if (dt_module_leave(g, mod) != DT_OK) return NULL;
-    }
-    if (logits) *logits = x;
-    return dt_op_cross_entropy(g, x, b->y);
-}
 
 static dt_model_cfg cfg(void) { return dtt_mlp_cfg(20, 16, 12, 5); }
 
@@ -37,7 +16,7 @@ static void net(dtt_net *n, uint64_t seed) {
     dt_model_cfg c = cfg();
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.0f);
     dtt_net_init(n, &c, seed, &oc);
-    n->m->forward = forward_skip;
+    n->m->forward = dtt_mlp_forward_skip_bias;
 }
 
 static dt_ddp_opts opts(int find_unused) {
@@ -62,7 +41,7 @@ static void test_unused_is_an_error(void) {
     for (int st = 0; st < 2; st++) {
         dtt_batch b;
         dtt_make_batch(&c, dtt_key(st, me, 0), 8, &b);
-        skip_layer = 1;
+        dtt_skip_layer = 1;
         dtt_fwd_bwd(&n, d, 1, &b.b, 1.0f, NULL);
         dt_error_clear();
         DTT_CHECK(dt_ddp_finish_backward(d) == DT_EINVAL);
@@ -74,7 +53,7 @@ static void test_unused_is_an_error(void) {
     }
     /* every rank got here; a regular step afterwards still works */
     MPI_Barrier(MPI_COMM_WORLD);
-    skip_layer = -1;
+    dtt_skip_layer = -1;
     dtt_batch b;
     dtt_make_batch(&c, dtt_key(5, me, 0), 8, &b);
     dtt_ddp_step(&n, d, &b, 1);
@@ -82,7 +61,7 @@ static void test_unused_is_an_error(void) {
     dtt_batch_free(&b);
     dt_ddp_free(d);
     dtt_net_free(&n);
-    skip_layer = 1;
+    dtt_skip_layer = 1;
     dtt_end();
 }
 
@@ -97,7 +76,7 @@ static void test_finish_without_backward(void) {
     dt_model_cfg c = cfg();
     dtt_batch b;
     dtt_make_batch(&c, dtt_key(0, me, 0), 8, &b);
-    skip_layer = -1;
+    dtt_skip_layer = -1;
     dt_graph_reset(n.g);
     DTT_OK(dt_ddp_before_forward(d, n.g, 1));
     DTT_CHECK(dt_model_forward(n.m, n.g, &b.b, NULL) != NULL);
@@ -106,7 +85,7 @@ static void test_finish_without_backward(void) {
     DTT_CHECK(strstr(dt_error_message(), "backward") != NULL);
     dtt_ddp_step(&n, d, &b, 1);
     dtt_expect_same_across_ranks(n.m->param_flat.data, n.m->param_flat.numel, "params after recovery");
-    skip_layer = 1;
+    dtt_skip_layer = 1;
     dtt_batch_free(&b);
     dt_ddp_free(d);
     dtt_net_free(&n);
@@ -114,7 +93,7 @@ static void test_finish_without_backward(void) {
 }
 
 static int skip_on_odd_ranks;
-static void ref_rank_hook(int r) { skip_layer = skip_on_odd_ranks && r % 2 == 0 ? -1 : 1; }
+static void ref_rank_hook(int r) { dtt_skip_layer = skip_on_odd_ranks && r % 2 == 0 ? -1 : 1; }
 
 static void run_find_unused(int odd_only) {
     int me = dt_pg_rank(world), N = dt_pg_size(world);
@@ -141,7 +120,7 @@ static void run_find_unused(int odd_only) {
         free(mb);
     }
     dtt_ref_rank_hook = NULL;
-    skip_layer = 1;
+    dtt_skip_layer = 1;
     DTT_CHECK(dtt_differs(n.m->param_flat.data, init, ne));
     dtt_expect_same_across_ranks(n.m->param_flat.data, ne, "params across ranks");
     dtt_expect_bitwise(n.m->param_flat.data, r.m->param_flat.data, ne, "find_unused_params: DDP vs reference");
@@ -165,6 +144,7 @@ static void test_find_unused(void) {
 }
 
 int main(int argc, char **argv) {
+    dtt_skip_layer = 1;
     t_init(&argc, &argv);
     DTT_OK(dt_pg_world(&world));
     test_unused_is_an_error();

@@ -95,26 +95,6 @@ static void test_accum(void) {
 
 /* ---- a parameter used in some micro-steps only ---- */
 
-static int skip_layer = -1;   /* layer whose bias the forward leaves out; -1: none */
-
-static dt_tensor *forward_skip(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
-    const dt_model_cfg *c = &m->cfg;
-    int64_t shape[2] = {b->B, c->mlp_in};
-    dt_tensor *x = dt_graph_tensor(g, 2, shape);
-    if (!x) return NULL;
-    x->data = (void *)b->x_img;
-    int n_layers = c->mlp_n_hidden + 1;
-    for (int i = 0; i < n_layers; i++) {
-        dt_module *mod = m->modules[i];
-        if (dt_module_enter(g, mod) != DT_OK) return NULL;
-        dt_tensor *bias = i == skip_layer ? NULL : &mod->params[1]->value;
-        if (!(x = dt_op_linear(g, x, &mod->params[0]->value, bias, DT_W_OUT_IN))) return NULL;
-        if (i + 1 < n_layers && !(x = dt_op_relu(g, x))) return NULL;
-        if (dt_module_leave(g, mod) != DT_OK) return NULL;
-    }
-    if (logits) *logits = x;
-    return dt_op_cross_entropy(g, x, b->y);
-}
 
 /* fc2.bias (layer 1) gets a gradient only in micro-step use_at[st]
  * (-1: never); K = 3 every step. On odd ranks it is shifted by one
@@ -123,16 +103,16 @@ static const int use_at[4] = {0, 2, 1, -1};
 static void skip_pattern(int st, int rank, int k) {
     int u = use_at[st];
     if (u >= 0 && rank % 2 == 1) u = (u + 1) % 3;
-    skip_layer = k == u ? -1 : 1;
+    dtt_skip_layer = k == u ? -1 : 1;
 }
-static void skip_always(int st, int rank, int k) { (void)st; (void)rank; (void)k; skip_layer = 1; }
+static void skip_always(int st, int rank, int k) { (void)st; (void)rank; (void)k; dtt_skip_layer = 1; }
 
 static void test_touched_buckets_change(void) {
     dtt_begin("accumulation: parameter used in the first / middle / last micro-step only == DDP");
     dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 4, 4);
     s.K = 3;
     s.find_unused = 1;
-    s.forward = forward_skip;
+    s.forward = dtt_mlp_forward_skip_bias;
     s.before_micro = skip_pattern;
     s.ddp_bucket_bytes = 256;
     dt_model *namer;
@@ -155,7 +135,7 @@ static void test_touched_buckets_change(void) {
             dtz_expect_params(namer, got, want.params, 0, what);
             free(got);
         }
-    skip_layer = -1;
+    dtt_skip_layer = -1;
     dtz_result_free(&want);
     dtz_result_free(&never);
     dt_model_free(namer);

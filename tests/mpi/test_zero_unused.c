@@ -14,31 +14,11 @@
 #include "zero_testutil.h"
 
 static dt_pg *world;
-static int skip_layer = 1;   /* layer whose bias the forward leaves out; -1: none */
-
-static dt_tensor *forward_skip(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
-    const dt_model_cfg *c = &m->cfg;
-    int64_t shape[2] = {b->B, c->mlp_in};
-    dt_tensor *x = dt_graph_tensor(g, 2, shape);
-    if (!x) return NULL;
-    x->data = (void *)b->x_img;
-    int n_layers = c->mlp_n_hidden + 1;
-    for (int i = 0; i < n_layers; i++) {
-        dt_module *mod = m->modules[i];
-        if (dt_module_enter(g, mod) != DT_OK) return NULL;
-        dt_tensor *bias = i == skip_layer ? NULL : &mod->params[1]->value;
-        if (!(x = dt_op_linear(g, x, &mod->params[0]->value, bias, DT_W_OUT_IN))) return NULL;
-        if (i + 1 < n_layers && !(x = dt_op_relu(g, x))) return NULL;
-        if (dt_module_leave(g, mod) != DT_OK) return NULL;
-    }
-    if (logits) *logits = x;
-    return dt_op_cross_entropy(g, x, b->y);
-}
 
 static dtz_spec spec(int find_unused) {
     dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 4);
     s.oc = dtt_adamw(1e-2f, 0.0f);
-    s.forward = forward_skip;
+    s.forward = dtt_mlp_forward_skip_bias;
     s.find_unused = find_unused;
     s.ddp_bucket_bytes = 256;
     return s;
@@ -68,7 +48,7 @@ static void test_unused_is_an_error(void) {
         for (int st = 0; st < 2; st++) {
             dtt_batch b;
             dtt_make_batch(&s.cfg, dtt_key(st, me, 0), 8, &b);
-            skip_layer = 1;
+            dtt_skip_layer = 1;
             dt_zero_set_lr(n.z, 1e-2f);
             dtz_fwd_bwd(&n, 1, &b.b, 1.0f);
             dt_error_clear();
@@ -101,7 +81,7 @@ static void test_unused_is_an_error(void) {
         float *lay = dtz_gather_layout(n.z);
         float *p0 = dtz_params(n.m, lay);
         free(lay);
-        skip_layer = -1;
+        dtt_skip_layer = -1;
         dtt_batch b;
         dtt_make_batch(&s.cfg, dtt_key(5, me, 0), 8, &b);
         dtz_step(&n, 1e-2f, &b, 1, NULL);
@@ -117,7 +97,7 @@ static void test_unused_is_an_error(void) {
         dtt_batch_free(&b);
         dtz_net_free(&n);
     }
-    skip_layer = 1;
+    dtt_skip_layer = 1;
     dtt_end();
 }
 
@@ -125,7 +105,7 @@ static void test_misuse(void) {
     dtt_begin("finish_backward without backward / step without finish_backward: clean errors, then recovers");
     int me = dtt_rank();
     dtz_spec s = spec(0);
-    skip_layer = -1;
+    dtt_skip_layer = -1;
     for (int stage = 1; stage <= 3; stage++) {
         dt_zero_opts o = zopts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
         dtz_net n;
@@ -150,14 +130,14 @@ static void test_misuse(void) {
         dtt_batch_free(&b);
         dtz_net_free(&n);
     }
-    skip_layer = 1;
+    dtt_skip_layer = 1;
     dtt_end();
 }
 
 static int odd_only;
 static void skip_hook(int st, int rank, int k) {
     (void)st; (void)k;
-    skip_layer = odd_only && rank % 2 == 0 ? -1 : 1;
+    dtt_skip_layer = odd_only && rank % 2 == 0 ? -1 : 1;
 }
 
 static void run_find_unused(int odd) {
@@ -194,7 +174,7 @@ static void run_find_unused(int odd) {
     free(init);
     dtz_result_free(&want);
     dt_model_free(namer);
-    skip_layer = 1;
+    dtt_skip_layer = 1;
 }
 
 static void test_find_unused(void) {
@@ -207,6 +187,7 @@ static void test_find_unused(void) {
 }
 
 int main(int argc, char **argv) {
+    dtt_skip_layer = 1;
     t_init(&argc, &argv);
     DTT_OK(dt_pg_world(&world));
     test_unused_is_an_error();

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 #include "tmpdir.h"
 #include <cjson/cJSON.h>
+#include "cli_env.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,16 +18,7 @@ static char dir[64], corpus[128];
 
 static int setup(void **state) {
     (void)state;
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    /* Under ASan: Open MPI dlcloses its plugins at finalize, so their
-     * allocations are reported as leaks from "<unknown module>" that no
-     * suppression can name. Library leaks are checked by the unit tests;
-     * here the launched ranks skip leak detection. */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[512];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    dt_test_cli_mpi_env();
     strcpy(dir, "/tmp/dt_nproc_XXXXXX");
     if (!mkdtemp(dir)) return -1;
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);

@@ -12,6 +12,7 @@
 #include "tmpdir.h"
 #include <cjson/cJSON.h>
 #include <math.h>
+#include "cli_env.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,13 +28,7 @@ static char dir[64], corpus[128];
 
 static int setup(void **state) {
     (void)state;
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    /* launched ranks skip LSan (Open MPI's dlclosed plugins; see test_cli_nproc.c) */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[512];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    dt_test_cli_mpi_env();
     if (dt_test_tmpdir(dir, sizeof dir, "cli_zero") != 0) return -1;
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
     FILE *f = fopen(corpus, "w");
