@@ -95,8 +95,9 @@ int dt_graph_grad_enabled(const dt_graph *g);
 /* Training flag read by dropout / batchnorm. */
 void dt_graph_set_training(dt_graph *g, int training);
 int dt_graph_training(const dt_graph *g);
-/* Called between backward nodes (about every op); DDP/ZeRO use it to poll
- * MPI progress while backward computes. NULL to disable. */
+/* Called after each recorded forward op and between backward nodes (about
+ * every op); DDP/ZeRO use it to poll MPI progress while forward and backward
+ * compute. NULL to disable. */
 typedef void (*dt_graph_tick_fn)(void *user);
 void dt_graph_set_tick(dt_graph *g, dt_graph_tick_fn fn, void *user);
 

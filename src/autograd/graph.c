@@ -123,6 +123,7 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
     }
     out->requires_grad = 1;
     out->grad_fn = n;
+    if (g->tick) g->tick(g->tick_user);   /* forward progress too (parameter all-gathers) */
     return n;
 }
 
