@@ -134,6 +134,8 @@ typedef struct dt_zero_stats {
     double gather_wait_us;       /* blocked waiting for parameter all-gathers */
     double step_us;              /* optimizer time outside backward */
     int64_t interleaved_steps;   /* bucket shards stepped during backward */
+    int64_t deferred_gathers;    /* AFTER_BACKWARD: parameter all-gathers issued after dt_zero_step
+                                    returned (queued in forward order, a few in flight at a time) */
 } dt_zero_stats;
 dt_zero_stats dt_zero_get_stats(const dt_zero *z);
 

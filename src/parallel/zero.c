@@ -1,6 +1,7 @@
 /* ZeRO core: sharded optimizer over padded buckets, gradient reduce-scatter
  * launched from grad-ready hooks, shard steps (optionally interleaved with
  * backward), parameter all-gathers. Stage 3's gathers live in zero_params.c. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,6 +99,45 @@ static dt_status finish_reduce(dt_zero *z, int i) {
     return s;
 }
 
+/* AFTER_BACKWARD: the updated parameters' all-gathers are not issued all at
+ * once: sharing the link, every one of them (the first layers' included)
+ * would finish near the end. They are queued in the order the next forward
+ * needs them (last bucket first) and at most GATHER_WINDOW run at a time;
+ * forward ticks and waits keep the queue moving. Same order on every rank. */
+#define GATHER_WINDOW 2
+
+static dt_status issue_gather(dt_zero *z, int i) {
+    zbucket *b = &z->b[i];
+    b->ag_queued = 0;
+    return dt_allgather(z->ag_pg, shard_param(z, i), z->m->param_flat.data + b->pub.begin, (int64_t)b->pub.shard,
+                        DT_F32, &b->ag);
+}
+
+static void forget_live(dt_zero *z, int i) {
+    for (int k = 0; k < z->n_gq_live; k++)
+        if (z->gq_live[k] == i) { z->gq_live[k] = z->gq_live[--z->n_gq_live]; return; }
+}
+
+/* Issue queued gathers while fewer than GATHER_WINDOW are in flight, and
+ * unconditionally every queued bucket with index >= force (INT_MAX: none). */
+static dt_status pump_gathers(dt_zero *z, int force) {
+    if (z->gq_next < 0) return DT_OK;
+    for (int k = 0; k < z->n_gq_live;) {
+        int done = 0;
+        DT_TRY(dt_work_test(z->b[z->gq_live[k]].ag, &done));
+        if (done) z->gq_live[k] = z->gq_live[--z->n_gq_live];
+        else k++;
+    }
+    while (z->gq_next >= 0 && (z->gq_next >= force || z->n_gq_live < GATHER_WINDOW)) {
+        int i = z->gq_next;
+        DT_TRY(issue_gather(z, i));
+        z->gq_live[z->n_gq_live++] = i;
+        if (!z->reduced_defer) z->stats.deferred_gathers++;
+        do z->gq_next--; while (z->gq_next >= 0 && !z->b[z->gq_next].ag_queued);
+    }
+    return DT_OK;
+}
+
 static dt_status step_bucket(dt_zero *z, int i, float scale) {
     zbucket *b = &z->b[i];
     float *ps = shard_param(z, i);
@@ -110,20 +150,30 @@ static dt_status step_bucket(dt_zero *z, int i, float scale) {
     }
     b->stepped = 1;
     if (z->stage == 1) memset(b->full_grad, 0, b->pub.numel * sizeof(float));   /* next accumulation */
-    if (z->stage < 3)
-        DT_TRY(dt_allgather(z->ag_pg, ps, z->m->param_flat.data + b->pub.begin, (int64_t)b->pub.shard, DT_F32, &b->ag));
+    if (z->stage < 3 && z->reduced_defer) {
+        b->ag_queued = 1;
+        if (i > z->gq_next) z->gq_next = i;
+    } else if (z->stage < 3) {
+        DT_TRY(issue_gather(z, i));
+    }
     return DT_OK;
 }
 
-/* INTERLEAVED: step, in bucket order, every bucket whose reduction has completed. */
-static dt_status advance_interleaved(dt_zero *z) {
+static int interleaving(const dt_zero *z);
+
+/* During backward: in bucket order, finish every reduce-scatter that has
+ * completed, so (stages 2/3) its full-size gradient buffer is released as
+ * soon as possible in every overlap mode; INTERLEAVED also steps the shard. */
+static dt_status advance_reduced(dt_zero *z) {
     while (z->next_done < z->next_launch) {
         int done = 0;
         DT_TRY(dt_work_test(z->b[z->next_done].rs, &done));
         if (!done) break;
         DT_TRY(finish_reduce(z, z->next_done));
-        DT_TRY(step_bucket(z, z->next_done, 1.0f));
-        z->stats.interleaved_steps++;
+        if (interleaving(z)) {
+            DT_TRY(step_bucket(z, z->next_done, 1.0f));
+            z->stats.interleaved_steps++;
+        }
         z->next_done++;
     }
     return DT_OK;
@@ -144,18 +194,26 @@ static void check_unused_once(dt_zero *z) {
         if (z->m->params[i]->requires_grad && !z->m->params[i]->used) { z->hold_steps = 1; return; }
 }
 
+/* advance_reduced from inside backward: a failure is kept for
+ * finish_backward, so every rank still reaches the same collectives. */
+static void advance_in_backward(dt_zero *z) {
+    if (!z->sync || z->next_done >= z->next_launch || z->tick_err) return;
+    z->last_check_us = dt_par_now_us();
+    if (advance_reduced(z) != DT_OK) {
+        z->tick_err = dt_error_code();
+        snprintf(z->tick_msg, sizeof z->tick_msg, "%s", dt_error_message());
+    }
+}
+
 static void graph_tick(void *user) {
     dt_zero *z = user;
     dt_pg_tick(z->pg);
     dt_pg_tick(z->ag_pg);
-    if (!interleaving(z) || z->next_done >= z->next_launch || z->tick_err) return;
-    double now = dt_par_now_us();
-    if (now - z->last_check_us < 500.0) return;
-    z->last_check_us = now;
-    if (advance_interleaved(z) != DT_OK) {
-        z->tick_err = dt_error_code();
+    if (z->gq_next >= 0 && pump_gathers(z, INT_MAX) != DT_OK && !z->tick_err) {
+        z->tick_err = dt_error_code();   /* reported by the next wait or finish_backward */
         snprintf(z->tick_msg, sizeof z->tick_msg, "%s", dt_error_message());
     }
+    if (z->next_done < z->next_launch && dt_par_now_us() - z->last_check_us >= 500.0) advance_in_backward(z);
 }
 
 static dt_status on_grad_ready(dt_param *p, void *user) {
@@ -166,6 +224,7 @@ static dt_status on_grad_ready(dt_param *p, void *user) {
     if (--b->pending == 0) {
         b->ready = 1;
         DT_TRY(launch_ready(z));
+        advance_in_backward(z);   /* earlier buckets may be done: release them now */
     }
     return DT_OK;
 }
@@ -238,7 +297,10 @@ dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const 
     z->stage = opts.stage;
     z->red = DT_RED_AVG | (opts.deterministic ? DT_RED_DETERMINISTIC : 0);
     dt_status s = dt_pg_split(pg, 0, z->rank, &z->ag_pg);
+    z->gq_next = -1;
     if (s == DT_OK) s = dt_zero_build_layout(z, opts.first_bucket_bytes, opts.bucket_bytes);
+    if (s == DT_OK && !(z->gq_live = malloc((size_t)(z->nb ? z->nb : 1) * sizeof *z->gq_live)))
+        s = DT_ERR(DT_ENOMEM, "out of memory");
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_broadcast(pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, 0, NULL);
     if (s == DT_OK) s = dt_par_bcast_buffers(m, pg, &z->buf_scratch, 0);
@@ -314,6 +376,7 @@ void dt_zero_free(dt_zero *z) {
     free(z->b);
     free(z->order);
     free(z->param_bucket);
+    free(z->gq_live);
     dt_free(z->shard_param);
     dt_free(z->shard_grad);
     free(z->buf_scratch);
@@ -351,7 +414,7 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
         zbucket *b = &z->b[z->param_bucket[i]];
         if (--b->pending == 0) b->ready = 1;   /* reduced with whatever it accumulated (zeros) */
     }
-    dt_status s = z->tick_err ? DT_ERR(z->tick_err, "zero: stepping during backward failed: %s", z->tick_msg) : DT_OK;
+    dt_status s = z->tick_err ? DT_ERR(z->tick_err, "zero: finishing a reduction (or stepping a shard) during backward failed: %s", z->tick_msg) : DT_OK;
     for (int i = 0; i < z->nb && s == DT_OK; i++)
         if (z->b[i].pending != 0)
             s = DT_ERR(DT_ESTATE, "zero: bucket %d still waits for %d gradients after backward (was backward run?)",
@@ -410,8 +473,13 @@ dt_status dt_zero_step(dt_zero *z, double *grad_norm) {
         scale = dt_clip_scale(norm, z->opts.clip);
         if (grad_norm) *grad_norm = norm;
     }
-    for (int i = 0; i < z->nb && s == DT_OK; i++)
+    /* last bucket first: its all-gather (the model's first layers, in
+     * reverse-registration layout) is the one the next forward needs first */
+    z->reduced_defer = z->opts.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD;
+    for (int i = z->nb - 1; i >= 0 && s == DT_OK; i--)
         if (!z->b[i].stepped) s = step_bucket(z, i, scale);
+    if (s == DT_OK) s = pump_gathers(z, INT_MAX);
+    z->reduced_defer = 0;
     for (int i = 0; i < z->nb; i++) dt_optimizer_finish_step(&z->b[i].opt);
     z->stats.steps++;
     reset_buckets(z);
@@ -422,11 +490,15 @@ dt_status dt_zero_step(dt_zero *z, double *grad_norm) {
 
 dt_status dt_zero_wait_gather(dt_zero *z, int i) {
     zbucket *b = &z->b[i];
-    if (!b->ag) return DT_OK;
     double t0 = dt_par_now_us();
-    dt_status s = dt_work_wait(b->ag);
+    dt_status s = b->ag_queued ? pump_gathers(z, i) : DT_OK;
+    if (!b->ag) return s;
+    dt_status sw = dt_work_wait(b->ag);
     b->ag = NULL;
+    forget_live(z, i);
     z->stats.gather_wait_us += dt_par_now_us() - t0;
+    if (s == DT_OK) s = sw;
+    if (s == DT_OK) s = pump_gathers(z, INT_MAX);   /* keep the queue moving */
     return s;
 }
 

@@ -15,6 +15,7 @@ typedef struct zbucket {
     int has_orphan;          /* holds a parameter no module owns (stage 3: always gathered) */
     dt_work *rs;             /* reduce-scatter of the gradient in flight */
     dt_work *ag;             /* parameter all-gather in flight */
+    int ag_queued;           /* stepped, all-gather waits in the queue (AFTER_BACKWARD) */
     float *full_grad;        /* full-size gradient: grad_flat + begin (stage 1) or a pool buffer */
     float *full_param;       /* stage 3: gathered parameters (pool buffer) or NULL */
 } zbucket;
@@ -39,14 +40,19 @@ struct dt_zero {
     int red;                 /* DT_RED_AVG | deterministic flag */
     int sync;                /* current micro-step reduces */
     int next_launch;         /* reduce-scatters launch in bucket order */
-    int next_done;           /* INTERLEAVED: first bucket not yet stepped */
+    int next_done;           /* first bucket whose reduce-scatter is not yet finished (INTERLEAVED: stepped) */
     float lr;
     int reduced;             /* finish_backward done, step pending */
+    int reduced_defer;       /* inside dt_zero_step with AFTER_BACKWARD: queue gathers */
     int unused_checked;      /* this backward looked for unused parameters */
     int hold_steps;          /* an unused parameter will fail this step: no interleaved steps */
     dt_status tick_err;      /* INTERLEAVED step failed inside a graph tick */
     char tick_msg[256];
     double last_check_us;
+    /* AFTER_BACKWARD parameter all-gathers: queued in forward order (last
+     * bucket first), issued a few at a time (zero.c, pump_gathers) */
+    int gq_next;             /* highest queued bucket not yet issued, -1: none */
+    int *gq_live, n_gq_live; /* issued from the queue, not yet seen complete */
     /* full-size bucket buffers, reused */
     zpool_buf *pool; int n_pool, cap_pool;
     size_t grad_live, grad_peak, param_live, param_peak;   /* elements */

@@ -12,7 +12,8 @@
  *      optimizer state ~ 4sP/N at every stage, gradients ~ 4P/N from
  *      stage 2, parameters ~ 4P/N at stage 3 (each within 1% + padding),
  *      full-size windows bounded by the layout; stage 3 on a deep MLP holds
- *      only a window of modules gathered at a time. */
+ *      only a window of modules gathered at a time, and at stages 2/3 a
+ *      bucket's full gradient is released once its reduction finished. */
 #include "test_dist_util.h"
 #include "zero_testutil.h"
 
@@ -195,6 +196,85 @@ static void test_stage3_window(void) {
     dtt_end();
 }
 
+/* Stages 2/3: a bucket's full-size gradient lives only until its
+ * reduce-scatter has finished, in every overlap mode. Each rank runs alone in
+ * its own one-rank group, where a reduce-scatter completes at once: the
+ * buffers are released as backward proceeds, so at most a few buckets (a
+ * layer's weight and bias) are alive together, never most of the model. */
+static void test_grad_window(void) {
+    dtt_begin("stages 2/3: full gradient buckets released as their reductions finish (deep MLP)");
+    dt_model_cfg c = dtt_mlp_cfg(32, 128, 128, 10);
+    c.mlp_n_hidden = 8;
+    for (int i = 0; i < 8; i++) c.mlp_hidden[i] = 128;
+    int me = dtt_rank();
+    dt_pg *solo;
+    DTT_OK(dt_pg_split(world, me, 0, &solo));
+    dtz_spec s = dtz_mk_spec(c, 4, 2);
+    for (int stage = 2; stage <= 3; stage++)
+        for (int ov = 0; ov <= 2; ov++) {
+            dt_zero_opts o = dtz_opts(&s, stage, (dt_zero_overlap)ov);
+            o.first_bucket_bytes = o.bucket_bytes = 128 * 128 * sizeof(float);
+            dtz_net n;
+            dtz_net_init(&n, &s, 1, solo, &o);
+            DTT_CHECK(dt_zero_num_buckets(n.z) >= 8);
+            for (int st = 0; st < 2; st++) {
+                dtt_batch b;
+                dtt_make_batch(&c, dtt_key(st, me, 0), 4, &b);
+                dtz_step(&n, 1e-2f, &b, 1, NULL);
+                dtt_batch_free(&b);
+            }
+            dt_zero_memory mem = dt_zero_get_memory(n.z);
+            size_t layout_bytes = dtz_layout_len(n.z) * sizeof(float);
+            if (getenv("DTT_VERBOSE") && me == 0)
+                printf("  stage %d overlap %d: grad window peak %zu of %zu bytes\n", stage, ov, mem.grad_window_peak,
+                       layout_bytes);
+            DTT_CHECK(mem.grad_window_peak >= 128 * 128 * sizeof(float));   /* one hidden layer at least */
+            DTT_CHECK(mem.grad_window_peak * 10 <= layout_bytes * 4);        /* 9 layers: never most of them */
+            dtz_net_free(&n);
+        }
+    dt_pg_free(solo);
+    dtt_end();
+}
+
+/* AFTER_BACKWARD: the parameter all-gathers of a step are not all issued by
+ * dt_zero_step; most start during the next forward (a few at a time, in the
+ * order its modules need them). OFF and INTERLEAVED issue them at once. */
+static void test_gather_queue(void) {
+    dtt_begin("after-backward: parameter all-gathers queued and issued during the next forward");
+    dt_model_cfg c = dtt_mlp_cfg(32, 128, 128, 10);
+    c.mlp_n_hidden = 8;
+    for (int i = 0; i < 8; i++) c.mlp_hidden[i] = 128;
+    int me = dtt_rank();
+    dtz_spec s = dtz_mk_spec(c, 4, 2);
+    for (int stage = 1; stage <= 2; stage++)
+        for (int ov = 0; ov <= 2; ov++) {
+            dt_zero_opts o = dtz_opts(&s, stage, (dt_zero_overlap)ov);
+            o.first_bucket_bytes = o.bucket_bytes = 128 * 128 * sizeof(float);
+            dtz_net n;
+            dtz_net_init(&n, &s, 1, world, &o);
+            int nb = dt_zero_num_buckets(n.z);
+            DTT_CHECK(nb >= 8);
+            dtt_batch b;
+            dtt_make_batch(&c, dtt_key(0, me, 0), 4, &b);
+            dtz_step(&n, 1e-2f, &b, 1, NULL);
+            dt_zero_stats after_step = dt_zero_get_stats(n.z);
+            dtz_fwd_bwd(&n, 1, &b.b, 1.0f);   /* the next forward waits every bucket */
+            DTT_OK(dt_zero_finish_backward(n.z));
+            DTT_OK(dt_zero_step(n.z, NULL));
+            DTT_OK(dt_zero_sync_params(n.z));
+            dtt_batch_free(&b);
+            dt_zero_stats st = dt_zero_get_stats(n.z);
+            if (ov == DT_ZERO_OVERLAP_AFTER_BACKWARD) {
+                DTT_CHECK(after_step.deferred_gathers == 0);   /* none issued after the first step yet */
+                DTT_CHECK(st.deferred_gathers >= 2 * (nb - 2)); /* all but a window, both steps */
+            } else {
+                DTT_CHECK(st.deferred_gathers == 0);
+            }
+            dtz_net_free(&n);
+        }
+    dtt_end();
+}
+
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     DTT_OK(dt_pg_world(&world));
@@ -202,6 +282,8 @@ int main(int argc, char **argv) {
     test_bucket_independence();
     test_memory();
     test_stage3_window();
+    test_grad_window();
+    test_gather_queue();
     DTT_OK(dt_dist_finalize());
     return 0;
 }
