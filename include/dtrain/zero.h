@@ -28,7 +28,8 @@
  * Step overlap (dt_zero_overlap):
  *   OFF            after backward: step every shard, then all-gather (blocking).
  *   AFTER_BACKWARD after the last reduction: step every shard; the all-gathers
- *                  run during the next forward, each module waits only for the
+ *                  run during the next forward, queued in the order it needs
+ *                  them (two in flight), each module waits only for the
  *                  buckets it uses (overlap_param_gather).
  *   INTERLEAVED    during backward, as soon as a bucket's reduce-scatter
  *                  completes its shard is stepped and (stages 1/2) its
