@@ -55,6 +55,8 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--clip", DT_ARG_FLOAT, &o->clip, "NORM", "clip the global gradient norm (default 0: off)", 0, 0},
         {"--seed", DT_ARG_U64, &o->seed, "S", "seed for init, shuffling, dropout (default 1)", 0, 0},
         {"--threads", DT_ARG_INT, &o->threads, "N", "OpenMP/OpenBLAS threads per rank (default: cores / ranks)", 0, 0},
+        {"--keep-denormals", DT_ARG_FLAG, &o->keep_denormals, NULL,
+         "IEEE denormals (default: flush to zero; denormal arithmetic is many times slower)", 0, 0},
         {"--init", DT_ARG_STR, &o->init, "FILE", "start from parameters in a safetensors file (e.g. HF GPT-2)", 0, 0},
         {"--save", DT_ARG_STR, &o->save, "FILE", "write a checkpoint at the end (atomically)", 0, 0},
         {"--save-every", DT_ARG_I64, &o->save_every, "N", "also checkpoint every N steps", 0, 0},

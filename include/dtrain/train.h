@@ -31,6 +31,7 @@ typedef struct dt_train_opts {
     float clip;                    /* max global grad norm, 0 = off */
     uint64_t seed;
     int threads;                   /* 0 = leave OpenMP default */
+    int keep_denormals;            /* 0 (default): flush denormals to zero (dt_cpu_set_flush_denormal) */
     const char *init;              /* safetensors with parameters to start from */
     const char *save;              /* checkpoint path written at the end (and every save_every) */
     int64_t save_every;
