@@ -2,13 +2,19 @@
  *
  *   OMP_NUM_THREADS=2 bench_train W1 [steps]            single process
  *   mpiexec -n 2 -x OMP_NUM_THREADS=1 bench_train W1     DDP (one rank per core)
- *   options after the step count: --no-overlap, --bucket-mb F, --deterministic
+ *   options after the step count: --no-overlap, --bucket-mb F, --deterministic,
+ *   --no-comm (under mpiexec: every rank trains alone, steps kept in lock-step
+ *   by the barrier; the ceiling that compute and memory contention between
+ *   ranks on one machine leave for DDP)
  *
  * Prints ms/step, samples or tokens/s, achieved model GFLOP/s, and the GFLOP/s
  * of cblas_sgemm on the workload's largest layer shape measured in the same
  * run (the ratio is the figure of merit). With DDP also the time blocked
  * waiting for gradient reductions after backward (the exposed communication).
- * Random data: throughput does not depend on the values. */
+ * Random data, the same batch every step: the model memorises it and the
+ * gradients shrink towards the denormal range, so denormals are flushed to
+ * zero as the trainer does (otherwise ms/step grows several-fold with the
+ * step count); then throughput does not depend on the values. */
 #include <cblas.h>
 #include <mpi.h>
 #include <omp.h>
@@ -38,17 +44,23 @@ static double sgemm_gflops(int M, int K, int N) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: bench_train W1|W2|W3 [steps] [--no-overlap] [--bucket-mb F] [--deterministic]\n"); return 2; }
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_train W1|W2|W3 [steps] [--no-overlap] [--bucket-mb F] [--deterministic] [--no-comm]\n");
+        return 2;
+    }
     const char *w = argv[1];
     int steps = argc > 2 ? atoi(argv[2]) : 10;
     dt_ddp_opts dopts;
     dt_ddp_opts_default(&dopts);
+    int no_comm = 0;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "--no-overlap")) dopts.no_overlap = 1;
         else if (!strcmp(argv[i], "--deterministic")) dopts.deterministic = 1;
+        else if (!strcmp(argv[i], "--no-comm")) no_comm = 1;
         else if (!strcmp(argv[i], "--bucket-mb") && i + 1 < argc) dopts.bucket_bytes = (size_t)(atof(argv[++i]) * 1048576);
     }
     if (dt_dist_init(&argc, &argv, NULL) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+    dt_cpu_set_flush_denormal(1);   /* as the trainer does: no denormal slow path late in a run */
     dt_pg *pg;
     dt_pg_world(&pg);
     int rank = dt_pg_rank(pg), world = dt_pg_size(pg);
@@ -74,7 +86,7 @@ int main(int argc, char **argv) {
     dt_model *m;
     if (dt_model_create(&c, 1, &m) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
     dt_ddp *ddp = NULL;
-    if (world > 1 && dt_ddp_create(m, pg, &dopts, &ddp) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+    if (world > 1 && !no_comm && dt_ddp_create(m, pg, &dopts, &ddp) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
     dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
     oc.lr = 3e-4f; oc.weight_decay = 0;
     dt_optimizer opt;
@@ -139,7 +151,8 @@ int main(int argc, char **argv) {
                sg, 100.0 * achieved / sg);
         if (ddp) printf("  exposed comm wait %.2f ms/step, %.1f MB reduced per step\n", wait_ms,
                         (double)m->grad_flat.numel * 4 / 1e6);
-        printf("RESULT workload=%s ranks=%d ms=%.3f items_per_s=%.1f gflops=%.2f sgemm=%.2f wait_ms=%.3f\n", w, world, ms,
+        printf("RESULT workload=%s ranks=%d%s ms=%.3f items_per_s=%.1f gflops=%.2f sgemm=%.2f wait_ms=%.3f\n", w, world,
+               no_comm ? " no_comm=1" : "", ms,
                items / (t_total / steps), achieved, sg, wait_ms);
     }
     dt_ddp_free(ddp);

@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
     if (workload(w, &c, &B, &T)) { fprintf(stderr, "bench_zero: unknown workload %s\n", w); return 2; }
 
     if (dt_dist_init(&argc, &argv, NULL) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+    dt_cpu_set_flush_denormal(1);   /* as the trainer does: no denormal slow path late in a run */
     dt_pg *pg;
     dt_pg_world(&pg);
     int rank = dt_pg_rank(pg), world = dt_pg_size(pg);
