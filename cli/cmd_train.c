@@ -68,8 +68,8 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--stop-after", DT_ARG_I64, &o->stop_after, "N", "stop after N steps without the final save (simulates a crash)", 0, 0},
         {"--quiet", DT_ARG_FLAG, &o->quiet, NULL, "no progress output", 0, 0},
         {"--nproc", DT_ARG_INT, &f->nproc, "N", "data-parallel ranks on this machine (re-launches under mpirun)", 0, 0},
-        {"--bucket-mb", DT_ARG_FLOAT, &f->bucket_mb, "MB", "DDP gradient bucket size (default 4)", 0, 0},
-        {"--first-bucket-mb", DT_ARG_FLOAT, &f->first_bucket_mb, "MB", "DDP first bucket size (default 1)", 0, 0},
+        {"--bucket-mb", DT_ARG_FLOAT, &f->bucket_mb, "MB", "gradient bucket size (default: DDP 1, ZeRO 4)", 0, 0},
+        {"--first-bucket-mb", DT_ARG_FLOAT, &f->first_bucket_mb, "MB", "first (last layers') gradient bucket size (default 1)", 0, 0},
         {"--find-unused", DT_ARG_FLAG, &f->dist.ddp.find_unused_params, NULL, "DDP: parameters without gradient are reduced as zeros", 0, 0},
         {"--no-broadcast-buffers", DT_ARG_FLAG, &f->no_bcast, NULL, "DDP: do not broadcast rank 0's buffers before each forward", 0, 0},
         {"--sync-bn", DT_ARG_FLAG, &f->dist.ddp.sync_bn, NULL, "DDP: SyncBatchNorm (batch statistics over all ranks)", 0, 0},
@@ -121,8 +121,8 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     }
     dt_zero_opts *z = &f->dist.zero;
     z->stage = f->dist.zero_stage ? f->dist.zero_stage : 1;
-    z->first_bucket_bytes = d->first_bucket_bytes;
-    z->bucket_bytes = d->bucket_bytes;
+    if (f->first_bucket_mb > 0) z->first_bucket_bytes = d->first_bucket_bytes;
+    if (f->bucket_mb > 0) z->bucket_bytes = d->bucket_bytes;   /* else ZeRO's own default (4 MiB: fewer shard steps) */
     z->find_unused_params = d->find_unused_params;
     z->broadcast_buffers = d->broadcast_buffers;
     z->deterministic = d->deterministic;

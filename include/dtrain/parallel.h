@@ -58,7 +58,8 @@ typedef enum dt_ddp_compress {
 
 typedef struct dt_ddp_opts {
     size_t first_bucket_bytes;   /* default 1 MiB */
-    size_t bucket_bytes;         /* default 4 MiB (bench/bench_ddp: 1-4 MiB best here) */
+    size_t bucket_bytes;         /* default 1 MiB: bench_train W1/W3 ms/step equal to 4 MiB on shared
+                                    memory; on a 1 Gbit/s link 84% of the communication hidden vs 74-78% */
     int find_unused_params;      /* 0: a parameter without gradient is an error naming it */
     int broadcast_buffers;       /* 1: rank 0's buffers (BatchNorm stats) broadcast before each forward
                                     and after each reduction (ranks end every step with equal buffers) */
