@@ -16,6 +16,7 @@
  * not set it in the environment (so `OMPI_MCA_x=... mpiexec ...` overrides):
  *   OMPI_MCA_btl_tcp_flags=send,inplace,need-ack,need-csum
  *   OMPI_MCA_coll_libnbc_iallreduce_algorithm=1        (ring)
+ *   OMPI_MCA_btl_tcp_eager_limit=4194304               (no handshake per bucket)
  *   OMPI_MCA_mpi_yield_when_idle=1                     (DT_PROGRESS_THREAD only)
  * See src/dist/dist_init.c for the measurements behind them. Set
  * opts.keep_mpi_env = 1 to set none of them.

@@ -30,8 +30,10 @@ dt_status dt__check_init(const char *fn) {
  * Open MPI allocates and frees a temporary buffer per reduction segment; with
  * glibc's defaults every such buffer is a fresh mmap whose pages fault in on
  * each call (expensive under virtualisation). Measured with bench_train W3,
- * 2 ranks on shared memory: 83-164 ms/step with the defaults (bimodal), a
- * steady 81-86 ms/step with these settings. DTRAIN_KEEP_MALLOC=1 skips it. */
+ * 2 ranks on shared memory, denormals flushed: 84-85 ms/step with glibc's
+ * defaults, 82 with these settings. (An earlier, larger figure was mostly the
+ * denormal slow-down, see dt_cpu_set_flush_denormal.) DTRAIN_KEEP_MALLOC=1
+ * skips it. */
 static void keep_heap_memory(void) {
 #ifdef __GLIBC__
     if (getenv("DTRAIN_KEEP_MALLOC")) return;
@@ -56,12 +58,20 @@ static void set_default(const char *name, const char *value) {
  *    tune it: dt_reduce_scatter uses an all-to-all exchange plus a local sum,
  *    which runs at link speed on both (71 ms vs 215 ms for 16 MiB, 2 ranks,
  *    1 Gbit/s).
+ *  - btl_tcp_eager_limit=4 MiB: above the eager limit (64 KiB) a message
+ *    needs a rendezvous handshake, i.e. both ranks inside MPI, which they are
+ *    not while backward computes; eager messages stream into the socket
+ *    buffers on their own. bench_train W1, 1 Gbit/s netsim, 1 MiB buckets:
+ *    exposed wait 51 ms/step -> 26-34 (of 370-380 without overlap), so the
+ *    share hidden goes from 86% to 91-93%. Costs receive-side buffering of
+ *    up to 4 MiB per unexpected message.
  *  - mpi_yield_when_idle (THREAD mode only): a communication thread blocked
  *    in MPI otherwise spins and steals the compute thread's core.
  */
 static void set_mca_defaults(dt_progress_mode mode) {
     set_default("OMPI_MCA_btl_tcp_flags", "send,inplace,need-ack,need-csum");
     set_default("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1");
+    set_default("OMPI_MCA_btl_tcp_eager_limit", "4194304");
     if (mode == DT_PROGRESS_THREAD) set_default("OMPI_MCA_mpi_yield_when_idle", "1");
 }
 
