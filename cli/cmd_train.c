@@ -1,4 +1,5 @@
 /* dtrain train / dtrain eval: flags -> dt_train_opts -> trainer. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@ typedef struct cli_flags {
     dt_cli_dist dist;
     float bucket_mb, first_bucket_mb;
     const char *compress, *progress, *overlap_step, *save_format;
+    int zero_prefetch;   /* INT_MIN: not given */
     int no_bcast;
 } cli_flags;
 
@@ -79,6 +81,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
         {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default)", 0, 0},
         {"--overlap-step", DT_ARG_STR, &f->overlap_step, "MODE", "ZeRO: interleaved | after-backward (default) | off: when shards are stepped", 0, 0},
+        {"--zero-prefetch", DT_ARG_INT, &f->zero_prefetch, "N", "ZeRO-3: modules whose parameters are gathered ahead (default 2; 0 = none)", 0, 0},
         {"--save-format", DT_ARG_STR, &f->save_format, "sharded|consolidated", "ZeRO checkpoints: a directory of per-rank shards (default) or one file", 0, 0},
     };
     memcpy(t, a, sizeof a);
@@ -141,6 +144,11 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         snprintf(err, (size_t)errlen, "%s applies to ZeRO only (add --zero 1, 2 or 3)", f->overlap_step ? "--overlap-step" : "--save-format");
         return -1;
     }
+    if (f->zero_prefetch != INT_MIN) {
+        if (f->dist.zero_stage != 3) { snprintf(err, (size_t)errlen, "--zero-prefetch applies to ZeRO stage 3 only (add --zero 3)"); return -1; }
+        if (f->zero_prefetch < 0) { snprintf(err, (size_t)errlen, "--zero-prefetch must be >= 0 (got %d)", f->zero_prefetch); return -1; }
+        z->prefetch = f->zero_prefetch;
+    }
     if (f->dist.zero_stage) {
         const char *bad = d->compress != DT_DDP_COMPRESS_NONE ? "--compress" : d->sync_bn ? "--sync-bn"
                         : d->no_overlap ? "--no-overlap (use --overlap-step off)" : NULL;
@@ -174,6 +182,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     dt_train_opts_default(&f.o);
     dt_ddp_opts_default(&f.dist.ddp);
     dt_zero_opts_default(&f.dist.zero);
+    f.zero_prefetch = INT_MIN;
     pre_scan(argc, argv, &f);
     dt_arg table[64];
     int n = build_table(&f, table);

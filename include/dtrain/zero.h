@@ -16,7 +16,7 @@
  *   stage 3: + parameters sharded: between uses only the owned shard of each
  *            bucket exists. A module's buckets are all-gathered just before
  *            its forward and again before its backward; the buckets of the
- *            next module (in the order of the previous step) are prefetched;
+ *            next modules (in the order of the previous step) are prefetched;
  *            buckets no module in the window needs are freed.
  *
  * Per step (the trainer does this through dt_zero_strategy):
@@ -66,7 +66,7 @@ typedef struct dt_zero_opts {
     int broadcast_buffers;       /* 1 (default): rank 0's buffers to every rank each step */
     int deterministic;           /* rank-order sums for every reduction (any N) */
     float clip;                  /* max global grad norm; 0 = off */
-    int prefetch;                /* stage 3: modules gathered ahead (default 1; 0 = none) */
+    int prefetch;                /* stage 3: modules gathered ahead (default 2; 0 = none) */
 } dt_zero_opts;
 
 typedef struct dt_zero_bucket {

@@ -15,7 +15,7 @@ void dt_zero_opts_default(dt_zero_opts *o) {
     o->bucket_bytes = (size_t)4 << 20;
     o->overlap_step = DT_ZERO_OVERLAP_AFTER_BACKWARD;
     o->broadcast_buffers = 1;
-    o->prefetch = 1;
+    o->prefetch = 2;   /* bench_zero W1 stage 3, 1 Gbit/s: 1240 ms/step vs 1610 with 1 */
 }
 
 static dt_status validate(const dt_zero_opts *o) {

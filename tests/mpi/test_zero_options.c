@@ -22,7 +22,7 @@ static void test_defaults(void) {
     DTT_CHECK(o.first_bucket_bytes == (size_t)1 << 20 && o.bucket_bytes == (size_t)4 << 20);
     DTT_CHECK(o.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD);
     DTT_CHECK(o.find_unused_params == 0 && o.broadcast_buffers == 1 && o.deterministic == 0);
-    DTT_CHECK(o.clip == 0.0f && o.prefetch == 1);
+    DTT_CHECK(o.clip == 0.0f && o.prefetch == 2);
     dt_model_cfg c = dtt_mlp_cfg(20, 16, 12, 5);
     dt_model *m;
     DTT_OK(dt_model_create(&c, 1, &m));

@@ -41,6 +41,13 @@ static void test_bad_flags(void **state) {
     expect_error("frobnicate", "unknown command");
     expect_error("train --init a --resume b", "exclusive");
     expect_error("train --optim sgd --nesterov --steps 1", "nesterov");
+    /* ZeRO flags: contradictions are refused, none silently ignored */
+    expect_error("train --zero 5", "stage must be 0, 1, 2 or 3");
+    expect_error("train --overlap-step interleaved", "applies to ZeRO only");
+    expect_error("train --zero 1 --overlap-step sideways", "--overlap-step: unknown 'sideways'");
+    expect_error("train --zero 1 --compress bf16", "--compress is a DDP option");
+    expect_error("train --zero 2 --zero-prefetch 1", "--zero-prefetch applies to ZeRO stage 3 only");
+    expect_error("train --zero 3 --zero-prefetch -1", "--zero-prefetch must be >= 0");
 }
 
 static void test_missing_and_corrupt_files(void **state) {
