@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 #include "dtrain/parallel.h"
+#include "bench_workloads.h"
 
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 
@@ -65,23 +66,11 @@ int main(int argc, char **argv) {
     dt_pg_world(&pg);
     int rank = dt_pg_rank(pg), world = dt_pg_size(pg);
 
-    dt_model_cfg c;
-    int64_t B, T = 1;
-    int gm, gk, gn;   /* largest GEMM of the workload: [gm, gk] x [gk, gn] */
-    if (!strcmp(w, "W1")) {
-        c = dt_model_cfg_default(DT_MODEL_GPT2);
-        c.n_layer = 6; c.n_embd = 384; c.n_head = 6; c.vocab = 256; c.max_t = 256;
-        B = 8; T = 256; gm = 2048; gk = 384; gn = 1536;
-    } else if (!strcmp(w, "W2")) {
-        c = dt_model_cfg_default(DT_MODEL_GPT2);
-        c.n_layer = 12; c.n_embd = 768; c.n_head = 12; c.vocab = 50257; c.max_t = 1024;
-        B = 4; T = 64; gm = 256; gk = 768; gn = 3072;
-    } else if (!strcmp(w, "W3")) {
-        c = dt_model_cfg_default(DT_MODEL_MLP);
-        c.mlp_in = 784; c.mlp_out = 10; c.mlp_n_hidden = 4;
-        for (int i = 0; i < 4; i++) c.mlp_hidden[i] = 2048;
-        B = 64; gm = 64; gk = 2048; gn = 2048;
-    } else { fprintf(stderr, "unknown workload %s\n", w); return 2; }
+    bench_workload wl;
+    if (bench_workload_get(w, &wl)) { fprintf(stderr, "unknown workload %s\n", w); return 2; }
+    const dt_model_cfg c = wl.cfg;
+    const int64_t B = wl.B, T = wl.T;
+    const int gm = wl.gm, gk = wl.gk, gn = wl.gn;
 
     dt_model *m;
     if (dt_model_create(&c, 1, &m) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
@@ -93,24 +82,7 @@ int main(int argc, char **argv) {
     dt_optim_segment seg = {0, m->param_flat.numel, 1};
     dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel);
     dt_graph *g = dt_graph_create();
-    /* random data */
-    dt_rng r;
-    dt_rng_seed(&r, 42 + (uint64_t)rank);
-    int64_t n_tgt = B * T;
-    int32_t *y = malloc(sizeof(int32_t) * (size_t)n_tgt), *ids = NULL;
-    float *img = NULL;
-    int classes = c.kind == DT_MODEL_GPT2 ? c.vocab : c.mlp_out;
-    for (int64_t i = 0; i < n_tgt; i++) y[i] = (int32_t)dt_rng_below(&r, (uint64_t)classes);
-    dt_batch b = {.B = B, .T = T, .y = y};
-    if (c.kind == DT_MODEL_GPT2) {
-        ids = malloc(sizeof(int32_t) * (size_t)n_tgt);
-        for (int64_t i = 0; i < n_tgt; i++) ids[i] = (int32_t)dt_rng_below(&r, (uint64_t)c.vocab);
-        b.x_ids = ids;
-    } else {
-        img = malloc(sizeof(float) * (size_t)(B * c.mlp_in));
-        for (int64_t i = 0; i < B * c.mlp_in; i++) img[i] = dt_rng_normal(&r);
-        b.x_img = img;
-    }
+    dt_batch b = bench_batch_make(&wl, rank);
     double t_fwd = 0, t_bwd = 0, t_opt = 0, t_total = 0;
     int warm = 2;
     dt_ddp_stats warm_stats = {0};
@@ -159,7 +131,7 @@ int main(int argc, char **argv) {
     dt_optimizer_free(&opt);
     dt_graph_free(g);
     dt_model_free(m);
-    free(y); free(ids); free(img);
+    bench_batch_free(&b);
     dt_pg_free(pg);
     dt_dist_finalize();
     return 0;

@@ -20,6 +20,7 @@
 #include <time.h>
 #include "dtrain/parallel.h"
 #include "dtrain/zero.h"
+#include "bench_workloads.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -35,24 +36,6 @@ static double rss_now(void) {
 static double rss_peak(void) { struct rusage ru; getrusage(RUSAGE_SELF, &ru); return (double)ru.ru_maxrss * 1024.0; }
 
 static int die(const char *what) { fprintf(stderr, "bench_zero: %s: %s\n", what, dt_error_message()); MPI_Abort(MPI_COMM_WORLD, 1); return 1; }
-
-static int workload(const char *w, dt_model_cfg *c, int64_t *B, int64_t *T) {
-    if (!strcmp(w, "W1")) {
-        *c = dt_model_cfg_default(DT_MODEL_GPT2);
-        c->n_layer = 6; c->n_embd = 384; c->n_head = 6; c->vocab = 256; c->max_t = 256;
-        *B = 8; *T = 256;
-    } else if (!strcmp(w, "W2")) {
-        *c = dt_model_cfg_default(DT_MODEL_GPT2);
-        c->n_layer = 12; c->n_embd = 768; c->n_head = 12; c->vocab = 50257; c->max_t = 1024;
-        *B = 4; *T = 64;
-    } else if (!strcmp(w, "W3")) {
-        *c = dt_model_cfg_default(DT_MODEL_MLP);
-        c->mlp_in = 784; c->mlp_out = 10; c->mlp_n_hidden = 4;
-        for (int i = 0; i < 4; i++) c->mlp_hidden[i] = 2048;
-        *B = 64; *T = 1;
-    } else return -1;
-    return 0;
-}
 
 int main(int argc, char **argv) {
     if (argc < 2 || argv[1][0] == '-') {
@@ -85,9 +68,9 @@ int main(int argc, char **argv) {
     }
     if (stage < 0 || stage > 3 || steps < 1) { fprintf(stderr, "bench_zero: --stage 0..3, --steps >= 1\n"); return 2; }
     zo.stage = stage;
-    dt_model_cfg c;
-    int64_t B, T;
-    if (workload(w, &c, &B, &T)) { fprintf(stderr, "bench_zero: unknown workload %s\n", w); return 2; }
+    bench_workload wl;
+    if (bench_workload_get(w, &wl)) { fprintf(stderr, "bench_zero: unknown workload %s\n", w); return 2; }
+    const dt_model_cfg c = wl.cfg;
 
     if (dt_dist_init(&argc, &argv, NULL) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
     dt_cpu_set_flush_denormal(1);   /* as the trainer does: no denormal slow path late in a run */
@@ -117,23 +100,7 @@ int main(int argc, char **argv) {
     double rss_setup = rss_peak();
 
     dt_graph *g = dt_graph_create();
-    dt_rng r;
-    dt_rng_seed(&r, 42 + (uint64_t)rank);
-    int64_t n = B * T;
-    int32_t *y = malloc(sizeof(int32_t) * (size_t)n), *ids = NULL;
-    float *img = NULL;
-    int classes = c.kind == DT_MODEL_GPT2 ? c.vocab : c.mlp_out;
-    for (int64_t i = 0; i < n; i++) y[i] = (int32_t)dt_rng_below(&r, (uint64_t)classes);
-    dt_batch b = {.B = B, .T = T, .y = y};
-    if (c.kind == DT_MODEL_GPT2) {
-        ids = malloc(sizeof(int32_t) * (size_t)n);
-        for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)dt_rng_below(&r, (uint64_t)c.vocab);
-        b.x_ids = ids;
-    } else {
-        img = malloc(sizeof(float) * (size_t)(B * c.mlp_in));
-        for (int64_t i = 0; i < B * c.mlp_in; i++) img[i] = dt_rng_normal(&r);
-        b.x_img = img;
-    }
+    dt_batch b = bench_batch_make(&wl, rank);
 
     double t_total = 0, rss_before = 0, rss_train_peak = 0;
     dt_zero_stats zs0 = {0};
@@ -201,7 +168,7 @@ int main(int argc, char **argv) {
     dt_optimizer_free(&opt);
     dt_graph_free(g);
     dt_model_free(m);
-    free(y); free(ids); free(img);
+    bench_batch_free(&b);
     dt_pg_free(pg);
     dt_dist_finalize();
     return 0;

@@ -163,35 +163,48 @@ static void test_memory(void) {
     dtt_end();
 }
 
+/* 32 -> 8 x 128 -> 10: nine layers, one 128x128-float bucket cap each */
+static dt_model_cfg deep_mlp_cfg(void) {
+    dt_model_cfg c = dtt_mlp_cfg(32, 128, 128, 10);
+    c.mlp_n_hidden = 8;
+    for (int i = 0; i < 8; i++) c.mlp_hidden[i] = 128;
+    return c;
+}
+
+/* Two steps of the deep MLP with a bucket per layer on group pg; the memory
+ * figures afterwards and the layout length in bytes. */
+static dt_zero_memory deep_mlp_two_steps(const dtz_spec *s, dt_pg *pg, dt_zero_opts o, size_t *layout_bytes) {
+    o.first_bucket_bytes = o.bucket_bytes = 128 * 128 * sizeof(float);
+    dtz_net n;
+    dtz_net_init(&n, s, 1, pg, &o);
+    DTT_CHECK(dt_zero_num_buckets(n.z) >= 8);
+    for (int st = 0; st < 2; st++) {
+        dtt_batch b;
+        dtt_make_batch(&s->cfg, dtt_key(st, dtt_rank(), 0), 4, &b);
+        dtz_step(&n, 1e-2f, &b, 1, NULL);
+        dtt_batch_free(&b);
+    }
+    dt_zero_memory mem = dt_zero_get_memory(n.z);
+    *layout_bytes = dtz_layout_len(n.z) * sizeof(float);
+    dtz_net_free(&n);
+    return mem;
+}
+
 /* Stage 3 on a deep MLP with a bucket per layer: at no time are more than a
  * few modules' parameters gathered. */
 static void test_stage3_window(void) {
     dtt_begin("stage 3: gathered parameters stay a window of modules (deep MLP)");
-    dt_model_cfg c = dtt_mlp_cfg(32, 128, 128, 10);
-    c.mlp_n_hidden = 8;
-    for (int i = 0; i < 8; i++) c.mlp_hidden[i] = 128;
     int me = dtt_rank();
-    dtz_spec s = dtz_mk_spec(c, 4, 2);
+    dtz_spec s = dtz_mk_spec(deep_mlp_cfg(), 4, 2);
     for (int pf = 0; pf <= 1; pf++) {
         dt_zero_opts o = dtz_opts(&s, 3, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-        o.first_bucket_bytes = o.bucket_bytes = 128 * 128 * sizeof(float);
         o.prefetch = pf;
-        dtz_net n;
-        dtz_net_init(&n, &s, 1, world, &o);
-        DTT_CHECK(dt_zero_num_buckets(n.z) >= 8);
-        for (int st = 0; st < 2; st++) {
-            dtt_batch b;
-            dtt_make_batch(&c, dtt_key(st, me, 0), 4, &b);
-            dtz_step(&n, 1e-2f, &b, 1, NULL);
-            dtt_batch_free(&b);
-        }
-        dt_zero_memory mem = dt_zero_get_memory(n.z);
-        size_t layout_bytes = dtz_layout_len(n.z) * sizeof(float);
+        size_t layout_bytes;
+        dt_zero_memory mem = deep_mlp_two_steps(&s, world, o, &layout_bytes);
         if (getenv("DTT_VERBOSE") && me == 0)
             printf("  prefetch %d: param window peak %zu of %zu bytes\n", pf, mem.param_window_peak, layout_bytes);
         DTT_CHECK(mem.param_window_peak >= 128 * 128 * sizeof(float));   /* one hidden layer at least */
         DTT_CHECK(mem.param_window_peak * 10 <= layout_bytes * 6);         /* 9 modules: never most of them */
-        dtz_net_free(&n);
     }
     dtt_end();
 }
@@ -203,34 +216,19 @@ static void test_stage3_window(void) {
  * layer's weight and bias) are alive together, never most of the model. */
 static void test_grad_window(void) {
     dtt_begin("stages 2/3: full gradient buckets released as their reductions finish (deep MLP)");
-    dt_model_cfg c = dtt_mlp_cfg(32, 128, 128, 10);
-    c.mlp_n_hidden = 8;
-    for (int i = 0; i < 8; i++) c.mlp_hidden[i] = 128;
     int me = dtt_rank();
     dt_pg *solo;
     DTT_OK(dt_pg_split(world, me, 0, &solo));
-    dtz_spec s = dtz_mk_spec(c, 4, 2);
+    dtz_spec s = dtz_mk_spec(deep_mlp_cfg(), 4, 2);
     for (int stage = 2; stage <= 3; stage++)
         for (int ov = 0; ov <= 2; ov++) {
-            dt_zero_opts o = dtz_opts(&s, stage, (dt_zero_overlap)ov);
-            o.first_bucket_bytes = o.bucket_bytes = 128 * 128 * sizeof(float);
-            dtz_net n;
-            dtz_net_init(&n, &s, 1, solo, &o);
-            DTT_CHECK(dt_zero_num_buckets(n.z) >= 8);
-            for (int st = 0; st < 2; st++) {
-                dtt_batch b;
-                dtt_make_batch(&c, dtt_key(st, me, 0), 4, &b);
-                dtz_step(&n, 1e-2f, &b, 1, NULL);
-                dtt_batch_free(&b);
-            }
-            dt_zero_memory mem = dt_zero_get_memory(n.z);
-            size_t layout_bytes = dtz_layout_len(n.z) * sizeof(float);
+            size_t layout_bytes;
+            dt_zero_memory mem = deep_mlp_two_steps(&s, solo, dtz_opts(&s, stage, (dt_zero_overlap)ov), &layout_bytes);
             if (getenv("DTT_VERBOSE") && me == 0)
                 printf("  stage %d overlap %d: grad window peak %zu of %zu bytes\n", stage, ov, mem.grad_window_peak,
                        layout_bytes);
             DTT_CHECK(mem.grad_window_peak >= 128 * 128 * sizeof(float));   /* one hidden layer at least */
             DTT_CHECK(mem.grad_window_peak * 10 <= layout_bytes * 4);        /* 9 layers: never most of them */
-            dtz_net_free(&n);
         }
     dt_pg_free(solo);
     dtt_end();
@@ -241,9 +239,7 @@ static void test_grad_window(void) {
  * order its modules need them). OFF and INTERLEAVED issue them at once. */
 static void test_gather_queue(void) {
     dtt_begin("after-backward: parameter all-gathers queued and issued during the next forward");
-    dt_model_cfg c = dtt_mlp_cfg(32, 128, 128, 10);
-    c.mlp_n_hidden = 8;
-    for (int i = 0; i < 8; i++) c.mlp_hidden[i] = 128;
+    dt_model_cfg c = deep_mlp_cfg();
     int me = dtt_rank();
     dtz_spec s = dtz_mk_spec(c, 4, 2);
     for (int stage = 1; stage <= 2; stage++)

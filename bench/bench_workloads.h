@@ -1,0 +1,66 @@
+/* bench_workloads.h — the shared benchmark workloads W1–W3
+ * (../shared/WORKLOADS.md) and a fixed random batch, for every bench program.
+ * Header-only: every bench .c file is its own executable. */
+#ifndef DTRAIN_BENCH_WORKLOADS_H
+#define DTRAIN_BENCH_WORKLOADS_H
+#include <stdlib.h>
+#include <string.h>
+#include "dtrain/nn.h"
+
+typedef struct bench_workload {
+    dt_model_cfg cfg;
+    int64_t B, T;        /* per-rank batch; T = 1 for the MLP */
+    int gm, gk, gn;      /* largest GEMM of a step: [gm, gk] x [gk, gn] */
+} bench_workload;
+
+/* 0 and *w filled for "W1" | "W2" | "W3", else -1. */
+static inline int bench_workload_get(const char *name, bench_workload *w) {
+    memset(w, 0, sizeof *w);
+    if (!strcmp(name, "W1")) {   /* GPT-2 small-ish, byte-level: 10.84M params */
+        w->cfg = dt_model_cfg_default(DT_MODEL_GPT2);
+        w->cfg.n_layer = 6; w->cfg.n_embd = 384; w->cfg.n_head = 6; w->cfg.vocab = 256; w->cfg.max_t = 256;
+        w->B = 8; w->T = 256; w->gm = 2048; w->gk = 384; w->gn = 1536;
+    } else if (!strcmp(name, "W2")) {   /* GPT-2 124M */
+        w->cfg = dt_model_cfg_default(DT_MODEL_GPT2);
+        w->cfg.n_layer = 12; w->cfg.n_embd = 768; w->cfg.n_head = 12; w->cfg.vocab = 50257; w->cfg.max_t = 1024;
+        w->B = 4; w->T = 64; w->gm = 256; w->gk = 768; w->gn = 3072;
+    } else if (!strcmp(name, "W3")) {   /* MLP 784 -> 4x2048 -> 10: 14.2M params, comm-heavy */
+        w->cfg = dt_model_cfg_default(DT_MODEL_MLP);
+        w->cfg.mlp_in = 784; w->cfg.mlp_out = 10; w->cfg.mlp_n_hidden = 4;
+        for (int i = 0; i < 4; i++) w->cfg.mlp_hidden[i] = 2048;
+        w->B = 64; w->T = 1; w->gm = 64; w->gk = 2048; w->gn = 2048;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+/* One random batch (seeded per rank), reused every step; free with
+ * bench_batch_free. Token ids and labels uniform, images standard normal. */
+static inline dt_batch bench_batch_make(const bench_workload *w, int rank) {
+    const dt_model_cfg *c = &w->cfg;
+    dt_rng r;
+    dt_rng_seed(&r, 42 + (uint64_t)rank);
+    int64_t n = w->B * w->T;
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
+    int classes = c->kind == DT_MODEL_GPT2 ? c->vocab : c->mlp_out;
+    for (int64_t i = 0; i < n; i++) y[i] = (int32_t)dt_rng_below(&r, (uint64_t)classes);
+    dt_batch b = {.B = w->B, .T = w->T, .y = y};
+    if (c->kind == DT_MODEL_GPT2) {
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)dt_rng_below(&r, (uint64_t)c->vocab);
+        b.x_ids = ids;
+    } else {
+        float *img = malloc(sizeof(float) * (size_t)(w->B * c->mlp_in));
+        for (int64_t i = 0; i < w->B * c->mlp_in; i++) img[i] = dt_rng_normal(&r);
+        b.x_img = img;
+    }
+    return b;
+}
+
+static inline void bench_batch_free(dt_batch *b) {
+    free((void *)b->y);
+    free((void *)b->x_ids);
+    free((void *)b->x_img);
+}
+#endif
