@@ -71,7 +71,10 @@ size_t dt_model_num_params(const dt_model *m);
 void dt_model_zero_grad(dt_model *m);
 dt_param *dt_model_find_param(const dt_model *m, const char *name);
 /* Re-point values and grads into new flat buffers of `total` elements where
- * params[i] starts at offsets[i] (values copied, grads zeroed, gaps zero). */
+ * params[i] starts at offsets[i] (values and grads copied, gaps zero). A model
+ * whose parameters have no gradient storage (grad.data NULL: ZeRO-2/3 frees it
+ * first) gets no gradient buffer. Values move before gradients, so at most
+ * one new buffer exists beside the old ones. */
 dt_status dt_model_set_layout(dt_model *m, const size_t *offsets, size_t total);
 /* Training FLOPs per sample (image) or per token (LM): 6*N (+ attention). */
 double dt_model_flops_per_item(const dt_model *m, int64_t T);

@@ -86,30 +86,44 @@ dt_status dt_model_set_layout(dt_model *m, const size_t *offsets, size_t total) 
                               m->params[j]->name, m->params[i]->name);
         }
     }
+    size_t np = m->n_params > 0 ? (size_t)m->n_params : 0;
+    size_t *own = malloc((np ? np : 1) * sizeof *own);
+    if (!own) return DT_ERR(DT_ENOMEM, "out of memory");
+    if (np) memcpy(own, offsets, np * sizeof *own);
+    int has_grads = 0;
+    for (int i = 0; i < m->n_params; i++) has_grads |= m->params[i]->grad.data != NULL;
+    /* values first, then gradients: one new buffer alive next to the old ones
+     * at a time (peak 3 model sizes, not 4) */
     dt_flat pf = {0}, gf = {0};
-    size_t *own = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *own);
-    if (!own || dt_flat_alloc(&pf, total) != DT_OK || dt_flat_alloc(&gf, total) != DT_OK) {
-        free(own); dt_flat_free(&pf); dt_flat_free(&gf);
-        return DT_ERR(DT_ENOMEM, "out of memory allocating %zu-element flat buffers", total);
+    if (dt_flat_alloc(&pf, total) != DT_OK) {
+        free(own);
+        return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element parameter buffer", total);
     }
-    memcpy(own, offsets, (size_t)m->n_params * sizeof *own);
     for (int i = 0; i < m->n_params; i++) {
         dt_param *p = m->params[i];
-        float *v = pf.data + offsets[i], *g = gf.data + offsets[i];
+        float *v = pf.data + offsets[i];
         memcpy(v, p->value.data, (size_t)p->value.numel * sizeof(float));
-        memcpy(g, p->grad.data, (size_t)p->grad.numel * sizeof(float));
         if (p->value.owns_data) dt_free(p->value.data);
-        if (p->grad.owns_data) dt_free(p->grad.data);
         p->value.data = v; p->value.owns_data = 0;
-        p->grad.data = g; p->grad.owns_data = 0;
     }
     dt_flat_free(&m->param_flat);
-    dt_flat_free(&m->grad_flat);
-    free(m->offsets);
     m->param_flat = pf;
+    dt_status s = DT_OK;
+    if (has_grads && dt_flat_alloc(&gf, total) != DT_OK)
+        s = DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element gradient buffer (the model is left "
+                   "without gradients)", total);
+    for (int i = 0; i < m->n_params; i++) {
+        dt_param *p = m->params[i];
+        float *g = gf.data ? gf.data + offsets[i] : NULL;
+        if (g && p->grad.data) memcpy(g, p->grad.data, (size_t)p->grad.numel * sizeof(float));
+        if (p->grad.owns_data) dt_free(p->grad.data);
+        p->grad.data = g; p->grad.owns_data = 0;
+    }
+    dt_flat_free(&m->grad_flat);
     m->grad_flat = gf;
+    free(m->offsets);
     m->offsets = own;
-    return DT_OK;
+    return s;
 }
 
 dt_status dt_model_create(const dt_model_cfg *cfg, uint64_t seed, dt_model **out) {

@@ -269,6 +269,19 @@ static dt_status shard_storage(dt_zero *z) {
     return DT_OK;
 }
 
+/* Stages 2/3 keep gradients per bucket only: drop the model's full gradient
+ * storage before the re-layout, which then allocates none. (dt_zero_free
+ * gives the model a zeroed gradient buffer back.) */
+static void drop_full_grads(dt_model *m) {
+    for (int i = 0; i < m->n_params; i++) {
+        dt_param *p = m->params[i];
+        if (p->grad.owns_data) dt_free(p->grad.data);
+        p->grad.data = NULL;
+        p->grad.owns_data = 0;
+    }
+    dt_flat_free(&m->grad_flat);
+}
+
 static void reset_buckets(dt_zero *z) {
     for (int i = 0; i < z->nb; i++) {
         zbucket *b = &z->b[i];
@@ -298,6 +311,7 @@ dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const 
     z->red = DT_RED_AVG | (opts.deterministic ? DT_RED_DETERMINISTIC : 0);
     dt_status s = dt_pg_split(pg, 0, z->rank, &z->ag_pg);
     z->gq_next = -1;
+    if (s == DT_OK && z->stage >= 2) drop_full_grads(m);   /* never re-laid out: set-up peak */
     if (s == DT_OK) s = dt_zero_build_layout(z, opts.first_bucket_bytes, opts.bucket_bytes);
     if (s == DT_OK && !(z->gq_live = malloc((size_t)(z->nb ? z->nb : 1) * sizeof *z->gq_live)))
         s = DT_ERR(DT_ENOMEM, "out of memory");
