@@ -3,6 +3,7 @@
  *   OMP_NUM_THREADS=2 bench_train W1 [steps]            single process
  *   mpiexec -n 2 -x OMP_NUM_THREADS=1 bench_train W1     DDP (one rank per core)
  *   options after the step count: --no-overlap, --bucket-mb F, --deterministic,
+ *   --compress-bf16 (gradients reduced as bf16: half the bytes),
  *   --no-comm (under mpiexec: every rank trains alone, steps kept in lock-step
  *   by the barrier; the ceiling that compute and memory contention between
  *   ranks on one machine leave for DDP)
@@ -46,7 +47,8 @@ static double sgemm_gflops(int M, int K, int N) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_train W1|W2|W3 [steps] [--no-overlap] [--bucket-mb F] [--deterministic] [--no-comm]\n");
+        fprintf(stderr, "usage: bench_train W1|W2|W3 [steps] [--no-overlap] [--bucket-mb F] [--deterministic] [--no-comm]\n"
+                        "       [--compress-bf16]\n");
         return 2;
     }
     const char *w = argv[1];
@@ -58,6 +60,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--no-overlap")) dopts.no_overlap = 1;
         else if (!strcmp(argv[i], "--deterministic")) dopts.deterministic = 1;
         else if (!strcmp(argv[i], "--no-comm")) no_comm = 1;
+        else if (!strcmp(argv[i], "--compress-bf16")) dopts.compress = DT_DDP_COMPRESS_BF16;
         else if (!strcmp(argv[i], "--bucket-mb") && i + 1 < argc) dopts.bucket_bytes = (size_t)(atof(argv[++i]) * 1048576);
     }
     if (dt_dist_init(&argc, &argv, NULL) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
