@@ -106,16 +106,20 @@ static dt_status finish_reduce(dt_zero *z, int i) {
  * forward ticks and waits keep the queue moving. Same order on every rank. */
 #define GATHER_WINDOW 2
 
+/* On failure the bucket stays queued: the wait that needs it retries and
+ * reports the error. */
 static dt_status issue_gather(dt_zero *z, int i) {
     zbucket *b = &z->b[i];
+    DT_TRY(dt_allgather(z->ag_pg, shard_param(z, i), z->m->param_flat.data + b->pub.begin, (int64_t)b->pub.shard,
+                        DT_F32, &b->ag));
     b->ag_queued = 0;
-    return dt_allgather(z->ag_pg, shard_param(z, i), z->m->param_flat.data + b->pub.begin, (int64_t)b->pub.shard,
-                        DT_F32, &b->ag);
+    return DT_OK;
 }
 
 static void forget_live(dt_zero *z, int i) {
-    for (int k = 0; k < z->n_gq_live; k++)
-        if (z->gq_live[k] == i) { z->gq_live[k] = z->gq_live[--z->n_gq_live]; return; }
+    for (int k = 0; k < z->n_gq_live;)
+        if (z->gq_live[k] == i) z->gq_live[k] = z->gq_live[--z->n_gq_live];
+        else k++;
 }
 
 /* Issue queued gathers while fewer than GATHER_WINDOW are in flight, and
@@ -123,8 +127,8 @@ static void forget_live(dt_zero *z, int i) {
 static dt_status pump_gathers(dt_zero *z, int force) {
     if (z->gq_next < 0) return DT_OK;
     for (int k = 0; k < z->n_gq_live;) {
-        int done = 0;
-        DT_TRY(dt_work_test(z->b[z->gq_live[k]].ag, &done));
+        int done = 1;
+        if (z->b[z->gq_live[k]].ag) DT_TRY(dt_work_test(z->b[z->gq_live[k]].ag, &done));
         if (done) z->gq_live[k] = z->gq_live[--z->n_gq_live];
         else k++;
     }
@@ -138,9 +142,22 @@ static dt_status pump_gathers(dt_zero *z, int force) {
     return DT_OK;
 }
 
+/* Every parameter all-gather issued (queued ones first) and finished. */
+static dt_status wait_all_gathers(dt_zero *z) {
+    dt_status s = DT_OK;
+    for (int i = 0; i < z->nb; i++) {
+        dt_status si = dt_zero_wait_gather(z, i);
+        if (s == DT_OK) s = si;
+    }
+    return s;
+}
+
 static dt_status step_bucket(dt_zero *z, int i, float scale) {
     zbucket *b = &z->b[i];
     float *ps = shard_param(z, i);
+    /* a gather of the last step no forward waited for (a skipped module)
+     * still reads the shard: finish it first */
+    if (b->ag || b->ag_queued) DT_TRY(dt_zero_wait_gather(z, i));
     double t0 = dt_trace_now_us(z->trace);
     dt_optimizer_step_owned(&b->opt, z->lr, ps, shard_grad(z, i), scale);
     if (z->trace) {
@@ -202,6 +219,7 @@ static void advance_in_backward(dt_zero *z) {
     if (advance_reduced(z) != DT_OK) {
         z->tick_err = dt_error_code();
         snprintf(z->tick_msg, sizeof z->tick_msg, "%s", dt_error_message());
+        dt_error_clear();   /* backward goes on; finish_backward reports it */
     }
 }
 
@@ -209,9 +227,10 @@ static void graph_tick(void *user) {
     dt_zero *z = user;
     dt_pg_tick(z->pg);
     dt_pg_tick(z->ag_pg);
-    if (z->gq_next >= 0 && pump_gathers(z, INT_MAX) != DT_OK && !z->tick_err) {
-        z->tick_err = dt_error_code();   /* reported by the next wait or finish_backward */
-        snprintf(z->tick_msg, sizeof z->tick_msg, "%s", dt_error_message());
+    double now = dt_par_now_us();
+    if (z->gq_next >= 0 && now - z->last_pump_us >= 500.0) {
+        z->last_pump_us = now;
+        if (pump_gathers(z, INT_MAX) != DT_OK) dt_error_clear();   /* retried and reported by the wait needing it */
     }
     if (z->next_done < z->next_launch && dt_par_now_us() - z->last_check_us >= 500.0) advance_in_backward(z);
 }
@@ -363,8 +382,16 @@ static void make_whole(dt_zero *z) {
             }
         }
     }
-    if (z->stage >= 2 && !m->grad_flat.data && dt_flat_alloc(&m->grad_flat, z->total) == DT_OK)
-        for (int i = 0; i < z->nb; i++) point_grads(z, &z->b[i], m->grad_flat.data + z->b[i].pub.begin);
+}
+
+/* The model's gradient buffer back (zeros) at its current layout, whatever
+ * dropped it (stages 2/3, or a create that failed half way). */
+static void restore_full_grads(dt_model *m) {
+    if (m->grad_flat.data || !m->param_flat.data || dt_flat_alloc(&m->grad_flat, m->param_flat.numel) != DT_OK) return;
+    for (int i = 0; i < m->n_params; i++) {
+        m->params[i]->grad.data = m->grad_flat.data + m->offsets[i];
+        m->params[i]->grad.owns_data = 0;
+    }
 }
 
 void dt_zero_free(dt_zero *z) {
@@ -373,6 +400,7 @@ void dt_zero_free(dt_zero *z) {
     drain(z);
     if (z->stage == 3) dt_zero3_release_all(z);
     if (z->b && z->ag_pg) make_whole(z);
+    if (m) restore_full_grads(m);
     for (int i = 0; m && i < m->n_params; i++) {
         dt_param *p = m->params[i];
         if (p->on_grad_ready_user != z) continue;
@@ -480,7 +508,10 @@ dt_status dt_zero_step(dt_zero *z, double *grad_norm) {
     z->reduced = 0;
     double t0 = dt_par_now_us();
     float scale = 1.0f;
-    dt_status s = DT_OK;
+    /* AFTER_BACKWARD: every gather queued by the last step is issued (in
+     * queue order) and done before this step queues any, so the issue order
+     * on ag_pg never depends on timing. Normally the forward waited them all. */
+    dt_status s = z->opts.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD ? wait_all_gathers(z) : DT_OK;
     if (z->opts.clip > 0) {
         double norm = 0;
         s = global_norm(z, &norm);
@@ -505,23 +536,19 @@ dt_status dt_zero_step(dt_zero *z, double *grad_norm) {
 dt_status dt_zero_wait_gather(dt_zero *z, int i) {
     zbucket *b = &z->b[i];
     double t0 = dt_par_now_us();
-    dt_status s = b->ag_queued ? pump_gathers(z, i) : DT_OK;
-    if (!b->ag) return s;
-    dt_status sw = dt_work_wait(b->ag);
+    if (b->ag_queued) DT_TRY(pump_gathers(z, i));
+    if (b->ag_queued) return DT_ERR(DT_ESTATE, "zero: parameter all-gather of bucket %d was not issued", i);
+    if (!b->ag) return DT_OK;
+    dt_status s = dt_work_wait(b->ag);
     b->ag = NULL;
     forget_live(z, i);
     z->stats.gather_wait_us += dt_par_now_us() - t0;
-    if (s == DT_OK) s = sw;
     if (s == DT_OK) s = pump_gathers(z, INT_MAX);   /* keep the queue moving */
     return s;
 }
 
 dt_status dt_zero_sync_params(dt_zero *z) {
-    dt_status s = DT_OK;
-    for (int i = 0; i < z->nb; i++) {
-        dt_status si = dt_zero_wait_gather(z, i);
-        if (s == DT_OK) s = si;
-    }
+    dt_status s = wait_all_gathers(z);
     if (z->stage == 3 && s == DT_OK) s = dt_zero3_idle(z);
     return s;
 }

@@ -52,6 +52,7 @@ struct dt_zero {
     /* AFTER_BACKWARD parameter all-gathers: queued in forward order (last
      * bucket first), issued a few at a time (zero.c, pump_gathers) */
     int gq_next;             /* highest queued bucket not yet issued, -1: none */
+    double last_pump_us;     /* graph tick: queue pumped at most every 0.5 ms */
     int *gq_live, n_gq_live; /* issued from the queue, not yet seen complete */
     /* full-size bucket buffers, reused */
     zpool_buf *pool; int n_pool, cap_pool;

@@ -268,7 +268,7 @@ float *dtt_copy(const float *x, size_t n) {
     return c;
 }
 
-int dtt_skip_layer = -1;
+int dtt_skip_layer = -1, dtt_skip_module = -1;
 
 dt_tensor *dtt_mlp_forward_skip_bias(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
     const dt_model_cfg *c = &m->cfg;
@@ -279,6 +279,7 @@ dt_tensor *dtt_mlp_forward_skip_bias(dt_model *m, dt_graph *g, const dt_batch *b
     int n_layers = c->mlp_n_hidden + 1;
     for (int i = 0; i < n_layers; i++) {
         dt_module *mod = m->modules[i];
+        if (i == dtt_skip_module) continue;
         if (dt_module_enter(g, mod) != DT_OK) return NULL;
         dt_tensor *bias = i == dtt_skip_layer ? NULL : &mod->params[1]->value;
         if (!(x = dt_op_linear(g, x, &mod->params[0]->value, bias, DT_W_OUT_IN))) return NULL;

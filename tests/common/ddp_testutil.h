@@ -60,8 +60,10 @@ void dtt_opt_step(dtt_net *n);   /* optimizer step, finish_step, zero_grad */
 float dtt_ddp_step(dtt_net *n, dt_ddp *d, const dtt_batch *micro, int K);
 
 /* The MLP forward with layer dtt_skip_layer's bias left out (-1: none, the
- * default): a parameter without gradient for the unused-parameter tests. */
-extern int dtt_skip_layer;
+ * default): a parameter without gradient for the unused-parameter tests.
+ * Layer dtt_skip_module (-1: none) is left out whole, module hooks included
+ * (its input and output widths must be equal). */
+extern int dtt_skip_layer, dtt_skip_module;
 dt_tensor *dtt_mlp_forward_skip_bias(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits);
 
 /* ---- the single-process reference ----

@@ -8,6 +8,9 @@
  *    unused parameter stays unchanged (weight decay 0);
  *  - the parameter unused on odd ranks only: still DDP's result, and the
  *    parameter trains (even ranks give it gradients);
+ *  - a whole module skipped (so no forward waits its buckets' all-gathers),
+ *    on all ranks (every stage) or on odd ranks only (stages 1/2: stage 3
+ *    needs the same modules on every rank): still DDP's result;
  *  - dt_zero_finish_backward without a backward, and dt_zero_step without
  *    finish_backward, fail cleanly on every rank. */
 #include "test_dist_util.h"
@@ -177,12 +180,58 @@ static void run_find_unused(int odd) {
     dtt_skip_layer = 1;
 }
 
+/* A whole module skipped (fc2, 16 -> 16) with find_unused_params: its
+ * buckets' parameter all-gathers are never waited by a forward (after-backward
+ * queues them; interleaved issues them during backward), on every rank or (not
+ * stage 3) on odd ranks only. ZeRO still equals DDP; nothing hangs. */
+static int skip_odd_only;
+static void skip_module_hook(int st, int rank, int k) {
+    (void)st; (void)k;
+    dtt_skip_module = skip_odd_only && rank % 2 == 0 ? -1 : 1;
+}
+
+static void run_skip_module(int odd) {
+    skip_odd_only = odd;
+    dtt_skip_layer = -1;
+    dtz_spec s = spec(1);
+    s.cfg = dtt_mlp_cfg(20, 16, 16, 5);
+    s.before_micro = skip_module_hook;
+    dtz_result want;
+    dtz_ddp_run(&s, world, &want);
+    dt_model *namer;
+    DTT_OK(dt_model_create(&s.cfg, 1, &namer));
+    static const dt_zero_overlap ovs[3] = {DT_ZERO_OVERLAP_OFF, DT_ZERO_OVERLAP_AFTER_BACKWARD,
+                                           DT_ZERO_OVERLAP_INTERLEAVED};
+    /* stage 3 gathers per module, so every rank must run the same modules
+     * (as in FSDP / DeepSpeed): rank-dependent skipping is stages 1/2 only */
+    for (int stage = 1; stage <= (odd ? 2 : 3); stage++)
+        for (int oi = 0; oi < 3; oi++) {
+            dt_zero_opts o = zopts(&s, stage, ovs[oi]);
+            dtz_result got;
+            dtz_zero_run(&s, world, &o, &got);
+            char what[160];
+            snprintf(what, sizeof what, "fc2 skipped%s, stage %d, overlap mode %d: ZeRO vs DDP", odd ? " (odd ranks)" : "",
+                     stage, (int)ovs[oi]);
+            dtt_expect_same_across_ranks(got.params, got.n_params, what);
+            dtz_expect_params(namer, got.params, want.params, 0, what);
+            dtz_result_free(&got);
+        }
+    dtz_result_free(&want);
+    dt_model_free(namer);
+    dtt_skip_module = -1;
+    dtt_skip_layer = 1;
+}
+
 static void test_find_unused(void) {
     dtt_begin("find_unused_params: ZeRO-1/2/3 == DDP, unused param unchanged");
     run_find_unused(0);
     dtt_end();
     dtt_begin("find_unused_params: parameter unused on odd ranks only == DDP");
     run_find_unused(1);
+    dtt_end();
+    dtt_begin("find_unused_params: a whole module skipped (all ranks, odd ranks) == DDP");
+    run_skip_module(0);
+    run_skip_module(1);
     dtt_end();
 }
 
