@@ -17,7 +17,10 @@
  *            bucket exists. A module's buckets are all-gathered just before
  *            its forward and again before its backward; the buckets of the
  *            next modules (in the order of the previous step) are prefetched;
- *            buckets no module in the window needs are freed.
+ *            buckets no module in the window needs are freed. Every rank
+ *            must run the same modules in the same order (the gathers are
+ *            collectives issued from module hooks); stages 1/2 have no such
+ *            constraint.
  *
  * Per step (the trainer does this through dt_zero_strategy):
  *   dt_zero_set_lr(z, lr);
