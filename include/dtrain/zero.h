@@ -19,8 +19,10 @@
  *            next modules (in the order of the previous step) are prefetched;
  *            buckets no module in the window needs are freed. Every rank
  *            must run the same modules in the same order (the gathers are
- *            collectives issued from module hooks); stages 1/2 have no such
- *            constraint.
+ *            collectives issued from module hooks); finish_backward compares
+ *            the orders and fails on every rank if they differ (when the
+ *            gather sizes differ MPI itself may fail first). Stages 1/2 have
+ *            no such constraint.
  *
  * Per step (the trainer does this through dt_zero_strategy):
  *   dt_zero_set_lr(z, lr);

@@ -474,6 +474,10 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
     z->next_done = z->nb;
     z->recording = 0;
     z->stats.wait_us += dt_par_now_us() - w0;
+    if (z->stage == 3) {   /* collective: on every rank, whatever s */
+        dt_status so = dt_zero3_check_order(z);
+        if (s == DT_OK) s = so;
+    }
     if (z->stage == 3 && s == DT_OK) s = dt_zero3_release_all(z);
     if (s != DT_OK) { drain(z); reset_buckets(z); return s; }
     if (bcast_buffers_enabled(z)) DT_TRY(dt_par_bcast_buffers(m, z->pg, &z->buf_scratch, 0));

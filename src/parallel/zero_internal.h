@@ -82,6 +82,9 @@ void dt_zero_modules_free(dt_zero *z);
 dt_status dt_zero_params_before_forward(dt_zero *z);
 dt_status dt_zero3_release_all(dt_zero *z);
 dt_status dt_zero3_idle(dt_zero *z);
+/* Every rank ran the same modules in the same order in this micro-step's
+ * forward and backward (else DT_EINVAL on every rank). Collective over pg. */
+dt_status dt_zero3_check_order(dt_zero *z);
 /* Wait the in-flight all-gather of bucket i. */
 dt_status dt_zero_wait_gather(dt_zero *z, int i);
 #endif

@@ -7,6 +7,7 @@
  * parameter no module owns stay gathered from before_forward to the end of
  * backward. Gathers run on their own group in hook order, identical on every
  * rank. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "zero_internal.h"
@@ -182,4 +183,34 @@ dt_status dt_zero_params_before_forward(dt_zero *z) {
     DT_TRY(rotate(z->bseq, &z->n_bseq, &z->prev_bseq, &z->n_prev_b, &z->cap_prev_b));
     z->recording = 1;
     return gather_orphans(z);
+}
+
+/* The gathers are collectives issued from module hooks, so ranks that ran
+ * different modules issued different gathers: of different sizes MPI fails,
+ * of equal sizes parameters would be silently wrong. One 64-bit hash of the
+ * forward and backward module orders per rank, compared after backward. */
+static uint64_t mix(uint64_t h, uint64_t v) {
+    for (int k = 0; k < 8; k++) { h ^= (v >> (8 * k)) & 0xff; h *= 1099511628211ull; }   /* FNV-1a */
+    return h;
+}
+
+dt_status dt_zero3_check_order(dt_zero *z) {
+    uint64_t h = 1469598103934665603ull;
+    h = mix(h, (uint64_t)z->n_seq);
+    for (int i = 0; i < z->n_seq; i++) h = mix(h, (uint64_t)z->seq[i]);
+    h = mix(h, (uint64_t)z->n_bseq);
+    for (int i = 0; i < z->n_bseq; i++) h = mix(h, (uint64_t)z->bseq[i]);
+    uint64_t *all = malloc((size_t)z->world * sizeof *all);
+    if (!all) return DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status s = dt_allgather(z->pg, &h, all, 2, DT_F32, NULL);   /* 8 bytes as 2 floats, unchanged */
+    int bad = -1;
+    for (int r = 1; s == DT_OK && r < z->world && bad < 0; r++)
+        if (all[r] != all[0]) bad = r;
+    free(all);
+    if (s != DT_OK) return s;
+    if (bad >= 0)
+        return DT_ERR(DT_EINVAL, "zero stage 3: rank %d ran other modules (or another order) than rank 0 in this "
+                      "step; every rank must run the same modules in the same order at stage 3 (stages 1/2 have "
+                      "no such constraint)", bad);
+    return DT_OK;
 }

@@ -222,6 +222,46 @@ static void run_skip_module(int odd) {
     dtt_skip_layer = 1;
 }
 
+/* Stage 3 with ranks running different modules: even ranks skip fc2, odd
+ * ranks fc3 (equal shapes, one bucket per parameter, so every gather has a
+ * partner of the same size and MPI sees nothing wrong). finish_backward fails
+ * on every rank with a message saying why, instead of training on gathered
+ * parameters of the wrong module. */
+static void test_stage3_module_mismatch(void) {
+    dtt_begin("stage 3: ranks running different modules fail with a clear error on every rank");
+    int me = dtt_rank();
+    dtz_spec s = spec(1);
+    s.cfg = dtt_mlp_cfg(20, 16, 16, 5);
+    s.cfg.mlp_n_hidden = 3;
+    s.cfg.mlp_hidden[2] = 16;   /* fc1 20->16, fc2 16->16, fc3 16->16, fc4 16->5 */
+    for (int oi = 0; oi < 2; oi++) {
+        dt_zero_opts o = zopts(&s, 3, oi ? DT_ZERO_OVERLAP_INTERLEAVED : DT_ZERO_OVERLAP_AFTER_BACKWARD);
+        o.first_bucket_bytes = o.bucket_bytes = 4;
+        dtz_net n;
+        dtz_net_init(&n, &s, 3, world, &o);
+        dtt_batch b;
+        dtt_make_batch(&s.cfg, dtt_key(0, me, 0), 8, &b);
+        dtt_skip_layer = -1;
+        dtt_skip_module = dtt_size() > 1 ? 1 + me % 2 : 1;
+        dt_zero_set_lr(n.z, 1e-2f);
+        dt_graph_reset(n.g);
+        DTT_OK(dt_zero_before_forward(n.z, n.g, 1));
+        dt_tensor *loss = dtt_mlp_forward_skip_bias(n.m, n.g, &b.b, NULL);
+        DTT_CHECK(loss != NULL);
+        DTT_OK(dt_graph_backward(n.g, loss));
+        dt_error_clear();
+        dt_status rc = dt_zero_finish_backward(n.z);
+        int bad = rc != DT_EINVAL || !strstr(dt_error_message(), "same modules"), any = 0;
+        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        DTT_CHECK(any == 0);
+        dtt_skip_module = -1;
+        dtt_batch_free(&b);
+        dtz_net_free(&n);
+    }
+    dtt_skip_layer = 1;
+    dtt_end();
+}
+
 static void test_find_unused(void) {
     dtt_begin("find_unused_params: ZeRO-1/2/3 == DDP, unused param unchanged");
     run_find_unused(0);
@@ -242,6 +282,7 @@ int main(int argc, char **argv) {
     test_unused_is_an_error();
     test_misuse();
     test_find_unused();
+    test_stage3_module_mismatch();
     DTT_OK(dt_dist_finalize());
     return 0;
 }
