@@ -69,11 +69,16 @@ void dt_model_free(dt_model *m);
 dt_tensor *dt_model_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits);
 size_t dt_model_num_params(const dt_model *m);
 void dt_model_zero_grad(dt_model *m);
+/* Gradient storage: drop it (every grad NULL, no buffer; ZeRO-2/3 keep
+ * gradients per bucket instead), or allocate it back (zeros, at the current
+ * layout of param_flat; no-op if present). */
+void dt_model_drop_grads(dt_model *m);
+dt_status dt_model_alloc_grads(dt_model *m);
 dt_param *dt_model_find_param(const dt_model *m, const char *name);
 /* Re-point values and grads into new flat buffers of `total` elements where
  * params[i] starts at offsets[i] (values and grads copied, gaps zero). A model
- * whose parameters have no gradient storage (grad.data NULL: ZeRO-2/3 frees it
- * first) gets no gradient buffer. Values move before gradients, so at most
+ * whose parameters have no gradient storage (dt_model_drop_grads) gets no
+ * gradient buffer. Values move before gradients, so at most
  * one new buffer exists beside the old ones. */
 dt_status dt_model_set_layout(dt_model *m, const size_t *offsets, size_t total);
 /* Training FLOPs per sample (image) or per token (LM): 6*N (+ attention). */

@@ -168,6 +168,27 @@ void dt_model_zero_grad(dt_model *m) {
     if (m->grad_flat.data) memset(m->grad_flat.data, 0, m->grad_flat.numel * sizeof(float));
 }
 
+void dt_model_drop_grads(dt_model *m) {
+    for (int i = 0; i < m->n_params; i++) {
+        dt_param *p = m->params[i];
+        if (p->grad.owns_data) dt_free(p->grad.data);
+        p->grad.data = NULL;
+        p->grad.owns_data = 0;
+    }
+    dt_flat_free(&m->grad_flat);
+}
+
+dt_status dt_model_alloc_grads(dt_model *m) {
+    if (m->grad_flat.data) return DT_OK;
+    if (dt_flat_alloc(&m->grad_flat, m->param_flat.numel) != DT_OK)
+        return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element gradient buffer", m->param_flat.numel);
+    for (int i = 0; i < m->n_params; i++) {
+        m->params[i]->grad.data = m->grad_flat.data + m->offsets[i];
+        m->params[i]->grad.owns_data = 0;
+    }
+    return DT_OK;
+}
+
 dt_param *dt_model_find_param(const dt_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
         if (!strcmp(m->params[i]->name, name)) return m->params[i];

@@ -136,7 +136,7 @@ static dt_status pump_gathers(dt_zero *z, int force) {
         int i = z->gq_next;
         DT_TRY(issue_gather(z, i));
         z->gq_live[z->n_gq_live++] = i;
-        if (!z->reduced_defer) z->stats.deferred_gathers++;
+        if (!z->queue_gathers) z->stats.deferred_gathers++;
         do z->gq_next--; while (z->gq_next >= 0 && !z->b[z->gq_next].ag_queued);
     }
     return DT_OK;
@@ -167,7 +167,7 @@ static dt_status step_bucket(dt_zero *z, int i, float scale) {
     }
     b->stepped = 1;
     if (z->stage == 1) memset(b->full_grad, 0, b->pub.numel * sizeof(float));   /* next accumulation */
-    if (z->stage < 3 && z->reduced_defer) {
+    if (z->stage < 3 && z->queue_gathers) {
         b->ag_queued = 1;
         if (i > z->gq_next) z->gq_next = i;
     } else if (z->stage < 3) {
@@ -176,7 +176,9 @@ static dt_status step_bucket(dt_zero *z, int i, float scale) {
     return DT_OK;
 }
 
-static int interleaving(const dt_zero *z);
+static int interleaving(const dt_zero *z) {
+    return z->sync && z->opts.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED && !z->hold_steps;
+}
 
 /* During backward: in bucket order, finish every reduce-scatter that has
  * completed, so (stages 2/3) its full-size gradient buffer is released as
@@ -196,10 +198,6 @@ static dt_status advance_reduced(dt_zero *z) {
     return DT_OK;
 }
 
-static int interleaving(const dt_zero *z) {
-    return z->sync && z->opts.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED && !z->hold_steps;
-}
-
 /* At the first gradient of a synchronising backward the forward is complete,
  * so the parameters it did not use are known. If that will fail the step
  * (find_unused_params off), no shard may be stepped during backward. */
@@ -213,9 +211,9 @@ static void check_unused_once(dt_zero *z) {
 
 /* advance_reduced from inside backward: a failure is kept for
  * finish_backward, so every rank still reaches the same collectives. */
-static void advance_in_backward(dt_zero *z) {
+static void advance_in_backward(dt_zero *z, double now) {
     if (!z->sync || z->next_done >= z->next_launch || z->tick_err) return;
-    z->last_check_us = dt_par_now_us();
+    z->last_check_us = now;
     if (advance_reduced(z) != DT_OK) {
         z->tick_err = dt_error_code();
         snprintf(z->tick_msg, sizeof z->tick_msg, "%s", dt_error_message());
@@ -227,12 +225,13 @@ static void graph_tick(void *user) {
     dt_zero *z = user;
     dt_pg_tick(z->pg);
     dt_pg_tick(z->ag_pg);
+    if (z->gq_next < 0 && z->next_done >= z->next_launch) return;   /* nothing queued, nothing reducing */
     double now = dt_par_now_us();
     if (z->gq_next >= 0 && now - z->last_pump_us >= 500.0) {
         z->last_pump_us = now;
         if (pump_gathers(z, INT_MAX) != DT_OK) dt_error_clear();   /* retried and reported by the wait needing it */
     }
-    if (z->next_done < z->next_launch && dt_par_now_us() - z->last_check_us >= 500.0) advance_in_backward(z);
+    if (now - z->last_check_us >= 500.0) advance_in_backward(z, now);
 }
 
 static dt_status on_grad_ready(dt_param *p, void *user) {
@@ -243,7 +242,7 @@ static dt_status on_grad_ready(dt_param *p, void *user) {
     if (--b->pending == 0) {
         b->ready = 1;
         DT_TRY(launch_ready(z));
-        advance_in_backward(z);   /* earlier buckets may be done: release them now */
+        advance_in_backward(z, dt_par_now_us());   /* earlier buckets may be done: release them now */
     }
     return DT_OK;
 }
@@ -275,9 +274,7 @@ static dt_status shard_storage(dt_zero *z) {
     }
     if (!(z->shard_grad = dt_calloc((z->shard_total ? z->shard_total : 1) * sizeof(float))))
         return DT_ERR(DT_ENOMEM, "zero: out of memory for gradient shards");
-    for (int i = 0; i < z->nb; i++) point_grads(z, &z->b[i], NULL);
-    for (int i = 0; i < m->n_params; i++) m->params[i]->on_grad_alloc = grad_alloc;
-    dt_flat_free(&m->grad_flat);
+    for (int i = 0; i < m->n_params; i++) m->params[i]->on_grad_alloc = grad_alloc;   /* grads dropped at create */
     if (z->stage < 3) return DT_OK;
     if (!(z->shard_param = dt_calloc((z->shard_total ? z->shard_total : 1) * sizeof(float))))
         return DT_ERR(DT_ENOMEM, "zero: out of memory for parameter shards");
@@ -286,19 +283,6 @@ static dt_status shard_storage(dt_zero *z) {
     for (int i = 0; i < m->n_params; i++) m->params[i]->value.data = NULL;
     dt_flat_free(&m->param_flat);
     return DT_OK;
-}
-
-/* Stages 2/3 keep gradients per bucket only: drop the model's full gradient
- * storage before the re-layout, which then allocates none. (dt_zero_free
- * gives the model a zeroed gradient buffer back.) */
-static void drop_full_grads(dt_model *m) {
-    for (int i = 0; i < m->n_params; i++) {
-        dt_param *p = m->params[i];
-        if (p->grad.owns_data) dt_free(p->grad.data);
-        p->grad.data = NULL;
-        p->grad.owns_data = 0;
-    }
-    dt_flat_free(&m->grad_flat);
 }
 
 static void reset_buckets(dt_zero *z) {
@@ -330,7 +314,9 @@ dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const 
     z->red = DT_RED_AVG | (opts.deterministic ? DT_RED_DETERMINISTIC : 0);
     dt_status s = dt_pg_split(pg, 0, z->rank, &z->ag_pg);
     z->gq_next = -1;
-    if (s == DT_OK && z->stage >= 2) drop_full_grads(m);   /* never re-laid out: set-up peak */
+    /* stages 2/3 keep gradients per bucket: dropped before the re-layout, so
+     * it allocates none (set-up peak); dt_zero_free gives them back */
+    if (s == DT_OK && z->stage >= 2) dt_model_drop_grads(m);
     if (s == DT_OK) s = dt_zero_build_layout(z, opts.first_bucket_bytes, opts.bucket_bytes);
     if (s == DT_OK && !(z->gq_live = malloc((size_t)(z->nb ? z->nb : 1) * sizeof *z->gq_live)))
         s = DT_ERR(DT_ENOMEM, "out of memory");
@@ -384,23 +370,14 @@ static void make_whole(dt_zero *z) {
     }
 }
 
-/* The model's gradient buffer back (zeros) at its current layout, whatever
- * dropped it (stages 2/3, or a create that failed half way). */
-static void restore_full_grads(dt_model *m) {
-    if (m->grad_flat.data || !m->param_flat.data || dt_flat_alloc(&m->grad_flat, m->param_flat.numel) != DT_OK) return;
-    for (int i = 0; i < m->n_params; i++) {
-        m->params[i]->grad.data = m->grad_flat.data + m->offsets[i];
-        m->params[i]->grad.owns_data = 0;
-    }
-}
-
 void dt_zero_free(dt_zero *z) {
     if (!z) return;
     dt_model *m = z->m;
     drain(z);
     if (z->stage == 3) dt_zero3_release_all(z);
     if (z->b && z->ag_pg) make_whole(z);
-    if (m) restore_full_grads(m);
+    /* gradients back (zeros) whatever dropped them: stages 2/3 or a failed create */
+    if (m && m->param_flat.data && dt_model_alloc_grads(m) != DT_OK) dt_error_clear();
     for (int i = 0; m && i < m->n_params; i++) {
         dt_param *p = m->params[i];
         if (p->on_grad_ready_user != z) continue;
@@ -516,19 +493,20 @@ dt_status dt_zero_step(dt_zero *z, double *grad_norm) {
      * queue order) and done before this step queues any, so the issue order
      * on ag_pg never depends on timing. Normally the forward waited them all. */
     dt_status s = z->opts.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD ? wait_all_gathers(z) : DT_OK;
-    if (z->opts.clip > 0) {
+    if (z->opts.clip > 0) {   /* collective: on every rank, whatever s */
         double norm = 0;
-        s = global_norm(z, &norm);
+        dt_status sn = global_norm(z, &norm);
+        if (s == DT_OK) s = sn;
         scale = dt_clip_scale(norm, z->opts.clip);
         if (grad_norm) *grad_norm = norm;
     }
     /* last bucket first: its all-gather (the model's first layers, in
      * reverse-registration layout) is the one the next forward needs first */
-    z->reduced_defer = z->opts.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD;
+    z->queue_gathers = z->opts.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD;
     for (int i = z->nb - 1; i >= 0 && s == DT_OK; i--)
         if (!z->b[i].stepped) s = step_bucket(z, i, scale);
     if (s == DT_OK) s = pump_gathers(z, INT_MAX);
-    z->reduced_defer = 0;
+    z->queue_gathers = 0;
     for (int i = 0; i < z->nb; i++) dt_optimizer_finish_step(&z->b[i].opt);
     z->stats.steps++;
     reset_buckets(z);

@@ -43,12 +43,12 @@ struct dt_zero {
     int next_done;           /* first bucket whose reduce-scatter is not yet finished (INTERLEAVED: stepped) */
     float lr;
     int reduced;             /* finish_backward done, step pending */
-    int reduced_defer;       /* inside dt_zero_step with AFTER_BACKWARD: queue gathers */
+    int queue_gathers;       /* inside dt_zero_step with AFTER_BACKWARD: queue the all-gathers */
     int unused_checked;      /* this backward looked for unused parameters */
     int hold_steps;          /* an unused parameter will fail this step: no interleaved steps */
-    dt_status tick_err;      /* INTERLEAVED step failed inside a graph tick */
+    dt_status tick_err;      /* finishing a reduction (or stepping a shard) failed inside backward */
     char tick_msg[256];
-    double last_check_us;
+    double last_check_us;    /* graph tick: reductions tested at most every 0.5 ms */
     /* AFTER_BACKWARD parameter all-gathers: queued in forward order (last
      * bucket first), issued a few at a time (zero.c, pump_gathers) */
     int gq_next;             /* highest queued bucket not yet issued, -1: none */

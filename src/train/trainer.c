@@ -41,7 +41,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
         return e;
     }
     if (o->threads > 0) omp_set_num_threads(o->threads);
-    dt_status s = o->keep_denormals ? dt_cpu_set_flush_denormal(0) : dt_cpu_set_flush_denormal(1);
+    dt_status s = dt_cpu_set_flush_denormal(!o->keep_denormals);
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_model_create(&o->model, o->seed, &t->model);
     if (s == DT_OK && o->init) s = dt_model_load_params(t->model, o->init);

@@ -1,7 +1,7 @@
 /* dt_model_set_layout: parameters move to new offsets with their values and
  * gradients, gaps are zero; bad layouts (overlap, out of range) fail and leave
  * the model untouched; a model whose gradients were dropped (ZeRO-2/3) gets no
- * gradient buffer. */
+ * gradient buffer, and dt_model_alloc_grads gives it zeroed ones back. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -89,12 +89,17 @@ static void test_without_grads(void **state) {
     (void)state;
     dt_model *m = small_mlp();
     float *v0 = snapshot(m, 0);
-    for (int i = 0; i < m->n_params; i++) m->params[i]->grad.data = NULL;   /* what ZeRO-2/3 does */
-    dt_flat_free(&m->grad_flat);
+    dt_model_drop_grads(m);   /* what ZeRO-2/3 does */
     size_t total, *off = gapped(m, &total);
     assert_int_equal(dt_model_set_layout(m, off, total), DT_OK);
     assert_null(m->grad_flat.data);
     for (int i = 0; i < m->n_params; i++) assert_null(m->params[i]->grad.data);
+    assert_int_equal(dt_model_alloc_grads(m), DT_OK);
+    assert_int_equal(m->grad_flat.numel, total);
+    for (int i = 0; i < m->n_params; i++) {
+        assert_ptr_equal(m->params[i]->grad.data, m->grad_flat.data + off[i]);
+        for (int64_t k = 0; k < m->params[i]->grad.numel; k++) assert_true(((float *)m->params[i]->grad.data)[k] == 0.0f);
+    }
     float *v1 = snapshot(m, 0);
     assert_memory_equal(v0, v1, dt_model_num_params(m) * sizeof(float));
     free(v0); free(v1); free(off);
