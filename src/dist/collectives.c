@@ -18,6 +18,7 @@ const char *dt__kind_name(dt_opkind k) {
     case DT_OPK_SEND: return "send";
     case DT_OPK_RECV: return "recv";
     case DT_OPK_BARRIER: return "barrier";
+    case DT_OPK_ALLREDUCE_SHM: return "allreduce(shm)";
     }
     return "?";
 }
@@ -149,11 +150,19 @@ dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
     if (in != out && overlaps(in, nb, out, nb))
         return DT_ERR(DT_EINVAL, "%s on %s: input and output overlap (only in == out is allowed)", fn, pg->name);
     int avg, det = wants_det(pg, op, dtype, &avg);
+    /* in place on node-shared memory: no messages, rank-ordered sum (so also
+     * deterministic); every rank must pass the same offset (checked) */
+    dt_shm *shm = dtype == DT_F32 && in == out && count > 0 ? dt__shm_find(pg, out, nb) : NULL;
     dt_work *w = NULL;
-    DT_TRY(new_work(pg, det ? DT_OPK_ALLREDUCE_DET : DT_OPK_ALLREDUCE, count, dtype, (double)nb, wp, &w));
+    DT_TRY(new_work(pg, shm ? DT_OPK_ALLREDUCE_SHM : det ? DT_OPK_ALLREDUCE_DET : DT_OPK_ALLREDUCE, count, dtype,
+                    (double)nb, wp, &w));
     w->in = in;
     w->out = out;
     w->avg = avg;
+    if (shm) {
+        w->shm = shm;
+        w->shm_off = (size_t)((const float *)out - dt__shm_base(shm));
+    }
     return issue(w, wp);
 }
 
@@ -341,6 +350,8 @@ int dt__op_start(dt_work *w) {
         w->fn = "MPI_Ibarrier";
         CHECK(MPI_Ibarrier(c, &w->req[0]), w->fn);
         break;
+    case DT_OPK_ALLREDUCE_SHM:
+        return dt__shm_start(w);
     default:
         return dt__det_start(w);
     }
@@ -356,6 +367,7 @@ int dt__op_finish(dt_work *w) {
 
 int dt__op_run(dt_work *w) {
     if (dt__kind_is_det(w->kind)) return dt__det_run(w);
+    if (w->kind == DT_OPK_ALLREDUCE_SHM) return dt__shm_run(w);   /* averages itself */
     dt_pg *pg = w->pg;
     MPI_Comm c = pg->comm[0];
     MPI_Datatype t = dt__mpi_type(w->dtype);

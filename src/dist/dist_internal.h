@@ -22,7 +22,10 @@ typedef enum dt_opkind {
     DT_OPK_SEND,
     DT_OPK_RECV,
     DT_OPK_BARRIER,
+    DT_OPK_ALLREDUCE_SHM,   /* in place on node-shared memory: rank-ordered sum of a slice each */
 } dt_opkind;
+
+typedef struct dt_shm dt_shm;
 
 struct dt_work {
     dt_pg *pg;
@@ -55,6 +58,11 @@ struct dt_work {
     double t_begin_us;
     char name[48];              /* "allreduce 1.0MiB" */
     int internal;               /* blocking call: waited by the library itself */
+    /* DT_OPK_ALLREDUCE_SHM */
+    dt_shm *shm;
+    uint64_t shm_seq;           /* this op's number on shm (0, 1, ...) */
+    size_t shm_off;             /* element offset of out in every rank's segment */
+    int shm_reduced;            /* this rank's slice is summed and published */
 };
 
 struct dt_pg {
@@ -80,6 +88,8 @@ struct dt_pg {
     pthread_cond_t cv_work, cv_done;
     pthread_t thread;
     int thread_on, quit;
+    dt_shm *shm;                /* node-shared allocations (shm.c) */
+    char shm_why[256];          /* why the last dt_pg_alloc_shared gave NULL */
     /* registry of live groups */
     dt_pg *reg_next;
 };
@@ -133,6 +143,18 @@ int dt__det_run(dt_work *w);
 int dt__req_reserve(dt_work *w, int n);   /* ensure req capacity; -1 (w->msg set) on ENOMEM */
 int dt__kind_is_det(dt_opkind k);
 const char *dt__kind_name(dt_opkind k);
+
+/* ---- shm.c: allreduce on node-shared memory (see dt_pg_alloc_shared) ----
+ * find: the allocation of pg holding [p, p + bytes), or NULL.
+ * start: publish this rank's contribution (op number, offset, count).
+ * advance: 0 nothing changed, 1 progressed, 2 complete, -1 failed (w->msg).
+ * run: start and advance until complete (blocking). free_all: dt_pg_free. */
+dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes);
+const float *dt__shm_base(const dt_shm *s);   /* this rank's buffer */
+int dt__shm_start(dt_work *w);
+int dt__shm_advance(dt_work *w);
+int dt__shm_run(dt_work *w);
+void dt__shm_free_all(dt_pg *pg);
 
 /* ---- progress.c ---- */
 dt_status dt__submit(dt_work *w);        /* issue (w->internal: and wait); owns w */

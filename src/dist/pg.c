@@ -101,6 +101,7 @@ dt_status dt_pg_free(dt_pg *pg) {
         pg->thread_on = 0;
     }
     while (pg->all) dt__work_free(pg->all);   /* unwaited handles become invalid */
+    dt__shm_free_all(pg);                      /* collective, like the communicator */
     for (int p = 0; p < DT_MAX_PHASE; p++)
         if (pg->comm[p] != MPI_COMM_NULL) MPI_Comm_free(&pg->comm[p]);
     for (int i = 0; i < 4; i++) dt_free(pg->pool[i]);

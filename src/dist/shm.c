@@ -1,0 +1,311 @@
+/* Node-shared memory and the allreduce that runs on it.
+ *
+ * When every rank of a group runs on one machine, dt_pg_alloc_shared puts each
+ * rank's buffer in one MPI shared-memory window (MPI_Win_allocate_shared over
+ * the group's communicator): every rank can load and store every other
+ * rank's buffer. An in-place F32 dt_allreduce on such a buffer then sends no
+ * message: rank r sums slice r of the range over all ranks in rank order and
+ * stores the result into every rank's buffer. Per rank that reads S bytes and
+ * writes S bytes, where MPI's shared-memory transport also copies every byte
+ * into and out of its own segments (bench/bench_comm shm).
+ *
+ * Each rank's segment starts with a control block (C11 atomics; MPI only
+ * allocates the memory). Operations on one allocation are numbered 0, 1, ...
+ * in issue order, the same on every rank:
+ *   ready         ops this rank has published: its data for them is final
+ *   done          ops whose slice this rank has summed and stored everywhere
+ *   desc[k%RING]  op k's offset, count and AVG flag, checked by every peer
+ * Op k: publish (desc, then ready = k+1, release); once every rank's
+ * ready >= k+1 (acquire) sum the own slice, then done = k+1; the op completes
+ * once every rank's done >= k+1. A rank sums slices in op order, so both are
+ * counts. Until an op completes, its range belongs to it on every rank.
+ * A rank publishes op k only once every rank's done >= k+1-RING: the
+ * descriptor slot it reuses has been read by all.
+ */
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include "dist/dist_internal.h"
+
+_Static_assert(ATOMIC_LONG_LOCK_FREE == 2, "node-shared counters need lock-free 64-bit atomics");
+
+#define RING 1024
+#define CTL_BYTES 65536   /* sizeof(shm_ctl) rounded to pages; data starts here */
+
+typedef struct shm_desc {
+    _Atomic uint64_t seq1;   /* op number + 1, stored last */
+    uint64_t off, count;
+    uint64_t avg;
+} shm_desc;
+
+typedef struct shm_ctl {
+    _Alignas(64) _Atomic uint64_t ready;
+    _Alignas(64) _Atomic uint64_t done;
+    _Alignas(64) shm_desc desc[RING];
+} shm_ctl;
+_Static_assert(sizeof(shm_ctl) <= CTL_BYTES, "control block larger than its reserved space");
+
+struct dt_shm {
+    dt_shm *next;
+    MPI_Win win;
+    size_t count;        /* floats per rank */
+    int size, rank;
+    shm_ctl **ctl;       /* [size] */
+    float **data;        /* [size] */
+    uint64_t issued;     /* ops this rank published */
+    uint64_t reduced;    /* ops whose slice this rank summed */
+};
+
+static dt_status mpi_fail(int rc, const char *what, const dt_pg *pg) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    s[0] = 0;
+    MPI_Error_string(rc, s, &len);
+    return DT_ERR(DT_ECOMM, "dt_pg_alloc_shared on %s: %s: %s", pg->name, what, s);
+}
+
+dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
+    if (!out) return DT_ERR(DT_EINVAL, "dt_pg_alloc_shared: NULL out");
+    *out = NULL;
+    DT_TRY(dt__check_init("dt_pg_alloc_shared"));
+    if (!pg) return DT_ERR(DT_EINVAL, "dt_pg_alloc_shared: NULL process group");
+    pg->shm_why[0] = 0;
+    if (count == 0 || count > ((size_t)1 << 40))
+        return DT_ERR(DT_EINVAL, "dt_pg_alloc_shared on %s: count %zu out of range [1, 2^40]", pg->name, count);
+    /* blocking collectives on comm[0]: nothing of ours may be running there */
+    DT_TRY(dt_pg_wait_all(pg));
+    char bmsg[512];
+    if (dt__pg_broken(pg, bmsg, sizeof bmsg))
+        return DT_ERR(DT_ECOMM, "dt_pg_alloc_shared on %s: group unusable after an earlier failure: %s", pg->name, bmsg);
+    /* + a page: Open MPI may hand out a segment off page alignment; every rank
+     * rounds every segment's base up the same way */
+    size_t bytes = 4096 + CTL_BYTES + ((count * sizeof(float) + 4095) & ~(size_t)4095);
+    /* Open MPI backs the window with a file in osc_sm_backing_directory (a
+     * tmpfs, /dev/shm): pages beyond its free space would fault (SIGBUS) when
+     * first touched, so a window that does not fit falls back to MPI */
+    const char *dir = getenv("OMPI_MCA_osc_sm_backing_directory");
+    if (!dir || !*dir) dir = "/dev/shm";
+    struct statvfs vfs;
+    double avail = statvfs(dir, &vfs) == 0 ? (double)vfs.f_bavail * (double)vfs.f_frsize : -1.0;
+    int fits = avail < 0 || avail >= (double)bytes * pg->size * 1.05;
+    MPI_Comm c = pg->comm[0], node;
+    int rc = MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split_type", pg);
+    int nsize = 0;
+    MPI_Comm_size(node, &nsize);
+    MPI_Comm_free(&node);
+    /* the same count on every rank (a mismatch fails everywhere); all ranks
+     * agree whether the window fits */
+    unsigned long long mm[3] = {count, ~(unsigned long long)count, (unsigned long long)!fits};
+    rc = MPI_Allreduce(MPI_IN_PLACE, mm, 3, MPI_UNSIGNED_LONG_LONG, MPI_MAX, c);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Allreduce", pg);
+    if (mm[0] != ~mm[1])
+        return DT_ERR(DT_EINVAL, "dt_pg_alloc_shared on %s: ranks asked for different sizes (%llu to %llu floats)",
+                      pg->name, ~mm[1], mm[0]);
+    if (nsize != pg->size) {   /* the group spans machines: nothing shared */
+        snprintf(pg->shm_why, sizeof pg->shm_why, "the ranks of %s run on more than one machine", pg->name);
+        return DT_OK;
+    }
+    if (mm[2]) {
+        snprintf(pg->shm_why, sizeof pg->shm_why, "%s has %.0f MiB free, %d ranks need %.0f MiB "
+                 "(set OMPI_MCA_osc_sm_backing_directory or enlarge it)", dir, avail / 1048576.0, pg->size,
+                 (double)bytes * pg->size / 1048576.0);
+        return DT_OK;
+    }
+
+    dt_shm *s = calloc(1, sizeof *s);
+    if (s) {
+        s->ctl = calloc((size_t)pg->size, sizeof *s->ctl);
+        s->data = calloc((size_t)pg->size, sizeof *s->data);
+    }
+    /* every rank must reach the collective window creation: agree on ENOMEM first */
+    int ok = s && s->ctl && s->data, all_ok = 0;
+    rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c);
+    if (rc != MPI_SUCCESS || !all_ok) {
+        if (s) { free(s->ctl); free(s->data); free(s); }
+        return rc != MPI_SUCCESS ? mpi_fail(rc, "MPI_Allreduce", pg)
+                                 : DT_ERR(DT_ENOMEM, "dt_pg_alloc_shared on %s: out of memory", pg->name);
+    }
+    s->count = count;
+    s->size = pg->size;
+    s->rank = pg->rank;
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");   /* each rank's segment on its own pages */
+    void *base = NULL;
+    rc = MPI_Win_allocate_shared((MPI_Aint)bytes, 1, info, c, &base, &s->win);
+    MPI_Info_free(&info);
+    if (rc != MPI_SUCCESS) {
+        free(s->ctl); free(s->data); free(s);
+        return mpi_fail(rc, "MPI_Win_allocate_shared", pg);
+    }
+    MPI_Win_set_errhandler(s->win, MPI_ERRORS_RETURN);
+    for (int q = 0; q < pg->size; q++) {
+        MPI_Aint sz = 0;
+        int du = 0;
+        void *b = NULL;
+        MPI_Win_shared_query(s->win, q, &sz, &du, &b);
+        char *a = (char *)(((uintptr_t)b + 4095) & ~(uintptr_t)4095);
+        s->ctl[q] = (shm_ctl *)a;
+        s->data[q] = (float *)(a + CTL_BYTES);
+    }
+    shm_ctl *me = s->ctl[s->rank];
+    atomic_init(&me->ready, 0);
+    atomic_init(&me->done, 0);
+    for (int i = 0; i < RING; i++) atomic_init(&me->desc[i].seq1, 0);
+    memset(s->data[s->rank], 0, count * sizeof(float));
+    MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win);   /* load/store access for the window's life */
+    MPI_Win_sync(s->win);
+    rc = MPI_Barrier(c);                           /* every control block initialised */
+    if (rc != MPI_SUCCESS) {
+        MPI_Win_unlock_all(s->win);
+        MPI_Win_free(&s->win);
+        free(s->ctl); free(s->data); free(s);
+        return mpi_fail(rc, "MPI_Barrier", pg);
+    }
+    s->next = pg->shm;
+    pg->shm = s;
+    *out = s->data[s->rank];
+    return DT_OK;
+}
+
+static void shm_destroy(dt_shm *s) {
+    MPI_Win_unlock_all(s->win);
+    MPI_Win_free(&s->win);
+    free(s->ctl);
+    free(s->data);
+    free(s);
+}
+
+dt_status dt_pg_free_shared(dt_pg *pg, float *p) {
+    if (!p) return DT_OK;
+    if (!pg) return DT_ERR(DT_EINVAL, "dt_pg_free_shared: NULL process group");
+    dt_shm **pp = &pg->shm;
+    while (*pp && (*pp)->data[(*pp)->rank] != p) pp = &(*pp)->next;
+    if (!*pp) return DT_ERR(DT_EINVAL, "dt_pg_free_shared on %s: %p was not allocated by dt_pg_alloc_shared on this group",
+                            pg->name, (void *)p);
+    dt_status st = dt_pg_wait_all(pg);   /* no operation may still use it */
+    dt_shm *s = *pp;
+    *pp = s->next;
+    shm_destroy(s);
+    return st;
+}
+
+void dt__shm_free_all(dt_pg *pg) {
+    while (pg->shm) {
+        dt_shm *s = pg->shm;
+        pg->shm = s->next;
+        shm_destroy(s);
+    }
+}
+
+dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes) {
+    for (dt_shm *s = pg->shm; s; s = s->next) {
+        const char *b = (const char *)s->data[s->rank], *e = b + s->count * sizeof(float);
+        if ((const char *)p >= b && (const char *)p + bytes <= e) return s;
+    }
+    return NULL;
+}
+
+const float *dt__shm_base(const dt_shm *s) { return s->data[s->rank]; }
+
+const char *dt_pg_shared_unavailable(const dt_pg *pg) { return pg ? pg->shm_why : ""; }
+
+static int all_at_least(const dt_shm *s, int done, uint64_t v) {
+    for (int q = 0; q < s->size; q++) {
+        uint64_t x = atomic_load_explicit(done ? &s->ctl[q]->done : &s->ctl[q]->ready, memory_order_acquire);
+        if (x < v) return 0;
+    }
+    return 1;
+}
+
+int dt__shm_start(dt_work *w) {
+    dt_shm *s = w->shm;
+    dt_pg *pg = w->pg;
+    uint64_t k = s->issued;
+    int idle = 0;
+    /* the descriptor slot of op k - RING must have been read by every rank
+     * (POLL: finishing our own earlier ops is what lets the peers advance) */
+    while (k >= RING && !all_at_least(s, 1, k + 1 - RING)) {
+        if (pg->mode == DT_PROGRESS_POLL) dt_pg_poll(pg);
+        if (++idle > 64) sched_yield();
+    }
+    w->shm_seq = k;
+    w->shm_reduced = 0;
+    shm_desc *d = &s->ctl[s->rank]->desc[k % RING];
+    d->off = w->shm_off;
+    d->count = (uint64_t)w->count;
+    d->avg = (uint64_t)w->avg;
+    atomic_store_explicit(&d->seq1, k + 1, memory_order_release);
+    atomic_store_explicit(&s->ctl[s->rank]->ready, k + 1, memory_order_release);
+    s->issued = k + 1;
+    w->nreq = 0;
+    w->fn = "shared-memory allreduce";
+    return MPI_SUCCESS;
+}
+
+/* out[i] = ((x0[i] + x1[i]) + x2[i]) + ... (/ size), stored into every rank's buffer. */
+static void sum_slice(dt_shm *s, size_t off, size_t b, size_t e, int avg) {
+    enum { BLK = 1024 };
+    float acc[BLK];
+    const float div = (float)s->size;
+    for (size_t i0 = b; i0 < e; i0 += BLK) {
+        size_t m = e - i0 < BLK ? e - i0 : BLK;
+        const float *x0 = s->data[0] + off + i0;
+        for (size_t j = 0; j < m; j++) acc[j] = x0[j];
+        for (int q = 1; q < s->size; q++) {
+            const float *x = s->data[q] + off + i0;
+            for (size_t j = 0; j < m; j++) acc[j] += x[j];
+        }
+        if (avg)
+            for (size_t j = 0; j < m; j++) acc[j] = acc[j] / div;
+        for (int q = 0; q < s->size; q++) memcpy(s->data[q] + off + i0, acc, m * sizeof(float));
+    }
+}
+
+int dt__shm_advance(dt_work *w) {
+    dt_shm *s = w->shm;
+    uint64_t k = w->shm_seq;
+    int changed = 0;
+    if (!w->shm_reduced) {
+        if (s->reduced != k || !all_at_least(s, 0, k + 1)) return 0;   /* earlier slices first */
+        for (int q = 0; q < s->size; q++) {
+            const shm_desc *d = &s->ctl[q]->desc[k % RING];
+            uint64_t seq1 = atomic_load_explicit(&((shm_desc *)d)->seq1, memory_order_acquire);
+            if (seq1 != k + 1 || d->off != w->shm_off || d->count != (uint64_t)w->count || d->avg != (uint64_t)w->avg) {
+                dt__work_failf(w, DT_ECOMM,
+                               "ranks disagree: rank %d reduces %llu floats at offset %llu (%s), rank %d %lld at %zu "
+                               "(%s); every rank must pass the same range of its shared buffer",
+                               q, (unsigned long long)d->count, (unsigned long long)d->off, d->avg ? "avg" : "sum",
+                               s->rank, (long long)w->count, w->shm_off, w->avg ? "avg" : "sum");
+                return -1;
+            }
+        }
+        size_t n = (size_t)w->count, N = (size_t)s->size;
+        size_t chunk = ((n + N - 1) / N + 15) & ~(size_t)15;   /* whole cache lines per rank */
+        size_t b = (size_t)s->rank * chunk < n ? (size_t)s->rank * chunk : n;
+        size_t e = b + chunk < n ? b + chunk : n;
+        sum_slice(s, w->shm_off, b, e, w->avg);
+        atomic_store_explicit(&s->ctl[s->rank]->done, k + 1, memory_order_release);
+        s->reduced = k + 1;
+        w->shm_reduced = 1;
+        changed = 1;
+    }
+    return all_at_least(s, 1, k + 1) ? 2 : changed;
+}
+
+int dt__shm_run(dt_work *w) {
+    int rc = dt__shm_start(w);
+    if (rc != MPI_SUCCESS) return rc;
+    int idle = 0;
+    for (;;) {
+        int r = dt__shm_advance(w);
+        if (r == 2) return MPI_SUCCESS;
+        if (r < 0) return -1;
+        if (r == 1) idle = 0;
+        else if (++idle > 64) sched_yield();
+    }
+}
