@@ -74,6 +74,11 @@ void dt_model_zero_grad(dt_model *m);
  * layout of param_flat; no-op if present). */
 void dt_model_drop_grads(dt_model *m);
 dt_status dt_model_alloc_grads(dt_model *m);
+/* Move the gradients (values kept) into buf: param_flat.numel floats at the
+ * layout of param_flat, owned by the caller, who must move them out again
+ * (buf = NULL: back into a private allocation) before freeing buf. DDP uses
+ * it for node-shared memory (dist.h section 6). */
+dt_status dt_model_set_grad_buffer(dt_model *m, float *buf);
 dt_param *dt_model_find_param(const dt_model *m, const char *name);
 /* Re-point values and grads into new flat buffers of `total` elements where
  * params[i] starts at offsets[i] (values and grads copied, gaps zero). A model

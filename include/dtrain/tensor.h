@@ -74,9 +74,10 @@ void dt_convert(void *dst, dt_dtype dst_t, const void *src, dt_dtype src_t, size
 typedef struct dt_flat {
     float *data;
     size_t numel;
+    int borrowed;   /* data belongs to someone else (e.g. node-shared memory): not freed here */
 } dt_flat;
 dt_status dt_flat_alloc(dt_flat *f, size_t numel);   /* zero-filled */
-void dt_flat_free(dt_flat *f);
+void dt_flat_free(dt_flat *f);                        /* then {NULL, 0, 0} */
 
 /* ---- RNG: splitmix64 seeding + xoroshiro128** generator ----
  * Deterministic across platforms; state fits in a checkpoint. */

@@ -189,6 +189,28 @@ dt_status dt_model_alloc_grads(dt_model *m) {
     return DT_OK;
 }
 
+dt_status dt_model_set_grad_buffer(dt_model *m, float *buf) {
+    size_t n = m->param_flat.numel;
+    dt_flat gf = {0};
+    if (buf) {
+        gf = (dt_flat){buf, n, 1};
+        memset(buf, 0, n * sizeof(float));
+    } else if (dt_flat_alloc(&gf, n) != DT_OK) {
+        return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element gradient buffer", n);
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        dt_param *p = m->params[i];
+        float *g = gf.data + m->offsets[i];
+        if (p->grad.data) memcpy(g, p->grad.data, (size_t)p->value.numel * sizeof(float));
+        if (p->grad.owns_data) dt_free(p->grad.data);
+        p->grad.data = g;
+        p->grad.owns_data = 0;
+    }
+    dt_flat_free(&m->grad_flat);
+    m->grad_flat = gf;
+    return DT_OK;
+}
+
 dt_param *dt_model_find_param(const dt_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
         if (!strcmp(m->params[i]->name, name)) return m->params[i];

@@ -99,7 +99,8 @@ dt_status dt_flat_alloc(dt_flat *f, size_t numel) {
 }
 
 void dt_flat_free(dt_flat *f) {
-    dt_free(f->data);
+    if (!f->borrowed) dt_free(f->data);
     f->data = NULL;
     f->numel = 0;
+    f->borrowed = 0;
 }

@@ -106,11 +106,44 @@ static void test_without_grads(void **state) {
     dt_model_free(m);
 }
 
+/* Gradients moved into caller memory (DDP's node-shared buffer) and back:
+ * values kept, views re-pointed, the borrowed buffer never freed by the model. */
+static void test_grad_buffer(void **state) {
+    (void)state;
+    dt_model *m = small_mlp();
+    size_t n = m->param_flat.numel;
+    for (size_t i = 0; i < n; i++) m->grad_flat.data[i] = (float)i * 0.25f - 3.0f;
+    float *g0 = snapshot(m, 1);
+    float *buf = malloc((n + 8) * sizeof *buf);
+    for (size_t i = 0; i < n + 8; i++) buf[i] = 99.0f;
+    assert_int_equal(dt_model_set_grad_buffer(m, buf), DT_OK);
+    assert_ptr_equal(m->grad_flat.data, buf);
+    assert_true(m->grad_flat.borrowed);
+    for (int i = 0; i < m->n_params; i++) assert_ptr_equal(m->params[i]->grad.data, buf + m->offsets[i]);
+    float *g1 = snapshot(m, 1);
+    assert_memory_equal(g0, g1, dt_model_num_params(m) * sizeof(float));
+    assert_true(buf[n] == 99.0f);   /* nothing written past the layout */
+    dt_model_zero_grad(m);
+    buf[0] = 5.0f;                  /* the model sees writes to the caller's memory */
+    assert_int_equal(m->offsets[m->n_params - 1], 0);   /* reverse registration order */
+    assert_true(((float *)m->params[m->n_params - 1]->grad.data)[0] == 5.0f);
+    assert_int_equal(dt_model_set_grad_buffer(m, NULL), DT_OK);   /* back to private memory */
+    assert_false(m->grad_flat.borrowed);
+    assert_true(m->grad_flat.data != buf);
+    assert_true(m->grad_flat.data[0] == 5.0f);
+    for (int i = 0; i < m->n_params; i++) assert_ptr_equal(m->params[i]->grad.data, m->grad_flat.data + m->offsets[i]);
+    free(buf);   /* the model no longer refers to it (ASan would see a use after free) */
+    dt_model_zero_grad(m);
+    free(g0); free(g1);
+    dt_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_move),
         cmocka_unit_test(test_bad_layouts),
         cmocka_unit_test(test_without_grads),
+        cmocka_unit_test(test_grad_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
