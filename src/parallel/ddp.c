@@ -28,6 +28,10 @@ static dt_status validate(const dt_ddp_opts *o) {
     if (o->deterministic && o->hook)
         return DT_ERR(DT_EINVAL, "ddp: deterministic mode cannot be guaranteed with a custom communication hook");
     if ((unsigned)o->compress > DT_DDP_COMPRESS_FP16) return DT_ERR(DT_EINVAL, "ddp: unknown compression %d", (int)o->compress);
+    if ((unsigned)o->shm > DT_DDP_SHM_REQUIRE) return DT_ERR(DT_EINVAL, "ddp: unknown shm mode %d", (int)o->shm);
+    if (o->shm == DT_DDP_SHM_REQUIRE && (o->hook || o->compress != DT_DDP_COMPRESS_NONE))
+        return DT_ERR(DT_EINVAL, "ddp: node-shared memory reduces float32 with the built-in average; it cannot be "
+                      "required together with %s", o->hook ? "a custom communication hook" : "compression");
     if (o->join && o->sync_bn)
         return DT_ERR(DT_EINVAL, "ddp: join and SyncBatchNorm are exclusive (SyncBN's forward collectives depend on the batch)");
     return DT_OK;
@@ -151,7 +155,14 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     if (opts.hook) d->hook = *opts.hook;
     else if (opts.compress == DT_DDP_COMPRESS_NONE) dt_ddp_hook_allreduce(d, &d->hook);
     else dt_ddp_hook_compress(d, &d->hook, opts.compress == DT_DDP_COMPRESS_BF16 ? DT_BF16 : DT_F16);
-    dt_status s = build_buckets(d);
+    dt_status s = DT_OK;
+    if (opts.shm != DT_DDP_SHM_OFF && !opts.hook && opts.compress == DT_DDP_COMPRESS_NONE && d->world > 1) {
+        s = dt_pg_alloc_shared(pg, m->param_flat.numel, &d->shm_grads);   /* collective */
+        if (s == DT_OK && d->shm_grads) s = dt_model_set_grad_buffer(m, d->shm_grads);
+        if (s == DT_OK && !d->shm_grads && opts.shm == DT_DDP_SHM_REQUIRE)
+            s = DT_ERR(DT_EINVAL, "ddp: node-shared memory required but unavailable: %s", dt_pg_shared_unavailable(pg));
+    }
+    if (s == DT_OK) s = build_buckets(d);
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_broadcast(pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, 0, NULL);
     if (s == DT_OK && m->n_buffers && d->world > 1) s = dt_ddp_bcast_buffers(d);
@@ -170,6 +181,12 @@ void dt_ddp_free(dt_ddp *d) {
     for (int i = 0; d->model && i < d->model->n_params; i++)
         if (d->model->params[i]->on_grad_ready_user == d) d->model->params[i]->on_grad_ready = NULL;
     if (d->model && d->model->bn_sync.user == d) d->model->bn_sync = (dt_bn_sync){0};
+    if (d->shm_grads) {
+        /* the model keeps its gradients; without memory for them it has none */
+        if (d->model->grad_flat.data == d->shm_grads && dt_model_set_grad_buffer(d->model, NULL) != DT_OK)
+            dt_model_drop_grads(d->model);
+        dt_pg_free_shared(d->pg, d->shm_grads);
+    }
     free(d->buckets);
     free(d->param_bucket);
     free(d->sync_scratch);
@@ -261,5 +278,6 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
 }
 
 int dt_ddp_num_buckets(const dt_ddp *d) { return d->n_buckets; }
+int dt_ddp_uses_shared_memory(const dt_ddp *d) { return d && d->shm_grads != NULL; }
 const dt_ddp_bucket *dt_ddp_bucket_at(const dt_ddp *d, int i) { return i >= 0 && i < d->n_buckets ? &d->buckets[i] : NULL; }
 dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d) { return d->stats; }

@@ -22,6 +22,7 @@ struct dt_ddp {
     dt_ddp_stats stats;
     double t_first_launch;
     dt_trace *trace;
+    float *shm_grads;           /* the model's gradients in node-shared memory, or NULL */
 };
 
 double dt_ddp_now_us(void);

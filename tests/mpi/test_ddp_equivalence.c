@@ -5,7 +5,10 @@
  *    embedding);
  *  - N-rank DDP ~ one process on the whole global batch (1e-5 relative);
  *  - bucket caps 64 KiB / 1 MiB / 25 MiB and overlap on/off give bit-identical
- *    results. */
+ *    results.
+ * Each with the buckets in node-shared memory (the default on one machine;
+ * rank-ordered, so bitwise at any N even without the deterministic mode) and
+ * with MPI collectives (DT_DDP_SHM_OFF). */
 #include "test_dist_util.h"
 #include "ddp_testutil.h"
 
@@ -32,6 +35,7 @@ static float *ddp_run(const spec *s, int *n_buckets, float *last_loss) {
     dtt_net_init(&n, &s->cfg, 1 + (uint64_t)me, &s->oc);   /* rank 0's weights must win */
     dt_ddp *d;
     DTT_OK(dt_ddp_create(n.m, world, &s->o, &d));
+    DTT_CHECK(dt_ddp_uses_shared_memory(d) == (s->o.shm != DT_DDP_SHM_OFF && dt_pg_size(world) > 1));
     if (n_buckets) *n_buckets = dt_ddp_num_buckets(d);
     float loss = 0;
     for (int st = 0; st < s->steps; st++) {
@@ -42,7 +46,13 @@ static float *ddp_run(const spec *s, int *n_buckets, float *last_loss) {
     }
     if (last_loss) *last_loss = loss;
     float *p = dtt_copy(n.m->param_flat.data, n.m->param_flat.numel);
+    /* the model keeps its (averaged) gradients in private memory after the DDP is gone */
+    float *g = dtt_copy(n.m->grad_flat.data, n.m->grad_flat.numel);
     dt_ddp_free(d);
+    DTT_CHECK(!n.m->grad_flat.borrowed && (const float *)n.m->params[0]->grad.data >= n.m->grad_flat.data &&
+              (const float *)n.m->params[0]->grad.data < n.m->grad_flat.data + n.m->grad_flat.numel);
+    dtt_expect_bitwise(n.m->grad_flat.data, g, n.m->grad_flat.numel, "gradients after dt_ddp_free");
+    free(g);
     dtt_net_free(&n);
     return p;
 }
@@ -73,18 +83,20 @@ static size_t n_elems(const dt_model_cfg *c) {
     return n;
 }
 
-static void check_vs_reference(const char *name, spec s, int det) {
+static void check_vs_reference(const char *name, spec s, int det, dt_ddp_shm shm) {
     int N = dt_pg_size(world);
     s.o.deterministic = det;
+    s.o.shm = shm;
     size_t n = n_elems(&s.cfg);
     float loss;
     float *got = ddp_run(&s, NULL, &loss);
     float *init = NULL, *want = ref_run(&s, N, &init);
     char what[160];
-    snprintf(what, sizeof what, "%s%s: DDP params vs single-process reference", name, det ? " (deterministic)" : "");
+    snprintf(what, sizeof what, "%s%s%s: DDP params vs single-process reference", name, det ? " (deterministic)" : "",
+             shm == DT_DDP_SHM_OFF ? " (MPI)" : " (shared memory)");
     DTT_CHECK(dtt_differs(want, init, n));   /* training moved the weights */
     dtt_expect_same_across_ranks(got, n, what);
-    if (N <= 2 || det) dtt_expect_bitwise(got, want, n, what);
+    if (N <= 2 || det || shm != DT_DDP_SHM_OFF) dtt_expect_bitwise(got, want, n, what);
     else dtt_expect_close(got, want, n, 1e-4, what);   /* MPI's summation order, amplified by AdamW */
     /* ranks really saw different data: their last local losses differ */
     float l0 = loss;
@@ -98,14 +110,17 @@ static void test_bitwise_vs_reference(void) {
     spec mlp = mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 4);
     spec cnn = mk_spec(dtt_cnn_cfg(), 3, 3);
     spec gpt = mk_spec(dtt_gpt2_cfg(), 2, 4);
-    for (int det = 0; det < 2; det++) {
-        check_vs_reference("mlp 20-[16,12]-5", mlp, det);
-        check_vs_reference("cnn", cnn, det);
-        check_vs_reference("gpt2 tiny", gpt, det);
-    }
+    const dt_ddp_shm shm[2] = {DT_DDP_SHM_REQUIRE, DT_DDP_SHM_OFF};
+    for (int si = 0; si < 2; si++)
+        for (int det = 0; det < 2; det++) {
+            check_vs_reference("mlp 20-[16,12]-5", mlp, det, shm[si]);
+            check_vs_reference("cnn", cnn, det, shm[si]);
+            check_vs_reference("gpt2 tiny", gpt, det, shm[si]);
+        }
     /* gradient accumulation inside each rank (K micro-steps) too */
     mlp.K = 3;
-    check_vs_reference("mlp, 3 micro-steps", mlp, 1);
+    check_vs_reference("mlp, 3 micro-steps", mlp, 1, DT_DDP_SHM_OFF);
+    check_vs_reference("mlp, 3 micro-steps", mlp, 0, DT_DDP_SHM_AUTO);
     dtt_end();
 }
 
@@ -172,7 +187,7 @@ static void check_buckets(const dt_ddp *d, const dt_model *m, size_t first_cap, 
 }
 
 static void test_bucket_caps(void) {
-    dtt_begin("bucket caps 64 KiB / 1 MiB / 25 MiB x overlap on/off: bit-identical");
+    dtt_begin("bucket caps 64 KiB / 1 MiB / 25 MiB x overlap on/off x shared memory/MPI: bit-identical");
     int N = dt_pg_size(world);
     spec s = mk_spec(dtt_mlp_cfg(64, 256, 256, 10), 8, 3);
     s.o.deterministic = N > 2;
@@ -181,10 +196,11 @@ static void test_bucket_caps(void) {
     float *want = ref_run(&s, N, NULL);
     const size_t caps[3] = {64 << 10, 1 << 20, 25 << 20};
     for (int ci = 0; ci < 3; ci++)
-        for (int ov = 0; ov < 2; ov++) {
+        for (int ov = 0; ov < 4; ov++) {   /* overlap on/off x shared memory/MPI */
             spec t = s;
             t.o.first_bucket_bytes = t.o.bucket_bytes = caps[ci];
-            t.o.no_overlap = ov;
+            t.o.no_overlap = ov & 1;
+            t.o.shm = ov & 2 ? DT_DDP_SHM_OFF : DT_DDP_SHM_AUTO;
             /* bucket layout */
             dtt_net tmp;
             dtt_net_init(&tmp, &t.cfg, 1, &t.oc);
@@ -196,7 +212,8 @@ static void test_bucket_caps(void) {
             dt_ddp_free(d);
             dtt_net_free(&tmp);
             char what[128];
-            snprintf(what, sizeof what, "cap %zu KiB, %s", caps[ci] >> 10, ov ? "no overlap" : "overlap");
+            snprintf(what, sizeof what, "cap %zu KiB, %s, %s", caps[ci] >> 10, ov & 1 ? "no overlap" : "overlap",
+                     ov & 2 ? "MPI" : "shared memory");
             float *got = ddp_run(&t, NULL, NULL);
             dtt_expect_bitwise(got, want, n, what);
             free(got);

@@ -211,6 +211,16 @@ static void test_validation(void) {
     o.broadcast_buffers = 0;
     expect_rejected(m, &o, "compression", "7");
     dt_ddp_opts_default(&o);
+    o.shm = DT_DDP_SHM_REQUIRE;
+    o.compress = DT_DDP_COMPRESS_FP16;
+    expect_rejected(m, &o, "node-shared", "compression");
+    o.compress = DT_DDP_COMPRESS_NONE;
+    o.hook = &hook;
+    expect_rejected(m, &o, "node-shared", "hook");
+    o.hook = NULL;
+    o.shm = (dt_ddp_shm)5;
+    expect_rejected(m, &o, "shm mode", "5");
+    dt_ddp_opts_default(&o);
     o.bucket_bytes = 0;
     expect_rejected(m, &o, "bucket", NULL);
     /* validation issues no collective: one rank alone may fail without hanging */
