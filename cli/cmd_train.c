@@ -18,6 +18,7 @@ typedef struct cli_flags {
     const char *compress, *progress, *overlap_step, *save_format;
     int zero_prefetch;   /* INT_MIN: not given */
     int no_bcast;
+    int no_shm;
 } cli_flags;
 
 #define N_ARGS(t) ((int)(sizeof(t) / sizeof((t)[0])))
@@ -77,6 +78,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--sync-bn", DT_ARG_FLAG, &f->dist.ddp.sync_bn, NULL, "DDP: SyncBatchNorm (batch statistics over all ranks)", 0, 0},
         {"--no-overlap", DT_ARG_FLAG, &f->dist.ddp.no_overlap, NULL, "DDP: reduce gradients only after backward", 0, 0},
         {"--deterministic", DT_ARG_FLAG, &f->dist.ddp.deterministic, NULL, "DDP: fixed rank-order summation (bitwise reproducible at any world size)", 0, 0},
+        {"--no-shm", DT_ARG_FLAG, &f->no_shm, NULL, "DDP: reduce through MPI collectives even when all ranks share this machine (default: gradients in MPI shared memory, summed in place)", 0, 0},
         {"--compress", DT_ARG_STR, &f->compress, "none|bf16|fp16", "DDP: gradient compression on the wire (default none)", 0, 0},
         {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
         {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default)", 0, 0},
@@ -112,6 +114,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     if (f->bucket_mb > 0) d->bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
     if (f->first_bucket_mb > 0) d->first_bucket_bytes = (size_t)(f->first_bucket_mb * 1048576.0);
     if (f->no_bcast) d->broadcast_buffers = 0;
+    if (f->no_shm) d->shm = DT_DDP_SHM_OFF;
     if (f->compress) {
         if (!strcmp(f->compress, "none")) d->compress = DT_DDP_COMPRESS_NONE;
         else if (!strcmp(f->compress, "bf16")) d->compress = DT_DDP_COMPRESS_BF16;
@@ -151,7 +154,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     }
     if (f->dist.zero_stage) {
         const char *bad = d->compress != DT_DDP_COMPRESS_NONE ? "--compress" : d->sync_bn ? "--sync-bn"
-                        : d->no_overlap ? "--no-overlap (use --overlap-step off)" : NULL;
+                        : d->no_overlap ? "--no-overlap (use --overlap-step off)" : f->no_shm ? "--no-shm" : NULL;
         if (bad) { snprintf(err, (size_t)errlen, "%s is a DDP option and is not supported with --zero", bad); return -1; }
     }
     if (f->progress) {

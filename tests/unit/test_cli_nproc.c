@@ -82,6 +82,32 @@ static void test_two_ranks_train_and_trace(void **state) {
     }
 }
 
+/* Gradients summed in shared memory (default) or by MPI: for two ranks both
+ * are a + b, so the trained model and its validation loss are the same. */
+static void test_no_shm_same_result(void **state) {
+    (void)state;
+    char val[2][64];
+    for (int k = 0; k < 2; k++) {
+        char cmd[1024], out[8192];
+        snprintf(cmd, sizeof cmd,
+                 "%s train --nproc 2 --model gpt2 --layers 1 --embd 16 --heads 2 --max-t 16 --seq 16 --batch 4 "
+                 "--data text --data-path %s --steps 4 --bucket-mb 0.004 %s 2>&1",
+                 DT_CLI_PATH, corpus, k ? "--no-shm" : "");
+        int rc = sh(cmd, out, sizeof out);
+        if (rc != 0) fail_msg("rc=%d output:\n%s", rc, out);
+        const char *v = strstr(out, "validation loss");
+        if (!v) {
+            fail_msg("no validation loss in:\n%s", out);
+            return;
+        }
+        size_t len = strcspn(v, "\n");
+        if (len >= sizeof val[k]) len = sizeof val[k] - 1;
+        memcpy(val[k], v, len);
+        val[k][len] = 0;
+    }
+    assert_string_equal(val[0], val[1]);
+}
+
 static void test_error_on_ranks_is_tagged_and_ends_job(void **state) {
     (void)state;
     char cmd[1024], out[16384];
@@ -101,6 +127,7 @@ static int teardown(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_ranks_train_and_trace),
+        cmocka_unit_test(test_no_shm_same_result),
         cmocka_unit_test(test_error_on_ranks_is_tagged_and_ends_job),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
