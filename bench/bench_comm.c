@@ -1,6 +1,6 @@
 /* bench_comm — dist layer: bandwidth vs raw MPI, and compute/communication overlap.
  *
- * usage: mpiexec -n 2 bench_comm [bw] [overlap] [--mode poll|thread] [--max 64M]
+ * usage: mpiexec -n 2 bench_comm [bw] [overlap] [shm] [--mode poll|thread] [--max 64M]
  *                                [--mib 16] [--ms 200] [--t 0.3] [--tick 0.5] [--seg 4M]
  *   bw       per size 64 KiB .. --max: time per call and bus bandwidth of
  *            raw MPI_Allreduce, dt_allreduce (blocking / async+wait /
@@ -9,6 +9,10 @@
  *   overlap  a --mib MiB f32 allreduce issued async, then --ms ms of register-
  *            only compute in ~0.1 ms slices with dt_pg_tick() between slices,
  *            then dt_work_wait. hidden = (T_compute + T_comm - T_total) / T_comm.
+ *   shm      per size 64 KiB .. --max: in-place f32 sum of zeros (so repeated
+ *            calls keep the values) by raw MPI_Allreduce(MPI_IN_PLACE), by
+ *            dt_allreduce on private memory, and by dt_allreduce on node-shared
+ *            memory (dist.h section 6); the ratios to raw MPI (time).
  * The progress mode is fixed at dt_dist_init: run once per mode.
  * time = max over ranks of the mean per call; busbw as nccl-tests
  * (allreduce: algbw * 2(n-1)/n, reduce-scatter: algbw * (n-1)/n).
@@ -106,6 +110,63 @@ static void bench_bw(dt_pg *pg, size_t maxb, double target) {
     MPI_Comm_free(&raw);
 }
 
+/* ---- node-shared memory vs MPI, in place ---- */
+
+static double time_calls(int v, dt_pg *pg, MPI_Comm raw, float *x, int count, double target) {
+    for (int rep = 0; rep < 2; rep++) {   /* warm-up, then calibrated */
+        int iters = 1;
+        if (rep) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = now();
+            if (v == 0) MPI_Allreduce(MPI_IN_PLACE, x, count, MPI_FLOAT, MPI_SUM, raw);
+            else OK(dt_allreduce(pg, x, x, count, DT_F32, DT_RED_SUM, NULL));
+            double t1 = max_all(now() - t0);
+            iters = (int)(target / (t1 > 1e-6 ? t1 : 1e-6));
+            if (iters < 3) iters = 3;
+            if (iters > 2000) iters = 2000;
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = now();
+        for (int i = 0; i < iters; i++) {
+            if (v == 0) MPI_Allreduce(MPI_IN_PLACE, x, count, MPI_FLOAT, MPI_SUM, raw);
+            else OK(dt_allreduce(pg, x, x, count, DT_F32, DT_RED_SUM, NULL));
+        }
+        double t = max_all((now() - t0) / iters);
+        if (rep) return t;
+    }
+    return 0;
+}
+
+static void bench_shm(dt_pg *pg, size_t maxb, double target) {
+    int me = dt_pg_rank(pg), n = dt_pg_size(pg);
+    MPI_Comm raw;
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+    float *priv = calloc(maxb / 4 + 16, sizeof(float)), *shared = NULL;
+    OK(dt_pg_alloc_shared(pg, maxb / 4 + 16, &shared));
+    if (!shared) {
+        if (!me) printf("# shm: the ranks do not share one machine; nothing to compare\n");
+        free(priv);
+        MPI_Comm_free(&raw);
+        return;
+    }
+    if (!me) printf("# in-place f32 allreduce, %d ranks; time = mean per call (max over ranks)\n"
+                    "# %9s %12s %12s %12s %9s %9s\n", n, "size", "MPI_us", "dt_mpi_us", "dt_shm_us", "mpi/raw", "shm/raw");
+    for (size_t bytes = 64 << 10; bytes <= maxb; bytes *= 4) {
+        int count = (int)(bytes / 4);
+        double t_raw = time_calls(0, pg, raw, priv, count, target);
+        double t_dt = time_calls(1, pg, raw, priv, count, target);
+        double t_shm = time_calls(1, pg, raw, shared, count, target);
+        if (priv[0] != 0.0f || shared[count - 1] != 0.0f) { if (!me) printf("WRONG RESULT\n"); }
+        if (!me)
+            printf("  %8zuK %12.1f %12.1f %12.1f %9.2f %9.2f\n", bytes >> 10, t_raw * 1e6, t_dt * 1e6, t_shm * 1e6,
+                   t_dt / t_raw, t_shm / t_raw);
+        fflush(stdout);
+    }
+    OK(dt_pg_free_shared(pg, shared));
+    free(priv);
+    MPI_Comm_free(&raw);
+}
+
 /* ---- overlap ---- */
 
 static volatile float sink;
@@ -191,12 +252,13 @@ static void bench_overlap(dt_pg *pg, size_t mib, double target_s) {
 
 int main(int argc, char **argv) {
     dt_dist_opts o = {0};
-    int do_bw = 0, do_ov = 0;
+    int do_bw = 0, do_ov = 0, do_shm = 0;
     size_t maxb = 64u << 20, mib = 16;
     double ms = 200, target = 0.3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "bw")) do_bw = 1;
         else if (!strcmp(argv[i], "overlap")) do_ov = 1;
+        else if (!strcmp(argv[i], "shm")) do_shm = 1;
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             i++;
             o.progress = !strcmp(argv[i], "thread") ? DT_PROGRESS_THREAD : DT_PROGRESS_POLL;
@@ -207,7 +269,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tick") && i + 1 < argc) o.tick_ms = atof(argv[++i]);
         else if (!strcmp(argv[i], "--seg") && i + 1 < argc) o.segment_bytes = parse_size(argv[++i]);
     }
-    if (!do_bw && !do_ov) do_bw = do_ov = 1;
+    if (!do_bw && !do_ov && !do_shm) do_bw = do_ov = do_shm = 1;
     if (dt_dist_init(&argc, &argv, &o) != DT_OK) {
         fprintf(stderr, "bench_comm: %s\n", dt_error_message());
         return 1;
@@ -216,6 +278,7 @@ int main(int argc, char **argv) {
     OK(dt_pg_world(&world));
     if (do_bw) bench_bw(world, maxb, target);
     if (do_ov) bench_overlap(world, mib, ms * 1e-3);
+    if (do_shm) bench_shm(world, maxb, target);
     OK(dt_pg_free(world));
     dt_dist_finalize();
     return 0;

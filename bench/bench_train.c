@@ -4,6 +4,8 @@
  *   mpiexec -n 2 -x OMP_NUM_THREADS=1 bench_train W1     DDP (one rank per core)
  *   options after the step count: --no-overlap, --bucket-mb F, --deterministic,
  *   --compress-bf16 (gradients reduced as bf16: half the bytes),
+ *   --no-shm (buckets reduced by MPI collectives even when all ranks share the
+ *   machine; default: in node-shared memory, see dist.h section 6),
  *   --no-comm (under mpiexec: every rank trains alone, steps kept in lock-step
  *   by the barrier; the ceiling that compute and memory contention between
  *   ranks on one machine leave for DDP)
@@ -48,7 +50,7 @@ static double sgemm_gflops(int M, int K, int N) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: bench_train W1|W2|W3 [steps] [--no-overlap] [--bucket-mb F] [--deterministic] [--no-comm]\n"
-                        "       [--compress-bf16]\n");
+                        "       [--compress-bf16] [--no-shm]\n");
         return 2;
     }
     const char *w = argv[1];
@@ -60,6 +62,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--no-overlap")) dopts.no_overlap = 1;
         else if (!strcmp(argv[i], "--deterministic")) dopts.deterministic = 1;
         else if (!strcmp(argv[i], "--no-comm")) no_comm = 1;
+        else if (!strcmp(argv[i], "--no-shm")) dopts.shm = DT_DDP_SHM_OFF;
         else if (!strcmp(argv[i], "--compress-bf16")) dopts.compress = DT_DDP_COMPRESS_BF16;
         else if (!strcmp(argv[i], "--bucket-mb") && i + 1 < argc) dopts.bucket_bytes = (size_t)(atof(argv[++i]) * 1048576);
     }
@@ -124,10 +127,11 @@ int main(int argc, char **argv) {
                t_bwd / steps * 1e3, t_opt / steps * 1e3, c.kind == DT_MODEL_GPT2 ? "tokens" : "samples", items / (t_total / steps));
         printf("  achieved %.1f GFLOP/s per rank; sgemm %dx%dx%d %.1f GFLOP/s in this run -> %.0f%%\n", achieved, gm, gk, gn,
                sg, 100.0 * achieved / sg);
-        if (ddp) printf("  exposed comm wait %.2f ms/step, %.1f MB reduced per step\n", wait_ms,
-                        (double)m->grad_flat.numel * 4 / 1e6);
-        printf("RESULT workload=%s ranks=%d%s ms=%.3f items_per_s=%.1f gflops=%.2f sgemm=%.2f wait_ms=%.3f\n", w, world,
-               no_comm ? " no_comm=1" : "", ms,
+        if (ddp) printf("  exposed comm wait %.2f ms/step, %.1f MB reduced per step (%s)\n", wait_ms,
+                        (double)m->grad_flat.numel * 4 / 1e6,
+                        dt_ddp_uses_shared_memory(ddp) ? "node-shared memory" : "MPI collectives");
+        printf("RESULT workload=%s ranks=%d%s%s ms=%.3f items_per_s=%.1f gflops=%.2f sgemm=%.2f wait_ms=%.3f\n", w, world,
+               no_comm ? " no_comm=1" : "", ddp && dt_ddp_uses_shared_memory(ddp) ? " shm=1" : "", ms,
                items / (t_total / steps), achieved, sg, wait_ms);
     }
     dt_ddp_free(ddp);
