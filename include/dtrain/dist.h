@@ -142,9 +142,11 @@
  * every rank; a mismatch fails on every rank and breaks the group) then runs
  * without messages: rank r sums slice r over all ranks in rank order (so the
  * result is the deterministic one of section 5 at any world size) and stores
- * it into every rank's buffer. That moves about 2 bytes per byte reduced per
- * rank instead of the several copies of MPI's shared-memory transport; the
- * W3 gradient (57 MB, 2 ranks) costs ~4 ms instead of ~14 (bench_comm shm).
+ * it into every rank's buffer. Each rank's buffer is read and written once,
+ * instead of the copies into and out of MPI's shared-memory segments.
+ * Measured, 2 ranks: in-place allreduce of 1 MiB 23 us vs 172 us for
+ * MPI_Allreduce, 16 MiB 0.8 vs 2.3 ms (bench_comm shm); W3's 57 MB gradient
+ * reduced after backward 4.0-4.7 ms vs 18 ms (bench_train --no-overlap).
  * It is a collective like any other: issue order, handles, progress (the
  * work is done in dt_pg_poll/tick or the wait) and tracing are the same.
  * A group that spans machines gets *out = NULL: use ordinary memory.

@@ -82,7 +82,7 @@ typedef struct dt_ddp_opts {
     dt_ddp_shm shm;              /* default AUTO: the model's gradient buffer moves into memory every
                                     rank of the machine shares (dist.h section 6) and buckets are
                                     summed there, rank-ordered, with no messages: W3, 2 ranks,
-                                    88 -> 78 ms/step (bench_train) */
+                                    81-84 -> 68-69 ms/step (bench_train) */
 } dt_ddp_opts;
 
 void dt_ddp_opts_default(dt_ddp_opts *o);
