@@ -72,7 +72,9 @@
  *    message size on every call (64 MiB MPI_Allreduce on shared memory:
  *    200 ms; dt_allreduce: 12 ms). From 64 KiB to 16 MiB dt_allreduce runs
  *    at 0.9-1.08x the time of a raw MPI_Allreduce, on shared memory and on
- *    a 1 Gbit/s link (bench/bench_comm bw).
+ *    a 1 Gbit/s link (bench/bench_comm bw); since blocking calls also take
+ *    the non-blocking path (section 4), 0.6-0.8x on shared memory (libnbc's
+ *    ring beats the blocking algorithm here).
  *
  * 4. Progress
  * -----------
@@ -87,7 +89,11 @@
  *                     dt_pg_tick (a clock read; polls only if >= tick_ms, default
  *                     0.5 ms, passed since the last poll). Compute code should
  *                     call dt_pg_tick (or dt_dist_tick for every group) often,
- *                     e.g. between kernels or from autograd hooks.
+ *                     e.g. between kernels or from autograd hooks. Blocking
+ *                     calls are issued non-blocking and waited (MPI does not
+ *                     match a blocking collective with a non-blocking one, and
+ *                     which one a rank would pick must not depend on timing);
+ *                     every wait polls all groups with work in flight.
  *  DT_PROGRESS_THREAD each group has a communication thread that runs the
  *                     queued operations one by one with blocking MPI calls, in
  *                     issue order, under MPI_THREAD_MULTIPLE, while the caller
@@ -139,17 +145,21 @@
  * dt_pg_alloc_shared lies in one MPI shared-memory window
  * (MPI_Win_allocate_shared): every rank can read and write every rank's part.
  * An in-place F32 dt_allreduce on a range of it (the same offset and count on
- * every rank; a mismatch fails on every rank and breaks the group) then runs
- * without messages: rank r sums slice r over all ranks in rank order (so the
+ * every rank: ranks passing different ranges of it all fail, and the group
+ * breaks; a call that is in shared memory on some ranks only, e.g. in != out
+ * elsewhere, hangs like any mismatched collective) then runs without messages: rank r sums slice r over all ranks in rank order (so the
  * result is the deterministic one of section 5 at any world size) and stores
  * it into every rank's buffer. Each rank's buffer is read and written once,
  * instead of the copies into and out of MPI's shared-memory segments.
  * Measured, 2 ranks: in-place allreduce of 1 MiB 23 us vs 172 us for
  * MPI_Allreduce, 16 MiB 0.8 vs 2.3 ms (bench_comm shm); W3's 57 MB gradient
  * reduced after backward 4.0-4.7 ms vs 18 ms (bench_train --no-overlap).
- * It is a collective like any other: issue order, handles, progress (the
- * work is done in dt_pg_poll/tick or the wait) and tracing are the same.
- * A group that spans machines gets *out = NULL: use ordinary memory.
+ * It is a collective like any other: issue order, handles and tracing are the
+ * same; in POLL mode its work is done when this rank polls the group (tick,
+ * poll, or any wait: a wait polls every group with work in flight). Free
+ * whatever lent the memory out (dt_ddp_free) before dt_pg_free or
+ * dt_dist_finalize, which unmap it. A group that spans machines gets
+ * *out = NULL: use ordinary memory.
  *
  * 7. Tracing
  * ----------

@@ -91,7 +91,8 @@ void dt_ddp_opts_default(dt_ddp_opts *o);
 dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **out);
 /* Waits for in-flight reductions and removes the hooks; gradients in
  * node-shared memory move back to a private buffer and the shared memory is
- * freed, which is collective over the group then. The progress tick it
+ * freed, which is collective over the group then. Call it before freeing the
+ * group (dt_pg_free, dt_dist_finalize), which unmaps that memory. The progress tick it
  * installed on a graph stays: clear it with dt_graph_set_tick(g, NULL, NULL)
  * before running that graph again without a DDP. */
 void dt_ddp_free(dt_ddp *d);

@@ -154,11 +154,17 @@ static int poll_pg(dt_pg *pg) {
     return changed;
 }
 
-/* Spin on poll; after a while yield the core (ranks may outnumber cores). */
+/* Spin on poll; after a while yield the core (ranks may outnumber cores).
+ * Every other group with work in flight is polled too: a peer may be waiting
+ * in this group for work of ours that another group only advances when polled
+ * (a deterministic phase to start, a shared-memory slice to sum). */
 static void poll_until(dt_pg *pg, const dt_work *w) {
     int idle = 0;
     while (w ? !w->done : pg->head != NULL) {
-        if (poll_pg(pg)) idle = 0;
+        int changed = poll_pg(pg);
+        for (dt_pg *g = dt__dist.groups; g; g = g->reg_next)
+            if (g != pg && g->head) changed |= poll_pg(g);
+        if (changed) idle = 0;
         else if (++idle > 64) sched_yield();
     }
 }
@@ -206,13 +212,10 @@ dt_status dt__submit(dt_work *w) {
     if (pg->mode == DT_PROGRESS_POLL) {
         pg->inflight++;
         w->t_begin_us = dt_trace_now_us(w->trace);
-        if (w->internal && !pg->head) {
-            /* Blocking call with nothing in flight: MPI's blocking collective
-             * (no ordering hazard, often a better algorithm). */
-            run_blocking(w);
-            complete(w);
-            return finish_handle(w);
-        }
+        /* Blocking calls take the non-blocking path too: MPI never matches a
+         * blocking collective with a non-blocking one, and whether earlier
+         * work has completed differs between ranks, so it must not decide
+         * which call a rank makes; and the wait polls the other groups. */
         if (start_phase(w) != MPI_SUCCESS) {
             complete(w);
             return finish_handle(w);   /* nothing queued: report at issue */

@@ -57,6 +57,7 @@ struct dt_shm {
     float **data;        /* [size] */
     uint64_t issued;     /* ops this rank published */
     uint64_t reduced;    /* ops whose slice this rank summed */
+    int failed;          /* an op failed (every rank sees it): later ones fail too */
 };
 
 static dt_status mpi_fail(int rc, const char *what, const dt_pg *pg) {
@@ -286,6 +287,10 @@ int dt__shm_advance(dt_work *w) {
     uint64_t k = w->shm_seq;
     int changed = 0;
     if (!w->shm_reduced) {
+        if (s->failed) {   /* its slices will never be summed: fail instead of waiting forever */
+            dt__work_failf(w, DT_ECOMM, "not run: an earlier operation on this shared buffer failed");
+            return -1;
+        }
         if (s->reduced != k || !all_at_least(s, 0, k + 1)) return 0;   /* earlier slices first */
         for (int q = 0; q < s->size; q++) {
             const shm_desc *d = &s->ctl[q]->desc[k % RING];
@@ -296,11 +301,12 @@ int dt__shm_advance(dt_work *w) {
                                "(%s); every rank must pass the same range of its shared buffer",
                                q, (unsigned long long)d->count, (unsigned long long)d->off, d->avg ? "avg" : "sum",
                                s->rank, (long long)w->count, w->shm_off, w->avg ? "avg" : "sum");
+                s->failed = 1;
                 return -1;
             }
         }
         size_t n = (size_t)w->count, N = (size_t)s->size;
-        size_t chunk = ((n + N - 1) / N + 15) & ~(size_t)15;   /* whole cache lines per rank */
+        size_t chunk = ((n + N - 1) / N + 15) & ~(size_t)15;   /* 16 floats: whole cache lines if off is aligned */
         size_t b = (size_t)s->rank * chunk < n ? (size_t)s->rank * chunk : n;
         size_t e = b + chunk < n ? b + chunk : n;
         sum_slice(s, w->shm_off, b, e, w->avg);

@@ -155,14 +155,17 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     if (opts.hook) d->hook = *opts.hook;
     else if (opts.compress == DT_DDP_COMPRESS_NONE) dt_ddp_hook_allreduce(d, &d->hook);
     else dt_ddp_hook_compress(d, &d->hook, opts.compress == DT_DDP_COMPRESS_BF16 ? DT_BF16 : DT_F16);
-    dt_status s = DT_OK;
-    if (opts.shm != DT_DDP_SHM_OFF && !opts.hook && opts.compress == DT_DDP_COMPRESS_NONE && d->world > 1) {
+    dt_status s = build_buckets(d);
+    /* last, so no local failure can follow the collective window creation
+     * (moving into caller memory cannot fail) */
+    if (s == DT_OK && opts.shm != DT_DDP_SHM_OFF && !opts.hook && opts.compress == DT_DDP_COMPRESS_NONE &&
+        d->world > 1) {
         s = dt_pg_alloc_shared(pg, m->param_flat.numel, &d->shm_grads);   /* collective */
         if (s == DT_OK && d->shm_grads) s = dt_model_set_grad_buffer(m, d->shm_grads);
+        for (int i = 0; i < d->n_buckets; i++) d->buckets[i].grad = m->grad_flat.data + d->buckets[i].begin;
         if (s == DT_OK && !d->shm_grads && opts.shm == DT_DDP_SHM_REQUIRE)
             s = DT_ERR(DT_EINVAL, "ddp: node-shared memory required but unavailable: %s", dt_pg_shared_unavailable(pg));
     }
-    if (s == DT_OK) s = build_buckets(d);
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_broadcast(pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, 0, NULL);
     if (s == DT_OK && m->n_buffers && d->world > 1) s = dt_ddp_bcast_buffers(d);
