@@ -78,7 +78,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--sync-bn", DT_ARG_FLAG, &f->dist.ddp.sync_bn, NULL, "DDP: SyncBatchNorm (batch statistics over all ranks)", 0, 0},
         {"--no-overlap", DT_ARG_FLAG, &f->dist.ddp.no_overlap, NULL, "DDP: reduce gradients only after backward", 0, 0},
         {"--deterministic", DT_ARG_FLAG, &f->dist.ddp.deterministic, NULL, "DDP: fixed rank-order summation (bitwise reproducible at any world size)", 0, 0},
-        {"--no-shm", DT_ARG_FLAG, &f->no_shm, NULL, "DDP: reduce through MPI collectives even when all ranks share this machine (default: gradients in MPI shared memory, summed in place)", 0, 0},
+        {"--no-shm", DT_ARG_FLAG, &f->no_shm, NULL, "DDP: reduce through MPI collectives even when all ranks share this machine (default without --compress: gradients in MPI shared memory, summed in place)", 0, 0},
         {"--compress", DT_ARG_STR, &f->compress, "none|bf16|fp16", "DDP: gradient compression on the wire (default none)", 0, 0},
         {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
         {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default)", 0, 0},

@@ -34,7 +34,11 @@
  *   dt_pg_world(&world);
  *   dt_pg_split(world, dt_pg_rank(world) / 2, 0, &node);   // pairs of ranks
  *
- * A group is used by one thread at a time (the thread that drives training).
+ * A group is used by one thread at a time (the thread that drives training);
+ * in POLL mode one thread drives all groups (a wait polls every group). A
+ * split, dt_pg_alloc_shared/free_shared and dt_pg_free start with a barrier
+ * of the group whose wait also polls every group, so ranks may reach them
+ * with other groups' work still in flight.
  *
  * 3. Collectives and work handles
  * -------------------------------
@@ -64,7 +68,7 @@
  *    call that will never come, as long as all ranks pass the same arguments).
  *  - MPI failures give DT_ECOMM with a message naming the operation, its
  *    sequence number in the group and MPI's error string, e.g.
- *    "recv #12 (20B F32) on world/0: MPI_Recv: MPI_ERR_TRUNCATE: message truncated".
+ *    "recv #12 (20B F32) on world/0: MPI_Irecv: MPI_ERR_TRUNCATE: message truncated".
  *    After a failed *collective* the group is broken: later calls fail at once
  *    with DT_ECOMM. Nothing in this layer exits or aborts.
  *  - Reductions through MPI are issued in pieces of opts.segment_bytes
@@ -72,9 +76,10 @@
  *    message size on every call (64 MiB MPI_Allreduce on shared memory:
  *    200 ms; dt_allreduce: 12 ms). From 64 KiB to 16 MiB dt_allreduce runs
  *    at 0.9-1.08x the time of a raw MPI_Allreduce, on shared memory and on
- *    a 1 Gbit/s link (bench/bench_comm bw); since blocking calls also take
- *    the non-blocking path (section 4), 0.6-0.8x on shared memory (libnbc's
- *    ring beats the blocking algorithm here).
+ *    a 1 Gbit/s link (bench/bench_comm bw). Since blocking calls also take
+ *    the non-blocking path (section 4): 0.5-1.0x on shared memory at 64 KiB
+ *    to 64 MiB, but a few floats take ~1 us more (2 ranks; up to ~10 us with
+ *    4 ranks on 2 cores) than MPI's blocking algorithm.
  *
  * 4. Progress
  * -----------
@@ -93,7 +98,8 @@
  *                     calls are issued non-blocking and waited (MPI does not
  *                     match a blocking collective with a non-blocking one, and
  *                     which one a rank would pick must not depend on timing);
- *                     every wait polls all groups with work in flight.
+ *                     every wait and dt_work_test polls all groups with work
+ *                     in flight.
  *  DT_PROGRESS_THREAD each group has a communication thread that runs the
  *                     queued operations one by one with blocking MPI calls, in
  *                     issue order, under MPI_THREAD_MULTIPLE, while the caller

@@ -58,10 +58,11 @@ typedef enum dt_ddp_compress {
 
 /* Where the gradient buckets live when every rank runs on one machine. */
 typedef enum dt_ddp_shm {
-    DT_DDP_SHM_AUTO = 0,      /* node-shared memory if the group is on one machine and buckets are
-                                 reduced as float32 by the built-in hook; else MPI collectives */
+    DT_DDP_SHM_AUTO = 0,      /* node-shared memory if the group (> 1 rank) is on one machine, buckets
+                                 are reduced as float32 by the built-in hook and the window fits
+                                 Open MPI's backing directory (/dev/shm); else MPI collectives */
     DT_DDP_SHM_OFF = 1,       /* always MPI collectives (private gradient buffer) */
-    DT_DDP_SHM_REQUIRE = 2,   /* node-shared memory or a creation error (tests, benchmarks) */
+    DT_DDP_SHM_REQUIRE = 2,   /* node-shared memory (also for 1 rank) or a creation error naming why */
 } dt_ddp_shm;
 
 typedef struct dt_ddp_opts {

@@ -158,6 +158,10 @@ void dt__shm_free_all(dt_pg *pg);
 
 /* ---- progress.c ---- */
 dt_status dt__submit(dt_work *w);        /* issue (w->internal: and wait); owns w */
+/* POLL mode: poll pg and every other group with work in flight (a peer may
+ * wait in this group for work of ours that another group only does when
+ * polled); 1 if anything changed. */
+int dt__poll_all(dt_pg *pg);
 int dt__pg_broken(dt_pg *pg, char *msg, size_t n);   /* thread-safe read */
 void dt__work_fail(dt_work *w, int rc, const char *mpi_fn);   /* record failure */
 void dt__work_failf(dt_work *w, dt_status st, const char *fmt, ...)

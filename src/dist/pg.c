@@ -80,6 +80,9 @@ dt_status dt_pg_split(dt_pg *parent, int color, int key, dt_pg **out) {
      * running on it (THREAD mode: the comm thread must be idle). */
     DT_TRY(dt_pg_wait_all(parent));
     if (parent->broken) return DT_ERR(DT_ECOMM, "dt_pg_split %s: %s", parent->name, parent->broken_msg);
+    /* every rank here before any blocks inside MPI_Comm_split (the barrier's
+     * wait polls every group: a peer may still need our work elsewhere) */
+    DT_TRY(dt_barrier(parent, NULL));
     MPI_Comm c;
     int rc = MPI_Comm_split(parent->comm[0], color < 0 ? MPI_UNDEFINED : color, key, &c);
     if (rc != MPI_SUCCESS) return mpi_err(rc, "dt_pg_split: MPI_Comm_split");
@@ -92,6 +95,7 @@ dt_status dt_pg_split(dt_pg *parent, int color, int key, dt_pg **out) {
 dt_status dt_pg_free(dt_pg *pg) {
     if (!pg) return DT_OK;
     dt_status st = dt_pg_wait_all(pg);
+    if (st == DT_OK && pg->shm && !dt__pg_broken(pg, NULL, 0)) st = dt_barrier(pg, NULL);   /* before MPI_Win_free blocks */
     if (pg->thread_on) {
         pthread_mutex_lock(&pg->mu);
         pg->quit = 1;

@@ -158,13 +158,17 @@ static int poll_pg(dt_pg *pg) {
  * Every other group with work in flight is polled too: a peer may be waiting
  * in this group for work of ours that another group only advances when polled
  * (a deterministic phase to start, a shared-memory slice to sum). */
+int dt__poll_all(dt_pg *pg) {
+    int changed = pg->head ? poll_pg(pg) : 0;
+    for (dt_pg *g = dt__dist.groups; g; g = g->reg_next)
+        if (g != pg && g->mode == DT_PROGRESS_POLL && g->head) changed |= poll_pg(g);
+    return changed;
+}
+
 static void poll_until(dt_pg *pg, const dt_work *w) {
     int idle = 0;
     while (w ? !w->done : pg->head != NULL) {
-        int changed = poll_pg(pg);
-        for (dt_pg *g = dt__dist.groups; g; g = g->reg_next)
-            if (g != pg && g->head) changed |= poll_pg(g);
-        if (changed) idle = 0;
+        if (dt__poll_all(pg)) idle = 0;
         else if (++idle > 64) sched_yield();
     }
 }
@@ -255,7 +259,7 @@ dt_status dt_work_test(dt_work *w, int *done) {
     if (!w || !done) return DT_ERR(DT_EINVAL, "dt_work_test: NULL %s", w ? "done" : "handle");
     dt_pg *pg = w->pg;
     if (pg->mode == DT_PROGRESS_POLL) {
-        if (!w->done) poll_pg(pg);
+        if (!w->done) dt__poll_all(pg);
         *done = w->done;
     } else {
         pthread_mutex_lock(&pg->mu);

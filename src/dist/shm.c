@@ -76,8 +76,11 @@ dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
     pg->shm_why[0] = 0;
     if (count == 0 || count > ((size_t)1 << 40))
         return DT_ERR(DT_EINVAL, "dt_pg_alloc_shared on %s: count %zu out of range [1, 2^40]", pg->name, count);
-    /* blocking collectives on comm[0]: nothing of ours may be running there */
+    /* blocking collectives on comm[0]: nothing of ours may be running there,
+     * and every rank must be here before any blocks inside MPI (a barrier
+     * whose wait polls every group: a peer may still need our work elsewhere) */
     DT_TRY(dt_pg_wait_all(pg));
+    DT_TRY(dt_barrier(pg, NULL));
     char bmsg[512];
     if (dt__pg_broken(pg, bmsg, sizeof bmsg))
         return DT_ERR(DT_ECOMM, "dt_pg_alloc_shared on %s: group unusable after an earlier failure: %s", pg->name, bmsg);
@@ -189,6 +192,7 @@ dt_status dt_pg_free_shared(dt_pg *pg, float *p) {
     if (!*pp) return DT_ERR(DT_EINVAL, "dt_pg_free_shared on %s: %p was not allocated by dt_pg_alloc_shared on this group",
                             pg->name, (void *)p);
     dt_status st = dt_pg_wait_all(pg);   /* no operation may still use it */
+    if (st == DT_OK) st = dt_barrier(pg, NULL);   /* all ranks here before MPI_Win_free blocks */
     dt_shm *s = *pp;
     *pp = s->next;
     shm_destroy(s);
@@ -231,7 +235,7 @@ int dt__shm_start(dt_work *w) {
     /* the descriptor slot of op k - RING must have been read by every rank
      * (POLL: finishing our own earlier ops is what lets the peers advance) */
     while (k >= RING && !all_at_least(s, 1, k + 1 - RING)) {
-        if (pg->mode == DT_PROGRESS_POLL) dt_pg_poll(pg);
+        if (pg->mode == DT_PROGRESS_POLL) dt__poll_all(pg);
         if (++idle > 64) sched_yield();
     }
     w->shm_seq = k;

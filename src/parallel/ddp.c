@@ -159,7 +159,7 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     /* last, so no local failure can follow the collective window creation
      * (moving into caller memory cannot fail) */
     if (s == DT_OK && opts.shm != DT_DDP_SHM_OFF && !opts.hook && opts.compress == DT_DDP_COMPRESS_NONE &&
-        d->world > 1) {
+        (d->world > 1 || opts.shm == DT_DDP_SHM_REQUIRE)) {
         s = dt_pg_alloc_shared(pg, m->param_flat.numel, &d->shm_grads);   /* collective */
         if (s == DT_OK && d->shm_grads) s = dt_model_set_grad_buffer(m, d->shm_grads);
         for (int i = 0; i < d->n_buckets; i++) d->buckets[i].grad = m->grad_flat.data + d->buckets[i].begin;

@@ -10,11 +10,15 @@ static dt_status s_setup(void *self, dt_trainer *t) {
     ddp_strat *s = self;
     DT_TRY(dt_ddp_create(t->model, s->pg, &s->opts, &s->ddp));
     s->ddp->trace = t->trace;
-    if (!t->opts.quiet && dt_pg_rank(s->pg) == 0 && dt_pg_size(s->pg) > 1)
-        printf("dtrain: ddp gradients %s%s%s\n", dt_ddp_uses_shared_memory(s->ddp)
-               ? "in shared memory on this machine, summed in place (--no-shm: MPI collectives)"
-               : "reduced by MPI collectives", dt_pg_shared_unavailable(s->pg)[0] ? ": " : "",
-               dt_pg_shared_unavailable(s->pg));
+    if (!t->opts.quiet && dt_pg_rank(s->pg) == 0 && dt_pg_size(s->pg) > 1) {
+        const char *why = s->opts.shm == DT_DDP_SHM_OFF ? "--no-shm"
+                        : s->opts.compress != DT_DDP_COMPRESS_NONE ? "--compress"
+                        : s->opts.hook ? "a custom communication hook" : dt_pg_shared_unavailable(s->pg);
+        if (dt_ddp_uses_shared_memory(s->ddp))
+            printf("dtrain: ddp gradients in shared memory on this machine, summed in place (--no-shm: MPI collectives)\n");
+        else
+            printf("dtrain: ddp gradients reduced by MPI collectives%s%s\n", why[0] ? ": " : "", why);
+    }
     size_t full = t->model->param_flat.numel * sizeof(float);
     return dt_par_memory_report(s->pg, "ddp", full, full, (size_t)dt_optim_state_per_elem(&t->opts.optim) * full,
                                 !t->opts.quiet);

@@ -125,7 +125,7 @@ static void test_shm_errors(dt_pg *world) {
     /* 4 TiB per rank cannot fit Open MPI's backing directory: no window (a
      * fault on first touch otherwise), the reason names the directory */
     T_OK(dt_pg_alloc_shared(world, (size_t)1 << 40, &x));
-    T_CHECK(x == NULL && strstr(dt_pg_shared_unavailable(world), "/dev/shm") != NULL);
+    T_CHECK(x == NULL && strstr(dt_pg_shared_unavailable(world), "MiB free") != NULL);
     float local[4];
     T_EXPECT(dt_pg_free_shared(world, local), DT_EINVAL);
     T_OK(dt_pg_free_shared(world, NULL));
@@ -186,7 +186,25 @@ static void test_shm_cross_group_waits(dt_pg *world) {
         T_CHECK(one == (float)n);
         check_range(x, n, 0, 4096, 0, "shared allreduce across another group's wait");
     }
+    /* the same around a split of the other group (blocking MPI_Comm_split) */
+    float *y = NULL;
+    T_OK(dt_pg_alloc_shared(other, 4096, &y));
+    T_CHECK(y != NULL);
+    shm_fill(y, me, 0, 4096);
+    dt_work *w = NULL;
+    dt_pg *sub = NULL;
+    T_OK(dt_allreduce(other, y, y, 4096, DT_F32, DT_RED_SUM, &w));
+    if (me == 0) {
+        T_OK(dt_pg_split(world, 0, 0, &sub));
+        T_OK(dt_work_wait(w));
+    } else {
+        T_OK(dt_work_wait(w));
+        T_OK(dt_pg_split(world, 0, 0, &sub));
+    }
+    check_range(y, n, 0, 4096, 0, "shared allreduce across another group's split");
     alarm(0);
+    T_OK(dt_pg_free(sub));
+    T_OK(dt_pg_free_shared(other, y));
     T_OK(dt_pg_free_shared(world, x));
     T_OK(dt_pg_free(other));
     t_end();

@@ -95,6 +95,9 @@ static void test_no_shm_same_result(void **state) {
                  DT_CLI_PATH, corpus, k ? "--no-shm" : "");
         int rc = sh(cmd, out, sizeof out);
         if (rc != 0) fail_msg("rc=%d output:\n%s", rc, out);
+        /* the path really differs: the start-up line says which */
+        if (!strstr(out, k ? "reduced by MPI collectives: --no-shm" : "ddp gradients in shared memory"))
+            fail_msg("start-up line does not name the %s path:\n%s", k ? "MPI" : "shared-memory", out);
         const char *v = strstr(out, "validation loss");
         if (!v) {
             fail_msg("no validation loss in:\n%s", out);
