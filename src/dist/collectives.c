@@ -152,17 +152,16 @@ dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
     int avg, det = wants_det(pg, op, dtype, &avg);
     /* in place on node-shared memory: no messages, rank-ordered sum (so also
      * deterministic); every rank must pass the same offset (checked) */
-    dt_shm *shm = dtype == DT_F32 && in == out && count > 0 ? dt__shm_find(pg, out, nb) : NULL;
+    size_t shm_off = 0;
+    dt_shm *shm = dtype == DT_F32 && in == out && count > 0 ? dt__shm_find(pg, out, nb, &shm_off) : NULL;
     dt_work *w = NULL;
     DT_TRY(new_work(pg, shm ? DT_OPK_ALLREDUCE_SHM : det ? DT_OPK_ALLREDUCE_DET : DT_OPK_ALLREDUCE, count, dtype,
                     (double)nb, wp, &w));
     w->in = in;
     w->out = out;
     w->avg = avg;
-    if (shm) {
-        w->shm = shm;
-        w->shm_off = (size_t)((const float *)out - dt__shm_base(shm));
-    }
+    w->shm = shm;
+    w->shm_off = shm_off;
     return issue(w, wp);
 }
 

@@ -124,6 +124,7 @@ void dt__sum_ranks(void *out, const void *src, int64_t n, int64_t stride, int nr
 void dt__scale_div(void *buf, int64_t n, dt_dtype t, int div);   /* x / (float)div */
 
 /* ---- pg.c ---- */
+dt_status dt__mpi_err(int rc, const char *what);   /* DT_ECOMM "what: MPI's error string" */
 /* A buffer of >= bytes (*cap: its real size); NULL on ENOMEM. THREAD mode:
  * comm thread only. */
 void *dt__pool_get(dt_pg *pg, size_t bytes, size_t *cap);
@@ -145,12 +146,11 @@ int dt__kind_is_det(dt_opkind k);
 const char *dt__kind_name(dt_opkind k);
 
 /* ---- shm.c: allreduce on node-shared memory (see dt_pg_alloc_shared) ----
- * find: the allocation of pg holding [p, p + bytes), or NULL.
+ * find: the allocation of pg holding [p, p + bytes) (and p's offset), or NULL.
  * start: publish this rank's contribution (op number, offset, count).
  * advance: 0 nothing changed, 1 progressed, 2 complete, -1 failed (w->msg).
  * run: start and advance until complete (blocking). free_all: dt_pg_free. */
-dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes);
-const float *dt__shm_base(const dt_shm *s);   /* this rank's buffer */
+dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes, size_t *off);   /* *off: elements */
 int dt__shm_start(dt_work *w);
 int dt__shm_advance(dt_work *w);
 int dt__shm_run(dt_work *w);

@@ -4,7 +4,7 @@
 #include <string.h>
 #include "dist/dist_internal.h"
 
-static dt_status mpi_err(int rc, const char *what) {
+dt_status dt__mpi_err(int rc, const char *what) {
     char s[MPI_MAX_ERROR_STRING];
     int len = 0;
     s[0] = 0;
@@ -26,7 +26,7 @@ static dt_status pg_create(MPI_Comm comm, const char *name, dt_pg **out) {
         if (rc != MPI_SUCCESS) {
             for (int q = 0; q < p; q++) MPI_Comm_free(&pg->comm[q]);
             free(pg);
-            return mpi_err(rc, "dt_pg: MPI_Comm_dup");
+            return dt__mpi_err(rc, "dt_pg: MPI_Comm_dup");
         }
         MPI_Comm_set_errhandler(pg->comm[p], MPI_ERRORS_RETURN);
     }
@@ -65,7 +65,7 @@ dt_status dt_pg_world(dt_pg **out) {
     DT_TRY(dt__check_init("dt_pg_world"));
     MPI_Comm c;
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c);
-    if (rc != MPI_SUCCESS) return mpi_err(rc, "dt_pg_world: MPI_Comm_dup");
+    if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_world: MPI_Comm_dup");
     return pg_create(c, "world", out);
 }
 
@@ -85,7 +85,7 @@ dt_status dt_pg_split(dt_pg *parent, int color, int key, dt_pg **out) {
     DT_TRY(dt_barrier(parent, NULL));
     MPI_Comm c;
     int rc = MPI_Comm_split(parent->comm[0], color < 0 ? MPI_UNDEFINED : color, key, &c);
-    if (rc != MPI_SUCCESS) return mpi_err(rc, "dt_pg_split: MPI_Comm_split");
+    if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_split: MPI_Comm_split");
     if (c == MPI_COMM_NULL) return DT_OK;
     char name[64];
     snprintf(name, sizeof name, "%.40s/%d", parent->name, color);

@@ -60,12 +60,11 @@ struct dt_shm {
     int failed;          /* an op failed (every rank sees it): later ones fail too */
 };
 
-static dt_status mpi_fail(int rc, const char *what, const dt_pg *pg) {
-    char s[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    s[0] = 0;
-    MPI_Error_string(rc, s, &len);
-    return DT_ERR(DT_ECOMM, "dt_pg_alloc_shared on %s: %s: %s", pg->name, what, s);
+static void shm_struct_free(dt_shm *s) {
+    if (!s) return;
+    free(s->ctl);
+    free(s->data);
+    free(s);
 }
 
 dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
@@ -95,43 +94,41 @@ dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
     struct statvfs vfs;
     double avail = statvfs(dir, &vfs) == 0 ? (double)vfs.f_bavail * (double)vfs.f_frsize : -1.0;
     int fits = avail < 0 || avail >= (double)bytes * pg->size * 1.05;
-    MPI_Comm c = pg->comm[0], node;
-    int rc = MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split_type", pg);
-    int nsize = 0;
-    MPI_Comm_size(node, &nsize);
-    MPI_Comm_free(&node);
-    /* the same count on every rank (a mismatch fails everywhere); all ranks
-     * agree whether the window fits */
-    unsigned long long mm[3] = {count, ~(unsigned long long)count, (unsigned long long)!fits};
-    rc = MPI_Allreduce(MPI_IN_PLACE, mm, 3, MPI_UNSIGNED_LONG_LONG, MPI_MAX, c);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Allreduce", pg);
-    if (mm[0] != ~mm[1])
-        return DT_ERR(DT_EINVAL, "dt_pg_alloc_shared on %s: ranks asked for different sizes (%llu to %llu floats)",
-                      pg->name, ~mm[1], mm[0]);
-    if (nsize != pg->size) {   /* the group spans machines: nothing shared */
-        snprintf(pg->shm_why, sizeof pg->shm_why, "the ranks of %s run on more than one machine", pg->name);
-        return DT_OK;
-    }
-    if (mm[2]) {
-        snprintf(pg->shm_why, sizeof pg->shm_why, "%s has %.0f MiB free, %d ranks need %.0f MiB "
-                 "(set OMPI_MCA_osc_sm_backing_directory or enlarge it)", dir, avail / 1048576.0, pg->size,
-                 (double)bytes * pg->size / 1048576.0);
-        return DT_OK;
-    }
-
+    /* the per-rank pointer tables first: every rank must reach the collective
+     * window creation, so ranks agree on ENOMEM with the checks below */
     dt_shm *s = calloc(1, sizeof *s);
     if (s) {
         s->ctl = calloc((size_t)pg->size, sizeof *s->ctl);
         s->data = calloc((size_t)pg->size, sizeof *s->data);
     }
-    /* every rank must reach the collective window creation: agree on ENOMEM first */
-    int ok = s && s->ctl && s->data, all_ok = 0;
-    rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c);
-    if (rc != MPI_SUCCESS || !all_ok) {
-        if (s) { free(s->ctl); free(s->data); free(s); }
-        return rc != MPI_SUCCESS ? mpi_fail(rc, "MPI_Allreduce", pg)
-                                 : DT_ERR(DT_ENOMEM, "dt_pg_alloc_shared on %s: out of memory", pg->name);
+    int ok = s && s->ctl && s->data;
+    MPI_Comm c = pg->comm[0], node;
+    int rc = MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS) { shm_struct_free(s); return dt__mpi_err(rc, "dt_pg_alloc_shared: MPI_Comm_split_type"); }
+    int nsize = 0;
+    MPI_Comm_size(node, &nsize);
+    MPI_Comm_free(&node);
+    /* the same count on every rank (a mismatch fails everywhere); all ranks
+     * agree whether the window fits and whether anyone is out of memory */
+    unsigned long long mm[4] = {count, ~(unsigned long long)count, (unsigned long long)!fits, (unsigned long long)!ok};
+    rc = MPI_Allreduce(MPI_IN_PLACE, mm, 4, MPI_UNSIGNED_LONG_LONG, MPI_MAX, c);
+    dt_status st = DT_OK;
+    if (rc != MPI_SUCCESS)
+        st = dt__mpi_err(rc, "dt_pg_alloc_shared: MPI_Allreduce");
+    else if (mm[0] != ~mm[1])
+        st = DT_ERR(DT_EINVAL, "dt_pg_alloc_shared on %s: ranks asked for different sizes (%llu to %llu floats)",
+                    pg->name, ~mm[1], mm[0]);
+    else if (mm[3])
+        st = DT_ERR(DT_ENOMEM, "dt_pg_alloc_shared on %s: out of memory", pg->name);
+    else if (nsize != pg->size)   /* the group spans machines: nothing shared */
+        snprintf(pg->shm_why, sizeof pg->shm_why, "the ranks of %s run on more than one machine", pg->name);
+    else if (mm[2])
+        snprintf(pg->shm_why, sizeof pg->shm_why, "%s has %.0f MiB free, %d ranks need %.0f MiB "
+                 "(set OMPI_MCA_osc_sm_backing_directory or enlarge it)", dir, avail / 1048576.0, pg->size,
+                 (double)bytes * pg->size / 1048576.0);
+    if (st != DT_OK || pg->shm_why[0]) {
+        shm_struct_free(s);
+        return st;
     }
     s->count = count;
     s->size = pg->size;
@@ -143,8 +140,8 @@ dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
     rc = MPI_Win_allocate_shared((MPI_Aint)bytes, 1, info, c, &base, &s->win);
     MPI_Info_free(&info);
     if (rc != MPI_SUCCESS) {
-        free(s->ctl); free(s->data); free(s);
-        return mpi_fail(rc, "MPI_Win_allocate_shared", pg);
+        shm_struct_free(s);
+        return dt__mpi_err(rc, "dt_pg_alloc_shared: MPI_Win_allocate_shared");
     }
     MPI_Win_set_errhandler(s->win, MPI_ERRORS_RETURN);
     for (int q = 0; q < pg->size; q++) {
@@ -167,8 +164,8 @@ dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
     if (rc != MPI_SUCCESS) {
         MPI_Win_unlock_all(s->win);
         MPI_Win_free(&s->win);
-        free(s->ctl); free(s->data); free(s);
-        return mpi_fail(rc, "MPI_Barrier", pg);
+        shm_struct_free(s);
+        return dt__mpi_err(rc, "dt_pg_alloc_shared: MPI_Barrier");
     }
     s->next = pg->shm;
     pg->shm = s;
@@ -179,9 +176,7 @@ dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
 static void shm_destroy(dt_shm *s) {
     MPI_Win_unlock_all(s->win);
     MPI_Win_free(&s->win);
-    free(s->ctl);
-    free(s->data);
-    free(s);
+    shm_struct_free(s);
 }
 
 dt_status dt_pg_free_shared(dt_pg *pg, float *p) {
@@ -207,15 +202,16 @@ void dt__shm_free_all(dt_pg *pg) {
     }
 }
 
-dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes) {
+dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes, size_t *off) {
     for (dt_shm *s = pg->shm; s; s = s->next) {
         const char *b = (const char *)s->data[s->rank], *e = b + s->count * sizeof(float);
-        if ((const char *)p >= b && (const char *)p + bytes <= e) return s;
+        if ((const char *)p >= b && (const char *)p + bytes <= e) {
+            *off = (size_t)((const char *)p - b) / sizeof(float);
+            return s;
+        }
     }
     return NULL;
 }
-
-const float *dt__shm_base(const dt_shm *s) { return s->data[s->rank]; }
 
 const char *dt_pg_shared_unavailable(const dt_pg *pg) { return pg ? pg->shm_why : ""; }
 

@@ -178,36 +178,38 @@ void dt_model_drop_grads(dt_model *m) {
     dt_flat_free(&m->grad_flat);
 }
 
-dt_status dt_model_alloc_grads(dt_model *m) {
-    if (m->grad_flat.data) return DT_OK;
-    if (dt_flat_alloc(&m->grad_flat, m->param_flat.numel) != DT_OK)
-        return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element gradient buffer", m->param_flat.numel);
-    for (int i = 0; i < m->n_params; i++) {
-        m->params[i]->grad.data = m->grad_flat.data + m->offsets[i];
-        m->params[i]->grad.owns_data = 0;
-    }
-    return DT_OK;
-}
-
-dt_status dt_model_set_grad_buffer(dt_model *m, float *buf) {
-    size_t n = m->param_flat.numel;
-    dt_flat gf = {0};
-    if (buf) {
-        gf = (dt_flat){buf, n, 1};
-        memset(buf, 0, n * sizeof(float));
-    } else if (dt_flat_alloc(&gf, n) != DT_OK) {
-        return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element gradient buffer", n);
-    }
+/* gf (zeroed, at param_flat's layout) becomes the gradient buffer: present
+ * gradients are copied in if keep, every grad is re-pointed, the old buffer
+ * freed. */
+static void adopt_grads(dt_model *m, dt_flat gf, int keep) {
     for (int i = 0; i < m->n_params; i++) {
         dt_param *p = m->params[i];
         float *g = gf.data + m->offsets[i];
-        if (p->grad.data) memcpy(g, p->grad.data, (size_t)p->value.numel * sizeof(float));
+        if (keep && p->grad.data) memcpy(g, p->grad.data, (size_t)p->value.numel * sizeof(float));
         if (p->grad.owns_data) dt_free(p->grad.data);
         p->grad.data = g;
         p->grad.owns_data = 0;
     }
     dt_flat_free(&m->grad_flat);
     m->grad_flat = gf;
+}
+
+static dt_status alloc_private_grads(dt_model *m, int keep) {
+    dt_flat gf = {0};
+    if (dt_flat_alloc(&gf, m->param_flat.numel) != DT_OK)
+        return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element gradient buffer", m->param_flat.numel);
+    adopt_grads(m, gf, keep);
+    return DT_OK;
+}
+
+dt_status dt_model_alloc_grads(dt_model *m) {   /* zeros: whatever grads point at is not ours */
+    return m->grad_flat.data ? DT_OK : alloc_private_grads(m, 0);
+}
+
+dt_status dt_model_set_grad_buffer(dt_model *m, float *buf) {
+    if (!buf) return alloc_private_grads(m, 1);
+    memset(buf, 0, m->param_flat.numel * sizeof(float));
+    adopt_grads(m, (dt_flat){buf, m->param_flat.numel, 1}, 1);
     return DT_OK;
 }
 
