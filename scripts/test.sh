@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 scripts/deps.sh
+scripts/check_layers.sh   # every file includes only its own or lower layers
 scripts/build.sh build
 (cd build && ctest --output-on-failure -j1)
 scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DDTRAIN_SANITIZE=ON

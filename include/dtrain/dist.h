@@ -181,7 +181,7 @@
 #include <stdint.h>
 #include "dtrain/error.h"
 #include "dtrain/tensor.h"
-#include "dtrain/io.h"
+#include "dtrain/trace.h"
 
 /* ---- start / stop ---- */
 typedef enum dt_progress_mode {

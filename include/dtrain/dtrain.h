@@ -1,5 +1,11 @@
-/* dtrain.h — umbrella header. Read the layer headers top to bottom:
- * error -> tensor -> autograd -> ops -> nn -> optim -> data -> io -> dist -> parallel. */
+/* dtrain.h — umbrella header. The layers, bottom to top; each header includes
+ * only headers of the layers below it (scripts/check_layers.sh checks this):
+ *
+ *   error (util) -> tensor -> autograd -> ops -> nn -> optim -> data
+ *   -> io (+ trace) -> dist -> strategy -> parallel (+ zero) -> train
+ *
+ * Read them in that order; docs/ARCHITECTURE.md walks one training step
+ * through all of them. */
 #ifndef DTRAIN_H
 #define DTRAIN_H
 #include "dtrain/error.h"
@@ -9,8 +15,11 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
+#include "dtrain/trace.h"
 #include "dtrain/io.h"
-#include "dtrain/train.h"
 #include "dtrain/dist.h"
+#include "dtrain/strategy.h"
 #include "dtrain/parallel.h"
+#include "dtrain/zero.h"
+#include "dtrain/train.h"
 #endif

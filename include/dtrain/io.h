@@ -1,4 +1,5 @@
-/* dtrain/io.h — safetensors files, atomic writes, metrics JSONL, Chrome traces.
+/* dtrain/io.h — safetensors files, sharded checkpoint sets, atomic writes, metrics JSONL
+ * (Chrome traces: trace.h, included here).
  *
  * safetensors layout: u64 little-endian header length N, N bytes of JSON
  * {"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
@@ -12,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "dtrain/tensor.h"
+#include "dtrain/trace.h"
 
 /* ---- writing ---- */
 typedef struct dt_st_entry {
@@ -133,17 +135,5 @@ dt_status dt_jsonl_open(dt_jsonl *j, const char *path);   /* append mode */
 /* fields as alternating key / double value pairs, e.g. ("step", 3.0, "loss", 2.1). */
 dt_status dt_jsonl_write(dt_jsonl *j, int n_fields, const char *const *keys, const double *values);
 void dt_jsonl_close(dt_jsonl *j);
-
-/* ---- Chrome trace (Perfetto-compatible) ----
- * Complete events ("ph":"X") with microsecond timestamps relative to
- * dt_trace_open; pid = rank, tid = lane (0 compute, 1 communication). Events
- * are buffered in memory and written (atomically) by dt_trace_close. */
-typedef struct dt_trace dt_trace;
-dt_status dt_trace_open(dt_trace **t, const char *path, int rank);
-double dt_trace_now_us(const dt_trace *t);          /* 0 if t is NULL */
-void dt_trace_event(dt_trace *t, const char *name, const char *cat, int lane,
-                    double begin_us, double end_us);   /* no-op if t is NULL; name copied */
-void dt_trace_instant(dt_trace *t, const char *name, int lane);
-dt_status dt_trace_close(dt_trace *t);              /* writes file; frees */
 
 #endif

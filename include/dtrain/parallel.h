@@ -23,7 +23,7 @@
 
 #include "dtrain/dist.h"
 #include "dtrain/nn.h"
-#include "dtrain/train.h"
+#include "dtrain/strategy.h"
 
 typedef struct dt_ddp dt_ddp;
 

@@ -3,7 +3,8 @@
  * One loop for every strategy: per step it draws K micro-batches from the
  * sampler, runs forward + backward on each (gradients accumulate), lets the
  * parallel strategy synchronise gradients, clips, and steps the optimizer.
- * Strategies (DDP, ZeRO) plug in through dt_strategy without their own loop.
+ * Strategies (DDP, ZeRO) plug in through dt_strategy (strategy.h) without their
+ * own loop; the trainer shares its state with them through `run`.
  */
 #ifndef DTRAIN_TRAIN_H
 #define DTRAIN_TRAIN_H
@@ -12,6 +13,7 @@
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/io.h"
+#include "dtrain/strategy.h"
 
 typedef enum dt_data_kind { DT_DATA_FASHION_MNIST = 0, DT_DATA_TEXT = 1, DT_DATA_SHARD = 2 } dt_data_kind;
 
@@ -48,36 +50,6 @@ void dt_train_opts_default(dt_train_opts *o);
 dt_status dt_train_opts_validate(const dt_train_opts *o);
 
 typedef struct dt_trainer dt_trainer;
-
-/* ---- strategy hooks (all optional) ---- */
-typedef struct dt_strategy {
-    const char *name;
-    int rank, world;
-    void *self;
-    /* after model creation/load, before the first step (e.g. broadcast from rank 0) */
-    dt_status (*setup)(void *self, dt_trainer *t);
-    /* before a micro-step's forward; last = 1 on the micro-step that reduces */
-    dt_status (*before_forward)(void *self, dt_trainer *t, int last);
-    /* after the micro-step's backward */
-    dt_status (*after_backward)(void *self, dt_trainer *t, int last);
-    /* sum a few doubles across ranks (metrics, norms, eval counts) */
-    dt_status (*allreduce_sum)(void *self, double *x, int n);
-    void (*destroy)(void *self);
-    /* Strategies that shard the optimizer (ZeRO) set owns_optimizer and the
-     * three hooks below: the trainer then allocates no optimizer state, calls
-     * step() instead of its own clip + step + zero_grad, and routes
-     * checkpoints through save()/load() (load runs after setup()). */
-    int owns_optimizer;
-    /* forward passes are collective (ZeRO-3 gathers): evaluation then runs
-     * the same number of forwards on every rank */
-    int collective_forward;
-    dt_status (*step)(void *self, dt_trainer *t, float lr);
-    dt_status (*save)(void *self, dt_trainer *t, const char *path);
-    dt_status (*load)(void *self, dt_trainer *t, const char *path);
-    /* before evaluation / final use of the parameters (e.g. wait for gathers) */
-    dt_status (*sync_params)(void *self, dt_trainer *t);
-} dt_strategy;
-
 struct dt_trainer {
     dt_train_opts opts;
     dt_model *model;
@@ -85,6 +57,7 @@ struct dt_trainer {
     dt_optimizer optim;
     dt_lr_schedule sched;
     dt_strategy strat;
+    dt_run run;                    /* what strat sees: model, graph, trace, position (strategy.h) */
     /* data */
     dt_image_dataset img_train, img_test;
     dt_token_dataset tok_train, tok_val;
@@ -116,18 +89,6 @@ dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);
 dt_status dt_checkpoint_save(dt_trainer *t, const char *path);
 dt_status dt_checkpoint_load(dt_trainer *t, const char *path);
 
-/* The metadata every checkpoint carries (format, model, optimizer, step,
- * optim_step, data position, seed, world, RNG), for strategies that write
- * their own files. Values point into *out. */
-#define DT_CKPT_META_MAX 16
-typedef struct dt_ckpt_meta { dt_st_meta m[DT_CKPT_META_MAX]; char v[DT_CKPT_META_MAX][64]; int n; } dt_ckpt_meta;
-void dt_checkpoint_meta(const dt_trainer *t, int64_t optim_step, dt_ckpt_meta *out);
-/* Checks format/model/optimizer and restores step, data position (converted
- * when the checkpoint's world size differs) and RNG from a key -> value
- * lookup; *optim_step gets the optimizer's step count. */
-typedef const char *(*dt_ckpt_meta_get)(const void *src, const char *key);
-dt_status dt_checkpoint_apply_meta(dt_trainer *t, dt_ckpt_meta_get get, const void *src,
-                                   const char *what, int64_t *optim_step);
 /* Parameters only (e.g. Hugging Face GPT-2 weights); extra tensors are ignored,
  * missing or mis-shaped ones are errors. */
 dt_status dt_model_load_params(dt_model *m, const char *path);

@@ -52,7 +52,7 @@
 #include "dtrain/dist.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
-#include "dtrain/train.h"
+#include "dtrain/strategy.h"
 
 typedef struct dt_zero dt_zero;
 
@@ -154,10 +154,10 @@ dt_zero_stats dt_zero_get_stats(const dt_zero *z);
 typedef enum dt_zero_ckpt_format { DT_ZERO_CKPT_SHARDED = 0, DT_ZERO_CKPT_CONSOLIDATED = 1 } dt_zero_ckpt_format;
 /* Collective. Parameters, buffers, optimizer state and the trainer's metadata
  * (dt_checkpoint_meta). */
-dt_status dt_zero_save(dt_zero *z, dt_trainer *t, const char *path, dt_zero_ckpt_format fmt);
+dt_status dt_zero_save(dt_zero *z, dt_run *run, const char *path, dt_zero_ckpt_format fmt);
 /* Collective. Either format, written at any world size / stage (or by DDP /
  * one process: a plain dtrain checkpoint is the consolidated format). */
-dt_status dt_zero_load(dt_zero *z, dt_trainer *t, const char *path);
+dt_status dt_zero_load(dt_zero *z, dt_run *run, const char *path);
 /* After the owned shards' parameter values were overwritten (load): stages
  * 1/2 all-gather every bucket so the full parameters match; stage 3 no-op.
  * Collective. */

@@ -6,11 +6,11 @@
 
 typedef struct ddp_strat { dt_pg *pg; dt_ddp_opts opts; dt_ddp *ddp; } ddp_strat;
 
-static dt_status s_setup(void *self, dt_trainer *t) {
+static dt_status s_setup(void *self, dt_run *r) {
     ddp_strat *s = self;
-    DT_TRY(dt_ddp_create(t->model, s->pg, &s->opts, &s->ddp));
-    s->ddp->trace = t->trace;
-    if (!t->opts.quiet && dt_pg_rank(s->pg) == 0 && dt_pg_size(s->pg) > 1) {
+    DT_TRY(dt_ddp_create(r->model, s->pg, &s->opts, &s->ddp));
+    s->ddp->trace = r->trace;
+    if (!r->quiet && dt_pg_rank(s->pg) == 0 && dt_pg_size(s->pg) > 1) {
         const char *why = s->opts.shm == DT_DDP_SHM_OFF ? "--no-shm"
                         : s->opts.compress != DT_DDP_COMPRESS_NONE ? "--compress"
                         : s->opts.hook ? "a custom communication hook" : dt_pg_shared_unavailable(s->pg);
@@ -19,18 +19,18 @@ static dt_status s_setup(void *self, dt_trainer *t) {
         else
             printf("dtrain: ddp gradients reduced by MPI collectives%s%s\n", why[0] ? ": " : "", why);
     }
-    size_t full = t->model->param_flat.numel * sizeof(float);
-    return dt_par_memory_report(s->pg, "ddp", full, full, (size_t)dt_optim_state_per_elem(&t->opts.optim) * full,
-                                !t->opts.quiet);
+    size_t full = r->model->param_flat.numel * sizeof(float);
+    return dt_par_memory_report(s->pg, "ddp", full, full, (size_t)dt_optim_state_per_elem(r->optim) * full,
+                                !r->quiet);
 }
-static dt_status s_before_forward(void *self, dt_trainer *t, int last) {
+static dt_status s_before_forward(void *self, dt_run *r, int last) {
     ddp_strat *s = self;
-    s->ddp->trace = t->trace;
-    if (t->trace) dt_pg_set_trace(s->pg, t->trace);
-    return dt_ddp_before_forward(s->ddp, t->graph, last);
+    s->ddp->trace = r->trace;
+    if (r->trace) dt_pg_set_trace(s->pg, r->trace);
+    return dt_ddp_before_forward(s->ddp, r->graph, last);
 }
-static dt_status s_after_backward(void *self, dt_trainer *t, int last) {
-    (void)t;
+static dt_status s_after_backward(void *self, dt_run *r, int last) {
+    (void)r;
     ddp_strat *s = self;
     return last ? dt_ddp_finish_backward(s->ddp) : DT_OK;
 }

@@ -22,7 +22,7 @@
 
 typedef struct zc {
     dt_zero *z;
-    dt_trainer *t;
+    dt_run *r;
     dt_model *m;
     dt_pg *pg;
     int rank, world, nb, ns;
@@ -31,17 +31,12 @@ typedef struct zc {
     char (*sname)[192];  /* sname[k * n_params + i]: "optim.<state k>.<params[i]>" */
 } zc;
 
-/* Same names as dt_checkpoint_save. */
-static const char *state_name(const dt_optim_cfg *c, int k) {
-    if (c->kind == DT_OPTIM_SGD) return "momentum";
-    return k == 0 ? "exp_avg" : "exp_avg_sq";
-}
 
 static const dt_zero_bucket *bucket(const zc *c, int j) { return dt_zero_bucket_at(c->z, c->bk[j]); }
 
-static dt_status zc_init(zc *c, dt_zero *z, dt_trainer *t) {
+static dt_status zc_init(zc *c, dt_zero *z, dt_run *r) {
     memset(c, 0, sizeof *c);
-    c->z = z; c->t = t; c->m = t->model; c->pg = dt_zero_pg(z);
+    c->z = z; c->r = r; c->m = r->model; c->pg = dt_zero_pg(z);
     c->rank = dt_pg_rank(c->pg); c->world = dt_pg_size(c->pg);
     c->nb = dt_zero_num_buckets(z);
     c->cfg = dt_zero_optim_cfg(z);
@@ -60,7 +55,7 @@ static dt_status zc_init(zc *c, dt_zero *z, dt_trainer *t) {
     }
     for (int k = 0; k < c->ns; k++)
         for (int i = 0; i < np; i++)
-            snprintf(c->sname[k * np + i], sizeof c->sname[0], "optim.%s.%s", state_name(c->cfg, k),
+            snprintf(c->sname[k * np + i], sizeof c->sname[0], "optim.%s.%s", dt_checkpoint_state_name(c->cfg, k),
                      c->m->params[i]->name);
     return DT_OK;
 }
@@ -156,7 +151,7 @@ static dt_status write_index(const zc *c, const char *dir, const char *set) {
     for (int s = 0; s < c->ns; s++)
         for (int i = 0; i < m->n_params; i++) shape_of(&m->params[i]->value, c->sname[s * m->n_params + i], &sh[k++]);
     dt_ckpt_meta meta;
-    dt_checkpoint_meta(c->t, dt_zero_optim_step(c->z), &meta);
+    dt_checkpoint_meta(c->r, dt_zero_optim_step(c->z), &meta);
     dt_status s = dt_ckpt_write_index(dir, set, c->world, dt_zero_stage(c->z), sh, k, meta.m, meta.n);
     free(sh);
     return s;
@@ -174,7 +169,7 @@ static dt_status save_sharded(const zc *c, const char *dir) {
     DT_TRY(zc_from_root(c, s0, half, 2, dir));
     nonce = ((uint32_t)half[0] << 16) | (uint32_t)half[1];
     char set[DT_CKPT_SET_MAX];
-    dt_ckpt_set_id(c->t->step, nonce, set);
+    dt_ckpt_set_id(*c->r->step, nonce, set);
     DT_TRY(zc_agree(c, write_my_shard(c, dir, set), dir));
     s0 = c->rank == 0 ? write_index(c, dir, set) : DT_OK;
     return zc_from_root(c, s0, NULL, 0, dir);
@@ -258,7 +253,7 @@ static dt_status save_consolidated(const zc *c, const char *path) {
         for (int j = 0; j < c->nb; j++)
             if (bucket(c, j)->shard > max_shard) max_shard = bucket(c, j)->shard;
         dt_ckpt_meta meta;
-        dt_checkpoint_meta(c->t, dt_zero_optim_step(c->z), &meta);
+        dt_checkpoint_meta(c->r, dt_zero_optim_step(c->z), &meta);
         s0 = consolidated_entries(c, &e, &n);
         if (s0 == DT_OK && !(tmp = malloc(max_shard * sizeof *tmp))) s0 = DT_ERR(DT_ENOMEM, "%s: out of memory", path);
         if (s0 == DT_OK) s0 = dt_st_writer_open(&w, path, e, n, meta.m, meta.n);
@@ -283,10 +278,10 @@ static dt_status save_consolidated(const zc *c, const char *path) {
     return zc_agree(c, comm != DT_OK ? comm : sticky, path);
 }
 
-dt_status dt_zero_save(dt_zero *z, dt_trainer *t, const char *path, dt_zero_ckpt_format fmt) {
-    if (!z || !t || !path || !*path) return DT_ERR(DT_EINVAL, "dt_zero_save: bad arguments");
+dt_status dt_zero_save(dt_zero *z, dt_run *r, const char *path, dt_zero_ckpt_format fmt) {
+    if (!z || !r || !path || !*path) return DT_ERR(DT_EINVAL, "dt_zero_save: bad arguments");
     zc c;
-    dt_status s = dt_zero_sync_params(z), si = zc_init(&c, z, t);
+    dt_status s = dt_zero_sync_params(z), si = zc_init(&c, z, r);
     s = zc_agree(&c, s != DT_OK ? s : si, path);
     if (s == DT_OK) s = fmt == DT_ZERO_CKPT_CONSOLIDATED ? save_consolidated(&c, path) : save_sharded(&c, path);
     zc_free(&c);
@@ -318,7 +313,7 @@ static dt_status read_owned(const zc *c, const dt_ckpt *ck, int k) {
 static dt_status load_local(const zc *c, const dt_ckpt *ck) {
     dt_model *m = c->m;
     int64_t ostep = 0;
-    DT_TRY(dt_checkpoint_apply_meta(c->t, ckpt_get, ck, dt_ckpt_path(ck), &ostep));
+    DT_TRY(dt_checkpoint_apply_meta(c->r, ckpt_get, ck, dt_ckpt_path(ck), &ostep));
     for (int i = 0; i < m->n_params; i++) DT_TRY(dt_ckpt_expect(ck, m->params[i]->name, m->params[i]->value.ndim, m->params[i]->value.shape));
     for (int k = 0; k < c->ns; k++)
         for (int i = 0; i < m->n_params; i++)
@@ -333,12 +328,12 @@ static dt_status load_local(const zc *c, const dt_ckpt *ck) {
     return DT_OK;
 }
 
-dt_status dt_zero_load(dt_zero *z, dt_trainer *t, const char *path) {
-    if (!z || !t || !path || !*path) return DT_ERR(DT_EINVAL, "dt_zero_load: bad arguments");
+dt_status dt_zero_load(dt_zero *z, dt_run *r, const char *path) {
+    if (!z || !r || !path || !*path) return DT_ERR(DT_EINVAL, "dt_zero_load: bad arguments");
     zc c;
     dt_ckpt *ck = NULL;
     /* no all-gather may still read the shards we overwrite */
-    dt_status s = dt_zero_sync_params(z), si = zc_init(&c, z, t);
+    dt_status s = dt_zero_sync_params(z), si = zc_init(&c, z, r);
     if (s == DT_OK) s = si;
     if (s == DT_OK) s = dt_ckpt_open(path, &ck);
     if (s == DT_OK) s = load_local(&c, ck);

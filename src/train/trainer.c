@@ -60,15 +60,21 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
         t->sched = (dt_lr_schedule){o->optim.lr, o->min_lr, o->warmup, o->min_lr < o->optim.lr ? t->total_steps : 0};
         if (o->min_lr == 0 && o->warmup == 0) t->sched.total = 0;   /* constant LR unless asked */
     }
+    if (s == DT_OK) {
+        t->run = (dt_run){.model = t->model, .graph = t->graph, .optim = &t->opts.optim, .clip = o->clip,
+                          .lr = o->optim.lr, .quiet = o->quiet, .step = &t->step, .sampler = &t->sampler,
+                          .seed = o->seed, .rank = t->strat.rank, .world = t->strat.world};
+    }
     if (s == DT_OK && o->resume && !t->strat.load) s = dt_checkpoint_load(t, o->resume);
-    if (s == DT_OK && t->strat.setup) s = t->strat.setup(t->strat.self, t);
-    if (s == DT_OK && o->resume && t->strat.load) s = t->strat.load(t->strat.self, t, o->resume);
+    if (s == DT_OK && t->strat.setup) s = t->strat.setup(t->strat.self, &t->run);
+    if (s == DT_OK && o->resume && t->strat.load) s = t->strat.load(t->strat.self, &t->run, o->resume);
     if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
     if (s == DT_OK && o->trace) {
         char path[4096];
         if (t->strat.world > 1) snprintf(path, sizeof path, "%s.rank%d", o->trace, t->strat.rank);
         else snprintf(path, sizeof path, "%s", o->trace);
         s = dt_trace_open(&t->trace, path, t->strat.rank);
+        t->run.trace = t->trace;
     }
     if (s != DT_OK) { dt_trainer_free(t); return s; }
     *out = t;
@@ -76,7 +82,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
 }
 
 dt_status dt_trainer_save(dt_trainer *t, const char *path) {
-    if (t->strat.save) return t->strat.save(t->strat.self, t, path);
+    if (t->strat.save) return t->strat.save(t->strat.self, &t->run, path);
     return dt_checkpoint_save(t, path);
 }
 
@@ -107,6 +113,8 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     int K = t->opts.accum;
     double loss_sum = 0;
     double t0 = dt_trace_now_us(t->trace);
+    float lr = dt_lr_at(&t->sched, t->step);
+    t->run.lr = lr;
     for (int k = 0; k < K; k++) {
         int last = k == K - 1;
         if (next_batch(t) < t->opts.batch)
@@ -115,7 +123,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
         dt_trainer_fill_batch(t, 0, t->idx, t->opts.batch, &b);
         dt_graph_reset(t->graph);
         dt_graph_set_training(t->graph, 1);
-        if (t->strat.before_forward) DT_TRY(t->strat.before_forward(t->strat.self, t, last));
+        if (t->strat.before_forward) DT_TRY(t->strat.before_forward(t->strat.self, &t->run, last));
         double f0 = dt_trace_now_us(t->trace);
         dt_tensor *loss = dt_model_forward(m, t->graph, &b, NULL);
         if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;
@@ -124,12 +132,11 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
         loss_sum += dt_f32(loss)[0];
         DT_TRY(dt_graph_backward_scaled(t->graph, loss, 1.0f / (float)K));
         dt_trace_event(t->trace, "backward", "compute", 0, f1, dt_trace_now_us(t->trace));
-        if (t->strat.after_backward) DT_TRY(t->strat.after_backward(t->strat.self, t, last));
+        if (t->strat.after_backward) DT_TRY(t->strat.after_backward(t->strat.self, &t->run, last));
     }
     double o0 = dt_trace_now_us(t->trace);
-    float lr = dt_lr_at(&t->sched, t->step);
     if (t->strat.owns_optimizer) {
-        DT_TRY(t->strat.step(t->strat.self, t, lr));
+        DT_TRY(t->strat.step(t->strat.self, &t->run, lr));
     } else {
         float scale = 1.0f;
         if (t->opts.clip > 0) {
@@ -160,7 +167,7 @@ dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) 
     int64_t n_items = image ? t->img_test.count : dt_token_windows(&t->tok_val, (int)t->opts.seq);
     int64_t limit = image ? n_items : (t->opts.eval_batches ? t->opts.eval_batches * B : n_items);
     if (limit > n_items) limit = n_items;
-    if (t->strat.sync_params) DT_TRY(t->strat.sync_params(t->strat.self, t));
+    if (t->strat.sync_params) DT_TRY(t->strat.sync_params(t->strat.self, &t->run));
     int prev_grad = dt_graph_set_grad_enabled(t->graph, 0);
     dt_graph_set_training(t->graph, 0);
     double sums[3] = {0, 0, 0};   /* loss * rows, correct, rows */

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "dtrain/io.h"
 #include "util/atomic_file.h"
 
 /* Distinguishes temp files of concurrent writers within one process. */

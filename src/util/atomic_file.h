@@ -24,5 +24,7 @@ dt_status dt_atomic_write(dt_atomic_file *af, const void *bytes, size_t n);
 dt_status dt_atomic_commit(dt_atomic_file *af);
 /* Close and remove the temp file; releases af. Safe on a zeroed af. */
 void dt_atomic_discard(dt_atomic_file *af);
+/* The whole file in one call (also public in io.h). */
+dt_status dt_write_file_atomic(const char *path, const void *bytes, size_t n);
 
 #endif

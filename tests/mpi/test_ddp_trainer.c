@@ -3,6 +3,7 @@
  * same parameters, the same reported loss and the same evaluation. */
 #include "test_dist_util.h"
 #include "ddp_testutil.h"
+#include "dtrain/train.h"
 
 static dt_pg *world;
 static char text_path[256];

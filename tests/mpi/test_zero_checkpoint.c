@@ -13,6 +13,7 @@
  *    ranks and a save onto a regular file fail on every rank, no hang. */
 #include "test_dist_util.h"
 #include "ddp_testutil.h"
+#include "dtrain/train.h"
 #include "dtrain/zero.h"
 #include "tmpdir.h"
 
@@ -41,6 +42,8 @@ static dt_trainer *shell(dt_model *m, const dt_optim_cfg *oc, int rank, int w, i
     t->model = m;
     t->strat = (dt_strategy){.name = owns ? "zero" : "single", .rank = rank, .world = w, .owns_optimizer = owns};
     DTT_OK(dt_sampler_init(&t->sampler, 960, 5, 1, rank, w, 0));
+    t->run = (dt_run){.model = m, .optim = &t->opts.optim, .step = &t->step, .sampler = &t->sampler, .seed = 5,
+                      .rank = rank, .world = w};
     return t;
 }
 
@@ -167,7 +170,7 @@ static void reload(const model_case *mc, const char *path, dt_pg *pg, int stage,
     dt_graph *g = dt_graph_create();
     dt_zero *z = make_zero(m, pg, &mc->oc, stage, 2048, 8192, DT_ZERO_OVERLAP_AFTER_BACKWARD);
     dt_trainer *t = shell(m, &mc->oc, r, w, 1);
-    DTT_OK(dt_zero_load(z, t, path));
+    DTT_OK(dt_zero_load(z, &t->run, path));
     DTT_CHECK(t->step == 3);
     DTT_CHECK(dt_zero_optim_step(z) == 3);
     DTT_CHECK(t->sampler.epoch == 1 && t->sampler.cursor == 6 * N / w);
@@ -234,10 +237,10 @@ static void run_case(const model_case *mc) {
     dt_trainer *t = shell(m, &mc->oc, me, N, 1);
     t->step = 3;
     DTT_OK(dt_sampler_seek(&t->sampler, 1, 6));
-    DTT_OK(dt_zero_save(z, t, set, DT_ZERO_CKPT_SHARDED));
-    DTT_OK(dt_zero_save(z, t, set, DT_ZERO_CKPT_SHARDED));   /* overwrite: a new set replaces the old */
-    DTT_OK(dt_zero_save(z, t, set2, DT_ZERO_CKPT_SHARDED));
-    DTT_OK(dt_zero_save(z, t, file, DT_ZERO_CKPT_CONSOLIDATED));
+    DTT_OK(dt_zero_save(z, &t->run, set, DT_ZERO_CKPT_SHARDED));
+    DTT_OK(dt_zero_save(z, &t->run, set, DT_ZERO_CKPT_SHARDED));   /* overwrite: a new set replaces the old */
+    DTT_OK(dt_zero_save(z, &t->run, set2, DT_ZERO_CKPT_SHARDED));
+    DTT_OK(dt_zero_save(z, &t->run, file, DT_ZERO_CKPT_CONSOLIDATED));
     dt_safetensors ref;
     DTT_OK(dt_safetensors_load(file, &ref));   /* the strict reader accepts it */
     if (mc->stage < 3) check_full_params(m, &ref, "consolidated vs live parameters");
@@ -247,7 +250,7 @@ static void run_case(const model_case *mc) {
     /* the uninterrupted run's next step, for the continuation checks */
     zstep(z, m, g, 3, me);
     t->step = 4;
-    DTT_OK(dt_zero_save(z, t, after_file, DT_ZERO_CKPT_CONSOLIDATED));
+    DTT_OK(dt_zero_save(z, &t->run, after_file, DT_ZERO_CKPT_CONSOLIDATED));
     dt_safetensors after;
     DTT_OK(dt_safetensors_load(after_file, &after));
     shell_free(t);
@@ -288,19 +291,19 @@ static void test_failures(const model_case *mc) {
         copy_file(from, to);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    expect_all_fail(dt_zero_load(z, t, set), "set");
+    expect_all_fail(dt_zero_load(z, &t->run, set), "set");
     /* missing on ranks > 0 only: rank 0 reads fine but must fail too */
     char missing[300];
     snprintf(missing, sizeof missing, "%s/nothing-here", dir);
-    expect_all_fail(dt_zero_load(z, t, me == 0 ? set2 : missing), me == 0 ? "failed on" : "nothing-here");
+    expect_all_fail(dt_zero_load(z, &t->run, me == 0 ? set2 : missing), me == 0 ? "failed on" : "nothing-here");
     /* sharded save onto a regular file */
-    expect_all_fail(dt_zero_save(z, t, file, DT_ZERO_CKPT_SHARDED), me == 0 ? "not a directory" : "failed on rank 0");
+    expect_all_fail(dt_zero_save(z, &t->run, file, DT_ZERO_CKPT_SHARDED), me == 0 ? "not a directory" : "failed on rank 0");
     /* consolidated save into a missing directory */
     char bad[300];
     snprintf(bad, sizeof bad, "%s/no/such/dir.safetensors", dir);
-    expect_all_fail(dt_zero_save(z, t, bad, DT_ZERO_CKPT_CONSOLIDATED), me == 0 ? "no/such" : "failed on rank 0");
+    expect_all_fail(dt_zero_save(z, &t->run, bad, DT_ZERO_CKPT_CONSOLIDATED), me == 0 ? "no/such" : "failed on rank 0");
     /* still usable afterwards */
-    DTT_OK(dt_zero_load(z, t, set2));
+    DTT_OK(dt_zero_load(z, &t->run, set2));
     shell_free(t);
     dt_zero_free(z);
     dt_model_free(m);

@@ -1,0 +1,98 @@
+/* dtrain/strategy.h — the contract between the training loop and a parallel
+ * strategy (DDP, ZeRO, later pipeline stages).
+ *
+ * The trainer (train.h) defines this interface and strategies (parallel.h,
+ * zero.h) implement it; both include this header and neither includes the
+ * other, so the layers stay ordered: ... io -> dist -> strategy -> parallel
+ * -> train -> cli.
+ *
+ * A strategy sees the run only through dt_run: the model and its tape, the
+ * trace, the few options it needs and the run's position (step, data order,
+ * RNG) that a checkpoint records. The trainer fills dt_run when it is created
+ * and keeps it current; a strategy reads it and, in load(), restores the
+ * position through dt_checkpoint_apply_meta.
+ *
+ * One step as the trainer drives it (hooks are optional; NULL = nothing):
+ *
+ *   setup(run)                                   once, after the model exists (and before load)
+ *   for each of K micro-batches:
+ *       before_forward(run, last)                last = 1 on the micro-step that reduces
+ *       forward + backward on run->graph
+ *       after_backward(run, last)
+ *   owns_optimizer ? step(run, lr) : the trainer clips, steps, zeroes grads
+ *   allreduce_sum(loss)                          metrics agreed over ranks
+ */
+#ifndef DTRAIN_STRATEGY_H
+#define DTRAIN_STRATEGY_H
+
+#include "dtrain/data.h"
+#include "dtrain/io.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+
+/* What the trainer shares with its strategy. Pointers are owned by the
+ * trainer and valid from setup() to destroy(). */
+typedef struct dt_run {
+    dt_model *model;
+    dt_graph *graph;              /* the tape every micro-step records on */
+    dt_trace *trace;              /* NULL: tracing off */
+    const dt_optim_cfg *optim;    /* hyper-parameters (a strategy may own the state) */
+    float clip;                   /* max global gradient norm; 0 = off */
+    float lr;                     /* learning rate of the step being run */
+    int quiet;                    /* 1: strategies print nothing */
+    /* position: what a checkpoint records besides tensors */
+    int64_t *step;                /* completed optimizer steps */
+    dt_sampler *sampler;          /* epoch + cursor of the data order */
+    uint64_t seed;
+    int rank, world;              /* this rank in the strategy's group */
+} dt_run;
+
+typedef struct dt_strategy {
+    const char *name;
+    int rank, world;
+    void *self;
+    /* after model creation/load, before the first step (e.g. broadcast from rank 0) */
+    dt_status (*setup)(void *self, dt_run *run);
+    /* before a micro-step's forward; last = 1 on the micro-step that reduces */
+    dt_status (*before_forward)(void *self, dt_run *run, int last);
+    /* after the micro-step's backward */
+    dt_status (*after_backward)(void *self, dt_run *run, int last);
+    /* sum a few doubles across ranks (metrics, norms, eval counts) */
+    dt_status (*allreduce_sum)(void *self, double *x, int n);
+    void (*destroy)(void *self);
+    /* Strategies that shard the optimizer (ZeRO) set owns_optimizer and the
+     * three hooks below: the trainer then allocates no optimizer state, calls
+     * step() instead of its own clip + step + zero_grad, and routes
+     * checkpoints through save()/load() (load runs after setup()). */
+    int owns_optimizer;
+    /* forward passes are collective (ZeRO-3 gathers): evaluation then runs
+     * the same number of forwards on every rank */
+    int collective_forward;
+    dt_status (*step)(void *self, dt_run *run, float lr);
+    dt_status (*save)(void *self, dt_run *run, const char *path);
+    dt_status (*load)(void *self, dt_run *run, const char *path);
+    /* before evaluation / final use of the parameters (e.g. wait for gathers) */
+    dt_status (*sync_params)(void *self, dt_run *run);
+} dt_strategy;
+
+/* ---- checkpoint metadata ----
+ * Every checkpoint, whoever writes it, carries: format, model kind, optimizer,
+ * step, optim_step, data position (epoch, cursor), seed, world size and the
+ * dropout RNG. Values point into *out. */
+#define DT_CKPT_META_MAX 16
+typedef struct dt_ckpt_meta { dt_st_meta m[DT_CKPT_META_MAX]; char v[DT_CKPT_META_MAX][64]; int n; } dt_ckpt_meta;
+void dt_checkpoint_meta(const dt_run *run, int64_t optim_step, dt_ckpt_meta *out);
+/* Checks format/model/optimizer and restores step, data position (converted
+ * when the checkpoint's world size differs) and RNG from a key -> value
+ * lookup; *optim_step gets the optimizer's step count. `what` names the file
+ * in errors. */
+typedef const char *(*dt_ckpt_meta_get)(const void *src, const char *key);
+/* Only the identity part (format, model kind, optimizer): call it before
+ * reading tensors so a wrong checkpoint is named, not a shape mismatch. */
+dt_status dt_checkpoint_check_identity(const dt_run *run, dt_ckpt_meta_get get, const void *src, const char *what);
+dt_status dt_checkpoint_apply_meta(dt_run *run, dt_ckpt_meta_get get, const void *src,
+                                   const char *what, int64_t *optim_step);
+/* Checkpoint names of optimizer state k: "exp_avg"/"exp_avg_sq" (AdamW), "momentum" (SGD). */
+const char *dt_checkpoint_state_name(const dt_optim_cfg *c, int k);
+
+#endif

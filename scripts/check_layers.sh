@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Layering check: every file may include headers of its own layer or of layers
+# below it, never above. Exit 1 listing each violation; 0 when the order holds.
+#
+#   scripts/check_layers.sh [ROOT]      (ROOT defaults to the repository)
+#
+# The order, bottom to top (docs/ARCHITECTURE.md explains each layer):
+#   util tensor autograd ops nn optim data io dist strategy parallel train cli
+# A file's layer: include/dtrain/<h> by the table below, src/<layer>/*, cli/*.
+# An include's layer: "dtrain/<h>" by the table, "<layer>/x.h" (another
+# layer's internal header) by its folder, a bare "x.h" is the file's own folder.
+# tests/, bench/ and examples/ sit on top and are not checked.
+set -euo pipefail
+root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+
+layers=(util tensor autograd ops nn optim data io dist strategy parallel train cli)
+declare -A rank
+for i in "${!layers[@]}"; do rank[${layers[$i]}]=$i; done
+
+# public header -> layer
+declare -A header=(
+  [error.h]=util [tensor.h]=tensor [autograd.h]=autograd [ops.h]=ops [nn.h]=nn
+  [optim.h]=optim [data.h]=data [io.h]=io [trace.h]=io [dist.h]=dist
+  [strategy.h]=strategy [parallel.h]=parallel [zero.h]=parallel [train.h]=train
+  [dtrain.h]=cli
+)
+
+bad=0
+fail() { echo "layering: $*" >&2; bad=1; }
+
+layer_of_file() {   # path relative to root -> layer name (empty: not checked)
+  case $1 in
+    include/dtrain/*) local h=${1#include/dtrain/}
+                      [ -n "${header[$h]:-}" ] || { fail "$1: header not in the layer table of scripts/check_layers.sh"; return; }
+                      echo "${header[$h]}" ;;
+    src/*/*)          local l=${1#src/}; echo "${l%%/*}" ;;
+    cli/*)            echo cli ;;
+  esac
+}
+
+cd "$root"
+files=$(find include/dtrain src cli -name '*.[ch]' 2>/dev/null | sort)
+[ -n "$files" ] || { echo "layering: no sources under $root" >&2; exit 1; }
+for f in $files; do
+  fl=$(layer_of_file "$f")
+  [ -n "$fl" ] || continue
+  [ -n "${rank[$fl]:-}" ] || { fail "$f: folder src/$fl is not a layer (add it to scripts/check_layers.sh)"; continue; }
+  while IFS=: read -r line inc; do
+    case $inc in
+      dtrain/*) il=${header[${inc#dtrain/}]:-}
+                [ -n "$il" ] || { fail "$f:$line: includes $inc, which is not in the layer table"; continue; } ;;
+      */*)      il=${inc%%/*} ;;
+      *)        il=$fl ;;
+    esac
+    [ -n "${rank[$il]:-}" ] || { fail "$f:$line: includes $inc from unknown layer '$il'"; continue; }
+    if [ "${rank[$il]}" -gt "${rank[$fl]}" ]; then
+      fail "$f:$line: layer '$fl' includes $inc of higher layer '$il'"
+    fi
+  done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" | sed -E 's/^([0-9]+):.*"([^"]+)".*/\1:\2/')
+done
+
+if [ $bad -ne 0 ]; then
+  echo "layering: FAILED (order: ${layers[*]})" >&2
+  exit 1
+fi
+echo "layering: ok ($(echo "$files" | wc -l) files; order: ${layers[*]})"

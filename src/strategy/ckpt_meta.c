@@ -1,0 +1,96 @@
+/* Checkpoint metadata shared by every checkpoint writer (the trainer's single
+ * file, ZeRO's sharded and consolidated sets): run identity, position, RNG. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dtrain/strategy.h"
+
+const char *dt_checkpoint_state_name(const dt_optim_cfg *c, int k) {
+    if (c->kind == DT_OPTIM_SGD) return "momentum";
+    return k == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+static const char *optim_name(const dt_run *r) {
+    return r->optim->kind == DT_OPTIM_SGD ? "sgd" : "adamw";
+}
+
+static void meta_add(dt_ckpt_meta *mb, const char *key, const char *fmt, unsigned long long v) {
+    snprintf(mb->v[mb->n], sizeof mb->v[0], fmt, v);
+    mb->m[mb->n] = (dt_st_meta){key, mb->v[mb->n]};
+    mb->n++;
+}
+
+void dt_checkpoint_meta(const dt_run *r, int64_t optim_step, dt_ckpt_meta *mb) {
+    const dt_model *m = r->model;
+    mb->n = 0;
+    mb->m[mb->n++] = (dt_st_meta){"format", "dtrain-checkpoint-1"};
+    mb->m[mb->n++] = (dt_st_meta){"model", dt_model_kind_name(m->cfg.kind)};
+    mb->m[mb->n++] = (dt_st_meta){"optimizer", optim_name(r)};
+    meta_add(mb, "step", "%llu", (unsigned long long)*r->step);
+    meta_add(mb, "optim_step", "%llu", (unsigned long long)optim_step);
+    meta_add(mb, "epoch", "%llu", (unsigned long long)r->sampler->epoch);
+    meta_add(mb, "cursor", "%llu", (unsigned long long)r->sampler->cursor);
+    meta_add(mb, "seed", "%llu", (unsigned long long)r->seed);
+    meta_add(mb, "world", "%llu", (unsigned long long)r->world);
+    meta_add(mb, "rng0", "%016llx", (unsigned long long)m->dropout_rng.s[0]);
+    meta_add(mb, "rng1", "%016llx", (unsigned long long)m->dropout_rng.s[1]);
+}
+
+static dt_status meta_u64(dt_ckpt_meta_get get, const void *src, const char *what, const char *key, int hex,
+                          uint64_t *out) {
+    const char *v = get(src, key);
+    if (!v) return DT_ERR(DT_EFORMAT, "%s: checkpoint metadata lacks '%s'", what, key);
+    char *end;
+    *out = strtoull(v, &end, hex ? 16 : 10);
+    if (*v == 0 || *end || *v == '-') return DT_ERR(DT_EFORMAT, "%s: metadata '%s' = '%s' is not a number", what, key, v);
+    return DT_OK;
+}
+
+/* format / model / optimizer match this run. */
+dt_status dt_checkpoint_check_identity(const dt_run *r, dt_ckpt_meta_get get, const void *src, const char *what) {
+    const char *fmt = get(src, "format"), *kind = get(src, "model"), *opt = get(src, "optimizer");
+    const char *have = dt_model_kind_name(r->model->cfg.kind);
+    if (!fmt || strcmp(fmt, "dtrain-checkpoint-1"))
+        return DT_ERR(DT_EFORMAT, "%s: not a dtrain checkpoint (format '%s')", what, fmt ? fmt : "missing");
+    if (!kind || strcmp(kind, have))
+        return DT_ERR(DT_EFORMAT, "%s: checkpoint is for model '%s', this run is '%s'", what, kind ? kind : "?", have);
+    if (!opt || strcmp(opt, optim_name(r)))
+        return DT_ERR(DT_EFORMAT, "%s: checkpoint optimizer is '%s', this run uses '%s'", what, opt ? opt : "?",
+                      optim_name(r));
+    return DT_OK;
+}
+
+dt_status dt_checkpoint_apply_meta(dt_run *r, dt_ckpt_meta_get get, const void *src,
+                                   const char *what, int64_t *optim_step) {
+    DT_TRY(dt_checkpoint_check_identity(r, get, src, what));
+    uint64_t step = 0, ostep = 0, epoch = 0, cursor = 0, world = 0, r0 = 0, r1 = 0;
+    DT_TRY(meta_u64(get, src, what, "step", 0, &step));
+    DT_TRY(meta_u64(get, src, what, "optim_step", 0, &ostep));
+    DT_TRY(meta_u64(get, src, what, "epoch", 0, &epoch));
+    DT_TRY(meta_u64(get, src, what, "cursor", 0, &cursor));
+    DT_TRY(meta_u64(get, src, what, "world", 0, &world));
+    DT_TRY(meta_u64(get, src, what, "rng0", 1, &r0));
+    DT_TRY(meta_u64(get, src, what, "rng1", 1, &r1));
+    if (world < 1 || world > INT32_MAX || cursor > INT64_MAX / world || step > INT64_MAX || ostep > INT64_MAX ||
+        epoch > INT64_MAX)
+        return DT_ERR(DT_EFORMAT, "%s: metadata out of range (world %llu, cursor %llu)", what,
+                      (unsigned long long)world, (unsigned long long)cursor);
+    /* Strided sampler: local position p of W ranks is global position p * W. */
+    uint64_t global = cursor * world, now = (uint64_t)r->world;
+    if (global % now)
+        return DT_ERR(DT_EINVAL, "%s: saved at world size %llu after %llu samples of epoch %llu, which %llu ranks "
+                      "cannot split evenly (resume with a world size dividing %llu)", what,
+                      (unsigned long long)world, (unsigned long long)global, (unsigned long long)epoch,
+                      (unsigned long long)now, (unsigned long long)global);
+    if (dt_sampler_seek(r->sampler, (int64_t)epoch, (int64_t)(global / now)) != DT_OK)
+        return DT_ERR(DT_EFORMAT, "%s: data position (epoch %llu, cursor %llu at world size %llu) invalid for this "
+                      "dataset/world size: %s", what, (unsigned long long)epoch, (unsigned long long)cursor,
+                      (unsigned long long)world, dt_error_message());
+    *r->step = (int64_t)step;
+    r->model->dropout_rng.s[0] = r0;
+    r->model->dropout_rng.s[1] = r1;
+    if (optim_step) *optim_step = (int64_t)ostep;
+    return DT_OK;
+}
+
