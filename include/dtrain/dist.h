@@ -73,13 +73,8 @@
  *    with DT_ECOMM. Nothing in this layer exits or aborts.
  *  - Reductions through MPI are issued in pieces of opts.segment_bytes
  *    (4 MiB): in one piece, Open MPI page-faults a fresh temporary of the
- *    message size on every call (64 MiB MPI_Allreduce on shared memory:
- *    200 ms; dt_allreduce: 12 ms). From 64 KiB to 16 MiB dt_allreduce runs
- *    at 0.9-1.08x the time of a raw MPI_Allreduce, on shared memory and on
- *    a 1 Gbit/s link (bench/bench_comm bw). Since blocking calls also take
- *    the non-blocking path (section 4): 0.5-1.0x on shared memory at 64 KiB
- *    to 64 MiB, but a few floats take ~1 us more (2 ranks; up to ~10 us with
- *    4 ranks on 2 cores) than MPI's blocking algorithm.
+ *    message size on every call. Blocking calls take the non-blocking path
+ *    too (section 4). Figures: docs/PERFORMANCE.md, "Collectives".
  *
  * 4. Progress
  * -----------
@@ -106,22 +101,10 @@
  *                     computes. poll/tick are no-ops. Costs a thread per group
  *                     that competes for a core.
  *
- * Measured (bench/bench_comm overlap, 2 ranks, 2 cores, 16 MiB f32 allreduce
- * overlapped with ~200 ms of register-only compute that calls dt_dist_tick
- * every ~0.1 ms; best of 5; the machine was shared, so +-10 points of noise):
- *
- *                       shared memory (vader)       1 Gbit/s TCP (netsim, 1 core/rank)
- *   allreduce alone     2.5 ms                      142 ms
- *   DT_PROGRESS_POLL    ~0% hidden, compute x1.02   61-75% hidden, compute x1.2-1.3
- *   DT_PROGRESS_THREAD  ~0% hidden, compute x1.01   48-56% hidden, compute x1.1
- *   THREAD, no yield    -                           7-24% hidden (comm thread spins)
- *   no progress at all  ~0%                         2% (the op only runs in the wait)
- *
- * On shared memory the "communication" is memcpy work by the ranks
- * themselves; with ranks == cores nothing can hide it (a 64 MiB allreduce,
- * 7.7 ms alone, costs ~8-10 ms of a 100 ms step in either mode). Over TCP the
- * link does the work and polling hides most of it; the remaining cost is the
- * kernel's TCP processing on the rank's own core.
+ * On shared memory the "communication" is copying done by the ranks
+ * themselves, so with as many ranks as cores nothing hides it; over TCP the
+ * link does the work and polling hides most of it (measured per mode:
+ * docs/PERFORMANCE.md, "Progress modes").
  * Default: DT_PROGRESS_POLL — it hid more on the slow link, costs no extra
  * thread (ranks == cores here), keeps every MPI call on the caller's thread
  * (MPI_THREAD_SERIALIZED suffices) and its cost is one clock read per tick.
@@ -157,10 +140,8 @@
  * messages: rank r sums slice r over all ranks in rank order (so the result
  * is the deterministic one of section 5 at any world size) and stores it into
  * every rank's buffer. Each rank's buffer is read and written once,
- * instead of the copies into and out of MPI's shared-memory segments.
- * Measured, 2 ranks: in-place allreduce of 1 MiB 23 us vs 172 us for
- * MPI_Allreduce, 16 MiB 0.8 vs 2.3 ms (bench_comm shm); W3's 57 MB gradient
- * reduced after backward 4.0-4.7 ms vs 18 ms (bench_train --no-overlap).
+ * instead of the copies into and out of MPI's shared-memory segments
+ * (about 3x less time: docs/PERFORMANCE.md, "Collectives").
  * It is a collective like any other: issue order, handles and tracing are the
  * same; in POLL mode its work is done when this rank polls the group (tick,
  * poll, or any wait: a wait polls every group with work in flight). Free

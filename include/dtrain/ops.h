@@ -14,8 +14,8 @@
 /* ---- floating-point mode of the compute threads ----
  * Denormal floats (|x| < 1.2e-38) take a slow path in x86 SIMD arithmetic.
  * Late in training, gradients and AdamW's second moments underflow into that
- * range and backward and the optimizer slow down several-fold (W3, 2 ranks:
- * 77 -> 320 ms/step within 100 steps). on = 1 sets flush-to-zero and
+ * range and backward and the optimizer slow down several-fold
+ * (docs/PERFORMANCE.md). on = 1 sets flush-to-zero and
  * denormals-are-zero on the calling thread and on every OpenMP worker (call
  * it after choosing the thread count); 0 restores IEEE behaviour. The trainer
  * turns it on unless dt_train_opts.keep_denormals. DT_EINVAL off x86. */

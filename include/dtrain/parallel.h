@@ -67,8 +67,8 @@ typedef enum dt_ddp_shm {
 
 typedef struct dt_ddp_opts {
     size_t first_bucket_bytes;   /* default 1 MiB */
-    size_t bucket_bytes;         /* default 1 MiB: bench_train W1/W3 ms/step equal to 4 MiB on shared
-                                    memory; on a 1 Gbit/s link 84% of the communication hidden vs 74-78% */
+    size_t bucket_bytes;         /* default 1 MiB (hides more on a slow link than 4 MiB, costs nothing
+                                    on shared memory: docs/PERFORMANCE.md) */
     int find_unused_params;      /* 0: a parameter without gradient is an error naming it */
     int broadcast_buffers;       /* 1: rank 0's buffers (BatchNorm stats) broadcast before each forward
                                     and after each reduction (ranks end every step with equal buffers) */
@@ -82,8 +82,7 @@ typedef struct dt_ddp_opts {
                                     exclusive with sync_bn */
     dt_ddp_shm shm;              /* default AUTO: the model's gradient buffer moves into memory every
                                     rank of the machine shares (dist.h section 6) and buckets are
-                                    summed there, rank-ordered, with no messages: W3, 2 ranks,
-                                    81-84 -> 68-69 ms/step (bench_train) */
+                                    summed there, rank-ordered, with no messages */
 } dt_ddp_opts;
 
 void dt_ddp_opts_default(dt_ddp_opts *o);
