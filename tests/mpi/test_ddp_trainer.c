@@ -1,7 +1,7 @@
 /* The trainer with the DDP strategy: tiny GPT-2 on a small text file for a few
  * steps (with and without gradient accumulation); every rank ends with the
  * same parameters, the same reported loss and the same evaluation. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "ddp_testutil.h"
 
 static dt_pg *world;
@@ -9,12 +9,12 @@ static char text_path[256];
 
 static void write_corpus(void) {
     char dir[128] = "";
-    if (dtt_rank() == 0) {
+    if (t_rank() == 0) {
         strcpy(dir, "/tmp/dt_ddp_trainer_XXXXXX");
-        DTT_CHECK(mkdtemp(dir) != NULL);
+        T_CHECK(mkdtemp(dir) != NULL);
         snprintf(text_path, sizeof text_path, "%s/corpus.txt", dir);
         FILE *f = fopen(text_path, "w");
-        DTT_CHECK(f != NULL);
+        T_CHECK(f != NULL);
         for (int i = 0; i < 300; i++) fprintf(f, "the quick brown fox %d jumps over the lazy dog.\n", i * 7 % 13);
         fclose(f);
     }
@@ -37,48 +37,48 @@ static void run_trainer(int accum, int det) {
     d.bucket_bytes = 16384;
     d.deterministic = det;
     dt_strategy s;
-    DTT_OK(dt_ddp_strategy(world, &d, &s));
-    DTT_CHECK(s.world == dt_pg_size(world) && s.rank == dt_pg_rank(world));
+    T_OK(dt_ddp_strategy(world, &d, &s));
+    T_CHECK(s.world == dt_pg_size(world) && s.rank == dt_pg_rank(world));
     dt_trainer *t;
-    DTT_OK(dt_trainer_create(&o, &s, &t));
-    float *init = dtt_copy(t->model->param_flat.data, t->model->param_flat.numel);
-    dtt_expect_same_across_ranks(init, t->model->param_flat.numel, "trainer params after setup");
+    T_OK(dt_trainer_create(&o, &s, &t));
+    float *init = t_copy(t->model->param_flat.data, t->model->param_flat.numel);
+    T_SAME_ON_RANKS(init, t->model->param_flat.numel, "trainer params after setup");
     for (int i = 0; i < 4; i++) {
         double loss = 0;
-        DTT_OK(dt_trainer_step(t, &loss));
+        T_OK(dt_trainer_step(t, &loss));
         float lf = (float)loss;
-        DTT_CHECK(isfinite(lf));
-        dtt_expect_same_across_ranks(&lf, 1, "reported loss");
+        T_CHECK(isfinite(lf));
+        T_SAME_ON_RANKS(&lf, 1, "reported loss");
     }
     size_t n = t->model->param_flat.numel;
-    DTT_CHECK(dtt_differs(t->model->param_flat.data, init, n));
-    dtt_expect_same_across_ranks(t->model->param_flat.data, n, "trainer params after steps");
+    T_CHECK(t_differs(t->model->param_flat.data, init, n));
+    T_SAME_ON_RANKS(t->model->param_flat.data, n, "trainer params after steps");
     double el = 0, acc = 0;
-    DTT_OK(dt_trainer_evaluate(t, &el, &acc));
+    T_OK(dt_trainer_evaluate(t, &el, &acc));
     float ef = (float)el;
-    dtt_expect_same_across_ranks(&ef, 1, "evaluation loss");
+    T_SAME_ON_RANKS(&ef, 1, "evaluation loss");
     free(init);
     dt_trainer_free(t);
 }
 
 static void test_trainer(void) {
-    dtt_begin("trainer + dt_ddp_strategy: identical parameters on every rank");
+    t_begin("trainer + dt_ddp_strategy: identical parameters on every rank");
     write_corpus();
     run_trainer(1, 0);
     run_trainer(2, 1);
-    if (dtt_rank() == 0) {
+    if (t_rank() == 0) {
         remove(text_path);
         char *slash = strrchr(text_path, '/');
         *slash = 0;
         rmdir(text_path);
     }
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_trainer();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }
