@@ -28,14 +28,32 @@ foreach(src ${DT_UNIT_TESTS})
   set_tests_properties(${DT_LAST_TEST} PROPERTIES LABELS unit ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 900)
 endforeach()
 
+# The progress mode comes from DTRAIN_PROGRESS, which dt_dist_init honours
+# (tests/common/mpi_check.h: t_init checks the mode matches it). Every MPI
+# test runs in POLL mode at np 2 and 4; the communication tests below run again
+# in THREAD mode at np 2 and 4 (name suffix _thread_npN).
+set(DT_MPI_THREAD_TESTS test_dist_collectives test_dist_deterministic test_dist_shm
+    test_ddp_equivalence test_ddp_hooks test_ddp_join test_ddp_accum test_ddp_buffers)
 file(GLOB DT_MPI_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/test_*.c)
 foreach(src ${DT_MPI_TESTS})
   dt_add_test_exe(${src})
   foreach(np 2 4)
     add_test(NAME ${DT_LAST_TEST}_np${np} COMMAND ${DT_MPIEXEC} -n ${np} $<TARGET_FILE:${DT_LAST_TEST}>)
     set_tests_properties(${DT_LAST_TEST}_np${np} PROPERTIES LABELS mpi PROCESSORS ${np}
-      ENVIRONMENT "OMP_NUM_THREADS=1" TIMEOUT 600)
+      ENVIRONMENT "OMP_NUM_THREADS=1;DTRAIN_PROGRESS=poll" TIMEOUT 600)
   endforeach()
+  if(DT_LAST_TEST IN_LIST DT_MPI_THREAD_TESTS)
+    foreach(np 2 4)
+      add_test(NAME ${DT_LAST_TEST}_thread_np${np} COMMAND ${DT_MPIEXEC} -n ${np} $<TARGET_FILE:${DT_LAST_TEST}>)
+      set_tests_properties(${DT_LAST_TEST}_thread_np${np} PROPERTIES LABELS mpi PROCESSORS ${np}
+        ENVIRONMENT "OMP_NUM_THREADS=1;DTRAIN_PROGRESS=thread" TIMEOUT 600)
+    endforeach()
+  endif()
+endforeach()
+foreach(name ${DT_MPI_THREAD_TESTS})
+  if(NOT TARGET ${name})
+    message(FATAL_ERROR "DT_MPI_THREAD_TESTS names ${name}, which is not a tests/mpi program")
+  endif()
 endforeach()
 
 file(GLOB DT_SLOW_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/slow/test_*.c)

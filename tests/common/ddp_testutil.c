@@ -6,26 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *cur_test = "";
-
-int dtt_rank(void) { int r = 0; MPI_Comm_rank(MPI_COMM_WORLD, &r); return r; }
-int dtt_size(void) { int n = 1; MPI_Comm_size(MPI_COMM_WORLD, &n); return n; }
-
-void dtt_fail(const char *file, int line, const char *what) {
-    fprintf(stderr, "rank %d: %s:%d: [%s] check failed: %s (last dtrain error: %s: %s)\n", dtt_rank(), file, line,
-            cur_test, what, dt_status_name(dt_error_code()), dt_error_message());
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    exit(1);
-}
-
-void dtt_begin(const char *name) { cur_test = name; }
-void dtt_end(void) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (dtt_rank() == 0) printf("ok %s (np=%d)\n", cur_test, dtt_size());
-    fflush(stdout);
-}
-
 /* ---- models ---- */
 dt_model_cfg dtt_mlp_cfg(int in, int h1, int h2, int out) {
     dt_model_cfg c = dt_model_cfg_default(DT_MODEL_MLP);
@@ -57,7 +37,7 @@ uint64_t dtt_key(int step, int rank, int micro) {
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
-    DTT_CHECK(p != NULL);
+    T_CHECK(p != NULL);
     return p;
 }
 
@@ -144,14 +124,14 @@ dt_optim_cfg dtt_adamw(float lr, float wd) {
 
 void dtt_net_init(dtt_net *n, const dt_model_cfg *c, uint64_t seed, const dt_optim_cfg *oc) {
     memset(n, 0, sizeof *n);
-    DTT_OK(dt_model_create(c, seed, &n->m));
+    T_OK(dt_model_create(c, seed, &n->m));
     n->g = dt_graph_create();
-    DTT_CHECK(n->g != NULL);
+    T_CHECK(n->g != NULL);
     dt_model *m = n->m;
     dt_optim_segment *segs = xmalloc((size_t)m->n_params * sizeof *segs);
     for (int i = 0; i < m->n_params; i++)
         segs[i] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay};
-    DTT_OK(dt_optimizer_init(&n->opt, oc, segs, m->n_params, 0, m->param_flat.numel));
+    T_OK(dt_optimizer_init(&n->opt, oc, segs, m->n_params, 0, m->param_flat.numel));
     free(segs);
     n->lr = oc->lr;
 }
@@ -165,19 +145,19 @@ void dtt_net_free(dtt_net *n) {
 
 float dtt_fwd_bwd(dtt_net *n, dt_ddp *d, int sync, const dt_batch *b, float scale, const float **logits) {
     dt_graph_reset(n->g);
-    if (d) DTT_OK(dt_ddp_before_forward(d, n->g, sync));
+    if (d) T_OK(dt_ddp_before_forward(d, n->g, sync));
     dt_tensor *lg = NULL;
     dt_tensor *loss = dt_model_forward(n->m, n->g, b, &lg);
-    DTT_CHECK(loss != NULL);
+    T_CHECK(loss != NULL);
     if (logits) *logits = dt_f32(lg);
     float l = dt_f32(loss)[0];
-    DTT_OK(dt_graph_backward_scaled(n->g, loss, scale));
+    T_OK(dt_graph_backward_scaled(n->g, loss, scale));
     return l;
 }
 
 void dtt_opt_step(dtt_net *n) {
     dt_model *m = n->m;
-    DTT_OK(dt_optimizer_step_range(&n->opt, n->lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, 1.0f));
+    T_OK(dt_optimizer_step_range(&n->opt, n->lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, 1.0f));
     dt_optimizer_finish_step(&n->opt);
     dt_model_zero_grad(m);
 }
@@ -185,7 +165,7 @@ void dtt_opt_step(dtt_net *n) {
 float dtt_ddp_step(dtt_net *n, dt_ddp *d, const dtt_batch *micro, int K) {
     float sum = 0;
     for (int k = 0; k < K; k++) sum += dtt_fwd_bwd(n, d, k == K - 1, &micro[k].b, 1.0f / (float)K, NULL);
-    DTT_OK(dt_ddp_finish_backward(d));
+    T_OK(dt_ddp_finish_backward(d));
     dtt_opt_step(n);
     return sum / (float)K;
 }
@@ -196,7 +176,7 @@ void dtt_ref_step(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const i
     dt_model *m = ref->m;
     size_t n = m->grad_flat.numel;
     float *sum = xmalloc(n * sizeof *sum), *zero = calloc(n ? n : 1, sizeof *zero);
-    DTT_CHECK(zero != NULL);
+    T_CHECK(zero != NULL);
     for (int r = 0; r < N; r++) {
         const float *g = zero;
         if (!active || active[r]) {
@@ -213,59 +193,6 @@ void dtt_ref_step(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const i
     dtt_opt_step(ref);
     free(sum);
     free(zero);
-}
-
-/* ---- comparisons ---- */
-void dtt_expect_bitwise(const float *got, const float *want, size_t n, const char *what) {
-    if (!memcmp(got, want, n * sizeof(float))) return;
-    size_t i = 0, bad = 0;
-    for (size_t k = 0; k < n; k++)
-        if (memcmp(&got[k], &want[k], sizeof(float))) { if (!bad++) i = k; }
-    fprintf(stderr, "rank %d: [%s] %s: %zu of %zu elements differ; first at %zu: %.9g vs %.9g (rel diff %.3g)\n",
-            dtt_rank(), cur_test, what, bad, n, i, (double)got[i], (double)want[i], dtt_rel_diff(got, want, n));
-    dtt_fail(__FILE__, __LINE__, what);
-}
-
-double dtt_rel_diff(const float *a, const float *b, size_t n) {
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = (double)a[i] - (double)b[i];
-        d += e * e;
-        s += (double)b[i] * (double)b[i];
-    }
-    if (s == 0) return d == 0 ? 0 : INFINITY;
-    return sqrt(d / s);
-}
-
-void dtt_expect_close(const float *got, const float *want, size_t n, double rtol, const char *what) {
-    double r = dtt_rel_diff(got, want, n);
-    if (getenv("DTT_VERBOSE") && dtt_rank() == 0) printf("  %s: rel diff %.3g (tol %.3g)\n", what, r, rtol);
-    if (r <= rtol) return;
-    fprintf(stderr, "rank %d: [%s] %s: relative difference %.3g > %.3g\n", dtt_rank(), cur_test, what, r, rtol);
-    dtt_fail(__FILE__, __LINE__, what);
-}
-
-void dtt_expect_same_across_ranks(const float *x, size_t n, const char *what) {
-    float *r0 = xmalloc(n * sizeof *r0);
-    memcpy(r0, x, n * sizeof *r0);
-    DTT_CHECK(n <= (size_t)INT32_MAX);
-    MPI_Bcast(r0, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
-    int bad = memcmp(r0, x, n * sizeof *r0) != 0, any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (any) {
-        if (bad) dtt_expect_bitwise(x, r0, n, what);
-        fprintf(stderr, "rank %d: [%s] %s: %d rank(s) differ from rank 0\n", dtt_rank(), cur_test, what, any);
-        dtt_fail(__FILE__, __LINE__, what);
-    }
-    free(r0);
-}
-
-int dtt_differs(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) != 0; }
-
-float *dtt_copy(const float *x, size_t n) {
-    float *c = xmalloc(n * sizeof *c);
-    memcpy(c, x, n * sizeof *c);
-    return c;
 }
 
 int dtt_skip_layer = -1, dtt_skip_module = -1;

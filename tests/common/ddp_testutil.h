@@ -1,7 +1,6 @@
-/* Helpers for the multi-rank DDP tests (tests/mpi/test_ddp_*.c).
- *
- * Every rank runs the same code. A failed check prints rank, location and the
- * last dtrain error, then MPI_Abort()s, so mpiexec exits non-zero.
+/* Helpers for the multi-rank DDP tests (tests/mpi/test_ddp_*.c): models,
+ * batches, nets and the single-process oracle. The checks and comparisons
+ * (T_CHECK, T_OK, T_BITWISE, T_NEAR, T_SAME_ON_RANKS, ...) are mpi_check.h's.
  *
  * The single-process oracle (dtt_ref_step): a second, local copy of the model
  * computes each rank's gradient separately into a zeroed buffer, sums them in
@@ -13,15 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "dtrain/parallel.h"
-
-void dtt_fail(const char *file, int line, const char *what);
-#define DTT_CHECK(c) do { if (!(c)) dtt_fail(__FILE__, __LINE__, #c); } while (0)
-#define DTT_OK(e) do { if ((e) != DT_OK) dtt_fail(__FILE__, __LINE__, #e " != DT_OK"); } while (0)
-
-int dtt_rank(void);
-int dtt_size(void);
-void dtt_begin(const char *name);   /* names the running test in failures */
-void dtt_end(void);                 /* barrier + "ok <name>" on rank 0 */
+#include "mpi_check.h"
 
 /* ---- models ---- */
 dt_model_cfg dtt_mlp_cfg(int in, int h1, int h2, int out);   /* h2 = 0: one hidden layer */
@@ -73,15 +64,5 @@ dt_tensor *dtt_mlp_forward_skip_bias(dt_model *m, dt_graph *g, const dt_batch *b
 void dtt_ref_step(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const int *active);
 /* Called by dtt_ref_step before it simulates rank r (rank-dependent forwards); NULL = none. */
 extern void (*dtt_ref_rank_hook)(int r);
-
-/* ---- comparisons ---- */
-void dtt_expect_bitwise(const float *got, const float *want, size_t n, const char *what);
-/* ||a - b|| / ||b|| (0 when both are 0) */
-double dtt_rel_diff(const float *a, const float *b, size_t n);
-void dtt_expect_close(const float *got, const float *want, size_t n, double rtol, const char *what);
-/* Bitwise equal to rank 0's copy on every rank (MPI_COMM_WORLD, independent of dtrain). */
-void dtt_expect_same_across_ranks(const float *x, size_t n, const char *what);
-int dtt_differs(const float *a, const float *b, size_t n);
-float *dtt_copy(const float *x, size_t n);
 
 #endif

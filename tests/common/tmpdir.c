@@ -15,6 +15,7 @@ void dt_test_rm_rf(const char *path) {
     struct stat sb;
     if (lstat(path, &sb) != 0) return;
     if (!S_ISDIR(sb.st_mode)) { unlink(path); return; }
+    chmod(path, 0700);   /* a test may have left it read-only */
     DIR *d = opendir(path);
     if (d) {
         struct dirent *e;

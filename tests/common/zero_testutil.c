@@ -8,7 +8,7 @@
 
 static void *xcalloc(size_t n, size_t sz) {
     void *p = calloc(n ? n : 1, sz);
-    DTT_CHECK(p != NULL);
+    T_CHECK(p != NULL);
     return p;
 }
 
@@ -20,7 +20,7 @@ dtz_spec dtz_mk_spec(dt_model_cfg c, int64_t B, int steps) {
     s.steps = steps;
     s.K = 1;
     s.B = B;
-    s.det = dtt_size() > 2;
+    s.det = t_size() > 2;
     return s;
 }
 
@@ -59,7 +59,7 @@ float *dtz_params(const dt_model *m, const float *layout) {
         const dt_param *p = m->params[i];
         size_t n = (size_t)p->value.numel;
         const float *src = layout ? layout + m->offsets[i] : (const float *)p->value.data;
-        DTT_CHECK(src != NULL);
+        T_CHECK(src != NULL);
         memcpy(out + pos, src, n * sizeof *out);
         pos += n;
     }
@@ -68,7 +68,7 @@ float *dtz_params(const dt_model *m, const float *layout) {
 
 float *dtz_init_params(const dt_model_cfg *c) {
     dt_model *m;
-    DTT_OK(dt_model_create(c, 1, &m));
+    T_OK(dt_model_create(c, 1, &m));
     float *p = dtz_params(m, NULL);
     dt_model_free(m);
     return p;
@@ -90,18 +90,18 @@ float *dtz_buffers(const dt_model *m, size_t *n) {
 
 size_t dtz_layout_len(const dt_zero *z) {
     int nb = dt_zero_num_buckets(z);
-    DTT_CHECK(nb > 0);
+    T_CHECK(nb > 0);
     const dt_zero_bucket *b = dt_zero_bucket_at(z, nb - 1);
     return b->begin + b->numel;
 }
 
 float *dtz_gather_layout(dt_zero *z) {
-    DTT_CHECK(dt_pg_rank(dt_zero_pg(z)) == dtt_rank() && dt_pg_size(dt_zero_pg(z)) == dtt_size());
+    T_CHECK(dt_pg_rank(dt_zero_pg(z)) == t_rank() && dt_pg_size(dt_zero_pg(z)) == t_size());
     float *lay = xcalloc(dtz_layout_len(z), sizeof *lay);
     for (int i = 0; i < dt_zero_num_buckets(z); i++) {
         const dt_zero_bucket *b = dt_zero_bucket_at(z, i);
         const float *mine = dt_zero_shard_params(z, i);
-        DTT_CHECK(mine != NULL && b->shard <= (size_t)INT32_MAX);
+        T_CHECK(mine != NULL && b->shard <= (size_t)INT32_MAX);
         /* a copy: at stages 1/2 the shard lives inside the destination */
         float *tmp = xcalloc(b->shard, sizeof *tmp);
         memcpy(tmp, mine, b->shard * sizeof *tmp);
@@ -118,14 +118,14 @@ void dtz_expect_params(const dt_model *m, const float *got, const float *want, d
     for (int i = 0; i < m->n_params && first_bad < 0; i++) {
         size_t k = (size_t)m->params[i]->value.numel;
         if (rtol == 0 ? memcmp(got + pos, want + pos, k * sizeof(float)) != 0
-                      : dtt_rel_diff(got + pos, want + pos, k) > fmax(rtol, 1e-3)) {   /* one param far off */
+                      : t_rel_diff(got + pos, want + pos, k) > fmax(rtol, 1e-3)) {   /* one param far off */
             first_bad = i;
             bad_at = pos;
         }
         pos += k;
     }
-    double rel = dtt_rel_diff(got, want, n);
-    if (getenv("DTT_VERBOSE") && dtt_rank() == 0) printf("  %s: rel diff %.3g (tol %.3g)\n", what, rel, rtol);
+    double rel = t_rel_diff(got, want, n);
+    if (getenv("DTT_VERBOSE") && t_rank() == 0) printf("  %s: rel diff %.3g (tol %.3g)\n", what, rel, rtol);
     if (first_bad < 0 && (rtol == 0 || rel <= rtol)) return;
     if (first_bad >= 0) {
         const dt_param *p = m->params[first_bad];
@@ -133,12 +133,12 @@ void dtz_expect_params(const dt_model *m, const float *got, const float *want, d
         while (j < k && !memcmp(&got[bad_at + j], &want[bad_at + j], sizeof(float))) j++;
         if (j == k) j = 0;
         fprintf(stderr, "rank %d: %s: parameter '%s' (%zu elements) differs; element %zu: %.9g vs %.9g "
-                "(param rel diff %.3g, overall %.3g, tol %.3g)\n", dtt_rank(), what, p->name, k, j,
-                (double)got[bad_at + j], (double)want[bad_at + j], dtt_rel_diff(got + bad_at, want + bad_at, k), rel, rtol);
+                "(param rel diff %.3g, overall %.3g, tol %.3g)\n", t_rank(), what, p->name, k, j,
+                (double)got[bad_at + j], (double)want[bad_at + j], t_rel_diff(got + bad_at, want + bad_at, k), rel, rtol);
     } else {
-        fprintf(stderr, "rank %d: %s: relative difference %.3g > %.3g\n", dtt_rank(), what, rel, rtol);
+        fprintf(stderr, "rank %d: %s: relative difference %.3g > %.3g\n", t_rank(), what, rel, rtol);
     }
-    dtt_fail(__FILE__, __LINE__, what);
+    t_fail(__FILE__, __LINE__, what);
 }
 
 void dtz_expect_padding_zero(dt_zero *z, const float *layout, const char *what) {
@@ -156,47 +156,47 @@ void dtz_expect_padding_zero(dt_zero *z, const float *layout, const char *what) 
     }
     for (size_t i = 0; i < len; i++)
         if (!is_param[i] && layout[i] != 0.0f) {
-            fprintf(stderr, "rank %d: %s: padding element %zu of the layout is %.9g\n", dtt_rank(), what, i,
+            fprintf(stderr, "rank %d: %s: padding element %zu of the layout is %.9g\n", t_rank(), what, i,
                     (double)layout[i]);
-            dtt_fail(__FILE__, __LINE__, what);
+            t_fail(__FILE__, __LINE__, what);
         }
     free(is_param);
 }
 
 void dtz_check_geometry(dt_zero *z, const dt_model *m) {
-    int N = dtt_size(), me = dtt_rank(), nb = dt_zero_num_buckets(z);
+    int N = t_size(), me = t_rank(), nb = dt_zero_num_buckets(z);
     dt_param *const *ord = dt_zero_param_order(z);
-    DTT_CHECK(nb >= 1 && ord != NULL);
+    T_CHECK(nb >= 1 && ord != NULL);
     int *seen = xcalloc((size_t)m->n_params, sizeof *seen);
     size_t pos = 0, shard_off = 0;
     int next_param = 0;
     for (int i = 0; i < nb; i++) {
         const dt_zero_bucket *b = dt_zero_bucket_at(z, i);
-        DTT_CHECK(b != NULL && b->index == i);
-        DTT_CHECK(b->begin == pos);                       /* contiguous */
-        DTT_CHECK(b->numel > 0 && b->numel % (size_t)N == 0);
-        DTT_CHECK(b->shard * (size_t)N == b->numel);
-        DTT_CHECK(b->own_begin == b->begin + (size_t)me * b->shard);
-        DTT_CHECK(b->shard_offset == shard_off);
-        DTT_CHECK(b->first_param == next_param && b->n_params >= 1);
+        T_CHECK(b != NULL && b->index == i);
+        T_CHECK(b->begin == pos);                       /* contiguous */
+        T_CHECK(b->numel > 0 && b->numel % (size_t)N == 0);
+        T_CHECK(b->shard * (size_t)N == b->numel);
+        T_CHECK(b->own_begin == b->begin + (size_t)me * b->shard);
+        T_CHECK(b->shard_offset == shard_off);
+        T_CHECK(b->first_param == next_param && b->n_params >= 1);
         size_t used = 0;
         for (int k = 0; k < b->n_params; k++) {
             const dt_param *p = ord[b->first_param + k];
-            DTT_CHECK(p->index >= 0 && p->index < m->n_params && m->params[p->index] == p);
+            T_CHECK(p->index >= 0 && p->index < m->n_params && m->params[p->index] == p);
             seen[p->index]++;
             /* params packed in order from the bucket start */
-            DTT_CHECK(m->offsets[p->index] == b->begin + used);
+            T_CHECK(m->offsets[p->index] == b->begin + used);
             used += (size_t)p->value.numel;
         }
-        DTT_CHECK(used == b->used && b->used <= b->numel);
+        T_CHECK(used == b->used && b->used <= b->numel);
         pos += b->numel;
         shard_off += b->shard;
         next_param += b->n_params;
     }
-    DTT_CHECK(next_param == m->n_params);
-    for (int i = 0; i < m->n_params; i++) DTT_CHECK(seen[i] == 1);
+    T_CHECK(next_param == m->n_params);
+    for (int i = 0; i < m->n_params; i++) T_CHECK(seen[i] == 1);
     /* layout order = reverse registration (backward order) */
-    for (int k = 0; k < m->n_params; k++) DTT_CHECK(ord[k]->index == m->n_params - 1 - k);
+    for (int k = 0; k < m->n_params; k++) T_CHECK(ord[k]->index == m->n_params - 1 - k);
     free(seen);
 }
 
@@ -204,7 +204,7 @@ void dtz_check_geometry(dt_zero *z, const dt_model *m) {
 
 static int make_micro(const dtz_spec *s, int st, int rank, dtt_batch *mb) {
     int K = dtz_k(s, st);
-    DTT_CHECK(K >= 1 && K <= 16);
+    T_CHECK(K >= 1 && K <= 16);
     for (int k = 0; k < K; k++) dtt_make_batch(&s->cfg, dtt_key(st, rank, k), s->B, &mb[k]);
     return K;
 }
@@ -212,7 +212,7 @@ static int make_micro(const dtz_spec *s, int st, int rank, dtt_batch *mb) {
 void dtz_ddp_run(const dtz_spec *s, dt_pg *pg, dtz_result *out) {
     memset(out, 0, sizeof *out);
     int me = dt_pg_rank(pg);
-    DTT_CHECK(s->steps <= 64);
+    T_CHECK(s->steps <= 64);
     dtt_net n;
     dtt_net_init(&n, &s->cfg, 1 + (uint64_t)me, &s->oc);
     if (s->forward) n.m->forward = s->forward;
@@ -223,7 +223,7 @@ void dtz_ddp_run(const dtz_spec *s, dt_pg *pg, dtz_result *out) {
     o.broadcast_buffers = !s->no_bcast_buffers;
     if (s->ddp_bucket_bytes) o.first_bucket_bytes = o.bucket_bytes = s->ddp_bucket_bytes;
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(n.m, pg, &o, &d));
+    T_OK(dt_ddp_create(n.m, pg, &o, &d));
     size_t ne = n.m->param_flat.numel;
     for (int st = 0; st < s->steps; st++) {
         dtt_batch mb[16];
@@ -233,14 +233,14 @@ void dtz_ddp_run(const dtz_spec *s, dt_pg *pg, dtz_result *out) {
             if (s->before_micro) s->before_micro(st, me, k);
             sum += dtt_fwd_bwd(&n, d, k == K - 1, &mb[k].b, 1.0f / (float)K, NULL);
         }
-        DTT_OK(dt_ddp_finish_backward(d));
+        T_OK(dt_ddp_finish_backward(d));
         float scale = 1.0f;
         if (s->clip > 0) {
             double norm = sqrt(dt_sumsq(n.m->grad_flat.data, ne));
             out->norms[st] = norm;
             scale = dt_clip_scale(norm, s->clip);
         }
-        DTT_OK(dt_optimizer_step_range(&n.opt, dtz_lr(s, st), n.m->param_flat.data, n.m->grad_flat.data, 0, ne, scale));
+        T_OK(dt_optimizer_step_range(&n.opt, dtz_lr(s, st), n.m->param_flat.data, n.m->grad_flat.data, 0, ne, scale));
         dt_optimizer_finish_step(&n.opt);
         dt_model_zero_grad(n.m);
         out->last_loss = sum / (float)K;
@@ -255,12 +255,12 @@ void dtz_ddp_run(const dtz_spec *s, dt_pg *pg, dtz_result *out) {
 
 void dtz_net_init(dtz_net *n, const dtz_spec *s, uint64_t seed, dt_pg *pg, const dt_zero_opts *o) {
     memset(n, 0, sizeof *n);
-    DTT_OK(dt_model_create(&s->cfg, seed, &n->m));
+    T_OK(dt_model_create(&s->cfg, seed, &n->m));
     if (s->forward) n->m->forward = s->forward;
     n->g = dt_graph_create();
-    DTT_CHECK(n->g != NULL);
-    DTT_OK(dt_zero_create(n->m, pg, &s->oc, o, &n->z));
-    DTT_CHECK(dt_zero_stage(n->z) == o->stage);
+    T_CHECK(n->g != NULL);
+    T_OK(dt_zero_create(n->m, pg, &s->oc, o, &n->z));
+    T_CHECK(dt_zero_stage(n->z) == o->stage);
 }
 
 void dtz_net_free(dtz_net *n) {
@@ -272,11 +272,11 @@ void dtz_net_free(dtz_net *n) {
 
 float dtz_fwd_bwd(dtz_net *n, int sync, const dt_batch *b, float scale) {
     dt_graph_reset(n->g);
-    DTT_OK(dt_zero_before_forward(n->z, n->g, sync));
+    T_OK(dt_zero_before_forward(n->z, n->g, sync));
     dt_tensor *loss = dt_model_forward(n->m, n->g, b, NULL);
-    DTT_CHECK(loss != NULL);
+    T_CHECK(loss != NULL);
     float l = dt_f32(loss)[0];
-    DTT_OK(dt_graph_backward_scaled(n->g, loss, scale));
+    T_OK(dt_graph_backward_scaled(n->g, loss, scale));
     return l;
 }
 
@@ -284,15 +284,15 @@ float dtz_step(dtz_net *n, float lr, const dtt_batch *micro, int K, double *norm
     dt_zero_set_lr(n->z, lr);
     float sum = 0;
     for (int k = 0; k < K; k++) sum += dtz_fwd_bwd(n, k == K - 1, &micro[k].b, 1.0f / (float)K);
-    DTT_OK(dt_zero_finish_backward(n->z));
-    DTT_OK(dt_zero_step(n->z, norm));
+    T_OK(dt_zero_finish_backward(n->z));
+    T_OK(dt_zero_step(n->z, norm));
     return sum / (float)K;
 }
 
 void dtz_zero_run(const dtz_spec *s, dt_pg *pg, const dt_zero_opts *o, dtz_result *out) {
     memset(out, 0, sizeof *out);
     int me = dt_pg_rank(pg);
-    DTT_CHECK(s->steps <= 64);
+    T_CHECK(s->steps <= 64);
     dtz_net n;
     dtz_net_init(&n, s, 1 + (uint64_t)me, pg, o);
     dtz_check_geometry(n.z, n.m);
@@ -305,17 +305,17 @@ void dtz_zero_run(const dtz_spec *s, dt_pg *pg, const dt_zero_opts *o, dtz_resul
             if (s->before_micro) s->before_micro(st, me, k);
             sum += dtz_fwd_bwd(&n, k == K - 1, &mb[k].b, 1.0f / (float)K);
         }
-        DTT_OK(dt_zero_finish_backward(n.z));
+        T_OK(dt_zero_finish_backward(n.z));
         double norm = 0;
-        DTT_OK(dt_zero_step(n.z, &norm));
+        T_OK(dt_zero_step(n.z, &norm));
         if (s->clip > 0) out->norms[st] = norm;
-        else DTT_CHECK(norm == -1);
+        else T_CHECK(norm == -1);
         out->last_loss = sum / (float)K;
         for (int k = 0; k < K; k++) dtt_batch_free(&mb[k]);
     }
-    DTT_CHECK(dt_zero_optim_step(n.z) == s->steps);
-    DTT_CHECK(dt_zero_get_stats(n.z).steps == s->steps);
-    DTT_OK(dt_zero_sync_params(n.z));
+    T_CHECK(dt_zero_optim_step(n.z) == s->steps);
+    T_CHECK(dt_zero_get_stats(n.z).steps == s->steps);
+    T_OK(dt_zero_sync_params(n.z));
     /* the owned shards, assembled independently of dtrain */
     float *lay = dtz_gather_layout(n.z);
     dtz_expect_padding_zero(n.z, lay, "padding of the gathered parameter layout");

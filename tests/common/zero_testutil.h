@@ -1,5 +1,5 @@
 /* Helpers for the multi-rank ZeRO tests (tests/mpi/test_zero_*.c), on top of
- * ddp_testutil.h (checks, models, batches, comparisons).
+ * ddp_testutil.h (models, batches, nets) and mpi_check.h (checks, comparisons).
  *
  * The oracle of every ZeRO test is plain DDP on the same model, seed, data
  * and optimizer (dtt_net + dt_ddp + dt_optimizer over the whole flat

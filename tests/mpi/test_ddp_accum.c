@@ -5,7 +5,7 @@
  *    deterministic),
  *  - communicate only on the last micro-step (bytes_reduced grows once per
  *    step, by the whole gradient). */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "ddp_testutil.h"
 
 static dt_pg *world;
@@ -36,11 +36,11 @@ static void run_accum(int det, int overlap) {
     dtt_net_init(&big, &c, 3, &oc);
     dtt_net_init(&ref, &c, 3, &oc);
     dt_ddp *da, *db;
-    DTT_OK(dt_ddp_create(acc.m, world, &o, &da));
-    DTT_OK(dt_ddp_create(big.m, world, &o, &db));
-    DTT_CHECK(dt_ddp_num_buckets(da) > 1);
+    T_OK(dt_ddp_create(acc.m, world, &o, &da));
+    T_OK(dt_ddp_create(big.m, world, &o, &db));
+    T_CHECK(dt_ddp_num_buckets(da) > 1);
     size_t n = acc.m->param_flat.numel, all = grad_bytes(da);
-    DTT_CHECK(all == n * sizeof(float));
+    T_CHECK(all == n * sizeof(float));
     for (int st = 0; st < steps; st++) {
         dtt_batch *mb = calloc((size_t)(N * K), sizeof *mb), mine;
         for (int q = 0; q < N; q++)
@@ -51,40 +51,40 @@ static void run_accum(int det, int overlap) {
             dtt_fwd_bwd(&acc, da, k == K - 1, &mb[me * K + k].b, 1.0f / (float)K, NULL);
             dt_ddp_stats s1 = dt_ddp_get_stats(da);
             if (k < K - 1) {
-                DTT_CHECK(s1.bytes_reduced == s0.bytes_reduced);
-                DTT_CHECK(s1.steps == s0.steps);
+                T_CHECK(s1.bytes_reduced == s0.bytes_reduced);
+                T_CHECK(s1.steps == s0.steps);
                 /* finishing a no_sync micro-step is a usage error, on every rank alike */
-                DTT_CHECK(dt_ddp_finish_backward(da) == DT_ESTATE);
+                T_CHECK(dt_ddp_finish_backward(da) == DT_ESTATE);
             } else if (!overlap) {
-                DTT_CHECK(s1.bytes_reduced == s0.bytes_reduced);   /* launched only in finish */
+                T_CHECK(s1.bytes_reduced == s0.bytes_reduced);   /* launched only in finish */
             }
         }
-        DTT_OK(dt_ddp_finish_backward(da));
+        T_OK(dt_ddp_finish_backward(da));
         dt_ddp_stats s2 = dt_ddp_get_stats(da);
-        DTT_CHECK(s2.bytes_reduced == s0.bytes_reduced + all);
-        DTT_CHECK(s2.steps == s0.steps + 1);
-        DTT_CHECK(s2.wait_us >= 0 && s2.backward_us >= 0);
+        T_CHECK(s2.bytes_reduced == s0.bytes_reduced + all);
+        T_CHECK(s2.steps == s0.steps + 1);
+        T_CHECK(s2.wait_us >= 0 && s2.backward_us >= 0);
         /* one step on the K-times batch */
         dtt_concat(&c, &mb[me * K], K, &mine);
         dtt_fwd_bwd(&big, db, 1, &mine.b, 1.0f, NULL);
-        DTT_OK(dt_ddp_finish_backward(db));
+        T_OK(dt_ddp_finish_backward(db));
         char what[128];
         snprintf(what, sizeof what, "step %d: gradient of %d micro-steps vs one %dx batch", st, K, K);
-        dtt_expect_close(acc.m->grad_flat.data, big.m->grad_flat.data, n, 1e-5, what);
+        T_NEAR(acc.m->grad_flat.data, big.m->grad_flat.data, n, 1e-5, what);
         dtt_opt_step(&acc);
         dtt_opt_step(&big);
         dtt_ref_step(&ref, mb, N, K, NULL);
         snprintf(what, sizeof what, "step %d: %d micro-steps vs one %dx batch", st, K, K);
-        dtt_expect_close(acc.m->param_flat.data, big.m->param_flat.data, n, 1e-5, what);
+        T_NEAR(acc.m->param_flat.data, big.m->param_flat.data, n, 1e-5, what);
         snprintf(what, sizeof what, "step %d: %d micro-steps vs rank-ordered reference", st, K);
-        if (N <= 2 || det) dtt_expect_bitwise(acc.m->param_flat.data, ref.m->param_flat.data, n, what);
-        else dtt_expect_close(acc.m->param_flat.data, ref.m->param_flat.data, n, 1e-5, what);
-        dtt_expect_same_across_ranks(acc.m->param_flat.data, n, "accumulated params across ranks");
+        if (N <= 2 || det) T_BITWISE(acc.m->param_flat.data, ref.m->param_flat.data, n, what);
+        else T_NEAR(acc.m->param_flat.data, ref.m->param_flat.data, n, 1e-5, what);
+        T_SAME_ON_RANKS(acc.m->param_flat.data, n, "accumulated params across ranks");
         for (int i = 0; i < N * K; i++) dtt_batch_free(&mb[i]);
         dtt_batch_free(&mine);
         free(mb);
     }
-    DTT_CHECK(dt_ddp_get_stats(da).steps == steps);
+    T_CHECK(dt_ddp_get_stats(da).steps == steps);
     dt_ddp_free(da);
     dt_ddp_free(db);
     dtt_net_free(&acc);
@@ -93,18 +93,18 @@ static void run_accum(int det, int overlap) {
 }
 
 static void test_no_sync(void) {
-    dtt_begin("no_sync accumulation == K-times batch; reduces once per step");
+    t_begin("no_sync accumulation == K-times batch; reduces once per step");
     for (int ov = 0; ov < 2; ov++) {
         run_accum(0, ov);
         run_accum(1, ov);
     }
-    dtt_end();
+    t_end();
 }
 
 /* The same through the trainer's micro-step loop shape: the grads left after
  * finish_backward are the average of the ranks' accumulated grads. */
 static void test_accum_grads(void) {
-    dtt_begin("accumulated gradient after finish_backward == rank average");
+    t_begin("accumulated gradient after finish_backward == rank average");
     int me = dt_pg_rank(world), N = dt_pg_size(world);
     dt_model_cfg c = dtt_gpt2_cfg();
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.0f);
@@ -117,14 +117,14 @@ static void test_accum_grads(void) {
     dtt_net_init(&a, &c, 5, &oc);
     dtt_net_init(&r, &c, 5, &oc);
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(a.m, world, &o, &d));
+    T_OK(dt_ddp_create(a.m, world, &o, &d));
     const int K = 2;
     size_t n = a.m->grad_flat.numel;
     dtt_batch *mb = calloc((size_t)(N * K), sizeof *mb);
     for (int q = 0; q < N; q++)
         for (int k = 0; k < K; k++) dtt_make_batch(&c, dtt_key(9, q, k), 2, &mb[q * K + k]);
     for (int k = 0; k < K; k++) dtt_fwd_bwd(&a, d, k == K - 1, &mb[me * K + k].b, 0.5f, NULL);
-    DTT_OK(dt_ddp_finish_backward(d));
+    T_OK(dt_ddp_finish_backward(d));
     /* the oracle: per-rank accumulated grads, summed in rank order, / N */
     float *sum = calloc(n, sizeof *sum);
     for (int q = 0; q < N; q++) {
@@ -133,23 +133,21 @@ static void test_accum_grads(void) {
         for (size_t i = 0; i < n; i++) sum[i] = q == 0 ? r.m->grad_flat.data[i] : sum[i] + r.m->grad_flat.data[i];
     }
     for (size_t i = 0; i < n; i++) sum[i] = sum[i] / (float)N;
-    dtt_expect_bitwise(a.m->grad_flat.data, sum, n, "averaged accumulated gradient");
+    T_BITWISE(a.m->grad_flat.data, sum, n, "averaged accumulated gradient");
     free(sum);
     for (int i = 0; i < N * K; i++) dtt_batch_free(&mb[i]);
     free(mb);
     dt_ddp_free(d);
     dtt_net_free(&a);
     dtt_net_free(&r);
-    dtt_end();
+    t_end();
 }
 
-#ifndef DDP_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_no_sync();
     test_accum_grads();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }
-#endif

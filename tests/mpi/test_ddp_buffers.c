@@ -3,7 +3,7 @@
  *    ranks see different data (and they do differ without it);
  *  - SyncBatchNorm: N ranks match one process on the concatenated batch
  *    (BN forward output / logits, loss, gradients, running stats, params). */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "ddp_testutil.h"
 
 static dt_pg *world;
@@ -13,9 +13,9 @@ static int buffers_differ_somewhere(const dt_model *m) {
     int bad = 0, any = 0;
     for (int i = 0; i < m->n_buffers; i++) {
         const dt_tensor *t = &m->buffers[i]->value;
-        float *r0 = dtt_copy(dt_f32(t), (size_t)t->numel);
+        float *r0 = t_copy(dt_f32(t), (size_t)t->numel);
         MPI_Bcast(r0, (int)t->numel, MPI_FLOAT, 0, MPI_COMM_WORLD);
-        bad |= dtt_differs(r0, dt_f32(t), (size_t)t->numel);
+        bad |= t_differs(r0, dt_f32(t), (size_t)t->numel);
         free(r0);
     }
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
@@ -26,39 +26,39 @@ static void expect_buffers_same(const dt_model *m, const char *when) {
     for (int i = 0; i < m->n_buffers; i++) {
         char what[256];
         snprintf(what, sizeof what, "%s: %s", when, m->buffers[i]->name);
-        dtt_expect_same_across_ranks(dt_f32(&m->buffers[i]->value), (size_t)m->buffers[i]->value.numel, what);
+        T_SAME_ON_RANKS(dt_f32(&m->buffers[i]->value), (size_t)m->buffers[i]->value.numel, what);
     }
 }
 
 static void test_broadcast_buffers(void) {
-    dtt_begin("broadcast_buffers: BatchNorm running stats identical across ranks");
+    t_begin("broadcast_buffers: BatchNorm running stats identical across ranks");
     int me = dt_pg_rank(world);
     dt_model_cfg c = dtt_cnn_cfg();
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.01f);
     for (int bc = 1; bc >= 0; bc--) {
         dtt_net n;
         dtt_net_init(&n, &c, 51, &oc);
-        DTT_CHECK(n.m->n_buffers == 4);
+        T_CHECK(n.m->n_buffers == 4);
         dt_ddp_opts o;
         dt_ddp_opts_default(&o);
         o.broadcast_buffers = bc;
         o.deterministic = dt_pg_size(world) > 2;
         dt_ddp *d;
-        DTT_OK(dt_ddp_create(n.m, world, &o, &d));
+        T_OK(dt_ddp_create(n.m, world, &o, &d));
         expect_buffers_same(n.m, "after create");
         for (int st = 0; st < 3; st++) {
             dtt_batch mb[2];
             for (int k = 0; k < 2; k++) dtt_make_batch(&c, dtt_key(st, me, k), 3, &mb[k]);
             dtt_ddp_step(&n, d, mb, st == 1 ? 2 : 1);   /* step 1 has a no_sync micro-step */
             if (bc) expect_buffers_same(n.m, "after a step");
-            else DTT_CHECK(buffers_differ_somewhere(n.m));   /* the data really differ */
-            dtt_expect_same_across_ranks(n.m->param_flat.data, n.m->param_flat.numel, "params");
+            else T_CHECK(buffers_differ_somewhere(n.m));   /* the data really differ */
+            T_SAME_ON_RANKS(n.m->param_flat.data, n.m->param_flat.numel, "params");
             for (int k = 0; k < 2; k++) dtt_batch_free(&mb[k]);
         }
         dt_ddp_free(d);
         dtt_net_free(&n);
     }
-    dtt_end();
+    t_end();
 }
 
 static void run_sync_bn(int det, int bcast) {
@@ -78,9 +78,9 @@ static void run_sync_bn(int det, int bcast) {
     o.broadcast_buffers = bcast;
     o.deterministic = det;
     dt_ddp *ds, *dl;
-    DTT_OK(dt_ddp_create(s.m, world, &o, &ds));
+    T_OK(dt_ddp_create(s.m, world, &o, &ds));
     o.sync_bn = 0;
-    DTT_OK(dt_ddp_create(l.m, world, &o, &dl));
+    T_OK(dt_ddp_create(l.m, world, &o, &dl));
     size_t ne = s.m->param_flat.numel, nl = (size_t)B * (size_t)c.cnn_classes;
     for (int st = 0; st < 3; st++) {
         dtt_batch *parts = calloc((size_t)N, sizeof *parts), all;
@@ -88,59 +88,57 @@ static void run_sync_bn(int det, int bcast) {
         dtt_concat(&c, parts, N, &all);
         const float *ls, *ll, *lg;
         float loss_s = dtt_fwd_bwd(&s, ds, 1, &parts[me].b, 1.0f, &ls);
-        DTT_OK(dt_ddp_finish_backward(ds));
+        T_OK(dt_ddp_finish_backward(ds));
         dtt_fwd_bwd(&l, dl, 1, &parts[me].b, 1.0f, &ll);
-        DTT_OK(dt_ddp_finish_backward(dl));
+        T_OK(dt_ddp_finish_backward(dl));
         float loss_g = dtt_fwd_bwd(&g, NULL, 1, &all.b, 1.0f, &lg);
         char what[160];
         snprintf(what, sizeof what, "step %d: SyncBN logits vs global-batch rows", st);
-        dtt_expect_close(ls, lg + (size_t)me * nl, nl, 1e-5, what);
-        if (N > 1 && st == 0) DTT_CHECK(dtt_rel_diff(ll, lg + (size_t)me * nl, nl) > 1e-3);   /* local BN differs */
+        T_NEAR(ls, lg + (size_t)me * nl, nl, 1e-5, what);
+        if (N > 1 && st == 0) T_CHECK(t_rel_diff(ll, lg + (size_t)me * nl, nl) > 1e-3);   /* local BN differs */
         float lsum = 0, lavg;
         MPI_Allreduce(&loss_s, &lsum, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         lavg = lsum / (float)N;
         snprintf(what, sizeof what, "step %d: SyncBN mean loss vs global-batch loss", st);
-        dtt_expect_close(&lavg, &loss_g, 1, 1e-5, what);
+        T_NEAR(&lavg, &loss_g, 1, 1e-5, what);
         snprintf(what, sizeof what, "step %d: SyncBN gradient vs global-batch gradient", st);
-        dtt_expect_close(s.m->grad_flat.data, g.m->grad_flat.data, ne, 1e-5, what);
+        T_NEAR(s.m->grad_flat.data, g.m->grad_flat.data, ne, 1e-5, what);
         for (int i = 0; i < s.m->n_buffers; i++) {
             const dt_tensor *a = &s.m->buffers[i]->value, *b = &g.m->buffers[i]->value;
             snprintf(what, sizeof what, "step %d: SyncBN %s vs global batch", st, s.m->buffers[i]->name);
-            dtt_expect_close(dt_f32(a), dt_f32(b), (size_t)a->numel, 1e-5, what);
+            T_NEAR(dt_f32(a), dt_f32(b), (size_t)a->numel, 1e-5, what);
         }
         expect_buffers_same(s.m, "SyncBN running stats");   /* without any broadcast */
         dtt_opt_step(&s);
         dtt_opt_step(&l);
         dtt_opt_step(&g);
         snprintf(what, sizeof what, "step %d: SyncBN params vs global batch", st);
-        dtt_expect_close(s.m->param_flat.data, g.m->param_flat.data, ne, 1e-5, what);
-        dtt_expect_same_across_ranks(s.m->param_flat.data, ne, "SyncBN params across ranks");
+        T_NEAR(s.m->param_flat.data, g.m->param_flat.data, ne, 1e-5, what);
+        T_SAME_ON_RANKS(s.m->param_flat.data, ne, "SyncBN params across ranks");
         for (int q = 0; q < N; q++) dtt_batch_free(&parts[q]);
         dtt_batch_free(&all);
         free(parts);
     }
     dt_ddp_free(ds);
     dt_ddp_free(dl);
-    DTT_CHECK(s.m->bn_sync.fn == NULL);   /* free uninstalls SyncBN */
+    T_CHECK(s.m->bn_sync.fn == NULL);   /* free uninstalls SyncBN */
     dtt_net_free(&s);
     dtt_net_free(&l);
     dtt_net_free(&g);
 }
 
 static void test_sync_bn(void) {
-    dtt_begin("SyncBatchNorm: N ranks == one process on the concatenated batch");
+    t_begin("SyncBatchNorm: N ranks == one process on the concatenated batch");
     run_sync_bn(0, 0);
     run_sync_bn(1, 1);
-    dtt_end();
+    t_end();
 }
 
-#ifndef DDP_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_broadcast_buffers();
     test_sync_bn();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }
-#endif

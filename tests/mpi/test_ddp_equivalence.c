@@ -9,7 +9,7 @@
  * Each with the buckets in node-shared memory (the default on one machine;
  * rank-ordered, so bitwise at any N even without the deterministic mode) and
  * with MPI collectives (DT_DDP_SHM_OFF). */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "ddp_testutil.h"
 
 static dt_pg *world;
@@ -34,8 +34,8 @@ static float *ddp_run(const spec *s, int *n_buckets, float *last_loss) {
     dtt_net n;
     dtt_net_init(&n, &s->cfg, 1 + (uint64_t)me, &s->oc);   /* rank 0's weights must win */
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(n.m, world, &s->o, &d));
-    DTT_CHECK(dt_ddp_uses_shared_memory(d) == (s->o.shm != DT_DDP_SHM_OFF && dt_pg_size(world) > 1));
+    T_OK(dt_ddp_create(n.m, world, &s->o, &d));
+    T_CHECK(dt_ddp_uses_shared_memory(d) == (s->o.shm != DT_DDP_SHM_OFF && dt_pg_size(world) > 1));
     if (n_buckets) *n_buckets = dt_ddp_num_buckets(d);
     float loss = 0;
     for (int st = 0; st < s->steps; st++) {
@@ -45,13 +45,13 @@ static float *ddp_run(const spec *s, int *n_buckets, float *last_loss) {
         for (int k = 0; k < s->K; k++) dtt_batch_free(&mb[k]);
     }
     if (last_loss) *last_loss = loss;
-    float *p = dtt_copy(n.m->param_flat.data, n.m->param_flat.numel);
+    float *p = t_copy(n.m->param_flat.data, n.m->param_flat.numel);
     /* the model keeps its (averaged) gradients in private memory after the DDP is gone */
-    float *g = dtt_copy(n.m->grad_flat.data, n.m->grad_flat.numel);
+    float *g = t_copy(n.m->grad_flat.data, n.m->grad_flat.numel);
     dt_ddp_free(d);
-    DTT_CHECK(!n.m->grad_flat.borrowed && (const float *)n.m->params[0]->grad.data >= n.m->grad_flat.data &&
+    T_CHECK(!n.m->grad_flat.borrowed && (const float *)n.m->params[0]->grad.data >= n.m->grad_flat.data &&
               (const float *)n.m->params[0]->grad.data < n.m->grad_flat.data + n.m->grad_flat.numel);
-    dtt_expect_bitwise(n.m->grad_flat.data, g, n.m->grad_flat.numel, "gradients after dt_ddp_free");
+    T_BITWISE(n.m->grad_flat.data, g, n.m->grad_flat.numel, "gradients after dt_ddp_free");
     free(g);
     dtt_net_free(&n);
     return p;
@@ -61,7 +61,7 @@ static float *ddp_run(const spec *s, int *n_buckets, float *last_loss) {
 static float *ref_run(const spec *s, int N, float **init) {
     dtt_net r;
     dtt_net_init(&r, &s->cfg, 1, &s->oc);
-    if (init) *init = dtt_copy(r.m->param_flat.data, r.m->param_flat.numel);
+    if (init) *init = t_copy(r.m->param_flat.data, r.m->param_flat.numel);
     for (int st = 0; st < s->steps; st++) {
         dtt_batch *mb = calloc((size_t)(N * s->K), sizeof *mb);
         for (int q = 0; q < N; q++)
@@ -70,14 +70,14 @@ static float *ref_run(const spec *s, int N, float **init) {
         for (int i = 0; i < N * s->K; i++) dtt_batch_free(&mb[i]);
         free(mb);
     }
-    float *p = dtt_copy(r.m->param_flat.data, r.m->param_flat.numel);
+    float *p = t_copy(r.m->param_flat.data, r.m->param_flat.numel);
     dtt_net_free(&r);
     return p;
 }
 
 static size_t n_elems(const dt_model_cfg *c) {
     dt_model *m;
-    DTT_OK(dt_model_create(c, 1, &m));
+    T_OK(dt_model_create(c, 1, &m));
     size_t n = m->param_flat.numel;
     dt_model_free(m);
     return n;
@@ -94,19 +94,19 @@ static void check_vs_reference(const char *name, spec s, int det, dt_ddp_shm shm
     char what[160];
     snprintf(what, sizeof what, "%s%s%s: DDP params vs single-process reference", name, det ? " (deterministic)" : "",
              shm == DT_DDP_SHM_OFF ? " (MPI)" : " (shared memory)");
-    DTT_CHECK(dtt_differs(want, init, n));   /* training moved the weights */
-    dtt_expect_same_across_ranks(got, n, what);
-    if (N <= 2 || det || shm != DT_DDP_SHM_OFF) dtt_expect_bitwise(got, want, n, what);
-    else dtt_expect_close(got, want, n, 1e-4, what);   /* MPI's summation order, amplified by AdamW */
+    T_CHECK(t_differs(want, init, n));   /* training moved the weights */
+    T_SAME_ON_RANKS(got, n, what);
+    if (N <= 2 || det || shm != DT_DDP_SHM_OFF) T_BITWISE(got, want, n, what);
+    else T_NEAR(got, want, n, 1e-4, what);   /* MPI's summation order, amplified by AdamW */
     /* ranks really saw different data: their last local losses differ */
     float l0 = loss;
     MPI_Bcast(&l0, 1, MPI_FLOAT, 0, MPI_COMM_WORLD);
-    if (dtt_rank() == 1) DTT_CHECK(l0 != loss);
+    if (t_rank() == 1) T_CHECK(l0 != loss);
     free(got); free(want); free(init);
 }
 
 static void test_bitwise_vs_reference(void) {
-    dtt_begin("DDP == rank-ordered single-process accumulation (bitwise)");
+    t_begin("DDP == rank-ordered single-process accumulation (bitwise)");
     spec mlp = mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 4);
     spec cnn = mk_spec(dtt_cnn_cfg(), 3, 3);
     spec gpt = mk_spec(dtt_gpt2_cfg(), 2, 4);
@@ -121,7 +121,7 @@ static void test_bitwise_vs_reference(void) {
     mlp.K = 3;
     check_vs_reference("mlp, 3 micro-steps", mlp, 1, DT_DDP_SHM_OFF);
     check_vs_reference("mlp, 3 micro-steps", mlp, 0, DT_DDP_SHM_AUTO);
-    dtt_end();
+    t_end();
 }
 
 /* DDP vs one process running the global batch (B*N rows) in one forward. */
@@ -132,27 +132,27 @@ static void check_global_batch(const char *name, const dt_model_cfg *c, int64_t 
     dtt_net_init(&n, c, 7, &oc);
     dtt_net_init(&g, c, 7, &oc);
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(n.m, world, NULL, &d));
+    T_OK(dt_ddp_create(n.m, world, NULL, &d));
     size_t ne = n.m->param_flat.numel;
     for (int st = 0; st < 4; st++) {
         dtt_batch *parts = calloc((size_t)N, sizeof *parts), all;
         for (int q = 0; q < N; q++) dtt_make_batch(c, dtt_key(st, q, 0), B, &parts[q]);
         dtt_concat(c, parts, N, &all);
         float l = dtt_fwd_bwd(&n, d, 1, &parts[me].b, 1.0f, NULL);
-        DTT_OK(dt_ddp_finish_backward(d));
+        T_OK(dt_ddp_finish_backward(d));
         float lg = dtt_fwd_bwd(&g, NULL, 1, &all.b, 1.0f, NULL);
         float lsum = 0;
         MPI_Allreduce(&l, &lsum, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         char what[160];
         snprintf(what, sizeof what, "%s step %d: mean of per-rank losses vs global-batch loss", name, st);
         float lavg = lsum / (float)N;
-        dtt_expect_close(&lavg, &lg, 1, 1e-5, what);
+        T_NEAR(&lavg, &lg, 1, 1e-5, what);
         snprintf(what, sizeof what, "%s step %d: averaged gradient vs global-batch gradient", name, st);
-        dtt_expect_close(n.m->grad_flat.data, g.m->grad_flat.data, ne, 1e-5, what);
+        T_NEAR(n.m->grad_flat.data, g.m->grad_flat.data, ne, 1e-5, what);
         dtt_opt_step(&n);
         dtt_opt_step(&g);
         snprintf(what, sizeof what, "%s step %d: parameters vs global batch", name, st);
-        dtt_expect_close(n.m->param_flat.data, g.m->param_flat.data, ne, 1e-5, what);
+        T_NEAR(n.m->param_flat.data, g.m->param_flat.data, ne, 1e-5, what);
         for (int q = 0; q < N; q++) dtt_batch_free(&parts[q]);
         dtt_batch_free(&all);
         free(parts);
@@ -163,11 +163,11 @@ static void check_global_batch(const char *name, const dt_model_cfg *c, int64_t 
 }
 
 static void test_global_batch(void) {
-    dtt_begin("DDP ~ one process on the global batch (1e-5 relative)");
+    t_begin("DDP ~ one process on the global batch (1e-5 relative)");
     dt_model_cfg mlp = dtt_mlp_cfg(20, 16, 12, 5), gpt = dtt_gpt2_cfg();
     check_global_batch("mlp", &mlp, 8);
     check_global_batch("gpt2", &gpt, 2);
-    dtt_end();
+    t_end();
 }
 
 /* Buckets are contiguous, in layout order, cover the gradient buffer, and
@@ -177,22 +177,22 @@ static void check_buckets(const dt_ddp *d, const dt_model *m, size_t first_cap, 
     size_t pos = 0;
     for (int i = 0; i < nb; i++) {
         const dt_ddp_bucket *b = dt_ddp_bucket_at(d, i);
-        DTT_CHECK(b && b->index == i && b->begin == pos && b->end > b->begin);
-        DTT_CHECK(b->numel == b->end - b->begin && b->grad == m->grad_flat.data + b->begin);
-        DTT_CHECK(b->numel * sizeof(float) <= (i == 0 ? first_cap : cap) || b->n_params == 1);
+        T_CHECK(b && b->index == i && b->begin == pos && b->end > b->begin);
+        T_CHECK(b->numel == b->end - b->begin && b->grad == m->grad_flat.data + b->begin);
+        T_CHECK(b->numel * sizeof(float) <= (i == 0 ? first_cap : cap) || b->n_params == 1);
         pos = b->end;
     }
-    DTT_CHECK(pos == m->grad_flat.numel);
-    DTT_CHECK(dt_ddp_bucket_at(d, nb) == NULL);
+    T_CHECK(pos == m->grad_flat.numel);
+    T_CHECK(dt_ddp_bucket_at(d, nb) == NULL);
 }
 
 static void test_bucket_caps(void) {
-    dtt_begin("bucket caps 64 KiB / 1 MiB / 25 MiB x overlap on/off x shared memory/MPI: bit-identical");
+    t_begin("bucket caps 64 KiB / 1 MiB / 25 MiB x overlap on/off x shared memory/MPI: bit-identical");
     int N = dt_pg_size(world);
     spec s = mk_spec(dtt_mlp_cfg(64, 256, 256, 10), 8, 3);
     s.o.deterministic = N > 2;
     size_t n = n_elems(&s.cfg);
-    DTT_CHECK(n * sizeof(float) > 300 * 1024);
+    T_CHECK(n * sizeof(float) > 300 * 1024);
     float *want = ref_run(&s, N, NULL);
     const size_t caps[3] = {64 << 10, 1 << 20, 25 << 20};
     for (int ci = 0; ci < 3; ci++)
@@ -205,17 +205,17 @@ static void test_bucket_caps(void) {
             dtt_net tmp;
             dtt_net_init(&tmp, &t.cfg, 1, &t.oc);
             dt_ddp *d;
-            DTT_OK(dt_ddp_create(tmp.m, world, &t.o, &d));
+            T_OK(dt_ddp_create(tmp.m, world, &t.o, &d));
             check_buckets(d, tmp.m, caps[ci], caps[ci]);
-            if (ci == 0) DTT_CHECK(dt_ddp_num_buckets(d) > 1);
-            else DTT_CHECK(dt_ddp_num_buckets(d) == 1);
+            if (ci == 0) T_CHECK(dt_ddp_num_buckets(d) > 1);
+            else T_CHECK(dt_ddp_num_buckets(d) == 1);
             dt_ddp_free(d);
             dtt_net_free(&tmp);
             char what[128];
             snprintf(what, sizeof what, "cap %zu KiB, %s, %s", caps[ci] >> 10, ov & 1 ? "no overlap" : "overlap",
                      ov & 2 ? "MPI" : "shared memory");
             float *got = ddp_run(&t, NULL, NULL);
-            dtt_expect_bitwise(got, want, n, what);
+            T_BITWISE(got, want, n, what);
             free(got);
         }
     /* a small first bucket, then larger ones */
@@ -225,26 +225,24 @@ static void test_bucket_caps(void) {
     dtt_net tmp;
     dtt_net_init(&tmp, &t.cfg, 1, &t.oc);
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(tmp.m, world, &t.o, &d));
+    T_OK(dt_ddp_create(tmp.m, world, &t.o, &d));
     check_buckets(d, tmp.m, t.o.first_bucket_bytes, t.o.bucket_bytes);
-    DTT_CHECK(dt_ddp_num_buckets(d) >= 3);
+    T_CHECK(dt_ddp_num_buckets(d) >= 3);
     dt_ddp_free(d);
     dtt_net_free(&tmp);
     float *got = ddp_run(&t, NULL, NULL);
-    dtt_expect_bitwise(got, want, n, "first bucket 16 KiB, then 128 KiB");
+    T_BITWISE(got, want, n, "first bucket 16 KiB, then 128 KiB");
     free(got);
     free(want);
-    dtt_end();
+    t_end();
 }
 
-#ifndef DDP_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_bitwise_vs_reference();
     test_global_batch();
     test_bucket_caps();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }
-#endif

@@ -5,7 +5,7 @@
  *  - a custom hook (SUM in launch, / N in finish, blocking or asynchronous) is
  *    called once per bucket per step and equals the default path bitwise;
  *  - contradictory options fail at dt_ddp_create with a clear message. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "ddp_testutil.h"
 
 static dt_pg *world;
@@ -16,7 +16,7 @@ typedef struct hook_state { int launches, finishes, async; } hook_state;
 static dt_status count_launch(void *st, dt_pg *pg, dt_ddp_bucket *b, dt_work **w) {
     hook_state *h = st;
     h->launches++;
-    DTT_CHECK(b->numel == b->end - b->begin && b->launched);
+    T_CHECK(b->numel == b->end - b->begin && b->launched);
     if (!h->async) *w = NULL;
     return dt_allreduce(pg, b->grad, b->grad, (int64_t)b->numel, DT_F32, DT_RED_SUM | DT_RED_DETERMINISTIC,
                         h->async ? w : NULL);
@@ -39,7 +39,7 @@ static dt_ddp_opts small_buckets(void) {
 }
 
 static void test_custom_hook(void) {
-    dtt_begin("custom comm hook: once per bucket per step, equals the default path");
+    t_begin("custom comm hook: once per bucket per step, equals the default path");
     int me = dt_pg_rank(world), N = dt_pg_size(world);
     dt_model_cfg c = dtt_gpt2_cfg();
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.01f);
@@ -55,28 +55,28 @@ static void test_custom_hook(void) {
             dtt_net_init(&a, &c, 31, &oc);
             dtt_net_init(&b, &c, 31, &oc);
             dt_ddp *da, *db;
-            DTT_OK(dt_ddp_create(a.m, world, &oh, &da));
-            DTT_OK(dt_ddp_create(b.m, world, &od, &db));
+            T_OK(dt_ddp_create(a.m, world, &oh, &da));
+            T_OK(dt_ddp_create(b.m, world, &od, &db));
             int nb = dt_ddp_num_buckets(da);
-            DTT_CHECK(nb > 2 && nb == dt_ddp_num_buckets(db));
+            T_CHECK(nb > 2 && nb == dt_ddp_num_buckets(db));
             for (int st = 0; st < 3; st++) {
                 dtt_batch mb;
                 dtt_make_batch(&c, dtt_key(st, me, 0), 2, &mb);
                 dtt_ddp_step(&a, da, &mb, 1);
                 dtt_ddp_step(&b, db, &mb, 1);
-                DTT_CHECK(hs.launches == (st + 1) * nb);
-                DTT_CHECK(hs.finishes == (st + 1) * nb);
+                T_CHECK(hs.launches == (st + 1) * nb);
+                T_CHECK(hs.finishes == (st + 1) * nb);
                 dtt_batch_free(&mb);
             }
-            dtt_expect_bitwise(a.m->param_flat.data, b.m->param_flat.data, a.m->param_flat.numel,
+            T_BITWISE(a.m->param_flat.data, b.m->param_flat.data, a.m->param_flat.numel,
                                "custom hook vs default reduction");
-            dtt_expect_same_across_ranks(a.m->param_flat.data, a.m->param_flat.numel, "custom hook params across ranks");
+            T_SAME_ON_RANKS(a.m->param_flat.data, a.m->param_flat.numel, "custom hook params across ranks");
             dt_ddp_free(da);
             dt_ddp_free(db);
             dtt_net_free(&a);
             dtt_net_free(&b);
         }
-    dtt_end();
+    t_end();
 }
 
 /* ---- compression ---- */
@@ -105,9 +105,9 @@ static void run_compress(dt_ddp_compress comp) {
     dtt_net_init(&f, &c, 41, &oc);   /* the same run without compression */
     dtt_net_init(&r, &c, 41, &oc);   /* 16-bit oracle (N = 2) */
     dt_ddp *d, *df;
-    DTT_OK(dt_ddp_create(n.m, world, &o, &d));
-    DTT_OK(dt_ddp_create(f.m, world, &o32, &df));
-    DTT_CHECK(dt_ddp_num_buckets(d) > 1);
+    T_OK(dt_ddp_create(n.m, world, &o, &d));
+    T_OK(dt_ddp_create(f.m, world, &o32, &df));
+    T_CHECK(dt_ddp_num_buckets(d) > 1);
     size_t ne = n.m->param_flat.numel;
     float *sum = calloc(ne, sizeof *sum);
     double first = 0, last = 0;
@@ -117,9 +117,9 @@ static void run_compress(dt_ddp_compress comp) {
         for (int q = 0; q < N; q++) dtt_make_batch(&c, dtt_key(st, q, 0), 16, &mb[q]);
         size_t bytes0 = dt_ddp_get_stats(d).bytes_reduced;
         float l = dtt_fwd_bwd(&n, d, 1, &mb[me].b, 1.0f, NULL);
-        DTT_OK(dt_ddp_finish_backward(d));
-        DTT_CHECK(dt_ddp_get_stats(d).bytes_reduced - bytes0 == ne * 2);   /* 16-bit payload */
-        DTT_CHECK(representable(n.m->grad_flat.data, ne, wire));
+        T_OK(dt_ddp_finish_backward(d));
+        T_CHECK(dt_ddp_get_stats(d).bytes_reduced - bytes0 == ne * 2);   /* 16-bit payload */
+        T_CHECK(representable(n.m->grad_flat.data, ne, wire));
         if (N == 2 && st < 5) {
             /* oracle (dist.h): each rank's gradient rounded to 16 bits; their sum
              * in float rounded to 16 bits; / N in float, rounded again */
@@ -132,7 +132,7 @@ static void run_compress(dt_ddp_compress comp) {
                 }
             }
             for (size_t i = 0; i < ne; i++) r.m->grad_flat.data[i] = round16(sum[i] / (float)N, wire);
-            dtt_expect_bitwise(n.m->grad_flat.data, r.m->grad_flat.data, ne, "compressed gradient vs 16-bit oracle");
+            T_BITWISE(n.m->grad_flat.data, r.m->grad_flat.data, ne, "compressed gradient vs 16-bit oracle");
             dtt_opt_step(&r);
         }
         dtt_opt_step(&n);
@@ -146,12 +146,12 @@ static void run_compress(dt_ddp_compress comp) {
     }
     char what[128];
     snprintf(what, sizeof what, "%s: params across ranks", name);
-    dtt_expect_same_across_ranks(n.m->param_flat.data, ne, what);
+    T_SAME_ON_RANKS(n.m->param_flat.data, ne, what);
     if (me == 0) printf("  %s: loss %.4f -> %.4f (rel diff to f32 run %.3g)\n", name, first, last,
-                        dtt_rel_diff(n.m->param_flat.data, f.m->param_flat.data, ne));
-    DTT_CHECK(last < 0.6 * first);
-    DTT_CHECK(dtt_differs(n.m->param_flat.data, f.m->param_flat.data, ne));   /* compression was in effect */
-    dtt_expect_close(n.m->param_flat.data, f.m->param_flat.data, ne, 0.1, "compressed vs f32 training");
+                        t_rel_diff(n.m->param_flat.data, f.m->param_flat.data, ne));
+    T_CHECK(last < 0.6 * first);
+    T_CHECK(t_differs(n.m->param_flat.data, f.m->param_flat.data, ne));   /* compression was in effect */
+    T_NEAR(n.m->param_flat.data, f.m->param_flat.data, ne, 0.1, "compressed vs f32 training");
     free(sum);
     dt_ddp_free(d);
     dt_ddp_free(df);
@@ -161,10 +161,10 @@ static void run_compress(dt_ddp_compress comp) {
 }
 
 static void test_compression(void) {
-    dtt_begin("bf16 / fp16 compression: converges, ranks identical");
+    t_begin("bf16 / fp16 compression: converges, ranks identical");
     run_compress(DT_DDP_COMPRESS_BF16);
     run_compress(DT_DDP_COMPRESS_FP16);
-    dtt_end();
+    t_end();
 }
 
 /* ---- option validation ---- */
@@ -174,17 +174,17 @@ static void expect_rejected(dt_model *m, const dt_ddp_opts *o, const char *k1, c
     dt_error_clear();
     dt_status s = dt_ddp_create(m, world, o, &d);
     if (s != DT_EINVAL || d != NULL || !strstr(dt_error_message(), k1) || (k2 && !strstr(dt_error_message(), k2))) {
-        fprintf(stderr, "rank %d: expected rejection mentioning '%s'/'%s', got %s: %s\n", dtt_rank(), k1,
+        fprintf(stderr, "rank %d: expected rejection mentioning '%s'/'%s', got %s: %s\n", t_rank(), k1,
                 k2 ? k2 : "", dt_status_name(s), dt_error_message());
-        DTT_CHECK(!"option contradiction accepted");
+        T_CHECK(!"option contradiction accepted");
     }
 }
 
 static void test_validation(void) {
-    dtt_begin("contradictory options fail at dt_ddp_create with a clear message");
+    t_begin("contradictory options fail at dt_ddp_create with a clear message");
     dt_model_cfg c = dtt_mlp_cfg(20, 16, 0, 5);
     dt_model *m;
-    DTT_OK(dt_model_create(&c, 1, &m));
+    T_OK(dt_model_create(&c, 1, &m));
     hook_state hs = {0, 0, 0};
     dt_ddp_comm_hook hook = {count_launch, count_finish, &hs}, nolaunch = {NULL, count_finish, &hs};
     dt_ddp_opts o;
@@ -224,26 +224,24 @@ static void test_validation(void) {
     o.bucket_bytes = 0;
     expect_rejected(m, &o, "bucket", NULL);
     /* validation issues no collective: one rank alone may fail without hanging */
-    if (dtt_rank() == 0) {
+    if (t_rank() == 0) {
         dt_ddp_opts_default(&o);
         o.first_bucket_bytes = 2;
         expect_rejected(m, &o, "bucket", NULL);
     }
     /* hook state untouched by failed creations; no grad-ready hook left behind */
-    DTT_CHECK(hs.launches == 0);
-    for (int i = 0; i < m->n_params; i++) DTT_CHECK(m->params[i]->on_grad_ready == NULL);
+    T_CHECK(hs.launches == 0);
+    for (int i = 0; i < m->n_params; i++) T_CHECK(m->params[i]->on_grad_ready == NULL);
     dt_model_free(m);
-    dtt_end();
+    t_end();
 }
 
-#ifndef DDP_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_validation();
     test_custom_hook();
     test_compression();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }
-#endif

@@ -4,7 +4,7 @@
  * ranks that ran out contribute zero gradients (bitwise at N = 2, or in
  * deterministic mode). Also with micro-steps, BatchNorm buffers, bf16
  * compression and a custom hook. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "ddp_testutil.h"
 
 static dt_pg *world;
@@ -49,22 +49,22 @@ static void run_join(const jspec *js) {
     dtt_net_init(&n, &js->cfg, 21, &oc);
     dtt_net_init(&r, &js->cfg, 21, &oc);
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(n.m, world, &o, &d));
-    DTT_CHECK(dt_ddp_num_buckets(d) > 1);
+    T_OK(dt_ddp_create(n.m, world, &o, &d));
+    T_CHECK(dt_ddp_num_buckets(d) > 1);
     for (int st = 0; st < mine; st++) {
         dtt_batch mb[4];
         for (int k = 0; k < K; k++) dtt_make_batch(&js->cfg, dtt_key(st, me, k), js->B, &mb[k]);
         dtt_ddp_step(&n, d, mb, K);
         for (int k = 0; k < K; k++) dtt_batch_free(&mb[k]);
     }
-    DTT_OK(dt_ddp_join(d));
+    T_OK(dt_ddp_join(d));
     size_t ne = n.m->param_flat.numel;
     char what[320];
     snprintf(what, sizeof what, "%s: params across ranks after join", js->name);
-    dtt_expect_same_across_ranks(n.m->param_flat.data, ne, what);
+    T_SAME_ON_RANKS(n.m->param_flat.data, ne, what);
     for (int i = 0; i < n.m->n_buffers; i++) {
         snprintf(what, sizeof what, "%s: buffer %s across ranks after join", js->name, n.m->buffers[i]->name);
-        dtt_expect_same_across_ranks(dt_f32(&n.m->buffers[i]->value), (size_t)n.m->buffers[i]->value.numel, what);
+        T_SAME_ON_RANKS(dt_f32(&n.m->buffers[i]->value), (size_t)n.m->buffers[i]->value.numel, what);
     }
     if (js->exact) {
         int *active = calloc((size_t)N, sizeof *active);
@@ -80,17 +80,17 @@ static void run_join(const jspec *js) {
         }
         free(active);
         snprintf(what, sizeof what, "%s: params after join vs reference", js->name);
-        dtt_expect_bitwise(n.m->param_flat.data, r.m->param_flat.data, ne, what);
+        T_BITWISE(n.m->param_flat.data, r.m->param_flat.data, ne, what);
     }
     /* a second join right away: everyone is already done */
-    DTT_OK(dt_ddp_join(d));
+    T_OK(dt_ddp_join(d));
     dt_ddp_free(d);
     dtt_net_free(&n);
     dtt_net_free(&r);
 }
 
 static void test_join(void) {
-    dtt_begin("join: uneven inputs finish with identical parameters");
+    t_begin("join: uneven inputs finish with identical parameters");
     jspec specs[] = {
         {"mlp", dtt_mlp_cfg(20, 16, 12, 5), 1, 8, DT_DDP_COMPRESS_NONE, NULL, 1},
         {"mlp, 2 micro-steps", dtt_mlp_cfg(20, 16, 12, 5), 2, 4, DT_DDP_COMPRESS_NONE, NULL, 1},
@@ -99,20 +99,20 @@ static void test_join(void) {
         {"mlp, custom hook", dtt_mlp_cfg(20, 16, 12, 5), 2, 4, DT_DDP_COMPRESS_NONE, &sum_hook, 1},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) run_join(&specs[i]);
-    dtt_end();
+    t_end();
 }
 
 static void test_join_misuse(void) {
-    dtt_begin("join: needs opts.join; SyncBatchNorm + join rejected");
+    t_begin("join: needs opts.join; SyncBatchNorm + join rejected");
     dt_model_cfg c = dtt_mlp_cfg(20, 16, 0, 5);
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.0f);
     dtt_net n;
     dtt_net_init(&n, &c, 1, &oc);
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(n.m, world, NULL, &d));
+    T_OK(dt_ddp_create(n.m, world, NULL, &d));
     dt_error_clear();
-    DTT_CHECK(dt_ddp_join(d) == DT_ESTATE);
-    DTT_CHECK(strstr(dt_error_message(), "join") != NULL);
+    T_CHECK(dt_ddp_join(d) == DT_ESTATE);
+    T_CHECK(strstr(dt_error_message(), "join") != NULL);
     dt_ddp_free(d);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
@@ -121,29 +121,27 @@ static void test_join_misuse(void) {
     static char sentinel;
     d = (dt_ddp *)(void *)&sentinel;   /* must be reset to NULL on failure */
     dt_error_clear();
-    DTT_CHECK(dt_ddp_create(n.m, world, &o, &d) == DT_EINVAL && d == NULL);
-    DTT_CHECK(strstr(dt_error_message(), "join") && strstr(dt_error_message(), "SyncBatchNorm"));
+    T_CHECK(dt_ddp_create(n.m, world, &o, &d) == DT_EINVAL && d == NULL);
+    T_CHECK(strstr(dt_error_message(), "join") && strstr(dt_error_message(), "SyncBatchNorm"));
     /* all ranks with equal data: join returns at once */
     o.sync_bn = 0;
-    DTT_OK(dt_ddp_create(n.m, world, &o, &d));
+    T_OK(dt_ddp_create(n.m, world, &o, &d));
     dtt_batch b;
     dtt_make_batch(&c, dtt_key(0, dt_pg_rank(world), 0), 4, &b);
     dtt_ddp_step(&n, d, &b, 1);
-    DTT_OK(dt_ddp_join(d));
-    dtt_expect_same_across_ranks(n.m->param_flat.data, n.m->param_flat.numel, "params after an even join");
+    T_OK(dt_ddp_join(d));
+    T_SAME_ON_RANKS(n.m->param_flat.data, n.m->param_flat.numel, "params after an even join");
     dtt_batch_free(&b);
     dt_ddp_free(d);
     dtt_net_free(&n);
-    dtt_end();
+    t_end();
 }
 
-#ifndef DDP_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_join();
     test_join_misuse();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }
-#endif

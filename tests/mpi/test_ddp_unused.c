@@ -5,7 +5,7 @@
  *    bit for bit and the unused parameter stays unchanged (weight decay 0);
  *  - the parameter unused on some ranks only: still the reference;
  *  - finish_backward without a backward fails cleanly on every rank. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "ddp_testutil.h"
 
 static dt_pg *world;
@@ -29,14 +29,14 @@ static dt_ddp_opts opts(int find_unused) {
 }
 
 static void test_unused_is_an_error(void) {
-    dtt_begin("unused parameter without find_unused_params: error naming it, no hang");
+    t_begin("unused parameter without find_unused_params: error naming it, no hang");
     int me = dt_pg_rank(world);
     dtt_net n;
     net(&n, 11);
     dt_ddp_opts o = opts(0);
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(n.m, world, &o, &d));
-    DTT_CHECK(dt_ddp_num_buckets(d) > 2);
+    T_OK(dt_ddp_create(n.m, world, &o, &d));
+    T_CHECK(dt_ddp_num_buckets(d) > 2);
     dt_model_cfg c = cfg();
     for (int st = 0; st < 2; st++) {
         dtt_batch b;
@@ -44,10 +44,10 @@ static void test_unused_is_an_error(void) {
         dtt_skip_layer = 1;
         dtt_fwd_bwd(&n, d, 1, &b.b, 1.0f, NULL);
         dt_error_clear();
-        DTT_CHECK(dt_ddp_finish_backward(d) == DT_EINVAL);
-        DTT_CHECK(strstr(dt_error_message(), "'fc2.bias'") != NULL);
-        DTT_CHECK(strstr(dt_error_message(), "find_unused") != NULL);
-        DTT_CHECK(strstr(dt_error_message(), "fc1.") == NULL && strstr(dt_error_message(), "fc3.") == NULL);
+        T_CHECK(dt_ddp_finish_backward(d) == DT_EINVAL);
+        T_CHECK(strstr(dt_error_message(), "'fc2.bias'") != NULL);
+        T_CHECK(strstr(dt_error_message(), "find_unused") != NULL);
+        T_CHECK(strstr(dt_error_message(), "fc1.") == NULL && strstr(dt_error_message(), "fc3.") == NULL);
         dt_model_zero_grad(n.m);
         dtt_batch_free(&b);
     }
@@ -57,39 +57,39 @@ static void test_unused_is_an_error(void) {
     dtt_batch b;
     dtt_make_batch(&c, dtt_key(5, me, 0), 8, &b);
     dtt_ddp_step(&n, d, &b, 1);
-    dtt_expect_same_across_ranks(n.m->param_flat.data, n.m->param_flat.numel, "params after recovery");
+    T_SAME_ON_RANKS(n.m->param_flat.data, n.m->param_flat.numel, "params after recovery");
     dtt_batch_free(&b);
     dt_ddp_free(d);
     dtt_net_free(&n);
     dtt_skip_layer = 1;
-    dtt_end();
+    t_end();
 }
 
 static void test_finish_without_backward(void) {
-    dtt_begin("finish_backward without backward: error on every rank, then recovers");
+    t_begin("finish_backward without backward: error on every rank, then recovers");
     int me = dt_pg_rank(world);
     dtt_net n;
     net(&n, 13);
     dt_ddp_opts o = opts(0);
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(n.m, world, &o, &d));
+    T_OK(dt_ddp_create(n.m, world, &o, &d));
     dt_model_cfg c = cfg();
     dtt_batch b;
     dtt_make_batch(&c, dtt_key(0, me, 0), 8, &b);
     dtt_skip_layer = -1;
     dt_graph_reset(n.g);
-    DTT_OK(dt_ddp_before_forward(d, n.g, 1));
-    DTT_CHECK(dt_model_forward(n.m, n.g, &b.b, NULL) != NULL);
+    T_OK(dt_ddp_before_forward(d, n.g, 1));
+    T_CHECK(dt_model_forward(n.m, n.g, &b.b, NULL) != NULL);
     dt_error_clear();
-    DTT_CHECK(dt_ddp_finish_backward(d) == DT_ESTATE);
-    DTT_CHECK(strstr(dt_error_message(), "backward") != NULL);
+    T_CHECK(dt_ddp_finish_backward(d) == DT_ESTATE);
+    T_CHECK(strstr(dt_error_message(), "backward") != NULL);
     dtt_ddp_step(&n, d, &b, 1);
-    dtt_expect_same_across_ranks(n.m->param_flat.data, n.m->param_flat.numel, "params after recovery");
+    T_SAME_ON_RANKS(n.m->param_flat.data, n.m->param_flat.numel, "params after recovery");
     dtt_skip_layer = 1;
     dtt_batch_free(&b);
     dt_ddp_free(d);
     dtt_net_free(&n);
-    dtt_end();
+    t_end();
 }
 
 static int skip_on_odd_ranks;
@@ -103,11 +103,11 @@ static void run_find_unused(int odd_only) {
     net(&r, 12);
     dt_ddp_opts o = opts(1);
     dt_ddp *d;
-    DTT_OK(dt_ddp_create(n.m, world, &o, &d));
+    T_OK(dt_ddp_create(n.m, world, &o, &d));
     dt_param *pb = dt_model_find_param(n.m, "fc2.bias");
-    DTT_CHECK(pb != NULL);
+    T_CHECK(pb != NULL);
     size_t nb = (size_t)pb->value.numel, ne = n.m->param_flat.numel;
-    float *b0 = dtt_copy(dt_f32(&pb->value), nb), *init = dtt_copy(n.m->param_flat.data, ne);
+    float *b0 = t_copy(dt_f32(&pb->value), nb), *init = t_copy(n.m->param_flat.data, ne);
     dt_model_cfg c = cfg();
     dtt_ref_rank_hook = ref_rank_hook;
     for (int st = 0; st < 4; st++) {
@@ -121,11 +121,11 @@ static void run_find_unused(int odd_only) {
     }
     dtt_ref_rank_hook = NULL;
     dtt_skip_layer = 1;
-    DTT_CHECK(dtt_differs(n.m->param_flat.data, init, ne));
-    dtt_expect_same_across_ranks(n.m->param_flat.data, ne, "params across ranks");
-    dtt_expect_bitwise(n.m->param_flat.data, r.m->param_flat.data, ne, "find_unused_params: DDP vs reference");
-    if (odd_only) DTT_CHECK(dtt_differs(dt_f32(&pb->value), b0, nb));   /* even ranks trained it */
-    else dtt_expect_bitwise(dt_f32(&pb->value), b0, nb, "unused parameter stays unchanged");
+    T_CHECK(t_differs(n.m->param_flat.data, init, ne));
+    T_SAME_ON_RANKS(n.m->param_flat.data, ne, "params across ranks");
+    T_BITWISE(n.m->param_flat.data, r.m->param_flat.data, ne, "find_unused_params: DDP vs reference");
+    if (odd_only) T_CHECK(t_differs(dt_f32(&pb->value), b0, nb));   /* even ranks trained it */
+    else T_BITWISE(dt_f32(&pb->value), b0, nb, "unused parameter stays unchanged");
     free(b0);
     free(init);
     dt_ddp_free(d);
@@ -134,22 +134,22 @@ static void run_find_unused(int odd_only) {
 }
 
 static void test_find_unused(void) {
-    dtt_begin("find_unused_params: trains, matches the reference, unused param unchanged");
+    t_begin("find_unused_params: trains, matches the reference, unused param unchanged");
     run_find_unused(0);
-    dtt_end();
+    t_end();
     if (dt_pg_size(world) < 2) return;
-    dtt_begin("find_unused_params: parameter unused on odd ranks only");
+    t_begin("find_unused_params: parameter unused on odd ranks only");
     run_find_unused(1);
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     dtt_skip_layer = 1;
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_unused_is_an_error();
     test_finish_without_backward();
     test_find_unused();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }

@@ -1,7 +1,8 @@
 /* Collectives against locally computed results, async handles, progress,
- * sub-groups, tracing and errors. Runs in POLL mode; test_dist_thread.c
- * includes this file to run the same checks in THREAD mode. */
-#include "test_dist_util.h"
+ * sub-groups, tracing and errors. ctest runs it in POLL mode and again in
+ * THREAD mode (test_dist_collectives_thread: DTRAIN_PROGRESS=thread). */
+#include "mpi_check.h"
+#include "tmpdir.h"
 
 /* Small integers: every sum and every /size (size 1, 2, 4) is exact in f32,
  * bf16 and f16, so the expected result does not depend on summation order. */
@@ -38,10 +39,10 @@ static void test_allreduce(dt_pg *pg) {
                         T_CHECK(w != NULL);
                         T_OK(dt_work_wait(w));
                     }
-                    t_expect_eq(out, t, exp, c, inplace ? "allreduce in place" : "allreduce");
+                    T_DTYPE_EQ(out, t, exp, c, inplace ? "allreduce in place" : "allreduce");
                     if (!inplace) {   /* input untouched */
                         for (int64_t i = 0; i < c; i++) exp[i] = src[i];
-                        t_expect_eq(in, t, exp, c, "allreduce input preserved");
+                        T_DTYPE_EQ(in, t, exp, c, "allreduce input preserved");
                         free(out);
                     }
                     free(in); free(src); free(exp);
@@ -65,11 +66,11 @@ static void test_reduce_scatter(dt_pg *pg) {
                 dt_work *w;
                 T_OK(dt_reduce_scatter(pg, in, out, c, t, avg ? DT_RED_AVG : DT_RED_SUM, &w));
                 T_OK(dt_work_wait(w));
-                t_expect_eq(out, t, exp, c, "reduce_scatter");
+                T_DTYPE_EQ(out, t, exp, c, "reduce_scatter");
                 /* in place: the result lands on this rank's own chunk of in */
                 void *mine = (char *)in + (size_t)me * (size_t)c * dt_dtype_size(t);
                 T_OK(dt_reduce_scatter(pg, in, mine, c, t, avg ? DT_RED_AVG : DT_RED_SUM, NULL));
-                t_expect_eq(mine, t, exp, c, "reduce_scatter in place");
+                T_DTYPE_EQ(mine, t, exp, c, "reduce_scatter in place");
                 free(in); free(out); free(src); free(exp);
             }
     t_end();
@@ -90,13 +91,13 @@ static void test_allgather_bcast_reduce(dt_pg *pg) {
             void *in = t_alloc(c, t), *out = t_alloc(tot, t);
             t_fill(in, t, src, c);
             T_OK(dt_allgather(pg, in, out, c, t, NULL));
-            t_expect_eq(out, t, exp, tot, "allgather");
+            T_DTYPE_EQ(out, t, exp, tot, "allgather");
             memset(out, 0, (size_t)tot * es);
             t_fill((char *)out + (size_t)me * (size_t)c * es, t, src, c);
             dt_work *w;
             T_OK(dt_allgather(pg, (char *)out + (size_t)me * (size_t)c * es, out, c, t, &w));   /* in place */
             T_OK(dt_work_wait(w));
-            t_expect_eq(out, t, exp, tot, "allgather in place");
+            T_DTYPE_EQ(out, t, exp, tot, "allgather in place");
             /* broadcast from the last rank */
             int root = n - 1;
             for (int64_t i = 0; i < c; i++) src[i] = me == root ? val(root, i) : -1.0f;
@@ -104,7 +105,7 @@ static void test_allgather_bcast_reduce(dt_pg *pg) {
             t_fill(in, t, src, c);
             T_OK(dt_broadcast(pg, in, c, t, root, si % 2 ? NULL : &w));
             if (si % 2 == 0) T_OK(dt_work_wait(w));
-            t_expect_eq(in, t, exp, c, "broadcast");
+            T_DTYPE_EQ(in, t, exp, c, "broadcast");
             /* reduce (sum / avg) to rank 1 % n, in place and out of place */
             root = 1 % n;
             for (int avg = 0; avg < 2; avg++)
@@ -114,7 +115,7 @@ static void test_allgather_bcast_reduce(dt_pg *pg) {
                     void *o = inplace ? in : (me == root ? out : NULL);
                     T_OK(dt_reduce(pg, in, o, c, t, avg ? DT_RED_AVG : DT_RED_SUM, root, &w));
                     T_OK(dt_work_wait(w));
-                    if (me == root) t_expect_eq(o, t, exp, c, "reduce");
+                    if (me == root) T_DTYPE_EQ(o, t, exp, c, "reduce");
                 }
             free(in); free(out); free(src); free(exp);
         }
@@ -150,19 +151,19 @@ static void test_overlap_out_of_order(dt_pg *pg) {
     for (int k = 7; k >= 0; k--) T_OK(dt_work_wait(w[k]));
     float *e = malloc((size_t)c * n * sizeof(float));
     for (int64_t i = 0; i < c; i++) e[i] = expect_sum(n, i, 0);
-    t_expect_eq(ra, DT_F32, e, c, "allreduce");
+    T_DTYPE_EQ(ra, DT_F32, e, c, "allreduce");
     for (int64_t i = 0; i < c; i++) e[i] = expect_sum(n, (int64_t)me * c + i, 1);
-    t_expect_eq(rb, DT_F32, e, c, "reduce_scatter");
+    T_DTYPE_EQ(rb, DT_F32, e, c, "reduce_scatter");
     for (int r = 0; r < n; r++) for (int64_t i = 0; i < c; i++) e[r * c + i] = val(r, i);
-    t_expect_eq(g, DT_F32, e, c * n, "allgather");
+    T_DTYPE_EQ(g, DT_F32, e, c * n, "allgather");
     for (int64_t i = 0; i < c; i++) e[i] = (float)i;
-    t_expect_eq(bc, DT_F32, e, c, "broadcast");
+    T_DTYPE_EQ(bc, DT_F32, e, c, "broadcast");
     for (int64_t i = 0; i < c; i++) e[i] = expect_sum(n, i + 5, 1);
-    t_expect_eq(d, DT_F32, e, c, "deterministic allreduce");
+    T_DTYPE_EQ(d, DT_F32, e, c, "deterministic allreduce");
     for (int64_t i = 0; i < c; i++) e[i] = expect_sum(n, i + 3, 0);
-    t_expect_eq(h, DT_BF16, e, c, "bf16 allreduce");
+    T_DTYPE_EQ(h, DT_BF16, e, c, "bf16 allreduce");
     for (int64_t i = 0; i < c; i++) e[i] = (float)(peer_from * 1000 + i % 997);
-    t_expect_eq(rbuf, DT_F32, e, c, "recv");
+    T_DTYPE_EQ(rbuf, DT_F32, e, c, "recv");
     /* many small ops in flight, waited in a scrambled order */
     enum { K = 24 };
     float v[K];
@@ -244,8 +245,9 @@ static void test_split(dt_pg *world) {
 
 static void test_trace(dt_pg *pg) {
     t_begin("trace hook");
-    char path[256];
-    snprintf(path, sizeof path, "/tmp/test_dist_trace_%d_%d.json", (int)getpid(), dt_pg_rank(pg));
+    char dir[128], path[256];
+    T_CHECK(dt_test_tmpdir(dir, sizeof dir, "dist_trace") == 0);   /* one per rank */
+    snprintf(path, sizeof path, "%s/trace.json", dir);
     dt_trace *tr;
     T_OK(dt_trace_open(&tr, path, dt_pg_rank(pg)));
     dt_pg_set_trace(pg, tr);
@@ -262,7 +264,7 @@ static void test_trace(dt_pg *pg) {
     size_t m = fread(buf, 1, sizeof buf - 1, f);
     buf[m] = 0;
     fclose(f);
-    remove(path);
+    dt_test_rm_rf(dir);
     T_CHECK(strstr(buf, "\"allreduce 1.0MiB\""));
     T_CHECK(strstr(buf, "\"reduce_scatter "));
     free(x);
@@ -335,7 +337,6 @@ static void run_collective_tests(void) {
     T_OK(dt_pg_free(world));
 }
 
-#ifndef DIST_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     run_collective_tests();
@@ -343,4 +344,3 @@ int main(int argc, char **argv) {
     T_CHECK(!dt_dist_initialized());
     return 0;
 }
-#endif

@@ -1,7 +1,7 @@
 /* Fixed-order reductions: results are bitwise equal to one process summing
  * the known per-rank inputs in rank order, whatever the chunking, and several
  * multi-phase operations in flight at once stay consistent across ranks. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 
 /* Inputs where the order of float additions matters: huge values that cancel
  * next to small ones (1e8 + 1 - 1e8 is 0 in one order and 1 in another). */
@@ -51,7 +51,7 @@ static void test_det_allreduce_bitwise(dt_pg *pg) {
                 dt_work *w = NULL;
                 T_OK(dt_allreduce(pg, x, x, c, t, op, si % 2 ? &w : NULL));
                 T_OK(dt_work_wait(w));
-                t_expect_eq(x, t, e, c, "deterministic allreduce");
+                T_DTYPE_EQ(x, t, e, c, "deterministic allreduce");
                 free(x);
                 free(e);
             }
@@ -71,7 +71,7 @@ static void test_det_allreduce_bitwise(dt_pg *pg) {
         void *x = det_input(me, c, DT_F32);
         float *e = det_expected(n, c, DT_F32, 0);
         T_OK(dt_allreduce(pg, x, x, c, DT_F32, DT_RED_SUM, NULL));
-        t_expect_eq(x, DT_F32, e, c, "plain allreduce, 2 ranks");
+        T_DTYPE_EQ(x, DT_F32, e, c, "plain allreduce, 2 ranks");
         free(x);
         free(e);
     }
@@ -103,7 +103,7 @@ static void test_det_chunking(dt_pg *pg) {
         dt_pg_set_deterministic(pg, 0);
         T_CHECK(memcmp(whole, grp, (size_t)c * es) == 0);
         float *e = det_expected(n, c, t, 1);
-        t_expect_eq(whole, t, e, c, "chunked deterministic allreduce");
+        T_DTYPE_EQ(whole, t, e, c, "chunked deterministic allreduce");
         free(e);
         free(whole);
         free(parts);
@@ -124,14 +124,14 @@ static void test_det_reduce_scatter_and_reduce(dt_pg *pg) {
             void *x = det_input(me, c * n, t), *out = t_alloc(c * n, t);
             float *e = det_expected(n, c * n, t, avg);
             T_OK(dt_reduce_scatter(pg, x, out, c, t, op, NULL));
-            t_expect_eq(out, t, e + (size_t)me * c, c, "reduce_scatter");
+            T_DTYPE_EQ(out, t, e + (size_t)me * c, c, "reduce_scatter");
             /* the allreduce of the same buffer has the same bits in that chunk */
             T_OK(dt_allreduce(pg, x, out, c * n, t, op | DT_RED_DETERMINISTIC, NULL));
-            t_expect_eq(out, t, e, c * n, "deterministic allreduce (whole)");
+            T_DTYPE_EQ(out, t, e, c * n, "deterministic allreduce (whole)");
             int root = n - 1;
             memset(out, 0, (size_t)c * n * es);
             T_OK(dt_reduce(pg, x, me == root ? out : NULL, c * n, t, op | DT_RED_DETERMINISTIC, root, NULL));
-            if (me == root) t_expect_eq(out, t, e, c * n, "deterministic reduce");
+            if (me == root) T_DTYPE_EQ(out, t, e, c * n, "deterministic reduce");
             free(x);
             free(out);
             free(e);
@@ -169,7 +169,7 @@ static void test_det_phases_in_flight(dt_pg *pg) {
             if (k % 4 == 3) {
                 e = malloc((size_t)cs[k] * sizeof(float));
                 for (int64_t i = 0; i < cs[k]; i++) e[i] = det_val(k % n, i, DT_F32);
-                t_expect_eq(x[k], DT_F32, e, cs[k], "broadcast");
+                T_DTYPE_EQ(x[k], DT_F32, e, cs[k], "broadcast");
             } else if (k % 3 == 1 && n > 2) {
                 /* plain sum: order unspecified; check it is close */
                 e = det_expected(n, cs[k], DT_F32, 0);
@@ -177,7 +177,7 @@ static void test_det_phases_in_flight(dt_pg *pg) {
                 for (int64_t i = 0; i < cs[k]; i++) T_CHECK(fabsf(g[i] - e[i]) <= 256.0f);
             } else {
                 e = det_expected(n, cs[k], DT_F32, 0);
-                t_expect_eq(x[k], DT_F32, e, cs[k], "deterministic allreduce in flight");
+                T_DTYPE_EQ(x[k], DT_F32, e, cs[k], "deterministic allreduce in flight");
             }
             free(e);
             free(x[k]);
@@ -202,11 +202,9 @@ static void run_det_tests(void) {
     T_OK(dt_pg_free(world));
 }
 
-#ifndef DIST_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     run_det_tests();
     T_OK(dt_dist_finalize());
     return 0;
 }
-#endif

@@ -5,7 +5,7 @@
  * multi-rank test with the TCP component among the BTLs). */
 #include <stdlib.h>
 #include <string.h>
-#include "test_dist_util.h"
+#include "mpi_check.h"
 
 /* Open MPI's current value of an MCA variable of type size_t/int as a long
  * long, or -1 when the variable is not registered in this process. */

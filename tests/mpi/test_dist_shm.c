@@ -5,7 +5,7 @@
  * different orders across groups, and the errors: ranks passing different
  * ranges or sizes (also with operations queued behind). Every rank of these tests
  * runs on one machine, so the allocation must be shared. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 
 /* Order-sensitive inputs: 1e8 + 1 - 1e8 depends on the order of additions. */
 static float shm_val(int rank, int64_t i) {
@@ -26,7 +26,7 @@ static void shm_fill(float *x, int me, int64_t off, int64_t c) {
 static void check_range(const float *x, int n, int64_t off, int64_t c, int avg, const char *what) {
     float *e = malloc((size_t)(c > 0 ? c : 1) * sizeof *e);
     for (int64_t i = 0; i < c; i++) e[i] = shm_expect(n, off + i, avg);
-    t_expect_eq(x + off, DT_F32, e, c, what);
+    T_DTYPE_EQ(x + off, DT_F32, e, c, what);
     free(e);
 }
 
@@ -221,11 +221,9 @@ static void run_shm_tests(void) {
     T_OK(dt_pg_free(world));
 }
 
-#ifndef DIST_TEST_NO_MAIN
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     run_shm_tests();
     T_OK(dt_dist_finalize());
     return 0;
 }
-#endif

@@ -11,7 +11,7 @@
  *  - the buckets touched change between micro-steps: a parameter that gets a
  *    gradient only in the first, only in a middle, or only in the
  *    synchronising micro-step still contributes exactly what DDP reduces. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "zero_testutil.h"
 
 static dt_pg *world;
@@ -21,14 +21,14 @@ static const dt_zero_overlap overlaps[3] = {DT_ZERO_OVERLAP_OFF, DT_ZERO_OVERLAP
 
 /* ZeRO with the accumulation checks; returns registration-order params. */
 static float *zero_accum_run(const dtz_spec *s, const dt_zero_opts *o) {
-    int me = dtt_rank();
+    int me = t_rank();
     dtz_net n;
     dtz_net_init(&n, s, 1 + (uint64_t)me, world, o);
     size_t P = dtz_param_count(n.m);
     for (int st = 0; st < s->steps; st++) {
         int K = dtz_k(s, st);
         dtt_batch mb[8];
-        DTT_CHECK(K <= 8);
+        T_CHECK(K <= 8);
         for (int k = 0; k < K; k++) dtt_make_batch(&s->cfg, dtt_key(st, me, k), s->B, &mb[k]);
         dt_zero_set_lr(n.z, dtz_lr(s, st));
         for (int k = 0; k < K; k++) {
@@ -37,19 +37,19 @@ static float *zero_accum_run(const dtz_spec *s, const dt_zero_opts *o) {
             if (k == K - 1) break;
             /* not the synchronising micro-step: finishing is a usage error, on every rank alike */
             dt_error_clear();
-            DTT_CHECK(dt_zero_finish_backward(n.z) == DT_ESTATE);
-            DTT_CHECK(dt_error_message()[0] != 0);
+            T_CHECK(dt_zero_finish_backward(n.z) == DT_ESTATE);
+            T_CHECK(dt_error_message()[0] != 0);
             if (o->stage >= 2 && !s->before_micro) {
                 /* every bucket got gradients and none was reduced: all full buffers alive */
                 dt_zero_memory mem = dt_zero_get_memory(n.z);
-                DTT_CHECK(mem.grad_window_peak >= P * sizeof(float));
+                T_CHECK(mem.grad_window_peak >= P * sizeof(float));
             }
         }
-        DTT_OK(dt_zero_finish_backward(n.z));
-        DTT_OK(dt_zero_step(n.z, NULL));
+        T_OK(dt_zero_finish_backward(n.z));
+        T_OK(dt_zero_step(n.z, NULL));
         for (int k = 0; k < K; k++) dtt_batch_free(&mb[k]);
     }
-    DTT_CHECK(dt_zero_optim_step(n.z) == s->steps);
+    T_CHECK(dt_zero_optim_step(n.z) == s->steps);
     float *lay = dtz_gather_layout(n.z);
     float *p = dtz_params(n.m, lay);
     free(lay);
@@ -59,7 +59,7 @@ static float *zero_accum_run(const dtz_spec *s, const dt_zero_opts *o) {
 
 static void check_accum(const char *name, const dtz_spec *s) {
     dt_model *namer;
-    DTT_OK(dt_model_create(&s->cfg, 1, &namer));
+    T_OK(dt_model_create(&s->cfg, 1, &namer));
     dtz_result want;
     dtz_ddp_run(s, world, &want);
     for (int stage = 1; stage <= 3; stage++)
@@ -70,7 +70,7 @@ static void check_accum(const char *name, const dtz_spec *s) {
             char what[160];
             snprintf(what, sizeof what, "%s, stage %d, overlap mode %d: accumulated ZeRO vs DDP", name, stage,
                      (int)overlaps[oi]);
-            dtt_expect_same_across_ranks(got, want.n_params, what);
+            T_SAME_ON_RANKS(got, want.n_params, what);
             dtz_expect_params(namer, got, want.params, 0, what);
             free(got);
         }
@@ -79,7 +79,7 @@ static void check_accum(const char *name, const dtz_spec *s) {
 }
 
 static void test_accum(void) {
-    dtt_begin("accumulation (K = 1..4 micro-steps): ZeRO-1/2/3 x overlap modes == DDP bit for bit");
+    t_begin("accumulation (K = 1..4 micro-steps): ZeRO-1/2/3 x overlap modes == DDP bit for bit");
     static const int Ks[4] = {3, 1, 4, 2};
     dtz_spec mlp = dtz_mk_spec(dtt_mlp_cfg(24, 32, 16, 5), 4, 4);
     mlp.Ks = Ks;
@@ -90,7 +90,7 @@ static void test_accum(void) {
     dtz_spec cnn = dtz_mk_spec(dtt_cnn_cfg(), 2, 2);
     cnn.K = 2;
     check_accum("cnn", &cnn);
-    dtt_end();
+    t_end();
 }
 
 /* ---- a parameter used in some micro-steps only ---- */
@@ -108,7 +108,7 @@ static void skip_pattern(int st, int rank, int k) {
 static void skip_always(int st, int rank, int k) { (void)st; (void)rank; (void)k; dtt_skip_layer = 1; }
 
 static void test_touched_buckets_change(void) {
-    dtt_begin("accumulation: parameter used in the first / middle / last micro-step only == DDP");
+    t_begin("accumulation: parameter used in the first / middle / last micro-step only == DDP");
     dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 4, 4);
     s.K = 3;
     s.find_unused = 1;
@@ -116,14 +116,14 @@ static void test_touched_buckets_change(void) {
     s.before_micro = skip_pattern;
     s.ddp_bucket_bytes = 256;
     dt_model *namer;
-    DTT_OK(dt_model_create(&s.cfg, 1, &namer));
+    T_OK(dt_model_create(&s.cfg, 1, &namer));
     dtz_result want, never;
     dtz_ddp_run(&s, world, &want);
     /* control: dropping the bias's accumulated micro-step gradients changes the result */
     dtz_spec s2 = s;
     s2.before_micro = skip_always;
     dtz_ddp_run(&s2, world, &never);
-    DTT_CHECK(dtt_differs(want.params, never.params, want.n_params));
+    T_CHECK(t_differs(want.params, never.params, want.n_params));
     for (int stage = 1; stage <= 3; stage++)
         for (int oi = 0; oi < 3; oi++) {
             dt_zero_opts o = dtz_opts(&s, stage, overlaps[oi]);
@@ -139,14 +139,14 @@ static void test_touched_buckets_change(void) {
     dtz_result_free(&want);
     dtz_result_free(&never);
     dt_model_free(namer);
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_accum();
     test_touched_buckets_change();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }

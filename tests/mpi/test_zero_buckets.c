@@ -14,14 +14,14 @@
  *      full-size windows bounded by the layout; stage 3 on a deep MLP holds
  *      only a window of modules gathered at a time, and at stages 2/3 a
  *      bucket's full gradient is released once its reduction finished. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "zero_testutil.h"
 
 static dt_pg *world;
 
 /* A parameter whose elements lie in two ranks' shards. */
 static int straddles(dt_zero *z, const dt_model *m) {
-    int N = dtt_size();
+    int N = t_size();
     dt_param *const *ord = dt_zero_param_order(z);
     for (int i = 0; i < dt_zero_num_buckets(z); i++) {
         const dt_zero_bucket *b = dt_zero_bucket_at(z, i);
@@ -38,7 +38,7 @@ static int straddles(dt_zero *z, const dt_model *m) {
 }
 
 static void test_geometry(void) {
-    dtt_begin("tiny buckets: geometry, padding, parameters straddling shard boundaries");
+    t_begin("tiny buckets: geometry, padding, parameters straddling shard boundaries");
     const dt_model_cfg cfgs[2] = {dtt_gpt2_cfg(), dtt_mlp_cfg(20, 16, 12, 5)};
     for (int c = 0; c < 2; c++)
         for (int stage = 1; stage <= 3; stage++) {
@@ -49,37 +49,37 @@ static void test_geometry(void) {
             dtz_net_init(&n, &s, 1, world, &o);
             dtz_check_geometry(n.z, n.m);
             int nb = dt_zero_num_buckets(n.z), padded = 0;
-            DTT_CHECK(nb >= 4);
+            T_CHECK(nb >= 4);
             for (int i = 0; i < nb; i++) {
                 const dt_zero_bucket *b = dt_zero_bucket_at(n.z, i);
                 if (b->used < b->numel) padded = 1;
                 /* a bucket is over the cap only when it holds a single parameter */
-                DTT_CHECK(b->used * sizeof(float) <= 256 || b->n_params == 1);
+                T_CHECK(b->used * sizeof(float) <= 256 || b->n_params == 1);
             }
-            DTT_CHECK(padded);
-            DTT_CHECK(straddles(n.z, n.m));
+            T_CHECK(padded);
+            T_CHECK(straddles(n.z, n.m));
             /* the layout covers every parameter element once: P <= layout */
-            DTT_CHECK(dtz_layout_len(n.z) >= dtz_param_count(n.m));
+            T_CHECK(dtz_layout_len(n.z) >= dtz_param_count(n.m));
             /* default caps: everything of these tiny models in one bucket */
             dtz_net_free(&n);
             o.first_bucket_bytes = (size_t)1 << 20;
             o.bucket_bytes = (size_t)4 << 20;
             dtz_net_init(&n, &s, 1, world, &o);
             dtz_check_geometry(n.z, n.m);
-            DTT_CHECK(dt_zero_num_buckets(n.z) == 1);
+            T_CHECK(dt_zero_num_buckets(n.z) == 1);
             dtz_net_free(&n);
         }
-    dtt_end();
+    t_end();
 }
 
 static void test_bucket_independence(void) {
-    dtt_begin("bucket sizes 256 B / 256 B+4 KiB / default / 64 MiB: same parameters as DDP, bit for bit");
+    t_begin("bucket sizes 256 B / 256 B+4 KiB / default / 64 MiB: same parameters as DDP, bit for bit");
     const size_t caps[4][2] = {{256, 256}, {256, 4096}, {1 << 20, 4 << 20}, {64 << 20, 64 << 20}};
     dtz_spec specs[2] = {dtz_mk_spec(dtt_gpt2_cfg(), 2, 3), dtz_mk_spec(dtt_mlp_cfg(20, 32, 16, 5), 8, 3)};
     for (int si = 0; si < 2; si++) {
         const dtz_spec *s = &specs[si];
         dt_model *namer;
-        DTT_OK(dt_model_create(&s->cfg, 1, &namer));
+        T_OK(dt_model_create(&s->cfg, 1, &namer));
         dtz_result want;
         dtz_ddp_run(s, world, &want);
         for (int stage = 1; stage <= 3; stage++)
@@ -99,19 +99,19 @@ static void test_bucket_independence(void) {
         dtz_result_free(&want);
         dt_model_free(namer);
     }
-    dtt_end();
+    t_end();
 }
 
 /* lo <= x <= hi with hi = want * 1.01 + slack */
 static void expect_about(size_t x, double want, double slack, const char *what) {
     if ((double)x >= want && (double)x <= want * 1.01 + slack) return;
-    fprintf(stderr, "rank %d: %s: %zu bytes, expected %.0f .. %.0f\n", dtt_rank(), what, x, want,
+    fprintf(stderr, "rank %d: %s: %zu bytes, expected %.0f .. %.0f\n", t_rank(), what, x, want,
             want * 1.01 + slack);
-    dtt_fail(__FILE__, __LINE__, what);
+    t_fail(__FILE__, __LINE__, what);
 }
 
 static void check_memory(const dt_model_cfg *c, const dt_optim_cfg *oc) {
-    int me = dtt_rank(), N = dtt_size();
+    int me = t_rank(), N = t_size();
     dtz_spec s = dtz_mk_spec(*c, 4, 2);
     s.oc = *oc;
     const double states = (double)dt_optim_state_per_elem(oc);
@@ -134,10 +134,10 @@ static void check_memory(const dt_model_cfg *c, const dt_optim_cfg *oc) {
             snprintf(what, sizeof what, "stage %d after %d steps: parameters", stage, st);
             expect_about(mem.param_bytes, stage >= 3 ? part : full, stage >= 3 ? slack : N * slack, what);
             size_t layout_bytes = dtz_layout_len(n.z) * sizeof(float);
-            DTT_CHECK(mem.grad_window_peak <= layout_bytes && mem.param_window_peak <= layout_bytes);
-            if (st > 0 && stage >= 2) DTT_CHECK(mem.grad_window_peak > 0);     /* full buckets existed in backward */
-            if (st > 0 && stage == 3) DTT_CHECK(mem.param_window_peak > 0);    /* and gathered parameters */
-            if (stage < 3) DTT_CHECK(mem.param_window_peak == 0);
+            T_CHECK(mem.grad_window_peak <= layout_bytes && mem.param_window_peak <= layout_bytes);
+            if (st > 0 && stage >= 2) T_CHECK(mem.grad_window_peak > 0);     /* full buckets existed in backward */
+            if (st > 0 && stage == 3) T_CHECK(mem.param_window_peak > 0);    /* and gathered parameters */
+            if (stage < 3) T_CHECK(mem.param_window_peak == 0);
             dtt_batch b;
             dtt_make_batch(c, dtt_key(st, me, 0), 4, &b);
             dtz_step(&n, 1e-2f, &b, 1, NULL);
@@ -148,7 +148,7 @@ static void check_memory(const dt_model_cfg *c, const dt_optim_cfg *oc) {
 }
 
 static void test_memory(void) {
-    dtt_begin("memory: optimizer state 1/N (stage >= 1), gradients 1/N (>= 2), parameters 1/N (3)");
+    t_begin("memory: optimizer state 1/N (stage >= 1), gradients 1/N (>= 2), parameters 1/N (3)");
     dt_model_cfg mlp = dtt_mlp_cfg(64, 256, 256, 10);
     dt_optim_cfg adam = dtt_adamw(1e-2f, 0.01f);
     dt_optim_cfg sgd = dt_optim_cfg_default(DT_OPTIM_SGD);
@@ -160,7 +160,7 @@ static void test_memory(void) {
     gpt.n_head = 4;
     gpt.vocab = 128;
     check_memory(&gpt, &adam);
-    dtt_end();
+    t_end();
 }
 
 /* 32 -> 8 x 128 -> 10: nine layers, one 128x128-float bucket cap each */
@@ -177,10 +177,10 @@ static dt_zero_memory deep_mlp_two_steps(const dtz_spec *s, dt_pg *pg, dt_zero_o
     o.first_bucket_bytes = o.bucket_bytes = 128 * 128 * sizeof(float);
     dtz_net n;
     dtz_net_init(&n, s, 1, pg, &o);
-    DTT_CHECK(dt_zero_num_buckets(n.z) >= 8);
+    T_CHECK(dt_zero_num_buckets(n.z) >= 8);
     for (int st = 0; st < 2; st++) {
         dtt_batch b;
-        dtt_make_batch(&s->cfg, dtt_key(st, dtt_rank(), 0), 4, &b);
+        dtt_make_batch(&s->cfg, dtt_key(st, t_rank(), 0), 4, &b);
         dtz_step(&n, 1e-2f, &b, 1, NULL);
         dtt_batch_free(&b);
     }
@@ -193,8 +193,8 @@ static dt_zero_memory deep_mlp_two_steps(const dtz_spec *s, dt_pg *pg, dt_zero_o
 /* Stage 3 on a deep MLP with a bucket per layer: at no time are more than a
  * few modules' parameters gathered. */
 static void test_stage3_window(void) {
-    dtt_begin("stage 3: gathered parameters stay a window of modules (deep MLP)");
-    int me = dtt_rank();
+    t_begin("stage 3: gathered parameters stay a window of modules (deep MLP)");
+    int me = t_rank();
     dtz_spec s = dtz_mk_spec(deep_mlp_cfg(), 4, 2);
     for (int pf = 0; pf <= 1; pf++) {
         dt_zero_opts o = dtz_opts(&s, 3, DT_ZERO_OVERLAP_AFTER_BACKWARD);
@@ -203,10 +203,10 @@ static void test_stage3_window(void) {
         dt_zero_memory mem = deep_mlp_two_steps(&s, world, o, &layout_bytes);
         if (getenv("DTT_VERBOSE") && me == 0)
             printf("  prefetch %d: param window peak %zu of %zu bytes\n", pf, mem.param_window_peak, layout_bytes);
-        DTT_CHECK(mem.param_window_peak >= 128 * 128 * sizeof(float));   /* one hidden layer at least */
-        DTT_CHECK(mem.param_window_peak * 10 <= layout_bytes * 6);         /* 9 modules: never most of them */
+        T_CHECK(mem.param_window_peak >= 128 * 128 * sizeof(float));   /* one hidden layer at least */
+        T_CHECK(mem.param_window_peak * 10 <= layout_bytes * 6);         /* 9 modules: never most of them */
     }
-    dtt_end();
+    t_end();
 }
 
 /* Stages 2/3: a bucket's full-size gradient lives only until its
@@ -215,10 +215,10 @@ static void test_stage3_window(void) {
  * buffers are released as backward proceeds, so at most a few buckets (a
  * layer's weight and bias) are alive together, never most of the model. */
 static void test_grad_window(void) {
-    dtt_begin("stages 2/3: full gradient buckets released as their reductions finish (deep MLP)");
-    int me = dtt_rank();
+    t_begin("stages 2/3: full gradient buckets released as their reductions finish (deep MLP)");
+    int me = t_rank();
     dt_pg *solo;
-    DTT_OK(dt_pg_split(world, me, 0, &solo));
+    T_OK(dt_pg_split(world, me, 0, &solo));
     dtz_spec s = dtz_mk_spec(deep_mlp_cfg(), 4, 2);
     for (int stage = 2; stage <= 3; stage++)
         for (int ov = 0; ov <= 2; ov++) {
@@ -227,20 +227,20 @@ static void test_grad_window(void) {
             if (getenv("DTT_VERBOSE") && me == 0)
                 printf("  stage %d overlap %d: grad window peak %zu of %zu bytes\n", stage, ov, mem.grad_window_peak,
                        layout_bytes);
-            DTT_CHECK(mem.grad_window_peak >= 128 * 128 * sizeof(float));   /* one hidden layer at least */
-            DTT_CHECK(mem.grad_window_peak * 10 <= layout_bytes * 4);        /* 9 layers: never most of them */
+            T_CHECK(mem.grad_window_peak >= 128 * 128 * sizeof(float));   /* one hidden layer at least */
+            T_CHECK(mem.grad_window_peak * 10 <= layout_bytes * 4);        /* 9 layers: never most of them */
         }
     dt_pg_free(solo);
-    dtt_end();
+    t_end();
 }
 
 /* AFTER_BACKWARD: the parameter all-gathers of a step are not all issued by
  * dt_zero_step; most start during the next forward (a few at a time, in the
  * order its modules need them). OFF and INTERLEAVED issue them at once. */
 static void test_gather_queue(void) {
-    dtt_begin("after-backward: parameter all-gathers queued and issued during the next forward");
+    t_begin("after-backward: parameter all-gathers queued and issued during the next forward");
     dt_model_cfg c = deep_mlp_cfg();
-    int me = dtt_rank();
+    int me = t_rank();
     dtz_spec s = dtz_mk_spec(c, 4, 2);
     for (int stage = 1; stage <= 2; stage++)
         for (int ov = 0; ov <= 2; ov++) {
@@ -249,37 +249,37 @@ static void test_gather_queue(void) {
             dtz_net n;
             dtz_net_init(&n, &s, 1, world, &o);
             int nb = dt_zero_num_buckets(n.z);
-            DTT_CHECK(nb >= 8);
+            T_CHECK(nb >= 8);
             dtt_batch b;
             dtt_make_batch(&c, dtt_key(0, me, 0), 4, &b);
             dtz_step(&n, 1e-2f, &b, 1, NULL);
             dt_zero_stats after_step = dt_zero_get_stats(n.z);
             dtz_fwd_bwd(&n, 1, &b.b, 1.0f);   /* the next forward waits every bucket */
-            DTT_OK(dt_zero_finish_backward(n.z));
-            DTT_OK(dt_zero_step(n.z, NULL));
-            DTT_OK(dt_zero_sync_params(n.z));
+            T_OK(dt_zero_finish_backward(n.z));
+            T_OK(dt_zero_step(n.z, NULL));
+            T_OK(dt_zero_sync_params(n.z));
             dtt_batch_free(&b);
             dt_zero_stats st = dt_zero_get_stats(n.z);
             if (ov == DT_ZERO_OVERLAP_AFTER_BACKWARD) {
-                DTT_CHECK(after_step.deferred_gathers == 0);   /* none issued after the first step yet */
-                DTT_CHECK(st.deferred_gathers >= 2 * (nb - 2)); /* all but a window, both steps */
+                T_CHECK(after_step.deferred_gathers == 0);   /* none issued after the first step yet */
+                T_CHECK(st.deferred_gathers >= 2 * (nb - 2)); /* all but a window, both steps */
             } else {
-                DTT_CHECK(st.deferred_gathers == 0);
+                T_CHECK(st.deferred_gathers == 0);
             }
             dtz_net_free(&n);
         }
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_geometry();
     test_bucket_independence();
     test_memory();
     test_stage3_window();
     test_grad_window();
     test_gather_queue();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }

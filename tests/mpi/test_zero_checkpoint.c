@@ -11,7 +11,7 @@
  *  - a single process (dt_checkpoint_load, world 1) reads both kinds;
  *  - a set whose index comes from another save, a path missing on some
  *    ranks and a save onto a regular file fail on every rank, no hang. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "ddp_testutil.h"
 #include "dtrain/train.h"
 #include "dtrain/zero.h"
@@ -35,13 +35,13 @@ typedef struct model_case {
 /* ---- a trainer shell: what checkpoint metadata reads and writes ---- */
 static dt_trainer *shell(dt_model *m, const dt_optim_cfg *oc, int rank, int w, int owns) {
     dt_trainer *t = calloc(1, sizeof *t);
-    DTT_CHECK(t != NULL);
+    T_CHECK(t != NULL);
     dt_train_opts_default(&t->opts);
     t->opts.optim = *oc;
     t->opts.seed = 5;
     t->model = m;
     t->strat = (dt_strategy){.name = owns ? "zero" : "single", .rank = rank, .world = w, .owns_optimizer = owns};
-    DTT_OK(dt_sampler_init(&t->sampler, 960, 5, 1, rank, w, 0));
+    T_OK(dt_sampler_init(&t->sampler, 960, 5, 1, rank, w, 0));
     t->run = (dt_run){.model = m, .optim = &t->opts.optim, .step = &t->step, .sampler = &t->sampler, .seed = 5,
                       .rank = rank, .world = w};
     return t;
@@ -63,7 +63,7 @@ static dt_zero *make_zero(dt_model *m, dt_pg *pg, const dt_optim_cfg *oc, int st
     o.bucket_bytes = cap;
     o.deterministic = 1;
     dt_zero *z;
-    DTT_OK(dt_zero_create(m, pg, oc, &o, &z));
+    T_OK(dt_zero_create(m, pg, oc, &o, &z));
     return z;
 }
 
@@ -72,12 +72,12 @@ static void zstep(dt_zero *z, dt_model *m, dt_graph *g, int step, int rank) {
     dtt_make_batch(&m->cfg, dtt_key(step, rank, 0), B, &b);
     dt_zero_set_lr(z, LR);
     dt_graph_reset(g);
-    DTT_OK(dt_zero_before_forward(z, g, 1));
+    T_OK(dt_zero_before_forward(z, g, 1));
     dt_tensor *loss = dt_model_forward(m, g, &b.b, NULL);
-    DTT_CHECK(loss != NULL);
-    DTT_OK(dt_graph_backward(g, loss));
-    DTT_OK(dt_zero_finish_backward(z));
-    DTT_OK(dt_zero_step(z, NULL));
+    T_CHECK(loss != NULL);
+    T_OK(dt_graph_backward(g, loss));
+    T_OK(dt_zero_finish_backward(z));
+    T_OK(dt_zero_step(z, NULL));
     dtt_batch_free(&b);
 }
 
@@ -92,7 +92,7 @@ static void tensor_name(char *buf, size_t n, const dt_optim_cfg *c, int k, const
 
 static const float *ref_data(const dt_safetensors *ref, const char *name) {
     const dt_st_tensor *x = dt_safetensors_find(ref, name);
-    DTT_CHECK(x != NULL && x->dtype == DT_F32);
+    T_CHECK(x != NULL && x->dtype == DT_F32);
     return x->data;
 }
 
@@ -104,7 +104,7 @@ static void check_owned(dt_zero *z, const dt_model *m, const dt_safetensors *ref
     for (int j = 0; j < dt_zero_num_buckets(z); j++) {
         const dt_zero_bucket *b = dt_zero_bucket_at(z, j);
         const float *buf = k < 0 ? dt_zero_shard_params(z, j) : dt_zero_shard_state(z, j, k);
-        DTT_CHECK(buf != NULL);
+        T_CHECK(buf != NULL);
         unsigned char *covered = calloc(b->shard + 1, 1);
         for (int q = b->first_param; q < b->first_param + b->n_params; q++) {
             const dt_param *p = order[q];
@@ -114,11 +114,11 @@ static void check_owned(dt_zero *z, const dt_model *m, const dt_safetensors *ref
             if (lo >= hi) continue;
             char nm[256];
             tensor_name(nm, sizeof nm, oc, k, p->name);
-            dtt_expect_bitwise(buf + (lo - b->own_begin), ref_data(ref, nm) + (lo - off), hi - lo, what);
+            T_BITWISE(buf + (lo - b->own_begin), ref_data(ref, nm) + (lo - off), hi - lo, what);
             memset(covered + (lo - b->own_begin), 1, hi - lo);
         }
         for (size_t i = 0; i < b->shard; i++)
-            if (!covered[i]) DTT_CHECK(buf[i] == 0.0f);
+            if (!covered[i]) T_CHECK(buf[i] == 0.0f);
         free(covered);
     }
 }
@@ -126,16 +126,16 @@ static void check_owned(dt_zero *z, const dt_model *m, const dt_safetensors *ref
 /* Whole parameters of a model with a complete flat buffer equal ref. */
 static void check_full_params(const dt_model *m, const dt_safetensors *ref, const char *what) {
     for (int i = 0; i < m->n_params; i++)
-        dtt_expect_bitwise(dt_f32(&m->params[i]->value), ref_data(ref, m->params[i]->name),
+        T_BITWISE(dt_f32(&m->params[i]->value), ref_data(ref, m->params[i]->name),
                            (size_t)m->params[i]->value.numel, what);
 }
 
 static void copy_file(const char *from, const char *to) {
     FILE *f = fopen(from, "rb"), *g = fopen(to, "wb");
-    DTT_CHECK(f && g);
+    T_CHECK(f && g);
     char buf[4096];
     size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) DTT_CHECK(fwrite(buf, 1, n, g) == n);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) T_CHECK(fwrite(buf, 1, n, g) == n);
     fclose(f);
     fclose(g);
 }
@@ -143,20 +143,20 @@ static void copy_file(const char *from, const char *to) {
 /* Every tensor of the consolidated file reads back identically from the set. */
 static void check_set_equals_file(const char *set, const dt_safetensors *ref) {
     dt_ckpt *c;
-    DTT_OK(dt_ckpt_open(set, &c));
-    DTT_CHECK(dt_ckpt_is_sharded(c));
+    T_OK(dt_ckpt_open(set, &c));
+    T_CHECK(dt_ckpt_is_sharded(c));
     for (int i = 0; i < ref->n_tensors; i++) {
         const dt_st_tensor *x = &ref->tensors[i];
         size_t n = x->nbytes / sizeof(float);
         float *got = malloc((n + 1) * sizeof *got);
-        DTT_OK(dt_ckpt_expect(c, x->name, x->ndim, x->shape));
-        DTT_OK(dt_ckpt_read(c, x->name, 0, n, got));
-        dtt_expect_bitwise(got, x->data, n, x->name);
+        T_OK(dt_ckpt_expect(c, x->name, x->ndim, x->shape));
+        T_OK(dt_ckpt_read(c, x->name, 0, n, got));
+        T_BITWISE(got, x->data, n, x->name);
         free(got);
     }
     const char *keys[] = {"format", "model", "optimizer", "step", "optim_step", "epoch", "cursor", "world"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
-        DTT_CHECK(!strcmp(dt_ckpt_get_meta(c, keys[i]), dt_safetensors_meta(ref, keys[i])));
+        T_CHECK(!strcmp(dt_ckpt_get_meta(c, keys[i]), dt_safetensors_meta(ref, keys[i])));
     dt_ckpt_close(c);
 }
 
@@ -166,20 +166,20 @@ static void reload(const model_case *mc, const char *path, dt_pg *pg, int stage,
                    const dt_safetensors *after, const char *what) {
     int r = dt_pg_rank(pg), w = dt_pg_size(pg);
     dt_model *m;
-    DTT_OK(dt_model_create(&mc->cfg, 99, &m));
+    T_OK(dt_model_create(&mc->cfg, 99, &m));
     dt_graph *g = dt_graph_create();
     dt_zero *z = make_zero(m, pg, &mc->oc, stage, 2048, 8192, DT_ZERO_OVERLAP_AFTER_BACKWARD);
     dt_trainer *t = shell(m, &mc->oc, r, w, 1);
-    DTT_OK(dt_zero_load(z, &t->run, path));
-    DTT_CHECK(t->step == 3);
-    DTT_CHECK(dt_zero_optim_step(z) == 3);
-    DTT_CHECK(t->sampler.epoch == 1 && t->sampler.cursor == 6 * N / w);
+    T_OK(dt_zero_load(z, &t->run, path));
+    T_CHECK(t->step == 3);
+    T_CHECK(dt_zero_optim_step(z) == 3);
+    T_CHECK(t->sampler.epoch == 1 && t->sampler.cursor == 6 * N / w);
     check_owned(z, m, ref, -1, what);
     for (int k = 0; k < dt_optim_state_per_elem(&mc->oc); k++) check_owned(z, m, ref, k, what);
     if (stage < 3) check_full_params(m, ref, what);
     if (after) {   /* continue: step 4 on the same batches as the source */
         zstep(z, m, g, 3, r);
-        DTT_OK(dt_zero_sync_params(z));
+        T_OK(dt_zero_sync_params(z));
         check_owned(z, m, after, -1, "step after reload");
     }
     shell_free(t);
@@ -191,37 +191,37 @@ static void reload(const model_case *mc, const char *path, dt_pg *pg, int stage,
 /* One process, default layout, its own optimizer: dt_checkpoint_load. */
 static void single_process_load(const model_case *mc, const char *path, const dt_safetensors *ref) {
     dt_model *m;
-    DTT_OK(dt_model_create(&mc->cfg, 77, &m));
+    T_OK(dt_model_create(&mc->cfg, 77, &m));
     dt_trainer *t = shell(m, &mc->oc, 0, 1, 0);
     dt_optim_segment *segs = malloc((size_t)m->n_params * sizeof *segs);
     for (int i = 0; i < m->n_params; i++)
         segs[i] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay};
-    DTT_OK(dt_optimizer_init(&t->optim, &mc->oc, segs, m->n_params, 0, m->param_flat.numel));
+    T_OK(dt_optimizer_init(&t->optim, &mc->oc, segs, m->n_params, 0, m->param_flat.numel));
     free(segs);
-    DTT_OK(dt_checkpoint_load(t, path));
-    DTT_CHECK(t->step == 3 && t->optim.step == 3);
-    DTT_CHECK(t->sampler.epoch == 1 && t->sampler.cursor == 6 * N);
+    T_OK(dt_checkpoint_load(t, path));
+    T_CHECK(t->step == 3 && t->optim.step == 3);
+    T_CHECK(t->sampler.epoch == 1 && t->sampler.cursor == 6 * N);
     check_full_params(m, ref, path);
     for (int k = 0; k < dt_optim_state_per_elem(&mc->oc); k++)
         for (int i = 0; i < m->n_params; i++) {
             char nm[256];
             tensor_name(nm, sizeof nm, &mc->oc, k, m->params[i]->name);
-            dtt_expect_bitwise(t->optim.state[k] + m->offsets[i], ref_data(ref, nm), (size_t)m->params[i]->value.numel, nm);
+            T_BITWISE(t->optim.state[k] + m->offsets[i], ref_data(ref, nm), (size_t)m->params[i]->value.numel, nm);
         }
     shell_free(t);
     dt_model_free(m);
 }
 
 static void expect_all_fail(dt_status s, const char *needle_here) {
-    DTT_CHECK(s != DT_OK);
+    T_CHECK(s != DT_OK);
     if (needle_here && !strstr(dt_error_message(), needle_here)) {
         fprintf(stderr, "rank %d: error lacks '%s': %s\n", me, needle_here, dt_error_message());
-        DTT_CHECK(0);
+        T_CHECK(0);
     }
 }
 
 static void run_case(const model_case *mc) {
-    dtt_begin(mc->name);
+    t_begin(mc->name);
     char set[256], set2[256], file[256], after_file[256];
     snprintf(set, sizeof set, "%s/%s.set", dir, mc->tag);
     snprintf(set2, sizeof set2, "%s/%s.set2", dir, mc->tag);
@@ -229,20 +229,20 @@ static void run_case(const model_case *mc) {
     snprintf(after_file, sizeof after_file, "%s/%s.after.safetensors", dir, mc->tag);
     /* source: 3 steps with small buckets (pieces cut parameters) */
     dt_model *m;
-    DTT_OK(dt_model_create(&mc->cfg, 1, &m));
+    T_OK(dt_model_create(&mc->cfg, 1, &m));
     dt_graph *g = dt_graph_create();
     dt_zero *z = make_zero(m, world, &mc->oc, mc->stage, 1024, 4096, mc->overlap);
-    DTT_CHECK(dt_zero_num_buckets(z) >= 3);
+    T_CHECK(dt_zero_num_buckets(z) >= 3);
     for (int s = 0; s < 3; s++) zstep(z, m, g, s, me);
     dt_trainer *t = shell(m, &mc->oc, me, N, 1);
     t->step = 3;
-    DTT_OK(dt_sampler_seek(&t->sampler, 1, 6));
-    DTT_OK(dt_zero_save(z, &t->run, set, DT_ZERO_CKPT_SHARDED));
-    DTT_OK(dt_zero_save(z, &t->run, set, DT_ZERO_CKPT_SHARDED));   /* overwrite: a new set replaces the old */
-    DTT_OK(dt_zero_save(z, &t->run, set2, DT_ZERO_CKPT_SHARDED));
-    DTT_OK(dt_zero_save(z, &t->run, file, DT_ZERO_CKPT_CONSOLIDATED));
+    T_OK(dt_sampler_seek(&t->sampler, 1, 6));
+    T_OK(dt_zero_save(z, &t->run, set, DT_ZERO_CKPT_SHARDED));
+    T_OK(dt_zero_save(z, &t->run, set, DT_ZERO_CKPT_SHARDED));   /* overwrite: a new set replaces the old */
+    T_OK(dt_zero_save(z, &t->run, set2, DT_ZERO_CKPT_SHARDED));
+    T_OK(dt_zero_save(z, &t->run, file, DT_ZERO_CKPT_CONSOLIDATED));
     dt_safetensors ref;
-    DTT_OK(dt_safetensors_load(file, &ref));   /* the strict reader accepts it */
+    T_OK(dt_safetensors_load(file, &ref));   /* the strict reader accepts it */
     if (mc->stage < 3) check_full_params(m, &ref, "consolidated vs live parameters");
     check_owned(z, m, &ref, -1, "consolidated vs live shards");
     for (int k = 0; k < dt_optim_state_per_elem(&mc->oc); k++) check_owned(z, m, &ref, k, "consolidated vs live state");
@@ -250,9 +250,9 @@ static void run_case(const model_case *mc) {
     /* the uninterrupted run's next step, for the continuation checks */
     zstep(z, m, g, 3, me);
     t->step = 4;
-    DTT_OK(dt_zero_save(z, &t->run, after_file, DT_ZERO_CKPT_CONSOLIDATED));
+    T_OK(dt_zero_save(z, &t->run, after_file, DT_ZERO_CKPT_CONSOLIDATED));
     dt_safetensors after;
-    DTT_OK(dt_safetensors_load(after_file, &after));
+    T_OK(dt_safetensors_load(after_file, &after));
     shell_free(t);
     dt_zero_free(z);
     dt_graph_free(g);
@@ -263,25 +263,25 @@ static void run_case(const model_case *mc) {
     reload(mc, file, world, 3, &ref, &after, "consolidated -> stage 3");
     reload(mc, file, world, 2, &ref, NULL, "consolidated -> stage 2");
     dt_pg *half;   /* pairs of ranks (N = 2: single ranks) load the N-rank checkpoints */
-    DTT_OK(dt_pg_split(world, N > 2 ? me / 2 : me, 0, &half));
+    T_OK(dt_pg_split(world, N > 2 ? me / 2 : me, 0, &half));
     reload(mc, set, half, 2, &ref, NULL, "sharded -> half world");
     reload(mc, file, half, 3, &ref, NULL, "consolidated -> half world");
-    DTT_OK(dt_pg_free(half));
+    T_OK(dt_pg_free(half));
     single_process_load(mc, set, &ref);
     single_process_load(mc, file, &ref);
     dt_safetensors_free(&after);
     dt_safetensors_free(&ref);
-    dtt_end();
+    t_end();
 }
 
 static void test_failures(const model_case *mc) {
-    dtt_begin("failures are collective");
+    t_begin("failures are collective");
     char set[256], set2[256], file[256], from[300], to[300];
     snprintf(set, sizeof set, "%s/%s.set", dir, mc->tag);
     snprintf(set2, sizeof set2, "%s/%s.set2", dir, mc->tag);
     snprintf(file, sizeof file, "%s/%s.safetensors", dir, mc->tag);
     dt_model *m;
-    DTT_OK(dt_model_create(&mc->cfg, 3, &m));
+    T_OK(dt_model_create(&mc->cfg, 3, &m));
     dt_zero *z = make_zero(m, world, &mc->oc, 1, 4096, 4096, DT_ZERO_OVERLAP_OFF);
     dt_trainer *t = shell(m, &mc->oc, me, N, 1);
     /* index of another save: its files are not there (or belong to another set) on every rank */
@@ -303,19 +303,19 @@ static void test_failures(const model_case *mc) {
     snprintf(bad, sizeof bad, "%s/no/such/dir.safetensors", dir);
     expect_all_fail(dt_zero_save(z, &t->run, bad, DT_ZERO_CKPT_CONSOLIDATED), me == 0 ? "no/such" : "failed on rank 0");
     /* still usable afterwards */
-    DTT_OK(dt_zero_load(z, &t->run, set2));
+    T_OK(dt_zero_load(z, &t->run, set2));
     shell_free(t);
     dt_zero_free(z);
     dt_model_free(m);
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     me = dt_pg_rank(world);
     N = dt_pg_size(world);
-    if (me == 0) DTT_CHECK(dt_test_tmpdir(dir, sizeof dir, "zero_ckpt") == 0);
+    if (me == 0) T_CHECK(dt_test_tmpdir(dir, sizeof dir, "zero_ckpt") == 0);
     MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
     dt_optim_cfg sgd = dt_optim_cfg_default(DT_OPTIM_SGD);
     sgd.lr = LR;
@@ -328,7 +328,7 @@ int main(int argc, char **argv) {
     test_failures(&cases[0]);
     MPI_Barrier(MPI_COMM_WORLD);
     if (me == 0) dt_test_rm_rf(dir);
-    DTT_OK(dt_pg_free(world));
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_pg_free(world));
+    T_OK(dt_dist_finalize());
     return 0;
 }

@@ -9,28 +9,28 @@
  *    run differs from the unclipped one;
  *  - a clip that never triggers gives exactly the unclipped DDP result;
  *  - clip > 0 with the INTERLEAVED overlap is rejected at creation. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "zero_testutil.h"
 
 static dt_pg *world;
 
 static void check_clip(const char *name, const dtz_spec *s) {
     dt_model *namer;
-    DTT_OK(dt_model_create(&s->cfg, 1, &namer));
+    T_OK(dt_model_create(&s->cfg, 1, &namer));
     dtz_result want, unclipped;
     dtz_ddp_run(s, world, &want);
-    for (int st = 0; st < s->steps; st++) DTT_CHECK(want.norms[st] > s->clip * 1.5);   /* clipping active */
+    for (int st = 0; st < s->steps; st++) T_CHECK(want.norms[st] > s->clip * 1.5);   /* clipping active */
     dtz_spec u = *s;
     u.clip = 0;
     dtz_ddp_run(&u, world, &unclipped);
-    DTT_CHECK(dtt_rel_diff(want.params, unclipped.params, want.n_params) > 1e-5);
+    T_CHECK(t_rel_diff(want.params, unclipped.params, want.n_params) > 1e-5);
     static const dt_zero_overlap ovs[2] = {DT_ZERO_OVERLAP_OFF, DT_ZERO_OVERLAP_AFTER_BACKWARD};
     for (int stage = 1; stage <= 3; stage++)
         for (int oi = 0; oi < 2; oi++) {
             dt_zero_opts o = dtz_opts(s, stage, ovs[oi]);
             o.first_bucket_bytes = 512;
             o.bucket_bytes = 2048;
-            DTT_CHECK(o.clip == s->clip);
+            T_CHECK(o.clip == s->clip);
             dtz_result got;
             dtz_zero_run(s, world, &o, &got);
             char what[160];
@@ -38,11 +38,11 @@ static void check_clip(const char *name, const dtz_spec *s) {
                 snprintf(what, sizeof what, "%s, stage %d, overlap mode %d, step %d: grad norm vs DDP's", name, stage,
                          (int)ovs[oi], st);
                 float gn = (float)got.norms[st], wn = (float)want.norms[st];
-                dtt_expect_close(&gn, &wn, 1, 1e-6, what);
+                T_NEAR(&gn, &wn, 1, 1e-6, what);
             }
             snprintf(what, sizeof what, "%s, stage %d, overlap mode %d: clipped ZeRO vs DDP + dt_clip_scale", name,
                      stage, (int)ovs[oi]);
-            dtt_expect_same_across_ranks(got.params, got.n_params, what);
+            T_SAME_ON_RANKS(got.params, got.n_params, what);
             dtz_expect_params(namer, got.params, want.params, 1e-6, what);
             dtz_result_free(&got);
         }
@@ -52,7 +52,7 @@ static void check_clip(const char *name, const dtz_spec *s) {
 }
 
 static void test_clip_active(void) {
-    dtt_begin("clip: ZeRO-1/2/3 norm and parameters == DDP + dt_clip_scale (1e-6)");
+    t_begin("clip: ZeRO-1/2/3 norm and parameters == DDP + dt_clip_scale (1e-6)");
     dtz_spec sgd = dtz_mk_spec(dtt_mlp_cfg(20, 32, 16, 5), 8, 4);
     sgd.oc = dt_optim_cfg_default(DT_OPTIM_SGD);
     sgd.oc.lr = 0.1f;
@@ -66,14 +66,14 @@ static void test_clip_active(void) {
     dtz_spec acc = sgd;
     acc.K = 3;
     check_clip("mlp, SGD momentum, 3 micro-steps", &acc);
-    dtt_end();
+    t_end();
 }
 
 static void test_clip_inactive(void) {
-    dtt_begin("clip that never triggers: exactly the unclipped DDP result, norm reported");
+    t_begin("clip that never triggers: exactly the unclipped DDP result, norm reported");
     dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 32, 16, 5), 8, 3);
     dt_model *namer;
-    DTT_OK(dt_model_create(&s.cfg, 1, &namer));
+    T_OK(dt_model_create(&s.cfg, 1, &namer));
     dtz_result want, normed;
     dtz_ddp_run(&s, world, &want);
     dtz_spec c = s;
@@ -88,47 +88,47 @@ static void test_clip_inactive(void) {
         snprintf(what, sizeof what, "stage %d, inactive clip: ZeRO vs unclipped DDP", stage);
         dtz_expect_params(namer, got.params, want.params, 0, what);
         for (int st = 0; st < s.steps; st++) {
-            DTT_CHECK(got.norms[st] > 0 && isfinite(got.norms[st]));
+            T_CHECK(got.norms[st] > 0 && isfinite(got.norms[st]));
             float gn = (float)got.norms[st], wn = (float)normed.norms[st];
-            dtt_expect_close(&gn, &wn, 1, 1e-6, "grad norm of an inactive clip");
+            T_NEAR(&gn, &wn, 1, 1e-6, "grad norm of an inactive clip");
         }
         dtz_result_free(&got);
     }
     dtz_result_free(&want);
     dtz_result_free(&normed);
     dt_model_free(namer);
-    dtt_end();
+    t_end();
 }
 
 static void test_clip_interleaved_rejected(void) {
-    dtt_begin("clip > 0 with INTERLEAVED overlap: rejected at creation on every rank");
+    t_begin("clip > 0 with INTERLEAVED overlap: rejected at creation on every rank");
     dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 1);
     for (int stage = 1; stage <= 3; stage++) {
         dt_model *m;
-        DTT_OK(dt_model_create(&s.cfg, 1, &m));
+        T_OK(dt_model_create(&s.cfg, 1, &m));
         dt_zero_opts o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_INTERLEAVED);
         o.clip = 1.0f;
         dt_zero *z = (dt_zero *)&o;   /* must be reset to NULL */
         dt_error_clear();
-        DTT_CHECK(dt_zero_create(m, world, &s.oc, &o, &z) == DT_EINVAL);
-        DTT_CHECK(z == NULL);
+        T_CHECK(dt_zero_create(m, world, &s.oc, &o, &z) == DT_EINVAL);
+        T_CHECK(z == NULL);
         const char *msg = dt_error_message();
-        DTT_CHECK(strstr(msg, "clip") != NULL && strstr(msg, "nterleav") != NULL);
+        T_CHECK(strstr(msg, "clip") != NULL && strstr(msg, "nterleav") != NULL);
         /* the same with clip 0 is fine */
         o.clip = 0;
-        DTT_OK(dt_zero_create(m, world, &s.oc, &o, &z));
+        T_OK(dt_zero_create(m, world, &s.oc, &o, &z));
         dt_zero_free(z);
         dt_model_free(m);
     }
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_clip_active();
     test_clip_inactive();
     test_clip_interleaved_rejected();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }

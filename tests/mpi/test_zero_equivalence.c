@@ -10,7 +10,7 @@
  * Parameters and buffers end identical on every rank; the CNN's BatchNorm
  * running statistics equal DDP's (broadcast from rank 0), and with
  * broadcast_buffers = 0 each rank's own statistics equal DDP's on that rank. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "zero_testutil.h"
 
 static dt_pg *world;
@@ -24,12 +24,12 @@ static const char *ov_name(dt_zero_overlap ov) {
 /* Every stage x overlap mode of ZeRO against one DDP run of s. rtol 0 = bitwise. */
 static void check_all_modes(const char *name, const dtz_spec *s, double rtol) {
     dt_model *namer;
-    DTT_OK(dt_model_create(&s->cfg, 1, &namer));
+    T_OK(dt_model_create(&s->cfg, 1, &namer));
     dtz_result want;
     dtz_ddp_run(s, world, &want);
     float *init = dtz_init_params(&s->cfg);
-    DTT_CHECK(dtt_differs(want.params, init, want.n_params));   /* training moved the weights */
-    dtt_expect_same_across_ranks(want.params, want.n_params, "DDP params across ranks");
+    T_CHECK(t_differs(want.params, init, want.n_params));   /* training moved the weights */
+    T_SAME_ON_RANKS(want.params, want.n_params, "DDP params across ranks");
     float *first = NULL;   /* the first ZeRO result: every stage / overlap mode reduces alike */
     for (int stage = 1; stage <= 3; stage++)
         for (int oi = 0; oi < 3; oi++) {
@@ -39,19 +39,19 @@ static void check_all_modes(const char *name, const dtz_spec *s, double rtol) {
             char what[192];
             snprintf(what, sizeof what, "%s, stage %d, overlap %s%s: ZeRO vs DDP params", name, stage,
                      ov_name(overlaps[oi]), s->det ? ", deterministic" : "");
-            DTT_CHECK(got.n_params == want.n_params && got.n_buffers == want.n_buffers);
-            dtt_expect_same_across_ranks(got.params, got.n_params, what);
+            T_CHECK(got.n_params == want.n_params && got.n_buffers == want.n_buffers);
+            T_SAME_ON_RANKS(got.params, got.n_params, what);
             dtz_expect_params(namer, got.params, want.params, rtol, what);
-            if (!first) first = dtt_copy(got.params, got.n_params);
+            if (!first) first = t_copy(got.params, got.n_params);
             else dtz_expect_params(namer, got.params, first, 0, "ZeRO stages / overlap modes among themselves");
             if (got.n_buffers) {
                 snprintf(what, sizeof what, "%s, stage %d, overlap %s: buffers", name, stage, ov_name(overlaps[oi]));
-                if (!s->no_bcast_buffers) dtt_expect_same_across_ranks(got.buffers, got.n_buffers, what);
-                if (rtol == 0) dtt_expect_bitwise(got.buffers, want.buffers, got.n_buffers, what);
-                else dtt_expect_close(got.buffers, want.buffers, got.n_buffers, rtol, what);
+                if (!s->no_bcast_buffers) T_SAME_ON_RANKS(got.buffers, got.n_buffers, what);
+                if (rtol == 0) T_BITWISE(got.buffers, want.buffers, got.n_buffers, what);
+                else T_NEAR(got.buffers, want.buffers, got.n_buffers, rtol, what);
             }
             /* the same data reached the same rank: same local loss as DDP */
-            if (rtol == 0) DTT_CHECK(got.last_loss == want.last_loss);
+            if (rtol == 0) T_CHECK(got.last_loss == want.last_loss);
             dtz_result_free(&got);
         }
     free(first);
@@ -61,8 +61,8 @@ static void check_all_modes(const char *name, const dtz_spec *s, double rtol) {
 }
 
 static void test_bitwise(void) {
-    int N = dtt_size();
-    dtt_begin(N > 2 ? "ZeRO-1/2/3 x overlap modes == DDP bit for bit (deterministic)"
+    int N = t_size();
+    t_begin(N > 2 ? "ZeRO-1/2/3 x overlap modes == DDP bit for bit (deterministic)"
                     : "ZeRO-1/2/3 x overlap modes == DDP bit for bit (N = 2)");
     dtz_spec mlp = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 4);
     dtz_spec cnn = dtz_mk_spec(dtt_cnn_cfg(), 3, 3);
@@ -76,7 +76,7 @@ static void test_bitwise(void) {
         mlp.det = 1;
         check_all_modes("mlp 20-[16,12]-5", &mlp, 0);
     }
-    dtt_end();
+    t_end();
 }
 
 /* MPI's own summation orders differ between all-reduce (DDP) and
@@ -86,8 +86,8 @@ static void test_bitwise(void) {
  * overall (N = 4), hence 1e-5 there. Every ZeRO
  * configuration still agrees with every other bit for bit (check_all_modes). */
 static void test_nondeterministic(void) {
-    if (dtt_size() <= 2) return;
-    dtt_begin("ZeRO-1/2/3 ~ DDP within 1e-6 relative (N > 2, MPI's own summation order)");
+    if (t_size() <= 2) return;
+    t_begin("ZeRO-1/2/3 ~ DDP within 1e-6 relative (N > 2, MPI's own summation order)");
     dtz_spec mlp = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 4);
     dtz_spec gpt_sgd = dtz_mk_spec(dtt_gpt2_cfg(), 2, 3);
     gpt_sgd.oc = dt_optim_cfg_default(DT_OPTIM_SGD);
@@ -98,47 +98,47 @@ static void test_nondeterministic(void) {
     check_all_modes("mlp 20-[16,12]-5, AdamW", &mlp, 1e-6);
     check_all_modes("gpt2 tiny, SGD momentum", &gpt_sgd, 1e-6);
     check_all_modes("gpt2 tiny, AdamW", &gpt, 1e-5);
-    dtt_end();
+    t_end();
 }
 
 /* Without broadcast_buffers every rank keeps its own BatchNorm statistics:
  * they differ across ranks and equal DDP's on the same rank. */
 static void test_local_buffers(void) {
-    dtt_begin("CNN with broadcast_buffers = 0: per-rank BatchNorm stats == DDP's on that rank");
+    t_begin("CNN with broadcast_buffers = 0: per-rank BatchNorm stats == DDP's on that rank");
     dtz_spec cnn = dtz_mk_spec(dtt_cnn_cfg(), 3, 2);
     cnn.no_bcast_buffers = 1;
     dtz_result want;
     dtz_ddp_run(&cnn, world, &want);
-    DTT_CHECK(want.n_buffers > 0);
-    float *r0 = dtt_copy(want.buffers, want.n_buffers);
+    T_CHECK(want.n_buffers > 0);
+    float *r0 = t_copy(want.buffers, want.n_buffers);
     MPI_Bcast(r0, (int)want.n_buffers, MPI_FLOAT, 0, MPI_COMM_WORLD);
-    if (dtt_rank() == 1) DTT_CHECK(dtt_differs(r0, want.buffers, want.n_buffers));   /* really local */
+    if (t_rank() == 1) T_CHECK(t_differs(r0, want.buffers, want.n_buffers));   /* really local */
     free(r0);
     dt_model *namer;
-    DTT_OK(dt_model_create(&cnn.cfg, 1, &namer));
+    T_OK(dt_model_create(&cnn.cfg, 1, &namer));
     for (int stage = 1; stage <= 3; stage++) {
         dt_zero_opts o = dtz_opts(&cnn, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-        DTT_CHECK(o.broadcast_buffers == 0);
+        T_CHECK(o.broadcast_buffers == 0);
         dtz_result got;
         dtz_zero_run(&cnn, world, &o, &got);
         char what[128];
         snprintf(what, sizeof what, "stage %d, local buffers: params vs DDP", stage);
         dtz_expect_params(namer, got.params, want.params, 0, what);
         snprintf(what, sizeof what, "stage %d, local buffers: this rank's BatchNorm stats vs DDP's", stage);
-        dtt_expect_bitwise(got.buffers, want.buffers, got.n_buffers, what);
+        T_BITWISE(got.buffers, want.buffers, got.n_buffers, what);
         dtz_result_free(&got);
     }
     dt_model_free(namer);
     dtz_result_free(&want);
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_bitwise();
     test_nondeterministic();
     test_local_buffers();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }

@@ -8,34 +8,34 @@
  *    mode, negative prefetch;
  *  - after all those rejections the same model trains under ZeRO exactly
  *    like DDP (a rejected create changed nothing). */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "zero_testutil.h"
 
 static dt_pg *world;
 
 static void test_defaults(void) {
-    dtt_begin("dt_zero_opts_default: documented defaults; NULL options = defaults");
+    t_begin("dt_zero_opts_default: documented defaults; NULL options = defaults");
     dt_zero_opts o;
     memset(&o, 0x5a, sizeof o);
     dt_zero_opts_default(&o);
-    DTT_CHECK(o.stage == 1);
-    DTT_CHECK(o.first_bucket_bytes == (size_t)1 << 20 && o.bucket_bytes == (size_t)4 << 20);
-    DTT_CHECK(o.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD);
-    DTT_CHECK(o.find_unused_params == 0 && o.broadcast_buffers == 1 && o.deterministic == 0);
-    DTT_CHECK(o.clip == 0.0f && o.prefetch == 2);
+    T_CHECK(o.stage == 1);
+    T_CHECK(o.first_bucket_bytes == (size_t)1 << 20 && o.bucket_bytes == (size_t)4 << 20);
+    T_CHECK(o.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD);
+    T_CHECK(o.find_unused_params == 0 && o.broadcast_buffers == 1 && o.deterministic == 0);
+    T_CHECK(o.clip == 0.0f && o.prefetch == 2);
     dt_model_cfg c = dtt_mlp_cfg(20, 16, 12, 5);
     dt_model *m;
-    DTT_OK(dt_model_create(&c, 1, &m));
+    T_OK(dt_model_create(&c, 1, &m));
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.01f);
     dt_zero *z = NULL;
-    DTT_OK(dt_zero_create(m, world, &oc, NULL, &z));
-    DTT_CHECK(z != NULL && dt_zero_stage(z) == 1 && dt_zero_num_buckets(z) == 1);
-    DTT_CHECK(dt_zero_pg(z) == world && dt_zero_optim_step(z) == 0);
+    T_OK(dt_zero_create(m, world, &oc, NULL, &z));
+    T_CHECK(z != NULL && dt_zero_stage(z) == 1 && dt_zero_num_buckets(z) == 1);
+    T_CHECK(dt_zero_pg(z) == world && dt_zero_optim_step(z) == 0);
     const dt_optim_cfg *got = dt_zero_optim_cfg(z);
-    DTT_CHECK(got && got->kind == DT_OPTIM_ADAMW && got->lr == oc.lr && got->weight_decay == oc.weight_decay);
+    T_CHECK(got && got->kind == DT_OPTIM_ADAMW && got->lr == oc.lr && got->weight_decay == oc.weight_decay);
     dt_zero_free(z);
     dt_model_free(m);
-    dtt_end();
+    t_end();
 }
 
 typedef struct bad_case {
@@ -54,7 +54,7 @@ static void set_overlap_bad(dt_zero_opts *o) { o->overlap_step = (dt_zero_overla
 static void set_prefetch_neg(dt_zero_opts *o) { o->stage = 3; o->prefetch = -1; }
 
 static void test_rejected(void) {
-    dtt_begin("contradictory options: DT_EINVAL with a clear message on every rank, model untouched");
+    t_begin("contradictory options: DT_EINVAL with a clear message on every rank, model untouched");
     static const bad_case cases[] = {
         {"stage 0", set_stage0, {"stage", "0"}},
         {"stage 4", set_stage4, {"stage", "4"}},
@@ -67,7 +67,7 @@ static void test_rejected(void) {
     };
     dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 3);
     dt_model *m;
-    DTT_OK(dt_model_create(&s.cfg, 1 + (uint64_t)dtt_rank(), &m));
+    T_OK(dt_model_create(&s.cfg, 1 + (uint64_t)t_rank(), &m));
     float *before = dtz_params(m, NULL);
     size_t np = dtz_param_count(m), flat = m->param_flat.numel;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -78,49 +78,49 @@ static void test_rejected(void) {
         dt_status rc = dt_zero_create(m, world, &s.oc, &o, &z);
         int bad = rc != DT_EINVAL, any = 0;
         MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-        if (any) fprintf(stderr, "rank %d: case '%s': status %s\n", dtt_rank(), cases[i].name, dt_status_name(rc));
-        DTT_CHECK(any == 0);
-        DTT_CHECK(z == NULL);
+        if (any) fprintf(stderr, "rank %d: case '%s': status %s\n", t_rank(), cases[i].name, dt_status_name(rc));
+        T_CHECK(any == 0);
+        T_CHECK(z == NULL);
         const char *msg = dt_error_message();
         for (int w = 0; w < 2; w++)
             if (cases[i].words[w] && !strstr(msg, cases[i].words[w])) {
-                fprintf(stderr, "rank %d: case '%s': message \"%s\" lacks \"%s\"\n", dtt_rank(), cases[i].name, msg,
+                fprintf(stderr, "rank %d: case '%s': message \"%s\" lacks \"%s\"\n", t_rank(), cases[i].name, msg,
                         cases[i].words[w]);
-                dtt_fail(__FILE__, __LINE__, cases[i].name);
+                t_fail(__FILE__, __LINE__, cases[i].name);
             }
         /* nothing changed: same layout, same (rank-local) parameters */
-        DTT_CHECK(m->param_flat.numel == flat && m->grad_flat.data != NULL);
+        T_CHECK(m->param_flat.numel == flat && m->grad_flat.data != NULL);
         float *now = dtz_params(m, NULL);
-        dtt_expect_bitwise(now, before, np, "parameters after a rejected create");
+        T_BITWISE(now, before, np, "parameters after a rejected create");
         free(now);
         for (int k = 0; k < m->n_params; k++)
-            DTT_CHECK(m->params[k]->on_grad_ready == NULL && m->params[k]->value.data != NULL);
+            T_CHECK(m->params[k]->on_grad_ready == NULL && m->params[k]->value.data != NULL);
     }
     free(before);
     dt_model_free(m);
-    dtt_end();
+    t_end();
 }
 
 /* A model that went through rejected creates still trains like DDP. */
 static void test_usable_after_rejection(void) {
-    dtt_begin("after rejected creates the model trains under ZeRO exactly like DDP");
+    t_begin("after rejected creates the model trains under ZeRO exactly like DDP");
     dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 3);
-    int me = dtt_rank();
+    int me = t_rank();
     dtz_result want;
     dtz_ddp_run(&s, world, &want);
     for (int stage = 1; stage <= 3; stage++) {
         dt_model *m;
-        DTT_OK(dt_model_create(&s.cfg, 1 + (uint64_t)me, &m));
+        T_OK(dt_model_create(&s.cfg, 1 + (uint64_t)me, &m));
         dt_graph *g = dt_graph_create();
         dt_zero *z = NULL;
         dt_zero_opts o = dtz_opts(&s, 4, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-        DTT_CHECK(dt_zero_create(m, world, &s.oc, &o, &z) == DT_EINVAL);
+        T_CHECK(dt_zero_create(m, world, &s.oc, &o, &z) == DT_EINVAL);
         o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_INTERLEAVED);
         o.clip = 2.0f;
-        DTT_CHECK(dt_zero_create(m, world, &s.oc, &o, &z) == DT_EINVAL);
+        T_CHECK(dt_zero_create(m, world, &s.oc, &o, &z) == DT_EINVAL);
         o.clip = 0;
         dtz_net n = {m, g, NULL};
-        DTT_OK(dt_zero_create(m, world, &s.oc, &o, &n.z));
+        T_OK(dt_zero_create(m, world, &s.oc, &o, &n.z));
         for (int st = 0; st < s.steps; st++) {
             dtt_batch b;
             dtt_make_batch(&s.cfg, dtt_key(st, me, 0), s.B, &b);
@@ -137,15 +137,15 @@ static void test_usable_after_rejection(void) {
         dtz_net_free(&n);
     }
     dtz_result_free(&want);
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_defaults();
     test_rejected();
     test_usable_after_rejection();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }

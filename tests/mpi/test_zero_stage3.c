@@ -12,7 +12,7 @@
  *  - dt_zero_free gathers the model back: full parameters equal DDP's and the
  *    model works without ZeRO (a plain forward/backward gives DDP's model's
  *    loss and gradients, bit for bit). */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "zero_testutil.h"
 
 static dt_pg *world;
@@ -21,16 +21,16 @@ static dt_pg *world;
 static float *eval_logits(dt_model *m, dt_graph *g, const dt_batch *b, size_t *n, float *loss) {
     dt_graph_reset(g);
     int was = dt_graph_set_grad_enabled(g, 0);
-    DTT_CHECK(was == 1);
+    T_CHECK(was == 1);
     dt_graph_set_training(g, 0);
     dt_tensor *lg = NULL;
     dt_tensor *l = dt_model_forward(m, g, b, &lg);
-    DTT_CHECK(l != NULL && lg != NULL);
+    T_CHECK(l != NULL && lg != NULL);
     *loss = dt_f32(l)[0];
     *n = (size_t)lg->numel;
-    float *out = dtt_copy(dt_f32(lg), *n);
+    float *out = t_copy(dt_f32(lg), *n);
     dt_graph_set_training(g, 1);
-    DTT_CHECK(dt_graph_set_grad_enabled(g, 1) == 0);
+    T_CHECK(dt_graph_set_grad_enabled(g, 1) == 0);
     dt_graph_reset(g);
     return out;
 }
@@ -41,9 +41,9 @@ typedef struct cfg3 {
 } cfg3;
 
 static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts *o, int with_eval) {
-    int me = dtt_rank();
+    int me = t_rank();
     dt_model *namer;
-    DTT_OK(dt_model_create(&s->cfg, 1, &namer));
+    T_OK(dt_model_create(&s->cfg, 1, &namer));
     /* DDP side */
     dtt_net d;
     dtt_net_init(&d, &s->cfg, 1 + (uint64_t)me, &s->oc);
@@ -51,7 +51,7 @@ static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts
     dt_ddp_opts_default(&dop);
     dop.deterministic = s->det;
     dt_ddp *ddp;
-    DTT_OK(dt_ddp_create(d.m, world, &dop, &ddp));
+    T_OK(dt_ddp_create(d.m, world, &dop, &ddp));
     /* ZeRO side */
     dtz_net z;
     dtz_net_init(&z, s, 1 + (uint64_t)me, world, o);
@@ -62,7 +62,7 @@ static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts
         d.lr = dtz_lr(s, st);
         float ld = dtt_ddp_step(&d, ddp, &b, 1);
         float lz = dtz_step(&z, dtz_lr(s, st), &b, 1, NULL);
-        DTT_CHECK(ld == lz);   /* the forward saw the same parameters */
+        T_CHECK(ld == lz);   /* the forward saw the same parameters */
         dtt_batch_free(&b);
         if (with_eval) {
             /* straight after the step: stage 1/2 all-gathers may still be in flight */
@@ -72,13 +72,13 @@ static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts
                 size_t nd, nz;
                 float eld, elz;
                 dt_graph_set_tick(d.g, NULL, NULL);
-                if (rep == 1) DTT_OK(dt_zero_sync_params(z.z));   /* what the trainer does before evaluating */
+                if (rep == 1) T_OK(dt_zero_sync_params(z.z));   /* what the trainer does before evaluating */
                 float *ldg = eval_logits(d.m, d.g, &e.b, &nd, &eld);
                 float *lzg = eval_logits(z.m, z.g, &e.b, &nz, &elz);
                 snprintf(what, sizeof what, "%s, step %d, eval %d: no-grad logits vs DDP's model", name, st, rep);
-                DTT_CHECK(nd == nz);
-                dtt_expect_bitwise(lzg, ldg, nd, what);
-                DTT_CHECK(eld == elz);
+                T_CHECK(nd == nz);
+                T_BITWISE(lzg, ldg, nd, what);
+                T_CHECK(eld == elz);
                 free(ldg);
                 free(lzg);
             }
@@ -94,7 +94,7 @@ static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts
         free(pz);
         free(pd);
     }
-    DTT_OK(dt_zero_sync_params(z.z));
+    T_OK(dt_zero_sync_params(z.z));
     /* ZeRO off: the model is whole again */
     dt_zero_free(z.z);
     z.z = NULL;
@@ -112,13 +112,13 @@ static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts
     dt_model_zero_grad(z.m);
     float ld = dtt_fwd_bwd(&d, NULL, 1, &b.b, 1.0f, NULL);
     float lz = dtt_fwd_bwd(&(dtt_net){.m = z.m, .g = z.g}, NULL, 1, &b.b, 1.0f, NULL);
-    DTT_CHECK(ld == lz);
+    T_CHECK(ld == lz);
     size_t P = dtz_param_count(d.m), pos = 0;
     float *gd = calloc(P, sizeof *gd), *gz = calloc(P, sizeof *gz);
-    DTT_CHECK(gd && gz);
+    T_CHECK(gd && gz);
     for (int i = 0; i < d.m->n_params; i++) {
         size_t k = (size_t)d.m->params[i]->value.numel;
-        DTT_CHECK(z.m->params[i]->grad.data != NULL);
+        T_CHECK(z.m->params[i]->grad.data != NULL);
         memcpy(gd + pos, d.m->params[i]->grad.data, k * sizeof(float));
         memcpy(gz + pos, z.m->params[i]->grad.data, k * sizeof(float));
         pos += k;
@@ -126,7 +126,7 @@ static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts
     snprintf(what, sizeof what, "%s, stage %d: plain backward after dt_zero_free vs DDP's model", name, o->stage);
     int nonzero = 0;
     for (size_t i = 0; i < P; i++) nonzero |= gd[i] != 0.0f;
-    DTT_CHECK(nonzero);
+    T_CHECK(nonzero);
     dtz_expect_params(namer, gz, gd, 0, what);
     free(gd);
     free(gz);
@@ -138,7 +138,7 @@ static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts
 }
 
 static void test_lockstep_stage3(void) {
-    dtt_begin("stage 3 step by step == DDP (prefetch 0/1/2, after-backward / interleaved), then freed whole");
+    t_begin("stage 3 step by step == DDP (prefetch 0/1/2, after-backward / interleaved), then freed whole");
     cfg3 cs[3] = {{"mlp", dtz_mk_spec(dtt_mlp_cfg(20, 32, 16, 5), 8, 3)},
                   {"cnn", dtz_mk_spec(dtt_cnn_cfg(), 2, 2)},
                   {"gpt2", dtz_mk_spec(dtt_gpt2_cfg(), 2, 3)}};
@@ -151,11 +151,11 @@ static void test_lockstep_stage3(void) {
                 o.bucket_bytes = 1024;
                 run_lockstep(cs[c].name, &cs[c].s, &o, 0);
             }
-    dtt_end();
+    t_end();
 }
 
 static void test_eval(void) {
-    dtt_begin("no-grad eval right after each step == DDP's model (stages 1/2/3, every overlap mode)");
+    t_begin("no-grad eval right after each step == DDP's model (stages 1/2/3, every overlap mode)");
     cfg3 cs[3] = {{"mlp", dtz_mk_spec(dtt_mlp_cfg(20, 32, 16, 5), 8, 3)},
                   {"cnn (eval-mode BatchNorm)", dtz_mk_spec(dtt_cnn_cfg(), 2, 2)},
                   {"gpt2", dtz_mk_spec(dtt_gpt2_cfg(), 2, 3)}};
@@ -169,14 +169,14 @@ static void test_eval(void) {
                 o.bucket_bytes = 1024;
                 run_lockstep(cs[c].name, &cs[c].s, &o, 1);
             }
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_lockstep_stage3();
     test_eval();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }

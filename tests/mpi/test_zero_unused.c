@@ -13,7 +13,7 @@
  *    needs the same modules on every rank): still DDP's result;
  *  - dt_zero_finish_backward without a backward, and dt_zero_step without
  *    finish_backward, fail cleanly on every rank. */
-#include "test_dist_util.h"
+#include "mpi_check.h"
 #include "zero_testutil.h"
 
 static dt_pg *world;
@@ -34,8 +34,8 @@ static dt_zero_opts zopts(const dtz_spec *s, int stage, dt_zero_overlap ov) {
 }
 
 static void test_unused_is_an_error(void) {
-    dtt_begin("unused parameter without find_unused_params: error naming it on every rank, no hang");
-    int me = dtt_rank();
+    t_begin("unused parameter without find_unused_params: error naming it on every rank, no hang");
+    int me = t_rank();
     dtz_spec s = spec(0);
     static const dt_zero_overlap ovs[3] = {DT_ZERO_OVERLAP_OFF, DT_ZERO_OVERLAP_AFTER_BACKWARD,
                                            DT_ZERO_OVERLAP_INTERLEAVED};
@@ -44,7 +44,7 @@ static void test_unused_is_an_error(void) {
         dt_zero_opts o = zopts(&s, stage, ovs[cfg % 3]);
         dtz_net n;
         dtz_net_init(&n, &s, 11, world, &o);
-        DTT_CHECK(dt_zero_num_buckets(n.z) > 2);
+        T_CHECK(dt_zero_num_buckets(n.z) > 2);
         float *lay0 = dtz_gather_layout(n.z);
         float *before = dtz_params(n.m, lay0);
         free(lay0);
@@ -59,15 +59,15 @@ static void test_unused_is_an_error(void) {
             /* every rank failed the same way */
             int bad = rc != DT_EINVAL, any = 0;
             MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-            DTT_CHECK(rc == DT_EINVAL && any == 0);
+            T_CHECK(rc == DT_EINVAL && any == 0);
             const char *msg = dt_error_message();
-            DTT_CHECK(strstr(msg, "'fc2.bias'") != NULL);
-            DTT_CHECK(strstr(msg, "find_unused") != NULL);
-            DTT_CHECK(strstr(msg, "fc1.") == NULL && strstr(msg, "fc3.") == NULL);
+            T_CHECK(strstr(msg, "'fc2.bias'") != NULL);
+            T_CHECK(strstr(msg, "find_unused") != NULL);
+            T_CHECK(strstr(msg, "fc1.") == NULL && strstr(msg, "fc3.") == NULL);
             dt_error_clear();
-            DTT_CHECK(dt_zero_step(n.z, NULL) == DT_ESTATE);   /* nothing was reduced */
+            T_CHECK(dt_zero_step(n.z, NULL) == DT_ESTATE);   /* nothing was reduced */
             /* the failed step changed no parameter */
-            DTT_OK(dt_zero_sync_params(n.z));
+            T_OK(dt_zero_sync_params(n.z));
             float *lay = dtz_gather_layout(n.z);
             float *now = dtz_params(n.m, lay);
             char what[128];
@@ -88,12 +88,12 @@ static void test_unused_is_an_error(void) {
         dtt_batch b;
         dtt_make_batch(&s.cfg, dtt_key(5, me, 0), 8, &b);
         dtz_step(&n, 1e-2f, &b, 1, NULL);
-        DTT_OK(dt_zero_sync_params(n.z));
+        T_OK(dt_zero_sync_params(n.z));
         lay = dtz_gather_layout(n.z);
         float *p1 = dtz_params(n.m, lay);
         size_t np = dtz_param_count(n.m);
-        dtt_expect_same_across_ranks(p1, np, "params after recovery");
-        DTT_CHECK(dtt_differs(p0, p1, np));
+        T_SAME_ON_RANKS(p1, np, "params after recovery");
+        T_CHECK(t_differs(p0, p1, np));
         free(p0);
         free(p1);
         free(lay);
@@ -101,12 +101,12 @@ static void test_unused_is_an_error(void) {
         dtz_net_free(&n);
     }
     dtt_skip_layer = 1;
-    dtt_end();
+    t_end();
 }
 
 static void test_misuse(void) {
-    dtt_begin("finish_backward without backward / step without finish_backward: clean errors, then recovers");
-    int me = dtt_rank();
+    t_begin("finish_backward without backward / step without finish_backward: clean errors, then recovers");
+    int me = t_rank();
     dtz_spec s = spec(0);
     dtt_skip_layer = -1;
     for (int stage = 1; stage <= 3; stage++) {
@@ -117,24 +117,24 @@ static void test_misuse(void) {
         dtt_make_batch(&s.cfg, dtt_key(0, me, 0), 8, &b);
         dt_zero_set_lr(n.z, 1e-2f);
         dt_error_clear();
-        DTT_CHECK(dt_zero_step(n.z, NULL) == DT_ESTATE);
+        T_CHECK(dt_zero_step(n.z, NULL) == DT_ESTATE);
         dt_graph_reset(n.g);
-        DTT_OK(dt_zero_before_forward(n.z, n.g, 1));
-        DTT_CHECK(dt_model_forward(n.m, n.g, &b.b, NULL) != NULL);
+        T_OK(dt_zero_before_forward(n.z, n.g, 1));
+        T_CHECK(dt_model_forward(n.m, n.g, &b.b, NULL) != NULL);
         dt_error_clear();
-        DTT_CHECK(dt_zero_finish_backward(n.z) == DT_ESTATE);
-        DTT_CHECK(strstr(dt_error_message(), "backward") != NULL);
+        T_CHECK(dt_zero_finish_backward(n.z) == DT_ESTATE);
+        T_CHECK(strstr(dt_error_message(), "backward") != NULL);
         dtz_step(&n, 1e-2f, &b, 1, NULL);
         float *lay = dtz_gather_layout(n.z);
         float *p = dtz_params(n.m, lay);
-        dtt_expect_same_across_ranks(p, dtz_param_count(n.m), "params after recovery");
+        T_SAME_ON_RANKS(p, dtz_param_count(n.m), "params after recovery");
         free(p);
         free(lay);
         dtt_batch_free(&b);
         dtz_net_free(&n);
     }
     dtt_skip_layer = 1;
-    dtt_end();
+    t_end();
 }
 
 static int odd_only;
@@ -148,16 +148,16 @@ static void run_find_unused(int odd) {
     dtz_spec s = spec(1);
     s.before_micro = skip_hook;
     dt_model *namer;
-    DTT_OK(dt_model_create(&s.cfg, 1, &namer));
+    T_OK(dt_model_create(&s.cfg, 1, &namer));
     dt_param *pb = dt_model_find_param(namer, "fc2.bias");
-    DTT_CHECK(pb != NULL);
+    T_CHECK(pb != NULL);
     size_t off = 0;   /* fc2.bias in the registration-order vector */
     for (int i = 0; i < pb->index; i++) off += (size_t)namer->params[i]->value.numel;
     size_t nb = (size_t)pb->value.numel;
     float *init = dtz_init_params(&s.cfg);
     dtz_result want;
     dtz_ddp_run(&s, world, &want);
-    DTT_CHECK(dtt_differs(want.params, init, want.n_params));
+    T_CHECK(t_differs(want.params, init, want.n_params));
     static const dt_zero_overlap ovs[3] = {DT_ZERO_OVERLAP_OFF, DT_ZERO_OVERLAP_AFTER_BACKWARD,
                                            DT_ZERO_OVERLAP_INTERLEAVED};
     for (int stage = 1; stage <= 3; stage++)
@@ -168,10 +168,10 @@ static void run_find_unused(int odd) {
             char what[160];
             snprintf(what, sizeof what, "find_unused%s, stage %d, overlap mode %d: ZeRO vs DDP",
                      odd ? " (odd ranks)" : "", stage, (int)ovs[oi]);
-            dtt_expect_same_across_ranks(got.params, got.n_params, what);
+            T_SAME_ON_RANKS(got.params, got.n_params, what);
             dtz_expect_params(namer, got.params, want.params, 0, what);
-            if (odd) DTT_CHECK(dtt_differs(got.params + off, init + off, nb));   /* even ranks trained it */
-            else dtt_expect_bitwise(got.params + off, init + off, nb, "unused parameter stays unchanged");
+            if (odd) T_CHECK(t_differs(got.params + off, init + off, nb));   /* even ranks trained it */
+            else T_BITWISE(got.params + off, init + off, nb, "unused parameter stays unchanged");
             dtz_result_free(&got);
         }
     free(init);
@@ -199,7 +199,7 @@ static void run_skip_module(int odd) {
     dtz_result want;
     dtz_ddp_run(&s, world, &want);
     dt_model *namer;
-    DTT_OK(dt_model_create(&s.cfg, 1, &namer));
+    T_OK(dt_model_create(&s.cfg, 1, &namer));
     static const dt_zero_overlap ovs[3] = {DT_ZERO_OVERLAP_OFF, DT_ZERO_OVERLAP_AFTER_BACKWARD,
                                            DT_ZERO_OVERLAP_INTERLEAVED};
     /* stage 3 gathers per module, so every rank must run the same modules
@@ -212,7 +212,7 @@ static void run_skip_module(int odd) {
             char what[160];
             snprintf(what, sizeof what, "fc2 skipped%s, stage %d, overlap mode %d: ZeRO vs DDP", odd ? " (odd ranks)" : "",
                      stage, (int)ovs[oi]);
-            dtt_expect_same_across_ranks(got.params, got.n_params, what);
+            T_SAME_ON_RANKS(got.params, got.n_params, what);
             dtz_expect_params(namer, got.params, want.params, 0, what);
             dtz_result_free(&got);
         }
@@ -228,8 +228,8 @@ static void run_skip_module(int odd) {
  * on every rank with a message saying why, instead of training on gathered
  * parameters of the wrong module. */
 static void test_stage3_module_mismatch(void) {
-    dtt_begin("stage 3: ranks running different modules fail with a clear error on every rank");
-    int me = dtt_rank();
+    t_begin("stage 3: ranks running different modules fail with a clear error on every rank");
+    int me = t_rank();
     dtz_spec s = spec(1);
     s.cfg = dtt_mlp_cfg(20, 16, 16, 5);
     s.cfg.mlp_n_hidden = 3;
@@ -242,47 +242,47 @@ static void test_stage3_module_mismatch(void) {
         dtt_batch b;
         dtt_make_batch(&s.cfg, dtt_key(0, me, 0), 8, &b);
         dtt_skip_layer = -1;
-        dtt_skip_module = dtt_size() > 1 ? 1 + me % 2 : 1;
+        dtt_skip_module = t_size() > 1 ? 1 + me % 2 : 1;
         dt_zero_set_lr(n.z, 1e-2f);
         dt_graph_reset(n.g);
-        DTT_OK(dt_zero_before_forward(n.z, n.g, 1));
+        T_OK(dt_zero_before_forward(n.z, n.g, 1));
         dt_tensor *loss = dtt_mlp_forward_skip_bias(n.m, n.g, &b.b, NULL);
-        DTT_CHECK(loss != NULL);
-        DTT_OK(dt_graph_backward(n.g, loss));
+        T_CHECK(loss != NULL);
+        T_OK(dt_graph_backward(n.g, loss));
         dt_error_clear();
         dt_status rc = dt_zero_finish_backward(n.z);
         int bad = rc != DT_EINVAL || !strstr(dt_error_message(), "same modules"), any = 0;
         MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-        DTT_CHECK(any == 0);
+        T_CHECK(any == 0);
         dtt_skip_module = -1;
         dtt_batch_free(&b);
         dtz_net_free(&n);
     }
     dtt_skip_layer = 1;
-    dtt_end();
+    t_end();
 }
 
 static void test_find_unused(void) {
-    dtt_begin("find_unused_params: ZeRO-1/2/3 == DDP, unused param unchanged");
+    t_begin("find_unused_params: ZeRO-1/2/3 == DDP, unused param unchanged");
     run_find_unused(0);
-    dtt_end();
-    dtt_begin("find_unused_params: parameter unused on odd ranks only == DDP");
+    t_end();
+    t_begin("find_unused_params: parameter unused on odd ranks only == DDP");
     run_find_unused(1);
-    dtt_end();
-    dtt_begin("find_unused_params: a whole module skipped (all ranks, odd ranks) == DDP");
+    t_end();
+    t_begin("find_unused_params: a whole module skipped (all ranks, odd ranks) == DDP");
     run_skip_module(0);
     run_skip_module(1);
-    dtt_end();
+    t_end();
 }
 
 int main(int argc, char **argv) {
     dtt_skip_layer = 1;
     t_init(&argc, &argv);
-    DTT_OK(dt_pg_world(&world));
+    T_OK(dt_pg_world(&world));
     test_unused_is_an_error();
     test_misuse();
     test_find_unused();
     test_stage3_module_mismatch();
-    DTT_OK(dt_dist_finalize());
+    T_OK(dt_dist_finalize());
     return 0;
 }

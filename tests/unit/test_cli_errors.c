@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include "tmpdir.h"
 
 /* Runs the CLI with args; returns exit code, stderr's first line in err. */
 static int run(const char *args, char *err, size_t n) {
@@ -56,11 +57,15 @@ static void test_missing_and_corrupt_files(void **state) {
     expect_error("train --data-path /nonexistent/dir --steps 1", "/nonexistent/dir");
     expect_error("train --model gpt2 --data shard --data-path /nonexistent.bin --steps 1", "/nonexistent.bin");
     expect_error("train --resume /nonexistent.safetensors --steps 1", "/nonexistent.safetensors");
-    FILE *f = fopen("/tmp/dt_cli_garbage.safetensors", "w");
+    char dir[64], path[128], args[256];
+    assert_int_equal(dt_test_tmpdir(dir, sizeof dir, "cli_errors"), 0);
+    snprintf(path, sizeof path, "%s/dt_cli_garbage.safetensors", dir);
+    FILE *f = fopen(path, "w");
     fputs("this is not a safetensors file at all", f);
     fclose(f);
-    expect_error("train --init /tmp/dt_cli_garbage.safetensors --steps 1", "dt_cli_garbage.safetensors");
-    remove("/tmp/dt_cli_garbage.safetensors");
+    snprintf(args, sizeof args, "train --init %s --steps 1", path);
+    expect_error(args, "dt_cli_garbage.safetensors");
+    dt_test_rm_rf(dir);
 }
 
 static void test_help_lists_flags(void **state) {

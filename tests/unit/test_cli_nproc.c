@@ -19,8 +19,7 @@ static char dir[64], corpus[128];
 static int setup(void **state) {
     (void)state;
     dt_test_cli_mpi_env();
-    strcpy(dir, "/tmp/dt_nproc_XXXXXX");
-    if (!mkdtemp(dir)) return -1;
+    if (dt_test_tmpdir(dir, sizeof dir, "nproc") != 0) return -1;
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
     FILE *f = fopen(corpus, "w");
     for (int i = 0; i < 300; i++) fprintf(f, "a stitch in time saves nine %d\n", i % 17);

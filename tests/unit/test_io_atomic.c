@@ -16,36 +16,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "dtrain/io.h"
+#include "tmpdir.h"
 
 static char g_dir[64];
 
 static int setup_dir(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/dt_io_at_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-/* Removes g_dir, its files and one level of subdirectories. */
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    chmod(dir, 0700);
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) remove_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
+    return dt_test_tmpdir(g_dir, sizeof g_dir, "io_atomic");
 }
 
 static int teardown_dir(void **state) {
     (void)state;
-    remove_tree(g_dir);
+    dt_test_rm_rf(g_dir);
     return 0;
 }
 

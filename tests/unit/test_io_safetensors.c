@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "dtrain/io.h"
+#include "tmpdir.h"
 
 /* ---- helpers ---- */
 
@@ -21,23 +22,12 @@ static char g_dir[64];
 
 static int setup_dir(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/dt_io_st_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return dt_test_tmpdir(g_dir, sizeof g_dir, "io_safetensors");
 }
 
 static int teardown_dir(void **state) {
     (void)state;
-    DIR *d = opendir(g_dir);
-    if (!d) return 0;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(g_dir);
+    dt_test_rm_rf(g_dir);
     return 0;
 }
 

@@ -14,22 +14,21 @@
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "dtrain/io.h"
+#include "tmpdir.h"
 
 static char g_dir[64];
 static char g_path[256];
 
 static int setup_dir(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/dt_io_tr_XXXXXX");
-    if (!mkdtemp(g_dir)) return -1;
+    if (dt_test_tmpdir(g_dir, sizeof g_dir, "io_trace") != 0) return -1;
     snprintf(g_path, sizeof g_path, "%s/out", g_dir);
     return 0;
 }
 
 static int teardown_dir(void **state) {
     (void)state;
-    unlink(g_path);
-    rmdir(g_dir);
+    dt_test_rm_rf(g_dir);
     return 0;
 }
 

@@ -18,8 +18,7 @@ static char text_path[128];
 
 static int setup(void **state) {
     (void)state;
-    strcpy(dir, "/tmp/dt_ckpt_XXXXXX");
-    if (!mkdtemp(dir)) return -1;
+    if (dt_test_tmpdir(dir, sizeof dir, "ckpt") != 0) return -1;
     snprintf(text_path, sizeof text_path, "%s/corpus.txt", dir);
     FILE *f = fopen(text_path, "w");
     for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox %d jumps over the lazy dog.\n", i * 7 % 13);
