@@ -33,6 +33,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
             }
         }
     }
+    dt_cli_log_install(rank, size);
     dt_trainer *t = NULL;
     if (s == DT_OK) s = dt_trainer_create(o, sp, &t);
     else if (sp && sp->destroy) sp->destroy(sp->self);
