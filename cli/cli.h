@@ -1,5 +1,6 @@
 #ifndef DT_CLI_H
 #define DT_CLI_H
+#include "dtrain/log.h"
 #include "dtrain/parallel.h"
 #include "dtrain/train.h"
 #include "dtrain/zero.h"
@@ -17,5 +18,7 @@ int dt_cli_train(int argc, char **argv, int eval_only);
  * reports errors as one line tagged with the rank. */
 int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only);
 int dt_cli_under_mpi(void);
+/* Route the library's log messages to this process's stdout / stderr (output.c). */
+void dt_cli_log_install(int rank, int world);
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads);
 #endif

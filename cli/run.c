@@ -33,6 +33,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
             }
         }
     }
+    dt_cli_log_install(rank, size);
     dt_trainer *t = NULL;
     if (s == DT_OK) s = dt_trainer_create(o, sp, &t);
     else if (sp && sp->destroy) sp->destroy(sp->self);
@@ -41,7 +42,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
             double loss, acc;
             s = dt_trainer_evaluate(t, &loss, &acc);
             if (s == DT_OK && rank == 0)
-                printf("%s loss: %.4f  accuracy: %.4f\n", o->data == DT_DATA_FASHION_MNIST ? "test" : "validation", loss, acc);
+                printf("%s loss: %.4f  accuracy: %.4f\n", t->data.eval_name, loss, acc);
         } else {
             s = dt_trainer_run(t);
         }

@@ -2,6 +2,10 @@
  *
  * Readers treat every length and offset in a file as hostile and fail with
  * a message naming the file and what is wrong.
+ *
+ * The trainer sees every dataset through one interface (dt_dataset, at the
+ * end of the readers below): open one by name, ask its sizes and sample
+ * shape, copy chosen samples into batch buffers.
  */
 #ifndef DTRAIN_DATA_H
 #define DTRAIN_DATA_H
@@ -9,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "dtrain/error.h"
+#include "dtrain/nn.h"
 
 /* ---- IDX (MNIST / Fashion-MNIST), gzip or raw ---- */
 typedef struct dt_idx {
@@ -55,6 +60,64 @@ void dt_token_dataset_free(dt_token_dataset *d);
 int64_t dt_token_windows(const dt_token_dataset *d, int T);
 /* Sample i -> x[T] = tokens[i*T .. i*T+T), y[T] = shifted by one. */
 void dt_token_batch(const dt_token_dataset *d, const int64_t *idx, int64_t n, int T, int32_t *x, int32_t *y);
+
+/* ---- the dataset interface ----
+ * Two splits of samples of one shape (nn.h's dt_sample_shape): TRAIN, which
+ * the sampler shuffles, and EVAL, read in order. Open one by its registry
+ * name; each implementation is one file (src/data/dataset_*.c) plus one line
+ * in the registry (src/data/dataset.c), so the trainer and CLI never ask
+ * which kind of data they hold.
+ *
+ *   dt_dataset d;
+ *   dt_dataset_opts o = {.path = "corpus.txt", .seq = 64};
+ *   DT_TRY(dt_dataset_open("text", &o, &d));      // loads and validates
+ *   float/int32 x[B * dt_sample_numel(&d.sample)], int32 y[B * d.sample.targets]
+ *   dt_batch b = dt_dataset_batch(&d, DT_SPLIT_TRAIN, idx, B, x, y);
+ *   dt_dataset_close(&d);
+ */
+typedef enum dt_split { DT_SPLIT_TRAIN = 0, DT_SPLIT_EVAL = 1 } dt_split;
+
+typedef struct dt_dataset_opts {
+    const char *path;        /* file or directory; NULL: the dataset's default */
+    const char *val_path;    /* token data: held-out file; NULL: the last 10% of path */
+    int64_t seq;             /* token data: tokens per sample T */
+} dt_dataset_opts;
+
+typedef struct dt_dataset {
+    const char *name;        /* registry name: "fashion-mnist", "text", "shard" */
+    char source[512];        /* what was read (directory or file), for messages */
+    dt_sample_shape sample;  /* every sample of both splits */
+    int64_t size[2];         /* samples in [DT_SPLIT_TRAIN], [DT_SPLIT_EVAL] */
+    /* how results read: throughput counts targets ("samples" / "tokens",
+     * rate "samples/s" / "tok/s"); evaluation reports the loss and the
+     * fraction of targets predicted right (metric) on the eval split */
+    const char *unit, *rate_unit;
+    const char *eval_name;   /* "test" | "validation" */
+    const char *metric;      /* "accuracy" | "token accuracy" */
+    int headline_loss;       /* 1: the loss is the headline result (LM); 0: the metric is */
+    int eval_limited;        /* 1: evaluation may stop after --eval-batches; 0: whole split */
+    /* implementation */
+    void *self;
+    /* samples idx[0..n) of split (each < size[split]) -> x: n samples of
+     * dt_sample_bytes, y: n * sample.targets int32 */
+    void (*fill)(const void *self, dt_split split, const int64_t *idx, int64_t n, void *x, int32_t *y);
+    void (*destroy)(void *self);
+} dt_dataset;
+
+/* Names of the built-in datasets (any registered name is accepted). */
+#define DT_DATA_FASHION_MNIST "fashion-mnist"   /* IDX dir: {train,t10k}-{images,labels}; test split = t10k */
+#define DT_DATA_TEXT "text"                     /* bytes of a file or directory, vocab 256 */
+#define DT_DATA_SHARD "shard"                   /* llm.c token shard (needs path) */
+
+/* Open by registry name; on error *out is empty and the message names the
+ * file (or the unknown name and the known ones). */
+dt_status dt_dataset_open(const char *name, const dt_dataset_opts *o, dt_dataset *out);
+int dt_dataset_exists(const char *name);
+/* "fashion-mnist, text, shard" into buf (for messages); returns buf. */
+const char *dt_dataset_names(char *buf, size_t n);
+void dt_dataset_close(dt_dataset *d);
+/* fill + the dt_batch (nn.h) pointing at x and y. */
+dt_batch dt_dataset_batch(const dt_dataset *d, dt_split split, const int64_t *idx, int64_t n, void *x, int32_t *y);
 
 /* ---- sampler: seeded, epoch-aware shuffle, split across ranks ----
  * Each epoch is a permutation of [0, n) from (seed, epoch). Rank r of world W

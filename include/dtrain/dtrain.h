@@ -1,7 +1,7 @@
 /* dtrain.h — umbrella header. The layers, bottom to top; each header includes
  * only headers of the layers below it (scripts/check_layers.sh checks this):
  *
- *   error (util) -> tensor -> autograd -> ops -> nn -> optim -> data
+ *   error, log (util) -> tensor -> autograd -> ops -> nn -> optim -> data
  *   -> io (+ trace) -> dist -> strategy -> parallel (+ zero) -> train
  *
  * Read them in that order; docs/ARCHITECTURE.md walks one training step
@@ -9,6 +9,7 @@
 #ifndef DTRAIN_H
 #define DTRAIN_H
 #include "dtrain/error.h"
+#include "dtrain/log.h"
 #include "dtrain/tensor.h"
 #include "dtrain/autograd.h"
 #include "dtrain/ops.h"

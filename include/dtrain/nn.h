@@ -37,14 +37,36 @@ typedef struct dt_model_cfg {
 dt_model_cfg dt_model_cfg_default(dt_model_kind kind);
 dt_status dt_model_cfg_validate(const dt_model_cfg *c);
 
-/* A batch. Image models: x_img[B, 1, 28, 28] and y[B]. Language models:
+/* What one sample looks like. Datasets (data.h) describe their samples with
+ * it; dt_model_check_sample says whether a model accepts them.
+ *   image:  input float [C, H, W], 1 target  (its class, < classes)
+ *   tokens: input int32 ids [T],    T targets (the next ids, < classes = vocab) */
+typedef enum dt_sample_input { DT_INPUT_IMAGE = 0, DT_INPUT_TOKENS = 1 } dt_sample_input;
+typedef struct dt_sample_shape {
+    dt_sample_input input;
+    int ndim;                /* 3 (C, H, W) or 1 (T) */
+    int64_t dims[3];
+    int64_t targets;         /* int32 targets per sample */
+    int64_t classes;         /* every target (and token id) is < classes */
+} dt_sample_shape;
+int64_t dt_sample_numel(const dt_sample_shape *s);   /* input elements per sample */
+size_t dt_sample_bytes(const dt_sample_shape *s);    /* input bytes per sample (float or int32) */
+/* "float [1, 28, 28] (10 classes)" / "int32 [64] (vocab 256)"; returns buf. */
+const char *dt_sample_shape_str(const dt_sample_shape *s, char *buf, size_t n);
+/* DT_OK if a model of cfg c takes samples of shape s, else DT_EINVAL with
+ * what the model expects ("--model cnn expects float [1, 28, 28]"). */
+dt_status dt_model_check_sample(const dt_model_cfg *c, const dt_sample_shape *s);
+
+/* A batch. Image models: x_img[B, C, H, W] and y[B]. Language models:
  * x_ids[B, T], y[B, T]. Targets < 0 are ignored. */
 typedef struct dt_batch {
-    int64_t B, T;
+    int64_t B, T;            /* T: targets per sample (1 for images) */
     const float *x_img;
     const int32_t *x_ids;
     const int32_t *y;
 } dt_batch;
+/* B samples of shape s in x (B * dt_sample_bytes) and y (B * s->targets). */
+dt_batch dt_batch_of(const dt_sample_shape *s, int64_t B, const void *x, const int32_t *y);
 
 typedef struct dt_model dt_model;
 struct dt_model {

@@ -15,13 +15,11 @@
 #include "dtrain/io.h"
 #include "dtrain/strategy.h"
 
-typedef enum dt_data_kind { DT_DATA_FASHION_MNIST = 0, DT_DATA_TEXT = 1, DT_DATA_SHARD = 2 } dt_data_kind;
-
 typedef struct dt_train_opts {
     dt_model_cfg model;
-    dt_data_kind data;
-    const char *data_path;         /* NULL: the Debian default for the kind */
-    const char *val_path;          /* LM only: held-out file; NULL = last 10% of data */
+    const char *data;              /* dataset name (data.h): DT_DATA_FASHION_MNIST (default), _TEXT, _SHARD */
+    const char *data_path;         /* NULL: the dataset's default (Debian package path) */
+    const char *val_path;          /* token data only: held-out file; NULL = last 10% of data */
     int64_t batch;                 /* per rank, per micro-step */
     int64_t seq;                   /* LM sequence length T */
     int64_t steps;                 /* optimizer steps; 0 = derive from epochs */
@@ -58,11 +56,12 @@ struct dt_trainer {
     dt_lr_schedule sched;
     dt_strategy strat;
     dt_run run;                    /* what strat sees: model, graph, trace, position (strategy.h) */
-    /* data */
-    dt_image_dataset img_train, img_test;
-    dt_token_dataset tok_train, tok_val;
+    /* data: one dataset (train + eval split); the model accepted its sample
+     * shape at creation. Batch buffers: x = batch samples (dt_sample_bytes
+     * each), y = batch * targets, idx = batch sample indices. */
+    dt_dataset data;
     dt_sampler sampler;
-    float *x_img; int32_t *x_ids, *y; int64_t *idx;
+    void *x; int32_t *y; int64_t *idx;
     /* progress */
     int64_t step;                  /* completed optimizer steps */
     int64_t total_steps;
@@ -79,7 +78,8 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss);
 dt_status dt_trainer_run(dt_trainer *t);
 /* Checkpoint through the strategy's save() if it has one, else dt_checkpoint_save. */
 dt_status dt_trainer_save(dt_trainer *t, const char *path);
-/* Evaluate: image -> accuracy and loss on the test split; LM -> loss on validation. */
+/* Loss and accuracy (fraction of targets predicted right) on the dataset's
+ * eval split: all of it, or --eval-batches batches where the dataset allows. */
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);
 
 /* ---- checkpoints (safetensors) ----

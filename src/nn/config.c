@@ -6,7 +6,8 @@ dt_model_cfg dt_model_cfg_default(dt_model_kind kind) {
     dt_model_cfg c;
     memset(&c, 0, sizeof c);
     c.kind = kind;
-    c.mlp_in = 784; c.mlp_out = 10; c.mlp_n_hidden = 2; c.mlp_hidden[0] = 256; c.mlp_hidden[1] = 256;
+    c.mlp_in = 28 * 28; c.mlp_out = 10;   /* in: one flattened Fashion-MNIST image */
+    c.mlp_n_hidden = 2; c.mlp_hidden[0] = 256; c.mlp_hidden[1] = 256;
     c.cnn_c1 = 32; c.cnn_c2 = 64; c.cnn_fc = 128; c.cnn_classes = 10;
     c.n_layer = 4; c.n_embd = 128; c.n_head = 4; c.vocab = 256; c.max_t = 128;
     return c;

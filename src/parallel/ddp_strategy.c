@@ -1,8 +1,8 @@
 /* DDP as a dt_strategy for the shared training loop. */
-#include <stdio.h>
 #include <stdlib.h>
 #include "ddp_internal.h"
 #include "parallel_internal.h"
+#include "util/log_internal.h"
 
 typedef struct ddp_strat { dt_pg *pg; dt_ddp_opts opts; dt_ddp *ddp; } ddp_strat;
 
@@ -15,9 +15,9 @@ static dt_status s_setup(void *self, dt_run *r) {
                         : s->opts.compress != DT_DDP_COMPRESS_NONE ? "--compress"
                         : s->opts.hook ? "a custom communication hook" : dt_pg_shared_unavailable(s->pg);
         if (dt_ddp_uses_shared_memory(s->ddp))
-            printf("dtrain: ddp gradients in shared memory on this machine, summed in place (--no-shm: MPI collectives)\n");
+            dt_log(DT_LOG_INFO, "dtrain: ddp gradients in shared memory on this machine, summed in place (--no-shm: MPI collectives)\n");
         else
-            printf("dtrain: ddp gradients reduced by MPI collectives%s%s\n", why[0] ? ": " : "", why);
+            dt_log(DT_LOG_INFO, "dtrain: ddp gradients reduced by MPI collectives%s%s\n", why[0] ? ": " : "", why);
     }
     size_t full = r->model->param_flat.numel * sizeof(float);
     return dt_par_memory_report(s->pg, "ddp", full, full, (size_t)dt_optim_state_per_elem(r->optim) * full,

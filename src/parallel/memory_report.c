@@ -1,9 +1,9 @@
 /* Start-up memory report: every rank's parameter / gradient / optimizer-state
- * bytes and peak RSS, printed by rank 0 (DDP and ZeRO). Collective. */
-#include <stdio.h>
+ * bytes and peak RSS, logged by rank 0 (DDP and ZeRO). Collective. */
 #include <stdlib.h>
 #include <sys/resource.h>
 #include "parallel_internal.h"
+#include "util/log_internal.h"
 
 static double peak_rss_bytes(void) {
     struct rusage ru;
@@ -19,11 +19,10 @@ dt_status dt_par_memory_report(dt_pg *pg, const char *label, size_t param_bytes,
     dt_status st = dt_allgather(pg, mine, all, 4, DT_F32, NULL);
     if (st == DT_OK && print && dt_pg_rank(pg) == 0) {
         const double MiB = 1048576.0;
-        printf("dtrain: %s memory per rank (MiB): params / grads / optimizer state / peak RSS so far\n", label);
+        dt_log(DT_LOG_INFO, "dtrain: %s memory per rank (MiB): params / grads / optimizer state / peak RSS so far\n", label);
         for (int r = 0; r < world; r++)
-            printf("  rank %d: %.2f / %.2f / %.2f / %.1f\n", r, all[4 * r] / MiB, all[4 * r + 1] / MiB,
+            dt_log(DT_LOG_INFO, "  rank %d: %.2f / %.2f / %.2f / %.1f\n", r, all[4 * r] / MiB, all[4 * r + 1] / MiB,
                    all[4 * r + 2] / MiB, all[4 * r + 3] / MiB);
-        fflush(stdout);
     }
     free(all);
     return st;

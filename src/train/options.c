@@ -1,11 +1,13 @@
-/* Training options: defaults and validation (contradictions fail loudly). */
+/* Training options: defaults and validation (contradictions fail loudly).
+ * Whether the model takes the data's samples is checked when the data is
+ * open (data_setup.c). */
 #include <string.h>
 #include "dtrain/train.h"
 
 void dt_train_opts_default(dt_train_opts *o) {
     memset(o, 0, sizeof *o);
     o->model = dt_model_cfg_default(DT_MODEL_MLP);
-    o->data = DT_DATA_FASHION_MNIST;
+    o->data = DT_DATA_FASHION_MNIST;   /* the registry's name (data.h) */
     o->batch = 64;
     o->seq = 64;
     o->epochs = 1;
@@ -17,11 +19,12 @@ void dt_train_opts_default(dt_train_opts *o) {
 dt_status dt_train_opts_validate(const dt_train_opts *o) {
     DT_TRY(dt_model_cfg_validate(&o->model));
     DT_TRY(dt_optim_cfg_validate(&o->optim));
-    int lm = o->model.kind == DT_MODEL_GPT2, img_data = o->data == DT_DATA_FASHION_MNIST;
-    if (lm && img_data)
-        return DT_ERR(DT_EINVAL, "--model gpt2 needs token data (--data text or --data shard), not fashion-mnist");
-    if (!lm && !img_data)
-        return DT_ERR(DT_EINVAL, "--model %s needs image data (--data fashion-mnist)", dt_model_kind_name(o->model.kind));
+    if (!dt_dataset_exists(o->data)) {
+        char known[256];
+        return DT_ERR(DT_EINVAL, "--data: unknown dataset '%s' (%s)", o->data ? o->data : "(none)",
+                      dt_dataset_names(known, sizeof known));
+    }
+    int lm = o->model.kind == DT_MODEL_GPT2;
     if (o->batch <= 0) return DT_ERR(DT_EINVAL, "--batch must be positive, got %lld", (long long)o->batch);
     if (lm && (o->seq <= 0 || o->seq > o->model.max_t))
         return DT_ERR(DT_EINVAL, "--seq %lld must be in 1..%d (the model's --max-t)", (long long)o->seq, o->model.max_t);

@@ -1,9 +1,10 @@
 /* dt_trainer_run: the step loop with progress line, metrics, checkpoints, final evaluation. */
-#include <stdio.h>
+#include <stdio.h>   /* snprintf */
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 #include "trainer_internal.h"
+#include "util/log_internal.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -16,9 +17,8 @@ static void fmt_eta(double s, char *buf, size_t n) {
     snprintf(buf, n, "%ld:%02ld:%02ld", v / 3600, (v / 60) % 60, v % 60);
 }
 
-static int64_t items_per_step(const dt_trainer *t) {   /* samples or tokens, all ranks */
-    int64_t per = t->opts.batch * t->opts.accum * t->strat.world;
-    return t->opts.data == DT_DATA_FASHION_MNIST ? per : per * t->opts.seq;
+static int64_t items_per_step(const dt_trainer *t) {   /* targets (samples or tokens), all ranks */
+    return t->opts.batch * t->opts.accum * t->strat.world * t->data.sample.targets;
 }
 
 dt_status dt_trainer_run(dt_trainer *t) {
@@ -29,12 +29,13 @@ dt_status dt_trainer_run(dt_trainer *t) {
     const char *tty_env = getenv("DTRAIN_TTY");
     int tty = lead && (tty_env ? tty_env[0] == '1' : t->strat.world == 1 && isatty(STDOUT_FILENO));
     int64_t log_every = o->log_every > 0 ? o->log_every : (t->total_steps >= 20 ? t->total_steps / 20 : 1);
-    const char *unit = o->data == DT_DATA_FASHION_MNIST ? "samples/s" : "tok/s";
+    const dt_dataset *d = &t->data;
+    const char *unit = d->rate_unit;
     if (lead)
-        printf("dtrain: %s, %zu parameters, %s x%d, %lld steps of %lld %s\n",
+        dt_log(DT_LOG_INFO, "dtrain: %s, %zu parameters, %s x%d, %lld steps of %lld %s\n",
                dt_model_kind_name(o->model.kind), dt_model_num_params(t->model), t->strat.name,
                t->strat.world, (long long)(t->total_steps - t->step), (long long)items_per_step(t),
-               o->data == DT_DATA_FASHION_MNIST ? "samples" : "tokens");
+               d->unit);
     double t_start = now_s(), t_prev = t_start;
     int64_t first = t->step;
     while (t->step < t->total_steps) {
@@ -47,12 +48,11 @@ dt_status dt_trainer_run(dt_trainer *t) {
         char eta[32];
         fmt_eta(avg * (double)(t->total_steps - t->step), eta, sizeof eta);
         if (tty)
-            printf("\rstep %lld/%lld  loss %.4f  %.0f %s  %.1f ms/step  ETA %s   ", (long long)t->step,
+            dt_log(DT_LOG_PROGRESS, "\rstep %lld/%lld  loss %.4f  %.0f %s  %.1f ms/step  ETA %s   ", (long long)t->step,
                    (long long)t->total_steps, loss, rate, unit, dt * 1e3, eta);
         else if (lead && (t->step % log_every == 0 || t->step == t->total_steps))
-            printf("step %lld/%lld  loss %.4f  %.0f %s  %.1f ms/step  ETA %s\n", (long long)t->step,
+            dt_log(DT_LOG_PROGRESS, "step %lld/%lld  loss %.4f  %.0f %s  %.1f ms/step  ETA %s\n", (long long)t->step,
                    (long long)t->total_steps, loss, rate, unit, dt * 1e3, eta);
-        fflush(stdout);
         if (t->metrics.f) {
             const char *keys[4] = {"step", "loss", "lr", "ms"};
             double vals[4] = {(double)t->step, loss, dt_lr_at(&t->sched, t->step - 1), dt * 1e3};
@@ -60,17 +60,19 @@ dt_status dt_trainer_run(dt_trainer *t) {
         }
         if (o->save && o->save_every > 0 && t->step % o->save_every == 0) DT_TRY(dt_trainer_save(t, o->save));
         if (o->stop_after > 0 && t->step - first >= o->stop_after) {
-            if (tty) printf("\n");
+            if (tty) dt_log(DT_LOG_PROGRESS, "\n");
             return DT_OK;   /* testing aid: behave as if killed here */
         }
     }
-    if (tty) printf("\n");
+    if (tty) dt_log(DT_LOG_PROGRESS, "\n");
     if (o->save) DT_TRY(dt_trainer_save(t, o->save));
     double loss, acc;
     DT_TRY(dt_trainer_evaluate(t, &loss, &acc));
     if (lead) {
-        if (o->data == DT_DATA_FASHION_MNIST) printf("test accuracy: %.4f  test loss: %.4f\n", acc, loss);
-        else printf("validation loss: %.4f  (token accuracy %.4f)\n", loss, acc);
+        if (d->headline_loss)   /* "validation loss: 1.2345  (token accuracy 0.4567)" */
+            dt_log(DT_LOG_INFO, "%s loss: %.4f  (%s %.4f)\n", d->eval_name, loss, d->metric, acc);
+        else                    /* "test accuracy: 0.8765  test loss: 0.3456" */
+            dt_log(DT_LOG_INFO, "%s %s: %.4f  %s loss: %.4f\n", d->eval_name, d->metric, acc, d->eval_name, loss);
     }
     if (t->metrics.f) {
         const char *keys[3] = {"step", "eval_loss", "eval_accuracy"};

@@ -17,16 +17,6 @@ dt_status dt_trainer_init_optimizer(dt_trainer *t) {
     return s;
 }
 
-static dt_status alloc_batch(dt_trainer *t) {
-    int64_t B = t->opts.batch, n = t->opts.data == DT_DATA_FASHION_MNIST ? B : B * t->opts.seq;
-    t->idx = malloc((size_t)B * sizeof *t->idx);
-    t->y = malloc((size_t)n * sizeof *t->y);
-    if (t->opts.data == DT_DATA_FASHION_MNIST) t->x_img = malloc((size_t)B * 784 * sizeof *t->x_img);
-    else t->x_ids = malloc((size_t)n * sizeof *t->x_ids);
-    if (!t->idx || !t->y || (!t->x_img && !t->x_ids)) return DT_ERR(DT_ENOMEM, "out of memory for batch buffers");
-    return DT_OK;
-}
-
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out) {
     *out = NULL;
     DT_TRY(dt_train_opts_validate(o));
@@ -47,9 +37,8 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK && o->init) s = dt_model_load_params(t->model, o->init);
     if (s == DT_OK && !(t->graph = dt_graph_create())) s = DT_ENOMEM;
     if (s == DT_OK && !t->strat.owns_optimizer) s = dt_trainer_init_optimizer(t);
-    if (s == DT_OK) s = dt_sampler_init(&t->sampler, dt_trainer_train_size(t), o->seed, 1,
+    if (s == DT_OK) s = dt_sampler_init(&t->sampler, t->data.size[DT_SPLIT_TRAIN], o->seed, 1,
                                         t->strat.rank, t->strat.world, 0);
-    if (s == DT_OK) s = alloc_batch(t);
     if (s == DT_OK) {
         int64_t per_step = o->batch * o->accum;
         int64_t steps_per_epoch = t->sampler.per_rank / per_step;
@@ -96,7 +85,6 @@ void dt_trainer_free(dt_trainer *t) {
     dt_optimizer_free(&t->optim);
     dt_sampler_free(&t->sampler);
     dt_trainer_free_data(t);
-    free(t->x_img); free(t->x_ids); free(t->y); free(t->idx);
     free(t);
 }
 
@@ -119,8 +107,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
         int last = k == K - 1;
         if (next_batch(t) < t->opts.batch)
             return DT_ERR(DT_EINVAL, "dataset too small for batch %lld", (long long)t->opts.batch);
-        dt_batch b;
-        dt_trainer_fill_batch(t, 0, t->idx, t->opts.batch, &b);
+        dt_batch b = dt_trainer_batch(t, DT_SPLIT_TRAIN, t->opts.batch);
         dt_graph_reset(t->graph);
         dt_graph_set_training(t->graph, 1);
         if (t->strat.before_forward) DT_TRY(t->strat.before_forward(t->strat.self, &t->run, last));
@@ -162,10 +149,10 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
 }
 
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) {
-    int image = t->opts.data == DT_DATA_FASHION_MNIST;
+    const dt_dataset *d = &t->data;
     int64_t B = t->opts.batch;
-    int64_t n_items = image ? t->img_test.count : dt_token_windows(&t->tok_val, (int)t->opts.seq);
-    int64_t limit = image ? n_items : (t->opts.eval_batches ? t->opts.eval_batches * B : n_items);
+    int64_t n_items = d->size[DT_SPLIT_EVAL];
+    int64_t limit = d->eval_limited && t->opts.eval_batches ? t->opts.eval_batches * B : n_items;
     if (limit > n_items) limit = n_items;
     if (t->strat.sync_params) DT_TRY(t->strat.sync_params(t->strat.self, &t->run));
     int prev_grad = dt_graph_set_grad_enabled(t->graph, 0);
@@ -182,13 +169,12 @@ dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) 
         int64_t s0 = counted ? start : 0;
         int64_t n = limit - s0 < B ? limit - s0 : B;
         for (int64_t i = 0; i < n; i++) t->idx[i] = s0 + i;
-        dt_batch b;
-        dt_trainer_fill_batch(t, 1, t->idx, n, &b);
+        dt_batch b = dt_trainer_batch(t, DT_SPLIT_EVAL, n);
         dt_graph_reset(t->graph);
         dt_tensor *logits = NULL, *loss = dt_model_forward(t->model, t->graph, &b, &logits);
         if (!loss) { dt_graph_set_grad_enabled(t->graph, prev_grad); return dt_error_code(); }
         if (!counted) continue;
-        int64_t rows = image ? n : n * t->opts.seq;
+        int64_t rows = n * d->sample.targets;
         sums[0] += dt_f32(loss)[0] * (double)rows;
         sums[1] += (double)dt_count_correct(logits, b.y);
         sums[2] += (double)rows;

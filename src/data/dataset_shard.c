@@ -1,0 +1,7 @@
+/* An llm.c token shard (.bin) as a dt_dataset: uint16 ids, windows of T. */
+#include "dataset_internal.h"
+
+dt_status dt_dataset_open_shard(const dt_dataset_opts *o, dt_dataset *out) {
+    if (!o->path) return DT_ERR(DT_EINVAL, "--data shard needs --data-path FILE.bin");
+    return dt_dataset_open_tokens(o->path, o, dt_token_shard_load, out);
+}

@@ -1,0 +1,76 @@
+/* Token-window datasets (shared by text and shard): sample i of a split is
+ * x = tokens[i*T .. i*T+T), y = the same shifted by one; int32 [T] each. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dataset_internal.h"
+
+typedef struct tokens { dt_token_dataset split[2]; int T; } tokens;   /* [DT_SPLIT_TRAIN], [DT_SPLIT_EVAL] */
+
+static void tok_fill(const void *self, dt_split sp, const int64_t *idx, int64_t n, void *x, int32_t *y) {
+    const tokens *t = self;
+    dt_token_batch(&t->split[sp], idx, n, t->T, x, y);
+}
+
+static void tok_destroy(void *self) {
+    tokens *t = self;
+    if (!t) return;
+    dt_token_dataset_free(&t->split[0]);
+    dt_token_dataset_free(&t->split[1]);
+    free(t);
+}
+
+/* all -> train = first 90%, eval = a copy of the last 10% (all's buffer becomes train's). */
+static dt_status split_tail(dt_token_dataset *all, tokens *t) {
+    int64_t n_val = all->n_tokens / 10, n_tr = all->n_tokens - n_val;
+    dt_token_dataset *tr = &t->split[DT_SPLIT_TRAIN], *va = &t->split[DT_SPLIT_EVAL];
+    *tr = *all;
+    tr->n_tokens = n_tr;
+    memset(all, 0, sizeof *all);
+    va->tokens = malloc((size_t)(n_val ? n_val : 1) * sizeof(uint16_t));
+    if (!va->tokens) return DT_ERR(DT_ENOMEM, "out of memory");
+    memcpy(va->tokens, tr->tokens + n_tr, (size_t)n_val * sizeof(uint16_t));
+    va->n_tokens = n_val;
+    va->vocab = tr->vocab;
+    return DT_OK;
+}
+
+dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_load_fn load,
+                                 dt_dataset *out) {
+    if (o->seq <= 0 || o->seq > INT_MAX)
+        return DT_ERR(DT_EINVAL, "--seq %lld: token data needs a positive sequence length", (long long)o->seq);
+    tokens *t = calloc(1, sizeof *t);
+    if (!t) return DT_ERR(DT_ENOMEM, "out of memory");
+    t->T = (int)o->seq;
+    dt_token_dataset all = {0};
+    dt_status s = load(path, &all);
+    if (s == DT_OK && o->val_path) {
+        t->split[DT_SPLIT_TRAIN] = all;
+        s = load(o->val_path, &t->split[DT_SPLIT_EVAL]);
+    } else if (s == DT_OK) {
+        s = split_tail(&all, t);
+    }
+    const dt_token_dataset *tr = &t->split[DT_SPLIT_TRAIN], *va = &t->split[DT_SPLIT_EVAL];
+    if (s == DT_OK && dt_token_windows(tr, t->T) < 1)
+        s = DT_ERR(DT_EINVAL, "%s: data too short: %lld training tokens for sequence length %d", path,
+                   (long long)tr->n_tokens, t->T);
+    if (s != DT_OK) { tok_destroy(t); return s; }
+    snprintf(out->source, sizeof out->source, "%s", path);
+    /* ids of both splits must fit the model's vocabulary */
+    int64_t vocab = tr->vocab > va->vocab ? tr->vocab : va->vocab;
+    out->sample = (dt_sample_shape){.input = DT_INPUT_TOKENS, .ndim = 1, .dims = {t->T},
+                                    .targets = t->T, .classes = vocab};
+    out->size[DT_SPLIT_TRAIN] = dt_token_windows(tr, t->T);
+    out->size[DT_SPLIT_EVAL] = dt_token_windows(va, t->T);
+    out->unit = "tokens";
+    out->rate_unit = "tok/s";
+    out->eval_name = "validation";
+    out->metric = "token accuracy";
+    out->headline_loss = 1;
+    out->eval_limited = 1;
+    out->self = t;
+    out->fill = tok_fill;
+    out->destroy = tok_destroy;
+    return DT_OK;
+}

@@ -1,0 +1,186 @@
+/* The dataset interface: the registry opens datasets by name (and names the
+ * known ones for an unknown name); token datasets report sizes and shapes
+ * from their definition (windows of T+1 tokens, last 10% held out) and fill
+ * batches with the right tokens; their loading errors name the file. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtrain/data.h"
+#include "tmpdir.h"
+
+static char g_dir[256];
+
+static int group_setup(void **state) {
+    (void)state;
+    return dt_test_tmpdir(g_dir, sizeof g_dir, "dataset");
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    dt_test_rm_rf(g_dir);
+    return 0;
+}
+
+/* Byte i of a generated text file. */
+static uint8_t byte_at(int64_t i) { return (uint8_t)(' ' + (i * 7) % 90); }
+
+static const char *write_text(const char *name, int64_t n) {
+    static char path[2][512];
+    static int k;
+    k ^= 1;
+    snprintf(path[k], sizeof path[k], "%s/%s", g_dir, name);
+    FILE *f = fopen(path[k], "wb");
+    assert_non_null(f);
+    for (int64_t i = 0; i < n; i++) fputc(byte_at(i), f);
+    assert_int_equal(fclose(f), 0);
+    return path[k];
+}
+
+static void assert_msg_has(const char *needle) {
+    if (!strstr(dt_error_message(), needle))
+        fail_msg("error message lacks '%s': %s", needle, dt_error_message());
+}
+
+static void test_registry_names(void **state) {
+    (void)state;
+    assert_true(dt_dataset_exists("fashion-mnist"));
+    assert_true(dt_dataset_exists("text"));
+    assert_true(dt_dataset_exists("shard"));
+    assert_false(dt_dataset_exists("imagenet"));
+    assert_false(dt_dataset_exists(NULL));
+    char buf[128];
+    assert_string_equal(dt_dataset_names(buf, sizeof buf), "fashion-mnist, text, shard");
+    dt_dataset d;
+    dt_dataset_opts o = {.seq = 8};
+    assert_int_equal(dt_dataset_open("imagenet", &o, &d), DT_EINVAL);
+    assert_msg_has("'imagenet'");
+    assert_msg_has("fashion-mnist, text, shard");
+    assert_null(d.self);
+    dt_dataset_close(&d);   /* closing an empty dataset is harmless */
+}
+
+/* 1000 bytes, T = 16: the last 100 bytes are held out, so train has
+ * (900 - 1) / 16 = 56 windows and eval (100 - 1) / 16 = 6. */
+static void test_text_sizes_shape_and_batch(void **state) {
+    (void)state;
+    dt_dataset d;
+    dt_dataset_opts o = {.path = write_text("corpus.txt", 1000), .seq = 16};
+    assert_int_equal(dt_dataset_open(DT_DATA_TEXT, &o, &d), DT_OK);
+    assert_string_equal(d.name, "text");
+    assert_string_equal(d.source, o.path);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 56);
+    assert_int_equal(d.size[DT_SPLIT_EVAL], 6);
+    assert_int_equal(d.sample.input, DT_INPUT_TOKENS);
+    assert_int_equal(d.sample.ndim, 1);
+    assert_int_equal(d.sample.dims[0], 16);
+    assert_int_equal(d.sample.targets, 16);
+    assert_int_equal(d.sample.classes, 256);
+    assert_int_equal(dt_sample_bytes(&d.sample), 16 * sizeof(int32_t));
+    assert_string_equal(d.unit, "tokens");
+    assert_string_equal(d.eval_name, "validation");
+
+    int32_t x[2 * 16], y[2 * 16];
+    int64_t idx[2] = {3, 0};
+    dt_batch b = dt_dataset_batch(&d, DT_SPLIT_TRAIN, idx, 2, x, y);
+    assert_int_equal(b.B, 2);
+    assert_int_equal(b.T, 16);
+    assert_ptr_equal(b.x_ids, x);
+    assert_null(b.x_img);
+    assert_ptr_equal(b.y, y);
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 16; i++) {
+            assert_int_equal(x[s * 16 + i], byte_at(idx[s] * 16 + i));
+            assert_int_equal(y[s * 16 + i], byte_at(idx[s] * 16 + i + 1));
+        }
+    /* eval window 1 starts 16 tokens into the held-out tail at byte 900 */
+    idx[0] = 1;
+    dt_dataset_batch(&d, DT_SPLIT_EVAL, idx, 1, x, y);
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(x[i], byte_at(900 + 16 + i));
+        assert_int_equal(y[i], byte_at(900 + 16 + i + 1));
+    }
+    dt_dataset_close(&d);
+    assert_null(d.self);
+}
+
+/* With a validation file nothing is held out: train = (400-1)/8 windows. */
+static void test_text_val_path(void **state) {
+    (void)state;
+    dt_dataset d;
+    dt_dataset_opts o = {.path = write_text("train.txt", 400), .val_path = write_text("val.txt", 81), .seq = 8};
+    assert_int_equal(dt_dataset_open("text", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 49);
+    assert_int_equal(d.size[DT_SPLIT_EVAL], 10);
+    dt_dataset_close(&d);
+}
+
+static void test_token_errors_name_the_file(void **state) {
+    (void)state;
+    dt_dataset d;
+    dt_dataset_opts o = {.path = write_text("tiny.txt", 10), .seq = 16};
+    assert_int_equal(dt_dataset_open("text", &o, &d), DT_EINVAL);
+    assert_msg_has("tiny.txt");
+    assert_msg_has("too short");
+    o.seq = 0;
+    assert_int_equal(dt_dataset_open("text", &o, &d), DT_EINVAL);
+    assert_msg_has("--seq");
+    dt_dataset_opts none = {.seq = 16};
+    assert_int_equal(dt_dataset_open("shard", &none, &d), DT_EINVAL);
+    assert_msg_has("--data-path");
+    dt_dataset_opts missing = {.path = "/nonexistent/x.bin", .seq = 16};
+    assert_int_not_equal(dt_dataset_open("shard", &missing, &d), DT_OK);
+    assert_msg_has("/nonexistent/x.bin");
+}
+
+/* A shard's vocabulary is its largest id + 1, over train and eval data. */
+static void test_shard_vocab_covers_val(void **state) {
+    (void)state;
+    uint16_t tr[100], va[20];
+    for (int i = 0; i < 100; i++) tr[i] = (uint16_t)(i % 50);
+    for (int i = 0; i < 20; i++) va[i] = (uint16_t)(i == 7 ? 999 : i);
+    char ptr[512], pva[512];
+    snprintf(ptr, sizeof ptr, "%s/train.bin", g_dir);
+    snprintf(pva, sizeof pva, "%s/val.bin", g_dir);
+    assert_int_equal(dt_token_shard_write(ptr, tr, 100), DT_OK);
+    assert_int_equal(dt_token_shard_write(pva, va, 20), DT_OK);
+    dt_dataset d;
+    dt_dataset_opts o = {.path = ptr, .val_path = pva, .seq = 4};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.sample.classes, 1000);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 99 / 4);
+    assert_int_equal(d.size[DT_SPLIT_EVAL], 19 / 4);
+    dt_dataset_close(&d);
+}
+
+static void test_shape_strings(void **state) {
+    (void)state;
+    char buf[128];
+    dt_sample_shape img = {.input = DT_INPUT_IMAGE, .ndim = 3, .dims = {1, 28, 28}, .targets = 1, .classes = 10};
+    dt_sample_shape tok = {.input = DT_INPUT_TOKENS, .ndim = 1, .dims = {64}, .targets = 64, .classes = 256};
+    assert_string_equal(dt_sample_shape_str(&img, buf, sizeof buf), "float [1, 28, 28] (10 classes)");
+    assert_string_equal(dt_sample_shape_str(&tok, buf, sizeof buf), "int32 [64] (vocab 256)");
+    assert_int_equal(dt_sample_numel(&img), 784);
+    assert_int_equal(dt_sample_bytes(&img), 784 * sizeof(float));
+    char tiny[8];   /* truncates, stays terminated */
+    dt_sample_shape_str(&img, tiny, sizeof tiny);
+    assert_int_equal(strlen(tiny), 7);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_registry_names),
+        cmocka_unit_test(test_text_sizes_shape_and_batch),
+        cmocka_unit_test(test_text_val_path),
+        cmocka_unit_test(test_token_errors_name_the_file),
+        cmocka_unit_test(test_shard_vocab_covers_val),
+        cmocka_unit_test(test_shape_strings),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,214 @@
+/* The trainer checks that the model takes the dataset's samples before it
+ * trains: Fashion-MNIST IDX directories whose images are not 28x28 (or whose
+ * train and test images differ) are refused at trainer creation with a
+ * message naming the data and both shapes, for the CNN and the MLP, and never
+ * read or write outside the batch buffers (this suite also runs under ASan).
+ * An MLP sized for the images trains and evaluates on them. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtrain/log.h"
+#include "dtrain/train.h"
+#include "tmpdir.h"
+
+#define N_TRAIN 8
+#define N_TEST 4
+
+static char g_root[256];
+
+static int group_setup(void **state) {
+    (void)state;
+    return dt_test_tmpdir(g_root, sizeof g_root, "data_shape");
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    dt_test_rm_rf(g_root);
+    return 0;
+}
+
+/* Raw (uncompressed) IDX: magic 0x0000 08 ndim, big-endian uint32 dims, bytes. */
+static void write_idx(const char *path, int ndim, const uint32_t *dims, const uint8_t *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint8_t magic[4] = {0, 0, 0x08, (uint8_t)ndim};
+    assert_int_equal(fwrite(magic, 1, 4, f), 4);
+    for (int i = 0; i < ndim; i++) {
+        uint8_t be[4] = {(uint8_t)(dims[i] >> 24), (uint8_t)(dims[i] >> 16), (uint8_t)(dims[i] >> 8), (uint8_t)dims[i]};
+        assert_int_equal(fwrite(be, 1, 4, f), 4);
+    }
+    if (len) assert_int_equal(fwrite(data, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Pixel j of image i of a split, and label i: known without reading back. */
+static uint8_t pixel(int64_t i, int64_t j) { return (uint8_t)((i * 131 + j * 7 + 3) % 256); }
+static uint8_t label(int64_t i) { return (uint8_t)(i % 10); }
+
+static void write_split(const char *dir, const char *prefix, uint32_t n, uint32_t side) {
+    char path[512];
+    size_t px = (size_t)side * side;
+    uint8_t *img = malloc(n * px), lab[16];
+    assert_non_null(img);
+    for (uint32_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < px; j++) img[i * px + j] = pixel(i, (int64_t)j);
+        lab[i] = label(i);
+    }
+    uint32_t idims[3] = {n, side, side}, ldims[1] = {n};
+    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", dir, prefix);
+    write_idx(path, 3, idims, img, n * px);
+    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte", dir, prefix);
+    write_idx(path, 1, ldims, lab, n);
+    free(img);
+}
+
+/* <root>/<name>/ with N_TRAIN train images of train_side^2 and N_TEST test images of test_side^2. */
+static const char *make_fmnist(const char *name, uint32_t train_side, uint32_t test_side) {
+    static char dir[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(dir[k], sizeof dir[k], "%s/%s", g_root, name);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir[k]);
+    assert_int_equal(system(cmd), 0);
+    write_split(dir[k], "train", N_TRAIN, train_side);
+    write_split(dir[k], "t10k", N_TEST, test_side);
+    return dir[k];
+}
+
+static void opts_for(dt_train_opts *o, dt_model_kind kind, const char *dir) {
+    dt_train_opts_default(o);
+    o->model = dt_model_cfg_default(kind);
+    o->model.mlp_n_hidden = 1; o->model.mlp_hidden[0] = 8;
+    o->model.cnn_c1 = 2; o->model.cnn_c2 = 2; o->model.cnn_fc = 8;
+    o->data = DT_DATA_FASHION_MNIST;
+    o->data_path = dir;
+    o->batch = 4; o->steps = 2; o->quiet = 1;
+}
+
+static void assert_msg_has(const char *needle) {
+    if (!strstr(dt_error_message(), needle))
+        fail_msg("error message lacks '%s': %s", needle, dt_error_message());
+}
+
+/* train 28x28 but test 56x56: the eval batches would not fit the buffers. */
+static void test_train_and_test_sizes_differ(void **state) {
+    (void)state;
+    const char *dir = make_fmnist("mixed", 28, 56);
+    dt_model_kind kinds[2] = {DT_MODEL_CNN, DT_MODEL_MLP};
+    for (int k = 0; k < 2; k++) {
+        dt_train_opts o;
+        opts_for(&o, kinds[k], dir);
+        dt_trainer *t = (dt_trainer *)&o;   /* must be reset to NULL */
+        dt_error_clear();
+        assert_int_not_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
+        assert_null(t);
+        assert_msg_has(dir);
+        assert_msg_has("56x56");
+        assert_msg_has("28x28");
+    }
+}
+
+/* both 20x20: consistent data, but neither model as configured takes it */
+static void test_images_not_28x28(void **state) {
+    (void)state;
+    const char *dir = make_fmnist("small", 20, 20);
+    dt_train_opts o;
+    dt_trainer *t = NULL;
+
+    opts_for(&o, DT_MODEL_CNN, dir);
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
+    assert_null(t);
+    assert_msg_has(dir);
+    assert_msg_has("float [1, 20, 20]");     /* the data's shape */
+    assert_msg_has("float [1, 28, 28]");     /* the CNN's */
+
+    opts_for(&o, DT_MODEL_MLP, dir);         /* default input 28*28 = 784 */
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
+    assert_null(t);
+    assert_msg_has(dir);
+    assert_msg_has("float [1, 20, 20]");
+    assert_msg_has("float [784]");
+
+    opts_for(&o, DT_MODEL_GPT2, dir);
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
+    assert_msg_has("needs token data");
+}
+
+/* too few outputs for the data's 10 classes */
+static void test_too_few_classes(void **state) {
+    (void)state;
+    const char *dir = make_fmnist("classes", 28, 28);
+    dt_train_opts o;
+    opts_for(&o, DT_MODEL_MLP, dir);
+    o.model.mlp_out = 5;
+    dt_trainer *t = NULL;
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
+    assert_msg_has("10 classes");
+}
+
+typedef struct capture { char text[4096]; int n_info, n_progress; } capture;
+static void capture_log(void *ctx, dt_log_level level, const char *msg) {
+    capture *c = ctx;
+    strncat(c->text, msg, sizeof c->text - strlen(c->text) - 1);
+    if (level == DT_LOG_INFO) c->n_info++;
+    if (level == DT_LOG_PROGRESS) c->n_progress++;
+}
+
+/* An MLP whose input is 20*20 takes the 20x20 images: buffers are sized from
+ * the data, training and the final evaluation run on the whole test split. */
+static void test_mlp_sized_for_the_images_trains(void **state) {
+    (void)state;
+    const char *dir = make_fmnist("small_ok", 20, 20);
+    dt_train_opts o;
+    opts_for(&o, DT_MODEL_MLP, dir);
+    o.model.mlp_in = 20 * 20;
+    o.quiet = 0;
+    dt_trainer *t = NULL;
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
+    const dt_sample_shape *s = &t->data.sample;
+    assert_int_equal(s->input, DT_INPUT_IMAGE);
+    assert_int_equal(s->ndim, 3);
+    assert_int_equal(s->dims[0], 1);
+    assert_int_equal(s->dims[1], 20);
+    assert_int_equal(s->dims[2], 20);
+    assert_int_equal(s->targets, 1);
+    assert_int_equal(t->data.size[DT_SPLIT_TRAIN], N_TRAIN);
+    assert_int_equal(t->data.size[DT_SPLIT_EVAL], N_TEST);
+
+    static capture cap;
+    memset(&cap, 0, sizeof cap);
+    dt_log_set_handler(capture_log, &cap);
+    dt_status st = dt_trainer_run(t);
+    dt_log_set_handler(NULL, NULL);
+    assert_int_equal(st, DT_OK);
+    /* 400*8 + 8 + 8*10 + 10 parameters; 2 steps of batch 4 */
+    assert_non_null(strstr(cap.text, "dtrain: mlp, 3298 parameters, single x1, 2 steps of 4 samples\n"));
+    assert_non_null(strstr(cap.text, "samples/s"));
+    double loss, acc;
+    assert_int_equal(dt_trainer_evaluate(t, &loss, &acc), DT_OK);
+    char want[128];
+    snprintf(want, sizeof want, "test accuracy: %.4f  test loss: %.4f\n", acc, loss);
+    assert_non_null(strstr(cap.text, want));
+    assert_int_equal(cap.n_info, 2);      /* start line, result line */
+    assert_int_equal(cap.n_progress, 2);  /* one line per step (not a terminal) */
+    dt_trainer_free(t);
+}
+
+int main(void) {
+    unsetenv("DTRAIN_TTY");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_train_and_test_sizes_differ),
+        cmocka_unit_test(test_images_not_28x28),
+        cmocka_unit_test(test_too_few_classes),
+        cmocka_unit_test(test_mlp_sized_for_the_images_trains),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
