@@ -10,30 +10,31 @@
 
 dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_bytes) {
     dt_model *m = z->m;
+    zlayout *L = &z->lay;
     int n = m->n_params;
     dt_bucket_rule rule = {first_cap_bytes, cap_bytes, (size_t)z->world * ZERO_ALIGN};
     dt_param_plan plan;
     DT_TRY(dt_par_plan_params(m, &rule, 0, &plan));
-    z->order = malloc((size_t)(n ? n : 1) * sizeof *z->order);
-    z->param_bucket = malloc((size_t)(n ? n : 1) * sizeof *z->param_bucket);
-    z->b = calloc((size_t)n + 1, sizeof *z->b);
+    L->order = malloc((size_t)(n ? n : 1) * sizeof *L->order);
+    L->param_bucket = malloc((size_t)(n ? n : 1) * sizeof *L->param_bucket);
+    L->b = calloc((size_t)n + 1, sizeof *L->b);
     size_t *off = malloc((size_t)(n ? n : 1) * sizeof *off);
-    if (!z->order || !z->param_bucket || !z->b || !off) {
+    if (!L->order || !L->param_bucket || !L->b || !off) {
         free(off);
         dt_par_plan_free(&plan);
         return DT_ERR(DT_ENOMEM, "out of memory");
     }
     for (int k = 0; k < n; k++) {
-        dt_param *p = z->order[k] = m->params[plan.order[k]];
+        dt_param *p = L->order[k] = m->params[plan.order[k]];
         off[p->index] = plan.pos[k];
-        z->param_bucket[p->index] = plan.bucket_of[k];
-        if (p->requires_grad) z->b[plan.bucket_of[k]].n_grad_params++;
+        L->param_bucket[p->index] = plan.bucket_of[k];
+        if (p->requires_grad) L->b[plan.bucket_of[k]].n_grad_params++;
     }
-    z->nb = plan.nb;
-    z->total = 0;
+    L->nb = plan.nb;
+    L->total = 0;
     size_t shard_off = 0;
-    for (int i = 0; i < z->nb; i++) {
-        dt_zero_bucket *b = &z->b[i].pub;
+    for (int i = 0; i < L->nb; i++) {
+        dt_zero_bucket *b = &L->b[i].pub;
         b->index = i;
         b->begin = plan.cuts[i].begin;
         b->used = plan.cuts[i].used;
@@ -44,12 +45,11 @@ dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_by
         b->own_begin = b->begin + (size_t)z->rank * b->shard;
         b->shard_offset = shard_off;
         shard_off += b->shard;
-        if (b->numel > z->max_bucket) z->max_bucket = b->numel;
-        z->total = b->begin + b->numel;   /* buckets lie back to back */
+        L->total = b->begin + b->numel;   /* buckets lie back to back */
     }
-    z->shard_total = shard_off;
+    L->shard_total = shard_off;
     dt_par_plan_free(&plan);
-    dt_status s = dt_model_set_layout(m, off, z->total ? z->total : 1);
+    dt_status s = dt_model_set_layout(m, off, L->total ? L->total : 1);
     free(off);
     return s;
 }
@@ -58,25 +58,27 @@ dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_by
  * twice the request (so one huge bucket, e.g. an embedding, does not make
  * every small bucket cost as much), else a new exact-size buffer. */
 float *dt_zero_pool_get(dt_zero *z, size_t numel) {
+    zpool *P = &z->pool;
     int best = -1;
-    for (int i = 0; i < z->n_pool; i++) {
-        size_t c = z->pool[i].cap;
-        if (c >= numel && c <= 2 * numel && (best < 0 || c < z->pool[best].cap)) best = i;
+    for (int i = 0; i < P->n; i++) {
+        size_t c = P->free_bufs[i].cap;
+        if (c >= numel && c <= 2 * numel && (best < 0 || c < P->free_bufs[best].cap)) best = i;
     }
     if (best < 0) return dt_calloc((numel ? numel : 1) * sizeof(float));
-    float *buf = z->pool[best].buf;
-    z->pool[best] = z->pool[--z->n_pool];
+    float *buf = P->free_bufs[best].buf;
+    P->free_bufs[best] = P->free_bufs[--P->n];
     return buf;
 }
 
 void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel) {
+    zpool *P = &z->pool;
     if (!buf) return;
-    if (z->n_pool == z->cap_pool) {
-        int cap = z->cap_pool ? 2 * z->cap_pool : 8;
-        zpool_buf *p = realloc(z->pool, (size_t)cap * sizeof *p);
+    if (P->n == P->cap) {
+        int cap = P->cap ? 2 * P->cap : 8;
+        zpool_buf *p = realloc(P->free_bufs, (size_t)cap * sizeof *p);
         if (!p) { dt_free(buf); return; }
-        z->pool = p;
-        z->cap_pool = cap;
+        P->free_bufs = p;
+        P->cap = cap;
     }
-    z->pool[z->n_pool++] = (zpool_buf){buf, numel};
+    P->free_bufs[P->n++] = (zpool_buf){buf, numel};
 }
