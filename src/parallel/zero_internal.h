@@ -100,11 +100,51 @@ struct dt_zero {
     dt_trace *trace;         /* optional: shard steps as compute events */
 };
 
+/* Owned shards of bucket i: where they live depends on the stage. */
+static inline float *dt_zero_shard_param_ptr(dt_zero *z, int i) {
+    const dt_zero_bucket *b = &z->lay.b[i].pub;
+    return z->stage == 3 ? z->lay.shard_param + b->shard_offset : z->m->param_flat.data + b->own_begin;
+}
+static inline float *dt_zero_shard_grad_ptr(dt_zero *z, int i) {
+    const dt_zero_bucket *b = &z->lay.b[i].pub;
+    return z->stage == 1 ? z->m->grad_flat.data + b->own_begin : z->lay.shard_grad + b->shard_offset;
+}
+
 /* zero_layout.c: order params, cut buckets, pad, set the model layout, owned shards. */
 dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_bytes);
 /* pool of full-size bucket buffers (capacity >= numel; put back with the size it was got with) */
 float *dt_zero_pool_get(dt_zero *z, size_t numel);
 void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel);
+
+/* zero.c */
+dt_status dt_zero_bcast_buffers(dt_zero *z);   /* rank 0's model buffers, if enabled */
+
+/* zero_reduce.c: gradients during backward. */
+dt_status dt_zero_grad_alloc(dt_param *p, void *user);       /* stages 2/3: on_grad_alloc */
+dt_status dt_zero_on_grad_ready(dt_param *p, void *user);    /* on_grad_ready */
+/* From the graph tick: finish completed reduce-scatters (failure kept for finish_backward). */
+void dt_zero_advance_in_backward(dt_zero *z, double now);
+/* Wait every reduction and gather in flight; first error wins. */
+dt_status dt_zero_drain(dt_zero *z);
+/* Nothing ready, launched or stepped: the next backward starts afresh. */
+void dt_zero_reset_buckets(dt_zero *z);
+
+/* zero_step.c: step the owned shard of bucket i (then all-gather or queue it). */
+dt_status dt_zero_step_bucket(dt_zero *z, int i, float scale);
+/* INTERLEAVED shard steps allowed in this backward. */
+int dt_zero_interleaving(const dt_zero *z);
+
+/* zero_gather.c: stages 1/2 parameter all-gathers and their queue. */
+/* Bucket i's shard was just stepped: all-gather it now, or queue it. */
+dt_status dt_zero_gather_stepped(dt_zero *z, int i);
+/* Issue queued gathers while fewer than the window are in flight, and
+ * unconditionally every queued bucket with index >= force (INT_MAX: none). */
+dt_status dt_zero_pump_gathers(dt_zero *z, int force);
+/* Every parameter all-gather issued (queued ones first) and finished. */
+dt_status dt_zero_wait_all_gathers(dt_zero *z);
+/* Wait the in-flight all-gather of bucket i (any stage). */
+dt_status dt_zero_wait_gather(dt_zero *z, int i);
+
 /* zero_params.c: module hooks; stages 1/2 wait for a module's parameter
  * all-gathers before its forward, stage 3 gathers / prefetches / frees. */
 dt_status dt_zero_modules_setup(dt_zero *z);
@@ -112,9 +152,9 @@ void dt_zero_modules_free(dt_zero *z);
 dt_status dt_zero_params_before_forward(dt_zero *z);
 dt_status dt_zero3_release_all(dt_zero *z);
 dt_status dt_zero3_idle(dt_zero *z);
+/* Stage 3 back to a whole model at free: parameters gathered into a flat buffer. */
+void dt_zero_make_whole(dt_zero *z);
 /* Every rank ran the same modules in the same order in this micro-step's
  * forward and backward (else DT_EINVAL on every rank). Collective over pg. */
 dt_status dt_zero3_check_order(dt_zero *z);
-/* Wait the in-flight all-gather of bucket i (any stage). */
-dt_status dt_zero_wait_gather(dt_zero *z, int i);
 #endif

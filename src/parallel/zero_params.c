@@ -164,6 +164,23 @@ static dt_status gather_orphans(dt_zero *z) {
     return DT_OK;
 }
 
+/* Stage 3 back to a whole model (dt_zero_free): the parameters gathered
+ * into a flat buffer. Collective. */
+void dt_zero_make_whole(dt_zero *z) {
+    dt_model *m = z->m;
+    if (z->stage == 3 && !m->param_flat.data && dt_flat_alloc(&m->param_flat, z->lay.total) == DT_OK) {
+        for (int i = 0; i < z->lay.nb; i++) {
+            zbucket *b = &z->lay.b[i];
+            dt_allgather(z->ag_pg, z->lay.shard_param + b->pub.shard_offset, m->param_flat.data + b->pub.begin,
+                         (int64_t)b->pub.shard, DT_F32, NULL);
+            for (int k = 0; k < b->pub.n_params; k++) {
+                dt_param *p = z->lay.order[b->pub.first_param + k];
+                p->value.data = m->param_flat.data + m->offsets[p->index];
+            }
+        }
+    }
+}
+
 /* Stage 3 outside training steps (evaluation): nothing gathered but the
  * buckets no module owns, so a forward can run. */
 dt_status dt_zero3_idle(dt_zero *z) {
