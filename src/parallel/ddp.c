@@ -224,16 +224,12 @@ void dt_ddp_reset_buckets(dt_ddp *d) {
 dt_status dt_ddp_finish_backward(dt_ddp *d) {
     if (!d->sync) return DT_ERR(DT_ESTATE, "ddp: finish_backward on a no_sync micro-step");
     dt_model *m = d->model;
-    char unused[512] = "";
-    int n_unused = 0;
+    dt_par_unused unused = {0};
     for (int i = 0; i < m->n_params; i++) {
         dt_param *p = m->params[i];
         int bi = d->param_bucket[i];
         if (bi < 0 || p->used) continue;
-        if (n_unused++ < 4) {
-            size_t l = strlen(unused);
-            snprintf(unused + l, sizeof unused - l, "%s'%s'", l ? ", " : "", p->name);
-        }
+        dt_par_unused_add(&unused, p->name);
         /* reduced as zeros (its gradient is whatever was accumulated, normally zero) */
         if (--d->buckets[bi].pending == 0) d->buckets[bi].ready = 1;
     }
@@ -259,10 +255,7 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     /* Forward passes updated each rank's running statistics with its own
      * data: end the step with rank 0's on every rank (eval, checkpoints). */
     if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
-    if (n_unused && !d->opts.find_unused_params)
-        return DT_ERR(DT_EINVAL, "ddp: parameter%s %s%s received no gradient in this step; if that is expected "
-                      "enable find_unused_params (--find-unused)", n_unused > 1 ? "s" : "", unused,
-                      n_unused > 4 ? " and more" : "");
+    if (unused.n && !d->opts.find_unused_params) return dt_par_unused_error(&unused, "ddp");
     return DT_OK;
 }
 

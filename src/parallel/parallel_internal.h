@@ -13,6 +13,11 @@ dt_status dt_par_allreduce_sum(dt_pg *pg, double *x, int n);
 /* Rank 0 prints one line per rank: the given bytes and peak RSS. Collective. */
 dt_status dt_par_memory_report(dt_pg *pg, const char *label, size_t param_bytes, size_t grad_bytes,
                                size_t optim_bytes, int print);
+/* Parameters that got no gradient in a backward: count, first four named. */
+typedef struct dt_par_unused { char names[512]; int n; } dt_par_unused;
+void dt_par_unused_add(dt_par_unused *u, const char *name);
+/* DT_EINVAL: "<who>: parameter(s) '<names>' received no gradient ...". */
+dt_status dt_par_unused_error(const dt_par_unused *u, const char *who);
 
 /* bucket_plan.c: the bucket cutting DDP and ZeRO share. */
 /* Items (parameters, in layout order) are cut into buckets by one rule: an

@@ -146,15 +146,11 @@ dt_status dt_zero_drain(dt_zero *z) {
 dt_status dt_zero_finish_backward(dt_zero *z) {
     if (!z->rd.sync) return DT_ERR(DT_ESTATE, "zero: finish_backward on a no_sync micro-step");
     dt_model *m = z->m;
-    char unused[512] = "";
-    int n_unused = 0;
+    dt_par_unused unused = {0};
     for (int i = 0; i < m->n_params; i++) {
         dt_param *p = m->params[i];
         if (!p->requires_grad || p->used) continue;
-        if (n_unused++ < 4) {
-            size_t l = strlen(unused);
-            snprintf(unused + l, sizeof unused - l, "%s'%s'", l ? ", " : "", p->name);
-        }
+        dt_par_unused_add(&unused, p->name);
         zbucket *b = &z->lay.b[z->lay.param_bucket[i]];
         if (--b->pending == 0) b->ready = 1;   /* reduced with whatever it accumulated (zeros) */
     }
@@ -166,7 +162,7 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
     if (s == DT_OK) s = launch_ready(z);
     /* an unused parameter that is an error fails the step: reduce (the other
      * ranks may not fail) but step nothing */
-    int fail_unused = n_unused && !z->opts.find_unused_params;
+    int fail_unused = unused.n && !z->opts.find_unused_params;
     double w0 = dt_par_now_us();
     for (int i = z->rd.next_done; i < z->lay.nb; i++) {
         dt_status si = z->lay.b[i].launched ? finish_reduce(z, i) : DT_OK;
@@ -185,9 +181,7 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
     DT_TRY(dt_zero_bcast_buffers(z));
     if (fail_unused) {
         dt_zero_reset_buckets(z);
-        return DT_ERR(DT_EINVAL, "zero: parameter%s %s%s received no gradient in this step; if that is expected "
-                      "enable find_unused_params (--find-unused)", n_unused > 1 ? "s" : "", unused,
-                      n_unused > 4 ? " and more" : "");
+        return dt_par_unused_error(&unused, "zero");
     }
     z->rd.reduced = 1;
     return DT_OK;
