@@ -1,5 +1,7 @@
 /* Shared by DDP and ZeRO: model buffers broadcast from one rank (BatchNorm
- * statistics stay equal), small sums for metrics, a clock. */
+ * statistics stay equal), small sums for metrics, a clock, the error naming
+ * unused parameters. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -41,4 +43,16 @@ dt_status dt_par_allreduce_sum(dt_pg *pg, double *x, int n) {
     DT_TRY(dt_allreduce(pg, f, f, n, DT_F32, DT_RED_SUM, NULL));
     for (int i = 0; i < n; i++) x[i] = f[i];
     return DT_OK;
+}
+
+void dt_par_unused_add(dt_par_unused *u, const char *name) {
+    if (u->n++ >= 4) return;
+    size_t l = strlen(u->names);
+    snprintf(u->names + l, sizeof u->names - l, "%s'%s'", l ? ", " : "", name);
+}
+
+dt_status dt_par_unused_error(const dt_par_unused *u, const char *who) {
+    return DT_ERR(DT_EINVAL, "%s: parameter%s %s%s received no gradient in this step; if that is expected "
+                  "enable find_unused_params (--find-unused)", who, u->n > 1 ? "s" : "", u->names,
+                  u->n > 4 ? " and more" : "");
 }

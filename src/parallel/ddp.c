@@ -64,48 +64,34 @@ dt_status dt_ddp_launch_ready(dt_ddp *d) {
 
 static void graph_tick(void *user) { dt_pg_tick(((dt_ddp *)user)->pg); }
 
-/* Buckets: walk params in layout order, close a bucket when the next param would exceed the cap. */
+/* Buckets over the trainable params in layout order, in place (dt_bucket_plan). */
 static dt_status build_buckets(dt_ddp *d) {
     dt_model *m = d->model;
-    int n = m->n_params;
-    int *order = malloc((size_t)n * sizeof *order);
-    d->param_bucket = malloc((size_t)n * sizeof *d->param_bucket);
-    d->buckets = calloc((size_t)n + 1, sizeof *d->buckets);
-    if (!order || !d->param_bucket || !d->buckets) { free(order); return DT_ERR(DT_ENOMEM, "out of memory"); }
-    for (int i = 0; i < n; i++) order[i] = i;
-    for (int i = 1; i < n; i++) {   /* insertion sort by offset (layout order) */
-        int x = order[i], j = i - 1;
-        while (j >= 0 && m->offsets[order[j]] > m->offsets[x]) { order[j + 1] = order[j]; j--; }
-        order[j + 1] = x;
-    }
-    dt_ddp_bucket *cur = NULL;
-    size_t cur_bytes = 0;
-    for (int k = 0; k < n; k++) {
-        dt_param *p = m->params[order[k]];
-        d->param_bucket[p->index] = -1;
-        if (!p->requires_grad) continue;
-        size_t bytes = (size_t)p->value.numel * sizeof(float);
-        size_t cap = d->n_buckets <= 1 && cur == &d->buckets[0] ? d->opts.first_bucket_bytes : d->opts.bucket_bytes;
-        if (!cur || (cur_bytes > 0 && cur_bytes + bytes > cap)) {
-            cur = &d->buckets[d->n_buckets];
-            cur->index = d->n_buckets++;
-            cur->begin = m->offsets[p->index];
-            cur_bytes = 0;
-        }
-        cur->end = m->offsets[p->index] + (size_t)p->value.numel;
-        cur->n_params++;
-        cur_bytes = (cur->end - cur->begin) * sizeof(float);
-        d->param_bucket[p->index] = cur->index;
+    dt_bucket_rule rule = {d->opts.first_bucket_bytes, d->opts.bucket_bytes, 0};
+    dt_param_plan plan;
+    DT_TRY(dt_par_plan_params(m, &rule, 1, &plan));
+    d->param_bucket = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *d->param_bucket);
+    d->buckets = calloc((size_t)m->n_params + 1, sizeof *d->buckets);
+    if (!d->param_bucket || !d->buckets) { dt_par_plan_free(&plan); return DT_ERR(DT_ENOMEM, "out of memory"); }
+    for (int k = 0; k < m->n_params; k++) {
+        dt_param *p = m->params[plan.order[k]];
+        d->param_bucket[p->index] = plan.bucket_of[k];
+        if (plan.bucket_of[k] < 0) continue;
         p->on_grad_ready = on_grad_ready;
         p->on_grad_ready_user = d;
     }
+    d->n_buckets = plan.nb;
     for (int i = 0; i < d->n_buckets; i++) {
         dt_ddp_bucket *b = &d->buckets[i];
+        b->index = i;
+        b->begin = plan.cuts[i].begin;
+        b->end = b->begin + plan.cuts[i].used;
         b->numel = b->end - b->begin;
+        b->n_params = plan.cuts[i].n;
         b->grad = m->grad_flat.data + b->begin;
         b->pending = b->n_params;
     }
-    free(order);
+    dt_par_plan_free(&plan);
     return DT_OK;
 }
 
@@ -238,16 +224,12 @@ void dt_ddp_reset_buckets(dt_ddp *d) {
 dt_status dt_ddp_finish_backward(dt_ddp *d) {
     if (!d->sync) return DT_ERR(DT_ESTATE, "ddp: finish_backward on a no_sync micro-step");
     dt_model *m = d->model;
-    char unused[512] = "";
-    int n_unused = 0;
+    dt_par_unused unused = {0};
     for (int i = 0; i < m->n_params; i++) {
         dt_param *p = m->params[i];
         int bi = d->param_bucket[i];
         if (bi < 0 || p->used) continue;
-        if (n_unused++ < 4) {
-            size_t l = strlen(unused);
-            snprintf(unused + l, sizeof unused - l, "%s'%s'", l ? ", " : "", p->name);
-        }
+        dt_par_unused_add(&unused, p->name);
         /* reduced as zeros (its gradient is whatever was accumulated, normally zero) */
         if (--d->buckets[bi].pending == 0) d->buckets[bi].ready = 1;
     }
@@ -273,10 +255,7 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     /* Forward passes updated each rank's running statistics with its own
      * data: end the step with rank 0's on every rank (eval, checkpoints). */
     if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
-    if (n_unused && !d->opts.find_unused_params)
-        return DT_ERR(DT_EINVAL, "ddp: parameter%s %s%s received no gradient in this step; if that is expected "
-                      "enable find_unused_params (--find-unused)", n_unused > 1 ? "s" : "", unused,
-                      n_unused > 4 ? " and more" : "");
+    if (unused.n && !d->opts.find_unused_params) return dt_par_unused_error(&unused, "ddp");
     return DT_OK;
 }
 

@@ -13,4 +13,50 @@ dt_status dt_par_allreduce_sum(dt_pg *pg, double *x, int n);
 /* Rank 0 prints one line per rank: the given bytes and peak RSS. Collective. */
 dt_status dt_par_memory_report(dt_pg *pg, const char *label, size_t param_bytes, size_t grad_bytes,
                                size_t optim_bytes, int print);
+/* Parameters that got no gradient in a backward: count, first four named. */
+typedef struct dt_par_unused { char names[512]; int n; } dt_par_unused;
+void dt_par_unused_add(dt_par_unused *u, const char *name);
+/* DT_EINVAL: "<who>: parameter(s) '<names>' received no gradient ...". */
+dt_status dt_par_unused_error(const dt_par_unused *u, const char *who);
+
+/* bucket_plan.c: the bucket cutting DDP and ZeRO share. */
+/* Items (parameters, in layout order) are cut into buckets by one rule: an
+ * item opens a new bucket when there is none yet or when the open bucket is
+ * non-empty and the item would take it over its cap: first_cap_bytes while
+ * the open bucket is bucket 0, cap_bytes after. So a bucket never splits an
+ * item, and an item larger than the cap gets a bucket of its own. A bucket's
+ * size is its span in the layout (float elements): from its first item's
+ * position to its last item's end, gaps of skipped items included.
+ *   pad == 0: items stay at items[k].offset (DDP: in place).
+ *   pad  > 0: items are packed from 0 (offset ignored), buckets back to back,
+ *             each bucket's numel its span rounded up to a multiple of pad,
+ *             at least pad (ZeRO: equal shards per rank). */
+typedef struct dt_bucket_rule { size_t first_cap_bytes, cap_bytes, pad; } dt_bucket_rule;
+typedef struct dt_bucket_item {
+    size_t numel;        /* elements */
+    size_t offset;       /* pad == 0: position in the layout */
+    int skip;            /* in no bucket (DDP: frozen parameters) */
+} dt_bucket_item;
+typedef struct dt_bucket_cut {
+    int first, n;        /* first item; items in the bucket (skipped ones not counted) */
+    size_t begin, used;  /* position of the first item; span of the items */
+    size_t numel;        /* pad == 0: used; else padded as above */
+} dt_bucket_cut;
+/* Fills cuts[0 .. return) (room for n), bucket_of[k] (-1: skipped) and, if
+ * pos is not NULL, pos[k] for every bucketed item: its position (pad == 0:
+ * its offset). */
+int dt_bucket_plan(const dt_bucket_rule *r, const dt_bucket_item *items, int n, dt_bucket_cut *cuts,
+                   int *bucket_of, size_t *pos);
+/* The model's parameters cut by r: order[k] is the params[] index of the k-th
+ * in layout order (by offset, stable: the backward order); bucket_of, pos
+ * and cuts as above, per k. skip_frozen: parameters without requires_grad
+ * join no bucket. Free with dt_par_plan_free. */
+typedef struct dt_param_plan {
+    int *order, *bucket_of;
+    size_t *pos;
+    dt_bucket_cut *cuts;
+    int nb;
+} dt_param_plan;
+dt_status dt_par_plan_params(const dt_model *m, const dt_bucket_rule *r, int skip_frozen, dt_param_plan *out);
+void dt_par_plan_free(dt_param_plan *p);
 #endif

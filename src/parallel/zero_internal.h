@@ -3,8 +3,6 @@
 #include "dtrain/zero.h"
 #include "parallel_internal.h"
 
-typedef struct zpool_buf { float *buf; size_t cap; } zpool_buf;
-
 /* One bucket: its public geometry plus per-step communication state. */
 typedef struct zbucket {
     dt_zero_bucket pub;
@@ -20,7 +18,70 @@ typedef struct zbucket {
     float *full_param;       /* stage 3: gathered parameters (pool buffer) or NULL */
 } zbucket;
 
+/* Buckets and owned shards. Written at create (zero_layout.c, shard storage
+ * in zero.c), read-only after; b[i].pub.begin + numel <= total. */
+typedef struct zlayout {
+    zbucket *b; int nb;
+    dt_param **order;        /* params in layout order */
+    int *param_bucket;       /* params[i] -> bucket */
+    size_t total;            /* padded layout length */
+    size_t shard_total;      /* sum of shard sizes */
+    float *shard_param;      /* stage 3: owned parameter shards, compact */
+    float *shard_grad;       /* stages 2/3: owned gradient shards, compact */
+} zlayout;
+
+/* Gradient reduction of the micro-step (zero_reduce.c). Set by before_forward,
+ * advanced by grad-ready hooks and the graph tick, closed by finish_backward;
+ * reduce-scatters launch and finish in bucket order: next_done <= next_launch. */
+typedef struct zreduce {
+    int op;                  /* DT_RED_AVG | deterministic flag (fixed at create) */
+    int sync;                /* current micro-step reduces */
+    int next_launch;         /* reduce-scatters launch in bucket order */
+    int next_done;           /* first bucket whose reduce-scatter is not yet finished (INTERLEAVED: stepped) */
+    int reduced;             /* finish_backward done, step pending */
+    int unused_checked;      /* this backward looked for unused parameters */
+    int hold_steps;          /* an unused parameter will fail this step: no interleaved steps */
+    dt_status tick_err;      /* finishing a reduction (or stepping a shard) failed inside backward */
+    char tick_msg[256];
+    double last_check_us;    /* graph tick: reductions tested at most every 0.5 ms */
+} zreduce;
+
+/* AFTER_BACKWARD parameter all-gathers of stages 1/2 (zero_gather.c): queued
+ * by dt_zero_step in forward order (last bucket first), issued a few at a
+ * time; empty (next == -1) once all are issued. Same order on every rank. */
+typedef struct zgather_queue {
+    int queueing;            /* inside dt_zero_step with AFTER_BACKWARD: queue, do not issue */
+    int next;                /* highest queued bucket not yet issued, -1: none */
+    int *live, n_live;       /* issued from the queue, not yet seen complete */
+    double last_pump_us;     /* graph tick: queue pumped at most every 0.5 ms */
+} zgather_queue;
+
+/* One direction's module order (zero_params.c): this micro-step's, and the
+ * previous one's as the stage-3 prefetch plan. */
+typedef struct zmod_seq {
+    int *seq, n, cap;        /* modules as their hooks ran, this step */
+    int *prev, n_prev, cap_prev;
+} zmod_seq;
+
+/* Module hooks (zero_params.c). buckets/nb are fixed at create; stage 3
+ * records the orders while `recording` (a training micro-step). */
+typedef struct zmodules {
+    int **buckets; int *nb;           /* per module: buckets holding its params */
+    zmod_seq fwd, bwd;                /* PRE_FORWARD / PRE_BACKWARD orders */
+    int recording;                    /* a training micro-step: record orders, prefetch */
+    unsigned char *want;              /* scratch: bucket needed now */
+} zmodules;
+
+/* Free full-size bucket buffers, reused (zero_layout.c), and the elements
+ * handed out as gradient / stage-3 parameter buckets (live and peak). */
+typedef struct zpool_buf { float *buf; size_t cap; } zpool_buf;
+typedef struct zpool {
+    zpool_buf *free_bufs; int n, cap;
+    size_t grad_live, grad_peak, param_live, param_peak;   /* elements */
+} zpool;
+
 struct dt_zero {
+    /* fixed at create */
     dt_zero_opts opts;
     dt_optim_cfg cfg;
     dt_model *m;
@@ -28,53 +89,62 @@ struct dt_zero {
     dt_pg *ag_pg;            /* parameter all-gathers: their issue order may interleave
                                 with reduce-scatters differently on each rank (INTERLEAVED) */
     int rank, world, stage;
-    zbucket *b; int nb;
-    dt_param **order;        /* params in layout order */
-    int *param_bucket;       /* params[i] -> bucket */
-    size_t total;            /* padded layout length */
-    size_t shard_total;      /* sum of shard sizes */
-    size_t max_bucket;       /* largest bucket, elements */
-    float *shard_param;      /* stage 3: owned parameter shards, compact */
-    float *shard_grad;       /* stages 2/3: owned gradient shards, compact */
-    float *buf_scratch;
-    int red;                 /* DT_RED_AVG | deterministic flag */
-    int sync;                /* current micro-step reduces */
-    int next_launch;         /* reduce-scatters launch in bucket order */
-    int next_done;           /* first bucket whose reduce-scatter is not yet finished (INTERLEAVED: stepped) */
-    float lr;
-    int reduced;             /* finish_backward done, step pending */
-    int queue_gathers;       /* inside dt_zero_step with AFTER_BACKWARD: queue the all-gathers */
-    int unused_checked;      /* this backward looked for unused parameters */
-    int hold_steps;          /* an unused parameter will fail this step: no interleaved steps */
-    dt_status tick_err;      /* finishing a reduction (or stepping a shard) failed inside backward */
-    char tick_msg[256];
-    double last_check_us;    /* graph tick: reductions tested at most every 0.5 ms */
-    /* AFTER_BACKWARD parameter all-gathers: queued in forward order (last
-     * bucket first), issued a few at a time (zero.c, pump_gathers) */
-    int gq_next;             /* highest queued bucket not yet issued, -1: none */
-    double last_pump_us;     /* graph tick: queue pumped at most every 0.5 ms */
-    int *gq_live, n_gq_live; /* issued from the queue, not yet seen complete */
-    /* full-size bucket buffers, reused */
-    zpool_buf *pool; int n_pool, cap_pool;
-    size_t grad_live, grad_peak, param_live, param_peak;   /* elements */
-    /* stage 3 */
-    int **mod_buckets; int *mod_nb;      /* per module: buckets holding its params */
-    int *seq, n_seq, cap_seq;            /* modules in PRE_FORWARD order, this step */
-    int *prev_seq, n_prev;               /* ... of the previous step (prefetch plan) */
-    int *bseq, n_bseq, cap_bseq;         /* modules in PRE_BACKWARD order, this step */
-    int *prev_bseq, n_prev_b;
-    int cap_prev, cap_prev_b;
-    int recording;                       /* a training micro-step: record orders, prefetch */
-    unsigned char *want;                 /* scratch: bucket needed now */
+    zlayout lay;
+    zreduce rd;
+    zgather_queue gq;
+    zmodules mods;
+    zpool pool;
+    float lr;                /* dt_zero_set_lr, before each step */
+    float *buf_scratch;      /* packed model buffers for their broadcast */
     dt_zero_stats stats;
     dt_trace *trace;         /* optional: shard steps as compute events */
 };
+
+/* Owned shards of bucket i: where they live depends on the stage. */
+static inline float *dt_zero_shard_param_ptr(dt_zero *z, int i) {
+    const dt_zero_bucket *b = &z->lay.b[i].pub;
+    return z->stage == 3 ? z->lay.shard_param + b->shard_offset : z->m->param_flat.data + b->own_begin;
+}
+static inline float *dt_zero_shard_grad_ptr(dt_zero *z, int i) {
+    const dt_zero_bucket *b = &z->lay.b[i].pub;
+    return z->stage == 1 ? z->m->grad_flat.data + b->own_begin : z->lay.shard_grad + b->shard_offset;
+}
 
 /* zero_layout.c: order params, cut buckets, pad, set the model layout, owned shards. */
 dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_bytes);
 /* pool of full-size bucket buffers (capacity >= numel; put back with the size it was got with) */
 float *dt_zero_pool_get(dt_zero *z, size_t numel);
 void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel);
+
+/* zero.c */
+dt_status dt_zero_bcast_buffers(dt_zero *z);   /* rank 0's model buffers, if enabled */
+
+/* zero_reduce.c: gradients during backward. */
+dt_status dt_zero_grad_alloc(dt_param *p, void *user);       /* stages 2/3: on_grad_alloc */
+dt_status dt_zero_on_grad_ready(dt_param *p, void *user);    /* on_grad_ready */
+/* From the graph tick: finish completed reduce-scatters (failure kept for finish_backward). */
+void dt_zero_advance_in_backward(dt_zero *z, double now);
+/* Wait every reduction and gather in flight; first error wins. */
+dt_status dt_zero_drain(dt_zero *z);
+/* Nothing ready, launched or stepped: the next backward starts afresh. */
+void dt_zero_reset_buckets(dt_zero *z);
+
+/* zero_step.c: step the owned shard of bucket i (then all-gather or queue it). */
+dt_status dt_zero_step_bucket(dt_zero *z, int i, float scale);
+/* INTERLEAVED shard steps allowed in this backward. */
+int dt_zero_interleaving(const dt_zero *z);
+
+/* zero_gather.c: stages 1/2 parameter all-gathers and their queue. */
+/* Bucket i's shard was just stepped: all-gather it now, or queue it. */
+dt_status dt_zero_gather_stepped(dt_zero *z, int i);
+/* Issue queued gathers while fewer than the window are in flight, and
+ * unconditionally every queued bucket with index >= force (INT_MAX: none). */
+dt_status dt_zero_pump_gathers(dt_zero *z, int force);
+/* Every parameter all-gather issued (queued ones first) and finished. */
+dt_status dt_zero_wait_all_gathers(dt_zero *z);
+/* Wait the in-flight all-gather of bucket i (any stage). */
+dt_status dt_zero_wait_gather(dt_zero *z, int i);
+
 /* zero_params.c: module hooks; stages 1/2 wait for a module's parameter
  * all-gathers before its forward, stage 3 gathers / prefetches / frees. */
 dt_status dt_zero_modules_setup(dt_zero *z);
@@ -82,9 +152,9 @@ void dt_zero_modules_free(dt_zero *z);
 dt_status dt_zero_params_before_forward(dt_zero *z);
 dt_status dt_zero3_release_all(dt_zero *z);
 dt_status dt_zero3_idle(dt_zero *z);
+/* Stage 3 back to a whole model at free: parameters gathered into a flat buffer. */
+void dt_zero_make_whole(dt_zero *z);
 /* Every rank ran the same modules in the same order in this micro-step's
  * forward and backward (else DT_EINVAL on every rank). Collective over pg. */
 dt_status dt_zero3_check_order(dt_zero *z);
-/* Wait the in-flight all-gather of bucket i. */
-dt_status dt_zero_wait_gather(dt_zero *z, int i);
 #endif

@@ -1,62 +1,55 @@
-/* ZeRO layout: parameters in backward order, cut into buckets, each padded so
- * it splits into N equal shards (64-byte aligned); rank r owns shard r of
- * every bucket. Also the pool of full-size bucket buffers. */
+/* ZeRO layout: parameters in backward order, cut into buckets (the rule DDP
+ * uses too: dt_bucket_plan), each padded so it splits into N equal shards
+ * (64-byte aligned); rank r owns shard r of every bucket. Also the pool of
+ * full-size bucket buffers. */
 #include <stdlib.h>
 #include <string.h>
 #include "zero_internal.h"
 
 #define ZERO_ALIGN 16   /* floats: shards start on 64-byte boundaries */
 
-static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
-
 dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_bytes) {
     dt_model *m = z->m;
+    zlayout *L = &z->lay;
     int n = m->n_params;
-    z->order = malloc((size_t)(n ? n : 1) * sizeof *z->order);
-    z->param_bucket = malloc((size_t)(n ? n : 1) * sizeof *z->param_bucket);
-    z->b = calloc((size_t)n + 1, sizeof *z->b);
+    dt_bucket_rule rule = {first_cap_bytes, cap_bytes, (size_t)z->world * ZERO_ALIGN};
+    dt_param_plan plan;
+    DT_TRY(dt_par_plan_params(m, &rule, 0, &plan));
+    L->order = malloc((size_t)(n ? n : 1) * sizeof *L->order);
+    L->param_bucket = malloc((size_t)(n ? n : 1) * sizeof *L->param_bucket);
+    L->b = calloc((size_t)n + 1, sizeof *L->b);
     size_t *off = malloc((size_t)(n ? n : 1) * sizeof *off);
-    if (!z->order || !z->param_bucket || !z->b || !off) { free(off); return DT_ERR(DT_ENOMEM, "out of memory"); }
-    for (int i = 0; i < n; i++) z->order[i] = m->params[i];
-    for (int i = 1; i < n; i++) {   /* insertion sort by current offset: the model's backward order */
-        dt_param *x = z->order[i];
-        int j = i - 1;
-        while (j >= 0 && m->offsets[z->order[j]->index] > m->offsets[x->index]) { z->order[j + 1] = z->order[j]; j--; }
-        z->order[j + 1] = x;
+    if (!L->order || !L->param_bucket || !L->b || !off) {
+        free(off);
+        dt_par_plan_free(&plan);
+        return DT_ERR(DT_ENOMEM, "out of memory");
     }
-    size_t pos = 0, unit = (size_t)z->world * ZERO_ALIGN;
-    zbucket *cur = NULL;
     for (int k = 0; k < n; k++) {
-        dt_param *p = z->order[k];
-        size_t numel = (size_t)p->value.numel, bytes = numel * sizeof(float);
-        size_t cap = z->nb <= 1 && cur == &z->b[0] ? first_cap_bytes : cap_bytes;
-        if (!cur || (cur->pub.used > 0 && (cur->pub.used * sizeof(float) + bytes > cap))) {
-            if (cur) pos += round_up(cur->pub.used, unit);
-            cur = &z->b[z->nb];
-            cur->pub.index = z->nb++;
-            cur->pub.begin = pos;
-            cur->pub.first_param = k;
-        }
-        off[p->index] = pos + cur->pub.used;
-        cur->pub.used += numel;
-        cur->pub.n_params++;
-        if (p->requires_grad) cur->n_grad_params++;
-        z->param_bucket[p->index] = cur->pub.index;
+        dt_param *p = L->order[k] = m->params[plan.order[k]];
+        off[p->index] = plan.pos[k];
+        L->param_bucket[p->index] = plan.bucket_of[k];
+        if (p->requires_grad) L->b[plan.bucket_of[k]].n_grad_params++;
     }
-    if (cur) pos += round_up(cur->pub.used ? cur->pub.used : 1, unit);
-    z->total = pos;
+    L->nb = plan.nb;
+    L->total = 0;
     size_t shard_off = 0;
-    for (int i = 0; i < z->nb; i++) {
-        dt_zero_bucket *b = &z->b[i].pub;
-        b->numel = round_up(b->used ? b->used : 1, unit);
+    for (int i = 0; i < L->nb; i++) {
+        dt_zero_bucket *b = &L->b[i].pub;
+        b->index = i;
+        b->begin = plan.cuts[i].begin;
+        b->used = plan.cuts[i].used;
+        b->numel = plan.cuts[i].numel;
+        b->first_param = plan.cuts[i].first;
+        b->n_params = plan.cuts[i].n;
         b->shard = b->numel / (size_t)z->world;
         b->own_begin = b->begin + (size_t)z->rank * b->shard;
         b->shard_offset = shard_off;
         shard_off += b->shard;
-        if (b->numel > z->max_bucket) z->max_bucket = b->numel;
+        L->total = b->begin + b->numel;   /* buckets lie back to back */
     }
-    z->shard_total = shard_off;
-    dt_status s = dt_model_set_layout(m, off, z->total ? z->total : 1);
+    L->shard_total = shard_off;
+    dt_par_plan_free(&plan);
+    dt_status s = dt_model_set_layout(m, off, L->total ? L->total : 1);
     free(off);
     return s;
 }
@@ -65,25 +58,27 @@ dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_by
  * twice the request (so one huge bucket, e.g. an embedding, does not make
  * every small bucket cost as much), else a new exact-size buffer. */
 float *dt_zero_pool_get(dt_zero *z, size_t numel) {
+    zpool *P = &z->pool;
     int best = -1;
-    for (int i = 0; i < z->n_pool; i++) {
-        size_t c = z->pool[i].cap;
-        if (c >= numel && c <= 2 * numel && (best < 0 || c < z->pool[best].cap)) best = i;
+    for (int i = 0; i < P->n; i++) {
+        size_t c = P->free_bufs[i].cap;
+        if (c >= numel && c <= 2 * numel && (best < 0 || c < P->free_bufs[best].cap)) best = i;
     }
     if (best < 0) return dt_calloc((numel ? numel : 1) * sizeof(float));
-    float *buf = z->pool[best].buf;
-    z->pool[best] = z->pool[--z->n_pool];
+    float *buf = P->free_bufs[best].buf;
+    P->free_bufs[best] = P->free_bufs[--P->n];
     return buf;
 }
 
 void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel) {
+    zpool *P = &z->pool;
     if (!buf) return;
-    if (z->n_pool == z->cap_pool) {
-        int cap = z->cap_pool ? 2 * z->cap_pool : 8;
-        zpool_buf *p = realloc(z->pool, (size_t)cap * sizeof *p);
+    if (P->n == P->cap) {
+        int cap = P->cap ? 2 * P->cap : 8;
+        zpool_buf *p = realloc(P->free_bufs, (size_t)cap * sizeof *p);
         if (!p) { dt_free(buf); return; }
-        z->pool = p;
-        z->cap_pool = cap;
+        P->free_bufs = p;
+        P->cap = cap;
     }
-    z->pool[z->n_pool++] = (zpool_buf){buf, numel};
+    P->free_bufs[P->n++] = (zpool_buf){buf, numel};
 }

@@ -13,72 +13,72 @@
 #include "zero_internal.h"
 
 static dt_status gather(dt_zero *z, int i) {
-    zbucket *b = &z->b[i];
+    zbucket *b = &z->lay.b[i];
     if (b->full_param) return DT_OK;
     float *buf = dt_zero_pool_get(z, b->pub.numel);
     if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory gathering a %zu-element parameter bucket", b->pub.numel);
     b->full_param = buf;
-    z->param_live += b->pub.numel;
-    if (z->param_live > z->param_peak) z->param_peak = z->param_live;
+    z->pool.param_live += b->pub.numel;
+    if (z->pool.param_live > z->pool.param_peak) z->pool.param_peak = z->pool.param_live;
     for (int k = 0; k < b->pub.n_params; k++) {
-        dt_param *p = z->order[b->pub.first_param + k];
+        dt_param *p = z->lay.order[b->pub.first_param + k];
         p->value.data = buf + (z->m->offsets[p->index] - b->pub.begin);
     }
-    return dt_allgather(z->ag_pg, z->shard_param + b->pub.shard_offset, buf, (int64_t)b->pub.shard, DT_F32, &b->ag);
+    return dt_allgather(z->ag_pg, z->lay.shard_param + b->pub.shard_offset, buf, (int64_t)b->pub.shard, DT_F32, &b->ag);
 }
 
 static dt_status release(dt_zero *z, int i) {
-    zbucket *b = &z->b[i];
+    zbucket *b = &z->lay.b[i];
     if (!b->full_param) return DT_OK;
     dt_status s = dt_zero_wait_gather(z, i);   /* MPI may still be writing into it */
-    for (int k = 0; k < b->pub.n_params; k++) z->order[b->pub.first_param + k]->value.data = NULL;
+    for (int k = 0; k < b->pub.n_params; k++) z->lay.order[b->pub.first_param + k]->value.data = NULL;
     dt_zero_pool_put(z, b->full_param, b->pub.numel);
     b->full_param = NULL;
-    z->param_live -= b->pub.numel;
+    z->pool.param_live -= b->pub.numel;
     return s;
 }
 
 dt_status dt_zero3_release_all(dt_zero *z) {
     dt_status s = DT_OK;
-    for (int i = 0; i < z->nb; i++) {
+    for (int i = 0; i < z->lay.nb; i++) {
         dt_status si = release(z, i);
         if (s == DT_OK) s = si;
     }
     return s;
 }
 
-static dt_status push(int **arr, int *n, int *cap, int v) {
-    if (*n == *cap) {
-        int c = *cap ? 2 * *cap : 64;
-        int *a = realloc(*arr, (size_t)c * sizeof *a);
+static dt_status push(zmod_seq *q, int v) {
+    if (q->n == q->cap) {
+        int c = q->cap ? 2 * q->cap : 64;
+        int *a = realloc(q->seq, (size_t)c * sizeof *a);
         if (!a) return DT_ERR(DT_ENOMEM, "out of memory");
-        *arr = a;
-        *cap = c;
+        q->seq = a;
+        q->cap = c;
     }
-    (*arr)[(*n)++] = v;
+    q->seq[q->n++] = v;
     return DT_OK;
 }
 
 static void want_module(dt_zero *z, int mod) {
-    for (int k = 0; k < z->mod_nb[mod]; k++) z->want[z->mod_buckets[mod][k]] = 1;
+    for (int k = 0; k < z->mods.nb[mod]; k++) z->mods.want[z->mods.buckets[mod][k]] = 1;
 }
 
-/* Stage 3: module `mod` is about to run (forward or backward); seq/prev is
- * this and the previous micro-step's order for that direction. */
-static dt_status stage3_enter(dt_zero *z, int mod, int **seq, int *n_seq, int *cap, const int *prev, int n_prev) {
-    int pos = *n_seq;
-    if (z->recording) DT_TRY(push(seq, n_seq, cap, mod));
-    memset(z->want, 0, (size_t)z->nb);
-    for (int i = 0; i < z->nb; i++) z->want[i] = z->b[i].has_orphan;
+/* Stage 3: module `mod` is about to run (forward or backward); q holds this
+ * and the previous micro-step's order for that direction. */
+static dt_status stage3_enter(dt_zero *z, int mod, zmod_seq *q) {
+    int pos = q->n;
+    if (z->mods.recording) DT_TRY(push(q, mod));
+    memset(z->mods.want, 0, (size_t)z->lay.nb);
+    for (int i = 0; i < z->lay.nb; i++) z->mods.want[i] = z->lay.b[i].has_orphan;
     want_module(z, mod);
-    int match = z->recording && pos < n_prev && prev[pos] == mod;   /* plan still follows the last run */
-    for (int k = 1; match && k <= z->opts.prefetch && pos + k < n_prev; k++) want_module(z, prev[pos + k]);
-    for (int i = 0; i < z->nb; i++)
-        if (!z->want[i]) DT_TRY(release(z, i));
-    for (int k = 0; k < z->mod_nb[mod]; k++) DT_TRY(gather(z, z->mod_buckets[mod][k]));
-    for (int i = 0; i < z->nb; i++)   /* prefetches, in bucket order */
-        if (z->want[i]) DT_TRY(gather(z, i));
-    for (int k = 0; k < z->mod_nb[mod]; k++) DT_TRY(dt_zero_wait_gather(z, z->mod_buckets[mod][k]));
+    int match = z->mods.recording && pos < q->n_prev && q->prev[pos] == mod;   /* plan still follows the last run */
+    for (int k = 1; match && k <= z->opts.prefetch && pos + k < q->n_prev; k++) want_module(z, q->prev[pos + k]);
+    for (int i = 0; i < z->lay.nb; i++)
+        if (!z->mods.want[i]) DT_TRY(release(z, i));
+    for (int k = 0; k < z->mods.nb[mod]; k++) DT_TRY(gather(z, z->mods.buckets[mod][k]));
+    for (int i = 0; i < z->lay.nb; i++)   /* prefetches, in bucket order */
+        if (z->mods.want[i]) DT_TRY(gather(z, i));
+    for (int k = 0; k < z->mods.nb[mod]; k++) DT_TRY(dt_zero_wait_gather(z, z->mods.buckets[mod][k]));
     return DT_OK;
 }
 
@@ -87,38 +87,38 @@ static dt_status module_hook(dt_module *mod, dt_module_hook_kind kind, void *use
     int i = mod->index;
     if (z->stage < 3) {
         if (kind != DT_HOOK_PRE_FORWARD) return DT_OK;
-        for (int k = 0; k < z->mod_nb[i]; k++) DT_TRY(dt_zero_wait_gather(z, z->mod_buckets[i][k]));
+        for (int k = 0; k < z->mods.nb[i]; k++) DT_TRY(dt_zero_wait_gather(z, z->mods.buckets[i][k]));
         return DT_OK;
     }
-    if (kind == DT_HOOK_PRE_FORWARD) return stage3_enter(z, i, &z->seq, &z->n_seq, &z->cap_seq, z->prev_seq, z->n_prev);
-    if (kind == DT_HOOK_PRE_BACKWARD) return stage3_enter(z, i, &z->bseq, &z->n_bseq, &z->cap_bseq, z->prev_bseq, z->n_prev_b);
+    if (kind == DT_HOOK_PRE_FORWARD) return stage3_enter(z, i, &z->mods.fwd);
+    if (kind == DT_HOOK_PRE_BACKWARD) return stage3_enter(z, i, &z->mods.bwd);
     return DT_OK;
 }
 
 dt_status dt_zero_modules_setup(dt_zero *z) {
     dt_model *m = z->m;
     int nm = m->n_modules;
-    z->mod_buckets = calloc((size_t)(nm ? nm : 1), sizeof *z->mod_buckets);
-    z->mod_nb = calloc((size_t)(nm ? nm : 1), sizeof *z->mod_nb);
-    z->want = calloc((size_t)(z->nb ? z->nb : 1), 1);
+    z->mods.buckets = calloc((size_t)(nm ? nm : 1), sizeof *z->mods.buckets);
+    z->mods.nb = calloc((size_t)(nm ? nm : 1), sizeof *z->mods.nb);
+    z->mods.want = calloc((size_t)(z->lay.nb ? z->lay.nb : 1), 1);
     unsigned char *owned = calloc((size_t)(m->n_params ? m->n_params : 1), 1);
-    if (!z->mod_buckets || !z->mod_nb || !z->want || !owned) { free(owned); return DT_ERR(DT_ENOMEM, "out of memory"); }
+    if (!z->mods.buckets || !z->mods.nb || !z->mods.want || !owned) { free(owned); return DT_ERR(DT_ENOMEM, "out of memory"); }
     for (int i = 0; i < nm; i++) {
         dt_module *mod = m->modules[i];
         if (mod->hook) { free(owned); return DT_ERR(DT_ESTATE, "zero: module %s already has a hook", mod->name); }
-        if (!(z->mod_buckets[i] = malloc((size_t)(mod->n_params ? mod->n_params : 1) * sizeof(int)))) {
+        if (!(z->mods.buckets[i] = malloc((size_t)(mod->n_params ? mod->n_params : 1) * sizeof(int)))) {
             free(owned);
             return DT_ERR(DT_ENOMEM, "out of memory");
         }
         for (int k = 0; k < mod->n_params; k++) {
-            int b = z->param_bucket[mod->params[k]->index], seen = 0;
+            int b = z->lay.param_bucket[mod->params[k]->index], seen = 0;
             owned[mod->params[k]->index] = 1;
-            for (int j = 0; j < z->mod_nb[i]; j++) seen |= z->mod_buckets[i][j] == b;
-            if (!seen) z->mod_buckets[i][z->mod_nb[i]++] = b;
+            for (int j = 0; j < z->mods.nb[i]; j++) seen |= z->mods.buckets[i][j] == b;
+            if (!seen) z->mods.buckets[i][z->mods.nb[i]++] = b;
         }
     }
     for (int i = 0; i < m->n_params; i++)
-        if (!owned[i]) z->b[z->param_bucket[i]].has_orphan = 1;
+        if (!owned[i]) z->lay.b[z->lay.param_bucket[i]].has_orphan = 1;
     free(owned);
     for (int i = 0; i < nm; i++) {
         m->modules[i]->hook = module_hook;
@@ -134,54 +134,71 @@ void dt_zero_modules_free(dt_zero *z) {
             m->modules[i]->hook = NULL;
             m->modules[i]->hook_user = NULL;
         }
-    for (int i = 0; z->mod_buckets && m && i < m->n_modules; i++) free(z->mod_buckets[i]);
-    free(z->mod_buckets);
-    free(z->mod_nb);
-    free(z->want);
-    free(z->seq); free(z->prev_seq); free(z->bseq); free(z->prev_bseq);
+    for (int i = 0; z->mods.buckets && m && i < m->n_modules; i++) free(z->mods.buckets[i]);
+    free(z->mods.buckets);
+    free(z->mods.nb);
+    free(z->mods.want);
+    free(z->mods.fwd.seq); free(z->mods.fwd.prev); free(z->mods.bwd.seq); free(z->mods.bwd.prev);
 }
 
 /* A new micro-step: last micro-step's module order becomes the prefetch plan. */
-static dt_status rotate(int *seq, int *n, int **prev, int *n_prev, int *cap_prev) {
-    if (*n == 0) return DT_OK;
-    if (*cap_prev < *n) {
-        int *a = realloc(*prev, (size_t)*n * sizeof *a);
+static dt_status rotate(zmod_seq *q) {
+    if (q->n == 0) return DT_OK;
+    if (q->cap_prev < q->n) {
+        int *a = realloc(q->prev, (size_t)q->n * sizeof *a);
         if (!a) return DT_ERR(DT_ENOMEM, "out of memory");
-        *prev = a;
-        *cap_prev = *n;
+        q->prev = a;
+        q->cap_prev = q->n;
     }
-    memcpy(*prev, seq, (size_t)*n * sizeof *seq);
-    *n_prev = *n;
-    *n = 0;
+    memcpy(q->prev, q->seq, (size_t)q->n * sizeof *q->seq);
+    q->n_prev = q->n;
+    q->n = 0;
     return DT_OK;
 }
 
 static dt_status gather_orphans(dt_zero *z) {
-    for (int i = 0; i < z->nb; i++)
-        if (z->b[i].has_orphan) DT_TRY(gather(z, i));
-    for (int i = 0; i < z->nb; i++)
-        if (z->b[i].has_orphan) DT_TRY(dt_zero_wait_gather(z, i));
+    for (int i = 0; i < z->lay.nb; i++)
+        if (z->lay.b[i].has_orphan) DT_TRY(gather(z, i));
+    for (int i = 0; i < z->lay.nb; i++)
+        if (z->lay.b[i].has_orphan) DT_TRY(dt_zero_wait_gather(z, i));
     return DT_OK;
+}
+
+/* Stage 3 back to a whole model (dt_zero_free): the parameters gathered
+ * into a flat buffer. Collective. */
+void dt_zero_make_whole(dt_zero *z) {
+    dt_model *m = z->m;
+    if (z->stage == 3 && !m->param_flat.data && dt_flat_alloc(&m->param_flat, z->lay.total) == DT_OK) {
+        for (int i = 0; i < z->lay.nb; i++) {
+            zbucket *b = &z->lay.b[i];
+            dt_allgather(z->ag_pg, z->lay.shard_param + b->pub.shard_offset, m->param_flat.data + b->pub.begin,
+                         (int64_t)b->pub.shard, DT_F32, NULL);
+            for (int k = 0; k < b->pub.n_params; k++) {
+                dt_param *p = z->lay.order[b->pub.first_param + k];
+                p->value.data = m->param_flat.data + m->offsets[p->index];
+            }
+        }
+    }
 }
 
 /* Stage 3 outside training steps (evaluation): nothing gathered but the
  * buckets no module owns, so a forward can run. */
 dt_status dt_zero3_idle(dt_zero *z) {
-    z->recording = 0;
+    z->mods.recording = 0;
     DT_TRY(dt_zero3_release_all(z));
     return gather_orphans(z);
 }
 
 dt_status dt_zero_params_before_forward(dt_zero *z) {
     if (z->stage < 3) {
-        for (int i = 0; i < z->nb; i++)
-            if (z->b[i].has_orphan) DT_TRY(dt_zero_wait_gather(z, i));
+        for (int i = 0; i < z->lay.nb; i++)
+            if (z->lay.b[i].has_orphan) DT_TRY(dt_zero_wait_gather(z, i));
         return DT_OK;
     }
     DT_TRY(dt_zero3_release_all(z));
-    DT_TRY(rotate(z->seq, &z->n_seq, &z->prev_seq, &z->n_prev, &z->cap_prev));
-    DT_TRY(rotate(z->bseq, &z->n_bseq, &z->prev_bseq, &z->n_prev_b, &z->cap_prev_b));
-    z->recording = 1;
+    DT_TRY(rotate(&z->mods.fwd));
+    DT_TRY(rotate(&z->mods.bwd));
+    z->mods.recording = 1;
     return gather_orphans(z);
 }
 
@@ -196,10 +213,11 @@ static uint64_t mix(uint64_t h, uint64_t v) {
 
 dt_status dt_zero3_check_order(dt_zero *z) {
     uint64_t h = 1469598103934665603ull;
-    h = mix(h, (uint64_t)z->n_seq);
-    for (int i = 0; i < z->n_seq; i++) h = mix(h, (uint64_t)z->seq[i]);
-    h = mix(h, (uint64_t)z->n_bseq);
-    for (int i = 0; i < z->n_bseq; i++) h = mix(h, (uint64_t)z->bseq[i]);
+    const zmod_seq *dirs[2] = {&z->mods.fwd, &z->mods.bwd};
+    for (int d = 0; d < 2; d++) {
+        h = mix(h, (uint64_t)dirs[d]->n);
+        for (int i = 0; i < dirs[d]->n; i++) h = mix(h, (uint64_t)dirs[d]->seq[i]);
+    }
     uint64_t *all = malloc((size_t)z->world * sizeof *all);
     if (!all) return DT_ERR(DT_ENOMEM, "out of memory");
     dt_status s = dt_allgather(z->pg, &h, all, 2, DT_F32, NULL);   /* 8 bytes as 2 floats, unchanged */

@@ -1,0 +1,119 @@
+/* Bucket cutting shared by DDP and ZeRO (dt_bucket_plan). Every expected
+ * value is worked out by hand from the rule in parallel_internal.h: a new
+ * bucket opens when the open one is non-empty and the next item would take
+ * it over its cap (first cap while the open bucket is bucket 0), sizes are
+ * spans in floats (4 bytes), and pad > 0 packs buckets back to back, each
+ * rounded up to a multiple of pad (at least pad). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "parallel/parallel_internal.h"
+
+typedef struct { int first, n; size_t begin, used, numel; } want_cut;
+
+static void check(const dt_bucket_rule *r, const dt_bucket_item *it, int n, const want_cut *want, int nb,
+                  const int *want_of, const size_t *want_pos) {
+    dt_bucket_cut cuts[16];
+    int of[16];
+    size_t pos[16];
+    for (int k = 0; k < 16; k++) pos[k] = 777;
+    assert_int_equal(dt_bucket_plan(r, it, n, cuts, of, pos), nb);
+    for (int i = 0; i < nb; i++) {
+        assert_int_equal(cuts[i].first, want[i].first);
+        assert_int_equal(cuts[i].n, want[i].n);
+        assert_int_equal(cuts[i].begin, want[i].begin);
+        assert_int_equal(cuts[i].used, want[i].used);
+        assert_int_equal(cuts[i].numel, want[i].numel);
+    }
+    for (int k = 0; k < n; k++) {
+        assert_int_equal(of[k], want_of[k]);
+        if (want_pos) assert_int_equal(pos[k], want_pos[k]);
+    }
+}
+
+/* DDP-like, in place. First cap 16 B = 4 floats, then 32 B = 8 floats.
+ * 3 | 2+4 | 4+1 | 10 | 2: item 1 does not fit beside item 0 under the small
+ * first cap; 10 floats (40 B) exceed the cap and get a bucket of their own. */
+static void test_first_cap_and_oversized(void **st) {
+    (void)st;
+    dt_bucket_rule r = {16, 32, 0};
+    dt_bucket_item it[] = {{3, 0, 0}, {2, 3, 0}, {4, 5, 0}, {4, 9, 0}, {1, 13, 0}, {10, 14, 0}, {2, 24, 0}};
+    want_cut w[] = {{0, 1, 0, 3, 3}, {1, 2, 3, 6, 6}, {3, 2, 9, 5, 5}, {5, 1, 14, 10, 10}, {6, 1, 24, 2, 2}};
+    int of[] = {0, 1, 1, 2, 2, 3, 4};
+    size_t pos[] = {0, 3, 5, 9, 13, 14, 24};
+    check(&r, it, 7, w, 5, of, pos);
+}
+
+/* First cap larger than the rest (40 B vs 8 B), and a bucket filled exactly
+ * to its cap keeps the item: 4+4 | 4 | 1+1 | 1. */
+static void test_large_first_cap_and_exact_fit(void **st) {
+    (void)st;
+    dt_bucket_rule r = {40, 8, 0};
+    dt_bucket_item it[] = {{4, 0, 0}, {4, 4, 0}, {4, 8, 0}, {1, 12, 0}, {1, 13, 0}, {1, 14, 0}};
+    want_cut w[] = {{0, 2, 0, 8, 8}, {2, 1, 8, 4, 4}, {3, 2, 12, 2, 2}, {5, 1, 14, 1, 1}};
+    int of[] = {0, 0, 1, 2, 2, 3};
+    check(&r, it, 6, w, 4, of, NULL);
+}
+
+/* Skipped (frozen) items join no bucket, but the span still covers the gap
+ * they leave: bucket 0 = items 1 and 3, span 1..8 = 7 floats (28 B), so item 4
+ * (8 B) no longer fits under 24 B although 2 + 2 + 2 floats would. */
+static void test_skipped_items_and_gaps(void **st) {
+    (void)st;
+    dt_bucket_rule r = {24, 24, 0};
+    dt_bucket_item it[] = {{1, 0, 1}, {2, 1, 0}, {3, 3, 1}, {2, 6, 0}, {2, 8, 0}};
+    want_cut w[] = {{1, 2, 1, 7, 7}, {4, 1, 8, 2, 2}};
+    int of[] = {-1, 0, -1, 0, 1};
+    check(&r, it, 5, w, 2, of, NULL);
+}
+
+/* ZeRO-like: packed from 0 (offsets ignored), each bucket padded to a
+ * multiple of 8. First cap 16 B, then 40 B (10 floats).
+ *   3        -> [0, 8)            item at 0
+ *   5 + 2    -> [8, 16)           items at 8, 13
+ *   12 (48 B, over the cap) -> [16, 32)  item at 16
+ *   1        -> [32, 40)          item at 32 */
+static void test_padding_packs_buckets(void **st) {
+    (void)st;
+    dt_bucket_rule r = {16, 40, 8};
+    dt_bucket_item it[] = {{3, 1000, 0}, {5, 1000, 0}, {2, 1000, 0}, {12, 1000, 0}, {1, 1000, 0}};
+    want_cut w[] = {{0, 1, 0, 3, 8}, {1, 2, 8, 7, 8}, {3, 1, 16, 12, 16}, {4, 1, 32, 1, 8}};
+    int of[] = {0, 1, 1, 2, 3};
+    size_t pos[] = {0, 8, 13, 16, 32};
+    check(&r, it, 5, w, 4, of, pos);
+}
+
+/* An empty bucket is never closed (its used is 0), and padding gives it at
+ * least one pad unit; without padding it stays 0. No items: no buckets. */
+static void test_empty_items(void **st) {
+    (void)st;
+    dt_bucket_rule padded = {4, 4, 4}, inplace = {4, 4, 0};
+    dt_bucket_item zeros[] = {{0, 0, 0}, {0, 0, 0}};
+    want_cut w1[] = {{0, 2, 0, 0, 4}};
+    int of2[] = {0, 0};
+    check(&padded, zeros, 2, w1, 1, of2, NULL);
+    want_cut w0[] = {{0, 2, 0, 0, 0}};
+    check(&inplace, zeros, 2, w0, 1, of2, NULL);
+    dt_bucket_item zz2[] = {{0, 0, 0}, {0, 0, 0}, {2, 0, 0}};   /* 2 floats = 8 B > cap 4 B, still joins */
+    want_cut w2[] = {{0, 3, 0, 2, 4}};
+    int of3[] = {0, 0, 0};
+    size_t pos3[] = {0, 0, 0};
+    check(&padded, zz2, 3, w2, 1, of3, pos3);
+    dt_bucket_cut cuts[1];
+    int of[1];
+    assert_int_equal(dt_bucket_plan(&padded, zeros, 0, cuts, of, NULL), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_first_cap_and_oversized),
+        cmocka_unit_test(test_large_first_cap_and_exact_fit),
+        cmocka_unit_test(test_skipped_items_and_gaps),
+        cmocka_unit_test(test_padding_packs_buckets),
+        cmocka_unit_test(test_empty_items),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
