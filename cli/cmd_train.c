@@ -103,11 +103,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     if (f->chan_n == 1) { snprintf(err, (size_t)errlen, "--channels needs two values C1,C2"); return -1; }
     if (f->chan_n == 2) { o->model.cnn_c1 = f->chan[0]; o->model.cnn_c2 = f->chan[1]; }
     o->data = f->data ? f->data : o->model.kind == DT_MODEL_GPT2 ? "text" : "fashion-mnist";
-    if (!dt_dataset_exists(o->data)) {
-        char known[256];
-        snprintf(err, (size_t)errlen, "--data: unknown kind '%s' (%s)", o->data, dt_dataset_names(known, sizeof known));
-        return -1;
-    }
+    if (dt_dataset_check_name(o->data) != DT_OK) { snprintf(err, (size_t)errlen, "%s", dt_error_message()); return -1; }
     if (f->nesterov) o->optim.nesterov = 1;
     if (f->nproc < 0) { snprintf(err, (size_t)errlen, "--nproc must be >= 1"); return -1; }
     dt_ddp_opts *d = &f->dist.ddp;

@@ -113,6 +113,9 @@ typedef struct dt_dataset {
  * file (or the unknown name and the known ones). */
 dt_status dt_dataset_open(const char *name, const dt_dataset_opts *o, dt_dataset *out);
 int dt_dataset_exists(const char *name);
+/* DT_OK for a registered name, else DT_EINVAL naming it and the known ones:
+ * "--data: unknown dataset 'x' (fashion-mnist, text, shard)". */
+dt_status dt_dataset_check_name(const char *name);
 /* "fashion-mnist, text, shard" into buf (for messages); returns buf. */
 const char *dt_dataset_names(char *buf, size_t n);
 void dt_dataset_close(dt_dataset *d);

@@ -29,14 +29,17 @@ const char *dt_dataset_names(char *buf, size_t n) {
     return buf;
 }
 
+dt_status dt_dataset_check_name(const char *name) {
+    if (find(name) >= 0) return DT_OK;
+    char known[256];
+    return DT_ERR(DT_EINVAL, "--data: unknown dataset '%s' (%s)", name ? name : "(none)",
+                  dt_dataset_names(known, sizeof known));
+}
+
 dt_status dt_dataset_open(const char *name, const dt_dataset_opts *o, dt_dataset *out) {
     memset(out, 0, sizeof *out);
+    DT_TRY(dt_dataset_check_name(name));
     int i = find(name);
-    if (i < 0) {
-        char known[256];
-        return DT_ERR(DT_EINVAL, "--data: unknown dataset '%s' (%s)", name ? name : "(null)",
-                      dt_dataset_names(known, sizeof known));
-    }
     dt_dataset_opts none = {0};
     DT_TRY(registry[i].open(o ? o : &none, out));
     out->name = registry[i].name;

@@ -19,11 +19,7 @@ void dt_train_opts_default(dt_train_opts *o) {
 dt_status dt_train_opts_validate(const dt_train_opts *o) {
     DT_TRY(dt_model_cfg_validate(&o->model));
     DT_TRY(dt_optim_cfg_validate(&o->optim));
-    if (!dt_dataset_exists(o->data)) {
-        char known[256];
-        return DT_ERR(DT_EINVAL, "--data: unknown dataset '%s' (%s)", o->data ? o->data : "(none)",
-                      dt_dataset_names(known, sizeof known));
-    }
+    DT_TRY(dt_dataset_check_name(o->data));
     int lm = o->model.kind == DT_MODEL_GPT2;
     if (o->batch <= 0) return DT_ERR(DT_EINVAL, "--batch must be positive, got %lld", (long long)o->batch);
     if (lm && (o->seq <= 0 || o->seq > o->model.max_t))

@@ -57,6 +57,9 @@ static void test_registry_names(void **state) {
     assert_false(dt_dataset_exists(NULL));
     char buf[128];
     assert_string_equal(dt_dataset_names(buf, sizeof buf), "fashion-mnist, text, shard");
+    assert_int_equal(dt_dataset_check_name("text"), DT_OK);
+    assert_int_equal(dt_dataset_check_name("imagenet"), DT_EINVAL);
+    assert_msg_has("unknown dataset 'imagenet' (fashion-mnist, text, shard)");
     dt_dataset d;
     dt_dataset_opts o = {.seq = 8};
     assert_int_equal(dt_dataset_open("imagenet", &o, &d), DT_EINVAL);

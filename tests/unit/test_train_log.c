@@ -80,20 +80,28 @@ static void opts_gpt2(dt_train_opts *o) {
     o->batch = 4; o->seq = 16; o->steps = 3;
 }
 
+/* Create a trainer from o and run it with the log captured into *cap;
+ * returns the trainer and the bytes the run wrote to stdout. */
+static dt_trainer *run_captured(const dt_train_opts *o, capture *cap, long *printed) {
+    dt_trainer *t = NULL;
+    assert_int_equal(dt_trainer_create(o, NULL, &t), DT_OK);
+    memset(cap, 0, sizeof *cap);
+    dt_log_set_handler(capture_log, cap);
+    int saved = stdout_begin();
+    dt_status st = dt_trainer_run(t);
+    *printed = stdout_end(saved);
+    dt_log_set_handler(NULL, NULL);
+    assert_int_equal(st, DT_OK);
+    return t;
+}
+
 static void test_run_logs_through_handler(void **state) {
     (void)state;
     dt_train_opts o;
     opts_gpt2(&o);
-    dt_trainer *t = NULL;
-    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
     static capture cap;
-    memset(&cap, 0, sizeof cap);
-    dt_log_set_handler(capture_log, &cap);
-    int saved = stdout_begin();
-    dt_status st = dt_trainer_run(t);
-    long printed = stdout_end(saved);
-    dt_log_set_handler(NULL, NULL);
-    assert_int_equal(st, DT_OK);
+    long printed;
+    dt_trainer *t = run_captured(&o, &cap, &printed);
     assert_int_equal(printed, 0);   /* all of it went to the handler */
 
     /* start line, a progress line per step (not a terminal), result line */
@@ -123,16 +131,9 @@ static void test_quiet_run_logs_nothing(void **state) {
     dt_train_opts o;
     opts_gpt2(&o);
     o.quiet = 1;
-    dt_trainer *t = NULL;
-    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
     static capture cap;
-    memset(&cap, 0, sizeof cap);
-    dt_log_set_handler(capture_log, &cap);
-    int saved = stdout_begin();
-    dt_status st = dt_trainer_run(t);
-    long printed = stdout_end(saved);
-    dt_log_set_handler(NULL, NULL);
-    assert_int_equal(st, DT_OK);
+    long printed;
+    dt_trainer *t = run_captured(&o, &cap, &printed);
     assert_int_equal(cap.n, 0);
     assert_int_equal(printed, 0);
     dt_trainer_free(t);
