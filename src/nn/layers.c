@@ -24,7 +24,8 @@ dt_module *dt_nn_add_layernorm(dt_model *m, const char *name, int64_t n) {
     return w && b ? mod : NULL;
 }
 
-static int has_params(dt_module *mod, int n, const char *what) {
+static int has_params(dt_module *mod, int n, const char *what, const dt_tensor *x) {
+    if (!x) { DT_ERR(DT_EINVAL, "%s: module %s got no input", what, mod ? mod->name : "(null)"); return 0; }
     if (mod && mod->n_params == n) return 1;
     DT_ERR(DT_EINVAL, "%s: module %s is not one (it has %d parameters)", what, mod ? mod->name : "(null)",
            mod ? mod->n_params : 0);
@@ -32,13 +33,13 @@ static int has_params(dt_module *mod, int n, const char *what) {
 }
 
 dt_tensor *dt_nn_linear(dt_graph *g, dt_module *mod, dt_tensor *x) {
-    if (!has_params(mod, 2, "linear") || dt_module_enter(g, mod) != DT_OK) return NULL;
+    if (!has_params(mod, 2, "linear", x) || dt_module_enter(g, mod) != DT_OK) return NULL;
     DT_NN_CHECK(x = dt_op_linear(g, x, &mod->params[0]->value, &mod->params[1]->value, DT_W_OUT_IN));
     return dt_module_leave(g, mod) == DT_OK ? x : NULL;
 }
 
 dt_tensor *dt_nn_layernorm(dt_graph *g, dt_module *mod, dt_tensor *x) {
-    if (!has_params(mod, 2, "layernorm") || dt_module_enter(g, mod) != DT_OK) return NULL;
+    if (!has_params(mod, 2, "layernorm", x) || dt_module_enter(g, mod) != DT_OK) return NULL;
     DT_NN_CHECK(x = dt_op_layernorm(g, x, &mod->params[0]->value, &mod->params[1]->value, 1e-5f));
     return dt_module_leave(g, mod) == DT_OK ? x : NULL;
 }
