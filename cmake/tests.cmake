@@ -75,3 +75,8 @@ foreach(cfg "ddp;2;" "zero3;2;--zero;3" "ddp_recompute;4;--recompute" "zero3_rec
   set_tests_properties(example_resmlp_${tag}_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600
     ENVIRONMENT "OMP_NUM_THREADS=1")
 endforeach()
+
+# Checkpoints from before the block rewrite still resume and train on as then.
+add_test(NAME test_pre_blocks_checkpoints
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pre_blocks_checkpoints.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_pre_blocks_checkpoints PROPERTIES LABELS unit TIMEOUT 300)
