@@ -12,12 +12,23 @@
  * layout code may re-point into flat buffers (see nn.h dt_model_set_layout).
  * Gradients always *accumulate* (+=); zero them with dt_model_zero_grad().
  *
+ * Several tapes may be alive at once (micro-batches, pipeline stages): each
+ * graph keeps its own per-parameter use counts, so the graphs only share the
+ * parameters' gradient buffers, into which every backward accumulates.
+ *
  * Hooks data parallel relies on:
- *  - grad-ready: fired exactly once per backward for every parameter that was
- *    used in the forward, as soon as its gradient is final (all uses,
- *    e.g. a tied embedding used twice, have been accumulated), in the order
- *    backward produces them. Parameters not used get no call; the caller can
- *    query dt_param.used after backward.
+ *  - grad-ready: fires once per step for every parameter used on the tape of
+ *    the graph marked *final* (dt_graph_set_final; default 1), during that
+ *    graph's backward, as soon as its pending uses of the parameter reach 0
+ *    (all its uses, e.g. a tied embedding used twice, accumulated), in the
+ *    order backward produces them. A non-final graph's backward fires no
+ *    grad-ready hooks. With several micro-batches mark final the graph whose
+ *    backward runs *last* (F1 F2 B1 B2: graph 2; F1 F2 B2 B1: graph 1): the
+ *    hook then sees the step's whole gradient. The graph cannot know about
+ *    the others — if a final graph's backward runs before another graph's,
+ *    its hooks fire anyway and see the gradient without the later
+ *    contributions. Parameters not used on the final tape get no call; query
+ *    dt_graph_param_uses() after backward.
  *  - module pre/post forward, pre/post backward (ZeRO-3 gathers,
  *    recompute). Pre-backward fires when backward reaches the last node the
  *    module recorded; post-backward after its first node has been processed.
@@ -42,10 +53,7 @@ struct dt_param {
     int index;               /* registration order in its model */
     int weight_decay;        /* 1: decoupled weight decay applies (matrices) */
     int requires_grad;       /* 0: frozen; no grad, no hook */
-    /* per-backward bookkeeping, managed by the graph */
-    int uses;                /* uses recorded on the current tape */
-    int pending;             /* uses not yet back-propagated */
-    int used;                /* >0 if used in the current forward */
+    /* (uses on a tape are the graph's: dt_graph_param_uses) */
     dt_grad_ready_fn on_grad_ready;
     void *on_grad_ready_user;
     /* Lazily materialised gradient (ZeRO-2/3): when grad.data is NULL the
@@ -85,9 +93,10 @@ dt_status dt_module_leave(dt_graph *g, dt_module *m);
 
 /* ---- the graph ---- */
 dt_graph *dt_graph_create(void);
-void dt_graph_free(dt_graph *g);   /* before freeing params used on its tape */
-/* Drop the tape, rewind the arena (memory is kept for the next step), and
- * reset parameter use counts of every param touched by the previous tape. */
+/* Never touches the parameters it recorded: may run before or after they are freed. */
+void dt_graph_free(dt_graph *g);
+/* Drop the tape and its parameter use counts, rewind the arena (memory is
+ * kept for the next step). Touches nothing outside the graph. */
 void dt_graph_reset(dt_graph *g);
 /* no-grad / eval: ops compute but record nothing. Returns previous value. */
 int dt_graph_set_grad_enabled(dt_graph *g, int enabled);
@@ -95,6 +104,14 @@ int dt_graph_grad_enabled(const dt_graph *g);
 /* Training flag read by dropout / batchnorm. */
 void dt_graph_set_training(dt_graph *g, int training);
 int dt_graph_training(const dt_graph *g);
+/* Whether this graph's backward completes the step's gradients, i.e. fires
+ * grad-ready hooks (see the top of this file). Default 1; kept across resets.
+ * DDP / ZeRO set it in before_forward (final = the synchronising micro-step). */
+void dt_graph_set_final(dt_graph *g, int final);
+int dt_graph_final(const dt_graph *g);
+/* Uses of p recorded on g's current tape (0 = not used in this forward, or
+ * frozen: parameters with requires_grad = 0 are not counted). */
+int dt_graph_param_uses(const dt_graph *g, const dt_param *p);
 /* Called after each recorded forward op and between backward nodes (about
  * every op); DDP/ZeRO use it to poll MPI progress while forward and backward
  * compute. NULL to disable. */
@@ -126,10 +143,11 @@ struct dt_node {
     int64_t i[4];
     dt_module *module;             /* markers only */
     int marker;                    /* 0 op, 1 module enter, 2 module leave */
+    int param_rec[DT_NODE_MAX_INPUTS];   /* graph's record of in[i]'s parameter; -1: none (set by the graph) */
 };
 /* Record an op whose output is `out`. Returns NULL when grad is disabled or
  * no input requires grad (then the op need not save anything). Sets
- * out->requires_grad / grad_fn and bumps parameter use counts. */
+ * out->requires_grad / grad_fn and bumps the graph's parameter use counts. */
 dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *out,
                          int n_in, dt_tensor *const *in);
 /* Gradient buffer of t for a backward fn to accumulate into (+=).

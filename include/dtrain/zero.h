@@ -95,7 +95,10 @@ dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const 
 void dt_zero_free(dt_zero *z);
 
 void dt_zero_set_lr(dt_zero *z, float lr);   /* LR of the coming step (INTERLEAVED steps during backward) */
-/* Before each micro-step's forward; sync = 0 accumulates locally (no_sync). */
+/* Before each micro-step's forward; sync = 0 accumulates locally (no_sync).
+ * Installs the progress tick on g and marks g final = sync (autograd.h);
+ * g must stay alive until finish_backward, which asks it which parameters
+ * the forward used. */
 dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync);
 /* After the synchronising micro-step's backward: unused parameters (error or
  * zeros), remaining reduce-scatters launched and waited. */

@@ -36,6 +36,7 @@ typedef struct zlayout {
 typedef struct zreduce {
     int op;                  /* DT_RED_AVG | deterministic flag (fixed at create) */
     int sync;                /* current micro-step reduces */
+    dt_graph *graph;         /* the micro-step's graph (before_forward): its parameter uses */
     int next_launch;         /* reduce-scatters launch in bucket order */
     int next_done;           /* first bucket whose reduce-scatter is not yet finished (INTERLEAVED: stepped) */
     int reduced;             /* finish_backward done, step pending */
