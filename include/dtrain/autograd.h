@@ -118,9 +118,25 @@ int dt_graph_param_uses(const dt_graph *g, const dt_param *p);
 typedef void (*dt_graph_tick_fn)(void *user);
 void dt_graph_set_tick(dt_graph *g, dt_graph_tick_fn fn, void *user);
 
+/* Backward from any tensor `out` of this tape, given its upstream gradient
+ * (out->numel floats: copied into out's gradient, or added if out already has
+ * one). Nodes recorded after out that it does not depend on contribute
+ * nothing but still release their parameter uses. Once per tape: a second
+ * call is DT_ESTATE, as is an out that does not require grad or a forward
+ * that ran out of memory; NULL out / upstream is DT_EINVAL. */
+dt_status dt_graph_backward_from(dt_graph *g, dt_tensor *out, const float *upstream);
 /* Backward from a scalar: dloss = 1 (times grad_scale in _scaled). */
 dt_status dt_graph_backward(dt_graph *g, dt_tensor *loss);
 dt_status dt_graph_backward_scaled(dt_graph *g, dt_tensor *loss, float grad_scale);
+/* A leaf tensor viewing the caller's data[numel] (not copied, never written;
+ * must stay valid until backward), e.g. a pipeline stage's received
+ * activation. With requires_grad its gradient is accumulated on backward and
+ * read with dt_graph_grad. */
+dt_tensor *dt_graph_input(dt_graph *g, int ndim, const int64_t *shape, const float *data, int requires_grad);
+/* After backward: t's gradient (t->numel floats in the graph's arena, valid
+ * until reset; zeros if no gradient reached t). NULL + error if t does not
+ * require grad or is a parameter's value (its gradient is p->grad). */
+const float *dt_graph_grad(dt_graph *g, dt_tensor *t);
 size_t dt_graph_arena_bytes(const dt_graph *g);   /* high-water mark */
 
 /* ---- for op implementers ---- */

@@ -1,6 +1,6 @@
 /* The state of a dt_graph, shared by the files of src/autograd:
  *   graph.c       create / reset, allocation, recording ops and module markers
- *   backward.c    the backward loop
+ *   backward.c    the backward loop and its entry points, graph inputs
  *   param_table.c per-graph parameter use records
  */
 #ifndef DT_AUTOGRAD_GRAPH_INTERNAL_H
@@ -45,4 +45,6 @@ dt_tensor *dt_graph_tensor_in(dt_graph *g, dt_arena *a, int ndim, const int64_t 
 dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start);
 /* One use of record `rec` back-propagated: at pending 0 a final graph fires grad-ready. */
 dt_status dt_graph_release_use(dt_graph *g, int rec);
+/* t's gradient = up (t's gradient fresh: copied, so bitwise up) or += up. */
+dt_status dt_graph_seed_grad(dt_graph *g, dt_tensor *t, const float *up);
 #endif

@@ -1,7 +1,9 @@
 /* Autograd: several tapes alive at once. Each graph keeps its own parameter
  * use counts; micro-batch tapes run interleaved give the gradients of
  * running them one after the other; grad-ready fires once per parameter,
- * on the final graph only; a graph may be freed after its parameters. */
+ * on the final graph only; a graph may be freed after its parameters.
+ * Backward from a received gradient (backward_from) equals the scalar
+ * backward of the weighted sum sum(out * G); graph inputs get gradients. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -238,6 +240,143 @@ static void test_interleaved_b2_b1(void **state) {
     net_free(&n);
 }
 
+/* ---- backward from a received gradient ---- */
+
+/* sum(x * R) as an op of its own (as in the op tests): its backward adds
+ * 1 * R into x's gradient, i.e. exactly the upstream gradient R. */
+static void wsum_bw(dt_graph *g, dt_node *n) {
+    float *dx = dt_grad_of(g, n->in[0]);
+    const float *R = n->saved;
+    float d = dt_f32(n->out->grad)[0];
+    if (dx) for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] += d * R[i];
+}
+static dt_tensor *wsum(dt_graph *g, dt_tensor *x, const float *R) {
+    dt_tensor *out = dt_graph_tensor(g, 0, NULL);
+    double s = 0;
+    for (int64_t i = 0; i < x->numel; i++) s += (double)dt_f32(x)[i] * R[i];
+    dt_f32(out)[0] = (float)s;
+    dt_node *n = dt_graph_record(g, "wsum", wsum_bw, out, 1, &x);
+    if (n) n->saved = (void *)R;
+    return out;
+}
+
+static float xdata[N * C], Gout[N * H];
+static void fill_inputs(void) {
+    for (int i = 0; i < N * C; i++) xdata[i] = (float)cos(0.9 * i + 0.4);
+    for (int i = 0; i < N * H; i++) Gout[i] = (float)sin(1.7 * i + 0.3);
+}
+
+/* The net on a graph input x that requires grad; backward_from(out, G) vs
+ * backward(sum(out * G)): same parameter and input gradients, bitwise (the
+ * seed is G either way, then the same nodes run in the same order), and the
+ * same grad-ready order. */
+static void test_backward_from_equals_weighted_sum(void **state) {
+    (void)state;
+    fill_inputs();
+    net n;
+    net_init(&n);
+    float got[NG], want[NG], gx[2][N * C];
+    for (int way = 0; way < 2; way++) {
+        net_zero_grad(&n);
+        probe pr;
+        net_probe(&n, &pr);
+        dt_graph *g = dt_graph_create();
+        dt_tensor *x = dt_graph_input(g, 2, (int64_t[]){N, C}, xdata, 1);
+        assert_non_null(x);
+        assert_true(x->data == (void *)xdata && x->requires_grad && !x->grad_fn);
+        dt_tensor *out = net_forward(g, &n, x);
+        assert_int_equal(out->numel, N * H);
+        if (way == 0) assert_int_equal(dt_graph_backward_from(g, out, Gout), DT_OK);
+        else assert_int_equal(dt_graph_backward(g, wsum(g, out, Gout)), DT_OK);
+        expect_ready_order(&pr);
+        const float *dx = dt_graph_grad(g, x);
+        assert_non_null(dx);
+        memcpy(gx[way], dx, sizeof gx[way]);
+        grads_of(&n, way == 0 ? got : want);
+        dt_graph_free(g);
+    }
+    assert_memory_equal(got, want, sizeof got);
+    assert_memory_equal(gx[0], gx[1], sizeof gx[0]);
+    int nonzero = 0;
+    for (int i = 0; i < N * C; i++) nonzero |= gx[0][i] != 0.f;
+    assert_true(nonzero);
+    net_free(&n);
+}
+
+/* Backward from a tensor in the middle of the tape: nodes after it got no
+ * gradient, so their parameters get none, but their uses are released and
+ * grad-ready still fires for them (first, as backward passes them first). */
+static void test_backward_from_mid_tape(void **state) {
+    (void)state;
+    fill_inputs();
+    net n;
+    net_init(&n);
+    float want[NG], got[NG];
+    for (int way = 0; way < 2; way++) {
+        net_zero_grad(&n);
+        probe pr;
+        net_probe(&n, &pr);
+        dt_graph *g = dt_graph_create();
+        dt_tensor *x = dt_graph_input(g, 2, (int64_t[]){N, C}, xdata, 0);
+        dt_tensor *b = dt_op_gelu(g, dt_op_linear(g, x, &n.p[0].value, &n.p[1].value, DT_W_OUT_IN));
+        assert_non_null(b);
+        if (way == 0) {   /* reference: the tape ends at b */
+            assert_int_equal(dt_graph_backward(g, wsum(g, b, Gout)), DT_OK);
+            assert_int_equal(pr.n, 2);
+        } else {
+            assert_non_null(dt_op_linear(g, b, &n.p[4].value, &n.p[5].value, DT_W_OUT_IN));
+            assert_int_equal(dt_graph_backward_from(g, b, Gout), DT_OK);
+            const char *order[4] = {"W2", "b2", "W1", "b1"};
+            assert_int_equal(pr.n, 4);
+            for (int i = 0; i < 4; i++) assert_string_equal(pr.order[i], order[i]);
+        }
+        grads_of(&n, way == 0 ? want : got);
+        dt_graph_free(g);
+    }
+    assert_memory_equal(got, want, sizeof got);   /* W2, b2 zero in both */
+    net_free(&n);
+}
+
+static void expect_err(dt_status s, dt_status code, const char *needle) {
+    assert_int_equal(s, code);
+    if (!strstr(dt_error_message(), needle)) fail_msg("message '%s' lacks '%s'", dt_error_message(), needle);
+    dt_error_clear();
+}
+
+static void test_backward_from_errors(void **state) {
+    (void)state;
+    fill_inputs();
+    net n;
+    net_init(&n);
+    dt_graph *g = dt_graph_create();
+    dt_tensor *x = dt_graph_input(g, 2, (int64_t[]){N, C}, xdata, 1);
+    dt_tensor *unused = dt_graph_input(g, 2, (int64_t[]){N, C}, xdata, 1);
+    dt_tensor *plain = dt_graph_input(g, 2, (int64_t[]){N, C}, xdata, 0);
+    dt_tensor *out = net_forward(g, &n, x);
+    dt_tensor *no_grad = dt_op_relu(g, plain);
+    assert_null(dt_graph_input(g, 2, (int64_t[]){N, C}, NULL, 1));
+    expect_err(dt_error_code(), DT_EINVAL, "data is NULL");
+    expect_err(dt_graph_backward_from(g, out, NULL), DT_EINVAL, "upstream");
+    expect_err(dt_graph_backward_from(g, NULL, Gout), DT_EINVAL, "NULL");
+    expect_err(dt_graph_backward_from(g, no_grad, Gout), DT_ESTATE, "require grad");
+    assert_int_equal(dt_graph_backward_from(g, out, Gout), DT_OK);   /* the refusals left the tape usable */
+    expect_err(dt_graph_backward_from(g, out, Gout), DT_ESTATE, "twice");
+    expect_err(dt_graph_backward(g, out), DT_ESTATE, "twice");
+    assert_null(dt_graph_grad(g, &n.p[0].value));
+    expect_err(dt_error_code(), DT_EINVAL, "p->grad");
+    assert_null(dt_graph_grad(g, plain));
+    expect_err(dt_error_code(), DT_ESTATE, "does not require grad");
+    const float *z = dt_graph_grad(g, unused);   /* no gradient reached it: zeros */
+    assert_non_null(z);
+    for (int i = 0; i < N * C; i++) assert_true(z[i] == 0.f);
+    /* a non-scalar start through the scalar entry point */
+    dt_graph_reset(g);
+    x = dt_graph_input(g, 2, (int64_t[]){N, C}, xdata, 1);
+    expect_err(dt_graph_backward(g, net_forward(g, &n, x)), DT_EINVAL, "scalar");
+    dt_graph_free(g);
+    net_free(&n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_param_uses_per_graph),
@@ -245,6 +384,9 @@ int main(void) {
         cmocka_unit_test(test_non_final_graph_fires_nothing),
         cmocka_unit_test(test_interleaved_b1_b2),
         cmocka_unit_test(test_interleaved_b2_b1),
+        cmocka_unit_test(test_backward_from_equals_weighted_sum),
+        cmocka_unit_test(test_backward_from_mid_tape),
+        cmocka_unit_test(test_backward_from_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
