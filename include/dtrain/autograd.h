@@ -32,6 +32,9 @@
  *  - module pre/post forward, pre/post backward (ZeRO-3 gathers,
  *    recompute). Pre-backward fires when backward reaches the last node the
  *    module recorded; post-backward after its first node has been processed.
+ *    A checkpoint's replay (dt_graph_checkpoint) fires pre/post *recompute*
+ *    instead of pre/post forward for the modules it re-runs, during backward;
+ *    their pre/post backward follow as usual.
  */
 #ifndef DTRAIN_AUTOGRAD_H
 #define DTRAIN_AUTOGRAD_H
@@ -72,6 +75,8 @@ typedef enum dt_module_hook_kind {
     DT_HOOK_POST_FORWARD,
     DT_HOOK_PRE_BACKWARD,
     DT_HOOK_POST_BACKWARD,
+    DT_HOOK_PRE_RECOMPUTE,   /* a checkpoint replays the module's forward during backward */
+    DT_HOOK_POST_RECOMPUTE,
     DT_HOOK_KINDS
 } dt_module_hook_kind;
 
@@ -86,8 +91,10 @@ struct dt_module {
     int index;               /* registration order in its model */
 };
 
-/* Brackets a module's forward: fires PRE/POST_FORWARD and records markers so
- * backward fires PRE/POST_BACKWARD. Returns the hook's status. */
+/* Brackets a module's forward: fires PRE/POST_FORWARD (PRE/POST_RECOMPUTE in
+ * a checkpoint's replay) and records markers so backward fires
+ * PRE/POST_BACKWARD (not in a checkpoint's first pass: its replay records
+ * them). Returns the hook's status. */
 dt_status dt_module_enter(dt_graph *g, dt_module *m);
 dt_status dt_module_leave(dt_graph *g, dt_module *m);
 
@@ -137,7 +144,35 @@ dt_tensor *dt_graph_input(dt_graph *g, int ndim, const int64_t *shape, const flo
  * until reset; zeros if no gradient reached t). NULL + error if t does not
  * require grad or is a parameter's value (its gradient is p->grad). */
 const float *dt_graph_grad(dt_graph *g, dt_tensor *t);
-size_t dt_graph_arena_bytes(const dt_graph *g);   /* high-water mark */
+/* Activation memory: high-water mark of the main arena plus that of the
+ * recompute scratch arena (an upper bound of their joint peak), over every
+ * step since creation. Compare recompute on / off with it. */
+size_t dt_graph_arena_bytes(const dt_graph *g);
+
+/* ---- activation recompute (torch.utils.checkpoint) ----
+ * dt_graph_checkpoint runs fn(g, x, ctx) keeping only x (may be NULL: fn reads
+ * its inputs from ctx), ctx and the rng state; on backward it re-runs fn into
+ * a sub-tape and back-propagates through it. ctx, and any tensor fn reads
+ * through it, must stay valid until backward. Returns fn's output (a fresh
+ * tensor in g's arena).
+ *
+ * Memory: the first pass allocates in a scratch arena and records no node
+ * (fn's intermediate activations are not kept); only the copied output and
+ * one checkpoint node stay on the tape. Parameter uses are counted as usual,
+ * so grad-ready fires once, after all uses (a weight used inside and outside
+ * a checkpoint fires after both), in the order a plain backward would.
+ * rng (may be NULL) is the generator fn draws from (dropout): the replay
+ * starts from the state the first pass started from, and the state after
+ * the replay is restored, so masks match and the stream is undisturbed.
+ * fn must run the same ops both times (else backward fails naming the
+ * difference); ops with side effects run twice (batchnorm running
+ * statistics are updated again on replay). A checkpoint whose output gets no
+ * gradient is not replayed: its parameter uses are released at once.
+ * Errors: NULL g / fn (DT_EINVAL), a checkpoint inside fn (DT_ESTATE: nested
+ * checkpoints are not supported), fn failing (NULL, fn's message; on replay
+ * backward fails with it). With grad disabled, fn simply runs. */
+typedef dt_tensor *(*dt_checkpoint_fn)(dt_graph *g, dt_tensor *x, void *ctx);
+dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_rng *rng);
 
 /* ---- for op implementers ---- */
 /* Uninitialised F32 tensor from the arena (64-byte aligned). NULL+msg on OOM. */

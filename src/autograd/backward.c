@@ -22,6 +22,8 @@ dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start) {
     if (n->out->grad || n->out == start) {
         n->backward(g, n);   /* errors (OOM, a failed SyncBN exchange) stop backward */
         if (dt_error_code() != DT_OK) return dt_error_code();
+    } else if (n->backward == dt_checkpoint_backward) {
+        DT_TRY(dt_checkpoint_skip(g, n));   /* its parameter uses are inside it */
     }
     for (int i = 0; i < n->n_in; i++)
         if (n->param_rec[i] >= 0) DT_TRY(dt_graph_release_use(g, n->param_rec[i]));
@@ -48,6 +50,8 @@ dt_status dt_graph_backward_from(dt_graph *g, dt_tensor *out, const float *upstr
         return DT_ERR(DT_ESTATE, "backward: the start tensor does not require grad (was it computed with grad disabled?)");
     if (g->sticky != DT_OK)
         return DT_ERR(g->sticky, "the forward pass ran out of memory while recording the tape; no gradients computed");
+    if (g->mode != DT_GRAPH_RECORD)
+        return DT_ERR(DT_ESTATE, "backward called from inside a checkpoint function");
     g->backward_done = 1;
     dt_error_clear();
     DT_TRY(dt_graph_seed_grad(g, out, upstream));

@@ -1,5 +1,6 @@
 /* The tape: creating and resetting a graph, allocation, recording ops and
- * module markers, per-graph parameter use counts. Backward is backward.c. */
+ * module markers, per-graph parameter use counts. Backward is backward.c,
+ * the recompute modes (COUNT, REPLAY) are driven by checkpoint.c. */
 #include <stdlib.h>
 #include <string.h>
 #include "graph_internal.h"
@@ -17,8 +18,10 @@ dt_graph *dt_graph_create(void) {
 void dt_graph_free(dt_graph *g) {
     if (!g) return;
     dt_arena_free(&g->arena);
+    dt_arena_free(&g->scratch);
     dt_ptab_free(&g->params);
     free(g->nodes);
+    free(g->ck_uses);
     free(g);
 }
 
@@ -28,7 +31,10 @@ void dt_graph_reset(dt_graph *g) {
     g->n_nodes = 0;
     g->backward_done = 0;
     g->sticky = DT_OK;
+    g->mode = DT_GRAPH_RECORD;
+    g->alloc = &g->arena;
     dt_arena_reset(&g->arena);
+    dt_arena_reset(&g->scratch);
 }
 
 int dt_graph_set_grad_enabled(dt_graph *g, int enabled) {
@@ -42,7 +48,7 @@ int dt_graph_training(const dt_graph *g) { return g->training; }
 void dt_graph_set_final(dt_graph *g, int final) { g->final = final != 0; }
 int dt_graph_final(const dt_graph *g) { return g->final; }
 void dt_graph_set_tick(dt_graph *g, dt_graph_tick_fn fn, void *user) { g->tick = fn; g->tick_user = user; }
-size_t dt_graph_arena_bytes(const dt_graph *g) { return g->arena.high_water; }
+size_t dt_graph_arena_bytes(const dt_graph *g) { return g->arena.high_water + g->scratch.high_water; }
 
 int dt_graph_param_uses(const dt_graph *g, const dt_param *p) {
     int i = dt_ptab_find(&g->params, p);
@@ -93,16 +99,49 @@ dt_node *dt_graph_new_node(dt_graph *g) {
     return n;
 }
 
-/* One more use of p on this tape; its record index, -1 (sticky set) on OOM. */
+/* One more use of p on this tape (COUNT: also listed for the checkpoint);
+ * its record index, -1 (sticky set) on OOM. */
 static int count_use(dt_graph *g, dt_param *p) {
     int r = dt_ptab_get(&g->params, p);
+    if (r >= 0 && g->mode == DT_GRAPH_COUNT && g->n_ck_uses == g->cap_ck_uses) {
+        int nc = g->cap_ck_uses ? 2 * g->cap_ck_uses : 64;
+        int *a = realloc(g->ck_uses, (size_t)nc * sizeof *a);
+        if (a) { g->ck_uses = a; g->cap_ck_uses = nc; }
+        else r = -1;
+    }
     if (r < 0) {
         g->sticky = DT_ERR(DT_ENOMEM, "out of memory recording parameter %s", p->name);
         return -1;
     }
+    if (g->mode == DT_GRAPH_COUNT) g->ck_uses[g->n_ck_uses++] = r;
     g->params.recs[r].uses++;
     g->params.recs[r].pending++;
     return r;
+}
+
+/* REPLAY: the record the first pass counted p's use in (-1 + error if none). */
+static int replayed_use(dt_graph *g, dt_param *p) {
+    int r = dt_ptab_find(&g->params, p);
+    if (r < 0)
+        DT_ERR(DT_ESTATE, "checkpoint replay: parameter %s was not used by the first pass "
+               "(the checkpoint function must run the same ops both times)", p->name);
+    g->n_replay_uses++;
+    return r;
+}
+
+/* COUNT: the op runs but is not recorded; its parameter uses are counted
+ * (listed in reverse input order, so the list read backwards releases them
+ * as a recorded node would: nodes last to first, inputs in order), its
+ * output marked as requiring grad so the checkpoint knows. */
+static dt_node *count_only(dt_graph *g, dt_tensor *out, int n_in, dt_tensor *const *in) {
+    for (int i = n_in - 1; i >= 0; i--) {
+        dt_param *p = in[i] ? in[i]->param : NULL;
+        if (p && p->requires_grad) count_use(g, p);
+    }
+    out->requires_grad = 1;
+    out->grad_fn = NULL;
+    if (g->tick) g->tick(g->tick_user);
+    return NULL;
 }
 
 dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *out,
@@ -111,6 +150,7 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
     int any = 0;
     for (int i = 0; i < n_in; i++) any |= in[i] && in[i]->requires_grad;
     if (!any) return NULL;
+    if (g->mode == DT_GRAPH_COUNT) return count_only(g, out, n_in, in);
     dt_node *n = dt_graph_new_node(g);
     if (!n) return NULL;
     n->backward = bw;
@@ -120,7 +160,7 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
     for (int i = 0; i < n_in; i++) {
         n->in[i] = in[i];
         dt_param *p = in[i] ? in[i]->param : NULL;
-        n->param_rec[i] = p && p->requires_grad ? count_use(g, p) : -1;
+        n->param_rec[i] = !p || !p->requires_grad ? -1 : g->mode == DT_GRAPH_REPLAY ? replayed_use(g, p) : count_use(g, p);
     }
     out->requires_grad = 1;
     out->grad_fn = n;
@@ -140,7 +180,10 @@ float *dt_grad_of(dt_graph *g, dt_tensor *t) {
         return dt_f32(&p->grad);
     }
     if (!t->grad) {
-        dt_tensor *gt = dt_graph_tensor_in(g, g->alloc, t->ndim, t->shape);
+        /* inside a replay, a tensor from outside it (a ctx input in the main
+         * arena, the caller's) needs a gradient that outlives the scratch */
+        dt_arena *a = g->alloc == &g->scratch && !dt_arena_owns(&g->scratch, t) ? &g->arena : g->alloc;
+        dt_tensor *gt = dt_graph_tensor_in(g, a, t->ndim, t->shape);
         if (!gt) return NULL;
         memset(gt->data, 0, (size_t)gt->numel * sizeof(float));
         t->grad = gt;
@@ -152,8 +195,9 @@ static dt_status fire_module(dt_module *m, dt_module_hook_kind k) {
     return m->hook ? m->hook(m, k, m->hook_user) : DT_OK;
 }
 
+/* Markers are not recorded in a checkpoint's first pass: its replay records them. */
 static dt_status add_marker(dt_graph *g, dt_module *m, int marker) {
-    if (!g->grad_enabled) return DT_OK;
+    if (!g->grad_enabled || g->mode == DT_GRAPH_COUNT) return DT_OK;
     dt_node *n = dt_graph_new_node(g);
     if (!n) return DT_ENOMEM;
     n->marker = marker;
@@ -163,11 +207,11 @@ static dt_status add_marker(dt_graph *g, dt_module *m, int marker) {
 }
 
 dt_status dt_module_enter(dt_graph *g, dt_module *m) {
-    DT_TRY(fire_module(m, DT_HOOK_PRE_FORWARD));
+    DT_TRY(fire_module(m, g->mode == DT_GRAPH_REPLAY ? DT_HOOK_PRE_RECOMPUTE : DT_HOOK_PRE_FORWARD));
     return add_marker(g, m, 1);
 }
 
 dt_status dt_module_leave(dt_graph *g, dt_module *m) {
     DT_TRY(add_marker(g, m, 2));
-    return fire_module(m, DT_HOOK_POST_FORWARD);
+    return fire_module(m, g->mode == DT_GRAPH_REPLAY ? DT_HOOK_POST_RECOMPUTE : DT_HOOK_POST_FORWARD);
 }

@@ -1,6 +1,7 @@
 /* The state of a dt_graph, shared by the files of src/autograd:
  *   graph.c       create / reset, allocation, recording ops and module markers
  *   backward.c    the backward loop and its entry points, graph inputs
+ *   checkpoint.c  activation recompute (dt_graph_checkpoint)
  *   param_table.c per-graph parameter use records
  */
 #ifndef DT_AUTOGRAD_GRAPH_INTERNAL_H
@@ -25,12 +26,23 @@ int dt_ptab_get(dt_param_table *t, dt_param *p);                /* found or adde
 void dt_ptab_clear(dt_param_table *t);                          /* no records, memory kept */
 void dt_ptab_free(dt_param_table *t);
 
+/* What dt_graph_record does with an op. */
+typedef enum dt_graph_mode {
+    DT_GRAPH_RECORD = 0,   /* append a node, count parameter uses */
+    DT_GRAPH_COUNT,        /* checkpoint first pass: no node; count uses and list them in ck_uses */
+    DT_GRAPH_REPLAY,       /* checkpoint replay in backward: append a node; uses were counted */
+} dt_graph_mode;
+
 struct dt_graph {
     dt_arena arena;          /* main: tape nodes, kept activations, gradients */
-    dt_arena *alloc;         /* where dt_graph_scratch allocates */
+    dt_arena scratch;        /* recompute scratch: in use only during a checkpoint's first pass or replay */
+    dt_arena *alloc;         /* where dt_graph_scratch allocates: &arena, or &scratch inside a checkpoint */
     dt_node **nodes; int n_nodes, cap_nodes;
     dt_param_table params;   /* uses of the parameters on this tape */
     int grad_enabled, training, final, backward_done;
+    dt_graph_mode mode;
+    int *ck_uses; int n_ck_uses, cap_ck_uses;   /* COUNT: record index of each use, in order */
+    int n_replay_uses;       /* REPLAY: parameter inputs of the nodes appended */
     dt_status sticky;        /* an allocation failed while recording: backward must not run */
     dt_graph_tick_fn tick; void *tick_user;
 };
@@ -47,4 +59,10 @@ dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start);
 dt_status dt_graph_release_use(dt_graph *g, int rec);
 /* t's gradient = up (t's gradient fresh: copied, so bitwise up) or += up. */
 dt_status dt_graph_seed_grad(dt_graph *g, dt_tensor *t, const float *up);
+
+/* checkpoint.c: the checkpoint node's backward (the replay), and what the
+ * loop does instead when no gradient reached that node: release the uses its
+ * first pass counted, so grad-ready still fires. */
+void dt_checkpoint_backward(dt_graph *g, dt_node *n);
+dt_status dt_checkpoint_skip(dt_graph *g, dt_node *n);
 #endif
