@@ -17,7 +17,11 @@
  *            bucket exists. A module's buckets are all-gathered just before
  *            its forward and again before its backward; the buckets of the
  *            next modules (in the order of the previous step) are prefetched;
- *            buckets no module in the window needs are freed. Every rank
+ *            buckets no module in the window needs are freed. A module
+ *            re-run by an activation checkpoint during backward
+ *            (dt_graph_checkpoint, hook PRE_RECOMPUTE) is gathered there
+ *            and stays gathered through its backward (once per backward).
+ *            Every rank
  *            must run the same modules in the same order (the gathers are
  *            collectives issued from module hooks); finish_backward compares
  *            the orders and fails on every rank if they differ (when the
@@ -145,6 +149,9 @@ typedef struct dt_zero_stats {
     int64_t interleaved_steps;   /* bucket shards stepped during backward */
     int64_t deferred_gathers;    /* AFTER_BACKWARD: parameter all-gathers issued after dt_zero_step
                                     returned (queued in forward order, a few in flight at a time) */
+    int64_t backward_gathers;    /* stage 3: bucket all-gathers issued during backward (recompute included) */
+    int64_t backward_regathers;  /* of those, of a bucket already gathered earlier in the same backward
+                                    (0 when every module's window holds: recompute pins its modules) */
 } dt_zero_stats;
 dt_zero_stats dt_zero_get_stats(const dt_zero *z);
 
