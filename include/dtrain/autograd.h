@@ -111,6 +111,11 @@ int dt_graph_grad_enabled(const dt_graph *g);
 /* Training flag read by dropout / batchnorm. */
 void dt_graph_set_training(dt_graph *g, int training);
 int dt_graph_training(const dt_graph *g);
+/* 1 while a checkpoint's replay re-runs its function during backward
+ * (dt_graph_checkpoint), else 0 (also in its first pass). An op with effects
+ * outside the tape (batchnorm's running statistics) checks it to apply them
+ * once per forward, as without recompute. */
+int dt_graph_recomputing(const dt_graph *g);
 /* Whether this graph's backward completes the step's gradients, i.e. fires
  * grad-ready hooks (see the top of this file). Default 1; kept across resets.
  * DDP / ZeRO set it in before_forward (final = the synchronising micro-step). */
@@ -165,8 +170,8 @@ size_t dt_graph_arena_bytes(const dt_graph *g);
  * starts from the state the first pass started from, and the state after
  * the replay is restored, so masks match and the stream is undisturbed.
  * fn must run the same ops both times (else backward fails naming the
- * difference); ops with side effects run twice (batchnorm running
- * statistics are updated again on replay). A checkpoint whose output gets no
+ * difference); an op with effects outside the tape repeats them on replay
+ * unless it checks dt_graph_recomputing(). A checkpoint whose output gets no
  * gradient is not replayed: its parameter uses are released at once.
  * Errors: NULL g / fn (DT_EINVAL), a checkpoint inside fn (DT_ESTATE: nested
  * checkpoints are not supported), fn failing (NULL, fn's message; on replay

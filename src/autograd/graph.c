@@ -45,6 +45,7 @@ int dt_graph_set_grad_enabled(dt_graph *g, int enabled) {
 int dt_graph_grad_enabled(const dt_graph *g) { return g->grad_enabled; }
 void dt_graph_set_training(dt_graph *g, int training) { g->training = training != 0; }
 int dt_graph_training(const dt_graph *g) { return g->training; }
+int dt_graph_recomputing(const dt_graph *g) { return g->mode == DT_GRAPH_REPLAY; }
 void dt_graph_set_final(dt_graph *g, int final) { g->final = final != 0; }
 int dt_graph_final(const dt_graph *g) { return g->final; }
 void dt_graph_set_tick(dt_graph *g, dt_graph_tick_fn fn, void *user) { g->tick = fn; g->tick_user = user; }

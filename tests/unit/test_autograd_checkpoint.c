@@ -78,6 +78,7 @@ typedef struct blk_ctx {
     dt_tensor *in;       /* the input when the checkpoint is given x = NULL */
     int calls, fail_on;  /* fail_on > 0: the fail_on-th call fails */
     int nest;            /* call dt_graph_checkpoint from inside */
+    int recomputing[4];  /* dt_graph_recomputing() at each call */
 } blk_ctx;
 
 static dt_tensor *block(dt_graph *g, dt_tensor *x, void *vctx) {
@@ -85,6 +86,7 @@ static dt_tensor *block(dt_graph *g, dt_tensor *x, void *vctx) {
     bnet *n = c->net;
     dt_param **p = n->mod_params[c->b];
     if (!x) x = c->in;
+    if (c->calls < 4) c->recomputing[c->calls] = dt_graph_recomputing(g);
     if (++c->calls == c->fail_on) { DT_ERR(DT_EINVAL, "block %d: boom", c->b); return NULL; }
     if (c->nest) return dt_graph_checkpoint(g, block, x, &(blk_ctx){.net = n, .b = c->b}, &n->rng);
     if (dt_module_enter(g, &n->mod[c->b]) != DT_OK) return NULL;
@@ -310,6 +312,7 @@ static void test_no_grad_just_runs(void **state) {
     dt_tensor *y = dt_graph_checkpoint(g, block, x, &c, &n.rng);
     assert_non_null(y);
     assert_int_equal(c.calls, 1);
+    assert_int_equal(c.recomputing[0], 0);
     assert_false(y->requires_grad);
     assert_null(y->grad_fn);
     assert_int_equal(dt_graph_param_uses(g, &n.p[2]), 0);
@@ -386,6 +389,26 @@ static void test_ctx_input_gradient_outlives_replay(void **state) {
     bnet_free(&n);
 }
 
+/* dt_graph_recomputing: 0 in the first pass and outside, 1 in the replay. */
+static void test_recomputing_flag(void **state) {
+    (void)state;
+    bnet n;
+    bnet_init(&n, 1, 4, 8);
+    dt_graph *g = dt_graph_create();
+    dt_rng_seed(&n.rng, 9);
+    dt_tensor *x = dt_graph_input(g, 2, (int64_t[]){n.n, n.c}, n.x, 1);
+    blk_ctx c = {.net = &n, .b = 0};
+    assert_int_equal(dt_graph_recomputing(g), 0);
+    dt_tensor *loss = dt_op_cross_entropy(g, dt_graph_checkpoint(g, block, x, &c, &n.rng), n.y);
+    assert_int_equal(dt_graph_backward(g, loss), DT_OK);
+    assert_int_equal(c.calls, 2);
+    assert_int_equal(c.recomputing[0], 0);
+    assert_int_equal(c.recomputing[1], 1);
+    assert_int_equal(dt_graph_recomputing(g), 0);
+    dt_graph_free(g);
+    bnet_free(&n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_bitwise_as_plain),
@@ -395,6 +418,7 @@ int main(void) {
         cmocka_unit_test(test_no_grad_just_runs),
         cmocka_unit_test(test_unreached_checkpoint_releases_uses),
         cmocka_unit_test(test_ctx_input_gradient_outlives_replay),
+        cmocka_unit_test(test_recomputing_flag),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
