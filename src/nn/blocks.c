@@ -119,10 +119,28 @@ static dt_status check_activation(const dt_model *m, int i, int in, const dt_bat
                   in ? "was given" : "returned", dt_shape_str(x, have, sizeof have), dt_shape_str(&w, decl, sizeof decl));
 }
 
+/* What a recomputed block needs until backward: the call, with a copy of the
+ * batch descriptor (its buffers are the caller's, live until backward). */
+typedef struct block_call { dt_model *m; int i; dt_batch b; } block_call;
+
+static dt_tensor *replay_block(dt_graph *g, dt_tensor *x, void *ctx) {
+    block_call *c = ctx;
+    dt_block *k = &c->m->blocks[c->i];
+    return k->forward(c->m, g, x, &c->b, k->user);
+}
+
 static dt_tensor *run_block(dt_model *m, dt_graph *g, int i, dt_tensor *x, const dt_batch *b) {
     dt_block *k = &m->blocks[i];
     dt_error_clear();
-    dt_tensor *y = k->forward(m, g, x, b, k->user);
+    dt_tensor *y;
+    if (k->recompute && dt_graph_grad_enabled(g)) {   /* keep x and the RNG state; re-run in backward */
+        block_call *c = dt_graph_scratch(g, sizeof *c);
+        if (!c) return NULL;
+        *c = (block_call){m, i, *b};
+        y = dt_graph_checkpoint(g, replay_block, x, c, &m->dropout_rng);
+    } else {
+        y = k->forward(m, g, x, b, k->user);
+    }
     if (!y) {
         if (dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "model %s: block %s returned no tensor", m->name, k->name);
         return NULL;

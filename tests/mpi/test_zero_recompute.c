@@ -39,7 +39,8 @@ static dt_tensor *layers(dt_graph *g, dt_tensor *x, void *ctx) {
 }
 
 static dt_tensor *forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits, int ckpt) {
-    dt_tensor *x = dt_graph_input(g, 2, (int64_t[]){b->B, m->cfg.mlp_in}, b->x_img, 0);
+    const dt_tensor *img = dt_batch_input(b, "image", DT_F32, "test_zero_recompute");
+    dt_tensor *x = img ? dt_graph_input(g, 2, (int64_t[]){b->B, m->cfg.mlp_in}, img->data, 0) : NULL;
     for (int k = 0; k < N_SPANS && x; k++) {
         spans[k] = (span){m, cuts[k], cuts[k + 1]};
         x = ckpt && k < N_SPANS - 1 ? dt_graph_checkpoint(g, layers, x, &spans[k], &m->dropout_rng)
