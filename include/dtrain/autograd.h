@@ -17,9 +17,9 @@
  * parameters' gradient buffers, into which every backward accumulates.
  *
  * Hooks data parallel relies on:
- *  - grad-ready: fires once per step for every parameter used on the tape of
- *    the graph marked *final* (dt_graph_set_final; default 1), during that
- *    graph's backward, as soon as its pending uses of the parameter reach 0
+ *  - grad-ready: fires during the backward of a graph marked *final*
+ *    (dt_graph_set_final; default 1), once for every parameter used on its
+ *    tape, as soon as that graph's pending uses of the parameter reach 0
  *    (all its uses, e.g. a tied embedding used twice, accumulated), in the
  *    order backward produces them. A non-final graph's backward fires no
  *    grad-ready hooks. With several micro-batches mark final the graph whose
@@ -159,7 +159,8 @@ size_t dt_graph_arena_bytes(const dt_graph *g);
  * its inputs from ctx), ctx and the rng state; on backward it re-runs fn into
  * a sub-tape and back-propagates through it. ctx, and any tensor fn reads
  * through it, must stay valid until backward. Returns fn's output (a fresh
- * tensor in g's arena).
+ * tensor in g's arena); every other tensor fn creates is gone when the
+ * checkpoint returns (do not keep them through ctx).
  *
  * Memory: the first pass allocates in a scratch arena and records no node
  * (fn's intermediate activations are not kept); only the copied output and
@@ -180,10 +181,13 @@ typedef dt_tensor *(*dt_checkpoint_fn)(dt_graph *g, dt_tensor *x, void *ctx);
 dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_rng *rng);
 
 /* ---- for op implementers ---- */
-/* Uninitialised F32 tensor from the arena (64-byte aligned). NULL+msg on OOM. */
+/* Uninitialised F32 tensor from the arena (64-byte aligned). NULL+msg on OOM.
+ * Inside a checkpoint function (first pass or replay) it comes from the
+ * recompute scratch and lives until the checkpoint (or replay) ends. */
 dt_tensor *dt_graph_tensor(dt_graph *g, int ndim, const int64_t *shape);
 dt_tensor *dt_graph_tensor_zeros(dt_graph *g, int ndim, const int64_t *shape);
-/* Raw scratch from the arena, lives until dt_graph_reset. */
+/* Raw scratch from the arena, lives until dt_graph_reset (inside a
+ * checkpoint function: as dt_graph_tensor). */
 void *dt_graph_scratch(dt_graph *g, size_t bytes);
 
 typedef void (*dt_backward_fn)(dt_graph *g, dt_node *n);
@@ -203,11 +207,15 @@ struct dt_node {
 };
 /* Record an op whose output is `out`. Returns NULL when grad is disabled or
  * no input requires grad (then the op need not save anything). Sets
- * out->requires_grad / grad_fn and bumps the graph's parameter use counts. */
+ * out->requires_grad / grad_fn and bumps the graph's parameter use counts.
+ * In a checkpoint's first pass it also returns NULL (nothing recorded, uses
+ * counted, out->requires_grad set, grad_fn NULL). */
 dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *out,
                          int n_in, dt_tensor *const *in);
 /* Gradient buffer of t for a backward fn to accumulate into (+=).
- * Returns NULL if t does not require grad. Lazily zero-allocated. */
+ * Returns NULL if t does not require grad. Lazily zero-allocated (in a
+ * checkpoint replay: in the scratch for the replay's own tensors, in the
+ * main arena for tensors from outside it). */
 float *dt_grad_of(dt_graph *g, dt_tensor *t);
 
 #endif

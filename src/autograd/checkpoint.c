@@ -113,7 +113,10 @@ static dt_status check_replay(dt_graph *g, const dt_ckpt *ck, const dt_node *n, 
 void dt_checkpoint_backward(dt_graph *g, dt_node *n) {
     dt_ckpt *ck = n->saved;
     dt_tensor *x = n->n_in ? n->in[0] : NULL;
-    if (x && x->requires_grad && !dt_grad_of(g, x)) return;   /* main arena, before the replay */
+    if (x && x->requires_grad) {   /* main arena, before the replay (NULL without error: frozen) */
+        dt_grad_of(g, x);
+        if (dt_error_code() != DT_OK) return;
+    }
     const float *dy = dt_f32(n->out->grad);
     int mark = g->n_nodes;
     dt_rng now = {{0, 0}};

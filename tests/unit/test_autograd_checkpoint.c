@@ -409,6 +409,43 @@ static void test_recomputing_flag(void **state) {
     bnet_free(&n);
 }
 
+/* x a frozen parameter's value (requires_grad on the tensor, not on the
+ * parameter: no gradient storage is asked for): the replay still runs and
+ * the block's parameters get their gradients and grad-ready calls. */
+static void test_frozen_param_input_still_replays(void **state) {
+    (void)state;
+    bnet n;
+    bnet_init(&n, 1, 4, 8);
+    dt_param X;
+    assert_int_equal(dt_param_init(&X, "X", 2, (int64_t[]){4, 8}), DT_OK);
+    dt_gc_fill(&X, 3, 1.f);
+    X.requires_grad = 0;   /* X.value.requires_grad stays 1 */
+    float *want = malloc(4 * sizeof(float));
+    for (int ck = 0; ck < 2; ck++) {
+        run_out *o = calloc(1, sizeof *o);
+        cur = o;
+        bnet_zero_grad(&n);
+        for (int i = 0; i < 4; i++) n.p[i].on_grad_ready = on_ready;
+        dt_rng_seed(&n.rng, 4);
+        dt_graph *g = dt_graph_create();
+        blk_ctx c = {.net = &n, .b = 0};
+        dt_tensor *y = ck ? dt_graph_checkpoint(g, block, &X.value, &c, &n.rng) : block(g, &X.value, &c);
+        assert_int_equal(dt_graph_backward(g, dt_op_cross_entropy(g, y, n.y)), DT_OK);
+        assert_int_equal(c.calls, ck ? 2 : 1);
+        assert_int_equal(o->n_ready, 4);
+        for (int k = 0; k < 4; k++) {
+            if (!ck) want[k] = dt_f32(&n.p[k].grad)[1];
+            else assert_true(dt_f32(&n.p[k].grad)[1] == want[k]);
+        }
+        dt_graph_free(g);
+        cur = NULL;
+        free(o);
+    }
+    free(want);
+    dt_param_free(&X);
+    bnet_free(&n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_bitwise_as_plain),
@@ -419,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_unreached_checkpoint_releases_uses),
         cmocka_unit_test(test_ctx_input_gradient_outlives_replay),
         cmocka_unit_test(test_recomputing_flag),
+        cmocka_unit_test(test_frozen_param_input_still_replays),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
