@@ -217,5 +217,17 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
  * checkpoint replay: in the scratch for the replay's own tensors, in the
  * main arena for tensors from outside it). */
 float *dt_grad_of(dt_graph *g, dt_tensor *t);
+/* For a view op's backward (y shares x's elements in the same order): when x
+ * has no gradient yet, make y's gradient buffer x's and return 1 — no copy,
+ * no second buffer. Safe because every consumer of y was recorded after the
+ * view, so y's gradient is final and dead once the view's backward runs.
+ * Returns 0 (the caller accumulates as usual) when x already has a gradient,
+ * is a parameter, or would outlive y's gradient (a recompute scratch). */
+int dt_grad_alias(dt_graph *g, dt_tensor *x, dt_tensor *y);
+/* For a backward that may overwrite its input x's values with x's gradient
+ * (the caller knows nothing reads them later): when x has no gradient yet,
+ * x's gradient becomes x's own storage, returns 1; the caller then *writes*
+ * (not accumulates) dx. 0: use dt_grad_of and accumulate. */
+int dt_grad_in_place(dt_graph *g, dt_tensor *x);
 
 #endif

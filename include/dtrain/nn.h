@@ -138,7 +138,9 @@ dt_status dt_model_set_loss(dt_model *m, dt_loss_kind kind, int64_t classes);
  * layout. Returns the first builder error if there was one. */
 dt_status dt_model_build(dt_model *m);
 
-/* Activation recompute: DT_RECOMPUTE_BLOCKS marks every block. */
+/* Activation recompute: DT_RECOMPUTE_BLOCKS marks every block but the last
+ * (its output feeds the loss head, which keeps it anyway: a replay would only
+ * hold it twice). Mark single blocks with blocks[i].recompute. */
 typedef enum dt_recompute { DT_RECOMPUTE_NONE = 0, DT_RECOMPUTE_BLOCKS = 1 } dt_recompute;
 void dt_model_set_recompute(dt_model *m, dt_recompute r);
 int dt_recompute_parse(const char *s, dt_recompute *out);   /* "none" | "blocks"; 0 ok */

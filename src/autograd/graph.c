@@ -192,6 +192,28 @@ float *dt_grad_of(dt_graph *g, dt_tensor *t) {
     return dt_f32(t->grad);
 }
 
+int dt_grad_alias(dt_graph *g, dt_tensor *x, dt_tensor *y) {
+    if (!x || !y || !x->requires_grad || x->param || x->grad || !y->grad || x->numel != y->numel) return 0;
+    /* x's gradient must live as long as dt_grad_of would make it: a tensor from
+     * outside a replay may not borrow a gradient in the replay's scratch */
+    if (g->alloc == &g->scratch && !dt_arena_owns(&g->scratch, x) && dt_arena_owns(&g->scratch, y->grad->data))
+        return 0;
+    dt_tensor *gt = dt_graph_tensor_in(g, dt_arena_owns(&g->scratch, x) ? &g->scratch : &g->arena, 0, NULL);
+    if (!gt) return 0;   /* a header only; the caller's dt_grad_of reports the OOM */
+    dt_tensor_view(gt, y->grad->data, DT_F32, x->ndim, x->shape);
+    x->grad = gt;
+    return 1;
+}
+
+int dt_grad_in_place(dt_graph *g, dt_tensor *x) {
+    if (!x || !x->requires_grad || x->param || x->grad || x->dtype != DT_F32) return 0;
+    dt_tensor *gt = dt_graph_tensor_in(g, dt_arena_owns(&g->scratch, x) ? &g->scratch : &g->arena, 0, NULL);
+    if (!gt) return 0;   /* a header only; the caller's dt_grad_of reports the OOM */
+    dt_tensor_view(gt, x->data, DT_F32, x->ndim, x->shape);
+    x->grad = gt;
+    return 1;
+}
+
 static dt_status fire_module(dt_module *m, dt_module_hook_kind k) {
     return m->hook ? m->hook(m, k, m->hook_user) : DT_OK;
 }

@@ -62,7 +62,9 @@ dt_status dt_model_set_loss(dt_model *m, dt_loss_kind kind, int64_t classes) {
 }
 
 void dt_model_set_recompute(dt_model *m, dt_recompute r) {
-    for (int i = 0; i < m->n_blocks; i++) m->blocks[i].recompute = r == DT_RECOMPUTE_BLOCKS;
+    /* not the last block: the loss head keeps its output anyway, so a replay
+     * would only hold that output twice (GPT-2's logits: the largest tensor) */
+    for (int i = 0; i < m->n_blocks; i++) m->blocks[i].recompute = r == DT_RECOMPUTE_BLOCKS && i + 1 < m->n_blocks;
 }
 
 int dt_recompute_parse(const char *s, dt_recompute *out) {
@@ -173,12 +175,16 @@ dt_tensor *dt_model_loss(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor 
                (long long)m->classes, (long long)(b->B * b->T), dt_shape_str(x, sx, sizeof sx));
         return NULL;
     }
+    /* The logits' values are dead after the loss when a linear layer made
+     * them (its backward reads its input, not its output) and the caller does
+     * not want them: the loss gradient then overwrites them in place. */
+    int consume = !logits && x->grad_fn && x->grad_fn->op && !strcmp(x->grad_fn->op, "linear");
     if (x->ndim != 2) {
         int64_t shape[2] = {rows, m->classes};
         DT_NN_CHECK(x = dt_op_reshape(g, x, 2, shape));
     }
     if (logits) *logits = x;
-    return dt_op_cross_entropy(g, x, b->y);
+    return consume ? dt_op_cross_entropy_consume(g, x, b->y) : dt_op_cross_entropy(g, x, b->y);
 }
 
 dt_tensor *dt_model_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
