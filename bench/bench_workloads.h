@@ -49,18 +49,17 @@ static inline dt_batch bench_batch_make(const bench_workload *w, int rank) {
     if (c->kind == DT_MODEL_GPT2) {
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
         for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)dt_rng_below(&r, (uint64_t)c->vocab);
-        b.x_ids = ids;
+        dt_batch_add_input(&b, "ids", DT_I32, 2, (int64_t[]){w->B, w->T}, ids);
     } else {
         float *img = malloc(sizeof(float) * (size_t)(w->B * c->mlp_in));
         for (int64_t i = 0; i < w->B * c->mlp_in; i++) img[i] = dt_rng_normal(&r);
-        b.x_img = img;
+        dt_batch_add_input(&b, "image", DT_F32, 2, (int64_t[]){w->B, c->mlp_in}, img);
     }
     return b;
 }
 
 static inline void bench_batch_free(dt_batch *b) {
     free((void *)b->y);
-    free((void *)b->x_ids);
-    free((void *)b->x_img);
+    for (int k = 0; k < b->n_inputs; k++) free(b->in[k].data);
 }
 #endif

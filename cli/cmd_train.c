@@ -15,7 +15,7 @@ typedef struct cli_flags {
     int nesterov;
     dt_cli_dist dist;
     float bucket_mb, first_bucket_mb;
-    const char *compress, *progress, *overlap_step, *save_format;
+    const char *compress, *progress, *overlap_step, *save_format, *recompute;
     int zero_prefetch;   /* INT_MIN: not given */
     int no_bcast;
     int no_shm;
@@ -44,6 +44,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--seq", DT_ARG_I64, &o->seq, "T", "LM sequence length (default 64)", 0, 0},
         {"--steps", DT_ARG_I64, &o->steps, "N", "optimizer steps (overrides --epochs)", 0, 0},
         {"--epochs", DT_ARG_INT, &o->epochs, "N", "epochs when --steps is not given (default 1)", 0, 0},
+        {"--recompute", DT_ARG_STR, &f->recompute, "none|blocks", "activation recompute: blocks keeps only each block's input and re-runs its forward in backward (less memory, ~1/3 more compute; default none)", 0, 0},
         {"--accum", DT_ARG_INT, &o->accum, "K", "micro-steps per optimizer step (gradient accumulation, default 1)", 0, 0},
         {"--optim", DT_ARG_STR, &f->optim, "adamw|sgd", "optimizer (default adamw)", 0, 0},
         {"--lr", DT_ARG_FLOAT, &o->optim.lr, "LR", "learning rate (default 1e-3 adamw, 1e-2 sgd)", 0, 0},
@@ -104,6 +105,10 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     if (f->chan_n == 2) { o->model.cnn_c1 = f->chan[0]; o->model.cnn_c2 = f->chan[1]; }
     o->data = f->data ? f->data : o->model.kind == DT_MODEL_GPT2 ? "text" : "fashion-mnist";
     if (dt_dataset_check_name(o->data) != DT_OK) { snprintf(err, (size_t)errlen, "%s", dt_error_message()); return -1; }
+    if (f->recompute && dt_recompute_parse(f->recompute, &o->recompute)) {
+        snprintf(err, (size_t)errlen, "--recompute: unknown mode '%s' (none, blocks)", f->recompute);
+        return -1;
+    }
     if (f->nesterov) o->optim.nesterov = 1;
     if (f->nproc < 0) { snprintf(err, (size_t)errlen, "--nproc must be >= 1"); return -1; }
     dt_ddp_opts *d = &f->dist.ddp;

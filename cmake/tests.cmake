@@ -62,3 +62,26 @@ foreach(src ${DT_SLOW_TESTS})
   add_test(NAME ${DT_LAST_TEST} COMMAND ${DT_LAST_TEST})
   set_tests_properties(${DT_LAST_TEST} PROPERTIES LABELS slow ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 1800)
 endforeach()
+
+# The example trains (its loss falls) with DDP and ZeRO-3, with and without
+# recompute, on Fashion-MNIST (Debian's dataset-fashion-mnist).
+foreach(cfg "ddp;2;" "zero3;2;--zero;3" "ddp_recompute;4;--recompute" "zero3_recompute;4;--zero;3;--recompute")
+  list(GET cfg 0 tag)
+  list(GET cfg 1 np)
+  list(SUBLIST cfg 2 -1 extra)
+  add_test(NAME example_resmlp_${tag}_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_example_resmlp.sh
+                   ${DT_MPIEXEC} -n ${np} $<TARGET_FILE:resmlp> --steps 40 ${extra})
+  set_tests_properties(example_resmlp_${tag}_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600
+    ENVIRONMENT "OMP_NUM_THREADS=1")
+endforeach()
+
+# Checkpoints from before the block rewrite still resume and train on as then.
+add_test(NAME test_pre_blocks_checkpoints
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pre_blocks_checkpoints.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_pre_blocks_checkpoints PROPERTIES LABELS unit TIMEOUT 300)
+
+# --recompute blocks is bitwise --recompute none, in one process and at 2/4 ranks.
+add_test(NAME test_recompute_bitwise
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_recompute_bitwise.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_recompute_bitwise PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)

@@ -12,15 +12,29 @@
  * layout code may re-point into flat buffers (see nn.h dt_model_set_layout).
  * Gradients always *accumulate* (+=); zero them with dt_model_zero_grad().
  *
+ * Several tapes may be alive at once (micro-batches, pipeline stages): each
+ * graph keeps its own per-parameter use counts, so the graphs only share the
+ * parameters' gradient buffers, into which every backward accumulates.
+ *
  * Hooks data parallel relies on:
- *  - grad-ready: fired exactly once per backward for every parameter that was
- *    used in the forward, as soon as its gradient is final (all uses,
- *    e.g. a tied embedding used twice, have been accumulated), in the order
- *    backward produces them. Parameters not used get no call; the caller can
- *    query dt_param.used after backward.
+ *  - grad-ready: fires during the backward of a graph marked *final*
+ *    (dt_graph_set_final; default 1), once for every parameter used on its
+ *    tape, as soon as that graph's pending uses of the parameter reach 0
+ *    (all its uses, e.g. a tied embedding used twice, accumulated), in the
+ *    order backward produces them. A non-final graph's backward fires no
+ *    grad-ready hooks. With several micro-batches mark final the graph whose
+ *    backward runs *last* (F1 F2 B1 B2: graph 2; F1 F2 B2 B1: graph 1): the
+ *    hook then sees the step's whole gradient. The graph cannot know about
+ *    the others — if a final graph's backward runs before another graph's,
+ *    its hooks fire anyway and see the gradient without the later
+ *    contributions. Parameters not used on the final tape get no call; query
+ *    dt_graph_param_uses() after backward.
  *  - module pre/post forward, pre/post backward (ZeRO-3 gathers,
  *    recompute). Pre-backward fires when backward reaches the last node the
  *    module recorded; post-backward after its first node has been processed.
+ *    A checkpoint's replay (dt_graph_checkpoint) fires pre/post *recompute*
+ *    instead of pre/post forward for the modules it re-runs, during backward;
+ *    their pre/post backward follow as usual.
  */
 #ifndef DTRAIN_AUTOGRAD_H
 #define DTRAIN_AUTOGRAD_H
@@ -42,10 +56,7 @@ struct dt_param {
     int index;               /* registration order in its model */
     int weight_decay;        /* 1: decoupled weight decay applies (matrices) */
     int requires_grad;       /* 0: frozen; no grad, no hook */
-    /* per-backward bookkeeping, managed by the graph */
-    int uses;                /* uses recorded on the current tape */
-    int pending;             /* uses not yet back-propagated */
-    int used;                /* >0 if used in the current forward */
+    /* (uses on a tape are the graph's: dt_graph_param_uses) */
     dt_grad_ready_fn on_grad_ready;
     void *on_grad_ready_user;
     /* Lazily materialised gradient (ZeRO-2/3): when grad.data is NULL the
@@ -64,6 +75,8 @@ typedef enum dt_module_hook_kind {
     DT_HOOK_POST_FORWARD,
     DT_HOOK_PRE_BACKWARD,
     DT_HOOK_POST_BACKWARD,
+    DT_HOOK_PRE_RECOMPUTE,   /* a checkpoint replays the module's forward during backward */
+    DT_HOOK_POST_RECOMPUTE,
     DT_HOOK_KINDS
 } dt_module_hook_kind;
 
@@ -78,16 +91,19 @@ struct dt_module {
     int index;               /* registration order in its model */
 };
 
-/* Brackets a module's forward: fires PRE/POST_FORWARD and records markers so
- * backward fires PRE/POST_BACKWARD. Returns the hook's status. */
+/* Brackets a module's forward: fires PRE/POST_FORWARD (PRE/POST_RECOMPUTE in
+ * a checkpoint's replay) and records markers so backward fires
+ * PRE/POST_BACKWARD (not in a checkpoint's first pass: its replay records
+ * them). Returns the hook's status. */
 dt_status dt_module_enter(dt_graph *g, dt_module *m);
 dt_status dt_module_leave(dt_graph *g, dt_module *m);
 
 /* ---- the graph ---- */
 dt_graph *dt_graph_create(void);
-void dt_graph_free(dt_graph *g);   /* before freeing params used on its tape */
-/* Drop the tape, rewind the arena (memory is kept for the next step), and
- * reset parameter use counts of every param touched by the previous tape. */
+/* Never touches the parameters it recorded: may run before or after they are freed. */
+void dt_graph_free(dt_graph *g);
+/* Drop the tape and its parameter use counts, rewind the arena (memory is
+ * kept for the next step). Touches nothing outside the graph. */
 void dt_graph_reset(dt_graph *g);
 /* no-grad / eval: ops compute but record nothing. Returns previous value. */
 int dt_graph_set_grad_enabled(dt_graph *g, int enabled);
@@ -95,22 +111,83 @@ int dt_graph_grad_enabled(const dt_graph *g);
 /* Training flag read by dropout / batchnorm. */
 void dt_graph_set_training(dt_graph *g, int training);
 int dt_graph_training(const dt_graph *g);
+/* 1 while a checkpoint's replay re-runs its function during backward
+ * (dt_graph_checkpoint), else 0 (also in its first pass). An op with effects
+ * outside the tape (batchnorm's running statistics) checks it to apply them
+ * once per forward, as without recompute. */
+int dt_graph_recomputing(const dt_graph *g);
+/* Whether this graph's backward completes the step's gradients, i.e. fires
+ * grad-ready hooks (see the top of this file). Default 1; kept across resets.
+ * DDP / ZeRO set it in before_forward (final = the synchronising micro-step). */
+void dt_graph_set_final(dt_graph *g, int final);
+int dt_graph_final(const dt_graph *g);
+/* Uses of p recorded on g's current tape (0 = not used in this forward, or
+ * frozen: parameters with requires_grad = 0 are not counted). */
+int dt_graph_param_uses(const dt_graph *g, const dt_param *p);
 /* Called after each recorded forward op and between backward nodes (about
  * every op); DDP/ZeRO use it to poll MPI progress while forward and backward
  * compute. NULL to disable. */
 typedef void (*dt_graph_tick_fn)(void *user);
 void dt_graph_set_tick(dt_graph *g, dt_graph_tick_fn fn, void *user);
 
+/* Backward from any tensor `out` of this tape, given its upstream gradient
+ * (out->numel floats: copied into out's gradient, or added if out already has
+ * one). Nodes recorded after out that it does not depend on contribute
+ * nothing but still release their parameter uses. Once per tape: a second
+ * call is DT_ESTATE, as is an out that does not require grad or a forward
+ * that ran out of memory; NULL out / upstream is DT_EINVAL. */
+dt_status dt_graph_backward_from(dt_graph *g, dt_tensor *out, const float *upstream);
 /* Backward from a scalar: dloss = 1 (times grad_scale in _scaled). */
 dt_status dt_graph_backward(dt_graph *g, dt_tensor *loss);
 dt_status dt_graph_backward_scaled(dt_graph *g, dt_tensor *loss, float grad_scale);
-size_t dt_graph_arena_bytes(const dt_graph *g);   /* high-water mark */
+/* A leaf tensor viewing the caller's data[numel] (not copied, never written;
+ * must stay valid until backward), e.g. a pipeline stage's received
+ * activation. With requires_grad its gradient is accumulated on backward and
+ * read with dt_graph_grad. */
+dt_tensor *dt_graph_input(dt_graph *g, int ndim, const int64_t *shape, const float *data, int requires_grad);
+/* After backward: t's gradient (t->numel floats in the graph's arena, valid
+ * until reset; zeros if no gradient reached t). NULL + error if t does not
+ * require grad or is a parameter's value (its gradient is p->grad). */
+const float *dt_graph_grad(dt_graph *g, dt_tensor *t);
+/* Activation memory: high-water mark of the main arena plus that of the
+ * recompute scratch arena (an upper bound of their joint peak), over every
+ * step since creation. Compare recompute on / off with it. */
+size_t dt_graph_arena_bytes(const dt_graph *g);
+
+/* ---- activation recompute (torch.utils.checkpoint) ----
+ * dt_graph_checkpoint runs fn(g, x, ctx) keeping only x (may be NULL: fn reads
+ * its inputs from ctx), ctx and the rng state; on backward it re-runs fn into
+ * a sub-tape and back-propagates through it. ctx, and any tensor fn reads
+ * through it, must stay valid until backward. Returns fn's output (a fresh
+ * tensor in g's arena); every other tensor fn creates is gone when the
+ * checkpoint returns (do not keep them through ctx).
+ *
+ * Memory: the first pass allocates in a scratch arena and records no node
+ * (fn's intermediate activations are not kept); only the copied output and
+ * one checkpoint node stay on the tape. Parameter uses are counted as usual,
+ * so grad-ready fires once, after all uses (a weight used inside and outside
+ * a checkpoint fires after both), in the order a plain backward would.
+ * rng (may be NULL) is the generator fn draws from (dropout): the replay
+ * starts from the state the first pass started from, and the state after
+ * the replay is restored, so masks match and the stream is undisturbed.
+ * fn must run the same ops both times (else backward fails naming the
+ * difference); an op with effects outside the tape repeats them on replay
+ * unless it checks dt_graph_recomputing(). A checkpoint whose output gets no
+ * gradient is not replayed: its parameter uses are released at once.
+ * Errors: NULL g / fn (DT_EINVAL), a checkpoint inside fn (DT_ESTATE: nested
+ * checkpoints are not supported), fn failing (NULL, fn's message; on replay
+ * backward fails with it). With grad disabled, fn simply runs. */
+typedef dt_tensor *(*dt_checkpoint_fn)(dt_graph *g, dt_tensor *x, void *ctx);
+dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_rng *rng);
 
 /* ---- for op implementers ---- */
-/* Uninitialised F32 tensor from the arena (64-byte aligned). NULL+msg on OOM. */
+/* Uninitialised F32 tensor from the arena (64-byte aligned). NULL+msg on OOM.
+ * Inside a checkpoint function (first pass or replay) it comes from the
+ * recompute scratch and lives until the checkpoint (or replay) ends. */
 dt_tensor *dt_graph_tensor(dt_graph *g, int ndim, const int64_t *shape);
 dt_tensor *dt_graph_tensor_zeros(dt_graph *g, int ndim, const int64_t *shape);
-/* Raw scratch from the arena, lives until dt_graph_reset. */
+/* Raw scratch from the arena, lives until dt_graph_reset (inside a
+ * checkpoint function: as dt_graph_tensor). */
 void *dt_graph_scratch(dt_graph *g, size_t bytes);
 
 typedef void (*dt_backward_fn)(dt_graph *g, dt_node *n);
@@ -126,14 +203,31 @@ struct dt_node {
     int64_t i[4];
     dt_module *module;             /* markers only */
     int marker;                    /* 0 op, 1 module enter, 2 module leave */
+    int param_rec[DT_NODE_MAX_INPUTS];   /* graph's record of in[i]'s parameter; -1: none (set by the graph) */
 };
 /* Record an op whose output is `out`. Returns NULL when grad is disabled or
  * no input requires grad (then the op need not save anything). Sets
- * out->requires_grad / grad_fn and bumps parameter use counts. */
+ * out->requires_grad / grad_fn and bumps the graph's parameter use counts.
+ * In a checkpoint's first pass it also returns NULL (nothing recorded, uses
+ * counted, out->requires_grad set, grad_fn NULL). */
 dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *out,
                          int n_in, dt_tensor *const *in);
 /* Gradient buffer of t for a backward fn to accumulate into (+=).
- * Returns NULL if t does not require grad. Lazily zero-allocated. */
+ * Returns NULL if t does not require grad. Lazily zero-allocated (in a
+ * checkpoint replay: in the scratch for the replay's own tensors, in the
+ * main arena for tensors from outside it). */
 float *dt_grad_of(dt_graph *g, dt_tensor *t);
+/* For a view op's backward (y shares x's elements in the same order): when x
+ * has no gradient yet, make y's gradient buffer x's and return 1 — no copy,
+ * no second buffer. Safe because every consumer of y was recorded after the
+ * view, so y's gradient is final and dead once the view's backward runs.
+ * Returns 0 (the caller accumulates as usual) when x already has a gradient,
+ * is a parameter, or would outlive y's gradient (a recompute scratch). */
+int dt_grad_alias(dt_graph *g, dt_tensor *x, dt_tensor *y);
+/* For a backward that may overwrite its input x's values with x's gradient
+ * (the caller knows nothing reads them later): when x has no gradient yet,
+ * x's gradient becomes x's own storage, returns 1; the caller then *writes*
+ * (not accumulates) dx. 0: use dt_grad_of and accumulate. */
+int dt_grad_in_place(dt_graph *g, dt_tensor *x);
 
 #endif

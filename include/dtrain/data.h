@@ -71,8 +71,9 @@ void dt_token_batch(const dt_token_dataset *d, const int64_t *idx, int64_t n, in
  *   dt_dataset d;
  *   dt_dataset_opts o = {.path = "corpus.txt", .seq = 64};
  *   DT_TRY(dt_dataset_open("text", &o, &d));      // loads and validates
- *   float/int32 x[B * dt_sample_numel(&d.sample)], int32 y[B * d.sample.targets]
- *   dt_batch b = dt_dataset_batch(&d, DT_SPLIT_TRAIN, idx, B, x, y);
+ *   void *x[1] = {buffer of B * dt_input_bytes(&d.sample.in[0])};   // one per input
+ *   int32_t y[B * d.sample.targets];
+ *   dt_batch b = dt_dataset_batch(&d, DT_SPLIT_TRAIN, idx, B, x, y);   // b.in[0]: "ids" [B, T]
  *   dt_dataset_close(&d);
  */
 typedef enum dt_split { DT_SPLIT_TRAIN = 0, DT_SPLIT_EVAL = 1 } dt_split;
@@ -98,9 +99,9 @@ typedef struct dt_dataset {
     int eval_limited;        /* 1: evaluation may stop after --eval-batches; 0: whole split */
     /* implementation */
     void *self;
-    /* samples idx[0..n) of split (each < size[split]) -> x: n samples of
-     * dt_sample_bytes, y: n * sample.targets int32 */
-    void (*fill)(const void *self, dt_split split, const int64_t *idx, int64_t n, void *x, int32_t *y);
+    /* samples idx[0..n) of split (each < size[split]) -> x[k]: n samples of
+     * input k (dt_input_bytes(&sample.in[k]) each), y: n * sample.targets int32 */
+    void (*fill)(const void *self, dt_split split, const int64_t *idx, int64_t n, void *const *x, int32_t *y);
     void (*destroy)(void *self);
 } dt_dataset;
 
@@ -119,8 +120,9 @@ dt_status dt_dataset_check_name(const char *name);
 /* "fashion-mnist, text, shard" into buf (for messages); returns buf. */
 const char *dt_dataset_names(char *buf, size_t n);
 void dt_dataset_close(dt_dataset *d);
-/* fill + the dt_batch (nn.h) pointing at x and y. */
-dt_batch dt_dataset_batch(const dt_dataset *d, dt_split split, const int64_t *idx, int64_t n, void *x, int32_t *y);
+/* fill + the dt_batch (nn.h) whose named inputs view x[k] and targets y. */
+dt_batch dt_dataset_batch(const dt_dataset *d, dt_split split, const int64_t *idx, int64_t n, void *const *x,
+                          int32_t *y);
 
 /* ---- sampler: seeded, epoch-aware shuffle, split across ranks ----
  * Each epoch is a permutation of [0, n) from (seed, epoch). Rank r of world W

@@ -1,5 +1,8 @@
 /* dtrain/nn.h — models: named parameters, buffers, modules, flat layout.
  *
+ * Sections: 1 inputs and batches, 2 building a model, 3 blocks, 4 the
+ * built-in models (MLP, CNN, GPT-2, built with 2-3), 5 the model.
+ *
  * A model registers parameters in a fixed order (PyTorch's named_parameters
  * order; GPT-2 uses Hugging Face names and layouts so checkpoints are
  * interchangeable). By default parameters and gradients live in two flat
@@ -18,7 +21,148 @@ typedef struct dt_named_buffer {
     dt_tensor value;         /* F32, owned */
 } dt_named_buffer;
 
-typedef enum dt_model_kind { DT_MODEL_MLP = 0, DT_MODEL_CNN = 1, DT_MODEL_GPT2 = 2 } dt_model_kind;
+/* ---- 1. Inputs: named tensors ----
+ * A dataset describes one sample as named inputs (per-sample dims, batch
+ * excluded) plus integer targets; a model declares the inputs it takes with
+ * the same struct. Built-in datasets: fashion-mnist gives "image" float
+ * [1, 28, 28] and 1 target; text/shard give "ids" int32 [T] and T targets.
+ *
+ * In a model's declaration a dim may also be 0 (any size) or -n (at most n),
+ * and `flat` accepts any shape with the same number of elements (a model
+ * that flattens its input). */
+#define DT_MAX_INPUTS 4
+typedef struct dt_input_spec {
+    char name[16];           /* "image", "ids" */
+    dt_dtype dtype;          /* DT_F32 or DT_I32 */
+    int ndim;                /* 0..3 */
+    int64_t dims[3];
+    int flat;                /* model side: only the element count must match */
+    int64_t int_limit;       /* model side, DT_I32: every value < int_limit (0 = any) */
+} dt_input_spec;
+
+typedef struct dt_sample_shape {
+    int n_inputs;
+    dt_input_spec in[DT_MAX_INPUTS];
+    int64_t targets;         /* int32 targets per sample */
+    int64_t classes;         /* every target (and token id) is < classes */
+} dt_sample_shape;
+int64_t dt_input_numel(const dt_input_spec *s);      /* elements per sample */
+size_t dt_input_bytes(const dt_input_spec *s);       /* bytes per sample */
+/* "float [1, 28, 28] (10 classes)" / "int32 [64] (vocab 256)"; returns buf. */
+const char *dt_sample_shape_str(const dt_sample_shape *s, char *buf, size_t n);
+
+/* A batch of B samples: named input tensors [B, dims...] (views of the
+ * caller's buffers) and targets y[B * T] (< 0: ignored). */
+typedef struct dt_batch {
+    int64_t B, T;            /* T: targets per sample (1 for images) */
+    int n_inputs;
+    const char *names[DT_MAX_INPUTS];
+    dt_tensor in[DT_MAX_INPUTS];
+    const int32_t *y;
+} dt_batch;
+/* B samples of shape s: x[k] holds B samples of input k, y B * s->targets. */
+dt_batch dt_batch_of(const dt_sample_shape *s, int64_t B, void *const *x, const int32_t *y);
+/* Append input `name` (a string that outlives the batch): a view of data,
+ * shape [B, ...] (shape[0] must be b->B). DT_EINVAL when full or mismatched. */
+dt_status dt_batch_add_input(dt_batch *b, const char *name, dt_dtype dtype, int ndim, const int64_t *shape,
+                             const void *data);
+/* Input `name` of the batch (of dtype, for messages: who asks), or NULL +
+ * DT_EINVAL naming what the batch has. */
+const dt_tensor *dt_batch_input(const dt_batch *b, const char *name, dt_dtype dtype, const char *who);
+
+/* ---- 2. Building a model ----
+ * A model is parameters, buffers and modules under dotted names, the inputs
+ * it takes, an ordered list of blocks and a loss head:
+ *
+ *   dt_model *m;
+ *   dt_model_new("resmlp", seed, &m);                    // seeded initialisers
+ *   dt_model_add_input(m, &(dt_input_spec){"image", DT_F32, 3, {1, 28, 28}});
+ *   dt_module *fc1 = dt_nn_add_linear(m, "fc1", 784, 256);   // fc1.weight, fc1.bias
+ *   dt_model_add_block(m, "fc1", fc1_forward, user, 0, NULL, 1, (int64_t[]){256});
+ *   ...
+ *   dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, 10);
+ *   DT_TRY(dt_model_build(m));                           // first error of any add_*, or layout
+ *
+ * Parameters are initialised when added, in registration order, from the
+ * model's seeded generator (same seed, same weights). A failed add_* returns
+ * NULL and is remembered: later adds do nothing and dt_model_build reports it,
+ * so a builder may check once at the end. */
+typedef enum dt_init_kind { DT_INIT_ZEROS = 0, DT_INIT_CONST, DT_INIT_UNIFORM, DT_INIT_NORMAL } dt_init_kind;
+typedef struct dt_init { dt_init_kind kind; float a; } dt_init;   /* const a | uniform(-a, a) | normal(0, a) */
+#define DT_INIT_ZERO ((dt_init){DT_INIT_ZEROS, 0.f})
+#define DT_INIT_FILL(v) ((dt_init){DT_INIT_CONST, (v)})
+#define DT_INIT_UNIF(bound) ((dt_init){DT_INIT_UNIFORM, (bound)})
+#define DT_INIT_GAUSS(std) ((dt_init){DT_INIT_NORMAL, (std)})
+
+typedef struct dt_model dt_model;
+/* An empty model. name identifies it in checkpoints ("mlp", "gpt2", yours). */
+dt_status dt_model_new(const char *name, uint64_t seed, dt_model **out);
+dt_module *dt_model_add_module(dt_model *m, const char *name);
+/* Parameter "<module name>.<leaf>" (mod NULL: "<leaf>"), initialised now.
+ * weight_decay defaults to 1 for ndim >= 2 (set p->weight_decay to change). */
+dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int ndim, const int64_t *shape,
+                             dt_init init);
+/* A non-trained tensor saved in checkpoints (BatchNorm running stats). */
+dt_named_buffer *dt_model_add_buffer(dt_model *m, const char *name, int ndim, const int64_t *shape, float fill);
+dt_status dt_model_add_input(dt_model *m, const dt_input_spec *spec);
+
+/* ---- 3. Blocks ----
+ * The forward pass is the blocks in order, then the loss head:
+ *   x1 = block0(batch), x2 = block1(x1), ..., loss = head(xn, targets)
+ * A block maps one float activation [B, in dims] to one [B, out dims]; a
+ * block declared with in_ndim = 0 reads the batch's inputs instead (x is
+ * NULL). Any contiguous range of blocks can run on its own (a pipeline
+ * stage). Dims are per sample; DT_DIM_SEQ stands for the batch's T (tokens
+ * per sample), so one declaration serves every sequence length. Inside, a
+ * block brackets the ops that use a module's parameters with
+ * dt_module_enter/leave (or uses the dt_nn_* helpers below, which do), so
+ * ZeRO-3 can gather them. */
+#define DT_DIM_SEQ (-1)
+#define DT_MAX_BLOCKS 1024
+typedef dt_tensor *(*dt_block_fn)(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user);
+typedef struct dt_block {
+    char name[64];
+    dt_block_fn forward;
+    void *user;
+    int in_ndim, out_ndim;   /* per-sample dims (batch excluded); in_ndim 0: reads the batch */
+    int64_t in_dims[3], out_dims[3];
+    int recompute;           /* 1: keep only the input; re-run forward in backward */
+} dt_block;
+dt_status dt_model_add_block(dt_model *m, const char *name, dt_block_fn fn, void *user, int in_ndim,
+                             const int64_t *in_dims, int out_ndim, const int64_t *out_dims);
+/* Loss head on the last block's output [B, ..., classes]: mean cross-entropy
+ * over the B*T targets; the metric is accuracy (argmax == target). */
+typedef enum dt_loss_kind { DT_LOSS_CROSS_ENTROPY = 0 } dt_loss_kind;
+dt_status dt_model_set_loss(dt_model *m, dt_loss_kind kind, int64_t classes);
+/* Validate (inputs, blocks chain, loss) and move parameters into the flat
+ * layout. Returns the first builder error if there was one. */
+dt_status dt_model_build(dt_model *m);
+
+/* Activation recompute: DT_RECOMPUTE_BLOCKS marks every block but the last
+ * (its output feeds the loss head, which keeps it anyway: a replay would only
+ * hold it twice). Mark single blocks with blocks[i].recompute. */
+typedef enum dt_recompute { DT_RECOMPUTE_NONE = 0, DT_RECOMPUTE_BLOCKS = 1 } dt_recompute;
+void dt_model_set_recompute(dt_model *m, dt_recompute r);
+int dt_recompute_parse(const char *s, dt_recompute *out);   /* "none" | "blocks"; 0 ok */
+
+/* Modules with the usual layers (torch.nn defaults for initialisation):
+ * linear: weight [out, in] and bias [out], uniform(+-1/sqrt(in)).
+ * layernorm: weight [n] = 1, bias [n] = 0. */
+dt_module *dt_nn_add_linear(dt_model *m, const char *name, int64_t in, int64_t out);
+dt_module *dt_nn_add_layernorm(dt_model *m, const char *name, int64_t n);
+/* Run them: enter the module, op, leave. x [.., in] -> [.., out]. */
+dt_tensor *dt_nn_linear(dt_graph *g, dt_module *mod, dt_tensor *x);
+dt_tensor *dt_nn_layernorm(dt_graph *g, dt_module *mod, dt_tensor *x);
+
+/* ---- 4. Built-in models ----
+ * Built with sections 2-3 (src/nn/mlp.c, cnn.c, gpt2.c) from a configuration
+ * the CLI fills:
+ *   MLP:   input "image" (flattened), one block per linear layer (ReLU between).
+ *   CNN:   input "image" [1, 28, 28]; blocks conv1+bn1, conv2+bn2, fc1, fc2.
+ *   GPT-2: input "ids" [T]; blocks: embeddings (wte + wpe), one per
+ *          transformer layer, ln_f + the lm-head tied to wte. */
+typedef enum dt_model_kind { DT_MODEL_MLP = 0, DT_MODEL_CNN = 1, DT_MODEL_GPT2 = 2,
+                              DT_MODEL_CUSTOM = 3 /* built by dt_model_new */ } dt_model_kind;
 
 #define DT_MLP_MAX_LAYERS 16
 typedef struct dt_model_cfg {
@@ -37,58 +181,55 @@ typedef struct dt_model_cfg {
 dt_model_cfg dt_model_cfg_default(dt_model_kind kind);
 dt_status dt_model_cfg_validate(const dt_model_cfg *c);
 
-/* What one sample looks like. Datasets (data.h) describe their samples with
- * it; dt_model_check_sample says whether a model accepts them.
- *   image:  input float [C, H, W], 1 target  (its class, < classes)
- *   tokens: input int32 ids [T],    T targets (the next ids, < classes = vocab) */
-typedef enum dt_sample_input { DT_INPUT_IMAGE = 0, DT_INPUT_TOKENS = 1 } dt_sample_input;
-typedef struct dt_sample_shape {
-    dt_sample_input input;
-    int ndim;                /* 3 (C, H, W) or 1 (T) */
-    int64_t dims[3];
-    int64_t targets;         /* int32 targets per sample */
-    int64_t classes;         /* every target (and token id) is < classes */
-} dt_sample_shape;
-int64_t dt_sample_numel(const dt_sample_shape *s);   /* input elements per sample */
-size_t dt_sample_bytes(const dt_sample_shape *s);    /* input bytes per sample (float or int32) */
-/* "float [1, 28, 28] (10 classes)" / "int32 [64] (vocab 256)"; returns buf. */
-const char *dt_sample_shape_str(const dt_sample_shape *s, char *buf, size_t n);
-/* DT_OK if a model of cfg c takes samples of shape s, else DT_EINVAL with
- * what the model expects ("--model cnn expects float [1, 28, 28]"). */
-dt_status dt_model_check_sample(const dt_model_cfg *c, const dt_sample_shape *s);
+/* Parse "mlp" | "cnn" | "gpt2". */
+int dt_model_kind_parse(const char *s, dt_model_kind *out);
+const char *dt_model_kind_name(dt_model_kind k);
 
-/* A batch. Image models: x_img[B, C, H, W] and y[B]. Language models:
- * x_ids[B, T], y[B, T]. Targets < 0 are ignored. */
-typedef struct dt_batch {
-    int64_t B, T;            /* T: targets per sample (1 for images) */
-    const float *x_img;
-    const int32_t *x_ids;
-    const int32_t *y;
-} dt_batch;
-/* B samples of shape s in x (B * dt_sample_bytes) and y (B * s->targets). */
-dt_batch dt_batch_of(const dt_sample_shape *s, int64_t B, const void *x, const int32_t *y);
-
-typedef struct dt_model dt_model;
+/* ---- 5. The model ----
+ * Built models are used through these functions; the struct is open for
+ * strategies (parallel/) that lay out, shard and hook parameters. */
 struct dt_model {
-    dt_model_cfg cfg;
+    char name[32];                   /* checkpoint identity: "mlp", "cnn", "gpt2", a user's */
     dt_param **params; int n_params;
     dt_named_buffer **buffers; int n_buffers;
     dt_module **modules; int n_modules;
+    dt_input_spec inputs[DT_MAX_INPUTS]; int n_inputs;
+    dt_block *blocks; int n_blocks;
+    dt_loss_kind loss; int64_t classes;
     dt_flat param_flat, grad_flat;   /* every param's value / grad is a view into these */
     size_t *offsets;                 /* offsets[i]: element offset of params[i] in the flats */
     size_t n_elems;                  /* sum of param numel (no padding) */
-    dt_rng dropout_rng;
+    dt_rng init_rng;                 /* initialisers, in registration order */
+    dt_rng dropout_rng;              /* dropout masks (checkpointed) */
     dt_bn_sync bn_sync;              /* SyncBatchNorm reducer; fn NULL = local stats */
-    /* forward: returns the scalar loss; *logits (optional) gets [B*T or B, classes] */
+    dt_status build_err;             /* first failed add_*; reported by dt_model_build */
+    int built;
+    /* Optional: replaces blocks + loss head in dt_model_forward (tests,
+     * models that are not a list of blocks). */
     dt_tensor *(*forward)(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits);
+    /* Optional: the built-ins' configuration and private state. */
+    dt_model_cfg cfg;
     void (*destroy)(dt_model *m);
     void *impl;
 };
 
-/* Build and initialise (seeded: same seed -> same weights). */
+/* A built-in model from its configuration (seeded: same seed -> same weights). */
 dt_status dt_model_create(const dt_model_cfg *cfg, uint64_t seed, dt_model **out);
 void dt_model_free(dt_model *m);
+/* Whole forward: every block, then the loss head. Returns the scalar mean
+ * loss; *logits (optional) gets [B*T, classes]. */
 dt_tensor *dt_model_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits);
+/* Blocks [first, last) on x (NULL when blocks[first] reads the batch); returns
+ * the activation blocks[last-1] made, [B, out dims]. */
+dt_tensor *dt_model_run_blocks(dt_model *m, dt_graph *g, const dt_batch *b, int first, int last, dt_tensor *x);
+/* The loss head on the last block's output. */
+dt_tensor *dt_model_loss(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor *x, dt_tensor **logits);
+/* Shape of the activation block i takes (in = 1) or returns for batch b:
+ * [B, dims...] with DT_DIM_SEQ resolved; returns ndim (0: reads the batch). */
+int dt_model_block_shape(const dt_model *m, int i, int in, const dt_batch *b, int64_t *shape);
+/* DT_OK if the model takes samples of shape s, else DT_EINVAL with what it
+ * expects ("model cnn takes 'image' float [1, 28, 28]"). */
+dt_status dt_model_check_sample(const dt_model *m, const dt_sample_shape *s);
 size_t dt_model_num_params(const dt_model *m);
 void dt_model_zero_grad(dt_model *m);
 /* Gradient storage: drop it (every grad NULL, no buffer; ZeRO-2/3 keep
@@ -108,10 +249,7 @@ dt_param *dt_model_find_param(const dt_model *m, const char *name);
  * gradient buffer. Values move before gradients, so at most
  * one new buffer exists beside the old ones. */
 dt_status dt_model_set_layout(dt_model *m, const size_t *offsets, size_t total);
-/* Training FLOPs per sample (image) or per token (LM): 6*N (+ attention). */
+/* Training FLOPs per target (sample or token): 6*N (+ attention for GPT-2). */
 double dt_model_flops_per_item(const dt_model *m, int64_t T);
-/* Parse "mlp" | "cnn" | "gpt2". */
-int dt_model_kind_parse(const char *s, dt_model_kind *out);
-const char *dt_model_kind_name(dt_model_kind k);
 
 #endif

@@ -54,6 +54,12 @@ dt_tensor *dt_op_embedding(dt_graph *g, dt_tensor *w, const int32_t *ids, int64_
  * target < 0 = ignored row). Returns a scalar (ndim 0). Fused: the backward
  * is softmax - onehot, no separate probability tensor is kept beyond the arena. */
 dt_tensor *dt_op_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *targets);
+/* The same loss, but backward writes d(logits) over the logits' storage
+ * (no second [N, V] buffer: for a language model's head the largest tensor
+ * of the step). Only for a caller that knows nothing reads the logits'
+ * values after this op: after backward they hold their gradient. The
+ * gradient is bitwise the one dt_op_cross_entropy gives. */
+dt_tensor *dt_op_cross_entropy_consume(dt_graph *g, dt_tensor *logits, const int32_t *targets);
 /* 2-D convolution, x[N, C, H, W], w[OC, C, KH, KW], b[OC] or NULL.
  * im2col + GEMM. -> [N, OC, OH, OW]. */
 dt_tensor *dt_op_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int pad);

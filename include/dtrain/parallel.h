@@ -97,8 +97,11 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
  * before running that graph again without a DDP. */
 void dt_ddp_free(dt_ddp *d);
 /* Before each micro-step's forward: sync = 0 accumulates locally (no_sync).
- * Broadcasts buffers if enabled, installs the progress tick on g. With
- * opts.join, active ranks also agree here that they are active. */
+ * Broadcasts buffers if enabled, installs the progress tick on g and marks g
+ * final = sync (autograd.h: grad-ready fires on the synchronising backward).
+ * g must stay alive until finish_backward, which asks it which parameters
+ * the forward used. With opts.join, active ranks also agree here that they
+ * are active. */
 dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync);
 /* After the synchronising micro-step's backward: marks unused parameters
  * (error if not allowed), launches remaining buckets, waits for all. */

@@ -16,12 +16,14 @@
 #include <stdint.h>
 #include "dtrain/error.h"
 
-typedef enum dt_dtype { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 } dt_dtype;
+/* DT_I32 holds integer model inputs (token ids) only: no conversion, not a
+ * checkpoint or communication type. */
+typedef enum dt_dtype { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2, DT_I32 = 3 } dt_dtype;
 #define DT_MAX_DIMS 4
 
 size_t dt_dtype_size(dt_dtype t);          /* bytes per element */
-const char *dt_dtype_name(dt_dtype t);     /* safetensors spelling: "F32", "BF16", "F16" */
-int dt_dtype_parse(const char *s, dt_dtype *out);   /* 0 ok, -1 unknown */
+const char *dt_dtype_name(dt_dtype t);     /* safetensors spelling: "F32", "BF16", "F16", "I32" */
+int dt_dtype_parse(const char *s, dt_dtype *out);   /* float types only: 0 ok, -1 unknown */
 
 struct dt_node;
 struct dt_param;

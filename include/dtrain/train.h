@@ -15,8 +15,15 @@
 #include "dtrain/io.h"
 #include "dtrain/strategy.h"
 
+/* Builds the model to train (every rank calls it with the same seed); see
+ * nn.h section 2 and examples/. */
+typedef dt_status (*dt_model_build_fn)(void *user, uint64_t seed, dt_model **out);
+
 typedef struct dt_train_opts {
-    dt_model_cfg model;
+    dt_model_cfg model;            /* the built-in to train, unless build_model is set */
+    dt_model_build_fn build_model; /* a user's model (NULL: the built-in from `model`) */
+    void *build_user;
+    dt_recompute recompute;        /* activation recompute (default none) */
     const char *data;              /* dataset name (data.h): DT_DATA_FASHION_MNIST (default), _TEXT, _SHARD */
     const char *data_path;         /* NULL: the dataset's default (Debian package path) */
     const char *val_path;          /* token data only: held-out file; NULL = last 10% of data */
@@ -57,11 +64,11 @@ struct dt_trainer {
     dt_strategy strat;
     dt_run run;                    /* what strat sees: model, graph, trace, position (strategy.h) */
     /* data: one dataset (train + eval split); the model accepted its sample
-     * shape at creation. Batch buffers: x = batch samples (dt_sample_bytes
-     * each), y = batch * targets, idx = batch sample indices. */
+     * shape at creation. Batch buffers: x[k] = batch samples of input k,
+     * y = batch * targets, idx = batch sample indices. */
     dt_dataset data;
     dt_sampler sampler;
-    void *x; int32_t *y; int64_t *idx;
+    void *x[DT_MAX_INPUTS]; int32_t *y; int64_t *idx;
     /* progress */
     int64_t step;                  /* completed optimizer steps */
     int64_t total_steps;

@@ -17,7 +17,11 @@
  *            bucket exists. A module's buckets are all-gathered just before
  *            its forward and again before its backward; the buckets of the
  *            next modules (in the order of the previous step) are prefetched;
- *            buckets no module in the window needs are freed. Every rank
+ *            buckets no module in the window needs are freed. A module
+ *            re-run by an activation checkpoint during backward
+ *            (dt_graph_checkpoint, hook PRE_RECOMPUTE) is gathered there
+ *            and stays gathered through its backward (once per backward).
+ *            Every rank
  *            must run the same modules in the same order (the gathers are
  *            collectives issued from module hooks); finish_backward compares
  *            the orders and fails on every rank if they differ (when the
@@ -95,7 +99,10 @@ dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const 
 void dt_zero_free(dt_zero *z);
 
 void dt_zero_set_lr(dt_zero *z, float lr);   /* LR of the coming step (INTERLEAVED steps during backward) */
-/* Before each micro-step's forward; sync = 0 accumulates locally (no_sync). */
+/* Before each micro-step's forward; sync = 0 accumulates locally (no_sync).
+ * Installs the progress tick on g and marks g final = sync (autograd.h);
+ * g must stay alive until finish_backward, which asks it which parameters
+ * the forward used. */
 dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync);
 /* After the synchronising micro-step's backward: unused parameters (error or
  * zeros), remaining reduce-scatters launched and waited. */
@@ -142,6 +149,9 @@ typedef struct dt_zero_stats {
     int64_t interleaved_steps;   /* bucket shards stepped during backward */
     int64_t deferred_gathers;    /* AFTER_BACKWARD: parameter all-gathers issued after dt_zero_step
                                     returned (queued in forward order, a few in flight at a time) */
+    int64_t backward_gathers;    /* stage 3: bucket all-gathers issued during backward (recompute included) */
+    int64_t backward_regathers;  /* of those, of a bucket already gathered earlier in the same backward
+                                    (0 when every module's window holds: recompute pins its modules) */
 } dt_zero_stats;
 dt_zero_stats dt_zero_get_stats(const dt_zero *z);
 

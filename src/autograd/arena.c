@@ -1,3 +1,4 @@
+#include <stdint.h>
 #include <stdlib.h>
 #include "arena.h"
 #include "dtrain/tensor.h"
@@ -50,4 +51,13 @@ void dt_arena_free(dt_arena *a) {
     for (int i = 0; i < a->n_blocks; i++) dt_free(a->blocks[i].base);
     free(a->blocks);
     *a = (dt_arena){0};
+}
+
+int dt_arena_owns(const dt_arena *a, const void *p) {
+    uintptr_t c = (uintptr_t)p;   /* integers: comparing pointers into different objects is undefined */
+    for (int i = 0; i < a->n_blocks; i++) {
+        uintptr_t b = (uintptr_t)a->blocks[i].base;
+        if (c >= b && c - b < a->blocks[i].cap) return 1;
+    }
+    return 0;
 }

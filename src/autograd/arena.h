@@ -16,4 +16,8 @@ typedef struct dt_arena {
 void *dt_arena_alloc(dt_arena *a, size_t bytes);   /* 64-byte aligned; NULL on OOM */
 void dt_arena_reset(dt_arena *a);
 void dt_arena_free(dt_arena *a);
+/* 1 if p points into memory the arena handed out since its last reset (or
+ * into a block's unused tail): the graph uses it to tell a checkpoint
+ * replay's own tensors from tensors created outside it. */
+int dt_arena_owns(const dt_arena *a, const void *p);
 #endif

@@ -1,45 +1,40 @@
-/* The tape: recording ops, backward in reverse order, grad-ready and module hooks. */
+/* The tape: creating and resetting a graph, allocation, recording ops and
+ * module markers, per-graph parameter use counts. Backward is backward.c,
+ * the recompute modes (COUNT, REPLAY) are driven by checkpoint.c. */
 #include <stdlib.h>
 #include <string.h>
-#include "arena.h"
-#include "dtrain/autograd.h"
-
-struct dt_graph {
-    dt_arena arena;
-    dt_node **nodes; int n_nodes, cap_nodes;
-    dt_param **touched; int n_touched, cap_touched;   /* params with uses on this tape */
-    int grad_enabled, training, backward_done;
-    dt_status sticky;    /* an allocation failed while recording: backward must not run */
-    dt_graph_tick_fn tick; void *tick_user;
-};
+#include "graph_internal.h"
 
 dt_graph *dt_graph_create(void) {
     dt_graph *g = calloc(1, sizeof *g);
     if (!g) { DT_ERR(DT_ENOMEM, "out of memory creating graph"); return NULL; }
+    g->alloc = &g->arena;
     g->grad_enabled = 1;
     g->training = 1;
+    g->final = 1;
     return g;
 }
 
 void dt_graph_free(dt_graph *g) {
     if (!g) return;
-    dt_graph_reset(g);
     dt_arena_free(&g->arena);
+    dt_arena_free(&g->scratch);
+    dt_ptab_free(&g->params);
     free(g->nodes);
-    free(g->touched);
+    free(g->ck_uses);
     free(g);
 }
 
+/* Touches nothing outside the graph: its parameter records are its own. */
 void dt_graph_reset(dt_graph *g) {
-    for (int i = 0; i < g->n_touched; i++) {
-        dt_param *p = g->touched[i];
-        p->uses = p->pending = p->used = 0;
-    }
-    g->n_touched = 0;
+    dt_ptab_clear(&g->params);
     g->n_nodes = 0;
     g->backward_done = 0;
     g->sticky = DT_OK;
+    g->mode = DT_GRAPH_RECORD;
+    g->alloc = &g->arena;
     dt_arena_reset(&g->arena);
+    dt_arena_reset(&g->scratch);
 }
 
 int dt_graph_set_grad_enabled(dt_graph *g, int enabled) {
@@ -50,23 +45,38 @@ int dt_graph_set_grad_enabled(dt_graph *g, int enabled) {
 int dt_graph_grad_enabled(const dt_graph *g) { return g->grad_enabled; }
 void dt_graph_set_training(dt_graph *g, int training) { g->training = training != 0; }
 int dt_graph_training(const dt_graph *g) { return g->training; }
+int dt_graph_recomputing(const dt_graph *g) { return g->mode == DT_GRAPH_REPLAY; }
+void dt_graph_set_final(dt_graph *g, int final) { g->final = final != 0; }
+int dt_graph_final(const dt_graph *g) { return g->final; }
 void dt_graph_set_tick(dt_graph *g, dt_graph_tick_fn fn, void *user) { g->tick = fn; g->tick_user = user; }
-size_t dt_graph_arena_bytes(const dt_graph *g) { return g->arena.high_water; }
+size_t dt_graph_arena_bytes(const dt_graph *g) { return g->arena.high_water + g->scratch.high_water; }
 
-void *dt_graph_scratch(dt_graph *g, size_t bytes) {
-    void *p = dt_arena_alloc(&g->arena, bytes);
+int dt_graph_param_uses(const dt_graph *g, const dt_param *p) {
+    int i = dt_ptab_find(&g->params, p);
+    return i < 0 ? 0 : g->params.recs[i].uses;
+}
+
+static void *alloc_in(dt_arena *a, size_t bytes) {
+    void *p = dt_arena_alloc(a, bytes);
     if (!p) DT_ERR(DT_ENOMEM, "out of memory: graph arena needs %zu more bytes", bytes);
     return p;
 }
 
-dt_tensor *dt_graph_tensor(dt_graph *g, int ndim, const int64_t *shape) {
-    dt_tensor *t = dt_graph_scratch(g, sizeof *t);
+void *dt_graph_scratch(dt_graph *g, size_t bytes) { return alloc_in(g->alloc, bytes); }
+
+dt_tensor *dt_graph_tensor_in(dt_graph *g, dt_arena *a, int ndim, const int64_t *shape) {
+    (void)g;
+    dt_tensor *t = alloc_in(a, sizeof *t);
     if (!t) return NULL;
     memset(t, 0, sizeof *t);
     if (dt_tensor_set_shape(t, ndim, shape) != DT_OK) return NULL;
     t->dtype = DT_F32;
-    t->data = dt_graph_scratch(g, (size_t)t->numel * sizeof(float));
+    t->data = alloc_in(a, (size_t)t->numel * sizeof(float));
     return t->data ? t : NULL;
+}
+
+dt_tensor *dt_graph_tensor(dt_graph *g, int ndim, const int64_t *shape) {
+    return dt_graph_tensor_in(g, g->alloc, ndim, shape);
 }
 
 dt_tensor *dt_graph_tensor_zeros(dt_graph *g, int ndim, const int64_t *shape) {
@@ -75,27 +85,64 @@ dt_tensor *dt_graph_tensor_zeros(dt_graph *g, int ndim, const int64_t *shape) {
     return t;
 }
 
-static int push(void ***arr, int *n, int *cap, void *x) {
-    if (*n == *cap) {
-        int nc = *cap ? 2 * *cap : 256;
-        void **na = realloc(*arr, (size_t)nc * sizeof *na);
-        if (!na) return -1;
-        *arr = na;
-        *cap = nc;
+dt_node *dt_graph_new_node(dt_graph *g) {
+    dt_node *n = dt_graph_scratch(g, sizeof *n);
+    if (!n) { g->sticky = DT_ENOMEM; return NULL; }
+    memset(n, 0, sizeof *n);
+    if (g->n_nodes == g->cap_nodes) {
+        int nc = g->cap_nodes ? 2 * g->cap_nodes : 256;
+        dt_node **na = realloc(g->nodes, (size_t)nc * sizeof *na);
+        if (!na) { g->sticky = DT_ERR(DT_ENOMEM, "out of memory growing the tape"); return NULL; }
+        g->nodes = na;
+        g->cap_nodes = nc;
     }
-    (*arr)[(*n)++] = x;
-    return 0;
+    g->nodes[g->n_nodes++] = n;
+    return n;
 }
 
-static dt_node *new_node(dt_graph *g) {
-    dt_node *n = dt_graph_scratch(g, sizeof *n);
-    if (!n) return NULL;
-    memset(n, 0, sizeof *n);
-    if (push((void ***)&g->nodes, &g->n_nodes, &g->cap_nodes, n) != 0) {
-        g->sticky = DT_ERR(DT_ENOMEM, "out of memory growing the tape");
-        return NULL;
+/* One more use of p on this tape (COUNT: also listed for the checkpoint);
+ * its record index, -1 (sticky set) on OOM. */
+static int count_use(dt_graph *g, dt_param *p) {
+    int r = dt_ptab_get(&g->params, p);
+    if (r >= 0 && g->mode == DT_GRAPH_COUNT && g->n_ck_uses == g->cap_ck_uses) {
+        int nc = g->cap_ck_uses ? 2 * g->cap_ck_uses : 64;
+        int *a = realloc(g->ck_uses, (size_t)nc * sizeof *a);
+        if (a) { g->ck_uses = a; g->cap_ck_uses = nc; }
+        else r = -1;
     }
-    return n;
+    if (r < 0) {
+        g->sticky = DT_ERR(DT_ENOMEM, "out of memory recording parameter %s", p->name);
+        return -1;
+    }
+    if (g->mode == DT_GRAPH_COUNT) g->ck_uses[g->n_ck_uses++] = r;
+    g->params.recs[r].uses++;
+    g->params.recs[r].pending++;
+    return r;
+}
+
+/* REPLAY: the record the first pass counted p's use in (-1 + error if none). */
+static int replayed_use(dt_graph *g, dt_param *p) {
+    int r = dt_ptab_find(&g->params, p);
+    if (r < 0)
+        DT_ERR(DT_ESTATE, "checkpoint replay: parameter %s was not used by the first pass "
+               "(the checkpoint function must run the same ops both times)", p->name);
+    g->n_replay_uses++;
+    return r;
+}
+
+/* COUNT: the op runs but is not recorded; its parameter uses are counted
+ * (listed in reverse input order, so the list read backwards releases them
+ * as a recorded node would: nodes last to first, inputs in order), its
+ * output marked as requiring grad so the checkpoint knows. */
+static dt_node *count_only(dt_graph *g, dt_tensor *out, int n_in, dt_tensor *const *in) {
+    for (int i = n_in - 1; i >= 0; i--) {
+        dt_param *p = in[i] ? in[i]->param : NULL;
+        if (p && p->requires_grad) count_use(g, p);
+    }
+    out->requires_grad = 1;
+    out->grad_fn = NULL;
+    if (g->tick) g->tick(g->tick_user);
+    return NULL;
 }
 
 dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *out,
@@ -104,8 +151,9 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
     int any = 0;
     for (int i = 0; i < n_in; i++) any |= in[i] && in[i]->requires_grad;
     if (!any) return NULL;
-    dt_node *n = new_node(g);
-    if (!n) { g->sticky = DT_ENOMEM; return NULL; }
+    if (g->mode == DT_GRAPH_COUNT) return count_only(g, out, n_in, in);
+    dt_node *n = dt_graph_new_node(g);
+    if (!n) return NULL;
     n->backward = bw;
     n->op = op;
     n->out = out;
@@ -113,13 +161,7 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
     for (int i = 0; i < n_in; i++) {
         n->in[i] = in[i];
         dt_param *p = in[i] ? in[i]->param : NULL;
-        if (p && p->requires_grad) {
-            if (p->uses == 0 && push((void ***)&g->touched, &g->n_touched, &g->cap_touched, p) != 0)
-                g->sticky = DT_ERR(DT_ENOMEM, "out of memory recording parameter %s", p->name);
-            p->uses++;
-            p->pending++;
-            p->used = 1;
-        }
+        n->param_rec[i] = !p || !p->requires_grad ? -1 : g->mode == DT_GRAPH_REPLAY ? replayed_use(g, p) : count_use(g, p);
     }
     out->requires_grad = 1;
     out->grad_fn = n;
@@ -139,75 +181,60 @@ float *dt_grad_of(dt_graph *g, dt_tensor *t) {
         return dt_f32(&p->grad);
     }
     if (!t->grad) {
-        dt_tensor *gt = dt_graph_tensor_zeros(g, t->ndim, t->shape);
+        /* inside a replay, a tensor from outside it (a ctx input in the main
+         * arena, the caller's) needs a gradient that outlives the scratch */
+        dt_arena *a = g->alloc == &g->scratch && !dt_arena_owns(&g->scratch, t) ? &g->arena : g->alloc;
+        dt_tensor *gt = dt_graph_tensor_in(g, a, t->ndim, t->shape);
         if (!gt) return NULL;
+        memset(gt->data, 0, (size_t)gt->numel * sizeof(float));
         t->grad = gt;
     }
     return dt_f32(t->grad);
 }
 
-static dt_status fire_module(dt_graph *g, dt_module *m, dt_module_hook_kind k) {
-    (void)g;
+int dt_grad_alias(dt_graph *g, dt_tensor *x, dt_tensor *y) {
+    if (!x || !y || !x->requires_grad || x->param || x->grad || !y->grad || x->numel != y->numel) return 0;
+    /* x's gradient must live as long as dt_grad_of would make it: a tensor from
+     * outside a replay may not borrow a gradient in the replay's scratch */
+    if (g->alloc == &g->scratch && !dt_arena_owns(&g->scratch, x) && dt_arena_owns(&g->scratch, y->grad->data))
+        return 0;
+    dt_tensor *gt = dt_graph_tensor_in(g, dt_arena_owns(&g->scratch, x) ? &g->scratch : &g->arena, 0, NULL);
+    if (!gt) return 0;   /* a header only; the caller's dt_grad_of reports the OOM */
+    dt_tensor_view(gt, y->grad->data, DT_F32, x->ndim, x->shape);
+    x->grad = gt;
+    return 1;
+}
+
+int dt_grad_in_place(dt_graph *g, dt_tensor *x) {
+    if (!x || !x->requires_grad || x->param || x->grad || x->dtype != DT_F32) return 0;
+    dt_tensor *gt = dt_graph_tensor_in(g, dt_arena_owns(&g->scratch, x) ? &g->scratch : &g->arena, 0, NULL);
+    if (!gt) return 0;   /* a header only; the caller's dt_grad_of reports the OOM */
+    dt_tensor_view(gt, x->data, DT_F32, x->ndim, x->shape);
+    x->grad = gt;
+    return 1;
+}
+
+static dt_status fire_module(dt_module *m, dt_module_hook_kind k) {
     return m->hook ? m->hook(m, k, m->hook_user) : DT_OK;
 }
 
-dt_status dt_module_enter(dt_graph *g, dt_module *m) {
-    DT_TRY(fire_module(g, m, DT_HOOK_PRE_FORWARD));
-    if (g->grad_enabled) {
-        dt_node *n = new_node(g);
-        if (!n) return DT_ENOMEM;
-        n->marker = 1;
-        n->module = m;
-        n->op = "module_enter";
-    }
+/* Markers are not recorded in a checkpoint's first pass: its replay records them. */
+static dt_status add_marker(dt_graph *g, dt_module *m, int marker) {
+    if (!g->grad_enabled || g->mode == DT_GRAPH_COUNT) return DT_OK;
+    dt_node *n = dt_graph_new_node(g);
+    if (!n) return DT_ENOMEM;
+    n->marker = marker;
+    n->module = m;
+    n->op = marker == 1 ? "module_enter" : "module_leave";
     return DT_OK;
+}
+
+dt_status dt_module_enter(dt_graph *g, dt_module *m) {
+    DT_TRY(fire_module(m, g->mode == DT_GRAPH_REPLAY ? DT_HOOK_PRE_RECOMPUTE : DT_HOOK_PRE_FORWARD));
+    return add_marker(g, m, 1);
 }
 
 dt_status dt_module_leave(dt_graph *g, dt_module *m) {
-    if (g->grad_enabled) {
-        dt_node *n = new_node(g);
-        if (!n) return DT_ENOMEM;
-        n->marker = 2;
-        n->module = m;
-        n->op = "module_leave";
-    }
-    return fire_module(g, m, DT_HOOK_POST_FORWARD);
+    DT_TRY(add_marker(g, m, 2));
+    return fire_module(m, g->mode == DT_GRAPH_REPLAY ? DT_HOOK_POST_RECOMPUTE : DT_HOOK_POST_FORWARD);
 }
-
-dt_status dt_graph_backward_scaled(dt_graph *g, dt_tensor *loss, float grad_scale) {
-    if (g->backward_done)
-        return DT_ERR(DT_ESTATE, "backward called twice on the same graph (reset it between steps)");
-    if (!loss || loss->numel != 1)
-        return DT_ERR(DT_EINVAL, "backward needs a scalar loss");
-    if (!loss->requires_grad)
-        return DT_ERR(DT_ESTATE, "loss does not require grad (was it computed with grad disabled?)");
-    if (g->sticky != DT_OK)
-        return DT_ERR(g->sticky, "the forward pass ran out of memory while recording the tape; no gradients computed");
-    g->backward_done = 1;
-    dt_error_clear();
-    float *dl = dt_grad_of(g, loss);
-    if (!dl) return dt_error_code();
-    dl[0] += grad_scale;
-    for (int k = g->n_nodes - 1; k >= 0; k--) {
-        dt_node *n = g->nodes[k];
-        if (n->marker) {
-            DT_TRY(fire_module(g, n->module, n->marker == 2 ? DT_HOOK_PRE_BACKWARD : DT_HOOK_POST_BACKWARD));
-            continue;
-        }
-        /* An output no gradient reached contributes nothing; its params' pending
-         * uses still count down so their grad-ready hook fires. */
-        if (n->out->grad || n->out == loss) {
-            n->backward(g, n);   /* errors (OOM, a failed SyncBN exchange) stop backward */
-            if (dt_error_code() != DT_OK) return dt_error_code();
-        }
-        for (int i = 0; i < n->n_in; i++) {
-            dt_param *p = n->in[i] ? n->in[i]->param : NULL;
-            if (p && p->requires_grad && --p->pending == 0 && p->on_grad_ready)
-                DT_TRY(p->on_grad_ready(p, p->on_grad_ready_user));
-        }
-        if (g->tick) g->tick(g->tick_user);
-    }
-    return DT_OK;
-}
-
-dt_status dt_graph_backward(dt_graph *g, dt_tensor *loss) { return dt_graph_backward_scaled(g, loss, 1.0f); }

@@ -52,7 +52,8 @@ void dt_dataset_close(dt_dataset *d) {
     memset(d, 0, sizeof *d);
 }
 
-dt_batch dt_dataset_batch(const dt_dataset *d, dt_split split, const int64_t *idx, int64_t n, void *x, int32_t *y) {
+dt_batch dt_dataset_batch(const dt_dataset *d, dt_split split, const int64_t *idx, int64_t n, void *const *x,
+                          int32_t *y) {
     d->fill(d->self, split, idx, n, x, y);
     return dt_batch_of(&d->sample, n, x, y);
 }

@@ -7,8 +7,8 @@
 
 typedef struct fmnist { dt_image_dataset split[2]; } fmnist;   /* [DT_SPLIT_TRAIN], [DT_SPLIT_EVAL] */
 
-static void fm_fill(const void *self, dt_split sp, const int64_t *idx, int64_t n, void *x, int32_t *y) {
-    dt_image_batch(&((const fmnist *)self)->split[sp], idx, n, x, y);
+static void fm_fill(const void *self, dt_split sp, const int64_t *idx, int64_t n, void *const *x, int32_t *y) {
+    dt_image_batch(&((const fmnist *)self)->split[sp], idx, n, x[0], y);
 }
 
 static void fm_destroy(void *self) {
@@ -34,8 +34,8 @@ dt_status dt_dataset_open_fashion_mnist(const dt_dataset_opts *o, dt_dataset *ou
                    dir, te->rows, te->cols, tr->rows, tr->cols);
     if (s != DT_OK) { fm_destroy(f); return s; }
     snprintf(out->source, sizeof out->source, "%s", dir);
-    out->sample = (dt_sample_shape){.input = DT_INPUT_IMAGE, .ndim = 3, .dims = {1, tr->rows, tr->cols},
-                                    .targets = 1, .classes = tr->n_classes};
+    out->sample = (dt_sample_shape){.n_inputs = 1, .targets = 1, .classes = tr->n_classes};
+    out->sample.in[0] = (dt_input_spec){.name = "image", .dtype = DT_F32, .ndim = 3, .dims = {1, tr->rows, tr->cols}};
     out->size[DT_SPLIT_TRAIN] = tr->count;
     out->size[DT_SPLIT_EVAL] = te->count;
     out->unit = "samples";

@@ -8,9 +8,9 @@
 
 typedef struct tokens { dt_token_dataset split[2]; int T; } tokens;   /* [DT_SPLIT_TRAIN], [DT_SPLIT_EVAL] */
 
-static void tok_fill(const void *self, dt_split sp, const int64_t *idx, int64_t n, void *x, int32_t *y) {
+static void tok_fill(const void *self, dt_split sp, const int64_t *idx, int64_t n, void *const *x, int32_t *y) {
     const tokens *t = self;
-    dt_token_batch(&t->split[sp], idx, n, t->T, x, y);
+    dt_token_batch(&t->split[sp], idx, n, t->T, x[0], y);
 }
 
 static void tok_destroy(void *self) {
@@ -59,8 +59,8 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
     snprintf(out->source, sizeof out->source, "%s", path);
     /* ids of both splits must fit the model's vocabulary */
     int64_t vocab = tr->vocab > va->vocab ? tr->vocab : va->vocab;
-    out->sample = (dt_sample_shape){.input = DT_INPUT_TOKENS, .ndim = 1, .dims = {t->T},
-                                    .targets = t->T, .classes = vocab};
+    out->sample = (dt_sample_shape){.n_inputs = 1, .targets = t->T, .classes = vocab};
+    out->sample.in[0] = (dt_input_spec){.name = "ids", .dtype = DT_I32, .ndim = 1, .dims = {t->T}};
     out->size[DT_SPLIT_TRAIN] = dt_token_windows(tr, t->T);
     out->size[DT_SPLIT_EVAL] = dt_token_windows(va, t->T);
     out->unit = "tokens";

@@ -1,18 +1,30 @@
-/* Small CNN for 28x28 images:
- *   conv1 (1->c1, 5x5, pad 2) + bn1 + ReLU + maxpool 2 -> [B, c1, 14, 14]
- *   conv2 (c1->c2, 5x5, pad 2) + bn2 + ReLU + maxpool 2 -> [B, c2, 7, 7]
- *   fc1 (c2*49 -> fc) + ReLU, fc2 (fc -> classes)
+/* Small CNN for 28x28 images, four blocks:
+ *   conv1 (1->c1, 5x5, pad 2) + bn1 + ReLU + maxpool 2   [1, 28, 28] -> [c1, 14, 14]
+ *   conv2 (c1->c2, 5x5, pad 2) + bn2 + ReLU + maxpool 2  -> [c2, 7, 7]
+ *   fc1 (flatten, c2*49 -> fc) + ReLU                    -> [fc]
+ *   fc2 (fc -> classes)                                  -> [classes]
  * Convolutions have no bias (BatchNorm's beta plays that role). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "model_internal.h"
 
-typedef struct cnn_impl { dt_named_buffer *rm[2], *rv[2]; } cnn_impl;
+typedef struct cnn_impl { dt_module *conv[2], *bn[2], *fc[2]; dt_named_buffer *rm[2], *rv[2]; } cnn_impl;
 
-static dt_tensor *conv_bn_block(dt_model *m, dt_graph *g, dt_tensor *x, int k) {
+static dt_tensor *image(dt_graph *g, const dt_batch *b) {
+    const dt_tensor *img = dt_batch_input(b, "image", DT_F32, "cnn");
+    int64_t shape[4] = {b->B, 1, 28, 28};
+    dt_tensor *x = img ? dt_graph_tensor(g, 4, shape) : NULL;   /* a view of the caller's batch */
+    if (x) x->data = img->data;
+    return x;
+}
+
+/* block k = 0, 1: x [B, Cin, H, W] -> [B, Cout, H/2, W/2] (block 0 reads the batch) */
+static dt_tensor *conv_bn_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
     cnn_impl *im = m->impl;
-    dt_module *conv = m->modules[2 * k], *bn = m->modules[2 * k + 1];
+    int k = (int)(intptr_t)user;
+    dt_module *conv = im->conv[k], *bn = im->bn[k];
+    if (!x) DT_NN_CHECK(x = image(g, b));
     if (dt_module_enter(g, conv) != DT_OK) return NULL;
     DT_NN_CHECK(x = dt_op_conv2d(g, x, &conv->params[0]->value, NULL, 1, 2));
     if (dt_module_leave(g, conv) != DT_OK || dt_module_enter(g, bn) != DT_OK) return NULL;
@@ -24,73 +36,54 @@ static dt_tensor *conv_bn_block(dt_model *m, dt_graph *g, dt_tensor *x, int k) {
     return dt_op_maxpool2d(g, x, 2, 2);
 }
 
-static dt_tensor *cnn_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
-    if (!b->x_img) { DT_ERR(DT_EINVAL, "cnn: batch has no image input"); return NULL; }
-    int64_t shape[4] = {b->B, 1, 28, 28};
-    dt_tensor *x = dt_graph_tensor(g, 4, shape);   /* view of the caller's batch */
-    DT_NN_CHECK(x);
-    x->data = (void *)b->x_img;
-    DT_NN_CHECK(x = conv_bn_block(m, g, x, 0));
-    DT_NN_CHECK(x = conv_bn_block(m, g, x, 1));
-    DT_NN_CHECK(x = dt_op_flatten(g, x));
-    for (int i = 4; i < 6; i++) {
-        dt_module *fc = m->modules[i];
-        if (dt_module_enter(g, fc) != DT_OK) return NULL;
-        DT_NN_CHECK(x = dt_op_linear(g, x, &fc->params[0]->value, &fc->params[1]->value, DT_W_OUT_IN));
-        if (i == 4) DT_NN_CHECK(x = dt_op_relu(g, x));
-        if (dt_module_leave(g, fc) != DT_OK) return NULL;
-    }
-    if (logits) *logits = x;
-    return dt_op_cross_entropy(g, x, b->y);
+/* fc1: [B, c2, 7, 7] -> [B, fc] (flatten, ReLU); fc2: [B, fc] -> [B, classes] */
+static dt_tensor *fc_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
+    (void)b;
+    cnn_impl *im = m->impl;
+    int k = (int)(intptr_t)user;
+    if (k == 0) DT_NN_CHECK(x = dt_op_flatten(g, x));
+    DT_NN_CHECK(x = dt_nn_linear(g, im->fc[k], x));
+    return k == 0 ? dt_op_relu(g, x) : x;
 }
 
 static void cnn_destroy(dt_model *m) { free(m->impl); m->impl = NULL; }
 
-dt_status dt_cnn_build(dt_model *m, dt_rng *r) {
+dt_status dt_cnn_build(dt_model *m) {
     const dt_model_cfg *c = &m->cfg;
     cnn_impl *im = calloc(1, sizeof *im);
     if (!im) return DT_ERR(DT_ENOMEM, "out of memory");
     m->impl = im;
     m->destroy = cnn_destroy;
-    int chans[3] = {1, c->cnn_c1, c->cnn_c2};
+    dt_input_spec in = {.name = "image", .dtype = DT_F32, .ndim = 3, .dims = {1, 28, 28}};
+    DT_TRY(dt_model_add_input(m, &in));
+    int64_t chans[3] = {1, c->cnn_c1, c->cnn_c2}, side[3] = {28, 14, 7};
     for (int k = 0; k < 2; k++) {
-        char name[16];
+        char name[16], bname[64];
         snprintf(name, sizeof name, "conv%d", k + 1);
-        dt_module *conv = dt_model_add_module(m, name);
-        if (!conv) return DT_ENOMEM;
+        im->conv[k] = dt_model_add_module(m, name);
         int64_t ws[4] = {chans[k + 1], chans[k], 5, 5}, cs[1] = {chans[k + 1]};
-        dt_param *w = dt_model_add_param(m, conv, "weight", 4, ws);
-        if (!w) return DT_ENOMEM;
-        dt_init_uniform(w, r, 1.0f / sqrtf((float)(chans[k] * 25)));
+        dt_model_add_param(m, im->conv[k], "weight", 4, ws, DT_INIT_UNIF(1.0f / sqrtf((float)(chans[k] * 25))));
         snprintf(name, sizeof name, "bn%d", k + 1);
-        dt_module *bn = dt_model_add_module(m, name);
-        if (!bn) return DT_ENOMEM;
-        dt_param *gamma = dt_model_add_param(m, bn, "weight", 1, cs);
-        dt_param *beta = dt_model_add_param(m, bn, "bias", 1, cs);
-        if (!gamma || !beta) return DT_ENOMEM;
-        dt_init_const(gamma, 1.0f);
+        im->bn[k] = dt_model_add_module(m, name);
+        dt_param *gamma = dt_model_add_param(m, im->bn[k], "weight", 1, cs, DT_INIT_FILL(1.0f));
+        dt_param *beta = dt_model_add_param(m, im->bn[k], "bias", 1, cs, DT_INIT_ZERO);
+        if (!gamma || !beta) return m->build_err;
         gamma->weight_decay = beta->weight_decay = 0;
-        char bname[64];
         snprintf(bname, sizeof bname, "%s.running_mean", name);
         im->rm[k] = dt_model_add_buffer(m, bname, 1, cs, 0.0f);
         snprintf(bname, sizeof bname, "%s.running_var", name);
         im->rv[k] = dt_model_add_buffer(m, bname, 1, cs, 1.0f);
-        if (!im->rm[k] || !im->rv[k]) return DT_ENOMEM;
+        int64_t din[3] = {chans[k], side[k], side[k]}, dout[3] = {chans[k + 1], side[k + 1], side[k + 1]};
+        snprintf(name, sizeof name, "conv%d", k + 1);
+        DT_TRY(dt_model_add_block(m, name, conv_bn_block, (void *)(intptr_t)k, k ? 3 : 0, din, 3, dout));
     }
-    int fin[2] = {c->cnn_c2 * 49, c->cnn_fc}, fout[2] = {c->cnn_fc, c->cnn_classes};
+    int64_t fin[2] = {c->cnn_c2 * 49, c->cnn_fc}, fout[2] = {c->cnn_fc, c->cnn_classes};
+    int64_t flat_in[3] = {c->cnn_c2, 7, 7};
     for (int k = 0; k < 2; k++) {
         char name[16];
         snprintf(name, sizeof name, "fc%d", k + 1);
-        dt_module *fc = dt_model_add_module(m, name);
-        if (!fc) return DT_ENOMEM;
-        int64_t ws[2] = {fout[k], fin[k]}, bs[1] = {fout[k]};
-        dt_param *w = dt_model_add_param(m, fc, "weight", 2, ws);
-        dt_param *bias = dt_model_add_param(m, fc, "bias", 1, bs);
-        if (!w || !bias) return DT_ENOMEM;
-        float bound = 1.0f / sqrtf((float)fin[k]);
-        dt_init_uniform(w, r, bound);
-        dt_init_uniform(bias, r, bound);
+        im->fc[k] = dt_nn_add_linear(m, name, fin[k], fout[k]);
+        DT_TRY(dt_model_add_block(m, name, fc_block, (void *)(intptr_t)k, k ? 1 : 3, k ? &fin[1] : flat_in, 1, &fout[k]));
     }
-    m->forward = cnn_forward;
-    return DT_OK;
+    return dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, c->cnn_classes);
 }

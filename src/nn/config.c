@@ -37,8 +37,10 @@ dt_status dt_model_cfg_validate(const dt_model_cfg *c) {
         if (c->dropout < 0 || c->dropout >= 1)
             return DT_ERR(DT_EINVAL, "gpt2: dropout %g outside [0, 1)", c->dropout);
         return DT_OK;
+    case DT_MODEL_CUSTOM:
+        break;
     }
-    return DT_ERR(DT_EINVAL, "unknown model kind %d", (int)c->kind);
+    return DT_ERR(DT_EINVAL, "unknown model kind %d (the built-ins are mlp, cnn, gpt2)", (int)c->kind);
 }
 
 double dt_model_flops_per_item(const dt_model *m, int64_t T) {

@@ -6,7 +6,9 @@
  * h.{i}.ln_2.*, h.{i}.mlp.c_fc.{weight [C, 4C], bias [4C]},
  * h.{i}.mlp.c_proj.{weight [4C, C], bias [C]}, ln_f.{weight,bias}.
  * Modules: wte, wpe, then per block ln_1, attn, ln_2, mlp, then ln_f; wte is
- * entered a second time around the lm-head. */
+ * entered a second time around the lm-head.
+ * Blocks: "embed" (ids -> [B, T, C]), "h.{l}" per layer ([B, T, C] -> same),
+ * "head" (ln_f + tied lm-head, -> [B, T, V]). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +16,6 @@
 #include "model_internal.h"
 
 enum { MOD_LN1, MOD_ATTN, MOD_LN2, MOD_MLP, MODS_PER_BLOCK };
-
-typedef struct gpt2_impl { int32_t *pos; int64_t pos_len; } gpt2_impl;
 
 static dt_module *block_mod(dt_model *m, int layer, int which) {
     return m->modules[2 + layer * MODS_PER_BLOCK + which];
@@ -56,101 +56,90 @@ static dt_tensor *block_forward(dt_model *m, dt_graph *g, int l, dt_tensor *x) {
     return dt_op_add(g, x, h);
 }
 
-static dt_tensor *gpt2_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
+/* block "embed": ids [B, T] -> wte[ids] + wpe[0..T) (+ dropout) [B, T, C] */
+static dt_tensor *embed_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
+    (void)x; (void)user;
     const dt_model_cfg *c = &m->cfg;
-    gpt2_impl *im = m->impl;
-    if (!b->x_ids) { DT_ERR(DT_EINVAL, "gpt2: batch has no token ids"); return NULL; }
-    if (b->T <= 0 || b->T > c->max_t) {
+    const dt_tensor *ids = dt_batch_input(b, "ids", DT_I32, "gpt2");
+    if (!ids) return NULL;
+    if (b->T <= 0 || b->T > c->max_t || ids->numel != b->B * b->T) {
         DT_ERR(DT_EINVAL, "gpt2: sequence length %lld outside 1..maxT=%d", (long long)b->T, c->max_t);
         return NULL;
     }
     int64_t n = b->B * b->T;
-    if (im->pos_len < n) {   /* position ids 0..T-1 repeated per row */
-        int32_t *pos = realloc(im->pos, (size_t)n * sizeof *pos);
-        if (!pos) { DT_ERR(DT_ENOMEM, "out of memory"); return NULL; }
-        im->pos = pos;
-        im->pos_len = n;
-    }
-    for (int64_t i = 0; i < n; i++) im->pos[i] = (int32_t)(i % b->T);
+    int32_t *pos = dt_graph_scratch(g, (size_t)n * sizeof *pos);   /* 0..T-1 per row; lives with the tape */
+    if (!pos) return NULL;
+    for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(i % b->T);
     int64_t shape[3] = {b->B, b->T, c->n_embd};
     dt_module *wte = m->modules[0], *wpe = m->modules[1];
-    dt_tensor *tok, *pos, *x;
+    dt_tensor *tok, *pe;
     if (dt_module_enter(g, wte) != DT_OK) return NULL;
-    DT_NN_CHECK(tok = dt_op_embedding(g, P(wte, 0), b->x_ids, n, 3, shape));
+    DT_NN_CHECK(tok = dt_op_embedding(g, P(wte, 0), ids->data, n, 3, shape));
     if (dt_module_leave(g, wte) != DT_OK || dt_module_enter(g, wpe) != DT_OK) return NULL;
-    DT_NN_CHECK(pos = dt_op_embedding(g, P(wpe, 0), im->pos, n, 3, shape));
+    DT_NN_CHECK(pe = dt_op_embedding(g, P(wpe, 0), pos, n, 3, shape));
     if (dt_module_leave(g, wpe) != DT_OK) return NULL;
-    DT_NN_CHECK(x = dt_op_add(g, tok, pos));
-    DT_NN_CHECK(x = drop(m, g, x));
-    for (int l = 0; l < c->n_layer; l++) DT_NN_CHECK(x = block_forward(m, g, l, x));
+    DT_NN_CHECK(x = dt_op_add(g, tok, pe));
+    return drop(m, g, x);
+}
+
+/* block "h.{l}": [B, T, C] -> [B, T, C] */
+static dt_tensor *layer_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
+    (void)b;
+    return block_forward(m, g, (int)(intptr_t)user, x);
+}
+
+/* block "head": ln_f, then the lm-head tied to wte: [B, T, C] -> [B, T, V] */
+static dt_tensor *head_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
+    (void)b; (void)user;
+    dt_module *wte = m->modules[0];
     DT_NN_CHECK(x = layernorm_mod(g, m->modules[m->n_modules - 1], x));
-    if (dt_module_enter(g, wte) != DT_OK) return NULL;        /* tied lm-head: x · wte^T */
-    DT_NN_CHECK(x = dt_op_linear(g, x, P(wte, 0), NULL, DT_W_OUT_IN));   /* [B, T, V] */
-    if (dt_module_leave(g, wte) != DT_OK) return NULL;
-    int64_t lshape[2] = {n, c->vocab};
-    DT_NN_CHECK(x = dt_op_reshape(g, x, 2, lshape));
-    if (logits) *logits = x;
-    return dt_op_cross_entropy(g, x, b->y);
+    if (dt_module_enter(g, wte) != DT_OK) return NULL;        /* x · wte^T */
+    DT_NN_CHECK(x = dt_op_linear(g, x, P(wte, 0), NULL, DT_W_OUT_IN));
+    return dt_module_leave(g, wte) == DT_OK ? x : NULL;
 }
 
-static void gpt2_destroy(dt_model *m) {
-    gpt2_impl *im = m->impl;
-    if (im) free(im->pos);
-    free(im);
-    m->impl = NULL;
-}
-
-static dt_param *add(dt_model *m, dt_module *mod, const char *leaf, int ndim, int64_t d0, int64_t d1) {
+static dt_param *add(dt_model *m, dt_module *mod, const char *leaf, int ndim, int64_t d0, int64_t d1, dt_init in) {
     int64_t s[2] = {d0, d1};
-    return dt_model_add_param(m, mod, leaf, ndim, s);
+    return dt_model_add_param(m, mod, leaf, ndim, s, in);
 }
 
-dt_status dt_gpt2_build(dt_model *m, dt_rng *r) {
+dt_status dt_gpt2_build(dt_model *m) {
     const dt_model_cfg *c = &m->cfg;
     int64_t C = c->n_embd;
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)c->n_layer);
-    gpt2_impl *im = calloc(1, sizeof *im);
-    if (!im) return DT_ERR(DT_ENOMEM, "out of memory");
-    m->impl = im;
-    m->destroy = gpt2_destroy;
+    dt_input_spec in = {.name = "ids", .dtype = DT_I32, .ndim = 1, .dims = {-(int64_t)c->max_t}, .int_limit = c->vocab};
+    DT_TRY(dt_model_add_input(m, &in));
     dt_module *wte = dt_model_add_module(m, "wte"), *wpe = dt_model_add_module(m, "wpe");
-    if (!wte || !wpe) return DT_ENOMEM;
-    dt_param *p;
-    if (!(p = add(m, wte, "weight", 2, c->vocab, C))) return DT_ENOMEM;
-    dt_init_normal(p, r, std);
-    if (!(p = add(m, wpe, "weight", 2, c->max_t, C))) return DT_ENOMEM;
-    dt_init_normal(p, r, 0.01f);
+    add(m, wte, "weight", 2, c->vocab, C, DT_INIT_GAUSS(std));
+    add(m, wpe, "weight", 2, c->max_t, C, DT_INIT_GAUSS(0.01f));
+    int64_t act[2] = {DT_DIM_SEQ, C}, logits[2] = {DT_DIM_SEQ, c->vocab};
+    DT_TRY(dt_model_add_block(m, "embed", embed_block, NULL, 0, NULL, 2, act));
     for (int l = 0; l < c->n_layer; l++) {
         static const char *names[MODS_PER_BLOCK] = {"ln_1", "attn", "ln_2", "mlp"};
         dt_module *mods[MODS_PER_BLOCK];
+        char name[64];
         for (int k = 0; k < MODS_PER_BLOCK; k++) {
-            char name[64];
             snprintf(name, sizeof name, "h.%d.%s", l, names[k]);
-            if (!(mods[k] = dt_model_add_module(m, name))) return DT_ENOMEM;
+            mods[k] = dt_model_add_module(m, name);
         }
         for (int k = 0; k < MODS_PER_BLOCK; k++) {
             if (k == MOD_LN1 || k == MOD_LN2) {
-                if (!(p = add(m, mods[k], "weight", 1, C, 1))) return DT_ENOMEM;
-                dt_init_const(p, 1.0f);
-                if (!(p = add(m, mods[k], "bias", 1, C, 1))) return DT_ENOMEM;
+                add(m, mods[k], "weight", 1, C, 1, DT_INIT_FILL(1.0f));
+                add(m, mods[k], "bias", 1, C, 1, DT_INIT_ZERO);
                 continue;
             }
             int64_t in1 = C, out1 = k == MOD_ATTN ? 3 * C : 4 * C, in2 = k == MOD_ATTN ? C : 4 * C;
-            const char *w1 = k == MOD_ATTN ? "c_attn.weight" : "c_fc.weight";
-            const char *b1 = k == MOD_ATTN ? "c_attn.bias" : "c_fc.bias";
-            if (!(p = add(m, mods[k], w1, 2, in1, out1))) return DT_ENOMEM;
-            dt_init_normal(p, r, std);
-            if (!(p = add(m, mods[k], b1, 1, out1, 1))) return DT_ENOMEM;
-            if (!(p = add(m, mods[k], "c_proj.weight", 2, in2, C))) return DT_ENOMEM;
-            dt_init_normal(p, r, proj_std);
-            if (!(p = add(m, mods[k], "c_proj.bias", 1, C, 1))) return DT_ENOMEM;
+            add(m, mods[k], k == MOD_ATTN ? "c_attn.weight" : "c_fc.weight", 2, in1, out1, DT_INIT_GAUSS(std));
+            add(m, mods[k], k == MOD_ATTN ? "c_attn.bias" : "c_fc.bias", 1, out1, 1, DT_INIT_ZERO);
+            add(m, mods[k], "c_proj.weight", 2, in2, C, DT_INIT_GAUSS(proj_std));
+            add(m, mods[k], "c_proj.bias", 1, C, 1, DT_INIT_ZERO);
         }
+        snprintf(name, sizeof name, "h.%d", l);
+        DT_TRY(dt_model_add_block(m, name, layer_block, (void *)(intptr_t)l, 2, act, 2, act));
     }
     dt_module *lnf = dt_model_add_module(m, "ln_f");
-    if (!lnf) return DT_ENOMEM;
-    if (!(p = add(m, lnf, "weight", 1, C, 1))) return DT_ENOMEM;
-    dt_init_const(p, 1.0f);
-    if (!(p = add(m, lnf, "bias", 1, C, 1))) return DT_ENOMEM;
-    m->forward = gpt2_forward;
-    return DT_OK;
+    add(m, lnf, "weight", 1, C, 1, DT_INIT_FILL(1.0f));
+    add(m, lnf, "bias", 1, C, 1, DT_INIT_ZERO);
+    DT_TRY(dt_model_add_block(m, "head", head_block, NULL, 2, act, 2, logits));
+    return dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, c->vocab);
 }

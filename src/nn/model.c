@@ -1,4 +1,7 @@
-/* Model registry: parameters, buffers, modules and the flat layout they live in. */
+/* The model builder: parameters, buffers, modules and inputs under names,
+ * then dt_model_build validates and lays the parameters out flat.
+ * A failed add_* records its error in m->build_err; every later add_* is a
+ * no-op returning NULL / that error, and dt_model_build returns it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,17 +13,55 @@ static void *grow(void *arr, int n, size_t elem) {
     return realloc(arr, (size_t)(n ? 2 * n : 1) * elem);
 }
 
-dt_model *dt_model_new(const dt_model_cfg *cfg) {
+/* Record the first builder failure (the message is already set). */
+static void *failed(dt_model *m, dt_status s) {
+    if (m->build_err == DT_OK) m->build_err = s;
+    return NULL;
+}
+
+/* Builder calls after dt_model_build, or after an earlier failure, do nothing. */
+static int closed(dt_model *m, const char *what, const char *name) {
+    if (m->build_err != DT_OK) return 1;
+    if (m->built) {
+        failed(m, DT_ERR(DT_ESTATE, "model %s: cannot add %s '%s' after dt_model_build", m->name, what, name));
+        return 1;
+    }
+    return 0;
+}
+
+dt_status dt_model_new(const char *name, uint64_t seed, dt_model **out) {
+    *out = NULL;
+    if (!name || !*name || strlen(name) >= sizeof ((dt_model *)0)->name)
+        return DT_ERR(DT_EINVAL, "model name '%s' must be 1..%zu characters", name ? name : "(null)",
+                      sizeof ((dt_model *)0)->name - 1);
     dt_model *m = calloc(1, sizeof *m);
-    if (!m) { DT_ERR(DT_ENOMEM, "out of memory creating model"); return NULL; }
-    m->cfg = *cfg;
-    return m;
+    if (!m) return DT_ERR(DT_ENOMEM, "out of memory creating model %s", name);
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->cfg.kind = DT_MODEL_CUSTOM;
+    dt_rng_seed(&m->init_rng, seed);
+    dt_rng_seed(&m->dropout_rng, seed ^ 0xd20b0u);
+    *out = m;
+    return DT_OK;
+}
+
+static int name_ok(dt_model *m, const char *what, const char *name, size_t cap) {
+    if (name && *name && strlen(name) < cap) return 1;
+    failed(m, DT_ERR(DT_EINVAL, "model %s: %s name '%s' must be 1..%zu characters", m->name, what,
+                     name ? name : "(null)", cap - 1));
+    return 0;
 }
 
 dt_module *dt_model_add_module(dt_model *m, const char *name) {
+    if (closed(m, "module", name) || !name_ok(m, "module", name, sizeof ((dt_module *)0)->name)) return NULL;
+    for (int i = 0; i < m->n_modules; i++)
+        if (!strcmp(m->modules[i]->name, name))
+            return failed(m, DT_ERR(DT_EINVAL, "model %s: module '%s' added twice", m->name, name));
     dt_module *mod = calloc(1, sizeof *mod);
     dt_module **arr = grow(m->modules, m->n_modules, sizeof *arr);
-    if (!mod || !arr) { free(mod); DT_ERR(DT_ENOMEM, "out of memory adding module %s", name); return NULL; }
+    if (!mod || !arr) {
+        free(mod);
+        return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding module %s", name));
+    }
     m->modules = arr;
     snprintf(mod->name, sizeof mod->name, "%s", name);
     mod->index = m->n_modules;
@@ -28,38 +69,84 @@ dt_module *dt_model_add_module(dt_model *m, const char *name) {
     return mod;
 }
 
-dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int ndim, const int64_t *shape) {
+static void init_param(dt_param *p, dt_rng *r, dt_init in) {
+    float *x = dt_f32(&p->value);
+    int64_t n = p->value.numel;
+    switch (in.kind) {
+    case DT_INIT_ZEROS: for (int64_t i = 0; i < n; i++) x[i] = 0.f; break;
+    case DT_INIT_CONST: for (int64_t i = 0; i < n; i++) x[i] = in.a; break;
+    case DT_INIT_UNIFORM: for (int64_t i = 0; i < n; i++) x[i] = (2.f * dt_rng_uniform(r) - 1.f) * in.a; break;
+    case DT_INIT_NORMAL: for (int64_t i = 0; i < n; i++) x[i] = in.a * dt_rng_normal(r); break;
+    }
+}
+
+dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int ndim, const int64_t *shape,
+                             dt_init init) {
     char name[160];
-    snprintf(name, sizeof name, "%s%s%s", mod ? mod->name : "", mod ? "." : "", leaf);
+    snprintf(name, sizeof name, "%s%s%s", mod ? mod->name : "", mod ? "." : "", leaf ? leaf : "");
+    if (closed(m, "parameter", name) || !name_ok(m, "parameter", name, sizeof ((dt_param *)0)->name)) return NULL;
+    if ((unsigned)init.kind > DT_INIT_NORMAL)
+        return failed(m, DT_ERR(DT_EINVAL, "model %s: parameter %s has unknown initialiser %d", m->name, name,
+                                (int)init.kind));
+    if (dt_model_find_param(m, name))
+        return failed(m, DT_ERR(DT_EINVAL, "model %s: parameter '%s' added twice", m->name, name));
     dt_param *p = calloc(1, sizeof *p);
     dt_param **arr = grow(m->params, m->n_params, sizeof *arr);
-    if (!p || !arr) { free(p); DT_ERR(DT_ENOMEM, "out of memory adding parameter %s", name); return NULL; }
+    if (!p || !arr) {
+        free(p);
+        return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding parameter %s", name));
+    }
     m->params = arr;
-    if (dt_param_init(p, name, ndim, shape) != DT_OK) { free(p); return NULL; }
+    dt_status s = dt_param_init(p, name, ndim, shape);
+    if (s != DT_OK) { free(p); return failed(m, s); }
     p->index = m->n_params;
     m->params[m->n_params++] = p;
     if (mod) {
         dt_param **mp = grow(mod->params, mod->n_params, sizeof *mp);
-        if (!mp) { DT_ERR(DT_ENOMEM, "out of memory"); return NULL; }
+        if (!mp) return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding parameter %s", name));
         mod->params = mp;
         mod->params[mod->n_params++] = p;
     }
+    init_param(p, &m->init_rng, init);
     return p;
 }
 
 dt_named_buffer *dt_model_add_buffer(dt_model *m, const char *name, int ndim, const int64_t *shape, float fill) {
+    if (closed(m, "buffer", name) || !name_ok(m, "buffer", name, sizeof ((dt_named_buffer *)0)->name)) return NULL;
     dt_named_buffer *b = calloc(1, sizeof *b);
     dt_named_buffer **arr = grow(m->buffers, m->n_buffers, sizeof *arr);
-    if (!b || !arr) { free(b); DT_ERR(DT_ENOMEM, "out of memory adding buffer %s", name); return NULL; }
+    if (!b || !arr) {
+        free(b);
+        return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding buffer %s", name));
+    }
     m->buffers = arr;
     snprintf(b->name, sizeof b->name, "%s", name);
-    if (dt_tensor_alloc(&b->value, DT_F32, ndim, shape) != DT_OK) { free(b); return NULL; }
+    dt_status s = dt_tensor_alloc(&b->value, DT_F32, ndim, shape);
+    if (s != DT_OK) { free(b); return failed(m, s); }
     for (int64_t i = 0; i < b->value.numel; i++) dt_f32(&b->value)[i] = fill;
     m->buffers[m->n_buffers++] = b;
     return b;
 }
 
-dt_status dt_model_finalize(dt_model *m) {
+dt_status dt_model_add_input(dt_model *m, const dt_input_spec *spec) {
+    if (closed(m, "input", spec ? spec->name : "?")) return m->build_err ? m->build_err : DT_ESTATE;
+    const char *bad = !spec ? "is NULL"
+                    : !spec->name[0] || !memchr(spec->name, 0, sizeof spec->name) ? "has no name"
+                    : spec->dtype != DT_F32 && spec->dtype != DT_I32 ? "must be DT_F32 or DT_I32"
+                    : spec->ndim < 0 || spec->ndim > 3 ? "must have 0..3 dims"
+                    : m->n_inputs == DT_MAX_INPUTS ? "is one too many" : NULL;
+    for (int i = 0; !bad && i < m->n_inputs; i++)
+        if (!strcmp(m->inputs[i].name, spec->name)) bad = "is declared twice";
+    if (bad) {
+        failed(m, DT_ERR(DT_EINVAL, "model %s: input '%s' %s", m->name,
+                         spec && memchr(spec->name, 0, sizeof spec->name) ? spec->name : "?", bad));
+        return m->build_err;
+    }
+    m->inputs[m->n_inputs++] = *spec;
+    return DT_OK;
+}
+
+static dt_status default_layout(dt_model *m) {
     size_t *off = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *off);
     if (!off) return DT_ERR(DT_ENOMEM, "out of memory");
     size_t pos = 0;
@@ -73,73 +160,24 @@ dt_status dt_model_finalize(dt_model *m) {
     return s;
 }
 
-dt_status dt_model_set_layout(dt_model *m, const size_t *offsets, size_t total) {
-    for (int i = 0; i < m->n_params; i++) {
-        size_t end = offsets[i] + (size_t)m->params[i]->value.numel;
-        if (end > total)
-            return DT_ERR(DT_EINVAL, "layout: parameter %s [%zu, %zu) exceeds buffer of %zu",
-                          m->params[i]->name, offsets[i], end, total);
-        for (int j = 0; j < i; j++) {
-            size_t b = offsets[j], e = b + (size_t)m->params[j]->value.numel;
-            if (offsets[i] < e && b < end)
-                return DT_ERR(DT_EINVAL, "layout: parameters %s and %s overlap",
-                              m->params[j]->name, m->params[i]->name);
-        }
-    }
-    size_t np = m->n_params > 0 ? (size_t)m->n_params : 0;
-    size_t *own = malloc((np ? np : 1) * sizeof *own);
-    if (!own) return DT_ERR(DT_ENOMEM, "out of memory");
-    if (np) memcpy(own, offsets, np * sizeof *own);
-    int has_grads = 0;
-    for (int i = 0; i < m->n_params; i++) has_grads |= m->params[i]->grad.data != NULL;
-    /* values first, then gradients: one new buffer alive next to the old ones
-     * at a time (peak 3 model sizes, not 4) */
-    dt_flat pf = {0}, gf = {0};
-    if (dt_flat_alloc(&pf, total) != DT_OK) {
-        free(own);
-        return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element parameter buffer", total);
-    }
-    for (int i = 0; i < m->n_params; i++) {
-        dt_param *p = m->params[i];
-        float *v = pf.data + offsets[i];
-        memcpy(v, p->value.data, (size_t)p->value.numel * sizeof(float));
-        if (p->value.owns_data) dt_free(p->value.data);
-        p->value.data = v; p->value.owns_data = 0;
-    }
-    dt_flat_free(&m->param_flat);
-    m->param_flat = pf;
-    dt_status s = DT_OK;
-    if (has_grads && dt_flat_alloc(&gf, total) != DT_OK)
-        s = DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element gradient buffer (the model is left "
-                   "without gradients)", total);
-    for (int i = 0; i < m->n_params; i++) {
-        dt_param *p = m->params[i];
-        float *g = gf.data ? gf.data + offsets[i] : NULL;
-        if (g && p->grad.data) memcpy(g, p->grad.data, (size_t)p->grad.numel * sizeof(float));
-        if (p->grad.owns_data) dt_free(p->grad.data);
-        p->grad.data = g; p->grad.owns_data = 0;
-    }
-    dt_flat_free(&m->grad_flat);
-    m->grad_flat = gf;
-    free(m->offsets);
-    m->offsets = own;
-    return s;
+dt_status dt_model_build(dt_model *m) {
+    if (m->build_err != DT_OK) return DT_ERR(m->build_err, "model %s: building failed earlier (see the first error)", m->name);
+    if (m->built) return DT_ERR(DT_ESTATE, "model %s: dt_model_build called twice", m->name);
+    if (!m->forward) DT_TRY(dt_model_check_blocks(m));
+    DT_TRY(default_layout(m));
+    m->built = 1;
+    return DT_OK;
 }
 
 dt_status dt_model_create(const dt_model_cfg *cfg, uint64_t seed, dt_model **out) {
-    extern dt_status dt_mlp_build(dt_model *m, dt_rng *r);
-    extern dt_status dt_cnn_build(dt_model *m, dt_rng *r);
-    extern dt_status dt_gpt2_build(dt_model *m, dt_rng *r);
     *out = NULL;
     DT_TRY(dt_model_cfg_validate(cfg));
-    dt_model *m = dt_model_new(cfg);
-    if (!m) return DT_ENOMEM;
-    dt_rng r;
-    dt_rng_seed(&r, seed);
-    dt_rng_seed(&m->dropout_rng, seed ^ 0xd20b0u);
-    dt_status s = cfg->kind == DT_MODEL_MLP ? dt_mlp_build(m, &r)
-                : cfg->kind == DT_MODEL_CNN ? dt_cnn_build(m, &r) : dt_gpt2_build(m, &r);
-    if (s == DT_OK) s = dt_model_finalize(m);
+    dt_model *m;
+    DT_TRY(dt_model_new(dt_model_kind_name(cfg->kind), seed, &m));
+    m->cfg = *cfg;
+    dt_status s = cfg->kind == DT_MODEL_MLP ? dt_mlp_build(m)
+                : cfg->kind == DT_MODEL_CNN ? dt_cnn_build(m) : dt_gpt2_build(m);
+    if (s == DT_OK) s = dt_model_build(m);
     if (s != DT_OK) { dt_model_free(m); return s; }
     *out = m;
     return DT_OK;
@@ -151,67 +189,13 @@ void dt_model_free(dt_model *m) {
     for (int i = 0; i < m->n_params; i++) { dt_param_free(m->params[i]); free(m->params[i]); }
     for (int i = 0; i < m->n_buffers; i++) { dt_tensor_free(&m->buffers[i]->value); free(m->buffers[i]); }
     for (int i = 0; i < m->n_modules; i++) { free(m->modules[i]->params); free(m->modules[i]); }
-    free(m->params); free(m->buffers); free(m->modules); free(m->offsets);
+    free(m->params); free(m->buffers); free(m->modules); free(m->offsets); free(m->blocks);
     dt_flat_free(&m->param_flat);
     dt_flat_free(&m->grad_flat);
     free(m);
 }
 
-dt_tensor *dt_model_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {
-    if (!b || b->B <= 0 || !b->y) { DT_ERR(DT_EINVAL, "forward: empty batch or missing targets"); return NULL; }
-    return m->forward(m, g, b, logits);
-}
-
 size_t dt_model_num_params(const dt_model *m) { return m->n_elems; }
-
-void dt_model_zero_grad(dt_model *m) {
-    if (m->grad_flat.data) memset(m->grad_flat.data, 0, m->grad_flat.numel * sizeof(float));
-}
-
-void dt_model_drop_grads(dt_model *m) {
-    for (int i = 0; i < m->n_params; i++) {
-        dt_param *p = m->params[i];
-        if (p->grad.owns_data) dt_free(p->grad.data);
-        p->grad.data = NULL;
-        p->grad.owns_data = 0;
-    }
-    dt_flat_free(&m->grad_flat);
-}
-
-/* gf (zeroed, at param_flat's layout) becomes the gradient buffer: present
- * gradients are copied in if keep, every grad is re-pointed, the old buffer
- * freed. */
-static void adopt_grads(dt_model *m, dt_flat gf, int keep) {
-    for (int i = 0; i < m->n_params; i++) {
-        dt_param *p = m->params[i];
-        float *g = gf.data + m->offsets[i];
-        if (keep && p->grad.data) memcpy(g, p->grad.data, (size_t)p->value.numel * sizeof(float));
-        if (p->grad.owns_data) dt_free(p->grad.data);
-        p->grad.data = g;
-        p->grad.owns_data = 0;
-    }
-    dt_flat_free(&m->grad_flat);
-    m->grad_flat = gf;
-}
-
-static dt_status alloc_private_grads(dt_model *m, int keep) {
-    dt_flat gf = {0};
-    if (dt_flat_alloc(&gf, m->param_flat.numel) != DT_OK)
-        return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element gradient buffer", m->param_flat.numel);
-    adopt_grads(m, gf, keep);
-    return DT_OK;
-}
-
-dt_status dt_model_alloc_grads(dt_model *m) {   /* zeros: whatever grads point at is not ours */
-    return m->grad_flat.data ? DT_OK : alloc_private_grads(m, 0);
-}
-
-dt_status dt_model_set_grad_buffer(dt_model *m, float *buf) {
-    if (!buf) return alloc_private_grads(m, 1);
-    memset(buf, 0, m->param_flat.numel * sizeof(float));
-    adopt_grads(m, (dt_flat){buf, m->param_flat.numel, 1}, 1);
-    return DT_OK;
-}
 
 dt_param *dt_model_find_param(const dt_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
@@ -227,5 +211,5 @@ int dt_model_kind_parse(const char *s, dt_model_kind *out) {
 }
 
 const char *dt_model_kind_name(dt_model_kind k) {
-    return k == DT_MODEL_MLP ? "mlp" : k == DT_MODEL_CNN ? "cnn" : "gpt2";
+    return k == DT_MODEL_MLP ? "mlp" : k == DT_MODEL_CNN ? "cnn" : k == DT_MODEL_GPT2 ? "gpt2" : "custom";
 }

@@ -4,7 +4,8 @@
  *
  *   batch-stat mode (training, or no running buffers given):
  *     mean = sum/M, var = sumsq/M - mean^2 (biased, used to normalise)
- *     training also updates running_mean/var (PyTorch semantics):
+ *     training also updates running_mean/var (PyTorch semantics; not again
+ *     when a recompute replays the forward):
  *       running_mean = (1-m)*running_mean + m*mean
  *       running_var  = (1-m)*running_var  + m*var*M/(M-1)   (unbiased)
  *   eval mode (not training, running buffers given): mean/var = running stats,
@@ -175,8 +176,11 @@ dt_tensor *dt_op_batchnorm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tenso
             DT_ERR(DT_EINVAL, "batchnorm: training needs more than one value per channel, x%s has %g", sx, count);
             return NULL;
         }
-        float *rm = running_mean && training ? dt_f32(running_mean) : NULL;
-        float *rv = running_var && training ? dt_f32(running_var) : NULL;
+        /* a recompute replay (dt_graph_checkpoint) re-runs a forward that
+         * already updated them: update once */
+        int update = running_mean && training && !dt_graph_recomputing(g);
+        float *rm = update ? dt_f32(running_mean) : NULL;
+        float *rv = update ? dt_f32(running_var) : NULL;
         for (int64_t c = 0; c < C; c++) {
             double mu = buf[c] / count;
             double var = buf[C + c] / count - mu * mu;

@@ -5,6 +5,7 @@
  *   dx_ij += s (p_ij - [j == t_i]),  p_ij = exp(x_ij - m_i) / z_i
  * Saved per row: max m_i and 1 / z_i; probabilities are recomputed.
  * n_valid == 0 gives loss 0 and zero gradient. */
+#include <string.h>
 #include "ops_internal.h"
 
 typedef struct ce_saved {
@@ -12,11 +13,18 @@ typedef struct ce_saved {
     float *rmax, *rinv;   /* [N] */
 } ce_saved;
 
+/* n->i[3] = 1 (the _consume form): dx is written over the logits themselves
+ * when nothing else gave them a gradient yet; else dx += as usual. In place,
+ * rows with an ignored target become 0, the value dx would have. */
 static void cross_entropy_backward(dt_graph *g, dt_node *n) {
     dt_tensor *x = n->in[0];
+    int in_place = n->i[3] && dt_grad_in_place(g, x);
     float *dx = dt_grad_of(g, x);
     if (!dx) return;
     const ce_saved *sv = n->saved;
+    if (in_place)
+        for (int64_t r = 0; r < n->i[0]; r++)
+            if (sv->targets[r] < 0) memset(dx + r * n->i[1], 0, (size_t)n->i[1] * sizeof(float));
     int64_t N = n->i[0], V = n->i[1], nvalid = n->i[2];
     if (nvalid == 0) return;
     float s = dt_f32(n->out->grad)[0] / (float)nvalid;
@@ -28,13 +36,18 @@ static void cross_entropy_backward(dt_graph *g, dt_node *n) {
         const float *xr = xd + r * V;
         float *dxr = dx + r * V;
         float m = sv->rmax[r], si = s * sv->rinv[r];
+        if (in_place) {   /* xr == dxr: each element read, then written */
 #pragma omp simd
-        for (int64_t j = 0; j < V; j++) dxr[j] += si * dt_ops_expf(xr[j] - m);
+            for (int64_t j = 0; j < V; j++) dxr[j] = si * dt_ops_expf(xr[j] - m);
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < V; j++) dxr[j] += si * dt_ops_expf(xr[j] - m);
+        }
         dxr[t] -= s;
     }
 }
 
-dt_tensor *dt_op_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *targets) {
+static dt_tensor *cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *targets, int consume) {
     static const char *op = "cross_entropy";
     if (dt_ops_check_graph(op, g) || dt_ops_check_tensor(op, "logits", logits)) return NULL;
     if (logits->ndim < 1 || logits->shape[logits->ndim - 1] == 0) {
@@ -91,6 +104,15 @@ dt_tensor *dt_op_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *ta
         n->i[0] = N;
         n->i[1] = V;
         n->i[2] = nvalid;
+        n->i[3] = consume;
     }
     return out;
+}
+
+dt_tensor *dt_op_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *targets) {
+    return cross_entropy(g, logits, targets, 0);
+}
+
+dt_tensor *dt_op_cross_entropy_consume(dt_graph *g, dt_tensor *logits, const int32_t *targets) {
+    return cross_entropy(g, logits, targets, 1);
 }

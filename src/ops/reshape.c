@@ -1,10 +1,12 @@
 /* Shape changes without copies: the output shares x's storage.
  *   reshape: any shape with the same numel (one dim may be -1: inferred)
  *   flatten: [N, d1, ...] -> [N, d1 * ...]
- * backward: dx += dy (gradients are separate buffers, same element order). */
+ * backward: dx += dy, or (the usual case: dx not yet allocated) dx simply
+ * becomes dy's buffer (dt_grad_alias), so a view costs no gradient memory. */
 #include "ops_internal.h"
 
 static void reshape_backward(dt_graph *g, dt_node *n) {
+    if (dt_grad_alias(g, n->in[0], n->out)) return;   /* dx = dy: share the buffer */
     float *dx = dt_grad_of(g, n->in[0]);
     if (dx) dt_ops_acc(dx, dt_f32(n->out->grad), n->out->numel);
 }

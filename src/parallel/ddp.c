@@ -185,6 +185,8 @@ void dt_ddp_free(dt_ddp *d) {
 
 dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
     d->sync = sync;
+    d->graph = g;
+    dt_graph_set_final(g, sync);   /* grad-ready only on the synchronising micro-step */
     dt_graph_set_tick(g, d->world > 1 ? graph_tick : NULL, d);
     /* With join, collectives happen only on synchronising micro-steps so a
      * joined rank (which does not know K) can shadow them: see ddp_join.c. */
@@ -228,7 +230,7 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     for (int i = 0; i < m->n_params; i++) {
         dt_param *p = m->params[i];
         int bi = d->param_bucket[i];
-        if (bi < 0 || p->used) continue;
+        if (bi < 0 || dt_graph_param_uses(d->graph, p) > 0) continue;
         dt_par_unused_add(&unused, p->name);
         /* reduced as zeros (its gradient is whatever was accumulated, normally zero) */
         if (--d->buckets[bi].pending == 0) d->buckets[bi].ready = 1;

@@ -12,6 +12,7 @@ struct dt_ddp {
     int *param_bucket;          /* params[i] -> bucket index, -1 if frozen */
     int next_launch;            /* buckets launch strictly in index order */
     int sync;                   /* this micro-step reduces */
+    dt_graph *graph;            /* the micro-step's graph (before_forward): its parameter uses */
     dt_ddp_comm_hook hook;      /* effective hook (default: allreduce avg) */
     dt_ddp_comm_hook builtin;   /* storage for the built-in hooks */
     int red_flags;              /* DT_RED_DETERMINISTIC in deterministic mode */

@@ -178,6 +178,8 @@ dt_status dt_zero_bcast_buffers(dt_zero *z) {
 
 dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync) {
     z->rd.sync = sync;
+    z->rd.graph = g;
+    dt_graph_set_final(g, sync);   /* grad-ready only on the synchronising micro-step */
     z->rd.tick_err = DT_OK;
     z->rd.unused_checked = z->rd.hold_steps = 0;
     dt_graph_set_tick(g, graph_tick, z);

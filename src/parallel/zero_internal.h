@@ -16,6 +16,7 @@ typedef struct zbucket {
     int ag_queued;           /* stepped, all-gather waits in the queue (AFTER_BACKWARD) */
     float *full_grad;        /* full-size gradient: grad_flat + begin (stage 1) or a pool buffer */
     float *full_param;       /* stage 3: gathered parameters (pool buffer) or NULL */
+    int bwd_gathered;        /* stage 3: all-gathered in this micro-step's backward (incl. recompute) */
 } zbucket;
 
 /* Buckets and owned shards. Written at create (zero_layout.c, shard storage
@@ -36,6 +37,7 @@ typedef struct zlayout {
 typedef struct zreduce {
     int op;                  /* DT_RED_AVG | deterministic flag (fixed at create) */
     int sync;                /* current micro-step reduces */
+    dt_graph *graph;         /* the micro-step's graph (before_forward): its parameter uses */
     int next_launch;         /* reduce-scatters launch in bucket order */
     int next_done;           /* first bucket whose reduce-scatter is not yet finished (INTERLEAVED: stepped) */
     int reduced;             /* finish_backward done, step pending */
@@ -56,19 +58,29 @@ typedef struct zgather_queue {
     double last_pump_us;     /* graph tick: queue pumped at most every 0.5 ms */
 } zgather_queue;
 
-/* One direction's module order (zero_params.c): this micro-step's, and the
- * previous one's as the stage-3 prefetch plan. */
+/* One phase's module order (zero_params.c): this micro-step's, and the
+ * previous one's as the stage-3 prefetch plan. Entries are 2 * module + r,
+ * r = 1 for a recompute (PRE_RECOMPUTE), 0 otherwise. */
 typedef struct zmod_seq {
-    int *seq, n, cap;        /* modules as their hooks ran, this step */
+    int *seq, n, cap;        /* entries as their hooks ran, this step */
     int *prev, n_prev, cap_prev;
 } zmod_seq;
 
 /* Module hooks (zero_params.c). buckets/nb are fixed at create; stage 3
- * records the orders while `recording` (a training micro-step). */
+ * records the orders while `recording` (a training micro-step).
+ * Recompute pinning (stage 3): the modules a checkpoint replay re-ran stay
+ * gathered through their backward. A PRE_RECOMPUTE adds its module to the
+ * pinned set (starting a new set if backward ran since the last one); a
+ * PRE_BACKWARD of a module outside the set empties it. */
 typedef struct zmodules {
     int **buckets; int *nb;           /* per module: buckets holding its params */
-    zmod_seq fwd, bwd;                /* PRE_FORWARD / PRE_BACKWARD orders */
+    zmod_seq fwd, bwd;                /* forward phase (PRE_FORWARD); backward phase
+                                         (PRE_RECOMPUTE and PRE_BACKWARD, in hook order) */
     int recording;                    /* a training micro-step: record orders, prefetch */
+    int in_backward;                  /* this micro-step's backward phase has begun */
+    unsigned char *pinned;            /* per module: in the pinned set */
+    int n_pinned;
+    int pin_open;                     /* recomputes since the last PRE_BACKWARD extend the set */
     unsigned char *want;              /* scratch: bucket needed now */
 } zmodules;
 

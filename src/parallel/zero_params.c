@@ -6,7 +6,15 @@
  * are gathered ahead; every other gathered bucket is freed. Buckets holding a
  * parameter no module owns stay gathered from before_forward to the end of
  * backward. Gathers run on their own group in hook order, identical on every
- * rank. */
+ * rank.
+ *
+ * Recompute (stage 3): backward reaching an activation checkpoint replays its
+ * modules (PRE_RECOMPUTE each), then runs their backward (PRE_BACKWARD each).
+ * Both kinds are one backward-phase order (recompute entries tagged), so the
+ * prefetch plan looks across them; the recomputed modules are pinned — kept
+ * wanted — until backward moves on to a module outside them or a new
+ * recompute begins, so a replayed block is gathered once for recompute and
+ * backward. The forward order is not touched by recompute. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +31,11 @@ static dt_status gather(dt_zero *z, int i) {
     for (int k = 0; k < b->pub.n_params; k++) {
         dt_param *p = z->lay.order[b->pub.first_param + k];
         p->value.data = buf + (z->m->offsets[p->index] - b->pub.begin);
+    }
+    if (z->mods.in_backward) {
+        z->stats.backward_gathers++;
+        z->stats.backward_regathers += b->bwd_gathered;
+        b->bwd_gathered = 1;
     }
     return dt_allgather(z->ag_pg, z->lay.shard_param + b->pub.shard_offset, buf, (int64_t)b->pub.shard, DT_F32, &b->ag);
 }
@@ -63,16 +76,25 @@ static void want_module(dt_zero *z, int mod) {
     for (int k = 0; k < z->mods.nb[mod]; k++) z->mods.want[z->mods.buckets[mod][k]] = 1;
 }
 
-/* Stage 3: module `mod` is about to run (forward or backward); q holds this
- * and the previous micro-step's order for that direction. */
-static dt_status stage3_enter(dt_zero *z, int mod, zmod_seq *q) {
+static void unpin_all(dt_zero *z) {
+    if (z->mods.n_pinned) memset(z->mods.pinned, 0, (size_t)z->m->n_modules);
+    z->mods.n_pinned = 0;
+    z->mods.pin_open = 0;
+}
+
+/* Stage 3: module `mod` is about to run (forward, recompute or backward); q
+ * holds this and the previous micro-step's order for that phase, `entry` is
+ * this hook's entry in it (2 * mod + recompute). */
+static dt_status stage3_enter(dt_zero *z, int mod, int entry, zmod_seq *q) {
     int pos = q->n;
-    if (z->mods.recording) DT_TRY(push(q, mod));
+    if (z->mods.recording) DT_TRY(push(q, entry));
     memset(z->mods.want, 0, (size_t)z->lay.nb);
     for (int i = 0; i < z->lay.nb; i++) z->mods.want[i] = z->lay.b[i].has_orphan;
     want_module(z, mod);
-    int match = z->mods.recording && pos < q->n_prev && q->prev[pos] == mod;   /* plan still follows the last run */
-    for (int k = 1; match && k <= z->opts.prefetch && pos + k < q->n_prev; k++) want_module(z, q->prev[pos + k]);
+    for (int m = 0; z->mods.n_pinned && m < z->m->n_modules; m++)
+        if (z->mods.pinned[m]) want_module(z, m);
+    int match = z->mods.recording && pos < q->n_prev && q->prev[pos] == entry;   /* plan still follows the last run */
+    for (int k = 1; match && k <= z->opts.prefetch && pos + k < q->n_prev; k++) want_module(z, q->prev[pos + k] / 2);
     for (int i = 0; i < z->lay.nb; i++)
         if (!z->mods.want[i]) DT_TRY(release(z, i));
     for (int k = 0; k < z->mods.nb[mod]; k++) DT_TRY(gather(z, z->mods.buckets[mod][k]));
@@ -90,9 +112,25 @@ static dt_status module_hook(dt_module *mod, dt_module_hook_kind kind, void *use
         for (int k = 0; k < z->mods.nb[i]; k++) DT_TRY(dt_zero_wait_gather(z, z->mods.buckets[i][k]));
         return DT_OK;
     }
-    if (kind == DT_HOOK_PRE_FORWARD) return stage3_enter(z, i, &z->mods.fwd);
-    if (kind == DT_HOOK_PRE_BACKWARD) return stage3_enter(z, i, &z->mods.bwd);
-    return DT_OK;
+    switch (kind) {
+    case DT_HOOK_PRE_FORWARD:
+        unpin_all(z);
+        return stage3_enter(z, i, 2 * i, &z->mods.fwd);
+    case DT_HOOK_PRE_RECOMPUTE:
+        z->mods.in_backward = 1;
+        if (!z->mods.pin_open) unpin_all(z);   /* backward ran since the last recompute: a new block */
+        z->mods.pin_open = 1;
+        z->mods.n_pinned += !z->mods.pinned[i];
+        z->mods.pinned[i] = 1;
+        return stage3_enter(z, i, 2 * i + 1, &z->mods.bwd);
+    case DT_HOOK_PRE_BACKWARD:
+        z->mods.in_backward = 1;
+        if (!z->mods.pinned[i]) unpin_all(z);   /* backward moved on past the recomputed block */
+        z->mods.pin_open = 0;
+        return stage3_enter(z, i, 2 * i, &z->mods.bwd);
+    default:
+        return DT_OK;
+    }
 }
 
 dt_status dt_zero_modules_setup(dt_zero *z) {
@@ -101,8 +139,9 @@ dt_status dt_zero_modules_setup(dt_zero *z) {
     z->mods.buckets = calloc((size_t)(nm ? nm : 1), sizeof *z->mods.buckets);
     z->mods.nb = calloc((size_t)(nm ? nm : 1), sizeof *z->mods.nb);
     z->mods.want = calloc((size_t)(z->lay.nb ? z->lay.nb : 1), 1);
+    z->mods.pinned = calloc((size_t)(nm ? nm : 1), 1);
     unsigned char *owned = calloc((size_t)(m->n_params ? m->n_params : 1), 1);
-    if (!z->mods.buckets || !z->mods.nb || !z->mods.want || !owned) { free(owned); return DT_ERR(DT_ENOMEM, "out of memory"); }
+    if (!z->mods.buckets || !z->mods.nb || !z->mods.want || !z->mods.pinned || !owned) { free(owned); return DT_ERR(DT_ENOMEM, "out of memory"); }
     for (int i = 0; i < nm; i++) {
         dt_module *mod = m->modules[i];
         if (mod->hook) { free(owned); return DT_ERR(DT_ESTATE, "zero: module %s already has a hook", mod->name); }
@@ -138,6 +177,7 @@ void dt_zero_modules_free(dt_zero *z) {
     free(z->mods.buckets);
     free(z->mods.nb);
     free(z->mods.want);
+    free(z->mods.pinned);
     free(z->mods.fwd.seq); free(z->mods.fwd.prev); free(z->mods.bwd.seq); free(z->mods.bwd.prev);
 }
 
@@ -185,6 +225,8 @@ void dt_zero_make_whole(dt_zero *z) {
  * buckets no module owns, so a forward can run. */
 dt_status dt_zero3_idle(dt_zero *z) {
     z->mods.recording = 0;
+    z->mods.in_backward = 0;
+    unpin_all(z);
     DT_TRY(dt_zero3_release_all(z));
     return gather_orphans(z);
 }
@@ -199,13 +241,17 @@ dt_status dt_zero_params_before_forward(dt_zero *z) {
     DT_TRY(rotate(&z->mods.fwd));
     DT_TRY(rotate(&z->mods.bwd));
     z->mods.recording = 1;
+    z->mods.in_backward = 0;
+    unpin_all(z);
+    for (int i = 0; i < z->lay.nb; i++) z->lay.b[i].bwd_gathered = 0;
     return gather_orphans(z);
 }
 
 /* The gathers are collectives issued from module hooks, so ranks that ran
  * different modules issued different gathers: of different sizes MPI fails,
  * of equal sizes parameters would be silently wrong. One 64-bit hash of the
- * forward and backward module orders per rank, compared after backward. */
+ * forward and backward-phase (recompute included) orders per rank, compared
+ * after backward. */
 static uint64_t mix(uint64_t h, uint64_t v) {
     for (int k = 0; k < 8; k++) { h ^= (v >> (8 * k)) & 0xff; h *= 1099511628211ull; }   /* FNV-1a */
     return h;

@@ -25,7 +25,7 @@ void dt_checkpoint_meta(const dt_run *r, int64_t optim_step, dt_ckpt_meta *mb) {
     const dt_model *m = r->model;
     mb->n = 0;
     mb->m[mb->n++] = (dt_st_meta){"format", "dtrain-checkpoint-1"};
-    mb->m[mb->n++] = (dt_st_meta){"model", dt_model_kind_name(m->cfg.kind)};
+    mb->m[mb->n++] = (dt_st_meta){"model", m->name};
     mb->m[mb->n++] = (dt_st_meta){"optimizer", optim_name(r)};
     meta_add(mb, "step", "%llu", (unsigned long long)*r->step);
     meta_add(mb, "optim_step", "%llu", (unsigned long long)optim_step);
@@ -50,7 +50,7 @@ static dt_status meta_u64(dt_ckpt_meta_get get, const void *src, const char *wha
 /* format / model / optimizer match this run. */
 dt_status dt_checkpoint_check_identity(const dt_run *r, dt_ckpt_meta_get get, const void *src, const char *what) {
     const char *fmt = get(src, "format"), *kind = get(src, "model"), *opt = get(src, "optimizer");
-    const char *have = dt_model_kind_name(r->model->cfg.kind);
+    const char *have = r->model->name;
     if (!fmt || strcmp(fmt, "dtrain-checkpoint-1"))
         return DT_ERR(DT_EFORMAT, "%s: not a dtrain checkpoint (format '%s')", what, fmt ? fmt : "missing");
     if (!kind || strcmp(kind, have))

@@ -4,13 +4,14 @@
 #include <string.h>
 #include "dtrain/tensor.h"
 
-size_t dt_dtype_size(dt_dtype t) { return t == DT_F32 ? 4 : 2; }
+size_t dt_dtype_size(dt_dtype t) { return t == DT_F32 || t == DT_I32 ? 4 : 2; }
 
 const char *dt_dtype_name(dt_dtype t) {
     switch (t) {
     case DT_F32: return "F32";
     case DT_BF16: return "BF16";
     case DT_F16: return "F16";
+    case DT_I32: return "I32";
     }
     return "?";
 }

@@ -17,10 +17,11 @@ void dt_train_opts_default(dt_train_opts *o) {
 }
 
 dt_status dt_train_opts_validate(const dt_train_opts *o) {
-    DT_TRY(dt_model_cfg_validate(&o->model));
+    if (!o->build_model) DT_TRY(dt_model_cfg_validate(&o->model));
     DT_TRY(dt_optim_cfg_validate(&o->optim));
     DT_TRY(dt_dataset_check_name(o->data));
-    int lm = o->model.kind == DT_MODEL_GPT2;
+    if ((unsigned)o->recompute > DT_RECOMPUTE_BLOCKS) return DT_ERR(DT_EINVAL, "--recompute: unknown mode %d", (int)o->recompute);
+    int lm = !o->build_model && o->model.kind == DT_MODEL_GPT2;
     if (o->batch <= 0) return DT_ERR(DT_EINVAL, "--batch must be positive, got %lld", (long long)o->batch);
     if (lm && (o->seq <= 0 || o->seq > o->model.max_t))
         return DT_ERR(DT_EINVAL, "--seq %lld must be in 1..%d (the model's --max-t)", (long long)o->seq, o->model.max_t);

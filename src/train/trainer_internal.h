@@ -1,9 +1,11 @@
 #ifndef DT_TRAIN_INTERNAL_H
 #define DT_TRAIN_INTERNAL_H
 #include "dtrain/train.h"
-/* dataset + batch buffers (data_setup.c); fails naming the data and both
- * shapes when the model does not take the dataset's samples */
+/* dataset + batch buffers (data_setup.c) */
 dt_status dt_trainer_load_data(dt_trainer *t);
+/* fails naming the data and both shapes when the model does not take the
+ * dataset's samples */
+dt_status dt_trainer_check_data(dt_trainer *t);
 /* samples t->idx[0..n) of split into the batch buffers */
 dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n);
 void dt_trainer_free_data(dt_trainer *t);

@@ -69,7 +69,7 @@ void dtt_make_batch(const dt_model_cfg *c, uint64_t key, int64_t B, dtt_batch *o
             o->y[i] = (3 * o->ids[i] + 1) % c->vocab;
         }
         o->b.T = T;
-        o->b.x_ids = o->ids;
+        dt_batch_add_input(&o->b, "ids", DT_I32, 2, (int64_t[]){B, T}, o->ids);
     } else {
         int64_t in = c->kind == DT_MODEL_MLP ? c->mlp_in : 784;
         int classes = c->kind == DT_MODEL_MLP ? c->mlp_out : c->cnn_classes;
@@ -78,7 +78,8 @@ void dtt_make_batch(const dt_model_cfg *c, uint64_t key, int64_t B, dtt_batch *o
         for (int64_t i = 0; i < B * in; i++) o->x[i] = dt_rng_normal(&r);
         for (int64_t i = 0; i < B; i++) o->y[i] = teacher(o->x + i * in, in, classes);
         o->b.T = 1;
-        o->b.x_img = o->x;
+        if (c->kind == DT_MODEL_MLP) dt_batch_add_input(&o->b, "image", DT_F32, 2, (int64_t[]){B, in}, o->x);
+        else dt_batch_add_input(&o->b, "image", DT_F32, 4, (int64_t[]){B, 1, 28, 28}, o->x);
     }
     o->b.y = o->y;
 }
@@ -102,8 +103,9 @@ void dtt_concat(const dt_model_cfg *c, const dtt_batch *parts, int n, dtt_batch 
         else memcpy(o->x + row * in, parts[i].x, (size_t)(b * in) * sizeof *o->x);
         row += b;
     }
-    o->b.x_ids = o->ids;
-    o->b.x_img = o->x;
+    if (o->ids) dt_batch_add_input(&o->b, "ids", DT_I32, 2, (int64_t[]){B, T}, o->ids);
+    else if (c->kind == DT_MODEL_MLP) dt_batch_add_input(&o->b, "image", DT_F32, 2, (int64_t[]){B, in}, o->x);
+    else dt_batch_add_input(&o->b, "image", DT_F32, 4, (int64_t[]){B, 1, 28, 28}, o->x);
     o->b.y = o->y;
 }
 
@@ -202,7 +204,9 @@ dt_tensor *dtt_mlp_forward_skip_bias(dt_model *m, dt_graph *g, const dt_batch *b
     int64_t shape[2] = {b->B, c->mlp_in};
     dt_tensor *x = dt_graph_tensor(g, 2, shape);
     if (!x) return NULL;
-    x->data = (void *)b->x_img;
+    const dt_tensor *img = dt_batch_input(b, "image", DT_F32, "dtt_mlp_forward_skip_bias");
+    if (!img) return NULL;
+    x->data = img->data;
     int n_layers = c->mlp_n_hidden + 1;
     for (int i = 0; i < n_layers; i++) {
         dt_module *mod = m->modules[i];

@@ -36,8 +36,9 @@ static void test_bad_flags(void **state) {
     expect_error("train --lr", "--lr needs a value");
     expect_error("train --lr abc", "--lr: invalid value 'abc'");
     expect_error("train --batch 0 --steps 1", "--batch must be positive");
+    expect_error("train --recompute layers", "--recompute: unknown mode 'layers' (none, blocks)");
     expect_error("train --model resnet", "unknown model 'resnet'");
-    expect_error("train --model gpt2 --data fashion-mnist", "needs token data");
+    expect_error("train --model gpt2 --data fashion-mnist", "takes 'ids' int32");
     expect_error("train --data imagenet", "unknown dataset 'imagenet' (fashion-mnist, text, shard)");
     expect_error("train --optim lion", "unknown optimizer 'lion'");
     expect_error("frobnicate", "unknown command");

@@ -80,22 +80,35 @@ static void test_text_sizes_shape_and_batch(void **state) {
     assert_string_equal(d.source, o.path);
     assert_int_equal(d.size[DT_SPLIT_TRAIN], 56);
     assert_int_equal(d.size[DT_SPLIT_EVAL], 6);
-    assert_int_equal(d.sample.input, DT_INPUT_TOKENS);
-    assert_int_equal(d.sample.ndim, 1);
-    assert_int_equal(d.sample.dims[0], 16);
+    assert_int_equal(d.sample.n_inputs, 1);
+    assert_string_equal(d.sample.in[0].name, "ids");
+    assert_int_equal(d.sample.in[0].dtype, DT_I32);
+    assert_int_equal(d.sample.in[0].ndim, 1);
+    assert_int_equal(d.sample.in[0].dims[0], 16);
     assert_int_equal(d.sample.targets, 16);
     assert_int_equal(d.sample.classes, 256);
-    assert_int_equal(dt_sample_bytes(&d.sample), 16 * sizeof(int32_t));
+    assert_int_equal(dt_input_bytes(&d.sample.in[0]), 16 * sizeof(int32_t));
     assert_string_equal(d.unit, "tokens");
     assert_string_equal(d.eval_name, "validation");
 
     int32_t x[2 * 16], y[2 * 16];
+    void *xs[1] = {x};
     int64_t idx[2] = {3, 0};
-    dt_batch b = dt_dataset_batch(&d, DT_SPLIT_TRAIN, idx, 2, x, y);
+    dt_batch b = dt_dataset_batch(&d, DT_SPLIT_TRAIN, idx, 2, xs, y);
     assert_int_equal(b.B, 2);
     assert_int_equal(b.T, 16);
-    assert_ptr_equal(b.x_ids, x);
-    assert_null(b.x_img);
+    assert_int_equal(b.n_inputs, 1);   /* "ids" int32 [2, 16], a view of x */
+    assert_string_equal(b.names[0], "ids");
+    assert_int_equal(b.in[0].dtype, DT_I32);
+    assert_int_equal(b.in[0].ndim, 2);
+    assert_int_equal(b.in[0].shape[0], 2);
+    assert_int_equal(b.in[0].shape[1], 16);
+    assert_ptr_equal(b.in[0].data, x);
+    assert_ptr_equal(dt_batch_input(&b, "ids", DT_I32, "test"), &b.in[0]);
+    assert_null(dt_batch_input(&b, "image", DT_F32, "test"));
+    assert_non_null(strstr(dt_error_message(), "no input 'image' (it has 'ids')"));
+    assert_null(dt_batch_input(&b, "ids", DT_F32, "test"));
+    assert_non_null(strstr(dt_error_message(), "'ids' is int32, expected float"));
     assert_ptr_equal(b.y, y);
     for (int s = 0; s < 2; s++)
         for (int i = 0; i < 16; i++) {
@@ -104,7 +117,7 @@ static void test_text_sizes_shape_and_batch(void **state) {
         }
     /* eval window 1 starts 16 tokens into the held-out tail at byte 900 */
     idx[0] = 1;
-    dt_dataset_batch(&d, DT_SPLIT_EVAL, idx, 1, x, y);
+    dt_dataset_batch(&d, DT_SPLIT_EVAL, idx, 1, xs, y);
     for (int i = 0; i < 16; i++) {
         assert_int_equal(x[i], byte_at(900 + 16 + i));
         assert_int_equal(y[i], byte_at(900 + 16 + i + 1));
@@ -165,12 +178,15 @@ static void test_shard_vocab_covers_val(void **state) {
 static void test_shape_strings(void **state) {
     (void)state;
     char buf[128];
-    dt_sample_shape img = {.input = DT_INPUT_IMAGE, .ndim = 3, .dims = {1, 28, 28}, .targets = 1, .classes = 10};
-    dt_sample_shape tok = {.input = DT_INPUT_TOKENS, .ndim = 1, .dims = {64}, .targets = 64, .classes = 256};
+    dt_sample_shape img = {.n_inputs = 1, .in = {{"image", DT_F32, 3, {1, 28, 28}, 0, 0}}, .targets = 1, .classes = 10};
+    dt_sample_shape tok = {.n_inputs = 1, .in = {{"ids", DT_I32, 1, {64}, 0, 0}}, .targets = 64, .classes = 256};
+    dt_sample_shape two = {.n_inputs = 2, .in = {{"ids", DT_I32, 1, {8}, 0, 0}, {"mask", DT_F32, 1, {8}, 0, 0}},
+                           .targets = 8, .classes = 50};
     assert_string_equal(dt_sample_shape_str(&img, buf, sizeof buf), "float [1, 28, 28] (10 classes)");
     assert_string_equal(dt_sample_shape_str(&tok, buf, sizeof buf), "int32 [64] (vocab 256)");
-    assert_int_equal(dt_sample_numel(&img), 784);
-    assert_int_equal(dt_sample_bytes(&img), 784 * sizeof(float));
+    assert_string_equal(dt_sample_shape_str(&two, buf, sizeof buf), "'ids' int32 [8], 'mask' float [8] (vocab 50)");
+    assert_int_equal(dt_input_numel(&img.in[0]), 784);
+    assert_int_equal(dt_input_bytes(&img.in[0]), 784 * sizeof(float));
     char tiny[8];   /* truncates, stays terminated */
     dt_sample_shape_str(&img, tiny, sizeof tiny);
     assert_int_equal(strlen(tiny), 7);

@@ -20,9 +20,16 @@ static dt_model_cfg tiny(void) {
 static int32_t ids[2 * 5] = {1, 4, 2, 7, 1, 3, 3, 9, 0, 5};
 static int32_t tgt[2 * 5] = {4, 2, 7, 1, 3, 3, 9, 0, 5, 6};
 
+/* ids [B, T] as the batch's "ids" input */
+static dt_batch ids_batch(int64_t B, int64_t T) {
+    dt_batch b = {.B = B, .T = T, .y = tgt};
+    assert_int_equal(dt_batch_add_input(&b, "ids", DT_I32, 2, (int64_t[]){B, T}, ids), DT_OK);
+    return b;
+}
+
 static dt_tensor *model_loss(dt_graph *g, dt_param **in, void *ctx) {
     (void)in;
-    dt_batch b = {.B = 2, .T = 5, .x_ids = ids, .y = tgt};
+    dt_batch b = ids_batch(2, 5);
     return dt_model_forward(ctx, g, &b, NULL);
 }
 
@@ -78,7 +85,7 @@ static void test_loss_finite_and_decreasing(void **state) {
     dt_optim_segment seg = {0, m->param_flat.numel, 1};
     assert_int_equal(dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel), DT_OK);
     dt_graph *g = dt_graph_create();
-    dt_batch b = {.B = 2, .T = 5, .x_ids = ids, .y = tgt};
+    dt_batch b = ids_batch(2, 5);
     float first = 0, last = 0;
     for (int s = 0; s < 30; s++) {
         dt_graph_reset(g);
@@ -95,7 +102,7 @@ static void test_loss_finite_and_decreasing(void **state) {
     }
     assert_true(last < 0.5f * first);
     /* bad input: sequence longer than maxT is an error, not a crash */
-    dt_batch bad = {.B = 1, .T = 9, .x_ids = ids, .y = tgt};
+    dt_batch bad = ids_batch(1, 9);
     dt_graph_reset(g);
     assert_null(dt_model_forward(m, g, &bad, NULL));
     assert_non_null(strstr(dt_error_message(), "maxT"));

@@ -230,7 +230,7 @@ static void test_conv2d_no_grad_records_nothing(void **state) {
     assert_non_null(y);
     assert_int_equal(y->requires_grad, 0);
     assert_null(y->grad_fn);
-    assert_int_equal(w.used, 0);
+    assert_int_equal(dt_graph_param_uses(g, &w), 0);
     dt_graph_free(g);
     dt_param_free(&x); dt_param_free(&w);
 }

@@ -130,6 +130,44 @@ static void test_input_used_twice(void **state) {
     dt_param_free(&x);
 }
 
+/* The _consume form: d(logits) overwrites the logits (a graph input that
+ * needs a gradient), bitwise the gradient the plain form accumulates,
+ * ignored rows included; a consumer after it that already gave the logits a
+ * gradient makes it accumulate as usual. */
+static void test_consume_in_place(void **state) {
+    (void)state;
+    enum { N = 4, V = 7 };
+    float data[N * V], keep[N * V];
+    for (int i = 0; i < N * V; i++) data[i] = (float)((i * 37) % 23) / 7.f - 1.5f;
+    memcpy(keep, data, sizeof data);
+    int32_t t[N] = {3, -1, 6, 0};
+    int64_t s[2] = {N, V};
+    float want[N * V];
+    dt_graph *g = dt_graph_create();
+    dt_tensor *x = dt_graph_input(g, 2, s, keep, 1);
+    assert_int_equal(dt_graph_backward(g, dt_op_cross_entropy(g, x, t)), DT_OK);
+    memcpy(want, dt_graph_grad(g, x), sizeof want);
+    dt_graph_reset(g);
+    x = dt_graph_input(g, 2, s, data, 1);
+    dt_tensor *loss = dt_op_cross_entropy_consume(g, x, t);
+    assert_non_null(loss);
+    assert_int_equal(dt_graph_backward(g, loss), DT_OK);
+    assert_ptr_equal(dt_graph_grad(g, x), data);            /* no second buffer */
+    assert_memory_equal(data, want, sizeof want);            /* bitwise, row 1 (ignored) zero */
+    for (int j = 0; j < V; j++) assert_true(data[V + j] == 0.0f);
+    /* x used again after the loss: its gradient exists first, so += */
+    memcpy(data, keep, sizeof data);
+    dt_graph_reset(g);
+    x = dt_graph_input(g, 2, s, data, 1);
+    dt_tensor *l1 = dt_op_cross_entropy_consume(g, x, t), *l2 = dt_op_cross_entropy(g, x, t);
+    dt_tensor *sum = dt_op_add(g, l1, l2);
+    assert_int_equal(dt_graph_backward(g, sum), DT_OK);
+    assert_true(dt_graph_grad(g, x) != data);
+    assert_memory_equal(data, keep, sizeof keep);            /* values untouched */
+    for (int i = 0; i < N * V; i++) assert_float_equal(dt_graph_grad(g, x)[i], 2.f * want[i], 1e-6);
+    dt_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values),
@@ -138,6 +176,7 @@ int main(void) {
         cmocka_unit_test(test_input_used_twice),
         cmocka_unit_test(test_all_ignored),
         cmocka_unit_test(test_bad_targets),
+        cmocka_unit_test(test_consume_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -76,12 +76,36 @@ static void test_input_used_twice(void **state) {
     dt_param_free(&x);
 }
 
+/* backward shares the gradient buffer: x's gradient is y's (no copy) when x
+ * has none yet; with a later use of x it accumulates into x's own. */
+static void test_gradient_shared(void **state) {
+    (void)state;
+    float xd[6] = {1, 2, 3, 4, 5, 6}, up[6] = {.5f, -1, 2, 0, 3, -2};
+    dt_graph *g = dt_graph_create();
+    dt_tensor *x = dt_graph_input(g, 2, (int64_t[]){2, 3}, xd, 1);
+    dt_tensor *y = dt_op_reshape(g, x, 1, (int64_t[]){6});
+    assert_int_equal(dt_graph_backward_from(g, y, up), DT_OK);
+    assert_ptr_equal(dt_graph_grad(g, x), dt_f32(y->grad));
+    for (int i = 0; i < 6; i++) assert_true(dt_graph_grad(g, x)[i] == up[i]);
+    dt_graph_reset(g);
+    x = dt_graph_input(g, 2, (int64_t[]){2, 3}, xd, 1);
+    y = dt_op_reshape(g, x, 1, (int64_t[]){6});
+    dt_tensor *z = dt_op_relu(g, x);   /* recorded after: its backward runs first */
+    dt_tensor *zz = dt_op_reshape(g, z, 1, (int64_t[]){6});
+    dt_tensor *sum = dt_op_add(g, y, zz);
+    assert_int_equal(dt_graph_backward_from(g, sum, up), DT_OK);
+    assert_true(dt_graph_grad(g, x) != dt_f32(y->grad));
+    for (int i = 0; i < 6; i++) assert_float_equal(dt_graph_grad(g, x)[i], 2 * up[i], 0);
+    dt_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shapes_and_view),
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_input_used_twice),
         cmocka_unit_test(test_bad_shapes),
+        cmocka_unit_test(test_gradient_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

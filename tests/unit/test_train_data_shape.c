@@ -139,7 +139,7 @@ static void test_images_not_28x28(void **state) {
 
     opts_for(&o, DT_MODEL_GPT2, dir);
     assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
-    assert_msg_has("needs token data");
+    assert_msg_has("model gpt2 takes 'ids' int32 [<=128], which the data lacks");
 }
 
 /* too few outputs for the data's 10 classes */
@@ -174,11 +174,13 @@ static void test_mlp_sized_for_the_images_trains(void **state) {
     dt_trainer *t = NULL;
     assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
     const dt_sample_shape *s = &t->data.sample;
-    assert_int_equal(s->input, DT_INPUT_IMAGE);
-    assert_int_equal(s->ndim, 3);
-    assert_int_equal(s->dims[0], 1);
-    assert_int_equal(s->dims[1], 20);
-    assert_int_equal(s->dims[2], 20);
+    assert_int_equal(s->n_inputs, 1);
+    assert_string_equal(s->in[0].name, "image");
+    assert_int_equal(s->in[0].dtype, DT_F32);
+    assert_int_equal(s->in[0].ndim, 3);
+    assert_int_equal(s->in[0].dims[0], 1);
+    assert_int_equal(s->in[0].dims[1], 20);
+    assert_int_equal(s->in[0].dims[2], 20);
     assert_int_equal(s->targets, 1);
     assert_int_equal(t->data.size[DT_SPLIT_TRAIN], N_TRAIN);
     assert_int_equal(t->data.size[DT_SPLIT_EVAL], N_TEST);

@@ -1,0 +1,118 @@
+/* bench_recompute — what activation recompute costs and saves, single process.
+ *
+ *   OMP_NUM_THREADS=2 bench_recompute W1|W2 [rounds] [steps per round]
+ *
+ * Each round trains `steps` AdamW steps with --recompute none, then the same
+ * with blocks, on one model and one fixed random batch (the two modes take
+ * turns so machine drift hits both alike). Reports per mode: activation
+ * memory (the graph arena's high-water mark: activations, tape, and for
+ * blocks the recompute scratch), ms per step (median over rounds) split into
+ * forward+backward and optimizer, and the ratios blocks / none; plus the
+ * GFLOP/s of cblas_sgemm on the workload's largest layer in the same run. */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "dtrain/optim.h"
+#include "bench_workloads.h"
+
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+
+static double sgemm_gflops(int M, int K, int N) {
+    float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N),
+          *C = calloc((size_t)M * N, sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 13) / 13.f - .5f;
+    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = (float)(i % 11) / 11.f - .5f;
+    double best = 1e30;
+    for (int r = 0; r < 11; r++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
+        double t = now() - t0;
+        if (r && t < best) best = t;
+    }
+    free(A); free(B); free(C);
+    return 2.0 * M * N * K / best / 1e9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "bench_recompute: %s: %s\n", what, dt_error_message());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    bench_workload w;
+    if (argc < 2 || bench_workload_get(argv[1], &w) != 0) {
+        fprintf(stderr, "usage: bench_recompute W1|W2|W3 [rounds] [steps per round]\n");
+        return 2;
+    }
+    int rounds = argc > 2 ? atoi(argv[2]) : 3, steps = argc > 3 ? atoi(argv[3]) : 3;
+    if (rounds < 1 || steps < 1) { fprintf(stderr, "bench_recompute: rounds and steps must be >= 1\n"); return 2; }
+    dt_cpu_set_flush_denormal(1);   /* as the trainer does: a memorised batch drifts into denormals */
+    dt_model *m;
+    if (dt_model_create(&w.cfg, 1, &m) != DT_OK) return fail("model");
+    dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    dt_optimizer opt;
+    dt_optim_segment seg = {0, m->param_flat.numel, 1};
+    if (dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel) != DT_OK) return fail("optimizer");
+    dt_batch b = bench_batch_make(&w, 0);
+    dt_graph *g[2] = {dt_graph_create(), dt_graph_create()};   /* one per mode: separate high-water marks */
+    double *fb[2], *op[2];
+    for (int k = 0; k < 2; k++) {
+        fb[k] = calloc((size_t)rounds, sizeof(double));
+        op[k] = calloc((size_t)rounds, sizeof(double));
+    }
+    double loss[2] = {0, 0};
+    for (int r = 0; r <= rounds; r++) {   /* round 0 warms up (arena growth, page faults) */
+        for (int k = 0; k < 2; k++) {
+            dt_model_set_recompute(m, k ? DT_RECOMPUTE_BLOCKS : DT_RECOMPUTE_NONE);
+            double t_fb = 0, t_op = 0;
+            for (int s = 0; s < steps; s++) {
+                double t0 = now();
+                dt_graph_reset(g[k]);
+                dt_tensor *l = dt_model_forward(m, g[k], &b, NULL);
+                if (!l) return fail("forward");
+                if (dt_graph_backward(g[k], l) != DT_OK) return fail("backward");
+                double t1 = now();
+                loss[k] = dt_f32(l)[0];
+                if (dt_optimizer_step_range(&opt, oc.lr, m->param_flat.data, m->grad_flat.data, 0,
+                                            m->param_flat.numel, 1.f) != DT_OK)
+                    return fail("step");
+                dt_optimizer_finish_step(&opt);
+                dt_model_zero_grad(m);
+                t_fb += t1 - t0;
+                t_op += now() - t1;
+            }
+            if (r) { fb[k][r - 1] = t_fb / steps; op[k][r - 1] = t_op / steps; }
+        }
+    }
+    double med_fb[2], med_op[2];
+    for (int k = 0; k < 2; k++) {
+        qsort(fb[k], (size_t)rounds, sizeof(double), cmp);
+        qsort(op[k], (size_t)rounds, sizeof(double), cmp);
+        med_fb[k] = fb[k][rounds / 2];
+        med_op[k] = op[k][rounds / 2];
+    }
+    double gf = sgemm_gflops(w.gm, w.gk, w.gn);
+    printf("%s: %zu params, B=%lld T=%lld, %d rounds x %d steps, sgemm [%d,%d]x[%d,%d] %.1f GFLOP/s\n", argv[1],
+           dt_model_num_params(m), (long long)w.B, (long long)w.T, rounds, steps, w.gm, w.gk, w.gk, w.gn, gf);
+    const char *name[2] = {"none", "blocks"};
+    printf("%-8s %14s %14s %12s %12s %10s\n", "recompute", "activation MiB", "fwd+bwd ms", "optim ms", "step ms", "last loss");
+    for (int k = 0; k < 2; k++)
+        printf("%-8s %14.1f %14.1f %12.1f %12.1f %10.4f\n", name[k], dt_graph_arena_bytes(g[k]) / 1048576.0,
+               med_fb[k] * 1e3, med_op[k] * 1e3, (med_fb[k] + med_op[k]) * 1e3, loss[k]);
+    printf("blocks/none: activation memory %.3fx (%.2fx lower), fwd+bwd time %.3fx, step time %.3fx\n",
+           (double)dt_graph_arena_bytes(g[1]) / (double)dt_graph_arena_bytes(g[0]),
+           (double)dt_graph_arena_bytes(g[0]) / (double)dt_graph_arena_bytes(g[1]), med_fb[1] / med_fb[0],
+           (med_fb[1] + med_op[1]) / (med_fb[0] + med_op[0]));
+    for (int k = 0; k < 2; k++) { dt_graph_free(g[k]); free(fb[k]); free(op[k]); }
+    bench_batch_free(&b);
+    dt_optimizer_free(&opt);
+    dt_model_free(m);
+    return 0;
+}

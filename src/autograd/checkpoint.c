@@ -1,0 +1,144 @@
+/* Activation recompute (torch.utils.checkpoint semantics).
+ *
+ * First pass, in forward: fn runs in COUNT mode with allocations in the
+ * scratch arena — ops compute but record nothing, and their parameter uses
+ * are counted (and listed) as if recorded, so pending totals and grad-ready
+ * stay right. The output is copied into the main arena, the scratch rewound,
+ * and one checkpoint node recorded: fn, ctx, rng, the rng state fn started
+ * from and the list of uses.
+ *
+ * Replay, that node's backward: x's gradient is allocated in the main arena,
+ * the rng set to the saved state, fn re-run in REPLAY mode into the scratch
+ * (nodes appended past a mark, uses not counted again, module hooks
+ * PRE/POST_RECOMPUTE), the replay output seeded with the node's output
+ * gradient, the appended nodes back-propagated in reverse with the main
+ * loop's body (markers, uses released, grad-ready, tick), then the tape
+ * truncated to the mark, the scratch rewound and the rng restored. Dropout
+ * masks are therefore those of the first pass, and the rng stream after the
+ * step is the one without recompute.
+ *
+ * Scratch invariant: empty outside dt_graph_checkpoint and the replay, so it
+ * holds at most one block's activations (and, in the replay, their gradients). */
+#include <stdio.h>
+#include <string.h>
+#include "graph_internal.h"
+
+typedef struct dt_ckpt {
+    dt_checkpoint_fn fn;
+    void *ctx;
+    dt_rng *rng;             /* may be NULL */
+    dt_rng rng_before;       /* *rng when the first pass started */
+    int n_uses;              /* parameter uses the first pass counted ... */
+    int uses[];              /* ... their records, in use order */
+} dt_ckpt;
+
+static dt_tensor *copy_out(dt_graph *g, const dt_tensor *y) {
+    if (y->dtype != DT_F32 || (y->numel > 0 && !y->data)) {
+        DT_ERR(DT_EINVAL, "checkpoint: the function's output %s is not an F32 tensor with data",
+               dt_shape_str(y, (char[96]){0}, 96));
+        return NULL;
+    }
+    dt_tensor *out = dt_graph_tensor(g, y->ndim, y->shape);
+    if (out) memcpy(out->data, y->data, (size_t)y->numel * sizeof(float));
+    return out;
+}
+
+static dt_status record_node(dt_graph *g, dt_tensor *out, dt_tensor *x, dt_checkpoint_fn fn, void *ctx,
+                             dt_rng *rng, const dt_rng *before) {
+    dt_ckpt *ck = dt_graph_scratch(g, sizeof *ck + (size_t)g->n_ck_uses * sizeof(int));
+    if (!ck) { g->sticky = DT_ENOMEM; return DT_ENOMEM; }
+    ck->fn = fn;
+    ck->ctx = ctx;
+    ck->rng = rng;
+    ck->rng_before = *before;
+    ck->n_uses = g->n_ck_uses;
+    memcpy(ck->uses, g->ck_uses, (size_t)g->n_ck_uses * sizeof(int));
+    dt_node *n = dt_graph_new_node(g);
+    if (!n) return DT_ENOMEM;
+    n->backward = dt_checkpoint_backward;
+    n->op = "checkpoint";
+    n->out = out;
+    n->n_in = x ? 1 : 0;
+    n->in[0] = x;
+    n->param_rec[0] = -1;    /* x's uses, if a parameter, are counted inside */
+    n->saved = ck;
+    out->requires_grad = 1;
+    out->grad_fn = n;
+    if (g->tick) g->tick(g->tick_user);
+    return DT_OK;
+}
+
+dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_rng *rng) {
+    if (!g || !fn) { DT_ERR(DT_EINVAL, "checkpoint: %s is NULL", g ? "fn" : "graph"); return NULL; }
+    if (g->mode != DT_GRAPH_RECORD) {
+        DT_ERR(DT_ESTATE, "checkpoint: nested checkpoints are not supported "
+               "(dt_graph_checkpoint called inside a checkpoint function)");
+        return NULL;
+    }
+    if (!g->grad_enabled) return fn(g, x, ctx);   /* nothing to recompute */
+    dt_rng before = rng ? *rng : (dt_rng){{0, 0}};
+    g->mode = DT_GRAPH_COUNT;
+    g->alloc = &g->scratch;
+    g->n_ck_uses = 0;
+    dt_tensor *y = fn(g, x, ctx);
+    g->mode = DT_GRAPH_RECORD;
+    g->alloc = &g->arena;
+    if (!y && dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "checkpoint: the function returned NULL without an error");
+    dt_tensor *out = y ? copy_out(g, y) : NULL;
+    if (out && y->requires_grad && record_node(g, out, x, fn, ctx, rng, &before) != DT_OK) out = NULL;
+    dt_arena_reset(&g->scratch);
+    return out;
+}
+
+/* The replay's output must be the first pass's: same shape, same uses. */
+static dt_status check_replay(dt_graph *g, const dt_ckpt *ck, const dt_node *n, const dt_tensor *y) {
+    if (!y) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", dt_error_message()[0] ? dt_error_message() : "it returned NULL without an error");
+        dt_status code = dt_error_code() != DT_OK ? dt_error_code() : DT_ESTATE;
+        return DT_ERR(code, "checkpoint replay: the function failed: %s", msg);
+    }
+    if (dt_error_code() != DT_OK) return dt_error_code();   /* e.g. a parameter the first pass did not use */
+    if (!dt_tensor_same_shape(y, n->out))
+        return DT_ERR(DT_ESTATE, "checkpoint replay: output %s, the first pass returned %s",
+                      dt_shape_str(y, (char[96]){0}, 96), dt_shape_str(n->out, (char[96]){0}, 96));
+    if (!y->requires_grad)
+        return DT_ERR(DT_ESTATE, "checkpoint replay: the output does not require grad, the first pass's did");
+    if (g->n_replay_uses != ck->n_uses)
+        return DT_ERR(DT_ESTATE, "checkpoint replay: %d parameter uses, the first pass counted %d "
+                      "(the function must run the same ops both times)", g->n_replay_uses, ck->n_uses);
+    return DT_OK;
+}
+
+void dt_checkpoint_backward(dt_graph *g, dt_node *n) {
+    dt_ckpt *ck = n->saved;
+    dt_tensor *x = n->n_in ? n->in[0] : NULL;
+    if (x && x->requires_grad) {   /* main arena, before the replay (NULL without error: frozen) */
+        dt_grad_of(g, x);
+        if (dt_error_code() != DT_OK) return;
+    }
+    const float *dy = dt_f32(n->out->grad);
+    int mark = g->n_nodes;
+    dt_rng now = {{0, 0}};
+    if (ck->rng) { now = *ck->rng; *ck->rng = ck->rng_before; }
+    dt_error_clear();
+    g->mode = DT_GRAPH_REPLAY;
+    g->alloc = &g->scratch;
+    g->n_replay_uses = 0;
+    dt_tensor *y = ck->fn(g, x, ck->ctx);
+    dt_status s = check_replay(g, ck, n, y);
+    if (s == DT_OK) s = dt_graph_seed_grad(g, y, dy);
+    for (int k = g->n_nodes - 1; s == DT_OK && k >= mark; k--) s = dt_graph_run_node(g, g->nodes[k], y);
+    if (s != DT_OK && dt_error_code() == DT_OK) DT_ERR(s, "checkpoint replay: a hook failed without a message");
+    g->n_nodes = mark;
+    g->mode = DT_GRAPH_RECORD;
+    g->alloc = &g->arena;
+    dt_arena_reset(&g->scratch);
+    if (ck->rng) *ck->rng = now;
+}
+
+dt_status dt_checkpoint_skip(dt_graph *g, dt_node *n) {
+    const dt_ckpt *ck = n->saved;
+    for (int k = ck->n_uses - 1; k >= 0; k--) DT_TRY(dt_graph_release_use(g, ck->uses[k]));
+    return DT_OK;
+}

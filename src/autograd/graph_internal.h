@@ -1,0 +1,68 @@
+/* The state of a dt_graph, shared by the files of src/autograd:
+ *   graph.c       create / reset, allocation, recording ops and module markers
+ *   backward.c    the backward loop and its entry points, graph inputs
+ *   checkpoint.c  activation recompute (dt_graph_checkpoint)
+ *   param_table.c per-graph parameter use records
+ */
+#ifndef DT_AUTOGRAD_GRAPH_INTERNAL_H
+#define DT_AUTOGRAD_GRAPH_INTERNAL_H
+#include "arena.h"
+#include "dtrain/autograd.h"
+
+/* One parameter's bookkeeping on one tape: uses recorded, uses not yet
+ * back-propagated (0 <= pending <= uses). */
+typedef struct dt_param_rec { dt_param *p; int uses, pending; } dt_param_rec;
+
+/* Records in first-use order, found by pointer through an open-addressing
+ * table: slots[h] = record index + 1 (0 = empty), n_slots a power of two
+ * and at least twice n, so a probe always ends at an empty slot. */
+typedef struct dt_param_table {
+    dt_param_rec *recs; int n, cap;
+    int *slots; int n_slots;
+} dt_param_table;
+
+int dt_ptab_find(const dt_param_table *t, const dt_param *p);   /* record index or -1 */
+int dt_ptab_get(dt_param_table *t, dt_param *p);                /* found or added (zero counts); -1 on OOM */
+void dt_ptab_clear(dt_param_table *t);                          /* no records, memory kept */
+void dt_ptab_free(dt_param_table *t);
+
+/* What dt_graph_record does with an op. */
+typedef enum dt_graph_mode {
+    DT_GRAPH_RECORD = 0,   /* append a node, count parameter uses */
+    DT_GRAPH_COUNT,        /* checkpoint first pass: no node; count uses and list them in ck_uses */
+    DT_GRAPH_REPLAY,       /* checkpoint replay in backward: append a node; uses were counted */
+} dt_graph_mode;
+
+struct dt_graph {
+    dt_arena arena;          /* main: tape nodes, kept activations, gradients */
+    dt_arena scratch;        /* recompute scratch: in use only during a checkpoint's first pass or replay */
+    dt_arena *alloc;         /* where dt_graph_scratch allocates: &arena, or &scratch inside a checkpoint */
+    dt_node **nodes; int n_nodes, cap_nodes;
+    dt_param_table params;   /* uses of the parameters on this tape */
+    int grad_enabled, training, final, backward_done;
+    dt_graph_mode mode;
+    int *ck_uses; int n_ck_uses, cap_ck_uses;   /* COUNT: record index of each use, in order */
+    int n_replay_uses;       /* REPLAY: parameter inputs of the nodes appended */
+    dt_status sticky;        /* an allocation failed while recording: backward must not run */
+    dt_graph_tick_fn tick; void *tick_user;
+};
+
+/* A zeroed node appended to the tape, from g->alloc. NULL (sticky set) on OOM. */
+dt_node *dt_graph_new_node(dt_graph *g);
+/* Uninitialised F32 tensor from arena a. */
+dt_tensor *dt_graph_tensor_in(dt_graph *g, dt_arena *a, int ndim, const int64_t *shape);
+/* The backward loop body for node n (markers fire PRE/POST_BACKWARD; an op
+ * whose output got a gradient, or is `start`, runs its backward; then its
+ * parameter uses are released; then the tick). */
+dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start);
+/* One use of record `rec` back-propagated: at pending 0 a final graph fires grad-ready. */
+dt_status dt_graph_release_use(dt_graph *g, int rec);
+/* t's gradient = up (t's gradient fresh: copied, so bitwise up) or += up. */
+dt_status dt_graph_seed_grad(dt_graph *g, dt_tensor *t, const float *up);
+
+/* checkpoint.c: the checkpoint node's backward (the replay), and what the
+ * loop does instead when no gradient reached that node: release the uses its
+ * first pass counted, so grad-ready still fires. */
+void dt_checkpoint_backward(dt_graph *g, dt_node *n);
+dt_status dt_checkpoint_skip(dt_graph *g, dt_node *n);
+#endif
