@@ -9,31 +9,11 @@
  * blocks the recompute scratch), ms per step (median over rounds) split into
  * forward+backward and optimizer, and the ratios blocks / none; plus the
  * GFLOP/s of cblas_sgemm on the workload's largest layer in the same run. */
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "dtrain/optim.h"
 #include "bench_workloads.h"
-
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
-
-static double sgemm_gflops(int M, int K, int N) {
-    float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N),
-          *C = calloc((size_t)M * N, sizeof(float));
-    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 13) / 13.f - .5f;
-    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = (float)(i % 11) / 11.f - .5f;
-    double best = 1e30;
-    for (int r = 0; r < 11; r++) {
-        double t0 = now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
-        double t = now() - t0;
-        if (r && t < best) best = t;
-    }
-    free(A); free(B); free(C);
-    return 2.0 * M * N * K / best / 1e9;
-}
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -73,12 +53,12 @@ int main(int argc, char **argv) {
             dt_model_set_recompute(m, k ? DT_RECOMPUTE_BLOCKS : DT_RECOMPUTE_NONE);
             double t_fb = 0, t_op = 0;
             for (int s = 0; s < steps; s++) {
-                double t0 = now();
+                double t0 = bench_now();
                 dt_graph_reset(g[k]);
                 dt_tensor *l = dt_model_forward(m, g[k], &b, NULL);
                 if (!l) return fail("forward");
                 if (dt_graph_backward(g[k], l) != DT_OK) return fail("backward");
-                double t1 = now();
+                double t1 = bench_now();
                 loss[k] = dt_f32(l)[0];
                 if (dt_optimizer_step_range(&opt, oc.lr, m->param_flat.data, m->grad_flat.data, 0,
                                             m->param_flat.numel, 1.f) != DT_OK)
@@ -86,7 +66,7 @@ int main(int argc, char **argv) {
                 dt_optimizer_finish_step(&opt);
                 dt_model_zero_grad(m);
                 t_fb += t1 - t0;
-                t_op += now() - t1;
+                t_op += bench_now() - t1;
             }
             if (r) { fb[k][r - 1] = t_fb / steps; op[k][r - 1] = t_op / steps; }
         }
@@ -98,7 +78,7 @@ int main(int argc, char **argv) {
         med_fb[k] = fb[k][rounds / 2];
         med_op[k] = op[k][rounds / 2];
     }
-    double gf = sgemm_gflops(w.gm, w.gk, w.gn);
+    double gf = bench_sgemm_gflops(w.gm, w.gk, w.gn);
     printf("%s: %zu params, B=%lld T=%lld, %d rounds x %d steps, sgemm [%d,%d]x[%d,%d] %.1f GFLOP/s\n", argv[1],
            dt_model_num_params(m), (long long)w.B, (long long)w.T, rounds, steps, w.gm, w.gk, w.gk, w.gn, gf);
     const char *name[2] = {"none", "blocks"};

@@ -28,25 +28,6 @@
 #include "dtrain/parallel.h"
 #include "bench_workloads.h"
 
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
-
-static double sgemm_gflops(int M, int K, int N) {
-    float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N),
-          *C = calloc((size_t)M * N, sizeof(float));
-    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 13) / 13.f - .5f;
-    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = (float)(i % 11) / 11.f - .5f;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
-    double best = 1e30;
-    for (int r = 0; r < 10; r++) {
-        double t0 = now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
-        double t = now() - t0;
-        if (t < best) best = t;
-    }
-    free(A); free(B); free(C);
-    return 2.0 * M * N * K / best / 1e9;
-}
-
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: bench_train W1|W2|W3 [steps] [--no-overlap] [--bucket-mb F] [--deterministic] [--no-comm]\n"
@@ -94,19 +75,19 @@ int main(int argc, char **argv) {
     dt_ddp_stats warm_stats = {0};
     for (int s = 0; s < steps + warm; s++) {
         if (world > 1) MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = now();
+        double t0 = bench_now();
         dt_graph_reset(g);
         if (ddp) dt_ddp_before_forward(ddp, g, 1);
         dt_tensor *loss = dt_model_forward(m, g, &b, NULL);
         if (!loss) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
-        double t1 = now();
+        double t1 = bench_now();
         if (dt_graph_backward(g, loss) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
         if (ddp && dt_ddp_finish_backward(ddp) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
-        double t2 = now();
+        double t2 = bench_now();
         dt_optimizer_step_range(&opt, oc.lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, 1.f);
         dt_optimizer_finish_step(&opt);
         dt_model_zero_grad(m);
-        double t3 = now();
+        double t3 = bench_now();
         if (s == warm - 1 && ddp) warm_stats = dt_ddp_get_stats(ddp);
         if (s >= warm) { t_fwd += t1 - t0; t_bwd += t2 - t1; t_opt += t3 - t2; t_total += t3 - t0; }
     }
@@ -119,7 +100,7 @@ int main(int argc, char **argv) {
     double flops = dt_model_flops_per_item(m, T) * items;
     double ms = t_total / steps * 1e3;
     double achieved = flops / (t_total / steps) / 1e9 / world;   /* per rank */
-    double sg = sgemm_gflops(gm, gk, gn);
+    double sg = bench_sgemm_gflops(gm, gk, gn);
     if (rank == 0) {
         printf("%s ranks=%d threads/rank=%d params=%zu buckets=%d\n", w, world, omp_get_max_threads(),
                dt_model_num_params(m), ddp ? dt_ddp_num_buckets(ddp) : 0);

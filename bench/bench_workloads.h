@@ -3,9 +3,33 @@
  * Header-only: every bench .c file is its own executable. */
 #ifndef DTRAIN_BENCH_WORKLOADS_H
 #define DTRAIN_BENCH_WORKLOADS_H
+#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "dtrain/nn.h"
+
+/* Wall clock, and the best-of-10 rate of cblas_sgemm on [M, K] x [K, N]: the
+ * GEMM rate every bench quotes from the same run. */
+static inline double bench_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+
+static inline double bench_sgemm_gflops(int M, int K, int N) {
+    float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N),
+          *C = calloc((size_t)M * N, sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 13) / 13.f - .5f;
+    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = (float)(i % 11) / 11.f - .5f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
+    double best = 1e30;
+    for (int r = 0; r < 10; r++) {
+        double t0 = bench_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
+        double t = bench_now() - t0;
+        if (t < best) best = t;
+    }
+    free(A); free(B); free(C);
+    return 2.0 * M * N * K / best / 1e9;
+}
+
 
 typedef struct bench_workload {
     dt_model_cfg cfg;

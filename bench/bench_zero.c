@@ -24,7 +24,6 @@
 
 #define MIB (1024.0 * 1024.0)
 
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 
 /* resident set: current (statm) and peak (getrusage), bytes */
 static double rss_now(void) {
@@ -112,7 +111,7 @@ int main(int argc, char **argv) {
             if (z) zs0 = dt_zero_get_stats(z);
             if (ddp) ds0 = dt_ddp_get_stats(ddp);
         }
-        double t0 = now();
+        double t0 = bench_now();
         dt_graph_reset(g);
         if (z) { dt_zero_set_lr(z, oc.lr); if (dt_zero_before_forward(z, g, 1) != DT_OK) return die("before_forward"); }
         if (ddp) dt_ddp_before_forward(ddp, g, 1);
@@ -127,7 +126,7 @@ int main(int argc, char **argv) {
             dt_optimizer_finish_step(&opt);
         }
         dt_model_zero_grad(m);
-        double t1 = now();
+        double t1 = bench_now();
         if (s >= warm) {
             t_total += t1 - t0;
             double cur = rss_now();
