@@ -60,10 +60,8 @@ dt_status dt_graph_backward_from(dt_graph *g, dt_tensor *out, const float *upstr
 }
 
 dt_status dt_graph_backward_scaled(dt_graph *g, dt_tensor *loss, float grad_scale) {
-    if (g && !g->backward_done && (!loss || loss->numel != 1))
-        return DT_ERR(DT_EINVAL, "backward needs a scalar loss");
-    if (loss && !loss->requires_grad && g && !g->backward_done)
-        return DT_ERR(DT_ESTATE, "loss does not require grad (was it computed with grad disabled?)");
+    if (loss && loss->numel != 1 && g && !g->backward_done)   /* (a second backward: backward_from's error) */
+        return DT_ERR(DT_EINVAL, "backward needs a scalar loss, got %lld elements", (long long)loss->numel);
     return dt_graph_backward_from(g, loss, &grad_scale);
 }
 

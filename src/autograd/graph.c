@@ -169,6 +169,13 @@ dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tens
     return n;
 }
 
+/* Where t's gradient lives: with the tape being recorded, except that inside
+ * a replay a tensor from outside it (a ctx input in the main arena, the
+ * caller's) needs a gradient that outlives the scratch. */
+static dt_arena *grad_arena(dt_graph *g, const dt_tensor *t) {
+    return g->alloc == &g->scratch && !dt_arena_owns(&g->scratch, t) ? &g->arena : g->alloc;
+}
+
 float *dt_grad_of(dt_graph *g, dt_tensor *t) {
     if (!t || !t->requires_grad) return NULL;
     if (t->param) {
@@ -181,10 +188,7 @@ float *dt_grad_of(dt_graph *g, dt_tensor *t) {
         return dt_f32(&p->grad);
     }
     if (!t->grad) {
-        /* inside a replay, a tensor from outside it (a ctx input in the main
-         * arena, the caller's) needs a gradient that outlives the scratch */
-        dt_arena *a = g->alloc == &g->scratch && !dt_arena_owns(&g->scratch, t) ? &g->arena : g->alloc;
-        dt_tensor *gt = dt_graph_tensor_in(g, a, t->ndim, t->shape);
+        dt_tensor *gt = dt_graph_tensor_in(g, grad_arena(g, t), t->ndim, t->shape);
         if (!gt) return NULL;
         memset(gt->data, 0, (size_t)gt->numel * sizeof(float));
         t->grad = gt;
@@ -192,26 +196,27 @@ float *dt_grad_of(dt_graph *g, dt_tensor *t) {
     return dt_f32(t->grad);
 }
 
-int dt_grad_alias(dt_graph *g, dt_tensor *x, dt_tensor *y) {
-    if (!x || !y || !x->requires_grad || x->param || x->grad || !y->grad || x->numel != y->numel) return 0;
-    /* x's gradient must live as long as dt_grad_of would make it: a tensor from
-     * outside a replay may not borrow a gradient in the replay's scratch */
-    if (g->alloc == &g->scratch && !dt_arena_owns(&g->scratch, x) && dt_arena_owns(&g->scratch, y->grad->data))
-        return 0;
-    dt_tensor *gt = dt_graph_tensor_in(g, dt_arena_owns(&g->scratch, x) ? &g->scratch : &g->arena, 0, NULL);
-    if (!gt) return 0;   /* a header only; the caller's dt_grad_of reports the OOM */
-    dt_tensor_view(gt, y->grad->data, DT_F32, x->ndim, x->shape);
+/* x (no gradient yet, not a parameter) gets as gradient a view of `data`,
+ * which must live as long as x's own gradient would (grad_arena). Returns 1,
+ * or 0 (the caller allocates as usual: dt_grad_of reports an OOM). */
+static int grad_view(dt_graph *g, dt_tensor *x, float *data) {
+    dt_arena *a = grad_arena(g, x);
+    if (a == &g->arena && dt_arena_owns(&g->scratch, data)) return 0;   /* would outlive data */
+    dt_tensor *gt = dt_arena_alloc(a, sizeof *gt);
+    if (!gt) return 0;
+    dt_tensor_view(gt, data, DT_F32, x->ndim, x->shape);
     x->grad = gt;
     return 1;
 }
 
+int dt_grad_alias(dt_graph *g, dt_tensor *x, dt_tensor *y) {
+    if (!x || !y || !x->requires_grad || x->param || x->grad || !y->grad || x->numel != y->numel) return 0;
+    return grad_view(g, x, dt_f32(y->grad));
+}
+
 int dt_grad_in_place(dt_graph *g, dt_tensor *x) {
     if (!x || !x->requires_grad || x->param || x->grad || x->dtype != DT_F32) return 0;
-    dt_tensor *gt = dt_graph_tensor_in(g, dt_arena_owns(&g->scratch, x) ? &g->scratch : &g->arena, 0, NULL);
-    if (!gt) return 0;   /* a header only; the caller's dt_grad_of reports the OOM */
-    dt_tensor_view(gt, x->data, DT_F32, x->ndim, x->shape);
-    x->grad = gt;
-    return 1;
+    return grad_view(g, x, dt_f32(x));
 }
 
 static dt_status fire_module(dt_module *m, dt_module_hook_kind k) {
