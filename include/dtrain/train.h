@@ -23,7 +23,8 @@ typedef struct dt_train_opts {
     dt_model_cfg model;            /* the built-in to train, unless build_model is set */
     dt_model_build_fn build_model; /* a user's model (NULL: the built-in from `model`) */
     void *build_user;
-    dt_recompute recompute;        /* activation recompute (default none) */
+    dt_recompute recompute;        /* activation recompute: blocks = mark every block but the last;
+                                    * none (default) leaves the model's own marks */
     const char *data;              /* dataset name (data.h): DT_DATA_FASHION_MNIST (default), _TEXT, _SHARD */
     const char *data_path;         /* NULL: the dataset's default (Debian package path) */
     const char *val_path;          /* token data only: held-out file; NULL = last 10% of data */

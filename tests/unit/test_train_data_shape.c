@@ -204,6 +204,45 @@ static void test_mlp_sized_for_the_images_trains(void **state) {
     dt_trainer_free(t);
 }
 
+/* A user's model through build_model: blocks it marks for recompute stay
+ * marked unless the run asks for a mode; a model left unbuilt is refused. */
+static dt_status build_marked(void *user, uint64_t seed, dt_model **out) {
+    const dt_model_cfg *c = user;
+    DT_TRY(dt_model_create(c, seed, out));
+    (*out)->blocks[0].recompute = 1;
+    return DT_OK;
+}
+static dt_status build_unbuilt(void *user, uint64_t seed, dt_model **out) {
+    (void)user;
+    return dt_model_new("half", seed, out);
+}
+
+static void test_build_model(void **state) {
+    (void)state;
+    const char *dir = make_fmnist("build_model", 28, 28);
+    dt_train_opts o;
+    opts_for(&o, DT_MODEL_MLP, dir);
+    dt_model_cfg c = o.model;
+    o.build_model = build_marked;
+    o.build_user = &c;
+    dt_trainer *t = NULL;
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
+    assert_int_equal(t->model->n_blocks, 2);
+    assert_int_equal(t->model->blocks[0].recompute, 1);   /* default mode none: the user's mark kept */
+    assert_int_equal(dt_trainer_step(t, NULL), DT_OK);
+    dt_trainer_free(t);
+    o.recompute = DT_RECOMPUTE_BLOCKS;
+    c.mlp_n_hidden = 2; c.mlp_hidden[1] = 8;
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
+    assert_int_equal(t->model->blocks[1].recompute, 1);
+    assert_int_equal(t->model->blocks[2].recompute, 0);   /* never the last */
+    dt_trainer_free(t);
+    o.build_model = build_unbuilt;
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
+    assert_null(t);
+    assert_msg_has("model half: build_model must end with dt_model_build");
+}
+
 int main(void) {
     unsetenv("DTRAIN_TTY");
     const struct CMUnitTest tests[] = {
@@ -211,6 +250,7 @@ int main(void) {
         cmocka_unit_test(test_images_not_28x28),
         cmocka_unit_test(test_too_few_classes),
         cmocka_unit_test(test_mlp_sized_for_the_images_trains),
+        cmocka_unit_test(test_build_model),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
