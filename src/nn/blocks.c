@@ -31,11 +31,9 @@ dt_status dt_model_add_block(dt_model *m, const char *name, dt_block_fn fn, void
     else if (m->n_blocks == DT_MAX_BLOCKS) s = DT_ERR(DT_EINVAL, "model %s: more than %d blocks", m->name, DT_MAX_BLOCKS);
     if (s == DT_OK) s = check_dims(m, name, "input", in_ndim, in_dims);
     if (s == DT_OK) s = check_dims(m, name, "output", out_ndim, out_dims);
-    if (s == DT_OK && !(m->n_blocks & (m->n_blocks - 1))) {   /* grow at powers of two */
-        dt_block *nb = realloc(m->blocks, (size_t)(m->n_blocks ? 2 * m->n_blocks : 1) * sizeof *nb);
-        if (!nb) s = DT_ERR(DT_ENOMEM, "out of memory adding block %s", name);
-        else m->blocks = nb;
-    }
+    dt_block *nb = s == DT_OK ? dt_nn_grow(m->blocks, m->n_blocks, sizeof *nb) : NULL;
+    if (s == DT_OK && !nb) s = DT_ERR(DT_ENOMEM, "out of memory adding block %s", name);
+    if (nb) m->blocks = nb;
     if (s != DT_OK) { m->build_err = s; return s; }
     dt_block *b = &m->blocks[m->n_blocks++];
     memset(b, 0, sizeof *b);

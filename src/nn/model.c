@@ -7,12 +7,6 @@
 #include <string.h>
 #include "model_internal.h"
 
-static void *grow(void *arr, int n, size_t elem) {
-    /* capacity doubles at powers of two: n is the current count */
-    if (n && (n & (n - 1))) return arr;
-    return realloc(arr, (size_t)(n ? 2 * n : 1) * elem);
-}
-
 /* Record the first builder failure (the message is already set). */
 static void *failed(dt_model *m, dt_status s) {
     if (m->build_err == DT_OK) m->build_err = s;
@@ -57,7 +51,7 @@ dt_module *dt_model_add_module(dt_model *m, const char *name) {
         if (!strcmp(m->modules[i]->name, name))
             return failed(m, DT_ERR(DT_EINVAL, "model %s: module '%s' added twice", m->name, name));
     dt_module *mod = calloc(1, sizeof *mod);
-    dt_module **arr = grow(m->modules, m->n_modules, sizeof *arr);
+    dt_module **arr = dt_nn_grow(m->modules, m->n_modules, sizeof *arr);
     if (!mod || !arr) {
         free(mod);
         return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding module %s", name));
@@ -91,7 +85,7 @@ dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int 
     if (dt_model_find_param(m, name))
         return failed(m, DT_ERR(DT_EINVAL, "model %s: parameter '%s' added twice", m->name, name));
     dt_param *p = calloc(1, sizeof *p);
-    dt_param **arr = grow(m->params, m->n_params, sizeof *arr);
+    dt_param **arr = dt_nn_grow(m->params, m->n_params, sizeof *arr);
     if (!p || !arr) {
         free(p);
         return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding parameter %s", name));
@@ -102,7 +96,7 @@ dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int 
     p->index = m->n_params;
     m->params[m->n_params++] = p;
     if (mod) {
-        dt_param **mp = grow(mod->params, mod->n_params, sizeof *mp);
+        dt_param **mp = dt_nn_grow(mod->params, mod->n_params, sizeof *mp);
         if (!mp) return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding parameter %s", name));
         mod->params = mp;
         mod->params[mod->n_params++] = p;
@@ -114,7 +108,7 @@ dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int 
 dt_named_buffer *dt_model_add_buffer(dt_model *m, const char *name, int ndim, const int64_t *shape, float fill) {
     if (closed(m, "buffer", name) || !name_ok(m, "buffer", name, sizeof ((dt_named_buffer *)0)->name)) return NULL;
     dt_named_buffer *b = calloc(1, sizeof *b);
-    dt_named_buffer **arr = grow(m->buffers, m->n_buffers, sizeof *arr);
+    dt_named_buffer **arr = dt_nn_grow(m->buffers, m->n_buffers, sizeof *arr);
     if (!b || !arr) {
         free(b);
         return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding buffer %s", name));

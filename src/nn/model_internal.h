@@ -1,6 +1,7 @@
 /* Shared by the nn files (not public API). */
 #ifndef DT_NN_MODEL_INTERNAL_H
 #define DT_NN_MODEL_INTERNAL_H
+#include <stdlib.h>
 #include "dtrain/nn.h"
 
 /* The built-ins: register into an empty model whose cfg is set (model.c). */
@@ -9,6 +10,13 @@ dt_status dt_cnn_build(dt_model *m);
 dt_status dt_gpt2_build(dt_model *m);
 /* Blocks chain, inputs and loss head are consistent (blocks.c). */
 dt_status dt_model_check_blocks(const dt_model *m);
+
+/* Room for element n of arr (elem bytes each; n = the current count):
+ * capacity doubles at powers of two. The new array, or NULL (arr untouched). */
+static inline void *dt_nn_grow(void *arr, int n, size_t elem) {
+    if (n && (n & (n - 1))) return arr;
+    return realloc(arr, (size_t)(n ? 2 * n : 1) * elem);
+}
 
 /* Propagate NULL from an op: `DT_NN_CHECK(x = dt_op_relu(g, x));` */
 #define DT_NN_CHECK(expr) do { if (!(expr)) return NULL; } while (0)

@@ -67,7 +67,8 @@ dt_status dt_batch_add_input(dt_batch *b, const char *name, dt_dtype dtype, int 
 const dt_tensor *dt_batch_input(const dt_batch *b, const char *name, dt_dtype dtype, const char *who) {
     for (int k = 0; k < b->n_inputs; k++) {
         if (strcmp(b->names[k], name)) continue;
-        if (b->in[k].dtype != dtype || !b->in[k].data) {
+        if (!b->in[k].data) { DT_ERR(DT_EINVAL, "%s: batch input '%s' has no data", who, name); return NULL; }
+        if (b->in[k].dtype != dtype) {
             DT_ERR(DT_EINVAL, "%s: batch input '%s' is %s, expected %s", who, name, type_name(b->in[k].dtype),
                    type_name(dtype));
             return NULL;
