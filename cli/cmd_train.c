@@ -44,7 +44,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--seq", DT_ARG_I64, &o->seq, "T", "LM sequence length (default 64)", 0, 0},
         {"--steps", DT_ARG_I64, &o->steps, "N", "optimizer steps (overrides --epochs)", 0, 0},
         {"--epochs", DT_ARG_INT, &o->epochs, "N", "epochs when --steps is not given (default 1)", 0, 0},
-        {"--recompute", DT_ARG_STR, &f->recompute, "none|blocks", "activation recompute: blocks keeps only each block's input and re-runs its forward in backward (less memory, ~1/3 more compute; default none)", 0, 0},
+        {"--recompute", DT_ARG_STR, &f->recompute, "none|blocks", "activation recompute: blocks keeps only the input of every block but the last and re-runs its forward in backward (less memory, ~1/3 more compute; default none)", 0, 0},
         {"--accum", DT_ARG_INT, &o->accum, "K", "micro-steps per optimizer step (gradient accumulation, default 1)", 0, 0},
         {"--optim", DT_ARG_STR, &f->optim, "adamw|sgd", "optimizer (default adamw)", 0, 0},
         {"--lr", DT_ARG_FLOAT, &o->optim.lr, "LR", "learning rate (default 1e-3 adamw, 1e-2 sgd)", 0, 0},

@@ -70,6 +70,8 @@ static int32_t Y[5] = {0, 2, 1, 2, 0};
 
 static dt_batch batch(void) {
     dt_batch b = {.B = 5, .T = 1, .y = Y};
+    assert_int_equal(dt_batch_add_input(&b, "x", DT_F32, 2, (int64_t[]){4, 5}, X), DT_EINVAL);   /* B first */
+    assert_msg_has("batch input 'x' must be F32 or I32 [B = 5, ...]");
     assert_int_equal(dt_batch_add_input(&b, "x", DT_F32, 2, (int64_t[]){5, 4}, X), DT_OK);
     return b;
 }
