@@ -28,7 +28,8 @@
  *    the others — if a final graph's backward runs before another graph's,
  *    its hooks fire anyway and see the gradient without the later
  *    contributions. Parameters not used on the final tape get no call; query
- *    dt_graph_param_uses() after backward.
+ *    dt_graph_param_uses() after backward. A parameter whose weight gradient
+ *    is deferred (dt_graph_defer_weights) fires in dt_graph_backward_weights.
  *  - module pre/post forward, pre/post backward (ZeRO-3 gathers,
  *    recompute). Pre-backward fires when backward reaches the last node the
  *    module recorded; post-backward after its first node has been processed.
@@ -103,7 +104,8 @@ dt_graph *dt_graph_create(void);
 /* Never touches the parameters it recorded: may run before or after they are freed. */
 void dt_graph_free(dt_graph *g);
 /* Drop the tape and its parameter use counts, rewind the arena (memory is
- * kept for the next step). Touches nothing outside the graph. */
+ * kept for the next step), drop pending deferred weight-gradient work (see
+ * dt_graph_defer_weights). Touches nothing outside the graph. */
 void dt_graph_reset(dt_graph *g);
 /* no-grad / eval: ops compute but record nothing. Returns previous value. */
 int dt_graph_set_grad_enabled(dt_graph *g, int enabled);
@@ -180,6 +182,68 @@ size_t dt_graph_arena_bytes(const dt_graph *g);
 typedef dt_tensor *(*dt_checkpoint_fn)(dt_graph *g, dt_tensor *x, void *ctx);
 dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_rng *rng);
 
+/* ---- split backward: input gradients now, weight gradients later ----
+ * Zero-bubble pipeline schedules (ZB-H1) and tied weights on several pipeline
+ * stages need a graph's backward in two passes: B computes the activation
+ * (input) gradients, W later the parameter (weight) gradients.
+ *
+ *   dt_graph_defer_weights(g, defer_all, NULL);  // once; kept across resets
+ *   dt_graph_backward_from(g, out, dy);          // B: dt_graph_grad(g, in) is ready
+ *   ... send it upstream, run other micro-batches' B ...
+ *   dt_graph_backward_weights(g);                // W: the deferred gradients
+ *
+ * B: a node with an input that is the value of a parameter p with
+ * p->requires_grad and pred(p, user) = 1 runs its backward with p's gradient
+ * hidden (dt_grad_of returns NULL for it, so the op skips dW / db) and is
+ * queued. Its uses of such parameters stay pending (their grad-ready does not
+ * fire yet); its uses of other parameters are released as usual.
+ * W: the queued nodes run again in queue order (the order B reached them)
+ * with every gradient hidden but the deferred parameters' (dt_grad_of returns
+ * NULL, without allocating, for any other tensor; dt_grad_alias and
+ * dt_grad_in_place return 0); after each node its deferred uses are released
+ * (grad-ready fires here, on a final graph, in that order), then the tick
+ * runs. Module markers fire no hooks in W.
+ *
+ * The point: each parameter's gradient accumulates in the order of a plain
+ * backward. When the W passes of several graphs (micro-batches sharing the
+ * parameters) run in the order of their B passes — B0 B1 B2 W0 W1 W2,
+ * B0 W0 B1 B2 W1 W2, ... — the gradients are bitwise those of plain
+ * backward of g0, g1, g2 in turn, provided each parameter's contributions are
+ * all deferred or all not (pred looks at the parameter only, so just the
+ * checkpoint rule below can split them).
+ *
+ * Rules:
+ *  - Nothing inside a checkpoint's replay (dt_graph_checkpoint) is deferred:
+ *    those nodes compute their weight gradients in B, since their saved
+ *    tensors die when the replay ends. A deferred parameter used both inside
+ *    and outside a checkpoint therefore gets its contributions in B and W:
+ *    the sum is right but its order (and bits) differ from plain backward.
+ *  - W reads what B read: the tape's activations and gradients (kept until
+ *    reset) and caller memory an op reads in backward (dt_graph_input data,
+ *    embedding ids, cross-entropy targets) must stay valid until W.
+ *  - dt_graph_reset drops pending W work: those gradients are never computed
+ *    and their grad-ready hooks never fire.
+ *  - In B, dt_grad_in_place declines (returns 0) when x's storage overlaps an
+ *    input or the output gradient of a queued node, which W will read.
+ *  - Ops: a backward computes each of dx / dw / db only when dt_grad_of gives
+ *    it a buffer, and communicates only for its input gradient, which W never
+ *    asks for: SyncBatchNorm's exchange thus runs once, in B. An op that
+ *    communicated for a weight gradient could not be deferred.
+ * pred is read during B only: changing it between B and W changes nothing
+ * already queued. */
+/* predicate: 1 = this parameter's gradient is deferred to the W pass */
+typedef int (*dt_defer_fn)(const dt_param *p, void *user);
+/* Defer weight gradients on g: pred NULL = none (the default). Kept across resets. */
+void dt_graph_defer_weights(dt_graph *g, dt_defer_fn pred, void *user);
+/* After dt_graph_backward(_scaled, _from): run the deferred weight-gradient work.
+ * Exactly once per successful backward, also when nothing was deferred (then
+ * a no-op returning DT_OK). DT_ESTATE before the graph's backward (since its
+ * creation or reset), for a second call, or after a failed backward; NULL g
+ * is DT_EINVAL. An op's error stops W (the remaining work is dropped). */
+dt_status dt_graph_backward_weights(dt_graph *g);
+/* Nodes waiting for the W pass (0 after it, or when nothing was deferred). */
+int dt_graph_deferred_nodes(const dt_graph *g);
+
 /* ---- for op implementers ---- */
 /* Uninitialised F32 tensor from the arena (64-byte aligned). NULL+msg on OOM.
  * Inside a checkpoint function (first pass or replay) it comes from the
@@ -213,7 +277,8 @@ struct dt_node {
 dt_node *dt_graph_record(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *out,
                          int n_in, dt_tensor *const *in);
 /* Gradient buffer of t for a backward fn to accumulate into (+=).
- * Returns NULL if t does not require grad. Lazily zero-allocated (in a
+ * Returns NULL if t does not require grad, or while the split backward hides
+ * t's gradient (see dt_graph_defer_weights). Lazily zero-allocated (in a
  * checkpoint replay: in the scratch for the replay's own tensors, in the
  * main arena for tensors from outside it). */
 float *dt_grad_of(dt_graph *g, dt_tensor *t);

@@ -1,6 +1,8 @@
 /* Backward: the tape in reverse from any tensor and its upstream gradient,
  * parameter uses released (grad-ready on a final graph), module markers
- * firing pre/post-backward. Graph inputs and reading their gradients. */
+ * firing pre/post-backward; nodes with deferred weight gradients run with
+ * those hidden and are queued for the W pass (backward_weights.c). Graph
+ * inputs and reading their gradients. */
 #include <string.h>
 #include "graph_internal.h"
 
@@ -18,15 +20,25 @@ dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start) {
                        : DT_OK;
     }
     /* An output no gradient reached contributes nothing; its params' pending
-     * uses still count down so their grad-ready hook fires. */
-    if (n->out->grad || n->out == start) {
+     * uses still count down so their grad-ready hook fires (a deferred
+     * parameter's in the W pass). */
+    int run = n->out->grad || n->out == start;
+    unsigned defer = dt_defer_mask(g, n);
+    if (defer) DT_TRY(dt_defer_push(g, n, defer, run));
+    if (run) {
+        const dt_node *masked = g->masked;
+        unsigned mask = g->mask;
+        g->masked = defer ? n : NULL;   /* the deferred parameters' gradients wait for W */
+        g->mask = defer;
         n->backward(g, n);   /* errors (OOM, a failed SyncBN exchange) stop backward */
+        g->masked = masked;
+        g->mask = mask;
         if (dt_error_code() != DT_OK) return dt_error_code();
     } else if (n->backward == dt_checkpoint_backward) {
         DT_TRY(dt_checkpoint_skip(g, n));   /* its parameter uses are inside it */
     }
     for (int i = 0; i < n->n_in; i++)
-        if (n->param_rec[i] >= 0) DT_TRY(dt_graph_release_use(g, n->param_rec[i]));
+        if (n->param_rec[i] >= 0 && !(defer >> i & 1u)) DT_TRY(dt_graph_release_use(g, n->param_rec[i]));
     if (g->tick) g->tick(g->tick_user);
     return DT_OK;
 }
@@ -53,9 +65,16 @@ dt_status dt_graph_backward_from(dt_graph *g, dt_tensor *out, const float *upstr
     if (g->mode != DT_GRAPH_RECORD)
         return DT_ERR(DT_ESTATE, "backward called from inside a checkpoint function");
     g->backward_done = 1;
+    g->wpass = DT_WPASS_FAILED;   /* until the loop completes */
+    g->n_deferred = 0;
     dt_error_clear();
-    DT_TRY(dt_graph_seed_grad(g, out, upstream));
-    for (int k = g->n_nodes - 1; k >= 0; k--) DT_TRY(dt_graph_run_node(g, g->nodes[k], out));
+    dt_status s = dt_graph_seed_grad(g, out, upstream);
+    for (int k = g->n_nodes - 1; s == DT_OK && k >= 0; k--) s = dt_graph_run_node(g, g->nodes[k], out);
+    if (s != DT_OK) {
+        g->n_deferred = 0;   /* a failed backward leaves no W work */
+        return s;
+    }
+    g->wpass = DT_WPASS_PENDING;
     return DT_OK;
 }
 

@@ -22,14 +22,20 @@ void dt_graph_free(dt_graph *g) {
     dt_ptab_free(&g->params);
     free(g->nodes);
     free(g->ck_uses);
+    free(g->deferred);
     free(g);
 }
 
-/* Touches nothing outside the graph: its parameter records are its own. */
+/* Touches nothing outside the graph: its parameter records are its own.
+ * Pending W work is dropped; the defer predicate is kept. */
 void dt_graph_reset(dt_graph *g) {
     dt_ptab_clear(&g->params);
     g->n_nodes = 0;
     g->backward_done = 0;
+    g->n_deferred = 0;
+    g->wpass = DT_WPASS_NONE;
+    g->in_w = 0;
+    g->masked = NULL;
     g->sticky = DT_OK;
     g->mode = DT_GRAPH_RECORD;
     g->alloc = &g->arena;
@@ -178,6 +184,7 @@ static dt_arena *grad_arena(dt_graph *g, const dt_tensor *t) {
 
 float *dt_grad_of(dt_graph *g, dt_tensor *t) {
     if (!t || !t->requires_grad) return NULL;
+    if (g->masked && dt_grad_hidden(g, t)) return NULL;   /* split backward: not in this pass */
     if (t->param) {
         dt_param *p = t->param;
         if (!p->requires_grad) return NULL;
@@ -209,12 +216,22 @@ static int grad_view(dt_graph *g, dt_tensor *x, float *data) {
     return 1;
 }
 
+/* With deferred weights (B), the buffer handed over is dead for the queued
+ * nodes too: a queued node reads its own output's gradient, final before B
+ * reached it, and y's gradient is one only if y is downstream of that output
+ * (then so is x, or x is the output itself, and every write into x's gradient
+ * comes from a node B processes before the queued one). */
 int dt_grad_alias(dt_graph *g, dt_tensor *x, dt_tensor *y) {
+    if (g->in_w) return 0;
     if (!x || !y || !x->requires_grad || x->param || x->grad || !y->grad || x->numel != y->numel) return 0;
     return grad_view(g, x, dt_f32(y->grad));
 }
 
+/* With deferred weights (B): a queued node reads its inputs again in W; x
+ * overlapping one of them (x a view of a queued linear's input, consumed in
+ * place by an op recorded before that linear) must keep its values. */
 int dt_grad_in_place(dt_graph *g, dt_tensor *x) {
+    if (g->in_w || dt_defer_reads(g, x)) return 0;
     if (!x || !x->requires_grad || x->param || x->grad || x->dtype != DT_F32) return 0;
     return grad_view(g, x, dt_f32(x));
 }

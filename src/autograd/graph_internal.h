@@ -3,6 +3,7 @@
  *   backward.c    the backward loop and its entry points, graph inputs
  *   checkpoint.c  activation recompute (dt_graph_checkpoint)
  *   param_table.c per-graph parameter use records
+ *   backward_weights.c  the split backward: deferral in B, the W pass
  */
 #ifndef DT_AUTOGRAD_GRAPH_INTERNAL_H
 #define DT_AUTOGRAD_GRAPH_INTERNAL_H
@@ -33,6 +34,21 @@ typedef enum dt_graph_mode {
     DT_GRAPH_REPLAY,       /* checkpoint replay in backward: append a node; uses were counted */
 } dt_graph_mode;
 
+/* A node B queued for the W pass. */
+typedef struct dt_deferred {
+    dt_node *n;
+    unsigned mask;   /* bit i: n->in[i] is a deferred parameter */
+    int run;         /* B ran n's backward (its output got a gradient): W runs it again */
+} dt_deferred;
+
+/* Where a graph's split backward stands. */
+typedef enum dt_wpass_state {
+    DT_WPASS_NONE = 0,   /* no backward since creation / reset: W refuses */
+    DT_WPASS_PENDING,    /* backward done: W may run, once */
+    DT_WPASS_DONE,       /* W ran */
+    DT_WPASS_FAILED,     /* backward failed: W refuses */
+} dt_wpass_state;
+
 struct dt_graph {
     dt_arena arena;          /* main: tape nodes, kept activations, gradients */
     dt_arena scratch;        /* recompute scratch: in use only during a checkpoint's first pass or replay */
@@ -45,6 +61,13 @@ struct dt_graph {
     int n_replay_uses;       /* REPLAY: parameter inputs of the nodes appended */
     dt_status sticky;        /* an allocation failed while recording: backward must not run */
     dt_graph_tick_fn tick; void *tick_user;
+    /* split backward (backward_weights.c) */
+    dt_defer_fn defer; void *defer_user;       /* kept across resets */
+    dt_deferred *deferred; int n_deferred, cap_deferred;
+    dt_wpass_state wpass;
+    int in_w;                /* 1 while the W pass runs */
+    const dt_node *masked;   /* the node whose backward runs with gradients hidden (B: deferred node, W: every node) */
+    unsigned mask;           /* its deferred inputs */
 };
 
 /* A zeroed node appended to the tape, from g->alloc. NULL (sticky set) on OOM. */
@@ -59,6 +82,17 @@ dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start);
 dt_status dt_graph_release_use(dt_graph *g, int rec);
 /* t's gradient = up (t's gradient fresh: copied, so bitwise up) or += up. */
 dt_status dt_graph_seed_grad(dt_graph *g, dt_tensor *t, const float *up);
+
+/* backward_weights.c. The inputs of n whose weight gradient B defers (bit i:
+ * in[i]); 0 without a predicate and in a checkpoint's replay. */
+unsigned dt_defer_mask(dt_graph *g, const dt_node *n);
+/* Queue n for the W pass (DT_ENOMEM on failure). */
+dt_status dt_defer_push(dt_graph *g, dt_node *n, unsigned mask, int run);
+/* 1 if dt_grad_of must return NULL for t: in B the running node's deferred
+ * parameters, in W everything but them. */
+int dt_grad_hidden(const dt_graph *g, const dt_tensor *t);
+/* 1 if writing x's storage could change what a queued node reads in W. */
+int dt_defer_reads(const dt_graph *g, const dt_tensor *x);
 
 /* checkpoint.c: the checkpoint node's backward (the replay), and what the
  * loop does instead when no gradient reached that node: release the uses its
