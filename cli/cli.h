@@ -2,6 +2,7 @@
 #define DT_CLI_H
 #include "dtrain/log.h"
 #include "dtrain/parallel.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/train.h"
 #include "dtrain/zero.h"
 
@@ -11,6 +12,8 @@ typedef struct dt_cli_dist {
     dt_zero_opts zero;              /* bucket caps, find_unused, buffers, deterministic copied from ddp */
     dt_zero_ckpt_format save_format;
     dt_progress_mode progress;
+    int pipelined;                  /* any pipeline flag given: the pipeline strategy (also at --pp 1) */
+    dt_pipe_opts pipe;
 } dt_cli_dist;
 
 int dt_cli_train(int argc, char **argv, int eval_only);

@@ -15,7 +15,8 @@ typedef struct cli_flags {
     int nesterov;
     dt_cli_dist dist;
     float bucket_mb, first_bucket_mb;
-    const char *compress, *progress, *overlap_step, *save_format, *recompute;
+    const char *compress, *progress, *overlap_step, *save_format, *recompute, *schedule;
+    int microbatches;
     int zero_prefetch;   /* INT_MIN: not given */
     int no_bcast;
     int no_shm;
@@ -85,10 +86,57 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default)", 0, 0},
         {"--overlap-step", DT_ARG_STR, &f->overlap_step, "MODE", "ZeRO: interleaved | after-backward (default) | off: when shards are stepped", 0, 0},
         {"--zero-prefetch", DT_ARG_INT, &f->zero_prefetch, "N", "ZeRO-3: modules whose parameters are gathered ahead (default 2; 0 = none)", 0, 0},
+        {"--pp", DT_ARG_INT, &f->dist.pipe.stages, "P", "pipeline stages: the model's blocks cut into P stages on P ranks (--nproc = P x data-parallel replicas; default 1)", 0, 0},
+        {"--microbatches", DT_ARG_INT, &f->microbatches, "M", "pipeline: --batch splits into M micro-batches streamed through the stages (default P)", 0, 0},
+        {"--schedule", DT_ARG_STR, &f->schedule, "KIND", "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 (default 1f1b)", 0, 0},
+        {"--virtual-stages", DT_ARG_INT, &f->dist.pipe.virtual_stages, "V", "interleaved: model chunks per rank (default 2)", 0, 0},
+        {"--max-outstanding", DT_ARG_INT, &f->dist.pipe.max_outstanding, "N", "gpipe: micro-batches in flight per stage (default: all)", 0, 0},
+        {"--pp-split", DT_ARG_LIST, &f->dist.pipe.n_split, "N,N,..", "pipeline: blocks per (virtual) stage (default: balanced by measured cost)", f->dist.pipe.split, DT_PIPE_MAX_VSTAGES},
         {"--save-format", DT_ARG_STR, &f->save_format, "sharded|consolidated", "ZeRO checkpoints: a directory of per-rank shards (default) or one file", 0, 0},
     };
     memcpy(t, a, sizeof a);
     return N_ARGS(a);
+}
+
+/* --pp P --microbatches M --batch B: micro-batches of B / M, M per step. */
+static int pipe_flags(cli_flags *f, char *err, int errlen) {
+    dt_pipe_opts *p = &f->dist.pipe;
+    int piped = p->stages > 1 || f->schedule || f->microbatches || p->n_split || p->max_outstanding ||
+                p->virtual_stages;
+    if (!piped) return 0;
+    f->dist.pipelined = 1;
+    if (p->stages < 1) { snprintf(err, (size_t)errlen, "--pp must be >= 1 (got %d)", p->stages); return -1; }
+    if (f->schedule && dt_pipe_kind_parse(f->schedule, &p->schedule)) {
+        snprintf(err, (size_t)errlen, "--schedule: unknown '%s' (gpipe, 1f1b, interleaved, zb-h1)", f->schedule);
+        return -1;
+    }
+    if (!p->virtual_stages) p->virtual_stages = p->schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
+    if (p->virtual_stages < 1 || (p->virtual_stages > 1 && p->schedule != DT_PIPE_INTERLEAVED)) {
+        snprintf(err, (size_t)errlen, "--virtual-stages %d: more than 1 needs --schedule interleaved", p->virtual_stages);
+        return -1;
+    }
+    if (p->max_outstanding < 0 || (p->max_outstanding && p->schedule != DT_PIPE_GPIPE)) {
+        snprintf(err, (size_t)errlen, "--max-outstanding applies to --schedule gpipe (>= 1)");
+        return -1;
+    }
+    int M = f->microbatches ? f->microbatches : p->stages;
+    if (M < 1) { snprintf(err, (size_t)errlen, "--microbatches must be >= 1 (got %d)", M); return -1; }
+    if (f->o.accum != 1) {
+        snprintf(err, (size_t)errlen, "--accum does not combine with a pipeline: its micro-batches are --microbatches");
+        return -1;
+    }
+    if (f->o.batch % M) {
+        snprintf(err, (size_t)errlen, "--batch %lld does not split into --microbatches %d equal micro-batches",
+                 (long long)f->o.batch, M);
+        return -1;
+    }
+    if (f->dist.zero_stage) {
+        snprintf(err, (size_t)errlen, "--zero with --pp is not supported yet (data parallel across stages comes next)");
+        return -1;
+    }
+    f->o.batch /= M;
+    f->o.accum = M;
+    return 0;
 }
 
 static int finish_flags(cli_flags *f, char *err, int errlen) {
@@ -159,6 +207,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
                         : d->no_overlap ? "--no-overlap (use --overlap-step off)" : f->no_shm ? "--no-shm" : NULL;
         if (bad) { snprintf(err, (size_t)errlen, "%s is a DDP option and is not supported with --zero", bad); return -1; }
     }
+    if (pipe_flags(f, err, errlen)) return -1;
     if (f->progress) {
         if (!strcmp(f->progress, "poll")) f->dist.progress = DT_PROGRESS_POLL;
         else if (!strcmp(f->progress, "thread")) f->dist.progress = DT_PROGRESS_THREAD;
@@ -188,6 +237,8 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     dt_ddp_opts_default(&f.dist.ddp);
     dt_zero_opts_default(&f.dist.zero);
     f.zero_prefetch = INT_MIN;
+    dt_pipe_opts_default(&f.dist.pipe);
+    f.dist.pipe.virtual_stages = 0;   /* 0: not given (default by schedule) */
     pre_scan(argc, argv, &f);
     dt_arg table[64];
     int n = build_table(&f, table);

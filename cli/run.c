@@ -12,7 +12,9 @@ static int report(dt_status s, int rank, int world) {
 }
 
 int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
-    int under_mpi = dt_cli_under_mpi() || dist->zero_stage > 0;   /* ZeRO needs MPI even at one rank */
+    int piped = dist->pipelined;
+    /* ZeRO and pipelines need MPI even at one rank */
+    int under_mpi = dt_cli_under_mpi() || dist->zero_stage > 0 || piped;
     dt_pg *world = NULL;
     dt_strategy strat, *sp = NULL;
     int rank = 0, size = 1;
@@ -24,7 +26,10 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
         if (s == DT_OK) {
             rank = dt_pg_rank(world);
             size = dt_pg_size(world);
-            if (dist->zero_stage > 0) {   /* also at one rank: same code path, sharding of 1 */
+            if (piped) {
+                s = dt_pipe_strategy(world, &dist->pipe, &strat);
+                sp = s == DT_OK ? &strat : NULL;
+            } else if (dist->zero_stage > 0) {   /* also at one rank: same code path, sharding of 1 */
                 s = dt_zero_strategy(world, &dist->zero, dist->save_format, &strat);
                 sp = s == DT_OK ? &strat : NULL;
             } else if (size > 1) {

@@ -85,3 +85,7 @@ set_tests_properties(test_pre_blocks_checkpoints PROPERTIES LABELS unit TIMEOUT 
 add_test(NAME test_recompute_bitwise
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_recompute_bitwise.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_recompute_bitwise PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
+
+# Test tools (not tests themselves): ckpt_cmp compares two checkpoints bitwise.
+add_executable(ckpt_cmp ${CMAKE_SOURCE_DIR}/tests/tools/ckpt_cmp.c)
+target_link_libraries(ckpt_cmp PRIVATE dtrain)

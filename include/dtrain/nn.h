@@ -249,6 +249,11 @@ dt_param *dt_model_find_param(const dt_model *m, const char *name);
  * gradient buffer. Values move before gradients, so at most
  * one new buffer exists beside the old ones. */
 dt_status dt_model_set_layout(dt_model *m, const size_t *offsets, size_t total);
+/* Keep only the parameters with keep[p->index] != 0 (a pipeline stage's):
+ * the others are freed and leave params and their modules, the kept ones are
+ * renumbered (index = new position) and laid out again (default layout). Blocks that used a dropped parameter must
+ * not run any more. */
+dt_status dt_model_keep_params(dt_model *m, const unsigned char *keep);
 /* Training FLOPs per target (sample or token): 6*N (+ attention for GPT-2). */
 double dt_model_flops_per_item(const dt_model *m, int64_t T);
 

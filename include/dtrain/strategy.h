@@ -21,6 +21,11 @@
  *       after_backward(run, last)
  *   owns_optimizer ? step(run, lr) : the trainer clips, steps, zeroes grads
  *   allreduce_sum(loss)                          metrics agreed over ranks
+ *
+ * A strategy that schedules the micro-batches itself (pipeline stages) sets
+ * forward_backward instead: the trainer then draws all K micro-batches first
+ * and hands them over in one call (before_forward / after_backward are not
+ * called). forward_only does the same for evaluation.
  */
 #ifndef DTRAIN_STRATEGY_H
 #define DTRAIN_STRATEGY_H
@@ -44,7 +49,12 @@ typedef struct dt_run {
     int64_t *step;                /* completed optimizer steps */
     dt_sampler *sampler;          /* epoch + cursor of the data order */
     uint64_t seed;
-    int rank, world;              /* this rank in the strategy's group */
+    int rank, world;              /* this rank's data replica and their number (strategy.data_*) */
+    int accum;                    /* micro-batches per optimizer step */
+    /* During setup() only: one micro-batch of real training data (the first
+     * `batch` samples, not drawn from the sampler), for strategies that probe
+     * the model (a pipeline measures and partitions its blocks). */
+    dt_batch example;
 } dt_run;
 
 typedef struct dt_strategy {
@@ -73,6 +83,20 @@ typedef struct dt_strategy {
     dt_status (*load)(void *self, dt_run *run, const char *path);
     /* before evaluation / final use of the parameters (e.g. wait for gathers) */
     dt_status (*sync_params)(void *self, dt_run *run);
+    /* Optional: run forward + backward of the step's n micro-batches (in
+     * order; gradients as if accumulated one after another, each loss scaled
+     * by 1/n). *loss_sum = the sum of the n micro-batch losses on ranks that
+     * compute the loss, 0 on the others (the trainer sums it over ranks with
+     * allreduce_sum and divides by n * data_world). */
+    dt_status (*forward_backward)(void *self, dt_run *run, const dt_batch *mb, int n, double *loss_sum);
+    /* Optional, with forward_backward: evaluate n batches (no gradients), adding
+     * loss * rows, correct predictions and rows of each into sums[0..2] on the
+     * ranks that compute the loss (as above); logits argmax = accuracy. */
+    dt_status (*forward_only)(void *self, dt_run *run, const dt_batch *b, int n, double sums[3]);
+    /* Data parallelism: the sampler splits the data over data_world replicas
+     * and this rank reads replica data_rank's share. 0/0: rank/world (every
+     * rank a replica). A pipeline's stages of one replica read the same data. */
+    int data_rank, data_world;
 } dt_strategy;
 
 /* ---- checkpoint metadata ----

@@ -36,12 +36,18 @@ dt_status dt_par_bcast_buffers(dt_model *m, dt_pg *pg, float **scratch, int root
     return DT_OK;
 }
 
+/* Each double travels as three floats (hi + mid + lo: 72 bits of mantissa
+ * >= a double's 53), so a value only one rank contributes (a pipeline's loss,
+ * on its last stage) and integer counts arrive exactly. */
 dt_status dt_par_allreduce_sum(dt_pg *pg, double *x, int n) {
-    float f[16] = {0};
+    float f[48] = {0};
     if (n > 16) return DT_ERR(DT_EINVAL, "allreduce_sum: at most 16 values");
-    for (int i = 0; i < n; i++) f[i] = (float)x[i];
-    DT_TRY(dt_allreduce(pg, f, f, n, DT_F32, DT_RED_SUM, NULL));
-    for (int i = 0; i < n; i++) x[i] = f[i];
+    for (int i = 0; i < n; i++) {
+        double r = x[i];
+        for (int k = 0; k < 3; k++) { f[3 * i + k] = (float)r; r -= (double)f[3 * i + k]; }
+    }
+    DT_TRY(dt_allreduce(pg, f, f, 3 * n, DT_F32, DT_RED_SUM, NULL));
+    for (int i = 0; i < n; i++) x[i] = (double)f[3 * i] + (double)f[3 * i + 1] + (double)f[3 * i + 2];
     return DT_OK;
 }
 

@@ -10,7 +10,8 @@ dt_status dt_trainer_load_data(dt_trainer *t) {
     dt_dataset_opts dopts = {.path = o->data_path, .val_path = o->val_path, .seq = o->seq};
     DT_TRY(dt_dataset_open(o->data, &dopts, &t->data));
     const dt_dataset *d = &t->data;
-    int64_t B = o->batch;
+    /* a strategy that schedules micro-batches itself gets all K at once */
+    int64_t B = o->batch * dt_trainer_batch_slots(t);
     t->idx = malloc((size_t)B * sizeof *t->idx);
     t->y = malloc((size_t)(B * d->sample.targets) * sizeof *t->y);
     if (!t->idx || !t->y) return DT_ERR(DT_ENOMEM, "out of memory for batch buffers (batch %lld)", (long long)B);
@@ -30,9 +31,18 @@ dt_status dt_trainer_check_data(dt_trainer *t) {
                   dt_sample_shape_str(&d->sample, have, sizeof have), want);
 }
 
-dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n) {
-    return dt_dataset_batch(&t->data, split, t->idx, n, t->x, t->y);
+int dt_trainer_batch_slots(const dt_trainer *t) { return t->strat.forward_backward ? t->opts.accum : 1; }
+
+dt_batch dt_trainer_batch_in(dt_trainer *t, int slot, dt_split split, int64_t n) {
+    const dt_dataset *d = &t->data;
+    int64_t B = t->opts.batch;
+    void *x[DT_MAX_INPUTS] = {0};
+    for (int k = 0; k < d->sample.n_inputs; k++)
+        x[k] = (char *)t->x[k] + (size_t)(slot * B) * dt_input_bytes(&d->sample.in[k]);
+    return dt_dataset_batch(d, split, t->idx + slot * B, n, x, t->y + slot * B * d->sample.targets);
 }
+
+dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n) { return dt_trainer_batch_in(t, 0, split, n); }
 
 void dt_trainer_free_data(dt_trainer *t) {
     dt_dataset_close(&t->data);

@@ -18,7 +18,7 @@ static void fmt_eta(double s, char *buf, size_t n) {
 }
 
 static int64_t items_per_step(const dt_trainer *t) {   /* targets (samples or tokens), all ranks */
-    return t->opts.batch * t->opts.accum * t->strat.world * t->data.sample.targets;
+    return t->opts.batch * t->opts.accum * t->strat.data_world * t->data.sample.targets;
 }
 
 dt_status dt_trainer_run(dt_trainer *t) {

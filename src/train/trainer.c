@@ -17,6 +17,16 @@ dt_status dt_trainer_init_optimizer(dt_trainer *t) {
     return s;
 }
 
+/* run.example: the first `batch` training samples (fewer if the set is smaller). */
+static dt_status example_batch(dt_trainer *t) {
+    int64_t n = t->opts.batch, size = t->data.size[DT_SPLIT_TRAIN];
+    if (n > size) n = size;
+    if (n <= 0) return DT_ERR(DT_EINVAL, "the training set is empty");
+    for (int64_t i = 0; i < n; i++) t->idx[i] = i;
+    t->run.example = dt_trainer_batch(t, DT_SPLIT_TRAIN, n);
+    return DT_OK;
+}
+
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out) {
     *out = NULL;
     DT_TRY(dt_train_opts_validate(o));
@@ -25,6 +35,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     t->opts = *o;
     if (strat) t->strat = *strat;
     else t->strat = (dt_strategy){.name = "single", .rank = 0, .world = 1};
+    if (t->strat.data_world <= 0) { t->strat.data_rank = t->strat.rank; t->strat.data_world = t->strat.world; }
     if (t->strat.owns_optimizer && !t->strat.step) {
         dt_status e = DT_ERR(DT_EINVAL, "strategy %s owns the optimizer but has no step()", t->strat.name ? t->strat.name : "?");
         free(t);
@@ -44,7 +55,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK && !(t->graph = dt_graph_create())) s = DT_ENOMEM;
     if (s == DT_OK && !t->strat.owns_optimizer) s = dt_trainer_init_optimizer(t);
     if (s == DT_OK) s = dt_sampler_init(&t->sampler, t->data.size[DT_SPLIT_TRAIN], o->seed, 1,
-                                        t->strat.rank, t->strat.world, 0);
+                                        t->strat.data_rank, t->strat.data_world, 0);
     if (s == DT_OK) {
         int64_t per_step = o->batch * o->accum;
         int64_t steps_per_epoch = t->sampler.per_rank / per_step;
@@ -58,10 +69,13 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK) {
         t->run = (dt_run){.model = t->model, .graph = t->graph, .optim = &t->opts.optim, .clip = o->clip,
                           .lr = o->optim.lr, .quiet = o->quiet, .step = &t->step, .sampler = &t->sampler,
-                          .seed = o->seed, .rank = t->strat.rank, .world = t->strat.world};
+                          .seed = o->seed, .rank = t->strat.data_rank, .world = t->strat.data_world,
+                          .accum = o->accum};
+        s = example_batch(t);
     }
     if (s == DT_OK && o->resume && !t->strat.load) s = dt_checkpoint_load(t, o->resume);
     if (s == DT_OK && t->strat.setup) s = t->strat.setup(t->strat.self, &t->run);
+    t->run.example = (dt_batch){0};   /* setup only: the buffers are reused for training */
     if (s == DT_OK && o->resume && t->strat.load) s = t->strat.load(t->strat.self, &t->run, o->resume);
     if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
     if (s == DT_OK && o->trace) {
@@ -96,10 +110,26 @@ void dt_trainer_free(dt_trainer *t) {
 
 /* Next full local batch; crosses epoch boundaries (the partial tail is dropped,
  * and every rank drops the same amount because shards are equal-sized). */
-static int64_t next_batch(dt_trainer *t) {
-    int64_t B = t->opts.batch, n = dt_sampler_next(&t->sampler, B, t->idx);
-    if (n < B) n = dt_sampler_next(&t->sampler, B, t->idx);
+static int64_t next_batch(dt_trainer *t, int64_t *idx) {
+    int64_t B = t->opts.batch, n = dt_sampler_next(&t->sampler, B, idx);
+    if (n < B) n = dt_sampler_next(&t->sampler, B, idx);
     return n;
+}
+
+/* All K micro-batches first, then the strategy runs them (pipeline). */
+static dt_status step_scheduled(dt_trainer *t, double *loss_sum) {
+    int K = t->opts.accum;
+    dt_batch *mb = malloc((size_t)K * sizeof *mb);
+    if (!mb) return DT_ERR(DT_ENOMEM, "out of memory for %d micro-batch descriptors", K);
+    dt_status s = DT_OK;
+    for (int k = 0; k < K && s == DT_OK; k++) {   /* drawn in the order one process would draw them */
+        if (next_batch(t, t->idx + k * t->opts.batch) < t->opts.batch)
+            s = DT_ERR(DT_EINVAL, "dataset too small for batch %lld", (long long)t->opts.batch);
+        else mb[k] = dt_trainer_batch_in(t, k, DT_SPLIT_TRAIN, t->opts.batch);
+    }
+    if (s == DT_OK) s = t->strat.forward_backward(t->strat.self, &t->run, mb, K, loss_sum);
+    free(mb);
+    return s;
 }
 
 dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
@@ -109,9 +139,10 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     double t0 = dt_trace_now_us(t->trace);
     float lr = dt_lr_at(&t->sched, t->step);
     t->run.lr = lr;
-    for (int k = 0; k < K; k++) {
+    if (t->strat.forward_backward) DT_TRY(step_scheduled(t, &loss_sum));
+    for (int k = 0; !t->strat.forward_backward && k < K; k++) {
         int last = k == K - 1;
-        if (next_batch(t) < t->opts.batch)
+        if (next_batch(t, t->idx) < t->opts.batch)
             return DT_ERR(DT_EINVAL, "dataset too small for batch %lld", (long long)t->opts.batch);
         dt_batch b = dt_trainer_batch(t, DT_SPLIT_TRAIN, t->opts.batch);
         dt_graph_reset(t->graph);
@@ -146,12 +177,22 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     double loss = loss_sum / K;
     if (t->strat.allreduce_sum) {
         DT_TRY(t->strat.allreduce_sum(t->strat.self, &loss, 1));
-        loss /= t->strat.world;
+        loss /= t->strat.data_world;
     }
     t->last_loss = loss;
     if (loss_out) *loss_out = loss;
     if (!isfinite(loss)) return DT_ERR(DT_EINVAL, "loss is %g at step %lld (lower --lr?)", loss, (long long)t->step);
     return DT_OK;
+}
+
+/* Evaluation batches handed to the strategy's forward_only, up to one step's
+ * worth of slots at a time. */
+typedef struct eval_group { int n; dt_batch b[64]; } eval_group;
+
+static dt_status eval_flush(dt_trainer *t, eval_group *q, double *sums) {
+    dt_status s = q->n ? t->strat.forward_only(t->strat.self, &t->run, q->b, q->n, sums) : DT_OK;
+    q->n = 0;
+    return s;
 }
 
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) {
@@ -164,30 +205,45 @@ dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) 
     int prev_grad = dt_graph_set_grad_enabled(t->graph, 0);
     dt_graph_set_training(t->graph, 0);
     double sums[3] = {0, 0, 0};   /* loss * rows, correct, rows */
-    /* ranks evaluate interleaved blocks of the fixed (unshuffled) set; with
+    eval_group *q = NULL;
+    int slots = dt_trainer_batch_slots(t);
+    if (t->strat.forward_only && !(q = calloc(1, sizeof *q))) return DT_ERR(DT_ENOMEM, "out of memory");
+    if (slots > (int)(sizeof q->b / sizeof q->b[0])) slots = (int)(sizeof q->b / sizeof q->b[0]);
+    dt_status st = DT_OK;
+    /* replicas evaluate interleaved blocks of the fixed (unshuffled) set; with
      * collective forwards every rank runs as many (a rank past the end
      * repeats block 0 and counts nothing) */
-    int64_t stride = (int64_t)t->strat.world * B;
+    int64_t stride = (int64_t)t->strat.data_world * B;
     int64_t rounds = t->strat.collective_forward ? (limit + stride - 1) / stride : -1;
-    for (int64_t k = 0, start = (int64_t)t->strat.rank * B;
-         rounds >= 0 ? k < rounds : start < limit; k++, start += stride) {
+    for (int64_t k = 0, start = (int64_t)t->strat.data_rank * B;
+         st == DT_OK && (rounds >= 0 ? k < rounds : start < limit); k++, start += stride) {
         int counted = start < limit;
         int64_t s0 = counted ? start : 0;
         int64_t n = limit - s0 < B ? limit - s0 : B;
+        if (q) {   /* a scheduling strategy: all ranks of a replica see the same batches */
+            if (!counted) continue;
+            for (int64_t i = 0; i < n; i++) t->idx[q->n * B + i] = s0 + i;
+            q->b[q->n] = dt_trainer_batch_in(t, q->n, DT_SPLIT_EVAL, n);
+            if (++q->n == slots) st = eval_flush(t, q, sums);
+            continue;
+        }
         for (int64_t i = 0; i < n; i++) t->idx[i] = s0 + i;
         dt_batch b = dt_trainer_batch(t, DT_SPLIT_EVAL, n);
         dt_graph_reset(t->graph);
         dt_tensor *logits = NULL, *loss = dt_model_forward(t->model, t->graph, &b, &logits);
-        if (!loss) { dt_graph_set_grad_enabled(t->graph, prev_grad); return dt_error_code(); }
+        if (!loss) { st = dt_error_code() ? dt_error_code() : DT_EINVAL; break; }
         if (!counted) continue;
         int64_t rows = n * d->sample.targets;
         sums[0] += dt_f32(loss)[0] * (double)rows;
         sums[1] += (double)dt_count_correct(logits, b.y);
         sums[2] += (double)rows;
     }
+    if (q && st == DT_OK) st = eval_flush(t, q, sums);
+    free(q);
     dt_graph_reset(t->graph);
     dt_graph_set_grad_enabled(t->graph, prev_grad);
     dt_graph_set_training(t->graph, 1);
+    DT_TRY(st);
     if (t->strat.allreduce_sum) DT_TRY(t->strat.allreduce_sum(t->strat.self, sums, 3));
     if (sums[2] <= 0) return DT_ERR(DT_EINVAL, "evaluation set is empty");
     if (loss_out) *loss_out = sums[0] / sums[2];

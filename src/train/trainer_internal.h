@@ -8,6 +8,10 @@ dt_status dt_trainer_load_data(dt_trainer *t);
 dt_status dt_trainer_check_data(dt_trainer *t);
 /* samples t->idx[0..n) of split into the batch buffers */
 dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n);
+/* Batch buffers hold this many micro-batches (accum when the strategy takes
+ * them all at once, else 1); slot k's indices are t->idx[k*batch ..]. */
+int dt_trainer_batch_slots(const dt_trainer *t);
+dt_batch dt_trainer_batch_in(dt_trainer *t, int slot, dt_split split, int64_t n);
 void dt_trainer_free_data(dt_trainer *t);
 /* optimizer segments from the model's parameter layout */
 dt_status dt_trainer_init_optimizer(dt_trainer *t);

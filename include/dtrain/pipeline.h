@@ -1,0 +1,97 @@
+/* dtrain/pipeline.h — pipeline parallelism: a model's blocks cut into stages
+ * on different ranks, micro-batches streamed through them by a static
+ * schedule, with data-parallel replicas of every stage.
+ *
+ * Ranks. world = P stages x D replicas; rank r is stage r / D, replica
+ * r % D. A stage's D replicas are consecutive ranks (one node where the
+ * launcher fills nodes in order) and form its data-parallel group; the P ranks
+ * of one replica form a pipeline.
+ *
+ * Stages. The model's blocks (nn.h section 3) are cut into S = P * V
+ * contiguous virtual stages: balanced by cost measured on one micro-batch
+ * (rank 0's timing, so every rank cuts alike) or split explicitly. Rank s
+ * holds virtual stages s, P + s, ... (its V chunks) and only their parameters,
+ * gradients and optimizer state (dt_model_keep_params): memory about 1/P. The
+ * loss head runs on the last virtual stage. Which block uses which parameter
+ * is found by running the blocks once (the probe); a parameter used on two
+ * ranks (GPT-2's wte: embedding on the first stage, lm-head on the last) is
+ * *tied*: both hold it, the last one is its authority (below).
+ *
+ * A step. The trainer hands over the step's M micro-batches (its --accum):
+ *
+ *   for each action of this rank's schedule (F, B, W of micro-batch j, chunk c):
+ *     F: receive the activation (all receives are posted at the start of the
+ *        step), run the chunk's blocks on its own tape, send the output on
+ *        (or compute the loss on the last virtual stage)
+ *     B: receive the output gradient, backward from it (dt_graph_backward_from;
+ *        the loss scaled by 1/M), send the input gradient back
+ *     W: the weight gradients B deferred (ZB-H1, dt_graph_backward_weights)
+ *   tied gradients completed on their authority, copied to the other holders
+ *   global gradient norm over all stages (clipping), optimizer step per stage
+ *
+ * Exactness. Every parameter's gradient accumulates its micro-batches in the
+ * order one process accumulating them would (every schedule runs a chunk's B
+ * and W in micro-batch order), so training with --pp P --microbatches M equals
+ * one process with --accum M bit for bit. A tied parameter needs more: one
+ * process adds, per micro-batch, the lm-head's contribution and then the
+ * embedding's. So the authority defers its own contribution's weight
+ * gradient (split backward) until the other holder's contribution to the
+ * previous micro-batch has arrived — computed there into a zeroed buffer and
+ * sent as its non-zero rows — and folds them in that order. Not exact:
+ * dropout (each stage draws masks from its own generator) and a parameter used
+ * by two chunks of the same rank.
+ *
+ * Messages: activations and gradients are point-to-point (dist.h dt_send /
+ * dt_recv) on the pipeline group, their shapes fixed by the blocks'
+ * declarations and checked between neighbours at set-up; the progress engine
+ * moves them while the stage computes (the tape's tick).
+ */
+#ifndef DTRAIN_PIPELINE_H
+#define DTRAIN_PIPELINE_H
+
+#include "dtrain/dist.h"
+#include "dtrain/nn.h"
+#include "dtrain/strategy.h"
+
+typedef enum dt_pipe_kind {
+    DT_PIPE_GPIPE = 0,        /* fill-drain: all forwards, then all backwards */
+    DT_PIPE_1F1B = 1,         /* warm-up forwards, then one forward / one backward (PipeDream-Flush) */
+    DT_PIPE_INTERLEAVED = 2,  /* 1F1B over V chunks per rank (Megatron virtual pipeline) */
+    DT_PIPE_ZBH1 = 3,         /* 1F1B with backward split: input gradients now, weight gradients fill the bubble */
+} dt_pipe_kind;
+
+#define DT_PIPE_MAX_STAGES 64       /* P (the simulator's and the report's tables) */
+#define DT_PIPE_MAX_VSTAGES 256     /* P * V */
+
+typedef struct dt_pipe_opts {
+    int stages;               /* P >= 1; the world size must be a multiple of it */
+    dt_pipe_kind schedule;    /* default 1F1B */
+    int virtual_stages;       /* V: chunks per rank; > 1 only with the interleaved schedule (default 1) */
+    int max_outstanding;      /* GPipe: micro-batches forwarded but not yet back per stage (0 = all) */
+    int n_split;              /* > 0: split[v] blocks in virtual stage v (sums to the block count); 0: balanced */
+    int split[DT_PIPE_MAX_VSTAGES];
+} dt_pipe_opts;
+
+void dt_pipe_opts_default(dt_pipe_opts *o);
+/* "gpipe" | "1f1b" | "interleaved" | "zb-h1"; 0 ok. */
+int dt_pipe_kind_parse(const char *name, dt_pipe_kind *out);
+const char *dt_pipe_kind_name(dt_pipe_kind k);
+
+/* The pipeline as a dt_strategy (strategy.h): owns the optimizer (one per
+ * stage), schedules the trainer's micro-batches, evaluates through the
+ * pipeline. Groups are split from world in setup (collective). */
+dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out);
+
+/* Timers of the last step (bench/bench_pipeline), this rank. */
+typedef struct dt_pipe_stats {
+    double step_us;           /* forward_backward + optimizer step */
+    double compute_us;        /* inside F, B, W (the schedule's own timers) */
+    double wait_us;           /* blocked on a receive (exposed communication + pipeline bubble) */
+    double bubble;            /* 1 - compute / step */
+    size_t param_bytes;       /* this rank's parameters */
+    size_t arena_bytes;       /* activation memory: the tapes' high-water marks */
+    int graphs;               /* tapes alive at the peak (micro-batches in flight x chunks) */
+} dt_pipe_stats;
+dt_status dt_pipe_strategy_stats(const dt_strategy *s, dt_pipe_stats *out);
+
+#endif

@@ -1,0 +1,159 @@
+/* Pipeline checkpoints: a sharded set (io.h) under the parameters' global
+ * names, so any layout — other (P, D), ZeRO, one process — reads it.
+ *
+ * Replica 0 of every stage writes, as whole-tensor pieces, the parameters it
+ * is the saver of (a tied parameter: its authority only), their optimizer
+ * states, and the buffers its blocks use; every other rank writes an empty
+ * shard (the set has one file per rank). Rank 0 writes the index with every
+ * tensor of the whole model (captured before the stage dropped the others).
+ * Loading reads every parameter the rank holds (tied holders too: they step
+ * their copy with the same state), its states and all buffers. Outcomes are
+ * agreed over the world, so a failure on one rank is an error on all. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pipe_internal.h"
+
+dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr) {
+    dt_model *m = p->m;
+    p->n_global = m->n_params;
+    p->gname = calloc((size_t)(m->n_params + 1), sizeof *p->gname);
+    p->gshape = calloc((size_t)(m->n_params + 1), sizeof *p->gshape);
+    p->buffer_mine = calloc((size_t)(m->n_buffers + 1), 1);
+    if (!p->gname || !p->gshape || !p->buffer_mine) return DT_ERR(DT_ENOMEM, "out of memory");
+    for (int i = 0; i < m->n_params; i++) {
+        snprintf(p->gname[i], sizeof p->gname[i], "%s", m->params[i]->name);
+        p->gshape[i] = (dt_ckpt_shape){.name = p->gname[i], .ndim = m->params[i]->value.ndim};
+        memcpy(p->gshape[i].shape, m->params[i]->value.shape, sizeof p->gshape[i].shape);
+    }
+    for (int i = 0; i < m->n_buffers; i++)
+        p->buffer_mine[i] = (unsigned char)(dt_pipe_buffer_owner(p, pr, m, m->buffers[i]->name) == p->stage);
+    return DT_OK;
+}
+
+void dt_pipe_ckpt_free(dt_pipe *p) {
+    free(p->gname); free(p->gshape); free(p->buffer_mine);
+    p->gname = NULL; p->gshape = NULL; p->buffer_mine = NULL;
+}
+
+static dt_status agree(dt_pipe *p, dt_status mine, const char *what) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", dt_error_message());
+    float f[2] = {mine != DT_OK ? 1.0f : 0.0f, mine != DT_OK ? (float)(dt_pg_rank(p->world) + 1) : 0.0f};
+    DT_TRY(dt_allreduce(p->world, f, f, 2, DT_F32, DT_RED_SUM, NULL));
+    if (mine != DT_OK) return DT_ERR(mine, "%s", msg);
+    if (f[0] == 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on rank %d (see its error)", what, (int)f[1] - 1);
+    if (f[0] > 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on %d ranks (see their errors)", what, (int)f[0]);
+    return DT_OK;
+}
+
+static int saver_of(const dt_pipe *p, int i) {
+    int t = p->tie_of[i];
+    return p->replica == 0 && (t < 0 || p->ties[t].is_authority);
+}
+
+static dt_status write_my_shard(dt_pipe *p, const char *dir, const char *set, const dt_optim_cfg *cfg) {
+    dt_model *m = p->m;
+    int ns = dt_optim_state_per_elem(cfg), np = m->n_params;
+    dt_ckpt_piece *pc = calloc((size_t)((1 + ns) * np + m->n_buffers + 1), sizeof *pc);
+    char (*sname)[192] = calloc((size_t)(ns * np + 1), sizeof *sname);
+    if (!pc || !sname) { free(pc); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
+    int n = 0;
+    for (int i = 0; i < np; i++) {
+        if (!saver_of(p, i)) continue;
+        dt_param *q = m->params[i];
+        pc[n++] = (dt_ckpt_piece){q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)};
+        for (int k = 0; k < ns; k++) {
+            snprintf(sname[k * np + i], sizeof sname[0], "optim.%s.%s", dt_checkpoint_state_name(cfg, k), q->name);
+            pc[n++] = (dt_ckpt_piece){sname[k * np + i], 0, (size_t)q->value.numel, p->optim.state[k] + m->offsets[i]};
+        }
+    }
+    for (int i = 0; p->replica == 0 && i < m->n_buffers; i++)
+        if (p->buffer_mine[i])
+            pc[n++] = (dt_ckpt_piece){m->buffers[i]->name, 0, (size_t)m->buffers[i]->value.numel,
+                                      dt_f32(&m->buffers[i]->value)};
+    dt_status s = dt_ckpt_write_shard(dir, set, dt_pg_rank(p->world), dt_pg_size(p->world), pc, n);
+    free(pc);
+    free(sname);
+    return s;
+}
+
+static dt_status write_index(dt_pipe *p, dt_run *r, const char *dir, const char *set) {
+    dt_model *m = p->m;
+    int ns = dt_optim_state_per_elem(r->optim), np = p->n_global, k = 0;
+    dt_ckpt_shape *sh = calloc((size_t)((1 + ns) * np + m->n_buffers + 1), sizeof *sh);
+    char (*sname)[192] = calloc((size_t)(ns * np + 1), sizeof *sname);
+    if (!sh || !sname) { free(sh); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
+    for (int i = 0; i < np; i++) sh[k++] = p->gshape[i];
+    for (int i = 0; i < m->n_buffers; i++) {
+        sh[k] = (dt_ckpt_shape){.name = m->buffers[i]->name, .ndim = m->buffers[i]->value.ndim};
+        memcpy(sh[k++].shape, m->buffers[i]->value.shape, sizeof sh[0].shape);
+    }
+    for (int s = 0; s < ns; s++)
+        for (int i = 0; i < np; i++) {
+            snprintf(sname[s * np + i], sizeof sname[0], "optim.%s.%s", dt_checkpoint_state_name(r->optim, s), p->gname[i]);
+            sh[k] = p->gshape[i];
+            sh[k++].name = sname[s * np + i];
+        }
+    dt_ckpt_meta meta;
+    dt_checkpoint_meta(r, p->optim.step, &meta);
+    dt_status s = dt_ckpt_write_index(dir, set, dt_pg_size(p->world), 0, sh, k, meta.m, meta.n);
+    free(sh);
+    free(sname);
+    return s;
+}
+
+dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
+    int me = dt_pg_rank(p->world);
+    uint32_t nonce = 0;
+    dt_status s0 = DT_OK;
+    if (me == 0) {
+        nonce = dt_ckpt_nonce();
+        s0 = dt_ckpt_prepare_dir(dir);
+    }
+    /* rank 0's outcome and the set id (two 16-bit halves) to everyone */
+    float v[3] = {s0 != DT_OK ? 1.0f : 0.0f, (float)(nonce >> 16), (float)(nonce & 0xffffu)};
+    DT_TRY(dt_broadcast(p->world, v, 3, DT_F32, 0, NULL));
+    if (me == 0 && s0 != DT_OK) return s0;
+    if (v[0] != 0.0f) return DT_ERR(DT_EIO, "%s: failed on rank 0 (see its error)", dir);
+    nonce = ((uint32_t)v[1] << 16) | (uint32_t)v[2];
+    char set[DT_CKPT_SET_MAX];
+    dt_ckpt_set_id(*r->step, nonce, set);
+    DT_TRY(agree(p, write_my_shard(p, dir, set, r->optim), dir));
+    return agree(p, me == 0 ? write_index(p, r, dir, set) : DT_OK, dir);
+}
+
+static const char *ckpt_get(const void *src, const char *key) { return dt_ckpt_get_meta(src, key); }
+
+static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
+    dt_model *m = p->m;
+    int64_t ostep = 0;
+    int ns = dt_optim_state_per_elem(r->optim);
+    DT_TRY(dt_checkpoint_apply_meta(r, ckpt_get, ck, dt_ckpt_path(ck), &ostep));
+    for (int i = 0; i < m->n_params; i++) {
+        dt_param *q = m->params[i];
+        DT_TRY(dt_ckpt_expect(ck, q->name, q->value.ndim, q->value.shape));
+        DT_TRY(dt_ckpt_read(ck, q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)));
+        for (int k = 0; k < ns; k++) {
+            char nm[192];
+            snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(r->optim, k), q->name);
+            DT_TRY(dt_ckpt_expect(ck, nm, q->value.ndim, q->value.shape));
+            DT_TRY(dt_ckpt_read(ck, nm, 0, (size_t)q->value.numel, p->optim.state[k] + m->offsets[i]));
+        }
+    }
+    for (int i = 0; i < m->n_buffers; i++) {
+        const dt_tensor *b = &m->buffers[i]->value;
+        DT_TRY(dt_ckpt_expect(ck, m->buffers[i]->name, b->ndim, b->shape));
+        DT_TRY(dt_ckpt_read(ck, m->buffers[i]->name, 0, (size_t)b->numel, dt_f32(b)));
+    }
+    p->optim.step = ostep;
+    return DT_OK;
+}
+
+dt_status dt_pipe_load(dt_pipe *p, dt_run *r, const char *path) {
+    dt_ckpt *ck = NULL;
+    dt_status s = dt_ckpt_open(path, &ck);
+    if (s == DT_OK) s = load_local(p, r, ck);
+    dt_ckpt_close(ck);
+    return agree(p, s, path);
+}

@@ -1,0 +1,383 @@
+/* The schedule runner: one step's actions on this rank, and evaluation.
+ *
+ * Design constraints, above the loop:
+ *  - Every receive of the step is posted before the first action (buffers
+ *    are per (chunk, micro-batch) slot), so a message never waits for its
+ *    receiver to reach the action that needs it; sends are non-blocking and
+ *    waited before their tape is reused. The tapes' tick polls MPI, so the
+ *    messages move while the stage computes.
+ *  - Each (chunk, micro-batch) has its own tape from a pool: a micro-batch's
+ *    activations live from its F to its B (or W); the pool's peak is the
+ *    schedule's in-flight count.
+ *  - Gradients of a chunk accumulate in micro-batch order (every schedule's
+ *    B and W are in micro-batch order per chunk), as in one process.
+ *  - Tied parameters (pipe_tie.c): holders redirect them around each B and
+ *    send rows; the authority defers its own use and interleaves own W and
+ *    folds in micro-batch order (tie_pump).
+ *
+ * Message tags on the pipeline group, by the virtual stage v that receives
+ * and micro-batch j: activation v*M + j, gradient 10000 + v*M + j. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pipe_internal.h"
+
+#define TAG_ACT(p, v, j) ((v) * (p)->M + (j))
+#define TAG_GRAD(p, v, j) (10000 + (v) * (p)->M + (j))
+
+static void tick(void *user) { (void)user; dt_dist_tick(); }
+
+static int defer_pred(const dt_param *q, void *user) {
+    const dt_pipe *p = user;
+    return q->index >= 0 && q->index < p->m->n_params && p->m->params[q->index] == q && p->defer[q->index];
+}
+
+/* ---- tapes ---- */
+static dt_status pool_get(dt_pipe *p, dt_graph **out) {
+    dt_graph *g;
+    if (p->n_free) {
+        g = p->free_list[--p->n_free];
+    } else {
+        dt_graph **pool = realloc(p->pool, (size_t)(p->n_pool + 1) * sizeof *pool);
+        if (pool) p->pool = pool;
+        dt_graph **fl = pool ? realloc(p->free_list, (size_t)(p->n_pool + 1) * sizeof *fl) : NULL;
+        if (fl) p->free_list = fl;
+        if (!pool || !fl || !(g = dt_graph_create())) return DT_ERR(DT_ENOMEM, "pipeline: out of memory for a tape");
+        p->pool[p->n_pool++] = g;
+    }
+    dt_graph_reset(g);
+    dt_graph_set_grad_enabled(g, 1);
+    dt_graph_set_training(g, 1);
+    dt_graph_set_tick(g, tick, p);
+    dt_graph_defer_weights(g, defer_pred, p);
+    if (++p->graphs_live > p->graphs_peak) p->graphs_peak = p->graphs_live;
+    *out = g;
+    return DT_OK;
+}
+
+static void pool_put(dt_pipe *p, dt_graph *g) {
+    dt_graph_reset(g);
+    p->free_list[p->n_free++] = g;
+    p->graphs_live--;
+}
+
+static dt_status wait_timed(dt_pipe *p, dt_work **w) {
+    double t0 = dt_par_now_us();
+    dt_status s = dt_work_wait(*w);
+    *w = NULL;
+    p->wait_us += dt_par_now_us() - t0;
+    return s;
+}
+
+/* The slot is done: its sends are out, its tape goes back. */
+static dt_status release(dt_pipe *p, dt_pipe_slot *s) {
+    dt_status a = wait_timed(p, &s->send_act), b = wait_timed(p, &s->send_grad);
+    if (s->g) pool_put(p, s->g);
+    s->g = NULL;
+    return a != DT_OK ? a : b;
+}
+
+void dt_pipe_engine_free(dt_pipe *p) {
+    for (int i = 0; i < p->slots_cap; i++) {
+        dt_pipe_slot *s = &p->slots[i];
+        dt_work_wait(s->recv_act); dt_work_wait(s->recv_grad); dt_work_wait(s->send_act); dt_work_wait(s->send_grad);
+        free(s->act); free(s->grad);
+    }
+    free(p->slots);
+    for (int i = 0; i < p->n_pool; i++) dt_graph_free(p->pool[i]);
+    free(p->pool); free(p->free_list);
+    p->slots = NULL; p->pool = p->free_list = NULL;
+    p->slots_cap = p->n_pool = p->n_free = 0;
+}
+
+/* ---- per-step set-up ---- */
+static int64_t act_numel(const dt_pipe *p, int block, int in, const dt_batch *b) {
+    int64_t sh[DT_MAX_DIMS];
+    int nd = dt_model_block_shape(p->m, block, in, b, sh);
+    return nd ? dt_shape_numel(nd, sh) : 0;
+}
+
+static dt_status grow(float **buf, int64_t *have, int64_t need) {
+    if (need <= *have) return DT_OK;
+    float *x = realloc(*buf, (size_t)need * sizeof(float));
+    if (!x) return DT_ERR(DT_ENOMEM, "pipeline: out of memory for a %lld-float message buffer", (long long)need);
+    *buf = x;
+    *have = need;
+    return DT_OK;
+}
+
+static dt_status prepare_slots(dt_pipe *p, const dt_batch *mb, int M) {
+    int n = p->V * M;
+    if (n > p->slots_cap) {
+        dt_pipe_slot *s = realloc(p->slots, (size_t)n * sizeof *s);
+        if (!s) return DT_ERR(DT_ENOMEM, "pipeline: out of memory");
+        memset(s + p->slots_cap, 0, (size_t)(n - p->slots_cap) * sizeof *s);
+        p->slots = s;
+        p->slots_cap = n;
+    }
+    for (int c = 0; c < p->V; c++) {
+        int v = dt_pipe_vstage(p, c);
+        for (int j = 0; j < M; j++) {
+            dt_pipe_slot *s = &p->slots[c * M + j];
+            s->x = s->out = NULL;
+            s->b_done = s->w_done = 0;
+            if (v > 0) DT_TRY(grow(&s->act, &s->act_n, act_numel(p, p->vfirst[v], 1, &mb[j])));
+            if (v + 1 < p->S) DT_TRY(grow(&s->grad, &s->grad_n, act_numel(p, p->vfirst[v + 1] - 1, 0, &mb[j])));
+        }
+    }
+    return DT_OK;
+}
+
+static dt_status post_receives(dt_pipe *p, const dt_batch *mb, int M) {
+    for (int c = 0; c < p->V; c++) {
+        int v = dt_pipe_vstage(p, c);
+        for (int j = 0; j < M; j++) {
+            dt_pipe_slot *s = &p->slots[c * M + j];
+            if (v > 0)
+                DT_TRY(dt_recv(p->pp, s->act, act_numel(p, p->vfirst[v], 1, &mb[j]), DT_F32, dt_pipe_rank_of(p, v - 1),
+                               TAG_ACT(p, v, j), &s->recv_act));
+            if (v + 1 < p->S)
+                DT_TRY(dt_recv(p->pp, s->grad, act_numel(p, p->vfirst[v + 1] - 1, 0, &mb[j]), DT_F32,
+                               dt_pipe_rank_of(p, v + 1), TAG_GRAD(p, v, j), &s->recv_grad));
+        }
+    }
+    return DT_OK;
+}
+
+/* Which weight gradients wait for a W: all (split schedules) but a holder's
+ * tied ones (sent right after B); else only the authority's tied ones. */
+static void set_deferral(dt_pipe *p) {
+    for (int i = 0; i < p->m->n_params; i++) {
+        int t = p->tie_of[i];
+        p->defer[i] = (unsigned char)(p->sched.split_w ? (t < 0 || p->ties[t].is_authority) : (t >= 0 && p->ties[t].is_authority));
+    }
+}
+
+static dt_status fail(dt_pipe *p, const char *what, int c, int j) {
+    dt_status code = dt_error_code() ? dt_error_code() : DT_EINVAL;
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", dt_error_message());
+    return DT_ERR(code, "pipeline stage %d (rank %d), micro-batch %d, chunk %d: %s: %s", p->stage,
+                  dt_pg_rank(p->world), j, c, what, msg);
+}
+
+static void trace_action(dt_pipe *p, char op, int c, int j, double t0) {
+    if (!p->trace) return;
+    char name[32];
+    if (p->V > 1) snprintf(name, sizeof name, "%c%d.%d", op, j, c);
+    else snprintf(name, sizeof name, "%c%d", op, j);
+    dt_trace_event(p->trace, name, op == 'F' ? "forward" : op == 'B' ? "backward" : "weights", 0, t0,
+                   dt_trace_now_us(p->trace));
+}
+
+/* ---- the actions ---- */
+static dt_status do_forward(dt_pipe *p, int c, int j) {
+    int v = dt_pipe_vstage(p, c);
+    dt_pipe_slot *s = &p->slots[c * p->M + j];
+    const dt_batch *b = &p->mb[j];
+    DT_TRY(pool_get(p, &s->g));
+    if (v > 0) {
+        if (wait_timed(p, &s->recv_act) != DT_OK) return fail(p, "receiving the activation", c, j);
+        int64_t sh[DT_MAX_DIMS];
+        int nd = dt_model_block_shape(p->m, p->vfirst[v], 1, b, sh);
+        if (!(s->x = dt_graph_input(s->g, nd, sh, s->act, 1))) return fail(p, "activation input", c, j);
+    }
+    double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->trace);
+    dt_tensor *y = dt_model_run_blocks(p->m, s->g, b, p->vfirst[v], p->vfirst[v + 1], s->x);
+    if (!y) return fail(p, "forward", c, j);
+    if (v + 1 == p->S) {
+        if (!(y = dt_model_loss(p->m, s->g, b, y, NULL))) return fail(p, "loss", c, j);
+        p->loss_sum += dt_f32(y)[0];
+    }
+    s->out = y;
+    p->compute_us += dt_par_now_us() - t0;
+    trace_action(p, 'F', c, j, tt);
+    if (v + 1 < p->S &&
+        dt_send(p->pp, y->data, y->numel, DT_F32, dt_pipe_rank_of(p, v + 1), TAG_ACT(p, v + 1, j), &s->send_act) != DT_OK)
+        return fail(p, "sending the activation", c, j);
+    return DT_OK;
+}
+
+static dt_status do_backward(dt_pipe *p, int c, int j) {
+    int v = dt_pipe_vstage(p, c);
+    dt_pipe_slot *s = &p->slots[c * p->M + j];
+    if (!s->g || !s->out) return DT_ERR(DT_ESTATE, "pipeline stage %d: B of micro-batch %d before its F", p->stage, j);
+    if (v + 1 < p->S && wait_timed(p, &s->recv_grad) != DT_OK) return fail(p, "receiving the gradient", c, j);
+    double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->trace);
+    dt_pipe_ties_redirect(p, c);
+    dt_status st = v + 1 == p->S ? dt_graph_backward_scaled(s->g, s->out, p->loss_scale)
+                                 : dt_graph_backward_from(s->g, s->out, s->grad);
+    if (st != DT_OK) return fail(p, "backward", c, j);
+    p->compute_us += dt_par_now_us() - t0;
+    trace_action(p, 'B', c, j, tt);
+    if (v > 0) {
+        const float *gx = dt_graph_grad(s->g, s->x);
+        if (!gx || dt_send(p->pp, gx, s->x->numel, DT_F32, dt_pipe_rank_of(p, v - 1), TAG_GRAD(p, v - 1, j),
+                           &s->send_grad) != DT_OK)
+            return fail(p, "sending the input gradient", c, j);
+    }
+    if (dt_pipe_ties_export(p, c, j) != DT_OK) return fail(p, "sending tied-parameter rows", c, j);
+    s->b_done = 1;
+    /* the tape waits for its W: split schedules, or the authority's tied use */
+    if (p->sched.split_w || (c == p->tie_auth_chunk)) return DT_OK;
+    return release(p, s);
+}
+
+static dt_status run_weights(dt_pipe *p, int c, int j) {
+    dt_pipe_slot *s = &p->slots[c * p->M + j];
+    double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->trace);
+    if (dt_graph_backward_weights(s->g) != DT_OK) return fail(p, "weight gradients", c, j);
+    p->compute_us += dt_par_now_us() - t0;
+    trace_action(p, 'W', c, j, tt);
+    s->w_done = 1;
+    if (c == p->tie_auth_chunk) p->tie_next_w = j + 1;
+    return release(p, s);
+}
+
+/* Folds the holders' rows of micro-batch tie_next_fold (waits). */
+static dt_status fold_next(dt_pipe *p) {
+    double t0 = dt_par_now_us();
+    dt_status s = dt_pipe_ties_fold(p, p->tie_next_fold);
+    p->wait_us += dt_par_now_us() - t0;
+    if (s != DT_OK) return s;
+    if (++p->tie_next_fold < p->M) DT_TRY(dt_pipe_ties_post(p, p->tie_next_fold));
+    return DT_OK;
+}
+
+/* Authority: advance own-W(j), fold(j), own-W(j+1), ... as far as possible
+ * (block: to the end of the step). */
+static dt_status tie_pump(dt_pipe *p, int block) {
+    if (p->tie_auth_chunk < 0) return DT_OK;
+    for (;;) {
+        if (p->tie_next_fold < p->tie_next_w) {
+            if (!block && !dt_pipe_ties_arrived(p, p->tie_next_fold)) return DT_OK;
+            DT_TRY(fold_next(p));
+        } else if (!p->sched.split_w && p->tie_next_w < p->M &&
+                   p->slots[p->tie_auth_chunk * p->M + p->tie_next_w].b_done) {
+            DT_TRY(run_weights(p, p->tie_auth_chunk, p->tie_next_w));
+        } else {
+            return DT_OK;
+        }
+    }
+}
+
+static dt_status do_weights(dt_pipe *p, int c, int j) {
+    if (c == p->tie_auth_chunk)   /* own W(j) comes after fold(j - 1) */
+        while (p->tie_next_fold < j) DT_TRY(fold_next(p));
+    return run_weights(p, c, j);
+}
+
+static dt_status ensure_schedule(dt_pipe *p, int M) {
+    if (M == p->M && p->sched.n) return DT_OK;
+    dt_pipe_schedule_free(&p->sched);
+    p->M = M;
+    if (p->S * M >= 10000)
+        return DT_ERR(DT_EINVAL, "pipeline: %d virtual stages x %d micro-batches is too many (< 10000)", p->S, M);
+    return dt_pipe_schedule_build(p->o.schedule, p->P, M, p->V, p->o.max_outstanding, &p->sched);
+}
+
+dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum) {
+    DT_TRY(ensure_schedule(p, M));
+    DT_TRY(prepare_slots(p, mb, M));
+    p->mb = mb;
+    p->loss_sum = 0;
+    p->loss_scale = 1.0f / (float)M;
+    p->compute_us = p->wait_us = 0;
+    p->graphs_peak = p->graphs_live;
+    set_deferral(p);
+    DT_TRY(post_receives(p, mb, M));
+    p->tie_next_w = p->tie_next_fold = 0;
+    if (p->tie_auth_chunk >= 0) DT_TRY(dt_pipe_ties_post(p, 0));
+    const dt_pipe_action *a = p->sched.act[p->stage];
+    for (int i = 0; i < p->sched.n[p->stage]; i++) {
+        int c = a[i].chunk, j = a[i].mb;
+        DT_TRY(a[i].op == DT_PIPE_F ? do_forward(p, c, j) : a[i].op == DT_PIPE_B ? do_backward(p, c, j)
+                                                                                 : do_weights(p, c, j));
+        DT_TRY(tie_pump(p, 0));
+    }
+    DT_TRY(tie_pump(p, 1));
+    for (int i = 0; i < p->V * M; i++)
+        if (p->slots[i].g) return DT_ERR(DT_ESTATE, "pipeline stage %d: micro-batch %d unfinished after the schedule",
+                                         p->stage, i % M);
+    *loss_sum = p->loss_sum;
+    p->stats.compute_us = p->compute_us;
+    p->stats.wait_us = p->wait_us;
+    p->stats.graphs = p->graphs_peak;
+    size_t arena = 0;
+    for (int i = 0; i < p->n_pool; i++) arena += dt_graph_arena_bytes(p->pool[i]);
+    p->stats.arena_bytes = arena;
+    return DT_OK;
+}
+
+/* ---- evaluation: every batch forward through the stages, in order ---- */
+typedef struct eval_item { dt_graph *g; dt_work *send; } eval_item;
+
+static dt_status eval_one(dt_pipe *p, const dt_batch *b, int c, float *act, dt_work **recv, eval_item *it,
+                          double sums[3]) {
+    int v = dt_pipe_vstage(p, c);
+    DT_TRY(pool_get(p, &it->g));
+    dt_graph_set_grad_enabled(it->g, 0);
+    dt_graph_set_training(it->g, 0);
+    dt_tensor *x = NULL;
+    if (v > 0) {
+        DT_TRY(wait_timed(p, recv));
+        int64_t sh[DT_MAX_DIMS];
+        int nd = dt_model_block_shape(p->m, p->vfirst[v], 1, b, sh);
+        if (!(x = dt_graph_input(it->g, nd, sh, act, 0))) return dt_error_code();
+    }
+    dt_tensor *y = dt_model_run_blocks(p->m, it->g, b, p->vfirst[v], p->vfirst[v + 1], x);
+    if (!y) return dt_error_code() ? dt_error_code() : DT_EINVAL;
+    if (v + 1 < p->S)
+        return dt_send(p->pp, y->data, y->numel, DT_F32, dt_pipe_rank_of(p, v + 1), TAG_ACT(p, v + 1, 0), &it->send);
+    dt_tensor *logits = NULL, *loss = dt_model_loss(p->m, it->g, b, y, &logits);
+    if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;
+    double rows = (double)(b->B * b->T);
+    sums[0] += dt_f32(loss)[0] * rows;
+    sums[1] += (double)dt_count_correct(logits, b->y);
+    sums[2] += rows;
+    return DT_OK;
+}
+
+dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3]) {
+    /* one receive buffer per (batch, chunk); activations arrive in batch
+     * order on one tag per link, matched in posting order */
+    int64_t per = 0;
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < p->V; c++) {
+            int v = dt_pipe_vstage(p, c);
+            int64_t k = v > 0 ? act_numel(p, p->vfirst[v], 1, &b[i]) : 0;
+            if (k > per) per = k;
+        }
+    float *act = malloc((size_t)(per ? per : 1) * (size_t)n * (size_t)p->V * sizeof(float));
+    dt_work **recv = calloc((size_t)n * (size_t)p->V, sizeof *recv);
+    eval_item prev = {0}, cur = {0};
+    dt_status s = act && recv ? DT_OK : DT_ERR(DT_ENOMEM, "pipeline eval: out of memory");
+    for (int i = 0; i < n && s == DT_OK; i++)
+        for (int c = 0; c < p->V && s == DT_OK; c++) {
+            int v = dt_pipe_vstage(p, c);
+            if (v > 0)
+                s = dt_recv(p->pp, act + ((size_t)i * (size_t)p->V + (size_t)c) * (size_t)per,
+                            act_numel(p, p->vfirst[v], 1, &b[i]), DT_F32, dt_pipe_rank_of(p, v - 1), TAG_ACT(p, v, 0),
+                            &recv[i * p->V + c]);
+        }
+    for (int i = 0; i < n && s == DT_OK; i++)
+        for (int c = 0; c < p->V && s == DT_OK; c++) {
+            s = eval_one(p, &b[i], c, act + ((size_t)i * (size_t)p->V + (size_t)c) * (size_t)per, &recv[i * p->V + c],
+                         &cur, sums);
+            /* the previous item's output is sent by now or soon: its tape can go */
+            dt_status w = dt_work_wait(prev.send);
+            if (s == DT_OK) s = w;
+            if (prev.g) pool_put(p, prev.g);
+            prev = cur;
+            cur = (eval_item){0};
+        }
+    dt_status w = dt_work_wait(prev.send);
+    if (s == DT_OK) s = w;
+    if (prev.g) pool_put(p, prev.g);
+    if (cur.g) { dt_work_wait(cur.send); pool_put(p, cur.g); }
+    for (int i = 0; recv && i < n * p->V; i++) dt_work_wait(recv[i]);   /* (after an error) */
+    free(act);
+    free(recv);
+    if (s != DT_OK) return fail(p, "evaluation", 0, 0);
+    return DT_OK;
+}
