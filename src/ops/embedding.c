@@ -1,28 +1,82 @@
 /* Embedding lookup: y[i, :] = w[ids[i], :], w[V, C], i < n; y has the
  * caller's shape (numel n * C).
- * backward: dw[ids[i], :] += dy[i, :]. Rows may repeat, so threads split the
- * C columns (not the rows): no races, deterministic order. */
+ * backward: for each distinct id, the rows dy[i] of the positions holding it
+ * are summed first, in position order (s = dy[i0]; s += dy[i1]; ...), then
+ * added once: dw[id, :] += s. So computing the gradient into a zeroed buffer
+ * E and adding E to G later gives G + (0 + s) = G + s bitwise, as backward
+ * straight into G does (a tied embedding whose two uses sit on different
+ * pipeline stages), and the order is PyTorch's (index_add into zeros, then
+ * accumulate). Positions are grouped by id with a stable counting sort (a
+ * V-sized map, otherwise O(n + touched rows)); threads split the C columns
+ * into blocks, so no two write the same element and the order is fixed. */
+#include <stdlib.h>
 #include "ops_internal.h"
 
 #define EMB_COL_BLOCK 64
+
+/* The positions of ids[0..n) grouped by id: group k holds id uid[k] (groups in
+ * first-occurrence order) at positions pos[off[k] .. off[k+1]), ascending. */
+typedef struct emb_groups { int64_t n_ids, *uid, *off, *pos; } emb_groups;
+
+/* buf: 3n + 1 int64s; map: V zeroed int64s (left dirty). */
+static void group_ids(const int32_t *ids, int64_t n, int64_t *map, int64_t *buf, emb_groups *gr) {
+    int64_t *uid = buf, *off = buf + n, *pos = off + n + 1, nt = 0;
+    for (int64_t i = 0; i < n; i++) {   /* map[id] = group + 1; off[k] = group size */
+        int64_t *m = &map[ids[i]];
+        if (!*m) {
+            uid[nt] = ids[i];
+            off[nt] = 0;
+            *m = ++nt;
+        }
+        off[*m - 1]++;
+    }
+    for (int64_t k = 0, start = 0; k < nt; k++) {   /* off[k] = group start; map[id] = its cursor */
+        int64_t size = off[k];
+        off[k] = map[uid[k]] = start;
+        start += size;
+    }
+    off[nt] = n;
+    for (int64_t i = 0; i < n; i++) pos[map[ids[i]]++] = i;
+    *gr = (emb_groups){nt, uid, off, pos};
+}
 
 static void embedding_backward(dt_graph *g, dt_node *n) {
     dt_tensor *w = n->in[0];
     float *dw = dt_grad_of(g, w);
     if (!dw) return;
     const int32_t *ids = n->saved;
-    int64_t cnt = n->i[0], C = w->shape[1];
+    int64_t cnt = n->i[0], V = w->shape[0], C = w->shape[1];
+    if (cnt == 0 || C == 0) return;
+    int64_t *map = calloc((size_t)V, sizeof *map), *buf = malloc((size_t)(3 * cnt + 1) * sizeof *buf);
+    if (!map || !buf) {
+        free(map);
+        free(buf);
+        DT_ERR(DT_ENOMEM, "embedding backward: out of memory grouping %lld ids over the %lld rows of w %s",
+               (long long)cnt, (long long)V, DT_OPS_SHAPE(w));
+        return;
+    }
+    emb_groups gr;
+    group_ids(ids, cnt, map, buf, &gr);
+    free(map);
     const float *dy = dt_f32(n->out->grad);
     int64_t nblk = (C + EMB_COL_BLOCK - 1) / EMB_COL_BLOCK;
 #pragma omp parallel for schedule(static) if (cnt * C >= DT_OPS_PAR_MIN && nblk > 1)
     for (int64_t blk = 0; blk < nblk; blk++) {
-        int64_t c0 = blk * EMB_COL_BLOCK, c1 = c0 + EMB_COL_BLOCK < C ? c0 + EMB_COL_BLOCK : C;
-        for (int64_t i = 0; i < cnt; i++) {
-            float *dst = dw + (int64_t)ids[i] * C;
-            const float *src = dy + i * C;
-            for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+        int64_t c0 = blk * EMB_COL_BLOCK, nc = C - c0 < EMB_COL_BLOCK ? C - c0 : EMB_COL_BLOCK;
+        float s[EMB_COL_BLOCK];
+        for (int64_t k = 0; k < gr.n_ids; k++) {
+            const int64_t *p = gr.pos + gr.off[k], np = gr.off[k + 1] - gr.off[k];
+            const float *src = dy + p[0] * C + c0;
+            for (int64_t c = 0; c < nc; c++) s[c] = src[c];
+            for (int64_t j = 1; j < np; j++) {
+                src = dy + p[j] * C + c0;
+                for (int64_t c = 0; c < nc; c++) s[c] += src[c];
+            }
+            float *dst = dw + gr.uid[k] * C + c0;
+            for (int64_t c = 0; c < nc; c++) dst[c] += s[c];
         }
     }
+    free(buf);
 }
 
 dt_tensor *dt_op_embedding(dt_graph *g, dt_tensor *w, const int32_t *ids, int64_t n, int ndim,
