@@ -89,3 +89,12 @@ set_tests_properties(test_recompute_bitwise PROPERTIES LABELS mpi PROCESSORS 2 T
 # Test tools (not tests themselves): ckpt_cmp compares two checkpoints bitwise.
 add_executable(ckpt_cmp ${CMAKE_SOURCE_DIR}/tests/tools/ckpt_cmp.c)
 target_link_libraries(ckpt_cmp PRIVATE dtrain)
+
+# Pipeline parallelism equals one process (and DDP) bit for bit, every
+# schedule, checkpoints across layouts (launches dtrain --nproc itself).
+foreach(np 2 4)
+  add_test(NAME test_pipeline_bitwise_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_bitwise.sh $<TARGET_FILE:dtrain_cli>
+                   $<TARGET_FILE:ckpt_cmp> ${np})
+  set_tests_properties(test_pipeline_bitwise_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
+endforeach()

@@ -218,9 +218,14 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
     dt_pipe *p = self;
     dt_model *m = p->m;
     DT_TRY(dt_pipe_ties_share(p));
+    /* data parallel across replicas of this stage: the rank-ordered average
+     * (bitwise what DDP gives at D ranks) */
+    if (p->D > 1 && m->grad_flat.numel)
+        DT_TRY(dt_allreduce(p->dp, m->grad_flat.data, m->grad_flat.data, (int64_t)m->grad_flat.numel, DT_F32,
+                            DT_RED_AVG | DT_RED_DETERMINISTIC, NULL));
     float scale = 1.0f;
     if (r->clip > 0) {
-        double ss = local_sumsq(p);
+        double ss = local_sumsq(p);   /* (replicas hold equal gradients now: one pipeline's sum) */
         DT_TRY(dt_par_allreduce_sum(p->pp, &ss, 1));
         scale = dt_clip_scale(sqrt(ss), r->clip);
     }

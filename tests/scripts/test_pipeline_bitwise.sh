@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Pipeline parallelism trains bit-identically to the run it stands for:
+#   --pp P --microbatches M --batch B  ==  one process --batch B/M --accum M
+#   --pp P x D replicas                ==  DDP at D ranks --batch B/M --accum M
+# for GPT-2 (tied wte across the first and last stage) and the MLP, every
+# schedule, odd stage counts, recompute, and checkpoints that move between
+# layouts (saved by a pipeline, resumed by one process and vice versa).
+# Compared: every tensor of the final checkpoint (parameters, optimizer state,
+# buffers; tests/tools/ckpt_cmp) and the logged losses, eval included.
+# usage: test_pipeline_bitwise.sh DTRAIN CKPT_CMP NP
+#   NP: the largest world size to use (2 or 4)
+set -uo pipefail
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_recompute_bitwise.sh)
+bin=$1 cmp=$2 np=$3
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$tmp/corpus.txt"
+gpt2=(--model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --data text --data-path "$tmp/corpus.txt"
+      --eval-batches 2 --threads 1 --quiet --steps 4)
+mlp=(--model mlp --hidden 64,48,32 --threads 1 --quiet --steps 4 --eval-batches 2)
+fail=0
+
+# run TAG MODEL ARGS...: train, keep TAG.st(dir) and TAG.jsonl (timings dropped)
+run() {
+    local tag=$1 model=$2; shift 2
+    local -n margs=$model
+    if ! "$bin" train "${margs[@]}" "$@" --save "$tmp/$tag.ck" --metrics "$tmp/$tag.jsonl" < /dev/null > "$tmp/$tag.out" 2>&1; then
+        echo "FAIL $tag: $*"; cat "$tmp/$tag.out"; fail=1; return 1
+    fi
+    sed -i 's/,"ms":[0-9.e+-]*//' "$tmp/$tag.jsonl"
+}
+same() {   # same REF TAG
+    if "$cmp" "$tmp/$1.ck" "$tmp/$2.ck" step optim_step epoch cursor > "$tmp/cmp.out" && cmp -s "$tmp/$1.jsonl" "$tmp/$2.jsonl"; then
+        echo "ok   $2 == $1"
+    else
+        echo "FAIL $2 != $1:"; cat "$tmp/cmp.out"; diff "$tmp/$1.jsonl" "$tmp/$2.jsonl"; fail=1
+    fi
+}
+
+# references
+run g_single gpt2 --batch 2 --accum 4
+run m_single mlp --batch 16 --accum 2
+
+while IFS='|' read -r ref tag model need extra; do
+    [ "$need" -le "$np" ] || continue
+    # shellcheck disable=SC2086
+    run "$tag" "$model" $extra && same "$ref" "$tag"
+done <<CONFIGS
+g_single|g_pp2_1f1b|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2
+g_single|g_pp2_gpipe|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule gpipe
+g_single|g_pp2_recompute|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2 --recompute blocks
+g_single|g_pp2_split|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2 --pp-split 1,3
+m_single|m_pp2|mlp|2|--batch 32 --microbatches 2 --pp 2 --nproc 2
+g_single|g_pp4_1f1b|gpt2|4|--batch 8 --microbatches 4 --pp 4 --nproc 4
+g_single|g_pp4_gpipe_out2|gpt2|4|--batch 8 --microbatches 4 --pp 4 --nproc 4 --schedule gpipe --max-outstanding 2
+g_single|g_pp3_1f1b|gpt2|4|--batch 8 --microbatches 4 --pp 3 --nproc 3
+m_single|m_pp4|mlp|4|--batch 32 --microbatches 2 --pp 4 --nproc 4
+CONFIGS
+
+# P x D: against DDP at D ranks with the same micro-batches
+if [ "$np" -ge 4 ]; then
+    run g_ddp2 gpt2 --batch 2 --accum 4 --nproc 2 && run g_pp2_dp2 gpt2 --batch 8 --microbatches 4 --pp 2 --nproc 4 &&
+        same g_ddp2 g_pp2_dp2
+fi
+
+# checkpoints move between layouts: 2 steps, save, resume to 4 steps
+run g_pp2_half gpt2 --batch 8 --microbatches 4 --pp 2 --nproc 2 --stop-after 2 --save-every 2 &&
+    run g_resume_single gpt2 --batch 2 --accum 4 --resume "$tmp/g_pp2_half.ck" &&
+    "$cmp" "$tmp/g_single.ck" "$tmp/g_resume_single.ck" step optim_step epoch cursor > "$tmp/cmp.out" &&
+    echo "ok   pipeline checkpoint resumed in one process" || { echo "FAIL resume in one process:"; cat "$tmp/cmp.out"; fail=1; }
+run g_single_half gpt2 --batch 2 --accum 4 --stop-after 2 --save-every 2 &&
+    run g_resume_pp gpt2 --batch 8 --microbatches 4 --pp "$np" --nproc "$np" --resume "$tmp/g_single_half.ck" &&
+    "$cmp" "$tmp/g_single.ck" "$tmp/g_resume_pp.ck" step optim_step epoch cursor > "$tmp/cmp.out" &&
+    echo "ok   one-process checkpoint resumed at --pp $np" || { echo "FAIL resume at --pp $np:"; cat "$tmp/cmp.out"; fail=1; }
+exit $fail
