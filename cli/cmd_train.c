@@ -101,7 +101,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
 /* --pp P --microbatches M --batch B: micro-batches of B / M, M per step. */
 static int pipe_flags(cli_flags *f, char *err, int errlen) {
     dt_pipe_opts *p = &f->dist.pipe;
-    int piped = p->stages > 1 || f->schedule || f->microbatches || p->n_split || p->max_outstanding ||
+    int piped = p->stages != 1 || f->schedule || f->microbatches || p->n_split || p->max_outstanding ||
                 p->virtual_stages;
     if (!piped) return 0;
     f->dist.pipelined = 1;

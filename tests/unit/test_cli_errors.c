@@ -52,6 +52,15 @@ static void test_bad_flags(void **state) {
     expect_error("train --zero 2 --no-shm", "--no-shm is a DDP option");
     expect_error("train --zero 2 --zero-prefetch 1", "--zero-prefetch applies to ZeRO stage 3 only");
     expect_error("train --zero 3 --zero-prefetch -1", "--zero-prefetch must be >= 0");
+    /* pipeline flags */
+    expect_error("train --pp 0", "--pp must be >= 1");
+    expect_error("train --pp 2 --schedule wavefront", "--schedule: unknown 'wavefront'");
+    expect_error("train --pp 2 --batch 10 --microbatches 4", "--batch 10 does not split into --microbatches 4");
+    expect_error("train --pp 2 --accum 2", "--accum does not combine with a pipeline");
+    expect_error("train --pp 2 --virtual-stages 2", "more than 1 needs --schedule interleaved");
+    expect_error("train --pp 2 --schedule 1f1b --max-outstanding 2", "--max-outstanding applies to --schedule gpipe");
+    expect_error("train --pp 2 --microbatches 0", "--microbatches must be >= 1");
+    expect_error("train --pp 2 --zero 1", "--zero with --pp is not supported yet");
 }
 
 static void test_missing_and_corrupt_files(void **state) {
