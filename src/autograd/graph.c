@@ -216,11 +216,11 @@ static int grad_view(dt_graph *g, dt_tensor *x, float *data) {
     return 1;
 }
 
-/* With deferred weights (B), the buffer handed over is dead for the queued
- * nodes too: a queued node reads its own output's gradient, final before B
- * reached it, and y's gradient is one only if y is downstream of that output
- * (then so is x, or x is the output itself, and every write into x's gradient
- * comes from a node B processes before the queued one). */
+/* Safe with deferred weights (B): a queued node reads in W its output's
+ * gradient, final when B reached the node. y's gradient can be that buffer
+ * only if y is downstream of the output; then x is too (or is the output),
+ * so every write into x's gradient comes from a node B processed before the
+ * queued one. */
 int dt_grad_alias(dt_graph *g, dt_tensor *x, dt_tensor *y) {
     if (g->in_w) return 0;
     if (!x || !y || !x->requires_grad || x->param || x->grad || !y->grad || x->numel != y->numel) return 0;
