@@ -101,7 +101,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
 /* --pp P --microbatches M --batch B: micro-batches of B / M, M per step. */
 static int pipe_flags(cli_flags *f, char *err, int errlen) {
     dt_pipe_opts *p = &f->dist.pipe;
-    int piped = p->stages != 1 || f->schedule || f->microbatches || p->n_split || p->max_outstanding ||
+    int piped = p->stages != 1 || f->schedule || f->microbatches != INT_MIN || p->n_split || p->max_outstanding ||
                 p->virtual_stages;
     if (!piped) return 0;
     f->dist.pipelined = 1;
@@ -119,7 +119,7 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
         snprintf(err, (size_t)errlen, "--max-outstanding applies to --schedule gpipe (>= 1)");
         return -1;
     }
-    int M = f->microbatches ? f->microbatches : p->stages;
+    int M = f->microbatches != INT_MIN ? f->microbatches : p->stages;
     if (M < 1) { snprintf(err, (size_t)errlen, "--microbatches must be >= 1 (got %d)", M); return -1; }
     if (f->o.accum != 1) {
         snprintf(err, (size_t)errlen, "--accum does not combine with a pipeline: its micro-batches are --microbatches");
@@ -237,6 +237,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     dt_ddp_opts_default(&f.dist.ddp);
     dt_zero_opts_default(&f.dist.zero);
     f.zero_prefetch = INT_MIN;
+    f.microbatches = INT_MIN;   /* not given: --pp */
     dt_pipe_opts_default(&f.dist.pipe);
     f.dist.pipe.virtual_stages = 0;   /* 0: not given (default by schedule) */
     pre_scan(argc, argv, &f);

@@ -42,10 +42,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "dtrain/error.h"
+#include "dtrain/pipeline.h"   /* dt_pipe_kind */
 
 #define DT_PIPE_MAX_RANKS 64
 
-typedef enum dt_pipe_kind { DT_PIPE_GPIPE = 0, DT_PIPE_1F1B, DT_PIPE_INTERLEAVED, DT_PIPE_ZBH1 } dt_pipe_kind;
 /* F: forward of micro-batch mb through chunk c. B: backward (input gradient;
  * also the weight gradient unless the schedule splits W). W: weight gradient
  * of (mb, c), zb-h1 only. */
@@ -70,8 +70,7 @@ dt_status dt_pipe_schedule_build(dt_pipe_kind kind, int P, int M, int V, int max
                                  dt_pipe_schedule *out);
 void dt_pipe_schedule_free(dt_pipe_schedule *s);
 /* "gpipe" "1f1b" "interleaved" "zb-h1" -> 0; else -1 and DT_EINVAL recorded. */
-int dt_pipe_kind_parse(const char *name, dt_pipe_kind *out);
-const char *dt_pipe_kind_name(dt_pipe_kind k);   /* "?" for an unknown value */
+/* dt_pipe_kind_parse / dt_pipe_kind_name: dtrain/pipeline.h */
 /* Rank's list as "F0 F1 B0 ..." (V = 1) or "F0c0 F1c0 F0c1 ..." (V > 1:
  * micro-batch then chunk), snprintf-style: writes at most n bytes (always
  * terminated when n > 0) and returns the length of the whole text; -1 for a

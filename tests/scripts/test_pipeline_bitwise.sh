@@ -3,7 +3,7 @@
 #   --pp P --microbatches M --batch B  ==  one process --batch B/M --accum M
 #   --pp P x D replicas                ==  DDP at D ranks --batch B/M --accum M
 # for GPT-2 (tied wte across the first and last stage) and the MLP, every
-# schedule, odd stage counts, recompute, and checkpoints that move between
+# schedule (gpipe, 1f1b, interleaved, zb-h1: so ZB-H1 == 1F1B bitwise too), odd stage counts, recompute, and checkpoints that move between
 # layouts (saved by a pipeline, resumed by one process and vice versa).
 # Compared: every tensor of the final checkpoint (parameters, optimizer state,
 # buffers; tests/tools/ckpt_cmp) and the logged losses, eval included.
@@ -49,8 +49,14 @@ g_single|g_pp2_1f1b|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2
 g_single|g_pp2_gpipe|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule gpipe
 g_single|g_pp2_recompute|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2 --recompute blocks
 g_single|g_pp2_split|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2 --pp-split 1,3
+g_single|g_pp2_zbh1|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule zb-h1
+g_single|g_pp2_zbh1_recompute|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule zb-h1 --recompute blocks
+g_single|g_pp2_interleaved|gpt2|2|--batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule interleaved --virtual-stages 2
 m_single|m_pp2|mlp|2|--batch 32 --microbatches 2 --pp 2 --nproc 2
+m_single|m_pp2_zbh1|mlp|2|--batch 32 --microbatches 2 --pp 2 --nproc 2 --schedule zb-h1
+m_single|m_pp2_interleaved|mlp|2|--batch 32 --microbatches 2 --pp 2 --nproc 2 --schedule interleaved
 g_single|g_pp4_1f1b|gpt2|4|--batch 8 --microbatches 4 --pp 4 --nproc 4
+g_single|g_pp4_zbh1|gpt2|4|--batch 8 --microbatches 4 --pp 4 --nproc 4 --schedule zb-h1
 g_single|g_pp4_gpipe_out2|gpt2|4|--batch 8 --microbatches 4 --pp 4 --nproc 4 --schedule gpipe --max-outstanding 2
 g_single|g_pp3_1f1b|gpt2|4|--batch 8 --microbatches 4 --pp 3 --nproc 3
 m_single|m_pp4|mlp|4|--batch 32 --microbatches 2 --pp 4 --nproc 4
