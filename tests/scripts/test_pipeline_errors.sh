@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Bad pipeline configurations fail on every rank with one clear message and
+# never hang: ranks not divisible by --pp, more stages than blocks, a
+# schedule's micro-batch rule, a split that does not add up.
+# usage: test_pipeline_errors.sh DTRAIN NP
+set -uo pipefail
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+bin=$1 np=$2
+fail=0
+mlp=(--model mlp --hidden 32 --threads 1 --quiet --steps 2)   # 2 blocks
+expect() {   # expect NEEDLE ARGS...
+    local needle=$1; shift
+    local out rc
+    out=$(timeout 120 "$bin" train "${mlp[@]}" "$@" < /dev/null 2>&1); rc=$?
+    if [ $rc -eq 124 ]; then echo "FAIL (hang) $*"; fail=1
+    elif [ $rc -eq 0 ]; then echo "FAIL (exit 0) $*"; fail=1
+    elif ! grep -qF -- "$needle" <<<"$out"; then echo "FAIL $*: wanted '$needle', got:"; echo "$out" | head -5; fail=1
+    else echo "ok   $* -> $needle"; fi
+}
+if [ "$np" -eq 2 ]; then
+    expect "3 stages (--nproc must be a multiple of --pp)" --pp 3 --nproc 2 --batch 30 --microbatches 3
+    expect "--pp-split adds up to 3 blocks" --pp 2 --nproc 2 --pp-split 1,2
+    expect "interleaved" --pp 2 --nproc 2 --schedule interleaved --microbatches 3 --batch 30
+else
+    expect "4 virtual stages (--pp 4 x --virtual-stages 1) but model mlp has only 2 blocks" --pp 4 --nproc 4
+    expect "--pp-split has 3 entries" --pp 4 --nproc 4 --pp-split 1,1,1 --hidden 32,32,32
+    expect "6 virtual stages" --pp 2 --nproc 4 --schedule interleaved --virtual-stages 3 --microbatches 2
+fi
+exit $fail
