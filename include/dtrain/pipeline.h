@@ -76,6 +76,10 @@ void dt_pipe_opts_default(dt_pipe_opts *o);
 /* "gpipe" | "1f1b" | "interleaved" | "zb-h1"; 0 ok. */
 int dt_pipe_kind_parse(const char *name, dt_pipe_kind *out);
 const char *dt_pipe_kind_name(dt_pipe_kind k);
+/* Theoretical bubble (idle / step per rank): gpipe and 1f1b (P-1)/(M+P-1),
+ * interleaved that / V, zb-h1 (P-1)/(3M+P-1) (the paper's idle at equal F, B,
+ * W costs). src/parallel/pipe_schedule.h says when each is exact. */
+double dt_pipe_bubble_formula(dt_pipe_kind kind, int P, int M, int V);
 
 /* The pipeline as a dt_strategy (strategy.h): owns the optimizer (one per
  * stage), schedules the trainer's micro-batches, evaluates through the
@@ -85,9 +89,10 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
 /* Timers of the last step (bench/bench_pipeline), this rank. */
 typedef struct dt_pipe_stats {
     double step_us;           /* forward_backward + optimizer step */
+    double schedule_us;       /* the schedule's actions, first to last (forward_backward) */
     double compute_us;        /* inside F, B, W (the schedule's own timers) */
-    double wait_us;           /* blocked on a receive (exposed communication + pipeline bubble) */
-    double bubble;            /* 1 - compute / step */
+    double wait_us;           /* blocked on a message (pipeline bubble + exposed communication) */
+    double bubble;            /* idle inside the schedule: 1 - compute / schedule */
     size_t param_bytes;       /* this rank's parameters */
     size_t arena_bytes;       /* activation memory: the tapes' high-water marks */
     int graphs;               /* tapes alive at the peak (micro-batches in flight x chunks) */

@@ -277,6 +277,7 @@ static dt_status ensure_schedule(dt_pipe *p, int M) {
 }
 
 dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum) {
+    double start = dt_par_now_us();
     DT_TRY(ensure_schedule(p, M));
     DT_TRY(prepare_slots(p, mb, M));
     p->mb = mb;
@@ -300,6 +301,8 @@ dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_s
         if (p->slots[i].g) return DT_ERR(DT_ESTATE, "pipeline stage %d: micro-batch %d unfinished after the schedule",
                                          p->stage, i % M);
     *loss_sum = p->loss_sum;
+    p->stats.schedule_us = dt_par_now_us() - start;
+    p->stats.bubble = p->stats.schedule_us > 0 ? 1.0 - p->compute_us / p->stats.schedule_us : 0;
     p->stats.compute_us = p->compute_us;
     p->stats.wait_us = p->wait_us;
     p->stats.graphs = p->graphs_peak;

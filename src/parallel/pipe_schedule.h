@@ -85,7 +85,7 @@ int dt_pipe_schedule_format(const dt_pipe_schedule *s, int rank, char *buf, size
  * (P-1)/(3M+P-1): the paper's idle (P-1)(tf+tb-tw) over the step 3M+P-1 at
  * tf = tb = tw (simulated exactly when M >= P; fewer micro-batches idle
  * more). Use dt_pipe_schedule_simulate for the value of a built schedule. */
-double dt_pipe_bubble_formula(dt_pipe_kind kind, int P, int M, int V);
+/* dt_pipe_bubble_formula(kind, P, M, V): declared in dtrain/pipeline.h */
 
 /* Every action takes its cost (tf, tb or tw, chunks equal), a message to
  * another rank arrives lat after the end of the action that produced it (the

@@ -234,7 +234,6 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
     dt_model_zero_grad(m);
     double now = dt_par_now_us();
     p->stats.step_us = now - p->stats.step_us;
-    p->stats.bubble = p->stats.step_us > 0 ? 1.0 - p->stats.compute_us / p->stats.step_us : 0;
     return DT_OK;
 }
 
