@@ -41,7 +41,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--data", DT_ARG_STR, &f->data, "KIND", "fashion-mnist | text | shard (default fashion-mnist; text for gpt2)", 0, 0},
         {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},
         {"--val-path", DT_ARG_STR, &o->val_path, "PATH", "LM validation file (default: last 10% of the data)", 0, 0},
-        {"--batch", DT_ARG_I64, &o->batch, "B", "batch size per rank and micro-step (default 64)", 0, 0},
+        {"--batch", DT_ARG_I64, &o->batch, "B", "batch size per rank and micro-step; with --pp per replica and step, split into --microbatches (default 64)", 0, 0},
         {"--seq", DT_ARG_I64, &o->seq, "T", "LM sequence length (default 64)", 0, 0},
         {"--steps", DT_ARG_I64, &o->steps, "N", "optimizer steps (overrides --epochs)", 0, 0},
         {"--epochs", DT_ARG_INT, &o->epochs, "N", "epochs when --steps is not given (default 1)", 0, 0},

@@ -99,6 +99,10 @@ typedef struct dt_strategy {
     int data_rank, data_world;
 } dt_strategy;
 
+/* An optimizer with state for every element of m's flat layout, one segment
+ * per parameter (the trainer's; a pipeline stage's). */
+dt_status dt_optimizer_init_model(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_model *m);
+
 /* ---- checkpoint metadata ----
  * Every checkpoint, whoever writes it, carries: format, model kind, optimizer,
  * step, optim_step, data position (epoch, cursor), seed, world size and the

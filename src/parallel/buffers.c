@@ -51,6 +51,17 @@ dt_status dt_par_allreduce_sum(dt_pg *pg, double *x, int n) {
     return DT_OK;
 }
 
+dt_status dt_par_agree(dt_pg *pg, dt_status mine, const char *what) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", dt_error_message());
+    float f[2] = {mine != DT_OK ? 1.0f : 0.0f, mine != DT_OK ? (float)(dt_pg_rank(pg) + 1) : 0.0f};
+    DT_TRY(dt_allreduce(pg, f, f, 2, DT_F32, DT_RED_SUM, NULL));
+    if (mine != DT_OK) return DT_ERR(mine, "%s", msg);
+    if (f[0] == 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on rank %d (see its error)", what, (int)f[1] - 1);
+    if (f[0] > 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on %d ranks (see their errors)", what, (int)f[0]);
+    return DT_OK;
+}
+
 void dt_par_unused_add(dt_par_unused *u, const char *name) {
     if (u->n++ >= 4) return;
     size_t l = strlen(u->names);

@@ -14,6 +14,10 @@ dt_status dt_par_allreduce_sum(dt_pg *pg, double *x, int n);
 /* Rank 0 prints one line per rank: the given bytes and peak RSS. Collective. */
 dt_status dt_par_memory_report(dt_pg *pg, const char *label, size_t param_bytes, size_t grad_bytes,
                                size_t optim_bytes, int print);
+/* Collective: every rank learns whether all succeeded. A failing rank keeps
+ * its own status and message; the others get DT_ECOMM naming the failed
+ * rank (or how many failed). */
+dt_status dt_par_agree(dt_pg *pg, dt_status mine, const char *what);
 /* Parameters that got no gradient in a backward: count, first four named. */
 typedef struct dt_par_unused { char names[512]; int n; } dt_par_unused;
 void dt_par_unused_add(dt_par_unused *u, const char *name);

@@ -36,17 +36,6 @@ void dt_pipe_ckpt_free(dt_pipe *p) {
     p->gname = NULL; p->gshape = NULL; p->buffer_mine = NULL;
 }
 
-static dt_status agree(dt_pipe *p, dt_status mine, const char *what) {
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", dt_error_message());
-    float f[2] = {mine != DT_OK ? 1.0f : 0.0f, mine != DT_OK ? (float)(dt_pg_rank(p->world) + 1) : 0.0f};
-    DT_TRY(dt_allreduce(p->world, f, f, 2, DT_F32, DT_RED_SUM, NULL));
-    if (mine != DT_OK) return DT_ERR(mine, "%s", msg);
-    if (f[0] == 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on rank %d (see its error)", what, (int)f[1] - 1);
-    if (f[0] > 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on %d ranks (see their errors)", what, (int)f[0]);
-    return DT_OK;
-}
-
 static int saver_of(const dt_pipe *p, int i) {
     int t = p->tie_of[i];
     return p->replica == 0 && (t < 0 || p->ties[t].is_authority);
@@ -119,8 +108,8 @@ dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
     nonce = ((uint32_t)v[1] << 16) | (uint32_t)v[2];
     char set[DT_CKPT_SET_MAX];
     dt_ckpt_set_id(*r->step, nonce, set);
-    DT_TRY(agree(p, write_my_shard(p, dir, set, r->optim), dir));
-    return agree(p, me == 0 ? write_index(p, r, dir, set) : DT_OK, dir);
+    DT_TRY(dt_par_agree(p->world, write_my_shard(p, dir, set, r->optim), dir));
+    return dt_par_agree(p->world, me == 0 ? write_index(p, r, dir, set) : DT_OK, dir);
 }
 
 static const char *ckpt_get(const void *src, const char *key) { return dt_ckpt_get_meta(src, key); }
@@ -155,5 +144,5 @@ dt_status dt_pipe_load(dt_pipe *p, dt_run *r, const char *path) {
     dt_status s = dt_ckpt_open(path, &ck);
     if (s == DT_OK) s = load_local(p, r, ck);
     dt_ckpt_close(ck);
-    return agree(p, s, path);
+    return dt_par_agree(p->world, s, path);
 }

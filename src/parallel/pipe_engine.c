@@ -78,6 +78,7 @@ static dt_status release(dt_pipe *p, dt_pipe_slot *s) {
 }
 
 void dt_pipe_engine_free(dt_pipe *p) {
+    if (p->broken) return;   /* (pipe_internal.h: messages may still use slots and tapes) */
     for (int i = 0; i < p->slots_cap; i++) {
         dt_pipe_slot *s = &p->slots[i];
         dt_work_wait(s->recv_act); dt_work_wait(s->recv_grad); dt_work_wait(s->send_act); dt_work_wait(s->send_grad);
@@ -120,7 +121,7 @@ static dt_status prepare_slots(dt_pipe *p, const dt_batch *mb, int M) {
         for (int j = 0; j < M; j++) {
             dt_pipe_slot *s = &p->slots[c * M + j];
             s->x = s->out = NULL;
-            s->b_done = s->w_done = 0;
+            s->b_done = 0;
             if (v > 0) DT_TRY(grow(&s->act, &s->act_n, act_numel(p, p->vfirst[v], 1, &mb[j])));
             if (v + 1 < p->S) DT_TRY(grow(&s->grad, &s->grad_n, act_numel(p, p->vfirst[v + 1] - 1, 0, &mb[j])));
         }
@@ -229,7 +230,6 @@ static dt_status run_weights(dt_pipe *p, int c, int j) {
     if (dt_graph_backward_weights(s->g) != DT_OK) return fail(p, "weight gradients", c, j);
     p->compute_us += dt_par_now_us() - t0;
     trace_action(p, 'W', c, j, tt);
-    s->w_done = 1;
     if (c == p->tie_auth_chunk) p->tie_next_w = j + 1;
     return release(p, s);
 }
@@ -250,7 +250,7 @@ static dt_status tie_pump(dt_pipe *p, int block) {
     if (p->tie_auth_chunk < 0) return DT_OK;
     for (;;) {
         if (p->tie_next_fold < p->tie_next_w) {
-            if (!block && !dt_pipe_ties_arrived(p, p->tie_next_fold)) return DT_OK;
+            if (!block && !dt_pipe_ties_arrived(p)) return DT_OK;
             DT_TRY(fold_next(p));
         } else if (!p->sched.split_w && p->tie_next_w < p->M &&
                    p->slots[p->tie_auth_chunk * p->M + p->tie_next_w].b_done) {
@@ -276,7 +276,7 @@ static dt_status ensure_schedule(dt_pipe *p, int M) {
     return dt_pipe_schedule_build(p->o.schedule, p->P, M, p->V, p->o.max_outstanding, &p->sched);
 }
 
-dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum) {
+static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum) {
     double start = dt_par_now_us();
     DT_TRY(ensure_schedule(p, M));
     DT_TRY(prepare_slots(p, mb, M));
@@ -310,6 +310,13 @@ dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_s
     for (int i = 0; i < p->n_pool; i++) arena += dt_graph_arena_bytes(p->pool[i]);
     p->stats.arena_bytes = arena;
     return DT_OK;
+}
+
+dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum) {
+    dt_status s = p->broken ? DT_ERR(DT_ESTATE, "pipeline stage %d: an earlier step failed midway", p->stage)
+                            : run_step(p, mb, M, loss_sum);
+    if (s != DT_OK) p->broken = 1;
+    return s;
 }
 
 /* ---- evaluation: every batch forward through the stages, in order ---- */
@@ -378,9 +385,11 @@ dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3])
     if (s == DT_OK) s = w;
     if (prev.g) pool_put(p, prev.g);
     if (cur.g) { dt_work_wait(cur.send); pool_put(p, cur.g); }
-    for (int i = 0; recv && i < n * p->V; i++) dt_work_wait(recv[i]);   /* (after an error) */
+    if (s != DT_OK) {   /* receives may still be pending: leave act and recv to MPI */
+        p->broken = 1;
+        return fail(p, "evaluation", 0, 0);
+    }
     free(act);
     free(recv);
-    if (s != DT_OK) return fail(p, "evaluation", 0, 0);
     return DT_OK;
 }

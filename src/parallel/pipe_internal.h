@@ -63,7 +63,7 @@ typedef struct dt_pipe_slot {
     float *act, *grad;        /* receive buffers: input activation, output gradient */
     int64_t act_n, grad_n;    /* their elements */
     dt_work *recv_act, *recv_grad, *send_act, *send_grad;
-    int b_done, w_done, tied_w_done;
+    int b_done;               /* its B ran (the authority's tied W waits for it) */
 } dt_pipe_slot;
 
 struct dt_pipe {
@@ -72,7 +72,6 @@ struct dt_pipe {
     int P, D, stage, replica, V, S;
     int vfirst[DT_PIPE_MAX_VSTAGES + 1];   /* virtual stage v = blocks [vfirst[v], vfirst[v+1]) */
     dt_model *m;
-    int quiet;
     /* schedule for the current M */
     dt_pipe_schedule sched;
     int M;
@@ -104,6 +103,10 @@ struct dt_pipe {
     dt_trace *trace;
     dt_pipe_stats stats;
     double compute_us, wait_us;
+    /* a step or evaluation failed midway: its messages may never complete, so
+     * teardown neither waits for them nor frees their buffers (MPI may still
+     * write into them) */
+    int broken;
 };
 
 /* pipe_engine.c: one step's forward + backward over mb[0..M) / evaluation. */
@@ -130,9 +133,9 @@ void dt_pipe_ties_redirect(dt_pipe *p, int c);
 dt_status dt_pipe_ties_export(dt_pipe *p, int c, int j);
 /* authority: post the receives of micro-batch j's rows (every holder) */
 dt_status dt_pipe_ties_post(dt_pipe *p, int j);
-/* authority: whether micro-batch j's rows have all arrived (tests, no wait) /
+/* authority: whether the posted rows have all arrived (tests, no wait) /
  * fold them into the gradients (waits) */
-int dt_pipe_ties_arrived(dt_pipe *p, int j);
+int dt_pipe_ties_arrived(dt_pipe *p);
 dt_status dt_pipe_ties_fold(dt_pipe *p, int j);
 /* authority -> holders: the step's total tied gradients; holders wait for
  * their sends first */

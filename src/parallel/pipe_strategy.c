@@ -15,18 +15,6 @@ void dt_pipe_opts_default(dt_pipe_opts *o) {
     o->virtual_stages = 1;
 }
 
-/* Every rank learns whether all succeeded; a failure on one is an error on all
- * (never a hang at the next collective). */
-static dt_status agree(dt_pipe *p, dt_status mine, const char *what) {
-    float f = mine == DT_OK ? 0.f : 1.f;
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", mine == DT_OK ? "" : dt_error_message());
-    DT_TRY(dt_allreduce(p->world, &f, &f, 1, DT_F32, DT_RED_SUM, NULL));
-    if (mine != DT_OK) return DT_ERR(mine, "%s", msg);
-    if (f > 0) return DT_ERR(DT_EINVAL, "%s failed on %g other rank(s) (their message says why)", what, (double)f);
-    return DT_OK;
-}
-
 static dt_status make_groups(dt_pipe *p) {
     int W = dt_pg_size(p->world), r = dt_pg_rank(p->world);
     if (p->o.stages < 1 || W % p->o.stages)
@@ -151,22 +139,9 @@ static dt_status check_shapes(dt_pipe *p, const dt_batch *ex) {
     return s;
 }
 
-static dt_status init_optimizer(dt_pipe *p, const dt_optim_cfg *cfg) {
-    dt_model *m = p->m;
-    dt_optim_segment *segs = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *segs);
-    if (!segs) return DT_ERR(DT_ENOMEM, "out of memory");
-    for (int i = 0; i < m->n_params; i++)
-        segs[i] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay};
-    dt_status s = dt_optimizer_init(&p->optim, cfg, segs, m->n_params, 0, m->param_flat.numel);
-    free(segs);
-    p->optim_ready = s == DT_OK;
-    return s;
-}
-
 static dt_status s_setup(void *self, dt_run *r) {
     dt_pipe *p = self;
     p->m = r->model;
-    p->quiet = r->quiet;
     p->M = r->accum;
     p->V = p->o.virtual_stages > 0 ? p->o.virtual_stages : 1;
     p->S = p->P * p->V;
@@ -176,15 +151,15 @@ static dt_status s_setup(void *self, dt_run *r) {
     DT_TRY(dt_pipe_schedule_build(p->o.schedule, p->P, p->M, p->V, p->o.max_outstanding, &p->sched));
     dt_pipe_probe pr;
     dt_status s = dt_pipe_probe_run(p->m, &r->example, &pr);
-    s = agree(p, s, "pipeline probe");
+    s = dt_par_agree(p->world, s, "pipeline probe");
     if (s != DT_OK) return s;
     s = cut_blocks(p, &pr);
     if (s == DT_OK && !r->quiet && dt_pg_rank(p->world) == 0) print_partition(p, &pr, p->m);
     if (s == DT_OK) s = take_stage(p, &pr);
     dt_pipe_probe_free(&pr);
-    s = agree(p, s, "pipeline partition");
-    if (s == DT_OK) s = agree(p, check_shapes(p, &r->example), "pipeline shape check");
-    if (s == DT_OK) s = init_optimizer(p, r->optim);
+    s = dt_par_agree(p->world, s, "pipeline partition");
+    if (s == DT_OK) s = dt_par_agree(p->world, check_shapes(p, &r->example), "pipeline shape check");
+    if (s == DT_OK) p->optim_ready = (s = dt_optimizer_init_model(&p->optim, r->optim, p->m)) == DT_OK;
     if (s != DT_OK) return s;
     p->defer = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
     if (!p->defer) return DT_ERR(DT_ENOMEM, "out of memory");

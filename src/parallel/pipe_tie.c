@@ -26,8 +26,9 @@
 void dt_pipe_ties_free(dt_pipe *p) {
     for (int t = 0; t < p->n_ties; t++) {
         dt_pipe_tie *e = &p->ties[t];
-        for (int h = 0; h < DT_PIPE_MAX_STAGES; h++) dt_work_wait(e->work[h]);
         if (e->saved_grad) e->p->grad.data = e->saved_grad;
+        if (p->broken) continue;   /* (pipe_internal.h: its messages may never complete) */
+        for (int h = 0; h < DT_PIPE_MAX_STAGES; h++) dt_work_wait(e->work[h]);
         free(e->e);
         free(e->msg);
     }
@@ -134,7 +135,7 @@ void dt_pipe_ties_redirect(dt_pipe *p, int c) {
 /* [count, row ids..., rows...] of e's non-zero rows; those rows are zeroed. */
 static size_t pack_rows(dt_pipe_tie *e) {
     int64_t n = 0, C = e->cols;
-    float *ids = e->msg + 1, *rows = e->msg + 1 + e->rows;
+    float *ids = e->msg + 1;
     for (int64_t r = 0; r < e->rows; r++) {
         float *x = e->e + r * C;
         int64_t c = 0;
@@ -144,7 +145,7 @@ static size_t pack_rows(dt_pipe_tie *e) {
         n++;
     }
     /* rows right after the ids actually sent, so the message is contiguous */
-    rows = e->msg + 1 + n;
+    float *rows = e->msg + 1 + n;
     for (int64_t i = 0; i < n; i++) {
         float *x = e->e + (int64_t)ids[i] * C;
         memcpy(rows + i * C, x, (size_t)C * sizeof(float));
@@ -179,8 +180,7 @@ dt_status dt_pipe_ties_post(dt_pipe *p, int j) {
     return DT_OK;
 }
 
-int dt_pipe_ties_arrived(dt_pipe *p, int j) {
-    (void)j;
+int dt_pipe_ties_arrived(dt_pipe *p) {
     for (int t = 0; t < p->n_ties; t++) {
         dt_pipe_tie *e = &p->ties[t];
         if (!e->is_authority) continue;

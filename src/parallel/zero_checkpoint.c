@@ -1,4 +1,5 @@
-/* ZeRO checkpoints, built only on zero.h's introspection API and dist.h.
+/* ZeRO checkpoints, built only on zero.h's introspection API and dist.h
+ * (and the layer's shared dt_par_agree).
  *
  * Geometry: bucket b covers the padded layout range [begin, begin + numel);
  * rank r owns [begin + r*shard, begin + (r+1)*shard) — its compact shard
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dtrain/zero.h"
+#include "parallel_internal.h"   /* dt_par_agree */
 
 #define ZC_TAG 7301   /* consolidated save: shard transfers to rank 0 */
 
@@ -87,17 +89,6 @@ static int intersect(const zc *c, const dt_param *p, size_t lo, size_t n, size_t
 /* Every rank learns whether every rank succeeded: one allreduce of
  * {failures, sum of (rank + 1) over failures}, no allocation. A local failure
  * keeps its own message; the others name the failing rank (or count). */
-static dt_status zc_agree(const zc *c, dt_status mine, const char *what) {
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", dt_error_message());
-    float f[2] = {mine != DT_OK ? 1.0f : 0.0f, mine != DT_OK ? (float)(c->rank + 1) : 0.0f};
-    DT_TRY(dt_allreduce(c->pg, f, f, 2, DT_F32, DT_RED_SUM, NULL));
-    if (mine != DT_OK) return DT_ERR(mine, "%s", msg);
-    if (f[0] == 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on rank %d (see its error)", what, (int)f[1] - 1);
-    if (f[0] > 1.0f) return DT_ERR(DT_ECOMM, "%s: failed on %d ranks (see their errors)", what, (int)f[0]);
-    return DT_OK;
-}
-
 /* Rank 0's status to everyone (rank 0's own status keeps its message). */
 static dt_status zc_from_root(const zc *c, dt_status s0, float *extra, int n_extra, const char *what) {
     float v[4] = {s0 != DT_OK ? 1.0f : 0.0f, 0, 0, 0};
@@ -170,7 +161,7 @@ static dt_status save_sharded(const zc *c, const char *dir) {
     nonce = ((uint32_t)half[0] << 16) | (uint32_t)half[1];
     char set[DT_CKPT_SET_MAX];
     dt_ckpt_set_id(*c->r->step, nonce, set);
-    DT_TRY(zc_agree(c, write_my_shard(c, dir, set), dir));
+    DT_TRY(dt_par_agree(c->pg, write_my_shard(c, dir, set), dir));
     s0 = c->rank == 0 ? write_index(c, dir, set) : DT_OK;
     return zc_from_root(c, s0, NULL, 0, dir);
 }
@@ -275,14 +266,14 @@ static dt_status save_consolidated(const zc *c, const char *path) {
         if (comm == DT_OK && sticky == DT_OK) sticky = dt_st_writer_commit(w);
         else dt_st_writer_abort(w);
     }
-    return zc_agree(c, comm != DT_OK ? comm : sticky, path);
+    return dt_par_agree(c->pg, comm != DT_OK ? comm : sticky, path);
 }
 
 dt_status dt_zero_save(dt_zero *z, dt_run *r, const char *path, dt_zero_ckpt_format fmt) {
     if (!z || !r || !path || !*path) return DT_ERR(DT_EINVAL, "dt_zero_save: bad arguments");
     zc c;
     dt_status s = dt_zero_sync_params(z), si = zc_init(&c, z, r);
-    s = zc_agree(&c, s != DT_OK ? s : si, path);
+    s = dt_par_agree(c.pg, s != DT_OK ? s : si, path);
     if (s == DT_OK) s = fmt == DT_ZERO_CKPT_CONSOLIDATED ? save_consolidated(&c, path) : save_sharded(&c, path);
     zc_free(&c);
     return s;
@@ -338,7 +329,7 @@ dt_status dt_zero_load(dt_zero *z, dt_run *r, const char *path) {
     if (s == DT_OK) s = dt_ckpt_open(path, &ck);
     if (s == DT_OK) s = load_local(&c, ck);
     dt_ckpt_close(ck);
-    s = zc_agree(&c, s, path);
+    s = dt_par_agree(c.pg, s, path);
     if (s == DT_OK) s = dt_zero_gather_params(z);
     zc_free(&c);
     return s;

@@ -6,17 +6,6 @@
 #include <string.h>
 #include "trainer_internal.h"
 
-dt_status dt_trainer_init_optimizer(dt_trainer *t) {
-    dt_model *m = t->model;
-    dt_optim_segment *segs = malloc((size_t)m->n_params * sizeof *segs);
-    if (!segs) return DT_ERR(DT_ENOMEM, "out of memory");
-    for (int i = 0; i < m->n_params; i++)
-        segs[i] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay};
-    dt_status s = dt_optimizer_init(&t->optim, &t->opts.optim, segs, m->n_params, 0, m->param_flat.numel);
-    free(segs);
-    return s;
-}
-
 /* run.example: the first `batch` training samples (fewer if the set is smaller). */
 static dt_status example_batch(dt_trainer *t) {
     int64_t n = t->opts.batch, size = t->data.size[DT_SPLIT_TRAIN];
@@ -53,7 +42,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK && o->recompute != DT_RECOMPUTE_NONE) dt_model_set_recompute(t->model, o->recompute);
     if (s == DT_OK && o->init) s = dt_model_load_params(t->model, o->init);
     if (s == DT_OK && !(t->graph = dt_graph_create())) s = DT_ENOMEM;
-    if (s == DT_OK && !t->strat.owns_optimizer) s = dt_trainer_init_optimizer(t);
+    if (s == DT_OK && !t->strat.owns_optimizer) s = dt_optimizer_init_model(&t->optim, &t->opts.optim, t->model);
     if (s == DT_OK) s = dt_sampler_init(&t->sampler, t->data.size[DT_SPLIT_TRAIN], o->seed, 1,
                                         t->strat.data_rank, t->strat.data_world, 0);
     if (s == DT_OK) {

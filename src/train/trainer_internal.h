@@ -13,6 +13,4 @@ dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n);
 int dt_trainer_batch_slots(const dt_trainer *t);
 dt_batch dt_trainer_batch_in(dt_trainer *t, int slot, dt_split split, int64_t n);
 void dt_trainer_free_data(dt_trainer *t);
-/* optimizer segments from the model's parameter layout */
-dt_status dt_trainer_init_optimizer(dt_trainer *t);
 #endif
