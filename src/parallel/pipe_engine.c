@@ -25,7 +25,12 @@
 #define TAG_ACT(p, v, j) ((v) * (p)->M + (j))
 #define TAG_GRAD(p, v, j) (10000 + (v) * (p)->M + (j))
 
-static void tick(void *user) { (void)user; dt_dist_tick(); }
+/* Between nodes: MPI progress for every group, and the stage's data-parallel
+ * reducer (pipe_dp.c) finishes what completed. */
+static void tick(void *user) {
+    dt_dist_tick();
+    dt_pipe_dp_tick(user);
+}
 
 static int defer_pred(const dt_param *q, void *user) {
     const dt_pipe *p = user;
@@ -177,6 +182,9 @@ static dt_status do_forward(dt_pipe *p, int c, int j) {
     dt_pipe_slot *s = &p->slots[c * p->M + j];
     const dt_batch *b = &p->mb[j];
     DT_TRY(pool_get(p, &s->g));
+    /* the chunk's last micro-batch completes its gradients: its tape's
+     * grad-ready hooks drive the data-parallel buckets */
+    dt_graph_set_final(s->g, j == p->M - 1);
     if (v > 0) {
         if (wait_timed(p, &s->recv_act) != DT_OK) return fail(p, "receiving the activation", c, j);
         int64_t sh[DT_MAX_DIMS];

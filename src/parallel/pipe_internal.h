@@ -117,6 +117,10 @@ void dt_pipe_engine_free(dt_pipe *p);
 static inline int dt_pipe_rank_of(const dt_pipe *p, int v) { return v % p->P; }
 static inline int dt_pipe_vstage(const dt_pipe *p, int chunk) { return chunk * p->P + p->stage; }
 
+/* pipe_dp.c: data parallel across the replicas of this stage (DDP or ZeRO-1/2
+ * over the stage's parameters); the tapes' tick calls dt_pipe_dp_tick. */
+void dt_pipe_dp_tick(dt_pipe *p);
+
 /* pipe_ckpt.c: sharded checkpoints under global names (any layout reads them) */
 dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr);   /* before dt_model_keep_params */
 void dt_pipe_ckpt_free(dt_pipe *p);
