@@ -130,10 +130,15 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
                  (long long)f->o.batch, M);
         return -1;
     }
-    if (f->dist.zero_stage) {
-        snprintf(err, (size_t)errlen, "--zero with --pp is not supported yet (data parallel across stages comes next)");
+    if (f->dist.zero_stage == 3) {
+        snprintf(err, (size_t)errlen, "--zero 3 does not combine with --pp (stage 3 gathers parameters from module hooks "
+                 "that a stage's part of the model does not all run); use --zero 1 or 2");
         return -1;
     }
+    /* data parallel across each stage's replicas: DDP or ZeRO 1/2 with the same options */
+    p->zero_stage = f->dist.zero_stage;
+    p->ddp = f->dist.ddp;
+    p->zero = f->dist.zero;
     f->o.batch /= M;
     f->o.accum = M;
     return 0;

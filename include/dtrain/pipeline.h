@@ -27,7 +27,10 @@
  *        the loss scaled by 1/M), send the input gradient back
  *     W: the weight gradients B deferred (ZB-H1, dt_graph_backward_weights)
  *   tied gradients completed on their authority, copied to the other holders
+ *   data parallel: each stage's gradients averaged over its D replicas (DDP
+ *   buckets, or ZeRO's reduce-scatter, launched during the last backward)
  *   global gradient norm over all stages (clipping), optimizer step per stage
+ *   (ZeRO: each replica steps its shard, then all-gathers)
  *
  * Exactness. Every parameter's gradient accumulates its micro-batches in the
  * order one process accumulating them would (every schedule runs a chunk's B
@@ -51,7 +54,9 @@
 
 #include "dtrain/dist.h"
 #include "dtrain/nn.h"
+#include "dtrain/parallel.h"
 #include "dtrain/strategy.h"
+#include "dtrain/zero.h"
 
 typedef enum dt_pipe_kind {
     DT_PIPE_GPIPE = 0,        /* fill-drain: all forwards, then all backwards */
@@ -70,6 +75,16 @@ typedef struct dt_pipe_opts {
     int max_outstanding;      /* GPipe: micro-batches forwarded but not yet back per stage (0 = all) */
     int n_split;              /* > 0: split[v] blocks in virtual stage v (sums to the block count); 0: balanced */
     int split[DT_PIPE_MAX_VSTAGES];
+    /* Data parallel across a stage's D replicas: DDP (zero_stage 0, used when
+     * D > 1) or ZeRO stage 1/2 (also at D = 1). Buckets fill from the grad-ready
+     * hooks of each chunk's last micro-batch, so reductions overlap that
+     * backward (and the rest of the schedule) as in DDP / ZeRO; tied
+     * parameters join after their total is known. The pipeline clips over
+     * all stages itself: zero.clip is ignored, and clipping with zero's
+     * interleaved step overlap is refused. */
+    int zero_stage;           /* 0, 1 or 2 */
+    dt_ddp_opts ddp;          /* dt_ddp_opts_default by dt_pipe_opts_default */
+    dt_zero_opts zero;        /* dt_zero_opts_default by dt_pipe_opts_default */
 } dt_pipe_opts;
 
 void dt_pipe_opts_default(dt_pipe_opts *o);

@@ -168,6 +168,15 @@ dt_status dt_zero_save(dt_zero *z, dt_run *run, const char *path, dt_zero_ckpt_f
 /* Collective. Either format, written at any world size / stage (or by DDP /
  * one process: a plain dtrain checkpoint is the consolidated format). */
 dt_status dt_zero_load(dt_zero *z, dt_run *run, const char *path);
+/* For a caller that writes and reads its own sharded set (a pipeline stage
+ * over part of a model; r->model is the model z covers). state_pieces: the
+ * pieces of the optimizer states this rank owns ("optim.<state>.<param>",
+ * element ranges), for parameters with !skip[index] (skip may be NULL);
+ * pc has room for states x n_params pieces, names for as many 192-byte
+ * names (indexed state * n_params + index). Returns the count, -1 on error.
+ * read_states: this rank's owned ranges of every state, and the step count. */
+int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc, char (*names)[192]);
+dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step);
 /* After the owned shards' parameter values were overwritten (load): stages
  * 1/2 all-gather every bucket so the full parameters match; stage 3 no-op.
  * Collective. */

@@ -199,6 +199,12 @@ dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
     return DT_OK;
 }
 
+dt_status dt_ddp_begin_external(dt_ddp *d) {
+    d->sync = 1;
+    d->graph = NULL;
+    return DT_OK;
+}
+
 dt_status dt_ddp_wait_buckets(dt_ddp *d) {
     dt_status s = DT_OK;
     for (int i = 0; i < d->n_buckets; i++) {   /* index order, like the launches */
@@ -230,7 +236,7 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     for (int i = 0; i < m->n_params; i++) {
         dt_param *p = m->params[i];
         int bi = d->param_bucket[i];
-        if (bi < 0 || dt_graph_param_uses(d->graph, p) > 0) continue;
+        if (bi < 0 || !d->graph || dt_graph_param_uses(d->graph, p) > 0) continue;
         dt_par_unused_add(&unused, p->name);
         /* reduced as zeros (its gradient is whatever was accumulated, normally zero) */
         if (--d->buckets[bi].pending == 0) d->buckets[bi].ready = 1;

@@ -40,4 +40,10 @@ void dt_ddp_reset_buckets(dt_ddp *d);   /* from rank 0 */
 dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root);
 /* Buffers are broadcast before forward and after each reduction. */
 int dt_ddp_bcast_buffers_enabled(const dt_ddp *d);
+/* For a caller that runs its own tapes (a pipeline stage): the coming
+ * backward passes reduce. The caller marks final the tape whose backward
+ * completes each gradient and ticks MPI; it vouches that every bucketed
+ * parameter's grad-ready fires once (no unused-parameter search: no graph),
+ * then calls dt_ddp_finish_backward. */
+dt_status dt_ddp_begin_external(dt_ddp *d);
 #endif

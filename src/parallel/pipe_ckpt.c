@@ -3,8 +3,9 @@
  *
  * Replica 0 of every stage writes, as whole-tensor pieces, the parameters it
  * is the saver of (a tied parameter: its authority only), their optimizer
- * states, and the buffers its blocks use; every other rank writes an empty
- * shard (the set has one file per rank). Rank 0 writes the index with every
+ * states, and the buffers its blocks use; the other replicas write nothing
+ * (an empty shard: the set has one file per rank) — under ZeRO every replica
+ * writes its owned ranges of the states instead (dt_zero_state_pieces). Rank 0 writes the index with every
  * tensor of the whole model (captured before the stage dropped the others).
  * Loading reads every parameter the rank holds (tied holders too: they step
  * their copy with the same state), its states and all buffers. Outcomes are
@@ -41,18 +42,23 @@ static int saver_of(const dt_pipe *p, int i) {
     return p->replica == 0 && (t < 0 || p->ties[t].is_authority);
 }
 
-static dt_status write_my_shard(dt_pipe *p, const char *dir, const char *set, const dt_optim_cfg *cfg) {
+static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const char *set) {
     dt_model *m = p->m;
+    const dt_optim_cfg *cfg = r->optim;
     int ns = dt_optim_state_per_elem(cfg), np = m->n_params;
     dt_ckpt_piece *pc = calloc((size_t)((1 + ns) * np + m->n_buffers + 1), sizeof *pc);
     char (*sname)[192] = calloc((size_t)(ns * np + 1), sizeof *sname);
     if (!pc || !sname) { free(pc); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
     int n = 0;
+    if (p->zero) {   /* every replica: its owned ranges of the states (a tied copy: on its authority only) */
+        n = dt_zero_state_pieces(p->zero, r, p->norm_skip, pc, sname);
+        if (n < 0) { free(pc); free(sname); return dt_error_code() ? dt_error_code() : DT_ENOMEM; }
+    }
     for (int i = 0; i < np; i++) {
         if (!saver_of(p, i)) continue;
         dt_param *q = m->params[i];
         pc[n++] = (dt_ckpt_piece){q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)};
-        for (int k = 0; k < ns; k++) {
+        for (int k = 0; k < ns && !p->zero; k++) {
             snprintf(sname[k * np + i], sizeof sname[0], "optim.%s.%s", dt_checkpoint_state_name(cfg, k), q->name);
             pc[n++] = (dt_ckpt_piece){sname[k * np + i], 0, (size_t)q->value.numel, p->optim.state[k] + m->offsets[i]};
         }
@@ -85,7 +91,7 @@ static dt_status write_index(dt_pipe *p, dt_run *r, const char *dir, const char 
             sh[k++].name = sname[s * np + i];
         }
     dt_ckpt_meta meta;
-    dt_checkpoint_meta(r, p->optim.step, &meta);
+    dt_checkpoint_meta(r, p->zero ? dt_zero_optim_step(p->zero) : p->optim.step, &meta);
     dt_status s = dt_ckpt_write_index(dir, set, dt_pg_size(p->world), 0, sh, k, meta.m, meta.n);
     free(sh);
     free(sname);
@@ -94,6 +100,7 @@ static dt_status write_index(dt_pipe *p, dt_run *r, const char *dir, const char 
 
 dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
     int me = dt_pg_rank(p->world);
+    DT_TRY(dt_par_agree(p->world, dt_pipe_dp_sync(p), dir));   /* ZeRO: no gather in flight */
     uint32_t nonce = 0;
     dt_status s0 = DT_OK;
     if (me == 0) {
@@ -108,7 +115,7 @@ dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
     nonce = ((uint32_t)v[1] << 16) | (uint32_t)v[2];
     char set[DT_CKPT_SET_MAX];
     dt_ckpt_set_id(*r->step, nonce, set);
-    DT_TRY(dt_par_agree(p->world, write_my_shard(p, dir, set, r->optim), dir));
+    DT_TRY(dt_par_agree(p->world, write_my_shard(p, r, dir, set), dir));
     return dt_par_agree(p->world, me == 0 ? write_index(p, r, dir, set) : DT_OK, dir);
 }
 
@@ -123,7 +130,7 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
         dt_param *q = m->params[i];
         DT_TRY(dt_ckpt_expect(ck, q->name, q->value.ndim, q->value.shape));
         DT_TRY(dt_ckpt_read(ck, q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)));
-        for (int k = 0; k < ns; k++) {
+        for (int k = 0; k < ns && !p->zero; k++) {
             char nm[192];
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(r->optim, k), q->name);
             DT_TRY(dt_ckpt_expect(ck, nm, q->value.ndim, q->value.shape));
@@ -135,13 +142,15 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
         DT_TRY(dt_ckpt_expect(ck, m->buffers[i]->name, b->ndim, b->shape));
         DT_TRY(dt_ckpt_read(ck, m->buffers[i]->name, 0, (size_t)b->numel, dt_f32(b)));
     }
+    if (p->zero) return dt_zero_read_states(p->zero, r, ck, ostep);   /* owned ranges; values read whole above */
     p->optim.step = ostep;
     return DT_OK;
 }
 
 dt_status dt_pipe_load(dt_pipe *p, dt_run *r, const char *path) {
     dt_ckpt *ck = NULL;
-    dt_status s = dt_ckpt_open(path, &ck);
+    dt_status s = dt_pipe_dp_sync(p);   /* ZeRO: no gather may still write the values read here */
+    if (s == DT_OK) s = dt_ckpt_open(path, &ck);
     if (s == DT_OK) s = load_local(p, r, ck);
     dt_ckpt_close(ck);
     return dt_par_agree(p->world, s, path);

@@ -51,6 +51,7 @@ typedef struct dt_pipe_tie {
     float *e;                 /* holder: this micro-batch's contribution (zero between micro-batches) */
     float *saved_grad;        /* holder: p->grad.data while it points at e */
     float *msg;               /* holder: send buffer; authority: n_holders receive buffers */
+    dt_grad_ready_fn ready_fn;   /* the data-parallel reducer's grad-ready, held until the total is known (pipe_dp.c) */
     size_t msg_len;           /* floats per message buffer: 1 + rows + rows * cols */
     dt_work *work[DT_PIPE_MAX_STAGES];
 } dt_pipe_tie;
@@ -91,9 +92,13 @@ struct dt_pipe {
     int *tie_of;              /* local param index -> tie or -1 */
     int tie_auth_chunk;       /* authority of some tie: the chunk whose tape defers them (-1: none) */
     int tie_next_w, tie_next_fold;   /* authority: next micro-batch whose own tied W / holders' rows come */
-    /* optimizer over this stage's flat buffer */
+    /* optimizer over this stage's flat buffer (without ZeRO) */
     dt_optimizer optim;
     int optim_ready;
+    /* data parallel across this stage's replicas (pipe_dp.c): at most one */
+    struct dt_ddp *ddp;
+    struct dt_zero *zero;
+    unsigned char *norm_skip; /* per local parameter: a tied copy whose authority is another rank */
     /* checkpoints: every parameter of the whole model (for the index) and the
      * buffers this rank writes */
     int n_global;
@@ -119,7 +124,21 @@ static inline int dt_pipe_vstage(const dt_pipe *p, int chunk) { return chunk * p
 
 /* pipe_dp.c: data parallel across the replicas of this stage (DDP or ZeRO-1/2
  * over the stage's parameters); the tapes' tick calls dt_pipe_dp_tick. */
+dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r);   /* after the stage's parameters and ties exist */
+void dt_pipe_dp_free(dt_pipe *p);
+int dt_pipe_dp_active(const dt_pipe *p);             /* a reducer exists (D > 1, or ZeRO) */
+dt_status dt_pipe_dp_begin(dt_pipe *p, dt_run *r);   /* before the step's first action */
 void dt_pipe_dp_tick(dt_pipe *p);
+/* after the ties' totals are shared: their held grad-ready fires, every
+ * reduction is waited (collective over the stage's replicas) */
+dt_status dt_pipe_dp_finish(dt_pipe *p);
+/* ZeRO only: sum of squares of the owned gradient shards (skip[local index]:
+ * left out), the step with the pipeline's clip scale, parameters current
+ * (gathers waited), per-rank bytes */
+double dt_pipe_dp_sumsq(dt_pipe *p, const unsigned char *skip);
+dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale);
+dt_status dt_pipe_dp_sync(dt_pipe *p);
+void dt_pipe_dp_memory(const dt_pipe *p, size_t *param, size_t *grad, size_t *optim);
 
 /* pipe_ckpt.c: sharded checkpoints under global names (any layout reads them) */
 dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr);   /* before dt_model_keep_params */

@@ -13,6 +13,8 @@ void dt_pipe_opts_default(dt_pipe_opts *o) {
     o->stages = 1;
     o->schedule = DT_PIPE_1F1B;
     o->virtual_stages = 1;
+    dt_ddp_opts_default(&o->ddp);
+    dt_zero_opts_default(&o->zero);
 }
 
 static dt_status make_groups(dt_pipe *p) {
@@ -89,11 +91,19 @@ static dt_status take_stage(dt_pipe *p, const dt_pipe_probe *pr) {
     int *global = malloc((size_t)(np ? np : 1) * sizeof *global);
     if (!keep || !global) { free(keep); free(global); return DT_ERR(DT_ENOMEM, "out of memory"); }
     int n = 0;
+    dt_status s = DT_OK;
     for (int k = 0; k < np; k++) {
         keep[k] = (unsigned char)(dt_pipe_rank_uses(p, pr, k, p->stage) || (p->stage == 0 && dt_pipe_last_user(p, pr, k) < 0));
         if (keep[k]) global[n++] = k;
+        /* a reducer's grad-ready fires once per final tape: one chunk per parameter */
+        int chunks = 0;
+        for (int c = 0; c < p->V; c++) chunks += dt_pipe_chunk_uses(p, pr, k, dt_pipe_vstage(p, c));
+        if (s == DT_OK && chunks > 1 && (p->D > 1 || p->o.zero_stage))
+            s = DT_ERR(DT_EINVAL, "pipeline: parameter %s is used by %d chunks of rank %d; data parallel across stages "
+                       "needs each parameter in one chunk per rank (choose another --pp-split)", m->params[k]->name,
+                       chunks, p->stage);
     }
-    dt_status s = dt_pipe_ckpt_capture(p, pr);
+    if (s == DT_OK) s = dt_pipe_ckpt_capture(p, pr);
     if (s == DT_OK) s = dt_model_keep_params(m, keep);
     if (s == DT_OK) s = dt_pipe_ties_setup(p, pr, global);
     free(keep);
@@ -159,14 +169,25 @@ static dt_status s_setup(void *self, dt_run *r) {
     dt_pipe_probe_free(&pr);
     s = dt_par_agree(p->world, s, "pipeline partition");
     if (s == DT_OK) s = dt_par_agree(p->world, check_shapes(p, &r->example), "pipeline shape check");
-    if (s == DT_OK) p->optim_ready = (s = dt_optimizer_init_model(&p->optim, r->optim, p->m)) == DT_OK;
+    /* the reducer over the stage's replicas (creation is collective over them) */
+    if (s == DT_OK) s = dt_par_agree(p->world, dt_pipe_dp_setup(p, r), "pipeline data parallel");
+    if (s == DT_OK && !p->zero) p->optim_ready = (s = dt_optimizer_init_model(&p->optim, r->optim, p->m)) == DT_OK;
     if (s != DT_OK) return s;
     p->defer = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
-    if (!p->defer) return DT_ERR(DT_ENOMEM, "out of memory");
-    size_t full = p->m->param_flat.numel * sizeof(float);
-    p->stats.param_bytes = full;
-    return dt_par_memory_report(p->world, "pipeline", full, full, (size_t)dt_optim_state_per_elem(r->optim) * full,
-                                !r->quiet);
+    p->norm_skip = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
+    if (!p->defer || !p->norm_skip) return DT_ERR(DT_ENOMEM, "out of memory");
+    for (int i = 0; i < p->m->n_params; i++)   /* a tied gradient counts once: on its authority */
+        p->norm_skip[i] = (unsigned char)(p->tie_of[i] >= 0 && !p->ties[p->tie_of[i]].is_authority);
+    size_t full = p->m->param_flat.numel * sizeof(float), pb = full, gb = full,
+           ob = (size_t)dt_optim_state_per_elem(r->optim) * full;
+    if (p->zero) dt_pipe_dp_memory(p, &pb, &gb, &ob);
+    p->stats.param_bytes = pb;
+    char label[32];
+    snprintf(label, sizeof label, p->zero ? "pipeline+zero-%d" : "pipeline", p->o.zero_stage);
+    if (!r->quiet && dt_pg_rank(p->world) == 0 && p->ddp)
+        dt_log(DT_LOG_INFO, "dtrain: pipeline stages x %d replicas: ddp gradients %s\n", p->D,
+               dt_ddp_uses_shared_memory(p->ddp) ? "in shared memory, summed in place" : "reduced by MPI collectives");
+    return dt_par_memory_report(p->world, label, pb, gb, ob, !r->quiet);
 }
 
 static dt_status s_forward_backward(void *self, dt_run *r, const dt_batch *mb, int n, double *loss_sum) {
@@ -174,6 +195,7 @@ static dt_status s_forward_backward(void *self, dt_run *r, const dt_batch *mb, i
     p->trace = r->trace;
     if (r->trace) dt_pg_set_trace(p->pp, r->trace);
     p->stats.step_us = dt_par_now_us();
+    DT_TRY(dt_pipe_dp_begin(p, r));
     return dt_pipe_run_step(p, mb, n, loss_sum);
 }
 
@@ -183,7 +205,7 @@ static double local_sumsq(const dt_pipe *p) {
     double ss = 0;
     for (int i = 0; i < p->m->n_params; i++) {
         dt_param *q = p->m->params[i];
-        if (!q->grad.data || (p->tie_of[i] >= 0 && !p->ties[p->tie_of[i]].is_authority)) continue;
+        if (!q->grad.data || p->norm_skip[i]) continue;
         ss += dt_sumsq(dt_f32(&q->grad), (size_t)q->grad.numel);
     }
     return ss;
@@ -192,24 +214,35 @@ static double local_sumsq(const dt_pipe *p) {
 static dt_status s_step(void *self, dt_run *r, float lr) {
     dt_pipe *p = self;
     dt_model *m = p->m;
-    DT_TRY(dt_pipe_ties_share(p));
-    /* data parallel across replicas of this stage: the rank-ordered average
-     * (bitwise what DDP gives at D ranks) */
-    if (p->D > 1 && m->grad_flat.numel)
-        DT_TRY(dt_allreduce(p->dp, m->grad_flat.data, m->grad_flat.data, (int64_t)m->grad_flat.numel, DT_F32,
-                            DT_RED_AVG | DT_RED_DETERMINISTIC, NULL));
+    dt_status s = dt_pipe_ties_share(p);
+    /* data parallel across replicas of this stage: the reductions launched
+     * during the last backward, and the tied totals now; collective over the
+     * replicas, so it runs whatever the share did */
+    dt_status f = dt_pipe_dp_finish(p);
+    DT_TRY(s != DT_OK ? s : f);
     float scale = 1.0f;
     if (r->clip > 0) {
-        double ss = local_sumsq(p);   /* (replicas hold equal gradients now: one pipeline's sum) */
-        DT_TRY(dt_par_allreduce_sum(p->pp, &ss, 1));
+        /* ZeRO: the owned shards are disjoint over the whole world; else the
+         * replicas hold equal gradients: one pipeline's sum */
+        double ss = p->zero ? dt_pipe_dp_sumsq(p, p->norm_skip) : local_sumsq(p);
+        DT_TRY(dt_par_allreduce_sum(p->zero ? p->world : p->pp, &ss, 1));
         scale = dt_clip_scale(sqrt(ss), r->clip);
     }
-    DT_TRY(dt_optimizer_step_range(&p->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));
-    dt_optimizer_finish_step(&p->optim);
-    dt_model_zero_grad(m);
+    if (p->zero) {
+        DT_TRY(dt_pipe_dp_step(p, lr, scale));
+    } else {
+        DT_TRY(dt_optimizer_step_range(&p->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));
+        dt_optimizer_finish_step(&p->optim);
+        dt_model_zero_grad(m);
+    }
     double now = dt_par_now_us();
     p->stats.step_us = now - p->stats.step_us;
     return DT_OK;
+}
+
+static dt_status s_sync(void *self, dt_run *r) {
+    (void)r;
+    return dt_pipe_dp_sync(self);
 }
 
 static dt_status s_forward_only(void *self, dt_run *r, const dt_batch *b, int n, double sums[3]) {
@@ -226,11 +259,13 @@ static void s_destroy(void *self) {
     dt_pipe *p = self;
     if (p->pp) dt_pg_set_trace(p->pp, NULL);
     dt_pipe_engine_free(p);
+    dt_pipe_dp_free(p);
     dt_pipe_ties_free(p);
     dt_pipe_schedule_free(&p->sched);
     dt_pipe_ckpt_free(p);
     if (p->optim_ready) dt_optimizer_free(&p->optim);
     free(p->defer);
+    free(p->norm_skip);
     dt_pg_free(p->pp);
     dt_pg_free(p->dp);
     free(p);
@@ -253,6 +288,7 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
     *out = (dt_strategy){.name = "pipeline", .rank = dt_pg_rank(world), .world = dt_pg_size(world), .self = p,
                          .setup = s_setup, .forward_backward = s_forward_backward, .forward_only = s_forward_only,
                          .allreduce_sum = s_allreduce_sum, .destroy = s_destroy, .owns_optimizer = 1,
-                         .step = s_step, .save = s_save, .load = s_load, .data_rank = p->replica, .data_world = p->D};
+                         .step = s_step, .save = s_save, .load = s_load, .sync_params = s_sync,
+                         .data_rank = p->replica, .data_world = p->D};
     return DT_OK;
 }

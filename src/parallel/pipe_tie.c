@@ -193,10 +193,20 @@ int dt_pipe_ties_arrived(dt_pipe *p) {
     return 1;
 }
 
+/* ZeRO-2 keeps a bucket's gradient buffer only while it is in use: ask for
+ * it before writing into a tied gradient outside a backward. */
+static dt_status grad_buffer(dt_param *q) {
+    if (q->grad.data) return DT_OK;
+    if (!q->on_grad_alloc || q->on_grad_alloc(q, q->on_grad_ready_user) != DT_OK || !q->grad.data)
+        return DT_ERR(DT_ESTATE, "pipeline: tied parameter %s has no gradient buffer", q->name);
+    return DT_OK;
+}
+
 dt_status dt_pipe_ties_fold(dt_pipe *p, int j) {
     for (int t = 0; t < p->n_ties; t++) {
         dt_pipe_tie *e = &p->ties[t];
         if (!e->is_authority) continue;
+        DT_TRY(grad_buffer(e->p));
         float *g = dt_f32(&e->p->grad);
         for (int h = 0; h < e->n_holders; h++) {   /* descending virtual stage: backward's order */
             dt_status s = dt_work_wait(e->work[h]);
@@ -224,6 +234,8 @@ dt_status dt_pipe_ties_share(dt_pipe *p) {
     dt_status s = DT_OK;
     for (int t = 0; t < p->n_ties; t++) {
         dt_pipe_tie *e = &p->ties[t];
+        if (s == DT_OK) s = grad_buffer(e->p);
+        if (s != DT_OK) break;
         float *g = dt_f32(&e->p->grad);
         if (e->is_authority) {
             for (int h = 0; h < e->n_holders && s == DT_OK; h++)

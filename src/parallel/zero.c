@@ -78,8 +78,9 @@ static dt_status shard_storage(dt_zero *z) {
 
 /* Between graph nodes: progress both groups, keep the gather queue moving,
  * finish completed reductions. */
-static void graph_tick(void *user) {
-    dt_zero *z = user;
+static void graph_tick(void *user) { dt_zero_tick(user); }
+
+void dt_zero_tick(dt_zero *z) {
     dt_pg_tick(z->pg);
     dt_pg_tick(z->ag_pg);
     if (z->gq.next < 0 && z->rd.next_done >= z->rd.next_launch) return;   /* nothing queued, nothing reducing */
@@ -183,6 +184,16 @@ dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync) {
     z->rd.tick_err = DT_OK;
     z->rd.unused_checked = z->rd.hold_steps = 0;
     dt_graph_set_tick(g, graph_tick, z);
+    DT_TRY(dt_zero_bcast_buffers(z));
+    return dt_zero_params_before_forward(z);
+}
+
+dt_status dt_zero_begin_external(dt_zero *z) {
+    z->rd.sync = 1;
+    z->rd.graph = NULL;
+    z->rd.tick_err = DT_OK;
+    z->rd.unused_checked = 1;
+    z->rd.hold_steps = 0;
     DT_TRY(dt_zero_bcast_buffers(z));
     return dt_zero_params_before_forward(z);
 }

@@ -319,6 +319,43 @@ static dt_status load_local(const zc *c, const dt_ckpt *ck) {
     return DT_OK;
 }
 
+/* ---- for a caller writing its own set (a pipeline stage) ---- */
+
+int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc, char (*names)[192]) {
+    zc c;
+    if (zc_init(&c, z, r) != DT_OK) { zc_free(&c); return -1; }
+    dt_param *const *order = dt_zero_param_order(z);
+    int n = 0, np = c.m->n_params;
+    for (int k = 0; k < c.ns; k++)
+        for (int j = 0; j < c.nb; j++) {
+            const dt_zero_bucket *b = bucket(&c, j);
+            const float *buf = shard_buf(&c, b->index, k);
+            for (int q = b->first_param; q < b->first_param + b->n_params; q++) {
+                size_t a, e;
+                const dt_param *p = order[q];
+                if ((skip && skip[p->index]) || !intersect(&c, p, b->own_begin, b->shard, &a, &e)) continue;
+                memcpy(names[k * np + p->index], c.sname[k * np + p->index], sizeof names[0]);
+                pc[n++] = (dt_ckpt_piece){names[k * np + p->index], a, e - a,
+                                          buf + (c.m->offsets[p->index] + a - b->own_begin)};
+            }
+        }
+    zc_free(&c);
+    return n;
+}
+
+dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step) {
+    zc c;
+    dt_status s = zc_init(&c, z, r);
+    for (int k = 0; k < c.ns && s == DT_OK; k++) {
+        for (int i = 0; i < c.m->n_params && s == DT_OK; i++)
+            s = dt_ckpt_expect(ck, c.sname[k * c.m->n_params + i], c.m->params[i]->value.ndim, c.m->params[i]->value.shape);
+        if (s == DT_OK) s = read_owned(&c, ck, k);
+    }
+    if (s == DT_OK) dt_zero_set_optim_step(z, optim_step);
+    zc_free(&c);
+    return s;
+}
+
 dt_status dt_zero_load(dt_zero *z, dt_run *r, const char *path) {
     if (!z || !r || !path || !*path) return DT_ERR(DT_EINVAL, "dt_zero_load: bad arguments");
     zc c;

@@ -130,6 +130,20 @@ void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel);
 
 /* zero.c */
 dt_status dt_zero_bcast_buffers(dt_zero *z);   /* rank 0's model buffers, if enabled */
+/* The graph tick's work, for callers that run their own tapes. */
+void dt_zero_tick(dt_zero *z);
+/* For a caller that runs its own tapes (a pipeline stage): the coming
+ * backward passes reduce. The caller marks final the tape whose backward
+ * completes each gradient, calls dt_zero_tick between nodes and vouches that
+ * every parameter's grad-ready fires once (no unused-parameter search);
+ * then dt_zero_finish_backward and dt_zero_step_scaled. Broadcasts buffers. */
+dt_status dt_zero_begin_external(dt_zero *z);
+/* Sum of squares of this rank's owned gradient shards, leaving out the
+ * elements of parameters with skip[index] (skip NULL: none). */
+double dt_zero_owned_sumsq(dt_zero *z, const unsigned char *skip);
+/* dt_zero_step with the caller's clip scale (the caller computed the norm);
+ * the options' clip must be 0. */
+dt_status dt_zero_step_scaled(dt_zero *z, float scale);
 
 /* zero_reduce.c: gradients during backward. */
 dt_status dt_zero_grad_alloc(dt_param *p, void *user);       /* stages 2/3: on_grad_alloc */

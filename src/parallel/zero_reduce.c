@@ -89,7 +89,7 @@ static dt_status advance_reduced(dt_zero *z) {
 static void check_unused_once(dt_zero *z) {
     if (z->rd.unused_checked) return;
     z->rd.unused_checked = 1;
-    if (z->opts.find_unused_params) return;
+    if (z->opts.find_unused_params || !z->rd.graph) return;
     for (int i = 0; i < z->m->n_params; i++)
         if (z->m->params[i]->requires_grad && !dt_graph_param_uses(z->rd.graph, z->m->params[i])) { z->rd.hold_steps = 1; return; }
 }
@@ -149,7 +149,7 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
     dt_par_unused unused = {0};
     for (int i = 0; i < m->n_params; i++) {
         dt_param *p = m->params[i];
-        if (!p->requires_grad || dt_graph_param_uses(z->rd.graph, p) > 0) continue;
+        if (!p->requires_grad || !z->rd.graph || dt_graph_param_uses(z->rd.graph, p) > 0) continue;
         dt_par_unused_add(&unused, p->name);
         zbucket *b = &z->lay.b[z->lay.param_bucket[i]];
         if (--b->pending == 0) b->ready = 1;   /* reduced with whatever it accumulated (zeros) */

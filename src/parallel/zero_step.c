@@ -34,9 +34,29 @@ int dt_zero_interleaving(const dt_zero *z) {
 
 /* Global gradient norm over the owned shards: per-rank partial sums in
  * double exchanged bit-exactly and added in rank order (same on every rank). */
-static dt_status global_norm(dt_zero *z, double *norm) {
+double dt_zero_owned_sumsq(dt_zero *z, const unsigned char *skip) {
     double local = 0;
-    for (int i = 0; i < z->lay.nb; i++) local += dt_sumsq(dt_zero_shard_grad_ptr(z, i), z->lay.b[i].pub.shard);
+    for (int i = 0; i < z->lay.nb; i++) {
+        const dt_zero_bucket *b = &z->lay.b[i].pub;
+        const float *g = dt_zero_shard_grad_ptr(z, i);
+        if (!skip) {
+            local += dt_sumsq(g, b->shard);
+            continue;
+        }
+        /* each parameter's part of [own_begin, own_begin + shard) */
+        for (int k = b->first_param; k < b->first_param + b->n_params; k++) {
+            const dt_param *p = z->lay.order[k];
+            size_t off = z->m->offsets[p->index], end = off + (size_t)p->value.numel;
+            size_t lo = off > b->own_begin ? off : b->own_begin;
+            size_t hi = end < b->own_begin + b->shard ? end : b->own_begin + b->shard;
+            if (lo < hi && !skip[p->index]) local += dt_sumsq(g + (lo - b->own_begin), hi - lo);
+        }
+    }
+    return local;
+}
+
+static dt_status global_norm(dt_zero *z, double *norm) {
+    double local = dt_zero_owned_sumsq(z, NULL);
     double *all = malloc((size_t)z->world * sizeof *all);
     if (!all) return DT_ERR(DT_ENOMEM, "out of memory");
     dt_status s = dt_allgather(z->pg, &local, all, 2, DT_F32, NULL);   /* 8 bytes as 2 floats, unchanged */
@@ -47,17 +67,19 @@ static dt_status global_norm(dt_zero *z, double *norm) {
     return s;
 }
 
-dt_status dt_zero_step(dt_zero *z, double *grad_norm) {
+/* scale < 0: clip by the options (global norm here), else the caller's scale. */
+static dt_status step_impl(dt_zero *z, float scale, double *grad_norm) {
     if (grad_norm) *grad_norm = -1;
     if (!z->rd.reduced) return DT_ERR(DT_ESTATE, "zero: step before finish_backward reduced the gradients");
     z->rd.reduced = 0;
     double t0 = dt_par_now_us();
-    float scale = 1.0f;
+    int own_norm = scale < 0;
+    if (own_norm) scale = 1.0f;
     /* AFTER_BACKWARD: every gather queued by the last step is issued (in
      * queue order) and done before this step queues any, so the issue order
      * on ag_pg never depends on timing. Normally the forward waited them all. */
     dt_status s = z->opts.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD ? dt_zero_wait_all_gathers(z) : DT_OK;
-    if (z->opts.clip > 0) {   /* collective: on every rank, whatever s */
+    if (own_norm && z->opts.clip > 0) {   /* collective: on every rank, whatever s */
         double norm = 0;
         dt_status sn = global_norm(z, &norm);
         if (s == DT_OK) s = sn;
@@ -77,4 +99,11 @@ dt_status dt_zero_step(dt_zero *z, double *grad_norm) {
     if (s == DT_OK && z->opts.overlap_step == DT_ZERO_OVERLAP_OFF) s = dt_zero_sync_params(z);
     z->stats.step_us += dt_par_now_us() - t0;
     return s;
+}
+
+dt_status dt_zero_step(dt_zero *z, double *grad_norm) { return step_impl(z, -1.0f, grad_norm); }
+
+dt_status dt_zero_step_scaled(dt_zero *z, float scale) {
+    if (z->opts.clip > 0) return DT_ERR(DT_ESTATE, "zero: a caller-scaled step with the options' clip set");
+    return step_impl(z, scale < 0 ? 0.0f : scale, NULL);
 }

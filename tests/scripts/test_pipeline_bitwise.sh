@@ -2,6 +2,7 @@
 # Pipeline parallelism trains bit-identically to the run it stands for:
 #   --pp P --microbatches M --batch B  ==  one process --batch B/M --accum M
 #   --pp P x D replicas                ==  DDP at D ranks --batch B/M --accum M
+#     (the replicas of a stage run DDP or ZeRO-1/2: bitwise the same)
 # for GPT-2 (tied wte across the first and last stage) and the MLP, every
 # schedule (gpipe, 1f1b, interleaved, zb-h1: so ZB-H1 == 1F1B bitwise too), odd stage counts, recompute, and checkpoints that move between
 # layouts (saved by a pipeline, resumed by one process and vice versa).
@@ -62,10 +63,49 @@ g_single|g_pp3_1f1b|gpt2|4|--batch 8 --microbatches 4 --pp 3 --nproc 3
 m_single|m_pp4|mlp|4|--batch 32 --microbatches 2 --pp 4 --nproc 4
 CONFIGS
 
-# P x D: against DDP at D ranks with the same micro-batches
+# P x D: against DDP at D ranks with the same micro-batches; each stage's
+# replicas run DDP (default) or ZeRO-1/2 over the stage's parameters
 if [ "$np" -ge 4 ]; then
-    run g_ddp2 gpt2 --batch 2 --accum 4 --nproc 2 && run g_pp2_dp2 gpt2 --batch 8 --microbatches 4 --pp 2 --nproc 4 &&
-        same g_ddp2 g_pp2_dp2
+    run g_ddp2 gpt2 --batch 2 --accum 4 --nproc 2
+    run m_ddp2 mlp --batch 16 --accum 2 --nproc 2
+    while IFS='|' read -r ref tag model extra; do
+        # shellcheck disable=SC2086
+        run "$tag" "$model" $extra && same "$ref" "$tag"
+    done <<CONFIGS
+g_ddp2|g_pp2_dp2|gpt2|--batch 8 --microbatches 4 --pp 2 --nproc 4
+g_ddp2|g_pp2_dp2_zero1|gpt2|--batch 8 --microbatches 4 --pp 2 --nproc 4 --zero 1
+g_ddp2|g_pp2_dp2_zero2|gpt2|--batch 8 --microbatches 4 --pp 2 --nproc 4 --zero 2
+g_ddp2|g_pp2_dp2_zero2_zbh1|gpt2|--batch 8 --microbatches 4 --pp 2 --nproc 4 --zero 2 --schedule zb-h1
+g_ddp2|g_pp2_dp2_zero1_interleaved|gpt2|--batch 8 --microbatches 4 --pp 2 --nproc 4 --zero 1 --schedule interleaved --overlap-step interleaved
+g_ddp2|g_pp2_dp2_nooverlap|gpt2|--batch 8 --microbatches 4 --pp 2 --nproc 4 --no-overlap --no-shm
+m_ddp2|m_pp2_dp2_zero2|mlp|--batch 32 --microbatches 2 --pp 2 --nproc 4 --zero 2 --recompute blocks
+CONFIGS
+
+    # Resharding: saved at (P=2, D=2, ZeRO-1) after 2 steps; resumed at
+    # (P=2, D=2, ZeRO-2) it is bitwise the uninterrupted run; at (P=1, D=4),
+    # (P=4, D=1) and in one process (same global batch of 16) it continues
+    # with the same losses (summation order differs: 1e-6 relative).
+    run g_z1_half gpt2 --batch 8 --microbatches 4 --pp 2 --nproc 4 --zero 1 --stop-after 2 --save-every 2 &&
+        run g_z1_resume_z2 gpt2 --batch 8 --microbatches 4 --pp 2 --nproc 4 --zero 2 --resume "$tmp/g_z1_half.ck" &&
+        "$cmp" "$tmp/g_ddp2.ck" "$tmp/g_z1_resume_z2.ck" step optim_step epoch cursor > "$tmp/cmp.out" &&
+        echo "ok   (P2,D2,zero-1) checkpoint resumed at (P2,D2,zero-2) == uninterrupted" ||
+        { echo "FAIL resume at (P2,D2,zero-2):"; cat "$tmp/cmp.out"; fail=1; }
+    losses() { grep '"loss"' "$tmp/$1.jsonl" | grep -v eval | sed 's/.*"step":\([0-9]*\),"loss":\([0-9.e+-]*\).*/\1 \2/'; }
+    while IFS='|' read -r tag extra; do
+        # shellcheck disable=SC2086
+        run "$tag" gpt2 $extra --resume "$tmp/g_z1_half.ck" || continue
+        if join <(losses g_ddp2) <(losses "$tag") |
+            awk 'BEGIN { n = 0 } { d = $2 - $3; if (d < 0) d = -d; if (d > 1e-6 * $2) bad = 1; n++ } END { exit bad || n != 2 }'; then
+            echo "ok   (P2,D2,zero-1) checkpoint resumed as $tag: steps 3-4 losses match"
+        else
+            echo "FAIL $tag losses after resume:"; join <(losses g_ddp2) <(losses "$tag"); fail=1
+        fi
+    done <<CONFIGS
+g_z1_resume_dp4|--batch 1 --accum 4 --nproc 4
+g_z1_resume_dp4_zero1|--batch 1 --accum 4 --nproc 4 --zero 1
+g_z1_resume_pp4|--batch 16 --microbatches 4 --pp 4 --nproc 4
+g_z1_resume_single|--batch 4 --accum 4
+CONFIGS
 fi
 
 # checkpoints move between layouts: 2 steps, save, resume to 4 steps
