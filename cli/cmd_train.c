@@ -83,7 +83,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--no-shm", DT_ARG_FLAG, &f->no_shm, NULL, "DDP: reduce through MPI collectives even when all ranks share this machine (default without --compress: gradients in MPI shared memory, summed in place)", 0, 0},
         {"--compress", DT_ARG_STR, &f->compress, "none|bf16|fp16", "DDP: gradient compression on the wire (default none)", 0, 0},
         {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
-        {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default)", 0, 0},
+        {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default); with --pp: per stage, 1 or 2", 0, 0},
         {"--overlap-step", DT_ARG_STR, &f->overlap_step, "MODE", "ZeRO: interleaved | after-backward (default) | off: when shards are stepped", 0, 0},
         {"--zero-prefetch", DT_ARG_INT, &f->zero_prefetch, "N", "ZeRO-3: modules whose parameters are gathered ahead (default 2; 0 = none)", 0, 0},
         {"--pp", DT_ARG_INT, &f->dist.pipe.stages, "P", "pipeline stages: the model's blocks cut into P stages on P ranks (--nproc = P x data-parallel replicas; default 1)", 0, 0},
