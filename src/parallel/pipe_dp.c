@@ -60,6 +60,7 @@ dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r) {
 }
 
 void dt_pipe_dp_free(dt_pipe *p) {
+    if (p->dp) dt_pg_set_trace(p->dp, NULL);
     for (int t = 0; t < p->n_ties; t++)
         if (p->ties[t].ready_fn && p->ties[t].p->on_grad_ready == hold_tied) p->ties[t].p->on_grad_ready = p->ties[t].ready_fn;
     if (p->zero) dt_zero_free(p->zero);
@@ -69,6 +70,7 @@ void dt_pipe_dp_free(dt_pipe *p) {
 }
 
 dt_status dt_pipe_dp_begin(dt_pipe *p, dt_run *r) {
+    if (r->trace && dt_pipe_dp_active(p)) dt_pg_set_trace(p->dp, r->trace);   /* reductions on the trace's comm row */
     if (p->zero) {
         p->zero->trace = r->trace;
         dt_zero_set_lr(p->zero, r->lr);

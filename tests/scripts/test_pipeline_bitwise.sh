@@ -117,4 +117,14 @@ run g_single_half gpt2 --batch 2 --accum 4 --stop-after 2 --save-every 2 &&
     run g_resume_pp gpt2 --batch 8 --microbatches 4 --pp "$np" --nproc "$np" --resume "$tmp/g_single_half.ck" &&
     "$cmp" "$tmp/g_single.ck" "$tmp/g_resume_pp.ck" step optim_step epoch cursor > "$tmp/cmp.out" &&
     echo "ok   one-process checkpoint resumed at --pp $np" || { echo "FAIL resume at --pp $np:"; cat "$tmp/cmp.out"; fail=1; }
+# --trace: every rank's file shows its F, B and W actions and the messages
+"$bin" train "${gpt2[@]}" --batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule zb-h1 --steps 1 \
+    --trace "$tmp/pp.trace" < /dev/null > "$tmp/trace.out" 2>&1 || { echo "FAIL traced run"; cat "$tmp/trace.out"; fail=1; }
+for r in 0 1; do
+    missing=""
+    for ev in F0 F3 B0 B3 W0 W3; do grep -q "\"name\":\"$ev\"" "$tmp/pp.trace.rank$r" 2>/dev/null || missing="$missing $ev"; done
+    for ev in send recv; do grep -q "\"name\":\"$ev " "$tmp/pp.trace.rank$r" 2>/dev/null || missing="$missing $ev"; done
+    if [ -z "$missing" ]; then echo "ok   trace of rank $r shows F, B, W, send, recv"
+    else echo "FAIL trace of rank $r lacks:$missing"; fail=1; fi
+done
 exit $fail
