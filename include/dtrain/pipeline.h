@@ -2,10 +2,12 @@
  * on different ranks, micro-batches streamed through them by a static
  * schedule, with data-parallel replicas of every stage.
  *
- * Ranks. world = P stages x D replicas; rank r is stage r / D, replica
- * r % D. A stage's D replicas are consecutive ranks (one node where the
- * launcher fills nodes in order) and form its data-parallel group; the P ranks
- * of one replica form a pipeline.
+ * Ranks. world = P stages x D replicas. Ranks are ordered by (machine,
+ * rank) and cut into consecutive groups of D: place i is stage i / D,
+ * replica i % D (on one machine: rank r is stage r / D). A stage's D replicas
+ * form its data-parallel group — on one machine whenever each machine runs a
+ * multiple of D ranks, whatever order the launcher used — and the P ranks of
+ * one replica form a pipeline.
  *
  * Stages. The model's blocks (nn.h section 3) are cut into S = P * V
  * contiguous virtual stages: balanced by cost measured on one micro-batch

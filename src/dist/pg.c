@@ -92,6 +92,23 @@ dt_status dt_pg_split(dt_pg *parent, int color, int key, dt_pg **out) {
     return pg_create(c, name, out);
 }
 
+dt_status dt_pg_node_of(dt_pg *pg, int *node) {
+    DT_TRY(dt__check_init("dt_pg_node_of"));
+    if (!pg || !node) return DT_ERR(DT_EINVAL, "dt_pg_node_of: NULL argument");
+    DT_TRY(dt_pg_wait_all(pg));
+    if (pg->broken) return DT_ERR(DT_ECOMM, "dt_pg_node_of %s: %s", pg->name, pg->broken_msg);
+    DT_TRY(dt_barrier(pg, NULL));   /* (as dt_pg_split: nobody blocks in MPI while a peer needs it) */
+    MPI_Comm local;
+    int rc = MPI_Comm_split_type(pg->comm[0], MPI_COMM_TYPE_SHARED, pg->rank, MPI_INFO_NULL, &local);
+    if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_node_of: MPI_Comm_split_type");
+    int lowest = pg->rank;   /* key = group rank: the local leader is the lowest */
+    rc = MPI_Bcast(&lowest, 1, MPI_INT, 0, local);
+    MPI_Comm_free(&local);
+    if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_node_of: MPI_Bcast");
+    rc = MPI_Allgather(&lowest, 1, MPI_INT, node, 1, MPI_INT, pg->comm[0]);
+    return rc == MPI_SUCCESS ? DT_OK : dt__mpi_err(rc, "dt_pg_node_of: MPI_Allgather");
+}
+
 dt_status dt_pg_free(dt_pg *pg) {
     if (!pg) return DT_OK;
     dt_status st = dt_pg_wait_all(pg);

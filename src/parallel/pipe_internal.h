@@ -32,6 +32,13 @@ int dt_pipe_buffer_owner(const dt_pipe *p, const dt_pipe_probe *pr, const dt_mod
  * summed cost: first[v] .. first[v+1] (first[0] = 0, first[S] = n). */
 dt_status dt_pipe_balance(const double *cost, int n, int S, int *first);
 
+/* ---- rank placement (pipe_place.c) ----
+ * node[r]: machine id of world rank r (dt_pg_node_of: ids are ranks < W).
+ * pos[r]: r's place in the (machine, rank) order; stage pos / D, replica
+ * pos % D. place_local: 1 when every stage's replicas share a machine. */
+void dt_pipe_place(const int *node, int W, int *pos);
+int dt_pipe_place_local(const int *node, const int *pos, int W, int D);
+
 /* ---- tied parameters ----
  * Used on several ranks of the pipeline. The authority (the rank of the last
  * virtual stage using it) accumulates the step's gradient in the order one
@@ -71,6 +78,7 @@ struct dt_pipe {
     dt_pipe_opts o;
     dt_pg *world, *pp, *dp;   /* pp: this replica's pipeline (rank = stage); dp: this stage's replicas */
     int P, D, stage, replica, V, S;
+    int dp_local;             /* every stage's replicas share a machine (pipe_place.c) */
     int vfirst[DT_PIPE_MAX_VSTAGES + 1];   /* virtual stage v = blocks [vfirst[v], vfirst[v+1]) */
     dt_model *m;
     /* schedule for the current M */

@@ -26,8 +26,18 @@ static dt_status make_groups(dt_pipe *p) {
         return DT_ERR(DT_EINVAL, "pipeline: at most %d stages (got --pp %d)", DT_PIPE_MAX_STAGES, p->o.stages);
     p->P = p->o.stages;
     p->D = W / p->P;
-    p->stage = r / p->D;
-    p->replica = r % p->D;
+    /* data-parallel groups on one machine where the counts allow (pipe_place.c) */
+    int *node = malloc((size_t)W * sizeof *node), *pos = malloc((size_t)W * sizeof *pos);
+    dt_status s = node && pos ? dt_pg_node_of(p->world, node) : DT_ERR(DT_ENOMEM, "out of memory");
+    if (s == DT_OK) {
+        dt_pipe_place(node, W, pos);
+        p->stage = pos[r] / p->D;
+        p->replica = pos[r] % p->D;
+        p->dp_local = dt_pipe_place_local(node, pos, W, p->D);
+    }
+    free(node);
+    free(pos);
+    DT_TRY(s);
     DT_TRY(dt_pg_split(p->world, p->replica, p->stage, &p->pp));
     return dt_pg_split(p->world, p->stage, p->replica, &p->dp);
 }
@@ -68,6 +78,9 @@ static void print_partition(const dt_pipe *p, const dt_pipe_probe *pr, const dt_
     if (p->V > 1) at += snprintf(line + at, sizeof line - (size_t)at, " (%d chunks per rank)", p->V);
     at += snprintf(line + at, sizeof line - (size_t)at, ", %d micro-batches: theoretical bubble %.1f%%\n", p->M,
                    100.0 * dt_pipe_bubble_formula(p->o.schedule, p->P, p->M, p->V));
+    if (p->D > 1)
+        at += snprintf(line + at, sizeof line - (size_t)at, "  data-parallel groups: %s\n",
+                       p->dp_local ? "each on one machine" : "span machines (ranks per machine not a multiple of the replicas)");
     dt_log(DT_LOG_INFO, "%s", line);
     for (int s = 0; s < p->P; s++) {
         size_t n = 0;

@@ -114,6 +114,23 @@ static void test_shm_subgroups(dt_pg *world) {
     t_end();
 }
 
+/* One machine: every rank's machine id is the group's lowest rank (0 in
+ * the world; in a reversed sub-group too, since ids are group ranks). */
+static void test_node_of(dt_pg *world) {
+    t_begin("dt_pg_node_of on one machine");
+    int ws = dt_pg_size(world), node[64];
+    T_OK(dt_pg_node_of(world, node));
+    for (int r = 0; r < ws && r < 64; r++) T_CHECK(node[r] == 0);
+    dt_pg *rev = NULL;
+    T_OK(dt_pg_split(world, 0, ws - dt_pg_rank(world), &rev));   /* ranks in reverse order */
+    for (int r = 0; r < ws && r < 64; r++) node[r] = -1;
+    T_OK(dt_pg_node_of(rev, node));
+    for (int r = 0; r < ws && r < 64; r++) T_CHECK(node[r] == 0);
+    T_CHECK(dt_pg_node_of(world, NULL) == DT_EINVAL);
+    T_OK(dt_pg_free(rev));
+    t_end();
+}
+
 static void test_shm_errors(dt_pg *world) {
     t_begin("shared memory: bad sizes and ranges fail on every rank");
     int me = dt_pg_rank(world);
@@ -216,6 +233,7 @@ static void run_shm_tests(void) {
     test_shm_allreduce_bitwise(world);
     test_shm_many_in_flight(world);
     test_shm_subgroups(world);
+    test_node_of(world);
     test_shm_errors(world);
     test_shm_cross_group_waits(world);
     T_OK(dt_pg_free(world));
