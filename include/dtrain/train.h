@@ -76,6 +76,8 @@ struct dt_trainer {
     double last_loss;
     dt_jsonl metrics;
     dt_trace *trace;
+    size_t model_params;           /* the whole model's, counted before the strategy's setup
+                                      (a pipeline stage then holds only its part) */
 };
 
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out);

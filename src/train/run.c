@@ -33,7 +33,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
     const char *unit = d->rate_unit;
     if (lead)
         dt_log(DT_LOG_INFO, "dtrain: %s, %zu parameters, %s x%d, %lld steps of %lld %s\n",
-               t->model->name, dt_model_num_params(t->model), t->strat.name,
+               t->model->name, t->model_params, t->strat.name,
                t->strat.world, (long long)(t->total_steps - t->step), (long long)items_per_step(t),
                d->unit);
     double t_start = now_s(), t_prev = t_start;
