@@ -14,9 +14,25 @@
  *  - Tied parameters (pipe_tie.c): holders redirect them around each B and
  *    send rows; the authority defers its own use and interleaves own W and
  *    folds in micro-batch order (tie_pump).
+ *  - A failure midway never leaves the other stages waiting: the failing rank
+ *    sends an abort notice (stage, micro-batch, chunk, world rank) to every
+ *    other rank of its pipeline; each rank keeps one receive per peer posted
+ *    from its first step to teardown, and every wait here tests those while
+ *    it waits, so a stage blocked on the failed one fails too, with "stage F
+ *    (rank X) failed at micro-batch K (see its error)". A rank failing that
+ *    way passes the first notice on (every peer's receive completes);
+ *    teardown completes them with a closing notice (stage -1) to every peer.
  *
  * Message tags on the pipeline group, by the virtual stage v that receives
- * and micro-batch j: activation v*M + j, gradient 10000 + v*M + j. */
+ * and micro-batch j: activation v*M + j, gradient 10000 + v*M + j; abort
+ * notices 32000 (pipe_tie.c uses 20000+ and 31000+, pipe_strategy.c 30000+).
+ *
+ * Test hook: DTRAIN_PIPE_FAULT=RANK:MB[:OP] (world rank, micro-batch, F or B;
+ * default F) makes that rank's step fail when it reaches that action, as any
+ * failing action does ("injected fault"). Read once per process; a malformed
+ * value fails the first step with an error naming the variable. */
+#include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +40,21 @@
 
 #define TAG_ACT(p, v, j) ((v) * (p)->M + (j))
 #define TAG_GRAD(p, v, j) (10000 + (v) * (p)->M + (j))
+#define TAG_NOTICE 32000
+
+/* Abort notices: 4 floats, stage, micro-batch, chunk, world rank (of the
+ * first failure; stage -1: closing at teardown, -1 elsewhere: not in an
+ * action). */
+typedef struct dt_pipe_notice {
+    float in[DT_PIPE_MAX_STAGES][4];   /* from each peer */
+    float out[4];
+    dt_work *recv[DT_PIPE_MAX_STAGES], *send[DT_PIPE_MAX_STAGES];
+    int c, j;                          /* the action under way (-1: none) */
+    int next;                          /* the peer whose receive a wait tests next */
+    int relay;                         /* out holds a peer's notice to pass on */
+    int stopped;                       /* a peer's notice ended the step: waits return at once */
+    int sent;
+} dt_pipe_notice;
 
 /* Between nodes: MPI progress for every group, and the stage's data-parallel
  * reducer (pipe_dp.c) finishes what completed. */
@@ -66,10 +97,163 @@ static void pool_put(dt_pipe *p, dt_graph *g) {
     p->graphs_live--;
 }
 
+/* ---- abort notices ---- */
+static dt_status notice_post(dt_pipe *p) {
+    if (p->notice || p->P < 2) return DT_OK;
+    dt_pipe_notice *n = calloc(1, sizeof *n);
+    if (!n) return DT_ERR(DT_ENOMEM, "pipeline: out of memory");
+    n->c = n->j = -1;
+    p->notice = n;
+    for (int q = 0; q < p->P; q++)
+        if (q != p->stage) DT_TRY(dt_recv(p->pp, n->in[q], 4, DT_F32, q, TAG_NOTICE, &n->recv[q]));
+    return DT_OK;
+}
+
+static void at(dt_pipe *p, int c, int j) {
+    if (p->notice) { p->notice->c = c; p->notice->j = j; }
+}
+
+/* A peer's notice has come: this rank fails too, naming the first failure. */
+static dt_status peer_failed(dt_pipe *p, int q) {
+    dt_pipe_notice *n = p->notice;
+    dt_status s = dt_work_wait(n->recv[q]);
+    n->recv[q] = NULL;
+    n->stopped = 1;
+    int me = dt_pg_rank(p->world);
+    char here[64] = "";
+    if (n->j >= 0) snprintf(here, sizeof here, ", micro-batch %d", n->j);
+    if (s != DT_OK)
+        return DT_ERR(s, "pipeline stage %d (rank %d)%s: abort notice from stage %d: %s", p->stage, me, here, q,
+                      dt_error_message());
+    const float *f = n->in[q];
+    if (f[0] < 0)
+        return DT_ERR(DT_ECOMM, "pipeline stage %d (rank %d)%s: stage %d (rank %d) left the pipeline mid-step",
+                      p->stage, me, here, q, (int)f[3]);
+    memcpy(n->out, f, sizeof n->out);
+    n->relay = 1;
+    char there[64] = "";
+    if (f[1] >= 0 && p->V > 1) snprintf(there, sizeof there, " at micro-batch %d, chunk %d", (int)f[1], (int)f[2]);
+    else if (f[1] >= 0) snprintf(there, sizeof there, " at micro-batch %d", (int)f[1]);
+    return DT_ERR(DT_ECOMM, "pipeline stage %d (rank %d)%s: stage %d (rank %d) failed%s (see its error)", p->stage, me,
+                  here, (int)f[0], (int)f[3], there);
+}
+
+static int notice_in(dt_pipe *p, int q) {
+    int done = 0;
+    return p->notice->recv[q] && dt_work_test(p->notice->recv[q], &done) == DT_OK && done;
+}
+
+/* One turn of a wait: DT_OK, or this rank's error once a peer's notice has
+ * come (after the first, at once, keeping the first's message). One peer per
+ * turn, so a turn costs two polls (the awaited request's, this) at any P. */
+static dt_status watch(dt_pipe *p, int *idle) {
+    dt_pipe_notice *n = p->notice;
+    if (n->stopped) return DT_ECOMM;
+    int q = n->next;
+    n->next = (q + 1) % p->P;
+    if (notice_in(p, q)) return peer_failed(p, q);
+    if (++*idle > 64) sched_yield();   /* as dt_work_wait: ranks may outnumber cores */
+    return DT_OK;
+}
+
+/* The step failed here: tell every peer (once). Then wait, at most a second,
+ * for the notices to leave and for every peer's notice (its own failure, or
+ * this one passed on): the caller may abort the job next, and the peers
+ * blocked on this stage should have stopped and be reporting by then. A peer
+ * outside the engine (its step done) never answers: hence the bound. */
+static void notify(dt_pipe *p) {
+    dt_pipe_notice *n = p->notice;
+    if (!n || n->sent) return;
+    n->sent = 1;
+    if (!n->relay) {
+        n->out[0] = (float)p->stage;
+        n->out[1] = (float)n->j;
+        n->out[2] = (float)n->c;
+        n->out[3] = (float)dt_pg_rank(p->world);
+    }
+    dt_status code = dt_error_code();
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dt_error_message());
+    int lost = 0;
+    for (int q = 0; q < p->P; q++)
+        if (q != p->stage) lost |= dt_send(p->pp, n->out, 4, DT_F32, q, TAG_NOTICE, &n->send[q]) != DT_OK;
+    if (lost) dt_error_set(code, __FILE__, __LINE__, "%s", msg);   /* the step's error stays the message */
+    double t0 = dt_par_now_us();
+    for (int q = 0; q < p->P && dt_par_now_us() - t0 < 1e6;) {
+        int done = 1;
+        if (n->send[q]) dt_work_test(n->send[q], &done);
+        if (done && n->recv[q]) dt_work_test(n->recv[q], &done);
+        if (done) q++;
+        else sched_yield();
+    }
+    /* (the handles and n stay: the pipeline is broken, see dt_pipe_engine_free) */
+}
+
+/* Teardown of a pipeline whose steps went well: a closing notice to every
+ * peer completes the receives (every rank of the pipeline tears down). */
+static void notice_close(dt_pipe *p) {
+    dt_pipe_notice *n = p->notice;
+    if (!n) return;
+    n->out[0] = -1.0f;
+    n->out[1] = n->out[2] = -1.0f;
+    n->out[3] = (float)dt_pg_rank(p->world);
+    for (int q = 0; q < p->P; q++)
+        if (q != p->stage && !n->sent) dt_send(p->pp, n->out, 4, DT_F32, q, TAG_NOTICE, &n->send[q]);
+    for (int q = 0; q < p->P; q++) {
+        dt_work_wait(n->recv[q]);
+        dt_work_wait(n->send[q]);
+    }
+    free(n);
+    p->notice = NULL;
+}
+
+/* Test hook (file comment): an error when this rank reaches action op of
+ * micro-batch j; op 0 (the start of a step) reports a malformed value once. */
+static dt_status fault_hook(const dt_pipe *p, char op, int j) {
+    static int state = -1, rank, mb;   /* -1: not read yet, 0: off, 1: armed, 2: malformed */
+    static char fop;
+    if (state < 0) {
+        const char *e = getenv("DTRAIN_PIPE_FAULT");
+        char *end = NULL;
+        state = e && *e ? 2 : 0;
+        if (state && *e >= '0' && *e <= '9') {
+            long r = strtol(e, &end, 10), m = -1;
+            if (*end == ':' && end[1] >= '0' && end[1] <= '9') m = strtol(end + 1, &end, 10);
+            fop = 'F';
+            if (*end == ':') {
+                fop = end[1];
+                end += fop ? 2 : 1;
+            }
+            if (r <= INT_MAX && m >= 0 && m <= INT_MAX && (fop == 'F' || fop == 'B') && !*end) {
+                state = 1;
+                rank = (int)r;
+                mb = (int)m;
+            }
+        }
+    }
+    if (state == 2 && op == 0) {
+        state = 0;
+        return DT_ERR(DT_EINVAL, "DTRAIN_PIPE_FAULT=\"%s\": expected RANK:MB[:F|B] (world rank, micro-batch, op; a test "
+                      "hook)", getenv("DTRAIN_PIPE_FAULT") ? getenv("DTRAIN_PIPE_FAULT") : "");
+    }
+    if (state == 1 && op == fop && j == mb && dt_pg_rank(p->world) == rank)
+        return DT_ERR(DT_EINVAL, "injected fault (DTRAIN_PIPE_FAULT=%d:%d:%c)", rank, mb, fop);
+    return DT_OK;
+}
+
+/* Waits for *w; with notices posted, fails instead once a peer's notice has
+ * come (*w then stays pending: the step is broken). */
 static dt_status wait_timed(dt_pipe *p, dt_work **w) {
     double t0 = dt_par_now_us();
-    dt_status s = dt_work_wait(*w);
-    *w = NULL;
+    dt_status s = DT_OK;
+    for (int idle = 0, done = 0; *w && p->notice && s == DT_OK;) {
+        if (dt_work_test(*w, &done) != DT_OK || done) break;
+        s = watch(p, &idle);
+    }
+    if (s == DT_OK) {
+        s = dt_work_wait(*w);
+        *w = NULL;
+    }
     p->wait_us += dt_par_now_us() - t0;
     return s;
 }
@@ -83,7 +267,8 @@ static dt_status release(dt_pipe *p, dt_pipe_slot *s) {
 }
 
 void dt_pipe_engine_free(dt_pipe *p) {
-    if (p->broken) return;   /* (pipe_internal.h: messages may still use slots and tapes) */
+    if (p->broken) return;   /* (pipe_internal.h: messages may still use slots, tapes and notices) */
+    notice_close(p);
     for (int i = 0; i < p->slots_cap; i++) {
         dt_pipe_slot *s = &p->slots[i];
         dt_work_wait(s->recv_act); dt_work_wait(s->recv_grad); dt_work_wait(s->send_act); dt_work_wait(s->send_grad);
@@ -160,6 +345,8 @@ static void set_deferral(dt_pipe *p) {
 }
 
 static dt_status fail(dt_pipe *p, const char *what, int c, int j) {
+    if (p->notice && p->notice->stopped) return dt_error_code() ? dt_error_code() : DT_ECOMM;   /* said it */
+    at(p, c, j);
     dt_status code = dt_error_code() ? dt_error_code() : DT_EINVAL;
     char msg[768];
     snprintf(msg, sizeof msg, "%s", dt_error_message());
@@ -181,6 +368,8 @@ static dt_status do_forward(dt_pipe *p, int c, int j) {
     int v = dt_pipe_vstage(p, c);
     dt_pipe_slot *s = &p->slots[c * p->M + j];
     const dt_batch *b = &p->mb[j];
+    at(p, c, j);
+    if (fault_hook(p, 'F', j) != DT_OK) return fail(p, "forward", c, j);
     DT_TRY(pool_get(p, &s->g));
     /* the chunk's last micro-batch completes its gradients: its tape's
      * grad-ready hooks drive the data-parallel buckets */
@@ -210,6 +399,8 @@ static dt_status do_forward(dt_pipe *p, int c, int j) {
 static dt_status do_backward(dt_pipe *p, int c, int j) {
     int v = dt_pipe_vstage(p, c);
     dt_pipe_slot *s = &p->slots[c * p->M + j];
+    at(p, c, j);
+    if (fault_hook(p, 'B', j) != DT_OK) return fail(p, "backward", c, j);
     if (!s->g || !s->out) return DT_ERR(DT_ESTATE, "pipeline stage %d: B of micro-batch %d before its F", p->stage, j);
     if (v + 1 < p->S && wait_timed(p, &s->recv_grad) != DT_OK) return fail(p, "receiving the gradient", c, j);
     double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->trace);
@@ -234,6 +425,7 @@ static dt_status do_backward(dt_pipe *p, int c, int j) {
 
 static dt_status run_weights(dt_pipe *p, int c, int j) {
     dt_pipe_slot *s = &p->slots[c * p->M + j];
+    at(p, c, j);
     double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->trace);
     if (dt_graph_backward_weights(s->g) != DT_OK) return fail(p, "weight gradients", c, j);
     p->compute_us += dt_par_now_us() - t0;
@@ -245,7 +437,9 @@ static dt_status run_weights(dt_pipe *p, int c, int j) {
 /* Folds the holders' rows of micro-batch tie_next_fold (waits). */
 static dt_status fold_next(dt_pipe *p) {
     double t0 = dt_par_now_us();
-    dt_status s = dt_pipe_ties_fold(p, p->tie_next_fold);
+    dt_status s = DT_OK;
+    for (int idle = 0; p->notice && s == DT_OK && !dt_pipe_ties_arrived(p);) s = watch(p, &idle);
+    if (s == DT_OK) s = dt_pipe_ties_fold(p, p->tie_next_fold);
     p->wait_us += dt_par_now_us() - t0;
     if (s != DT_OK) return s;
     if (++p->tie_next_fold < p->M) DT_TRY(dt_pipe_ties_post(p, p->tie_next_fold));
@@ -286,6 +480,9 @@ static dt_status ensure_schedule(dt_pipe *p, int M) {
 
 static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum) {
     double start = dt_par_now_us();
+    DT_TRY(notice_post(p));
+    at(p, -1, -1);
+    DT_TRY(fault_hook(p, 0, -1));
     DT_TRY(ensure_schedule(p, M));
     DT_TRY(prepare_slots(p, mb, M));
     p->mb = mb;
@@ -308,6 +505,8 @@ static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_su
     for (int i = 0; i < p->V * M; i++)
         if (p->slots[i].g) return DT_ERR(DT_ESTATE, "pipeline stage %d: micro-batch %d unfinished after the schedule",
                                          p->stage, i % M);
+    for (int q = 0; p->notice && q < p->P; q++)   /* a peer failed after this rank's last wait */
+        if (notice_in(p, q)) return peer_failed(p, q);
     *loss_sum = p->loss_sum;
     p->stats.schedule_us = dt_par_now_us() - start;
     p->stats.bubble = p->stats.schedule_us > 0 ? 1.0 - p->compute_us / p->stats.schedule_us : 0;
@@ -323,7 +522,10 @@ static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_su
 dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum) {
     dt_status s = p->broken ? DT_ERR(DT_ESTATE, "pipeline stage %d: an earlier step failed midway", p->stage)
                             : run_step(p, mb, M, loss_sum);
-    if (s != DT_OK) p->broken = 1;
+    if (s != DT_OK) {
+        p->broken = 1;
+        notify(p);
+    }
     return s;
 }
 
@@ -369,7 +571,8 @@ dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3])
     float *act = malloc((size_t)(per ? per : 1) * (size_t)n * (size_t)p->V * sizeof(float));
     dt_work **recv = calloc((size_t)n * (size_t)p->V, sizeof *recv);
     eval_item prev = {0}, cur = {0};
-    dt_status s = act && recv ? DT_OK : DT_ERR(DT_ENOMEM, "pipeline eval: out of memory");
+    dt_status s = act && recv ? notice_post(p) : DT_ERR(DT_ENOMEM, "pipeline eval: out of memory");
+    at(p, -1, -1);
     for (int i = 0; i < n && s == DT_OK; i++)
         for (int c = 0; c < p->V && s == DT_OK; c++) {
             int v = dt_pipe_vstage(p, c);
@@ -382,20 +585,24 @@ dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3])
         for (int c = 0; c < p->V && s == DT_OK; c++) {
             s = eval_one(p, &b[i], c, act + ((size_t)i * (size_t)p->V + (size_t)c) * (size_t)per, &recv[i * p->V + c],
                          &cur, sums);
-            /* the previous item's output is sent by now or soon: its tape can go */
-            dt_status w = dt_work_wait(prev.send);
+            /* the previous item's output is sent by now or soon: its tape can go
+             * (after a failure it may never be: the tape stays, unused) */
+            dt_status w = s == DT_OK ? wait_timed(p, &prev.send) : DT_OK;
             if (s == DT_OK) s = w;
             if (prev.g) pool_put(p, prev.g);
             prev = cur;
             cur = (eval_item){0};
         }
-    dt_status w = dt_work_wait(prev.send);
+    dt_status w = s == DT_OK ? wait_timed(p, &prev.send) : DT_OK;
     if (s == DT_OK) s = w;
     if (prev.g) pool_put(p, prev.g);
     if (cur.g) { dt_work_wait(cur.send); pool_put(p, cur.g); }
     if (s != DT_OK) {   /* receives may still be pending: leave act and recv to MPI */
         p->broken = 1;
-        return fail(p, "evaluation", 0, 0);
+        s = fail(p, "evaluation", 0, 0);
+        at(p, -1, -1);   /* peers: "failed (see its error)" */
+        notify(p);
+        return s;
     }
     free(act);
     free(recv);

@@ -120,6 +120,10 @@ struct dt_pipe {
      * teardown neither waits for them nor frees their buffers (MPI may still
      * write into them) */
     int broken;
+    /* pipe_engine.c: abort notices between the stages of a step that failed
+     * midway (one receive per peer stays posted on pp from the first step or
+     * evaluation to dt_pipe_engine_free) */
+    struct dt_pipe_notice *notice;
 };
 
 /* pipe_engine.c: one step's forward + backward over mb[0..M) / evaluation. */
