@@ -31,6 +31,25 @@ int dt_pipe_buffer_owner(const dt_pipe *p, const dt_pipe_probe *pr, const dt_mod
 /* Cut n blocks into S contiguous non-empty ranges minimising the largest
  * summed cost: first[v] .. first[v+1] (first[0] = 0, first[S] = n). */
 dt_status dt_pipe_balance(const double *cost, int n, int S, int *first);
+/* The interleaved cut: S = P * V contiguous non-empty ranges first[v] ..
+ * first[v+1] (first[0] = 0, first[S] = n), range v on rank v % P, minimising
+ * lexicographically (1) the largest rank total (rank r: ranges r, r + P,
+ * r + 2P, ... summed), then (2) the largest single range. Negative costs count
+ * as 0; costs are compared on a fixed-point grid of 2^-50 of their total
+ * (exact for integer costs below 2^50). V = 1 or P = 1 (the same objective as
+ * dt_pipe_balance's) is dt_pipe_balance(cost, n, S, first). Otherwise a
+ * heuristic cut (never worse than dt_pipe_balance's) is proved optimal by
+ * lower bounds or improved by a bounded search, exact while its states fit
+ * its budget (2^16 extensions, a few milliseconds); past it the best cut
+ * found is returned unproved (pipe_probe.c). Equally good cuts: a fixed
+ * choice (the same on every rank). DT_EINVAL when S > n or a cost is not
+ * finite. */
+dt_status dt_pipe_balance_ranks(const double *cost, int n, int P, int V, int *first);
+/* Blocks of one kind differ only by timing noise: each group of costs within
+ * 5% of each other (sorted, every neighbour within 5%, the largest within 5%
+ * of the smallest) is set to its mean, in place. Returns cost (pipe_probe.c
+ * says why). */
+double *dt_pipe_snap_costs(double *cost, int n);
 
 /* ---- rank placement (pipe_place.c) ----
  * node[r]: machine id of world rank r (dt_pg_node_of: ids are ranks < W).

@@ -67,7 +67,7 @@ static dt_status cut_blocks(dt_pipe *p, dt_pipe_probe *pr) {
     dt_status s = dt_broadcast(p->world, c, n, DT_F32, 0, NULL);   /* one timing for all: the same cut */
     for (int i = 0; i < n; i++) pr->cost[i] = c[i];
     free(c);
-    return s == DT_OK ? dt_pipe_balance(pr->cost, n, S, p->vfirst) : s;
+    return s == DT_OK ? dt_pipe_balance_ranks(dt_pipe_snap_costs(pr->cost, n), n, p->P, p->V, p->vfirst) : s;
 }
 
 /* Rank 0 prints the cut: blocks and parameters per stage, the bubble. */
