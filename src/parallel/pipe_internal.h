@@ -8,7 +8,7 @@
 #include "parallel_internal.h"
 #include "pipe_schedule.h"
 
-/* ---- probe and partition ---- */
+/* ---- probe (pipe_probe.c) and partition (pipe_balance.c) ---- */
 /* One forward of every block on ex: cost[i] = block i's time in ms (the
  * loss head counted with the last block), and used[k * n_blocks + i] = 1 when
  * block i used parameter k (index before any dt_model_keep_params). */
