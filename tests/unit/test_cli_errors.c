@@ -60,7 +60,7 @@ static void test_bad_flags(void **state) {
     expect_error("train --pp 2 --virtual-stages 2", "more than 1 needs --schedule interleaved");
     expect_error("train --pp 2 --schedule 1f1b --max-outstanding 2", "--max-outstanding applies to --schedule gpipe");
     expect_error("train --pp 2 --microbatches 0", "--microbatches must be >= 1");
-    expect_error("train --pp 2 --zero 1", "--zero with --pp is not supported yet");
+    expect_error("train --pp 2 --zero 3", "--zero 3 does not combine with --pp");
 }
 
 static void test_missing_and_corrupt_files(void **state) {
