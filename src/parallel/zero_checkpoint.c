@@ -107,23 +107,30 @@ static void shape_of(const dt_tensor *v, const char *name, dt_ckpt_shape *out) {
 
 /* ---- sharded ---- */
 
+/* Appends to pc[*n ..] (room for cap) the pieces of this rank's owned
+ * ranges of values (k < 0) or optimizer state k, for every parameter with
+ * !skip[index] (skip may be NULL). Names point into c. */
+static void owned_pieces(const zc *c, int k, const unsigned char *skip, dt_ckpt_piece *pc, int *n, int cap) {
+    dt_param *const *order = dt_zero_param_order(c->z);
+    for (int j = 0; j < c->nb; j++) {
+        const dt_zero_bucket *b = bucket(c, j);
+        const float *buf = shard_buf(c, b->index, k);
+        for (int q = b->first_param; q < b->first_param + b->n_params; q++) {
+            size_t a, e;
+            const dt_param *p = order[q];
+            if (*n < cap && !(skip && skip[p->index]) && intersect(c, p, b->own_begin, b->shard, &a, &e))
+                pc[(*n)++] = (dt_ckpt_piece){tensor_name(c, k, p), a, e - a,
+                                             buf + (c->m->offsets[p->index] + a - b->own_begin)};
+        }
+    }
+}
+
 static dt_status write_my_shard(const zc *c, const char *dir, const char *set) {
     dt_model *m = c->m;
-    dt_param *const *order = dt_zero_param_order(c->z);
     int cap = (1 + c->ns) * m->n_params + m->n_buffers + 1, n = 0;
     dt_ckpt_piece *pc = calloc((size_t)cap, sizeof *pc);
     if (!pc) return DT_ERR(DT_ENOMEM, "%s: out of memory", dir);
-    for (int k = -1; k < c->ns; k++)
-        for (int j = 0; j < c->nb; j++) {
-            const dt_zero_bucket *b = bucket(c, j);
-            const float *buf = shard_buf(c, b->index, k);
-            for (int q = b->first_param; q < b->first_param + b->n_params; q++) {
-                size_t a, e;
-                if (n < cap && intersect(c, order[q], b->own_begin, b->shard, &a, &e))
-                    pc[n++] = (dt_ckpt_piece){tensor_name(c, k, order[q]), a, e - a,
-                                              buf + (m->offsets[order[q]->index] + a - b->own_begin)};
-            }
-        }
+    for (int k = -1; k < c->ns; k++) owned_pieces(c, k, NULL, pc, &n, cap);
     for (int i = 0; c->rank == 0 && i < m->n_buffers && n < cap; i++)
         pc[n++] = (dt_ckpt_piece){m->buffers[i]->name, 0, (size_t)m->buffers[i]->value.numel,
                                   dt_f32(&m->buffers[i]->value)};
@@ -324,21 +331,12 @@ static dt_status load_local(const zc *c, const dt_ckpt *ck) {
 int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc, char (*names)[192]) {
     zc c;
     if (zc_init(&c, z, r) != DT_OK) { zc_free(&c); return -1; }
-    dt_param *const *order = dt_zero_param_order(z);
-    int n = 0, np = c.m->n_params;
-    for (int k = 0; k < c.ns; k++)
-        for (int j = 0; j < c.nb; j++) {
-            const dt_zero_bucket *b = bucket(&c, j);
-            const float *buf = shard_buf(&c, b->index, k);
-            for (int q = b->first_param; q < b->first_param + b->n_params; q++) {
-                size_t a, e;
-                const dt_param *p = order[q];
-                if ((skip && skip[p->index]) || !intersect(&c, p, b->own_begin, b->shard, &a, &e)) continue;
-                memcpy(names[k * np + p->index], c.sname[k * np + p->index], sizeof names[0]);
-                pc[n++] = (dt_ckpt_piece){names[k * np + p->index], a, e - a,
-                                          buf + (c.m->offsets[p->index] + a - b->own_begin)};
-            }
-        }
+    int n = 0, cap = c.ns * c.m->n_params;
+    for (int k = 0; k < c.ns; k++) owned_pieces(&c, k, skip, pc, &n, cap);
+    for (int i = 0; i < n; i++) {   /* the names outlive c: into the caller's buffer */
+        snprintf(names[i], sizeof names[0], "%s", pc[i].tensor);
+        pc[i].tensor = names[i];
+    }
     zc_free(&c);
     return n;
 }
