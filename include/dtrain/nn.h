@@ -158,25 +158,31 @@ dt_tensor *dt_nn_layernorm(dt_graph *g, dt_module *mod, dt_tensor *x);
  * Built with sections 2-3 (src/nn/mlp.c, cnn.c, gpt2.c) from a configuration
  * the CLI fills:
  *   MLP:   input "image" (flattened), one block per linear layer (ReLU between).
- *   CNN:   input "image" [1, 28, 28]; blocks conv1+bn1, conv2+bn2, fc1, fc2.
+ *   CNN:   input "image" [1, H, W] (default 28x28, at least 4x4); blocks conv1+bn1,
+ *          conv2+bn2, fc1, fc2.
+ * The trainer sizes the MLP's input and the CNN's H, W from the data's images
+ * (dt_trainer_create), so either takes any image size it can.
  *   GPT-2: input "ids" [T]; blocks: embeddings (wte + wpe), one per
  *          transformer layer, ln_f + the lm-head tied to wte. */
 typedef enum dt_model_kind { DT_MODEL_MLP = 0, DT_MODEL_CNN = 1, DT_MODEL_GPT2 = 2,
                               DT_MODEL_CUSTOM = 3 /* built by dt_model_new */ } dt_model_kind;
 
 #define DT_MLP_MAX_LAYERS 16
+#define DT_CNN_MIN_SIDE 4        /* two 2x2 max-pools leave at least 1x1 */
+#define DT_CNN_MAX_SIDE 65535
 typedef struct dt_model_cfg {
     dt_model_kind kind;
     /* MLP: in -> hidden[0] -> ... -> out, ReLU between */
     int mlp_in, mlp_out, mlp_n_hidden, mlp_hidden[DT_MLP_MAX_LAYERS];
-    /* CNN (Fashion-MNIST): conv(1->c1,5x5,pad 2)+BN+ReLU+pool2, conv(c1->c2)+BN+ReLU+pool2, fc(c2*7*7 -> fc) + ReLU, fc(->10) */
-    int cnn_c1, cnn_c2, cnn_fc, cnn_classes;
+    /* CNN (Fashion-MNIST): conv(1->c1,5x5,pad 2)+BN+ReLU+pool2, conv(c1->c2)+BN+ReLU+pool2,
+     * fc(c2*(H/4)*(W/4) -> fc) + ReLU, fc(->10); images [1, cnn_h, cnn_w], each side >= 4 */
+    int cnn_c1, cnn_c2, cnn_fc, cnn_classes, cnn_h, cnn_w;
     /* GPT-2 */
     int n_layer, n_embd, n_head, vocab, max_t;
     float dropout;           /* residual / attention-output dropout (0 = off) */
 } dt_model_cfg;
 
-/* Defaults: MLP 784-[256,256]-10; CNN c1=32 c2=64 fc=128 classes 10;
+/* Defaults: MLP 784-[256,256]-10; CNN 28x28 c1=32 c2=64 fc=128 classes 10;
  * GPT-2 tiny L=4 C=128 H=4 V=256 maxT=128. */
 dt_model_cfg dt_model_cfg_default(dt_model_kind kind);
 dt_status dt_model_cfg_validate(const dt_model_cfg *c);

@@ -1,7 +1,7 @@
-/* Small CNN for 28x28 images, four blocks:
- *   conv1 (1->c1, 5x5, pad 2) + bn1 + ReLU + maxpool 2   [1, 28, 28] -> [c1, 14, 14]
- *   conv2 (c1->c2, 5x5, pad 2) + bn2 + ReLU + maxpool 2  -> [c2, 7, 7]
- *   fc1 (flatten, c2*49 -> fc) + ReLU                    -> [fc]
+/* Small CNN for H x W images (default 28x28, each side >= 4), four blocks:
+ *   conv1 (1->c1, 5x5, pad 2) + bn1 + ReLU + maxpool 2   [1, H, W] -> [c1, H/2, W/2]
+ *   conv2 (c1->c2, 5x5, pad 2) + bn2 + ReLU + maxpool 2  -> [c2, H/4, W/4] (/: floor, twice)
+ *   fc1 (flatten, c2*(H/4)*(W/4) -> fc) + ReLU           -> [fc]
  *   fc2 (fc -> classes)                                  -> [classes]
  * Convolutions have no bias (BatchNorm's beta plays that role). */
 #include <math.h>
@@ -11,9 +11,9 @@
 
 typedef struct cnn_impl { dt_module *conv[2], *bn[2], *fc[2]; dt_named_buffer *rm[2], *rv[2]; } cnn_impl;
 
-static dt_tensor *image(dt_graph *g, const dt_batch *b) {
+static dt_tensor *image(const dt_model *m, dt_graph *g, const dt_batch *b) {
     const dt_tensor *img = dt_batch_input(b, "image", DT_F32, "cnn");
-    int64_t shape[4] = {b->B, 1, 28, 28};
+    int64_t shape[4] = {b->B, 1, m->cfg.cnn_h, m->cfg.cnn_w};
     dt_tensor *x = img ? dt_graph_tensor(g, 4, shape) : NULL;   /* a view of the caller's batch */
     if (x) x->data = img->data;
     return x;
@@ -24,7 +24,7 @@ static dt_tensor *conv_bn_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt
     cnn_impl *im = m->impl;
     int k = (int)(intptr_t)user;
     dt_module *conv = im->conv[k], *bn = im->bn[k];
-    if (!x) DT_NN_CHECK(x = image(g, b));
+    if (!x) DT_NN_CHECK(x = image(m, g, b));
     if (dt_module_enter(g, conv) != DT_OK) return NULL;
     DT_NN_CHECK(x = dt_op_conv2d(g, x, &conv->params[0]->value, NULL, 1, 2));
     if (dt_module_leave(g, conv) != DT_OK || dt_module_enter(g, bn) != DT_OK) return NULL;
@@ -36,7 +36,7 @@ static dt_tensor *conv_bn_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt
     return dt_op_maxpool2d(g, x, 2, 2);
 }
 
-/* fc1: [B, c2, 7, 7] -> [B, fc] (flatten, ReLU); fc2: [B, fc] -> [B, classes] */
+/* fc1: [B, c2, H/4, W/4] -> [B, fc] (flatten, ReLU); fc2: [B, fc] -> [B, classes] */
 static dt_tensor *fc_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
     (void)b;
     cnn_impl *im = m->impl;
@@ -54,9 +54,10 @@ dt_status dt_cnn_build(dt_model *m) {
     if (!im) return DT_ERR(DT_ENOMEM, "out of memory");
     m->impl = im;
     m->destroy = cnn_destroy;
-    dt_input_spec in = {.name = "image", .dtype = DT_F32, .ndim = 3, .dims = {1, 28, 28}};
+    dt_input_spec in = {.name = "image", .dtype = DT_F32, .ndim = 3, .dims = {1, c->cnn_h, c->cnn_w}};
     DT_TRY(dt_model_add_input(m, &in));
-    int64_t chans[3] = {1, c->cnn_c1, c->cnn_c2}, side[3] = {28, 14, 7};
+    int64_t chans[3] = {1, c->cnn_c1, c->cnn_c2};
+    int64_t rows[3] = {c->cnn_h, c->cnn_h / 2, c->cnn_h / 4}, cols[3] = {c->cnn_w, c->cnn_w / 2, c->cnn_w / 4};
     for (int k = 0; k < 2; k++) {
         char name[16], bname[64];
         snprintf(name, sizeof name, "conv%d", k + 1);
@@ -73,12 +74,12 @@ dt_status dt_cnn_build(dt_model *m) {
         im->rm[k] = dt_model_add_buffer(m, bname, 1, cs, 0.0f);
         snprintf(bname, sizeof bname, "%s.running_var", name);
         im->rv[k] = dt_model_add_buffer(m, bname, 1, cs, 1.0f);
-        int64_t din[3] = {chans[k], side[k], side[k]}, dout[3] = {chans[k + 1], side[k + 1], side[k + 1]};
+        int64_t din[3] = {chans[k], rows[k], cols[k]}, dout[3] = {chans[k + 1], rows[k + 1], cols[k + 1]};
         snprintf(name, sizeof name, "conv%d", k + 1);
         DT_TRY(dt_model_add_block(m, name, conv_bn_block, (void *)(intptr_t)k, k ? 3 : 0, din, 3, dout));
     }
-    int64_t fin[2] = {c->cnn_c2 * 49, c->cnn_fc}, fout[2] = {c->cnn_fc, c->cnn_classes};
-    int64_t flat_in[3] = {c->cnn_c2, 7, 7};
+    int64_t fin[2] = {c->cnn_c2 * rows[2] * cols[2], c->cnn_fc}, fout[2] = {c->cnn_fc, c->cnn_classes};
+    int64_t flat_in[3] = {c->cnn_c2, rows[2], cols[2]};
     for (int k = 0; k < 2; k++) {
         char name[16];
         snprintf(name, sizeof name, "fc%d", k + 1);

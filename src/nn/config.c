@@ -1,4 +1,5 @@
 /* Model configuration defaults and validation. */
+#include <stdint.h>
 #include <string.h>
 #include "dtrain/nn.h"
 
@@ -8,7 +9,7 @@ dt_model_cfg dt_model_cfg_default(dt_model_kind kind) {
     c.kind = kind;
     c.mlp_in = 28 * 28; c.mlp_out = 10;   /* in: one flattened Fashion-MNIST image */
     c.mlp_n_hidden = 2; c.mlp_hidden[0] = 256; c.mlp_hidden[1] = 256;
-    c.cnn_c1 = 32; c.cnn_c2 = 64; c.cnn_fc = 128; c.cnn_classes = 10;
+    c.cnn_c1 = 32; c.cnn_c2 = 64; c.cnn_fc = 128; c.cnn_classes = 10; c.cnn_h = c.cnn_w = 28;
     c.n_layer = 4; c.n_embd = 128; c.n_head = 4; c.vocab = 256; c.max_t = 128;
     return c;
 }
@@ -26,6 +27,12 @@ dt_status dt_model_cfg_validate(const dt_model_cfg *c) {
     case DT_MODEL_CNN:
         if (c->cnn_c1 <= 0 || c->cnn_c2 <= 0 || c->cnn_fc <= 0 || c->cnn_classes <= 1)
             return DT_ERR(DT_EINVAL, "cnn: channel, fc and class counts must be positive");
+        if (c->cnn_h < DT_CNN_MIN_SIDE || c->cnn_w < DT_CNN_MIN_SIDE || c->cnn_h > DT_CNN_MAX_SIDE || c->cnn_w > DT_CNN_MAX_SIDE)
+            return DT_ERR(DT_EINVAL, "cnn: images of %dx%d: each side must be in %d..%d (two 2x2 max-pools)", c->cnn_h,
+                          c->cnn_w, DT_CNN_MIN_SIDE, DT_CNN_MAX_SIDE);
+        if ((int64_t)c->cnn_c2 * (c->cnn_h / 4) * (c->cnn_w / 4) > INT32_MAX)
+            return DT_ERR(DT_EINVAL, "cnn: %d channels of %dx%d images make fc1's input too wide", c->cnn_c2,
+                          c->cnn_h / 4, c->cnn_w / 4);
         return DT_OK;
     case DT_MODEL_GPT2:
         if (c->n_layer <= 0 || c->n_embd <= 0 || c->n_head <= 0 || c->vocab <= 0 || c->max_t <= 0)
@@ -52,8 +59,9 @@ double dt_model_flops_per_item(const dt_model *m, int64_t T) {
         return 6.0 * n + 12.0 * c->n_layer * (double)T * c->n_embd;
     }
     if (c->kind == DT_MODEL_CNN) {
-        double conv1 = 2.0 * c->cnn_c1 * 1 * 25 * 28 * 28, conv2 = 2.0 * c->cnn_c2 * c->cnn_c1 * 25 * 14 * 14;
-        double fc = 2.0 * (c->cnn_c2 * 49.0 * c->cnn_fc + (double)c->cnn_fc * c->cnn_classes);
+        double h = c->cnn_h, w = c->cnn_w, h2 = c->cnn_h / 2, w2 = c->cnn_w / 2, h4 = c->cnn_h / 4, w4 = c->cnn_w / 4;
+        double conv1 = 2.0 * c->cnn_c1 * 1 * 25 * h * w, conv2 = 2.0 * c->cnn_c2 * c->cnn_c1 * 25 * h2 * w2;
+        double fc = 2.0 * (c->cnn_c2 * h4 * w4 * c->cnn_fc + (double)c->cnn_fc * c->cnn_classes);
         return 3.0 * (conv1 + conv2 + fc);
     }
     return 6.0 * (double)m->n_elems;

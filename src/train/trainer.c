@@ -33,8 +33,9 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (o->threads > 0) omp_set_num_threads(o->threads);
     dt_status s = dt_cpu_set_flush_denormal(!o->keep_denormals);
     if (s == DT_OK) s = dt_trainer_load_data(t);
+    if (s == DT_OK) s = dt_trainer_fit_model(t);
     if (s == DT_OK) s = o->build_model ? o->build_model(o->build_user, o->seed, &t->model)
-                                       : dt_model_create(&o->model, o->seed, &t->model);
+                                       : dt_model_create(&t->opts.model, o->seed, &t->model);
     if (s == DT_OK && !t->model) s = DT_ERR(DT_EINVAL, "build_model returned no model");
     if (s == DT_OK && !t->model->built) s = DT_ERR(DT_EINVAL, "model %s: build_model must end with dt_model_build", t->model->name);
     if (s == DT_OK) s = dt_trainer_check_data(t);

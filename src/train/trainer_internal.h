@@ -3,6 +3,8 @@
 #include "dtrain/train.h"
 /* dataset + batch buffers (data_setup.c) */
 dt_status dt_trainer_load_data(dt_trainer *t);
+/* sizes the built-in image models' input from the data's images (t->opts.model) */
+dt_status dt_trainer_fit_model(dt_trainer *t);
 /* fails naming the data and both shapes when the model does not take the
  * dataset's samples */
 dt_status dt_trainer_check_data(dt_trainer *t);

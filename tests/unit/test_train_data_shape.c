@@ -1,9 +1,9 @@
 /* The trainer checks that the model takes the dataset's samples before it
- * trains: Fashion-MNIST IDX directories whose images are not 28x28 (or whose
- * train and test images differ) are refused at trainer creation with a
- * message naming the data and both shapes, for the CNN and the MLP, and never
- * read or write outside the batch buffers (this suite also runs under ASan).
- * An MLP sized for the images trains and evaluates on them. */
+ * trains: the built-in MLP and CNN take the images' size (any the model can
+ * take); Fashion-MNIST IDX directories whose train and test images differ, or
+ * whose images a model cannot take, are refused at trainer creation with a
+ * message naming the data and both shapes, and batches never read or write
+ * outside their buffers (this suite also runs under ASan). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -111,26 +111,98 @@ static void test_train_and_test_sizes_differ(void **state) {
         assert_int_not_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
         assert_null(t);
         assert_msg_has(dir);
+        assert_msg_has("t10k-images-idx3-ubyte");   /* the file that differs */
         assert_msg_has("56x56");
         assert_msg_has("28x28");
     }
 }
 
-/* both 20x20: consistent data, but neither model as configured takes it */
-static void test_images_not_28x28(void **state) {
+/* One training step and the full evaluation on the trainer's data (under
+ * ASan: batches stay inside their buffers). */
+static void step_and_evaluate(dt_trainer *t) {
+    assert_int_equal(dt_trainer_step(t, NULL), DT_OK);
+    double loss = -1, acc = -1;
+    assert_int_equal(dt_trainer_evaluate(t, &loss, &acc), DT_OK);
+    assert_true(loss > 0 && acc >= 0 && acc <= 1);
+}
+
+/* The built-in image models take any image size they can: the MLP's input is
+ * the image's pixel count, the CNN's H x W the image's (two 2x2 max-pools:
+ * fc1 sees c2 x H/4 x W/4). Parameter counts are worked out by hand below. */
+static void test_models_follow_the_image_size(void **state) {
+    (void)state;
+    struct { uint32_t side; size_t mlp, cnn; } cases[] = {
+        /* MLP in-8-10: in*8+8 + 8*10+10; CNN c1=c2=2, fc 8: conv1 50 + bn1 4 + conv2 100 + bn2 4
+         * + fc1 (2*(side/4)^2)*8+8 + fc2 90 */
+        {56, 3136 * 8 + 8 + 90, 50 + 4 + 100 + 4 + 2 * 14 * 14 * 8 + 8 + 90},
+        {20, 400 * 8 + 8 + 90, 50 + 4 + 100 + 4 + 2 * 5 * 5 * 8 + 8 + 90},
+        {30, 900 * 8 + 8 + 90, 50 + 4 + 100 + 4 + 2 * 7 * 7 * 8 + 8 + 90},   /* 30 -> 15 -> 7 (floor) */
+        {4, 16 * 8 + 8 + 90, 50 + 4 + 100 + 4 + 2 * 1 * 1 * 8 + 8 + 90},     /* the smallest the CNN takes */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "side%u", cases[i].side);
+        const char *dir = make_fmnist(name, cases[i].side, cases[i].side);
+        dt_train_opts o;
+        dt_trainer *t = NULL;
+        opts_for(&o, DT_MODEL_MLP, dir);
+        assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
+        assert_int_equal(t->model_params, cases[i].mlp);
+        step_and_evaluate(t);
+        dt_trainer_free(t);
+        opts_for(&o, DT_MODEL_CNN, dir);
+        assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
+        assert_int_equal(t->model_params, cases[i].cnn);
+        step_and_evaluate(t);
+        dt_trainer_free(t);
+    }
+}
+
+/* 1x1 and 3x3 images: the MLP takes them (1 and 9 inputs), the CNN cannot
+ * (its pools need 4x4): refused naming the data, its shape and the limit. */
+static void test_images_too_small_for_the_cnn(void **state) {
+    (void)state;
+    uint32_t sides[2] = {1, 3};
+    for (int i = 0; i < 2; i++) {
+        char name[32], shape[64];
+        snprintf(name, sizeof name, "tiny%u", sides[i]);
+        const char *dir = make_fmnist(name, sides[i], sides[i]);
+        dt_train_opts o;
+        dt_trainer *t = NULL;
+        opts_for(&o, DT_MODEL_CNN, dir);
+        dt_error_clear();
+        assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
+        assert_null(t);
+        assert_msg_has(dir);
+        snprintf(shape, sizeof shape, "float [1, %u, %u]", sides[i], sides[i]);
+        assert_msg_has(shape);
+        snprintf(shape, sizeof shape, "%ux%u", sides[i], sides[i]);
+        assert_msg_has(shape);
+        assert_msg_has("model cnn");
+        assert_msg_has("4..");
+        opts_for(&o, DT_MODEL_MLP, dir);
+        assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
+        assert_int_equal(t->model_params, (size_t)(sides[i] * sides[i]) * 8 + 8 + 90);
+        step_and_evaluate(t);
+        dt_trainer_free(t);
+    }
+}
+
+/* A model the user builds is not resized: an MLP for 784 inputs on 20x20
+ * images is refused naming both shapes; GPT-2 takes no images at all. */
+static dt_status build_from_cfg(void *user, uint64_t seed, dt_model **out) {
+    return dt_model_create(user, seed, out);
+}
+
+static void test_images_the_model_cannot_take(void **state) {
     (void)state;
     const char *dir = make_fmnist("small", 20, 20);
     dt_train_opts o;
     dt_trainer *t = NULL;
-
-    opts_for(&o, DT_MODEL_CNN, dir);
-    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
-    assert_null(t);
-    assert_msg_has(dir);
-    assert_msg_has("float [1, 20, 20]");     /* the data's shape */
-    assert_msg_has("float [1, 28, 28]");     /* the CNN's */
-
-    opts_for(&o, DT_MODEL_MLP, dir);         /* default input 28*28 = 784 */
+    opts_for(&o, DT_MODEL_MLP, dir);
+    dt_model_cfg c = o.model;   /* input 28*28 = 784 */
+    o.build_model = build_from_cfg;
+    o.build_user = &c;
     assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
     assert_null(t);
     assert_msg_has(dir);
@@ -247,7 +319,9 @@ int main(void) {
     unsetenv("DTRAIN_TTY");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_and_test_sizes_differ),
-        cmocka_unit_test(test_images_not_28x28),
+        cmocka_unit_test(test_models_follow_the_image_size),
+        cmocka_unit_test(test_images_too_small_for_the_cnn),
+        cmocka_unit_test(test_images_the_model_cannot_take),
         cmocka_unit_test(test_too_few_classes),
         cmocka_unit_test(test_mlp_sized_for_the_images_trains),
         cmocka_unit_test(test_build_model),
