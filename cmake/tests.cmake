@@ -102,6 +102,9 @@ foreach(np 2 4)
   add_test(NAME test_pipeline_errors_np${np}
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_errors.sh $<TARGET_FILE:dtrain_cli> ${np})
   set_tests_properties(test_pipeline_errors_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
+  add_test(NAME test_output_paths_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_output_paths.sh $<TARGET_FILE:dtrain_cli> ${np})
+  set_tests_properties(test_output_paths_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
   add_test(NAME test_pipeline_faults_np${np}
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_faults.sh $<TARGET_FILE:dtrain_cli> ${np})
   set_tests_properties(test_pipeline_faults_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)

@@ -130,10 +130,10 @@ dt_status dt_ckpt_write_index(const char *dir, const char *set, int world, int s
 dt_status dt_write_file_atomic(const char *path, const void *bytes, size_t n);
 
 /* ---- metrics JSONL: one JSON object per line, flushed ---- */
-typedef struct dt_jsonl { FILE *f; } dt_jsonl;
+typedef struct dt_jsonl { FILE *f; char path[1024]; /* for messages */ } dt_jsonl;
 dt_status dt_jsonl_open(dt_jsonl *j, const char *path);   /* append mode */
 /* fields as alternating key / double value pairs, e.g. ("step", 3.0, "loss", 2.1). */
 dt_status dt_jsonl_write(dt_jsonl *j, int n_fields, const char *const *keys, const double *values);
-void dt_jsonl_close(dt_jsonl *j);
+dt_status dt_jsonl_close(dt_jsonl *j);   /* the close's result (buffered data is written); idempotent */
 
 #endif

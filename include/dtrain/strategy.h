@@ -81,6 +81,10 @@ typedef struct dt_strategy {
     dt_status (*step)(void *self, dt_run *run, float lr);
     dt_status (*save)(void *self, dt_run *run, const char *path);
     dt_status (*load)(void *self, dt_run *run, const char *path);
+    /* save() writes a directory of per-rank files (a sharded set) that rank 0
+     * creates and every rank writes into; 0: one file that rank 0 writes. The
+     * trainer checks the path accordingly at start-up. */
+    int save_is_dir;
     /* before evaluation / final use of the parameters (e.g. wait for gathers) */
     dt_status (*sync_params)(void *self, dt_run *run);
     /* Optional: run forward + backward of the step's n micro-batches (in

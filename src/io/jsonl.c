@@ -13,6 +13,7 @@ dt_status dt_jsonl_open(dt_jsonl *j, const char *path) {
     if (!path || !*path) return DT_ERR(DT_EINVAL, "dt_jsonl_open: empty path");
     j->f = fopen(path, "a");
     if (!j->f) return DT_ERR(DT_EIO, "%s: cannot open for appending: %s", path, strerror(errno));
+    snprintf(j->path, sizeof j->path, "%s", path);
     return DT_OK;
 }
 
@@ -52,12 +53,15 @@ dt_status dt_jsonl_write(dt_jsonl *j, int n_fields, const char *const *keys, con
     int bad = fwrite(line, 1, n + 1, j->f) != n + 1 || fflush(j->f) != 0;
     int e = errno;
     cJSON_free(line);
-    if (bad) return DT_ERR(DT_EIO, "metrics jsonl: write failed: %s", strerror(e));
+    if (bad) return DT_ERR(DT_EIO, "%s: metrics write failed: %s", j->path, strerror(e));
     return DT_OK;
 }
 
-void dt_jsonl_close(dt_jsonl *j) {
-    if (!j || !j->f) return;
-    fclose(j->f);
+dt_status dt_jsonl_close(dt_jsonl *j) {
+    if (!j || !j->f) return DT_OK;
+    int bad = fclose(j->f) != 0;
+    int e = errno;
     j->f = NULL;
+    if (bad) return DT_ERR(DT_EIO, "%s: metrics close failed: %s", j->path, strerror(e));
+    return DT_OK;
 }

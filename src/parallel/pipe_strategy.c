@@ -302,6 +302,6 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
                          .setup = s_setup, .forward_backward = s_forward_backward, .forward_only = s_forward_only,
                          .allreduce_sum = s_allreduce_sum, .destroy = s_destroy, .owns_optimizer = 1,
                          .step = s_step, .save = s_save, .load = s_load, .sync_params = s_sync,
-                         .data_rank = p->replica, .data_world = p->D};
+                         .data_rank = p->replica, .data_world = p->D, .save_is_dir = 1};
     return DT_OK;
 }

@@ -73,6 +73,6 @@ dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format
                          .setup = s_setup, .before_forward = s_before_forward,
                          .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
                          .destroy = s_destroy, .owns_optimizer = 1, .step = s_step, .save = s_save,
-                         .load = s_load, .sync_params = s_sync};
+                         .load = s_load, .sync_params = s_sync, .save_is_dir = fmt != DT_ZERO_CKPT_CONSOLIDATED};
     return DT_OK;
 }

@@ -32,6 +32,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     }
     if (o->threads > 0) omp_set_num_threads(o->threads);
     dt_status s = dt_cpu_set_flush_denormal(!o->keep_denormals);
+    if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_trainer_fit_model(t);
     if (s == DT_OK) s = o->build_model ? o->build_model(o->build_user, o->seed, &t->model)
@@ -71,8 +72,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
     if (s == DT_OK && o->trace) {
         char path[4096];
-        if (t->strat.world > 1) snprintf(path, sizeof path, "%s.rank%d", o->trace, t->strat.rank);
-        else snprintf(path, sizeof path, "%s", o->trace);
+        dt_trainer_trace_path(t, path, sizeof path);
         s = dt_trace_open(&t->trace, path, t->strat.rank);
         t->run.trace = t->trace;
     }
@@ -89,8 +89,7 @@ dt_status dt_trainer_save(dt_trainer *t, const char *path) {
 void dt_trainer_free(dt_trainer *t) {
     if (!t) return;
     if (t->strat.destroy) t->strat.destroy(t->strat.self);
-    if (t->trace) dt_trace_close(t->trace);
-    if (t->metrics.f) dt_jsonl_close(&t->metrics);
+    dt_trainer_close_outputs(t);   /* an error path: its result has nowhere to go */
     dt_graph_free(t->graph);   /* before the model: resetting the tape touches its params */
     dt_model_free(t->model);
     dt_optimizer_free(&t->optim);

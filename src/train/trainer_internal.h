@@ -15,4 +15,8 @@ dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n);
 int dt_trainer_batch_slots(const dt_trainer *t);
 dt_batch dt_trainer_batch_in(dt_trainer *t, int slot, dt_split split, int64_t n);
 void dt_trainer_free_data(dt_trainer *t);
+/* --save, --trace, --metrics writable on the ranks that write them (outputs.c) */
+dt_status dt_trainer_check_outputs(const dt_trainer *t);
+/* this rank's trace file: --trace, or FILE.rankN when world > 1 */
+void dt_trainer_trace_path(const dt_trainer *t, char *buf, size_t n);
 #endif

@@ -79,6 +79,37 @@ static void test_missing_and_corrupt_files(void **state) {
     dt_test_rm_rf(dir);
 }
 
+/* Runs the CLI under `timeout 30` with stdout and stderr together in out;
+ * returns the exit code (124: timed out). */
+static int run_all(const char *args, char *out, size_t n) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "timeout 30 %s %s 2>&1", DT_CLI_PATH, args);
+    FILE *p = popen(cmd, "r");
+    size_t len = fread(out, 1, n - 1, p);
+    out[len] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* An output path that cannot be written fails at start-up, before step 1:
+ * with 10^9 steps the run could only end this fast by failing first. */
+static void expect_fails_before_training(const char *flag, const char *path) {
+    char args[512], out[8192];
+    snprintf(args, sizeof args, "train --model mlp --hidden 16 --batch 8 --steps 1000000000 --log-every 1 %s %s",
+             flag, path);
+    int rc = run_all(args, out, sizeof out);
+    if (rc == 0 || rc == 124 || !strstr(out, flag) || !strstr(out, path) || strstr(out, "step 1/"))
+        fail_msg("'%s': rc=%d (124: still training after 30 s), output: %.400s", args, rc, out);
+}
+
+static void test_outputs_checked_at_startup(void **state) {
+    (void)state;
+    expect_fails_before_training("--save", "/nonexistent_dt_dir/x.st");
+    expect_fails_before_training("--trace", "/nonexistent_dt_dir/t.json");
+    expect_fails_before_training("--metrics", "/nonexistent_dt_dir/m.jsonl");
+    expect_fails_before_training("--save", "/tmp");   /* a directory where a file goes */
+}
+
 static void test_help_lists_flags(void **state) {
     (void)state;
     char cmd[512];
@@ -96,6 +127,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_missing_and_corrupt_files),
+        cmocka_unit_test(test_outputs_checked_at_startup),
         cmocka_unit_test(test_help_lists_flags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

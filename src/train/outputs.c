@@ -1,0 +1,107 @@
+/* Output paths, checked before training so that a run never trains to the end
+ * and then fails to write its result: --save, --trace and --metrics must be
+ * writable on the ranks that write them. Checking leaves nothing behind: a
+ * probe file is created where the output will go and removed at once (a
+ * sharded --save DIR is not created until the first save). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "trainer_internal.h"
+
+/* creates and removes <dir>/.dtrain-probe.<pid>; fails naming flag and path */
+static dt_status probe_dir(const char *dir, const char *flag, const char *path) {
+    char probe[4200];
+    if (snprintf(probe, sizeof probe, "%s/.dtrain-probe.%ld", dir, (long)getpid()) >= (int)sizeof probe)
+        return DT_ERR(DT_EINVAL, "%s %s: path too long", flag, path);
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return DT_ERR(DT_EIO, "%s %s: cannot create files in %s: %s", flag, path, dir, strerror(errno));
+    close(fd);
+    unlink(probe);
+    return DT_OK;
+}
+
+/* "a/b/c" -> "a/b", "c" -> ".", "/c" -> "/" */
+static dt_status parent_of(const char *path, char *buf, size_t n, const char *flag) {
+    const char *slash = strrchr(path, '/');
+    size_t len = slash ? (size_t)(slash - path) : 1;
+    if (slash && len == 0) len = 1;   /* the root */
+    if (len >= n) return DT_ERR(DT_EINVAL, "%s %s: path too long", flag, path);
+    memcpy(buf, slash ? path : ".", len);
+    buf[len] = 0;
+    return DT_OK;
+}
+
+/* A file written whole (temp file next to it, then rename: the directory must
+ * take new files) or appended to (an existing file must be writable). */
+static dt_status check_file(const char *flag, const char *path, int append) {
+    if (!*path) return DT_ERR(DT_EINVAL, "%s: empty path", flag);
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode)) return DT_ERR(DT_EINVAL, "%s %s: is a directory, expected a file", flag, path);
+        if (!append && !S_ISREG(sb.st_mode))   /* the rename would replace a device or pipe */
+            return DT_ERR(DT_EINVAL, "%s %s: exists and is not a regular file", flag, path);
+        if (append) {
+            int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+            if (fd < 0) return DT_ERR(DT_EIO, "%s %s: cannot open for appending: %s", flag, path, strerror(errno));
+            close(fd);
+            return DT_OK;
+        }
+    } else if (errno != ENOENT) {
+        return DT_ERR(DT_EIO, "%s %s: %s", flag, path, strerror(errno));
+    }
+    char dir[4096];
+    DT_TRY(parent_of(path, dir, sizeof dir, flag));
+    return probe_dir(dir, flag, path);
+}
+
+/* A directory of files (sharded checkpoint): writable if it exists, else its
+ * parent must take the new directory. */
+static dt_status check_dir(const char *flag, const char *path) {
+    if (!*path) return DT_ERR(DT_EINVAL, "%s: empty path", flag);
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return DT_ERR(DT_EINVAL, "%s %s: exists and is not a directory (this run writes a sharded checkpoint "
+                          "directory; use another path or --save-format consolidated)", flag, path);
+        return probe_dir(path, flag, path);
+    }
+    if (errno != ENOENT) return DT_ERR(DT_EIO, "%s %s: %s", flag, path, strerror(errno));
+    char dir[4096];
+    DT_TRY(parent_of(path, dir, sizeof dir, flag));
+    return probe_dir(dir, flag, path);
+}
+
+void dt_trainer_trace_path(const dt_trainer *t, char *buf, size_t n) {
+    if (t->strat.world > 1) snprintf(buf, n, "%s.rank%d", t->opts.trace, t->strat.rank);
+    else snprintf(buf, n, "%s", t->opts.trace);
+}
+
+dt_status dt_trainer_check_outputs(const dt_trainer *t) {
+    const dt_train_opts *o = &t->opts;
+    int rank0 = t->strat.rank == 0;
+    if (o->save && t->strat.save_is_dir) DT_TRY(check_dir("--save", o->save));   /* every rank writes its shard */
+    else if (o->save && rank0) DT_TRY(check_file("--save", o->save, 0));
+    if (o->metrics && rank0) DT_TRY(check_file("--metrics", o->metrics, 1));
+    if (o->trace) {
+        char path[4096];
+        dt_trainer_trace_path(t, path, sizeof path);
+        DT_TRY(check_file("--trace", path, 0));
+    }
+    return DT_OK;
+}
+
+dt_status dt_trainer_close_outputs(dt_trainer *t) {
+    dt_status s = DT_OK;
+    if (t->trace) {
+        s = dt_trace_close(t->trace);
+        t->trace = t->run.trace = NULL;
+    }
+    if (t->metrics.f) {
+        dt_status m = dt_jsonl_close(&t->metrics);
+        if (s == DT_OK) s = m;
+    }
+    return s;
+}
