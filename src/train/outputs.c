@@ -11,16 +11,22 @@
 #include <unistd.h>
 #include "trainer_internal.h"
 
-/* creates and removes <dir>/.dtrain-probe.<pid>; fails naming flag and path */
+/* creates and removes <dir>/.dtrain-probe.<pid>.<k> (k: the first name free,
+ * for ranks of the same pid on other hosts sharing the directory); fails
+ * naming flag and path */
 static dt_status probe_dir(const char *dir, const char *flag, const char *path) {
     char probe[4200];
-    if (snprintf(probe, sizeof probe, "%s/.dtrain-probe.%ld", dir, (long)getpid()) >= (int)sizeof probe)
-        return DT_ERR(DT_EINVAL, "%s %s: path too long", flag, path);
-    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return DT_ERR(DT_EIO, "%s %s: cannot create files in %s: %s", flag, path, dir, strerror(errno));
-    close(fd);
-    unlink(probe);
-    return DT_OK;
+    for (int k = 0; k < 64; k++) {
+        if (snprintf(probe, sizeof probe, "%s/.dtrain-probe.%ld.%d", dir, (long)getpid(), k) >= (int)sizeof probe)
+            return DT_ERR(DT_EINVAL, "%s %s: path too long", flag, path);
+        int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0 && errno == EEXIST) continue;
+        if (fd < 0) return DT_ERR(DT_EIO, "%s %s: cannot create files in %s: %s", flag, path, dir, strerror(errno));
+        close(fd);
+        unlink(probe);
+        return DT_OK;
+    }
+    return DT_ERR(DT_EIO, "%s %s: cannot create a probe file in %s (64 names taken)", flag, path, dir);
 }
 
 /* "a/b/c" -> "a/b", "c" -> ".", "/c" -> "/" */
