@@ -23,5 +23,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only);
 int dt_cli_under_mpi(void);
 /* Route the library's log messages to this process's stdout / stderr (output.c). */
 void dt_cli_log_install(int rank, int world);
+/* --nproc N: 1 <= N <= 8 x this machine's cores; else -1 with one line in err */
+int dt_cli_nproc_check(int nproc, char *err, int errlen);
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads);
 #endif

@@ -1,5 +1,6 @@
 /* dtrain train / dtrain eval: flags -> dt_train_opts -> trainer. */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +145,15 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
     return 0;
 }
 
+/* --bucket-mb / --first-bucket-mb: not given (NaN), or MB in [1 float, 64 GiB] */
+#define MAX_BUCKET_MB 65536.0
+static int bucket_flag(const char *flag, float mb, char *err, int errlen) {
+    if (isnan(mb) || (mb * 1048576.0 >= 4.0 && mb <= MAX_BUCKET_MB)) return 0;
+    snprintf(err, (size_t)errlen, "%s %g: must be at least 4 bytes (%.7f) and at most %.0f MB", flag, (double)mb,
+             4.0 / 1048576.0, MAX_BUCKET_MB);
+    return -1;
+}
+
 static int finish_flags(cli_flags *f, char *err, int errlen) {
     dt_train_opts *o = &f->o;
     if (f->model && dt_model_kind_parse(f->model, &o->model.kind)) {
@@ -163,9 +173,10 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         return -1;
     }
     if (f->nesterov) o->optim.nesterov = 1;
-    if (f->nproc < 0) { snprintf(err, (size_t)errlen, "--nproc must be >= 1"); return -1; }
+    if (f->nproc != INT_MIN && dt_cli_nproc_check(f->nproc, err, errlen)) return -1;
     dt_ddp_opts *d = &f->dist.ddp;
-    if (f->bucket_mb < 0 || f->first_bucket_mb < 0) { snprintf(err, (size_t)errlen, "bucket sizes must be positive"); return -1; }
+    if (bucket_flag("--bucket-mb", f->bucket_mb, err, errlen) || bucket_flag("--first-bucket-mb", f->first_bucket_mb, err, errlen))
+        return -1;
     if (f->bucket_mb > 0) d->bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
     if (f->first_bucket_mb > 0) d->first_bucket_bytes = (size_t)(f->first_bucket_mb * 1048576.0);
     if (f->no_bcast) d->broadcast_buffers = 0;
@@ -242,6 +253,8 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     dt_ddp_opts_default(&f.dist.ddp);
     dt_zero_opts_default(&f.dist.zero);
     f.zero_prefetch = INT_MIN;
+    f.nproc = INT_MIN;   /* not given */
+    f.bucket_mb = f.first_bucket_mb = NAN;   /* not given: the strategy's defaults */
     f.microbatches = INT_MIN;   /* not given: --pp */
     dt_pipe_opts_default(&f.dist.pipe);
     f.dist.pipe.virtual_stages = 0;   /* 0: not given (default by schedule) */
@@ -262,7 +275,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
         fprintf(stderr, "dtrain: --optim: unknown optimizer '%s' (adamw, sgd)\n", f.optim);
         return 2;
     }
-    if (f.nproc > 1 && !dt_cli_under_mpi()) return dt_cli_relaunch(argc, argv, f.nproc, f.o.threads);
+    if (f.nproc != INT_MIN && f.nproc > 1 && !dt_cli_under_mpi()) return dt_cli_relaunch(argc, argv, f.nproc, f.o.threads);
     if (eval_only) {
         if (!f.o.init && !f.o.resume) { fprintf(stderr, "dtrain: eval needs --init FILE or --resume FILE\n"); return 2; }
         f.o.steps = 1;

@@ -13,6 +13,25 @@ int dt_cli_under_mpi(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
 }
 
+/* More ranks than this on one machine only thrash: each rank has its own
+ * model, optimizer and MPI buffers, and they share the cores. */
+#define MAX_RANKS_PER_CORE 8
+
+int dt_cli_nproc_check(int nproc, char *err, int errlen) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (nproc < 1) {
+        snprintf(err, (size_t)errlen, "--nproc must be >= 1 (got %d)", nproc);
+        return -1;
+    }
+    if (nproc > MAX_RANKS_PER_CORE * cores) {
+        snprintf(err, (size_t)errlen, "--nproc %d: at most %ld ranks on this machine (%d x its %ld cores)", nproc,
+                 MAX_RANKS_PER_CORE * cores, MAX_RANKS_PER_CORE, cores);
+        return -1;
+    }
+    return 0;
+}
+
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

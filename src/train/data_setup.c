@@ -12,9 +12,16 @@ dt_status dt_trainer_load_data(dt_trainer *t) {
     DT_TRY(dt_dataset_open(o->data, &dopts, &t->data));
     const dt_dataset *d = &t->data;
     /* a strategy that schedules micro-batches itself gets all K at once */
-    int64_t B = o->batch * dt_trainer_batch_slots(t);
+    int64_t B = o->batch * dt_trainer_batch_slots(t);   /* <= 2^40: dt_train_opts_validate */
+    /* sizes in bytes must not wrap (a wrapped size allocates too little) */
+    int too_big = d->sample.targets > 0 && (size_t)B > SIZE_MAX / sizeof *t->y / (size_t)d->sample.targets;
+    for (int k = 0; k < d->sample.n_inputs; k++)
+        too_big |= dt_input_bytes(&d->sample.in[k]) > 0 && (size_t)B > SIZE_MAX / dt_input_bytes(&d->sample.in[k]);
+    if (too_big)
+        return DT_ERR(DT_EINVAL, "--batch %lld: the batch buffers for samples of %s (--data %s) exceed the address space",
+                      (long long)o->batch, d->source, d->name);
     t->idx = malloc((size_t)B * sizeof *t->idx);
-    t->y = malloc((size_t)(B * d->sample.targets) * sizeof *t->y);
+    t->y = malloc((size_t)B * (size_t)d->sample.targets * sizeof *t->y);
     if (!t->idx || !t->y) return DT_ERR(DT_ENOMEM, "out of memory for batch buffers (batch %lld)", (long long)B);
     for (int k = 0; k < d->sample.n_inputs; k++)
         if (!(t->x[k] = malloc((size_t)B * dt_input_bytes(&d->sample.in[k]))))

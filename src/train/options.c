@@ -1,8 +1,19 @@
 /* Training options: defaults and validation (contradictions fail loudly).
  * Whether the model takes the data's samples is checked when the data is
  * open (data_setup.c). */
+#include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 #include "dtrain/train.h"
+
+/* Per rank and step, samples (batch x accum) and their targets or tokens
+ * (x seq) stay far below int64's range, so every product the trainer forms
+ * from them (x world, x bytes per sample) is exact. */
+#define MAX_ITEMS_PER_STEP ((int64_t)1 << 40)
+#define MAX_THREADS_PER_CORE 8
+
+/* a * b, or -1 when it exceeds MAX_ITEMS_PER_STEP (a, b > 0) */
+static int64_t bounded_mul(int64_t a, int64_t b) { return a > MAX_ITEMS_PER_STEP / b ? -1 : a * b; }
 
 void dt_train_opts_default(dt_train_opts *o) {
     memset(o, 0, sizeof *o);
@@ -28,10 +39,28 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     if (o->steps < 0) return DT_ERR(DT_EINVAL, "--steps must be >= 0");
     if (o->steps == 0 && o->epochs <= 0) return DT_ERR(DT_EINVAL, "give --steps or a positive --epochs");
     if (o->accum <= 0) return DT_ERR(DT_EINVAL, "--accum must be >= 1");
+    int64_t per_step = bounded_mul(o->batch, o->accum);
+    if (per_step < 0 && !lm)
+        return DT_ERR(DT_EINVAL, "--batch %lld x --accum %d is too large (at most 2^40 samples per rank and step)",
+                      (long long)o->batch, o->accum);
+    if (lm && (per_step < 0 || bounded_mul(per_step, o->seq) < 0))
+        return DT_ERR(DT_EINVAL, "--batch %lld x --accum %d x --seq %lld is too large (at most 2^40 tokens per rank and step)",
+                      (long long)o->batch, o->accum, (long long)o->seq);
+    if (o->eval_batches < 0) return DT_ERR(DT_EINVAL, "--eval-batches must be >= 0 (0: all), got %lld", (long long)o->eval_batches);
+    if (o->eval_batches > 0 && bounded_mul(o->eval_batches, o->batch) < 0)
+        return DT_ERR(DT_EINVAL, "--eval-batches %lld x --batch %lld is too large (use 0 for all)", (long long)o->eval_batches,
+                      (long long)o->batch);
+    if (o->log_every < 0) return DT_ERR(DT_EINVAL, "--log-every must be >= 0 (0: about 20 lines a run), got %lld", (long long)o->log_every);
+    if (o->stop_after < 0) return DT_ERR(DT_EINVAL, "--stop-after must be >= 0, got %lld", (long long)o->stop_after);
     if (o->clip < 0) return DT_ERR(DT_EINVAL, "--clip must be >= 0");
     if (o->min_lr < 0 || o->min_lr > o->optim.lr) return DT_ERR(DT_EINVAL, "--min-lr must be in [0, --lr]");
     if (o->warmup < 0) return DT_ERR(DT_EINVAL, "--warmup must be >= 0");
     if (o->threads < 0) return DT_ERR(DT_EINVAL, "--threads must be >= 0");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (o->threads > MAX_THREADS_PER_CORE * cores)
+        return DT_ERR(DT_EINVAL, "--threads %d: at most %ld (%d x the %ld cores of this machine)", o->threads,
+                      MAX_THREADS_PER_CORE * cores, MAX_THREADS_PER_CORE, cores);
     if (o->save_every < 0) return DT_ERR(DT_EINVAL, "--save-every must be >= 0");
     if (o->save_every > 0 && !o->save) return DT_ERR(DT_EINVAL, "--save-every needs --save PATH");
     if (o->init && o->resume) return DT_ERR(DT_EINVAL, "--init and --resume are exclusive (a checkpoint already holds the weights)");

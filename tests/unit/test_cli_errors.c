@@ -61,6 +61,23 @@ static void test_bad_flags(void **state) {
     expect_error("train --pp 2 --schedule 1f1b --max-outstanding 2", "--max-outstanding applies to --schedule gpipe");
     expect_error("train --pp 2 --microbatches 0", "--microbatches must be >= 1");
     expect_error("train --pp 2 --zero 3", "--zero 3 does not combine with --pp");
+    /* numbers that mean nothing, or whose products overflow, are refused before anything runs */
+    expect_error("train --nproc 0", "--nproc must be >= 1 (got 0)");
+    expect_error("train --nproc -2", "--nproc must be >= 1 (got -2)");
+    expect_error("train --nproc 100000", "--nproc 100000: at most");
+    expect_error("train --bucket-mb 0", "--bucket-mb 0: must be at least 4 bytes");
+    expect_error("train --first-bucket-mb 0", "--first-bucket-mb 0: must be at least 4 bytes");
+    expect_error("train --bucket-mb -1", "--bucket-mb -1: must be at least");
+    expect_error("train --bucket-mb 1e30", "at most 65536 MB");
+    expect_error("train --eval-batches -1", "--eval-batches must be >= 0");
+    expect_error("train --model gpt2 --eval-batches 9223372036854775807", "--eval-batches 9223372036854775807 x --batch 64 is too large");
+    expect_error("train --log-every -1", "--log-every must be >= 0");
+    expect_error("train --stop-after -1", "--stop-after must be >= 0");
+    expect_error("train --threads 1000000", "--threads 1000000: at most");
+    expect_error("train --batch 9223372036854775807", "--batch 9223372036854775807 x --accum 1 is too large");
+    expect_error("train --batch 1099511627777", "--batch 1099511627777 x --accum 1 is too large");   /* 2^40 + 1 */
+    expect_error("train --model gpt2 --batch 9223372036854775807", "--batch 9223372036854775807 x --accum 1 x --seq 64 is too large");
+    expect_error("train --model gpt2 --batch 1000000 --accum 2000000", "--batch 1000000 x --accum 2000000 x --seq 64");
 }
 
 static void test_missing_and_corrupt_files(void **state) {
