@@ -56,8 +56,10 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
         s = DT_ERR(DT_EINVAL, "%s: data too short: %lld training tokens for sequence length %d", path,
                    (long long)tr->n_tokens, t->T);
     if (s != DT_OK) { tok_destroy(t); return s; }
-    snprintf(out->source, sizeof out->source, "%s", path);
-    /* ids of both splits must fit the model's vocabulary */
+    /* ids of both splits must fit the model's vocabulary; messages about the
+     * vocabulary name the file with the largest id */
+    if (o->val_path && va->vocab > tr->vocab) snprintf(out->source, sizeof out->source, "--val-path %s", o->val_path);
+    else snprintf(out->source, sizeof out->source, "%s", path);
     int64_t vocab = tr->vocab > va->vocab ? tr->vocab : va->vocab;
     out->sample = (dt_sample_shape){.n_inputs = 1, .targets = t->T, .classes = vocab};
     out->sample.in[0] = (dt_input_spec){.name = "ids", .dtype = DT_I32, .ndim = 1, .dims = {t->T}};

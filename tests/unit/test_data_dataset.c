@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "dtrain/data.h"
+#include "dtrain/train.h"
 #include "tmpdir.h"
 
 static char g_dir[256];
@@ -172,7 +173,19 @@ static void test_shard_vocab_covers_val(void **state) {
     assert_int_equal(d.sample.classes, 1000);
     assert_int_equal(d.size[DT_SPLIT_TRAIN], 99 / 4);
     assert_int_equal(d.size[DT_SPLIT_EVAL], 19 / 4);
+    assert_non_null(strstr(d.source, pva));   /* the file whose ids set the vocabulary */
     dt_dataset_close(&d);
+    /* a model with 256 ids is refused at creation, naming that file and its largest id */
+    dt_train_opts to;
+    dt_train_opts_default(&to);
+    to.model = dt_model_cfg_default(DT_MODEL_GPT2);
+    to.model.n_layer = 1; to.model.n_embd = 16; to.model.n_head = 2; to.model.max_t = 8;
+    to.data = "shard"; to.data_path = ptr; to.val_path = pva; to.seq = 4; to.batch = 2; to.steps = 1;
+    dt_trainer *t = NULL;
+    assert_int_equal(dt_trainer_create(&to, NULL, &t), DT_EINVAL);
+    assert_null(t);
+    assert_msg_has(pva);
+    assert_msg_has("ids up to 999");
 }
 
 static void test_shape_strings(void **state) {
