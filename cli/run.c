@@ -51,7 +51,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
         } else {
             s = dt_trainer_run(t);
         }
-        if (s == DT_OK) s = dt_trainer_close_outputs(t);   /* the trace is written here */
+        if (s == DT_OK) s = dt_trainer_finish(t);   /* the trace is written here */
     }
     int rc = report(s, rank, size);
     if (rc && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);   /* never leave the other ranks waiting */

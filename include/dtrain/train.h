@@ -82,10 +82,12 @@ struct dt_trainer {
 
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out);
 void dt_trainer_free(dt_trainer *t);
-/* Writes the trace file and closes the metrics file; the first failure (a
- * full disk, an I/O error) is returned. dt_trainer_free does the same but
- * cannot report it: call this first when the run succeeded. */
-dt_status dt_trainer_close_outputs(dt_trainer *t);
+/* Ends a run: releases the strategy (so nothing records into the trace any
+ * more; collective when it is), writes the trace file and closes the metrics
+ * file, returning the first failure (a full disk, an I/O error). Only
+ * dt_trainer_free may follow. dt_trainer_free alone does the same but cannot
+ * report a failure: call this first when the run succeeded. */
+dt_status dt_trainer_finish(dt_trainer *t);
 /* One optimizer step; *loss = mean loss over the micro-batches (and ranks). */
 dt_status dt_trainer_step(dt_trainer *t, double *loss);
 /* Runs to total_steps with progress output, checkpoints and metrics. */

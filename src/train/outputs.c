@@ -99,8 +99,10 @@ dt_status dt_trainer_check_outputs(const dt_trainer *t) {
     return DT_OK;
 }
 
-dt_status dt_trainer_close_outputs(dt_trainer *t) {
+dt_status dt_trainer_finish(dt_trainer *t) {
     dt_status s = DT_OK;
+    if (t->strat.destroy) t->strat.destroy(t->strat.self);   /* strategies hold the trace */
+    t->strat.destroy = NULL;
     if (t->trace) {
         s = dt_trace_close(t->trace);
         t->trace = t->run.trace = NULL;

@@ -88,8 +88,7 @@ dt_status dt_trainer_save(dt_trainer *t, const char *path) {
 
 void dt_trainer_free(dt_trainer *t) {
     if (!t) return;
-    if (t->strat.destroy) t->strat.destroy(t->strat.self);
-    dt_trainer_close_outputs(t);   /* an error path: its result has nowhere to go */
+    dt_trainer_finish(t);   /* strategy, trace, metrics; an error path: the result has nowhere to go */
     dt_graph_free(t->graph);   /* before the model: resetting the tape touches its params */
     dt_model_free(t->model);
     dt_optimizer_free(&t->optim);

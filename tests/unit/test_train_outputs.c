@@ -3,7 +3,7 @@
  * and the path; the check leaves no file behind when the run then fails; a
  * sharded --save DIR (a strategy whose save() writes a directory) is checked
  * as a directory and not created early; and a trace that cannot be written at
- * the end is reported by dt_trainer_close_outputs instead of being lost. */
+ * the end is reported by dt_trainer_finish instead of being lost. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -151,16 +151,16 @@ static void test_trace_write_failure_reported(void **state) {
     assert_int_equal(dt_trainer_step(t, NULL), DT_OK);
     dt_test_rm_rf(sub);   /* the directory vanishes mid-run */
     dt_error_clear();
-    assert_int_equal(dt_trainer_close_outputs(t), DT_EIO);
+    assert_int_equal(dt_trainer_finish(t), DT_EIO);
     assert_non_null(strstr(dt_error_message(), trace));
-    assert_int_equal(dt_trainer_close_outputs(t), DT_OK);   /* closed once */
+    assert_int_equal(dt_trainer_finish(t), DT_OK);   /* finished once: nothing left to report */
     dt_trainer_free(t);
 
-    /* and when it works, the file is there after close_outputs */
+    /* and when it works, the file is there after dt_trainer_finish */
     assert_int_equal(mkdir(sub, 0700), 0);
     assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
     assert_int_equal(dt_trainer_step(t, NULL), DT_OK);
-    assert_int_equal(dt_trainer_close_outputs(t), DT_OK);
+    assert_int_equal(dt_trainer_finish(t), DT_OK);
     struct stat sb;
     assert_int_equal(stat(trace, &sb), 0);
     assert_true(sb.st_size > 0);
