@@ -383,11 +383,19 @@ static void bench_step(int iters, double sgemm_rate) {
 }
 
 int main(int argc, char **argv) {
+    dt_blas_fix_core(argv);   /* the GEMM kernel family the CPU supports (ops.h) */
     int iters = argc > 1 ? atoi(argv[1]) : 5;
     if (iters < 1) iters = 1;
     g_threads = omp_get_max_threads();
     printf("bench_ops: OpenMP threads %d, best of %d iterations; times in ms; est = process cpu / threads\n\n",
            g_threads, iters);
+    {
+        dt_blas_info b;
+        char d[192];
+        dt_blas_info_get(&b);
+        dt_blas_describe(&b, d, sizeof d);
+        printf("GEMM: %s\n\n", d);
+    }
     const char *what = argc > 2 ? argv[2] : "all";   /* all | ops */
     double rate = bench_single_ops(iters);
     if (strcmp(what, "ops") != 0) bench_step(iters, rate);

@@ -4,6 +4,7 @@
 #ifndef DTRAIN_BENCH_WORKLOADS_H
 #define DTRAIN_BENCH_WORKLOADS_H
 #include <cblas.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,6 +31,16 @@ static inline double bench_sgemm_gflops(int M, int K, int N) {
     return 2.0 * M * N * K / best / 1e9;
 }
 
+
+/* The GEMM backend line every bench prints: which OpenBLAS kernel family ran.
+ * Each bench calls dt_blas_fix_core(argv) first, as the CLI does. */
+static inline void bench_print_gemm(void) {
+    dt_blas_info b;
+    char d[192];
+    dt_blas_info_get(&b);
+    dt_blas_describe(&b, d, sizeof d);
+    printf("GEMM: %s\n", d);
+}
 
 typedef struct bench_workload {
     dt_model_cfg cfg;
