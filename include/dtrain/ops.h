@@ -103,8 +103,14 @@ dt_tensor *dt_op_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *ta
  * gradient is bitwise the one dt_op_cross_entropy gives. */
 dt_tensor *dt_op_cross_entropy_consume(dt_graph *g, dt_tensor *logits, const int32_t *targets);
 /* 2-D convolution, x[N, C, H, W], w[OC, C, KH, KW], b[OC] or NULL.
- * im2col + GEMM. -> [N, OC, OH, OW]. */
+ * oneDNN's primitives (im2col + GEMM where oneDNN cannot). -> [N, OC, OH, OW]. */
 dt_tensor *dt_op_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int pad);
+/* The convolution backend: "onednn" (default) or "im2col" (the environment's
+ * DTRAIN_CONV=im2col sets it too; for comparisons). A geometry oneDNN cannot
+ * serve falls back to im2col. dt_conv_backend names the one in use:
+ * "oneDNN X.Y.Z" or "im2col + OpenBLAS". */
+dt_status dt_conv_set_backend(const char *name);
+const char *dt_conv_backend(void);
 /* Max pool, square window k, stride s, no padding. x[N, C, H, W]. */
 dt_tensor *dt_op_maxpool2d(dt_graph *g, dt_tensor *x, int k, int s);
 
