@@ -31,7 +31,7 @@
 int main(int argc, char **argv) {
     dt_blas_fix_core(argv);   /* the GEMM kernel family the CPU supports (ops.h) */
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_train W1|W2|W3 [steps] [--no-overlap] [--bucket-mb F] [--deterministic] [--no-comm]\n"
+        fprintf(stderr, "usage: bench_train W1|W2|W3|CNN [steps] [--no-overlap] [--bucket-mb F] [--deterministic] [--no-comm]\n"
                         "       [--compress-bf16] [--no-shm]\n");
         return 2;
     }
