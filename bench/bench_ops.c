@@ -12,7 +12,14 @@
  * Op timings call the op (forward) and then its node's backward function
  * directly with a random upstream gradient, so they measure the op alone.
  * GFLOP/s counts GEMM flops only: linear 3 x 2*N*in*out; attention counts
- * the useful causal flops 3 x 2 x 2*hs*T(T+1)/2 per (b, h). */
+ * the useful causal flops 3 x 2 x 2*hs*T(T+1)/2 per (b, h).
+ *
+ * Bounds: a memory-bound op's time is set against bytes moved / the memory
+ * bandwidth measured in the same run (a STREAM-style scale, a = s*b, over
+ * 256 MiB); a FLOP-bound op's (linear, attention, conv) against its flops /
+ * the sgemm rate of the same run ("op/sgemm"). The CNN section times the demo
+ * CNN's convolutions (oneDNN and im2col), BatchNorm, ReLU and max-pool at
+ * batch 64. */
 #include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
@@ -38,6 +45,38 @@ static double cpu_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 static int g_threads = 1;
+static void keep_min(double *best, double v);
+static double g_bw = 0;
+static double g_rate = 0;   /* flop/s of raw sgemm (est), from the linear rows */   /* bytes/s, measured by measure_bw in this run */
+
+/* STREAM-style scale a[i] = 3 b[i] with a and b together `foot` bytes (so
+ * the rate is the one of the cache level or memory the op's data lives in):
+ * 8 bytes per element (read b, write a), every thread; repeated to >= 64 MiB
+ * moved per trial, best of 5 trials by process cpu / threads (robust on a
+ * shared machine, like the ops' "est"). */
+static double measure_bw(double foot) {
+    int64_t n = (int64_t)(foot / 8);
+    if (n < 4096) n = 4096;
+    int reps = (int)((64.0 * 1048576) / (8.0 * (double)n)) + 1;
+    float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) { a[i] = 0.f; b[i] = (float)(i & 1023); }
+    double best = 1e30;
+    for (int r = 0; r < 6; r++) {
+        double c0 = cpu_now();
+        for (int k = 0; k < reps; k++) {
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < n; i++) a[i] = 3.0f * b[i];
+        }
+        double t = (cpu_now() - c0) / g_threads;
+        if (r > 0) keep_min(&best, t);
+    }
+    volatile float sink = a[n / 2];
+    (void)sink;
+    free(a);
+    free(b);
+    return 8.0 * (double)n * reps / best;
+}
 
 static void fill(float *x, int64_t n, uint64_t seed, float scale) {
     dt_rng r;
@@ -148,6 +187,9 @@ static double time_raw_linear(int in, int out, int iters, double *est) {
     return best;
 }
 
+/* bytes: moved by fwd + bwd; foot: the distinct bytes they touch (x, y, dy, dx):
+ * the bandwidth bound is measured at that footprint. */
+static void mem_row(const char *name, op_time t, double bytes, double foot);
 static void print_row(const char *name, op_time t, double flops, double raw, double raw_est, double bytes) {
     double tot = t.fwd + t.bwd, est = t.fwd_est + t.bwd_est;
     printf("%-28s %7.2f %7.2f %8.2f %8.2f", name, t.fwd * 1e3, t.bwd * 1e3, tot * 1e3, est * 1e3);
@@ -159,8 +201,18 @@ static void print_row(const char *name, op_time t, double flops, double raw, dou
         printf(" | %8.2f %8.2f %8.1f %8.1f  %3.0f%%", raw * 1e3, raw_est * 1e3, flops / raw / 1e9,
                flops / raw_est / 1e9, 100.0 * raw_est / est);
     else if (bytes > 0)
-        printf(" | %.1f GB/s (est)", bytes / est / 1e9);
+        printf(" | %.1f GB/s (est); bandwidth bound %.2f ms -> %3.0f%% of it", bytes / est / 1e9, bytes / g_bw * 1e3,
+               100.0 * bytes / g_bw / est);
+    else if (flops > 0 && g_rate > 0)
+        printf(" | sgemm-rate bound %.2f ms -> %3.0f%% of it", flops / g_rate * 1e3, 100.0 * flops / g_rate / est);
     printf("\n");
+}
+
+static void mem_row(const char *name, op_time t, double bytes, double foot) {
+    double keep = g_bw;
+    g_bw = measure_bw(foot);
+    print_row(name, t, 0, 0, 0, bytes);
+    g_bw = keep;
 }
 
 /* Returns the raw SGEMM rate (flop/s, est) over the three linear shapes. */
@@ -184,6 +236,7 @@ static double bench_single_ops(int iters) {
         raw_sum += raw_est;
         freeparam(x); freeparam(w); freeparam(b);
     }
+    g_rate = fl_sum / raw_sum;
     {
         dt_param *qkv = mkparam("qkv", 3, (int64_t[]){B, T, 3 * C}, 4, 1.0f);
         op_time t = time_op(f_attention, (dt_param *[]){qkv}, NULL, iters);
@@ -197,13 +250,13 @@ static double bench_single_ops(int iters) {
         dt_param *b = mkparam("b", 1, (int64_t[]){C}, 7, 1.0f);
         op_time t = time_op(f_layernorm, (dt_param *[]){x, w, b}, NULL, iters);
         /* fwd reads x, writes y; bwd reads x, dy, read-modify-writes dx */
-        print_row("layernorm 2048x384", t, 0, 0, 0, 6.0 * N * C * 4);
+        mem_row("layernorm 2048x384", t, 6.0 * N * C * 4, 4.0 * N * C * 4);
         freeparam(x); freeparam(w); freeparam(b);
     }
     {
         dt_param *x = mkparam("x", 2, (int64_t[]){N, 4 * C}, 8, 3.0f);
         op_time t = time_op(f_gelu, (dt_param *[]){x}, NULL, iters);
-        print_row("gelu 2048x1536", t, 0, 0, 0, 6.0 * N * 4 * C * 4);
+        mem_row("gelu 2048x1536", t, 6.0 * N * 4 * C * 4, 4.0 * N * 4 * C * 4);
         freeparam(x);
     }
     {
@@ -211,11 +264,67 @@ static double bench_single_ops(int iters) {
         int32_t *tg = malloc(sizeof(int32_t) * N);
         for (int i = 0; i < N; i++) tg[i] = (int32_t)((i * 31) % V);
         op_time t = time_op(f_ce, (dt_param *[]){x}, tg, iters);
-        print_row("cross_entropy 2048x256", t, 0, 0, 0, 4.0 * N * V * 4);
+        mem_row("cross_entropy 2048x256", t, 4.0 * N * V * 4, 2.0 * N * V * 4);
         free(tg);
         freeparam(x);
     }
     return fl_sum / raw_sum;
+}
+
+/* ---------------- the demo CNN's ops, batch 64 ---------------- */
+
+typedef struct conv_ctx { int pad; } conv_ctx;
+static dt_tensor *f_conv(dt_graph *g, dt_param **in, void *ctx) {
+    return dt_op_conv2d(g, &in[0]->value, &in[1]->value, NULL, 1, ((conv_ctx *)ctx)->pad);
+}
+static dt_tensor *f_bn(dt_graph *g, dt_param **in, void *ctx) {
+    (void)ctx;   /* in: x, gamma, beta, running mean, running var */
+    return dt_op_batchnorm(g, &in[0]->value, &in[1]->value, &in[2]->value, &in[3]->value, &in[4]->value,
+                           0.1f, 1e-5f, NULL);
+}
+static dt_tensor *f_relu(dt_graph *g, dt_param **in, void *ctx) {
+    (void)ctx;
+    return dt_op_relu(g, &in[0]->value);
+}
+static dt_tensor *f_pool(dt_graph *g, dt_param **in, void *ctx) {
+    (void)ctx;
+    return dt_op_maxpool2d(g, &in[0]->value, 2, 2);
+}
+
+static void bench_cnn_ops(int iters) {
+    enum { NB = 64 };
+    printf("\nthe demo CNN's ops at batch %d (GEMM-rate bound: the linear rows' sgemm rate, %.1f GF/s est)\n", NB,
+           g_rate / 1e9);
+    static const int conv[2][3] = {{1, 28, 32}, {32, 14, 64}};   /* C, H = W, OC; 5x5, pad 2 */
+    for (int k = 0; k < 2; k++) {
+        int Ci = conv[k][0], S = conv[k][1], OC = conv[k][2];
+        dt_param *x = mkparam("x", 4, (int64_t[]){NB, Ci, S, S}, 11, 1.0f);
+        dt_param *w = mkparam("w", 4, (int64_t[]){OC, Ci, 5, 5}, 12, 0.1f);
+        x->value.requires_grad = k > 0;   /* conv1 reads the images: no dx */
+        double fwd = 2.0 * NB * OC * Ci * 25.0 * S * S;
+        for (int be = 0; be < 2; be++) {
+            dt_conv_set_backend(be ? "im2col" : "onednn");
+            char name[64];
+            snprintf(name, sizeof name, "conv%d %s %dx%d->%d", k + 1, be ? "im2col" : "oneDNN", Ci, S, OC);
+            op_time t = time_op(f_conv, (dt_param *[]){x, w}, &(conv_ctx){2}, iters);
+            print_row(name, t, fwd * (k ? 3 : 2), 0, 0, 0);
+        }
+        dt_conv_set_backend("onednn");
+        freeparam(x); freeparam(w);
+    }
+    int64_t n = (int64_t)NB * 32 * 28 * 28;
+    dt_param *x = mkparam("x", 4, (int64_t[]){NB, 32, 28, 28}, 13, 1.0f);
+    dt_param *ga = mkparam("gamma", 1, (int64_t[]){32}, 14, 1.0f), *be = mkparam("beta", 1, (int64_t[]){32}, 15, 0.1f);
+    dt_param *rm = mkparam("rm", 1, (int64_t[]){32}, 16, 0.0f), *rv = mkparam("rv", 1, (int64_t[]){32}, 17, 1.0f);
+    rm->value.requires_grad = rv->value.requires_grad = 0;
+    /* two passes each way: fwd reads x twice, writes y; bwd reads x and dy twice, dx read+write */
+    mem_row("batchnorm 64x32x28x28", time_op(f_bn, (dt_param *[]){x, ga, be, rm, rv}, NULL, iters), 9.0 * n * 4,
+            4.0 * n * 4);
+    /* fwd read + write; bwd reads x and dy, dx read + write */
+    mem_row("relu 64x32x28x28", time_op(f_relu, (dt_param *[]){x}, NULL, iters), 6.0 * n * 4, 4.0 * n * 4);
+    /* fwd reads x, writes y (n/4); bwd reads dy (n/4), dx read + write */
+    mem_row("maxpool2 64x32x28x28", time_op(f_pool, (dt_param *[]){x}, NULL, iters), 3.5 * n * 4, 2.5 * n * 4);
+    freeparam(x); freeparam(ga); freeparam(be); freeparam(rm); freeparam(rv);
 }
 
 /* ---------------- full GPT-2 step with per-op breakdown ---------------- */
@@ -383,13 +492,26 @@ static void bench_step(int iters, double sgemm_rate) {
 }
 
 int main(int argc, char **argv) {
+    dt_blas_fix_core(argv);   /* the GEMM kernel family the CPU supports (ops.h) */
     int iters = argc > 1 ? atoi(argv[1]) : 5;
     if (iters < 1) iters = 1;
     g_threads = omp_get_max_threads();
     printf("bench_ops: OpenMP threads %d, best of %d iterations; times in ms; est = process cpu / threads\n\n",
            g_threads, iters);
+    {
+        dt_blas_info b;
+        char d[192];
+        dt_blas_info_get(&b);
+        dt_blas_describe(&b, d, sizeof d);
+        printf("GEMM: %s\n\n", d);
+    }
     const char *what = argc > 2 ? argv[2] : "all";   /* all | ops */
+    g_bw = measure_bw(256.0 * 1048576);
+    printf("memory bandwidth (scale over 256 MiB, %d threads): %.1f GB/s; memory-bound ops are set against the\n"
+           "rate measured the same way at their own footprint (cache-resident data runs faster)\n\n",
+           g_threads, g_bw / 1e9);
     double rate = bench_single_ops(iters);
+    bench_cnn_ops(iters);
     if (strcmp(what, "ops") != 0) bench_step(iters, rate);
     return 0;
 }

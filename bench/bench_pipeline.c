@@ -83,6 +83,7 @@ static int run_one(dt_pg *world, bench_workload *w, dt_pipe_kind kind, int M) {
 }
 
 int main(int argc, char **argv) {
+    dt_blas_fix_core(argv);   /* the GEMM kernel family the CPU supports (ops.h) */
     if (dt_dist_init(&argc, &argv, NULL) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
     dt_pg *world;
     dt_pg_world(&world);

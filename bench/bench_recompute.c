@@ -26,6 +26,7 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
+    dt_blas_fix_core(argv);   /* the GEMM kernel family the CPU supports (ops.h) */
     bench_workload w;
     if (argc < 2 || bench_workload_get(argv[1], &w) != 0) {
         fprintf(stderr, "usage: bench_recompute W1|W2|W3 [rounds] [steps per round]\n");

@@ -29,8 +29,9 @@
 #include "bench_workloads.h"
 
 int main(int argc, char **argv) {
+    dt_blas_fix_core(argv);   /* the GEMM kernel family the CPU supports (ops.h) */
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_train W1|W2|W3 [steps] [--no-overlap] [--bucket-mb F] [--deterministic] [--no-comm]\n"
+        fprintf(stderr, "usage: bench_train W1|W2|W3|CNN [steps] [--no-overlap] [--bucket-mb F] [--deterministic] [--no-comm]\n"
                         "       [--compress-bf16] [--no-shm]\n");
         return 2;
     }
@@ -102,6 +103,7 @@ int main(int argc, char **argv) {
     double achieved = flops / (t_total / steps) / 1e9 / world;   /* per rank */
     double sg = bench_sgemm_gflops(gm, gk, gn);
     if (rank == 0) {
+        bench_print_gemm();
         printf("%s ranks=%d threads/rank=%d params=%zu buckets=%d\n", w, world, omp_get_max_threads(),
                dt_model_num_params(m), ddp ? dt_ddp_num_buckets(ddp) : 0);
         printf("  ms/step %.1f (fwd %.1f, bwd+comm %.1f, optim %.1f)  %s/s %.0f\n", ms, t_fwd / steps * 1e3,

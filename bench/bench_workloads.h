@@ -4,6 +4,7 @@
 #ifndef DTRAIN_BENCH_WORKLOADS_H
 #define DTRAIN_BENCH_WORKLOADS_H
 #include <cblas.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,13 +32,23 @@ static inline double bench_sgemm_gflops(int M, int K, int N) {
 }
 
 
+/* The GEMM backend line every bench prints: which OpenBLAS kernel family ran.
+ * Each bench calls dt_blas_fix_core(argv) first, as the CLI does. */
+static inline void bench_print_gemm(void) {
+    dt_blas_info b;
+    char d[192];
+    dt_blas_info_get(&b);
+    dt_blas_describe(&b, d, sizeof d);
+    printf("GEMM: %s\n", d);
+}
+
 typedef struct bench_workload {
     dt_model_cfg cfg;
     int64_t B, T;        /* per-rank batch; T = 1 for the MLP */
     int gm, gk, gn;      /* largest GEMM of a step: [gm, gk] x [gk, gn] */
 } bench_workload;
 
-/* 0 and *w filled for "W1" | "W2" | "W3", else -1. */
+/* 0 and *w filled for "W1" | "W2" | "W3" | "CNN", else -1. */
 static inline int bench_workload_get(const char *name, bench_workload *w) {
     memset(w, 0, sizeof *w);
     if (!strcmp(name, "W1")) {   /* GPT-2 small-ish, byte-level: 10.84M params */
@@ -53,6 +64,12 @@ static inline int bench_workload_get(const char *name, bench_workload *w) {
         w->cfg.mlp_in = 784; w->cfg.mlp_out = 10; w->cfg.mlp_n_hidden = 4;
         for (int i = 0; i < 4; i++) w->cfg.mlp_hidden[i] = 2048;
         w->B = 64; w->T = 1; w->gm = 64; w->gk = 2048; w->gn = 2048;
+    } else if (!strcmp(name, "CNN")) {   /* the README demo's model: 455k params, conv-bound */
+        w->cfg = dt_model_cfg_default(DT_MODEL_CNN);
+        /* reference GEMM 1024^3: oneDNN's convolutions outrun OpenBLAS on the
+         * convs' own GEMM shapes (conv2 as [12544, 800] x [800, 64]), so the
+         * rate of a large square GEMM is the stricter yardstick */
+        w->B = 64; w->T = 1; w->gm = 1024; w->gk = 1024; w->gn = 1024;
     } else {
         return -1;
     }
@@ -67,13 +84,17 @@ static inline dt_batch bench_batch_make(const bench_workload *w, int rank) {
     dt_rng_seed(&r, 42 + (uint64_t)rank);
     int64_t n = w->B * w->T;
     int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
-    int classes = c->kind == DT_MODEL_GPT2 ? c->vocab : c->mlp_out;
+    int classes = c->kind == DT_MODEL_GPT2 ? c->vocab : c->kind == DT_MODEL_CNN ? c->cnn_classes : c->mlp_out;
     for (int64_t i = 0; i < n; i++) y[i] = (int32_t)dt_rng_below(&r, (uint64_t)classes);
     dt_batch b = {.B = w->B, .T = w->T, .y = y};
     if (c->kind == DT_MODEL_GPT2) {
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
         for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)dt_rng_below(&r, (uint64_t)c->vocab);
         dt_batch_add_input(&b, "ids", DT_I32, 2, (int64_t[]){w->B, w->T}, ids);
+    } else if (c->kind == DT_MODEL_CNN) {
+        float *img = malloc(sizeof(float) * (size_t)(w->B * 784));
+        for (int64_t i = 0; i < w->B * 784; i++) img[i] = dt_rng_normal(&r);
+        dt_batch_add_input(&b, "image", DT_F32, 4, (int64_t[]){w->B, 1, 28, 28}, img);
     } else {
         float *img = malloc(sizeof(float) * (size_t)(w->B * c->mlp_in));
         for (int64_t i = 0; i < w->B * c->mlp_in; i++) img[i] = dt_rng_normal(&r);

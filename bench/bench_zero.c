@@ -37,6 +37,7 @@ static double rss_peak(void) { struct rusage ru; getrusage(RUSAGE_SELF, &ru); re
 static int die(const char *what) { fprintf(stderr, "bench_zero: %s: %s\n", what, dt_error_message()); MPI_Abort(MPI_COMM_WORLD, 1); return 1; }
 
 int main(int argc, char **argv) {
+    dt_blas_fix_core(argv);   /* the GEMM kernel family the CPU supports (ops.h) */
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: bench_zero W1|W2|W3 [--stage 0..3] [--overlap off|after-backward|interleaved] "
                         "[--steps N] [--bucket-mb F] [--prefetch N]\n");

@@ -52,6 +52,9 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
     av[k++] = np;
     if (nproc > cores) av[k++] = "--oversubscribe";
     if (geteuid() == 0) av[k++] = "--allow-run-as-root";
+    /* the GEMM kernel family dt_blas_fix_core chose (or the user's) reaches every rank */
+    if (getenv("OPENBLAS_CORETYPE")) { av[k++] = "-x"; av[k++] = "OPENBLAS_CORETYPE"; }
+    if (getenv("DTRAIN_BLAS_REEXEC")) { av[k++] = "-x"; av[k++] = "DTRAIN_BLAS_REEXEC"; }
     av[k++] = "--bind-to";
     av[k++] = "none";
     av[k++] = self;

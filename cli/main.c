@@ -11,6 +11,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    dt_blas_fix_core(argv);   /* may re-execute with OPENBLAS_CORETYPE set (ops.h) */
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
     if (!strcmp(argv[1], "train")) return dt_cli_train(argc, argv, 0);

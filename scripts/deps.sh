@@ -2,7 +2,7 @@
 # Installs every build/run dependency from Debian packages (needs root or sudo).
 set -euo pipefail
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PKGS="build-essential cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+PKGS="build-essential cmake pkg-config libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
       libcjson-dev libcmocka-dev zlib1g-dev dataset-fashion-mnist fortunes"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

@@ -22,6 +22,48 @@
 dt_status dt_cpu_set_flush_denormal(int on);
 int dt_cpu_flush_denormal(void);   /* 1 if the calling thread flushes */
 
+/* ---- the GEMM backend: which kernels run ----
+ * GEMMs go through OpenBLAS, whose kernel family ("core") is chosen when the
+ * library loads, from a table of CPU models. On a CPU newer than the table it
+ * silently falls back to SSE kernels (~4x slower). dt_blas_fix_core, called
+ * first thing in main() (the CLI and the benches do), re-executes the program
+ * with OPENBLAS_CORETYPE set to the family the CPU supports when OpenBLAS chose
+ * a lower one; it returns when nothing needs fixing, when the user set
+ * OPENBLAS_CORETYPE (the user's choice always wins), after one re-exec, or if
+ * exec fails. A program that does not call it gets, from the trainer, a
+ * one-line warning naming the fix (dt_blas_warn_fallback). */
+typedef enum dt_isa { DT_ISA_SSE = 0, DT_ISA_AVX, DT_ISA_AVX2, DT_ISA_AVX512 } dt_isa;
+typedef struct dt_cpu_isa {
+    dt_isa isa;   /* widest vector ISA the CPU and OS offer (AVX2 = AVX2+FMA; AVX-512 = F+BW+VL+DQ) */
+    int amd;
+} dt_cpu_isa;
+typedef enum dt_blas_action { DT_BLAS_KEEP = 0, DT_BLAS_REEXEC } dt_blas_action;
+typedef struct dt_blas_info {
+    char backend[32];      /* "OpenBLAS 0.3.21" */
+    char core[32];         /* kernel family in use, e.g. "SkylakeX" */
+    dt_isa core_isa;       /* widest ISA that family uses */
+    dt_cpu_isa cpu;
+    char fix[32];          /* OPENBLAS_CORETYPE that would be faster; "" when the family fits the CPU */
+    int user_set;          /* OPENBLAS_CORETYPE came from the user */
+    int set_by_dtrain;     /* ... from dt_blas_fix_core's re-exec */
+} dt_blas_info;
+
+dt_cpu_isa dt_cpu_isa_detect(void);
+const char *dt_isa_name(dt_isa isa);
+/* The decision, pure: KEEP, or REEXEC with *fix = the OPENBLAS_CORETYPE to set
+ * (SkylakeX for AVX-512, Haswell or Zen for AVX2, Sandybridge or Bulldozer for
+ * AVX). *fix is also set (with KEEP) when the user's setting is the slower one.
+ * Unknown family names are never judged slower. */
+dt_blas_action dt_blas_core_decide(dt_cpu_isa cpu, const char *core, const char *user_coretype,
+                                   const char **fix);
+void dt_blas_info_get(dt_blas_info *out);
+/* "OpenBLAS 0.3.21, SkylakeX kernels (AVX-512) on an AVX-512 CPU[ (OPENBLAS_CORETYPE set by ...)]" */
+void dt_blas_describe(const dt_blas_info *b, char *buf, size_t n);
+void dt_blas_fix_core(char **argv);
+/* Logs the warning when the family is slower than the CPU allows and the
+ * user did not choose it; returns 1 if it warned. */
+int dt_blas_warn_fallback(void);
+
 /* Weight layout of a linear layer. */
 typedef enum dt_wlayout {
     DT_W_OUT_IN = 0,  /* w[out, in]  (torch.nn.Linear; also a tied lm-head over wte[V, C]) */
@@ -61,8 +103,14 @@ dt_tensor *dt_op_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *ta
  * gradient is bitwise the one dt_op_cross_entropy gives. */
 dt_tensor *dt_op_cross_entropy_consume(dt_graph *g, dt_tensor *logits, const int32_t *targets);
 /* 2-D convolution, x[N, C, H, W], w[OC, C, KH, KW], b[OC] or NULL.
- * im2col + GEMM. -> [N, OC, OH, OW]. */
+ * oneDNN's primitives (im2col + GEMM where oneDNN cannot). -> [N, OC, OH, OW]. */
 dt_tensor *dt_op_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int pad);
+/* The convolution backend: "onednn" (default) or "im2col" (the environment's
+ * DTRAIN_CONV=im2col sets it too; for comparisons). A geometry oneDNN cannot
+ * serve falls back to im2col. dt_conv_backend names the one in use:
+ * "oneDNN X.Y.Z" or "im2col + OpenBLAS". */
+dt_status dt_conv_set_backend(const char *name);
+const char *dt_conv_backend(void);
 /* Max pool, square window k, stride s, no padding. x[N, C, H, W]. */
 dt_tensor *dt_op_maxpool2d(dt_graph *g, dt_tensor *x, int k, int s);
 

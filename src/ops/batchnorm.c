@@ -74,6 +74,8 @@ static void batchnorm_backward(dt_graph *g, dt_node *n) {
         double sdy = 0, sdyx = 0;
         for (int64_t i = 0; i < N; i++) {
             const float *xr = xd + (i * C + c) * S, *gr = dy + (i * C + c) * S;
+            /* vector lanes of double partial sums: a fixed order for a given S, so deterministic */
+            #pragma omp simd reduction(+ : sdy, sdyx)
             for (int64_t s = 0; s < S; s++) {
                 sdy += gr[s];
                 sdyx += gr[s] * ((xr[s] - mu) * is);
@@ -160,6 +162,7 @@ dt_tensor *dt_op_batchnorm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tenso
             double s1 = 0, s2 = 0;
             for (int64_t i = 0; i < N; i++) {
                 const float *xr = xd + (i * C + c) * S;
+                #pragma omp simd reduction(+ : s1, s2)   /* double lanes, fixed order: deterministic */
                 for (int64_t s = 0; s < S; s++) { double v = xr[s]; s1 += v; s2 += v * v; }
             }
             buf[c] = (float)s1;

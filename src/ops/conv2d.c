@@ -20,7 +20,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include "dtrain/ops.h"
+#include "ops_internal.h"
 
 #ifndef DT_CONV_COL_FLOATS
 #define DT_CONV_COL_FLOATS ((int64_t)8 << 20)   /* 32 MiB of im2col per chunk */
@@ -197,6 +197,8 @@ dt_tensor *dt_op_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, i
         DT_ERR(DT_EINVAL, "conv2d: stride %d must be >= 1 and pad %d >= 0 (x%s w%s)", stride, pad, sx, sw);
         return NULL;
     }
+    dt_tensor *y_dnnl;
+    if (dt_conv2d_dnnl(g, x, w, b, stride, pad, &y_dnnl)) return y_dnnl;
     conv_geom G = {
         .N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
         .OC = w->shape[0], .KH = w->shape[2], .KW = w->shape[3], .stride = stride, .pad = pad,

@@ -29,6 +29,11 @@ int dt_ops_check_tensor(const char *op, const char *name, const dt_tensor *t);
 /* Every value in dims[0..n) fits a BLAS int (the OpenBLAS here is LP64). */
 int dt_ops_check_blas(const char *op, int n, const int64_t *dims);
 
+/* conv2d through oneDNN (conv2d_dnnl.c), for arguments dt_op_conv2d checked.
+ * 0: oneDNN does not serve this geometry (or DTRAIN_CONV=im2col): use im2col.
+ * 1: handled; *out is the result, or NULL with the error set. */
+int dt_conv2d_dnnl(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int pad, dt_tensor **out);
+
 /* Row-major C[M, N] = alpha * op(A)[M, K] · op(B)[K, N] + beta * C.
  * ta / tb nonzero: A / B are stored transposed. Zero-sized problems are
  * handled here (OpenBLAS would complain about ld = 0). */

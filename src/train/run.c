@@ -36,6 +36,14 @@ dt_status dt_trainer_run(dt_trainer *t) {
                t->model->name, t->model_params, t->strat.name,
                t->strat.world, (long long)(t->total_steps - t->step), (long long)items_per_step(t),
                d->unit);
+    if (lead) {
+        dt_blas_info b;
+        char desc[192];
+        dt_blas_info_get(&b);
+        dt_blas_describe(&b, desc, sizeof desc);
+        dt_log(DT_LOG_INFO, "dtrain: GEMM: %s\n", desc);
+        dt_blas_warn_fallback();
+    }
     double t_start = now_s(), t_prev = t_start;
     int64_t first = t->step;
     while (t->step < t->total_steps) {

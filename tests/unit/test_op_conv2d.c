@@ -1,5 +1,7 @@
 /* dt_op_conv2d: forward vs a naive direct convolution, backward via finite
- * differences, chunked-batch backward vs per-image, accumulation, bad args. */
+ * differences, chunked-batch backward vs per-image, accumulation, bad args —
+ * every case under both backends (oneDNN, im2col); oneDNN against im2col on
+ * the demo CNN's shapes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -146,9 +148,12 @@ static void check_chunked(int N, int C, int H, int W, int OC, int want_nb1) {
     dt_graph *g = dt_graph_create();
     dt_tensor *y = dt_op_conv2d(g, &x.value, &w.value, &b.value, 1, 2);
     assert_non_null(y);
-    assert_true(y->grad_fn && y->grad_fn->i[2] < N);   /* really chunked */
-    if (want_nb1) assert_int_equal(y->grad_fn->i[2], 1);
-    else assert_true(y->grad_fn->i[2] > 1);
+    assert_non_null(y->grad_fn);
+    if (!strncmp(dt_conv_backend(), "im2col", 6)) {   /* chunking is im2col's */
+        assert_true(y->grad_fn->i[2] < N);   /* really chunked */
+        if (want_nb1) assert_int_equal(y->grad_fn->i[2], 1);
+        else assert_true(y->grad_fn->i[2] > 1);
+    }
     assert_int_equal(dt_graph_backward(g, wsum(g, y, R)), DT_OK);
     float *dw_all = malloc((size_t)w.grad.numel * sizeof(float));
     float *db_all = malloc(OC * sizeof(float));
@@ -268,6 +273,56 @@ static void test_conv2d_bad_args(void **state) {
     dt_param_free(&w2); dt_param_free(&wbig);
 }
 
+/* oneDNN and im2col agree on the demo CNN's two convolutions (batch 64):
+ * y, dx, dw within float rounding of sums over up to C*25*N*H*W terms. */
+static void test_conv2d_onednn_matches_im2col(void **state) {
+    (void)state;
+    const int shapes[2][4] = {{1, 28, 32, 0}, {32, 14, 64, 1}};   /* C, H=W, OC, needs dx */
+    for (int k = 0; k < 2; k++) {
+        int C = shapes[k][0], H = shapes[k][1], OC = shapes[k][2], N = 64;
+        dt_param x, w;
+        make(&x, "x", 4, (int64_t[]){N, C, H, H}, 41 + k);
+        make(&w, "w", 4, (int64_t[]){OC, C, 5, 5}, 43 + k);
+        x.value.requires_grad = shapes[k][3];
+        int64_t ny = (int64_t)N * OC * H * H;
+        float *R = malloc((size_t)ny * sizeof *R), *ref[3];
+        dt_rng r;
+        dt_rng_seed(&r, 7);
+        for (int64_t i = 0; i < ny; i++) R[i] = dt_rng_uniform(&r) - 0.5f;
+        int64_t n[3] = {ny, x.grad.numel, w.grad.numel};
+        for (int pass = 0; pass < 2; pass++) {
+            assert_int_equal(dt_conv_set_backend(pass ? "onednn" : "im2col"), DT_OK);
+            memset(x.grad.data, 0, (size_t)x.grad.numel * sizeof(float));
+            memset(w.grad.data, 0, (size_t)w.grad.numel * sizeof(float));
+            dt_graph *g = dt_graph_create();
+            dt_tensor *y = dt_op_conv2d(g, &x.value, &w.value, NULL, 1, 2);
+            assert_non_null(y);
+            assert_int_equal(dt_graph_backward(g, wsum(g, y, R)), DT_OK);
+            const float *got[3] = {dt_f32(y), dt_f32(&x.grad), dt_f32(&w.grad)};
+            for (int t = 0; t < 3; t++) {
+                if (t == 1 && !shapes[k][3]) continue;
+                if (!pass) {
+                    ref[t] = malloc((size_t)n[t] * sizeof(float));
+                    memcpy(ref[t], got[t], (size_t)n[t] * sizeof(float));
+                    continue;
+                }
+                double scale = 0;
+                for (int64_t i = 0; i < n[t]; i++) scale = fmax(scale, fabs(ref[t][i]));
+                assert_true(scale > 0);
+                double d = max_abs_diff(got[t], ref[t], n[t]);
+                if (d > 1e-5 * scale) fail_msg("conv %d tensor %d: max diff %g (scale %g)", k, t, d, scale);
+                free(ref[t]);
+            }
+            dt_graph_free(g);
+        }
+        free(R);
+        dt_param_free(&x); dt_param_free(&w);
+    }
+}
+
+static int use_onednn(void **state) { (void)state; return dt_conv_set_backend("onednn") != DT_OK; }
+static int use_im2col(void **state) { (void)state; return dt_conv_set_backend("im2col") != DT_OK; }
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d_forward_matches_naive),
@@ -277,5 +332,8 @@ int main(void) {
         cmocka_unit_test(test_conv2d_no_grad_records_nothing),
         cmocka_unit_test(test_conv2d_bad_args),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const struct CMUnitTest cross[] = {cmocka_unit_test(test_conv2d_onednn_matches_im2col)};
+    int bad = cmocka_run_group_tests_name("conv2d_onednn", tests, use_onednn, NULL);
+    bad += cmocka_run_group_tests_name("conv2d_im2col", tests, use_im2col, NULL);
+    return bad + cmocka_run_group_tests_name("conv2d_cross", cross, NULL, NULL);
 }

@@ -271,7 +271,7 @@ static void test_mlp_sized_for_the_images_trains(void **state) {
     char want[128];
     snprintf(want, sizeof want, "test accuracy: %.4f  test loss: %.4f\n", acc, loss);
     assert_non_null(strstr(cap.text, want));
-    assert_int_equal(cap.n_info, 2);      /* start line, result line */
+    assert_int_equal(cap.n_info, 3);      /* start line, GEMM backend line, result line */
     assert_int_equal(cap.n_progress, 2);  /* one line per step (not a terminal) */
     dt_trainer_free(t);
 }

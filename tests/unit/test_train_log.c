@@ -104,14 +104,16 @@ static void test_run_logs_through_handler(void **state) {
     dt_trainer *t = run_captured(&o, &cap, &printed);
     assert_int_equal(printed, 0);   /* all of it went to the handler */
 
-    /* start line, a progress line per step (not a terminal), result line */
-    assert_int_equal(cap.n, 5);
+    /* start line, GEMM backend line, a progress line per step (not a terminal), result line */
+    assert_int_equal(cap.n, 6);
     assert_int_equal(cap.level[0], DT_LOG_INFO);
     /* 3 steps of batch 4 x 16 tokens = 64 tokens each */
     assert_string_equal(cap.msg[0], "dtrain: gpt2, 7664 parameters, single x1, 3 steps of 64 tokens\n");
-    for (int k = 1; k <= 3; k++) {
+    assert_int_equal(cap.level[1], DT_LOG_INFO);
+    assert_int_equal(strncmp(cap.msg[1], "dtrain: GEMM: OpenBLAS ", 23), 0);
+    for (int k = 2; k <= 4; k++) {
         char head[32];
-        snprintf(head, sizeof head, "step %d/3  loss ", k);
+        snprintf(head, sizeof head, "step %d/3  loss ", k - 1);
         assert_int_equal(cap.level[k], DT_LOG_PROGRESS);
         if (strncmp(cap.msg[k], head, strlen(head))) fail_msg("progress line %d: %s", k, cap.msg[k]);
         assert_non_null(strstr(cap.msg[k], " tok/s "));
@@ -121,8 +123,8 @@ static void test_run_logs_through_handler(void **state) {
     assert_int_equal(dt_trainer_evaluate(t, &loss, &acc), DT_OK);   /* eval mode: same result again */
     char want[128];
     snprintf(want, sizeof want, "validation loss: %.4f  (token accuracy %.4f)\n", loss, acc);
-    assert_int_equal(cap.level[4], DT_LOG_INFO);
-    assert_string_equal(cap.msg[4], want);
+    assert_int_equal(cap.level[5], DT_LOG_INFO);
+    assert_string_equal(cap.msg[5], want);
     dt_trainer_free(t);
 }
 
@@ -165,6 +167,8 @@ static void test_default_handler_prints_to_stdout(void **state) {
     char line[256];
     assert_non_null(fgets(line, sizeof line, f));
     assert_string_equal(line, "dtrain: gpt2, 7664 parameters, single x1, 1 steps of 64 tokens\n");
+    assert_non_null(fgets(line, sizeof line, f));
+    assert_int_equal(strncmp(line, "dtrain: GEMM: OpenBLAS ", 23), 0);
     assert_non_null(fgets(line, sizeof line, f));
     assert_int_equal(strncmp(line, "step 1/1  loss ", 15), 0);
     assert_non_null(fgets(line, sizeof line, f));
