@@ -83,10 +83,13 @@ dt_status dt_checkpoint_apply_meta(dt_run *r, dt_ckpt_meta_get get, const void *
                       "cannot split evenly (resume with a world size dividing %llu)", what,
                       (unsigned long long)world, (unsigned long long)global, (unsigned long long)epoch,
                       (unsigned long long)now, (unsigned long long)global);
-    if (dt_sampler_seek(r->sampler, (int64_t)epoch, (int64_t)(global / now)) != DT_OK)
+    if (dt_sampler_seek(r->sampler, (int64_t)epoch, (int64_t)(global / now)) != DT_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", dt_error_message());
         return DT_ERR(DT_EFORMAT, "%s: data position (epoch %llu, cursor %llu at world size %llu) invalid for this "
                       "dataset/world size: %s", what, (unsigned long long)epoch, (unsigned long long)cursor,
-                      (unsigned long long)world, dt_error_message());
+                      (unsigned long long)world, why);
+    }
     *r->step = (int64_t)step;
     r->model->dropout_rng.s[0] = r0;
     r->model->dropout_rng.s[1] = r1;
