@@ -53,6 +53,7 @@ static long temp_pid(const char *name, const char *base) {
 static void remove_stale_temps(const char *path) {
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
+    if (!*base) return;
     char *dir = slash ? malloc((size_t)(slash - path) + 2) : str_dup(".");
     if (!dir) return;
     if (slash) {
