@@ -333,10 +333,11 @@ dt_status dt_st_writer_open(dt_st_writer **wp, const char *path, const dt_st_ent
     for (int i = 0; i < n_entries; i++) {
         char pat[CRC_HEX + 4], val[CRC_HEX + 1];
         crc_value(NULL, i, val);
-        snprintf(pat, sizeof pat, ":\"%s\"", val);
-        const char *at = NULL;
-        for (const char *q = hdr + 8; (q = strstr(q, pat)) != NULL; q++) at = q;
-        w->crc_at[i] = (uint64_t)(at - hdr) + 2;   /* always found: build_header wrote it */
+        int np = snprintf(pat, sizeof pat, ":\"%s\"", val);
+        size_t at = 0;   /* hdr is hdr_len bytes, not NUL-terminated */
+        for (size_t q = hdr_len - (size_t)np; q >= 8 && !at; q--)
+            if (!memcmp(hdr + q, pat, (size_t)np)) at = q;
+        w->crc_at[i] = (uint64_t)at + 2;   /* always found: build_header wrote it */
     }
     s = dt_atomic_open(&w->af, path);
     if (s == DT_OK) {
