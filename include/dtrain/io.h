@@ -47,6 +47,9 @@ typedef struct dt_st_tensor {
     int64_t shape[DT_MAX_DIMS];
     const void *data;           /* into the file's data section */
     size_t nbytes;
+    uint64_t offset;            /* of the first byte, in the data section */
+    int has_crc;                /* 1: the header records crc (CRC-32 of the nbytes) */
+    uint32_t crc;
 } dt_st_tensor;
 typedef struct dt_safetensors {
     char *path;
@@ -56,7 +59,13 @@ typedef struct dt_safetensors {
 } dt_safetensors;
 /* Reads and validates the whole file: header length within file, valid JSON,
  * known dtypes, shapes <= 4-D, offsets in range, contiguous non-overlapping,
- * nbytes == numel * dtype size. Error names the file and the tensor. */
+ * nbytes == numel * dtype size, and each tensor's CRC-32 where the metadata
+ * records one. Error names the file and the tensor. Every safetensors reader
+ * (dt_ckpt included) parses headers with this code.
+ *
+ * Checksums: every dtrain writer records metadata "crc32.<tensor>" = 8 lower-case
+ * hex digits, the zlib CRC-32 of the tensor's bytes (files without them, e.g.
+ * from other tools, load unchecked). */
 dt_status dt_safetensors_load(const char *path, dt_safetensors *st);
 void dt_safetensors_free(dt_safetensors *st);
 const dt_st_tensor *dt_safetensors_find(const dt_safetensors *st, const char *name);

@@ -191,6 +191,13 @@ dt_status dt_model_cfg_validate(const dt_model_cfg *c);
 int dt_model_kind_parse(const char *s, dt_model_kind *out);
 const char *dt_model_kind_name(dt_model_kind k);
 
+/* What defines a model's architecture, as checkpoints record it. A built-in's
+ * configuration fields as text ("arch.layers" = "3"), each with the flag or
+ * quantity that sets it ("--layers"); a user-built model has none. */
+typedef struct dt_arch_field { const char *key, *flag; char value[192]; } dt_arch_field;
+#define DT_ARCH_FIELDS_MAX 8
+int dt_model_arch_fields(const dt_model_cfg *c, dt_arch_field *out);   /* returns the count */
+
 /* ---- 5. The model ----
  * Built models are used through these functions; the struct is open for
  * strategies (parallel/) that lay out, shard and hook parameters. */
@@ -215,6 +222,10 @@ struct dt_model {
     dt_tensor *(*forward)(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits);
     /* Optional: the built-ins' configuration and private state. */
     dt_model_cfg cfg;
+    /* Set by dt_model_build, kept when a pipeline stage drops parameters:
+     * CRC-32 of every parameter's and buffer's "name[shape];" in registration
+     * order, and their number (checkpoints compare them: same names, shapes). */
+    uint32_t arch_crc; int arch_n;
     void (*destroy)(dt_model *m);
     void *impl;
 };

@@ -110,17 +110,30 @@ dt_status dt_optimizer_init_model(dt_optimizer *o, const dt_optim_cfg *cfg, cons
 /* ---- checkpoint metadata ----
  * Every checkpoint, whoever writes it, carries: format, model kind, optimizer,
  * step, optim_step, data position (epoch, cursor), seed, world size and the
- * dropout RNG. Values point into *out. */
-#define DT_CKPT_META_MAX 16
-typedef struct dt_ckpt_meta { dt_st_meta m[DT_CKPT_META_MAX]; char v[DT_CKPT_META_MAX][64]; int n; } dt_ckpt_meta;
-void dt_checkpoint_meta(const dt_run *run, int64_t optim_step, dt_ckpt_meta *out);
+ * dropout RNG; what it is: the strategy that wrote it ("single", "ddp",
+ * "zero-2", "pipeline"; informational: resuming under another is allowed
+ * where the loader supports it), a built-in model's config fields
+ * ("arch.<field>", dt_model_arch_fields) and every model's parameter
+ * fingerprint ("arch.params" = "<count>:<crc32 hex>", dt_model.arch_crc).
+ * Values point into *out. */
+#define DT_CKPT_META_MAX 32
+typedef struct dt_ckpt_meta {
+    dt_st_meta m[DT_CKPT_META_MAX];
+    char v[DT_CKPT_META_MAX][192];
+    dt_arch_field arch[DT_ARCH_FIELDS_MAX];
+    int n;
+} dt_ckpt_meta;
+void dt_checkpoint_meta(const dt_run *run, const char *strategy, int64_t optim_step, dt_ckpt_meta *out);
 /* Checks format/model/optimizer and restores step, data position (converted
  * when the checkpoint's world size differs) and RNG from a key -> value
  * lookup; *optim_step gets the optimizer's step count. `what` names the file
  * in errors. */
 typedef const char *(*dt_ckpt_meta_get)(const void *src, const char *key);
-/* Only the identity part (format, model kind, optimizer): call it before
- * reading tensors so a wrong checkpoint is named, not a shape mismatch. */
+/* Only the identity part (format, model kind, optimizer, architecture: each
+ * arch.* key present must equal this run's, "checkpoint X was saved with
+ * --layers 3, this run has 2"; checkpoints without them are not checked):
+ * call it before reading tensors so a wrong checkpoint is named, not a shape
+ * mismatch. */
 dt_status dt_checkpoint_check_identity(const dt_run *run, dt_ckpt_meta_get get, const void *src, const char *what);
 dt_status dt_checkpoint_apply_meta(dt_run *run, dt_ckpt_meta_get get, const void *src,
                                    const char *what, int64_t *optim_step);

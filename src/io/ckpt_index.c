@@ -123,7 +123,8 @@ static dt_status add_pieces(const char *dir, int i, dt_ckpt *c) {
     const char *fname = strrchr(f->path, '/') + 1;
     for (int k = 0; k < f->n; k++) {
         const dt_ckpt_entry *e = &f->e[k];
-        char *at = strrchr(e->name, '@'), *end = NULL;
+        const char *at = strrchr(e->name, '@');
+        char *end = NULL;
         unsigned long long start = at ? strtoull(at + 1, &end, 10) : 0;
         if (!at || end == at + 1 || *end)
             return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: %s: entry '%s' is not named <tensor>@<start>",
@@ -131,16 +132,19 @@ static dt_status add_pieces(const char *dir, int i, dt_ckpt *c) {
         if (e->dtype != DT_F32 || e->ndim != 1)
             return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: %s: piece '%s' is %s with %d dims, expected 1-D F32",
                           dir, fname, e->name, dt_dtype_name(e->dtype), e->ndim);
-        *at = 0;
-        dt_ckpt_tensor *t = dt_ckpt_lookup(c, e->name);
-        *at = '@';
+        char tname[1024];
+        if ((size_t)(at - e->name) >= sizeof tname)
+            return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: %s: piece name '%.64s...' too long", dir, fname, e->name);
+        memcpy(tname, e->name, (size_t)(at - e->name));
+        tname[at - e->name] = 0;
+        dt_ckpt_tensor *t = dt_ckpt_lookup(c, tname);
         if (!t)
             return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: %s: piece '%s' of a tensor index.json does not list",
                           dir, fname, e->name);
         if (start > t->numel || e->numel > t->numel - start)
             return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: %s: piece '%s' of %" PRIu64 " elements runs past "
                           "the tensor's %" PRIu64, dir, fname, e->name, e->numel, t->numel);
-        if (e->numel) DT_TRY(dt_ckpt_add_span(c, t, (dt_ckpt_span){start, e->numel, e->off, i}));
+        if (e->numel) DT_TRY(dt_ckpt_add_span(c, t, (dt_ckpt_span){start, e->numel, e->off, i, k}));
     }
     return DT_OK;
 }

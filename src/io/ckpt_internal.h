@@ -11,12 +11,15 @@
 
 /* One tensor of a safetensors file: where its bytes are, not the bytes. */
 typedef struct dt_ckpt_entry {
-    char *name;
+    const char *name;           /* points into the file's hdr */
     dt_dtype dtype;
     int ndim;
     int64_t shape[DT_MAX_DIMS];
     uint64_t numel;
     uint64_t off;               /* absolute file offset of the first byte */
+    int has_crc;                /* the header records crc for the entry's bytes */
+    uint32_t crc;
+    int verified;               /* crc checked against the bytes on disk */
 } dt_ckpt_entry;
 
 /* A safetensors file opened for random access (header parsed, fd kept). */
@@ -24,20 +27,25 @@ typedef struct dt_ckpt_file {
     char *path;
     int fd;                     /* -1 when closed */
     uint64_t size;
-    dt_ckpt_entry *e; int n;
-    char **mk, **mv; int n_meta;
+    dt_safetensors hdr;         /* the parsed header: tensors (no data) and metadata */
+    dt_ckpt_entry *e; int n;    /* e[i] is hdr.tensors[i] */
 } dt_ckpt_file;
 
-/* Parses and validates the header (JSON, dtypes, shapes, offsets inside the
- * file); the data stays on disk. On error f is released. */
+/* Reads the header and validates it with the safetensors reader's parser
+ * (dt_st_parse_header: offsets in range, aligned, covering the data section
+ * exactly, checksums well-formed); the data stays on disk. On error f is
+ * released. */
 dt_status dt_ckpt_file_open(const char *path, dt_ckpt_file *f);
 void dt_ckpt_file_close(dt_ckpt_file *f);
 const char *dt_ckpt_file_meta(const dt_ckpt_file *f, const char *key);
 /* n bytes at absolute offset off (inside the file) into dst. */
 dt_status dt_ckpt_file_pread(const dt_ckpt_file *f, uint64_t off, void *dst, size_t n);
+/* Entry k's checksum against its bytes on disk (once; no-op without one). */
+dt_status dt_ckpt_file_verify(dt_ckpt_file *f, int k);
 
-/* Elements [start, start + n) of a tensor live in file `file` at byte off. */
-typedef struct dt_ckpt_span { uint64_t start, n, off; int file; } dt_ckpt_span;
+/* Elements [start, start + n) of a tensor live in file `file` at byte off,
+ * entry `entry` of that file. */
+typedef struct dt_ckpt_span { uint64_t start, n, off; int file, entry; } dt_ckpt_span;
 
 typedef struct dt_ckpt_tensor {
     char *name;

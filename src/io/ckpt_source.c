@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "ckpt_internal.h"
+#include "st_internal.h"
 
 char *dt_ckpt_strdup(const char *s) {
     size_t n = strlen(s) + 1;
@@ -59,12 +60,9 @@ static dt_status open_single(const char *path, dt_ckpt *c) {
         t->ndim = e->ndim;
         memcpy(t->shape, e->shape, sizeof t->shape);
         t->numel = e->numel;
-        DT_TRY(dt_ckpt_add_span(c, t, (dt_ckpt_span){0, e->numel, e->off, 0}));
+        DT_TRY(dt_ckpt_add_span(c, t, (dt_ckpt_span){0, e->numel, e->off, 0, i}));
     }
-    qsort(c->t, (size_t)c->n_t, sizeof *c->t, dt_ckpt_tensor_cmp);
-    for (int i = 1; i < c->n_t; i++)
-        if (!strcmp(c->t[i - 1].name, c->t[i].name))
-            return DT_ERR(DT_EFORMAT, "%s: duplicate tensor '%s'", path, c->t[i].name);
+    qsort(c->t, (size_t)c->n_t, sizeof *c->t, dt_ckpt_tensor_cmp);   /* (names are unique: the header parser checked) */
     return DT_OK;
 }
 
@@ -163,8 +161,18 @@ dt_status dt_ckpt_read(const dt_ckpt *c, const char *name, size_t start, size_t 
     for (int i = lo; pos < end && i < t->n_sp; i++) {
         const dt_ckpt_span *s = &t->sp[i];
         uint64_t a = pos, b = s->start + s->n < end ? s->start + s->n : end;
-        DT_TRY(dt_ckpt_file_pread(&c->files[s->file], s->off + (a - s->start) * sizeof(float),
-                                  dst + (a - start), (size_t)(b - a) * sizeof(float)));
+        dt_ckpt_file *f = &c->files[s->file];
+        dt_ckpt_entry *e = &f->e[s->entry];
+        DT_TRY(dt_ckpt_file_pread(f, s->off + (a - s->start) * sizeof(float), dst + (a - start),
+                                  (size_t)(b - a) * sizeof(float)));
+        /* Checksum: from the bytes just read when they are the whole entry,
+         * else by reading the entry once. */
+        if (e->has_crc && !e->verified && a == s->start && b == s->start + s->n) {
+            DT_TRY(dt_st_crc_verify(f->path, e->name, e->crc,
+                                    dt_st_crc_update(0, dst + (a - start), (size_t)(b - a) * sizeof(float))));
+            e->verified = 1;
+        }
+        DT_TRY(dt_ckpt_file_verify(f, s->entry));
         pos = b;
     }
     if (pos != end)   /* unreachable after open's tiling check */

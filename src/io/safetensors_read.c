@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <cjson/cJSON.h>
-#include "dtrain/io.h"
+#include "st_internal.h"
 
 #define MAX_EXACT_INT 9007199254740992.0   /* 2^53: larger JSON numbers lose precision */
 
@@ -122,7 +122,7 @@ static dt_status parse_tensor(const char *path, const cJSON *item, uint64_t data
     if (b > e || e > data_size)
         return DT_ERR(DT_EFORMAT,
                       "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
-                      "] out of range (data section is %" PRIu64 " bytes)",
+                      "] out of range (data section is %" PRIu64 " bytes; truncated file?)",
                       path, name, b, e, data_size);
     if (e - b != nbytes) {
         char sh[128];
@@ -137,6 +137,7 @@ static dt_status parse_tensor(const char *path, const cJSON *item, uint64_t data
                       "%s: tensor '%s': data offset %" PRIu64 " is not a multiple of the %s "
                       "element size %" PRIu64, path, name, b, dt_dtype_name(t->dtype), esz);
     t->nbytes = (size_t)nbytes;
+    t->offset = b;
     sp->begin = b;
     sp->end = e;
     t->name = str_dup(name);
@@ -164,6 +165,26 @@ static dt_status parse_metadata(const char *path, const cJSON *m, dt_safetensors
         st->meta_values[i] = str_dup(v->valuestring);
         if (!st->meta_keys[i] || !st->meta_values[i])
             return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
+    }
+    return DT_OK;
+}
+
+/* Metadata "crc32.<tensor>": 8 hex digits, for a tensor of the file. */
+static dt_status parse_crcs(const char *path, dt_safetensors *st) {
+    size_t np = strlen(DT_ST_CRC_PREFIX);
+    for (int i = 0; i < st->n_meta; i++) {
+        const char *k = st->meta_keys[i], *v = st->meta_values[i];
+        if (strncmp(k, DT_ST_CRC_PREFIX, np)) continue;
+        dt_st_tensor *t = NULL;
+        for (int j = 0; j < st->n_tensors && !t; j++)
+            if (!strcmp(st->tensors[j].name, k + np)) t = &st->tensors[j];
+        if (!t) return DT_ERR(DT_EFORMAT, "%s: metadata '%s' is the checksum of a tensor the file does not have", path, k);
+        char *end = NULL;
+        unsigned long c = strtoul(v, &end, 16);
+        if (strlen(v) != 8 || *end || *v == '-' || *v == '+' || *v == ' ')
+            return DT_ERR(DT_EFORMAT, "%s: tensor '%s': checksum '%s' is not 8 hex digits", path, t->name, v);
+        t->has_crc = 1;
+        t->crc = (uint32_t)c;
     }
     return DT_OK;
 }
@@ -272,9 +293,8 @@ done:
     return s;
 }
 
-static dt_status parse_header(const char *path, dt_safetensors *st, uint64_t n) {
-    const char *raw = (const char *)st->file_bytes + 8;
-    uint64_t data_size = st->file_size - 8 - n;
+dt_status dt_st_parse_header(const char *path, const char *raw, uint64_t n, uint64_t data_size,
+                             dt_safetensors *st) {
     if (memchr(raw, 0, (size_t)n))
         return DT_ERR(DT_EFORMAT, "%s: header contains a NUL byte", path);
     char *text = malloc((size_t)n + 1);
@@ -324,10 +344,7 @@ static dt_status parse_header(const char *path, dt_safetensors *st, uint64_t n) 
     }
     st->n_tensors = n_t;
     s = check_coverage(path, st, sp, data_size);
-    if (s != DT_OK) goto done;
-    unsigned char *data = (unsigned char *)st->file_bytes + 8 + n;
-    /* sp is sorted now; map back by index */
-    for (int i = 0; i < n_t; i++) st->tensors[sp[i].idx].data = data + sp[i].begin;
+    if (s == DT_OK) s = parse_crcs(path, st);
 done:
     free(sp);
     cJSON_Delete(root);
@@ -340,7 +357,12 @@ dt_status dt_safetensors_load(const char *path, dt_safetensors *st) {
     if (!path || !*path) return DT_ERR(DT_EINVAL, "dt_safetensors_load: empty path");
     uint64_t n = 0;
     dt_status s = read_file(path, st, &n);
-    if (s == DT_OK) s = parse_header(path, st, n);
+    if (s == DT_OK) s = dt_st_parse_header(path, (const char *)st->file_bytes + 8, n, st->file_size - 8 - n, st);
+    for (int i = 0; s == DT_OK && i < st->n_tensors; i++) {
+        dt_st_tensor *t = &st->tensors[i];
+        t->data = (unsigned char *)st->file_bytes + 8 + n + t->offset;
+        if (t->has_crc) s = dt_st_crc_verify(path, t->name, t->crc, dt_st_crc_update(0, t->data, t->nbytes));
+    }
     if (s == DT_OK && !(st->path = str_dup(path))) s = DT_ERR(DT_ENOMEM, "%s: out of memory", path);
     if (s != DT_OK) dt_safetensors_free(st);
     return s;

@@ -1,13 +1,16 @@
 /* safetensors writer: whole-file (dt_safetensors_write) and streaming
  * (dt_st_writer). Both validate the entries, build the same padded header and
- * write through the atomic temp-file helper. */
+ * write through the atomic temp-file helper. Both record every tensor's
+ * CRC-32 as metadata "crc32.<name>" (st_internal.h): the whole-file writer
+ * computes them first; the streaming one writes 8-character placeholders and
+ * patches them at commit, having summed the bytes as they were appended. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cjson/cJSON.h>
-#include "dtrain/io.h"
+#include "st_internal.h"
 #include "util/atomic_file.h"
 
 struct dt_st_writer {
@@ -18,7 +21,12 @@ struct dt_st_writer {
     uint64_t total;       /* declared data section size */
     uint64_t written;     /* data bytes appended so far */
     int failed;           /* sticky: an append failed, commit must fail */
+    uint64_t *crc_at;     /* file offset of entry i's checksum placeholder */
+    uint32_t *crc;        /* entry i's CRC-32 (complete once written passes ends[i]) */
+    int cur;              /* entry the next appended byte belongs to */
 };
+
+#define CRC_HEX 8   /* placeholder and value length */
 
 static const char *path_or(const char *p) { return p ? p : "?"; }
 
@@ -140,6 +148,12 @@ static dt_status validate(const char *path, const dt_st_entry *entries, int n_en
             free(names);
             return s;
         }
+        if (!strncmp(meta[i].key, DT_ST_CRC_PREFIX, strlen(DT_ST_CRC_PREFIX))) {
+            dt_status s = DT_ERR(DT_EINVAL, "%s: metadata key '%s': the prefix '" DT_ST_CRC_PREFIX
+                                 "' is reserved for checksums", path, meta[i].key);
+            free(names);
+            return s;
+        }
         names[i] = meta[i].key;
     }
     dup = find_duplicate(names, n_meta);
@@ -163,18 +177,36 @@ static int add_u64(cJSON *arr, uint64_t v) {
     return 0;
 }
 
+/* Checksum value of entry i: its CRC as hex, or the placeholder "#<i as 7 hex digits>". */
+static void crc_value(const uint32_t *crc, int i, char *buf) {
+    if (crc) snprintf(buf, CRC_HEX + 1, "%08" PRIx32, crc[i]);
+    else snprintf(buf, CRC_HEX + 1, "#%07x", (unsigned)i & 0xfffffffu);
+}
+
 /* Builds "<u64 N><N bytes JSON, space padded so 8 + N is a multiple of 8>".
+ * Metadata: meta, then a checksum per entry (crc: values; NULL: placeholders).
  * The caller frees *out. */
 static dt_status build_header(const char *path, const dt_st_entry *entries, int n_entries,
                               const dt_st_meta *meta, int n_meta, const uint64_t *ends,
-                              char **out, size_t *out_len) {
+                              const uint32_t *crc, char **out, size_t *out_len) {
     cJSON *root = cJSON_CreateObject();
     int ok = root != NULL;
-    if (ok && n_meta > 0) {
+    if (ok && n_meta + n_entries > 0) {
         cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
         ok = m != NULL;
         for (int i = 0; ok && i < n_meta; i++)
             ok = cJSON_AddStringToObject(m, meta[i].key, meta[i].value) != NULL;
+        for (int i = 0; ok && i < n_entries; i++) {
+            size_t kn = strlen(DT_ST_CRC_PREFIX) + strlen(entries[i].name) + 1;
+            char *key = malloc(kn), val[CRC_HEX + 1];
+            ok = key != NULL;
+            if (ok) {
+                snprintf(key, kn, DT_ST_CRC_PREFIX "%s", entries[i].name);
+                crc_value(crc, i, val);
+                ok = cJSON_AddStringToObject(m, key, val) != NULL;
+            }
+            free(key);
+        }
     }
     for (int i = 0; ok && i < n_entries; i++) {
         const dt_st_entry *e = &entries[i];
@@ -206,14 +238,23 @@ static dt_status build_header(const char *path, const dt_st_entry *entries, int 
     return DT_OK;
 }
 
-/* Validate + build the header; *ends is allocated for the caller. */
+/* Validate + build the header; *ends is allocated for the caller. need_data:
+ * checksums from the entries' data, else placeholders. */
 static dt_status prepare(const char *path, const dt_st_entry *entries, int n_entries,
                          const dt_st_meta *meta, int n_meta, int need_data, uint64_t **ends,
                          uint64_t *total, char **hdr, size_t *hdr_len) {
     *ends = calloc((size_t)(n_entries > 0 ? n_entries : 1), sizeof **ends);
     if (!*ends) return DT_ERR(DT_ENOMEM, "%s: out of memory", path_or(path));
     dt_status s = validate(path, entries, n_entries, meta, n_meta, need_data, *ends, total);
-    if (s == DT_OK) s = build_header(path, entries, n_entries, meta, n_meta, *ends, hdr, hdr_len);
+    uint32_t *crc = NULL;
+    if (s == DT_OK && need_data) {
+        crc = calloc((size_t)(n_entries > 0 ? n_entries : 1), sizeof *crc);
+        if (!crc) s = DT_ERR(DT_ENOMEM, "%s: out of memory", path);
+        for (int i = 0; crc && i < n_entries; i++)
+            crc[i] = dt_st_crc_update(0, entries[i].data, (size_t)((*ends)[i] - (i ? (*ends)[i - 1] : 0)));
+    }
+    if (s == DT_OK) s = build_header(path, entries, n_entries, meta, n_meta, *ends, crc, hdr, hdr_len);
+    free(crc);
     if (s != DT_OK) {
         free(*ends);
         *ends = NULL;
@@ -248,6 +289,8 @@ static void writer_free(dt_st_writer *w) {
     for (int i = 0; i < w->n_entries; i++) free(w->names[i]);
     free(w->names);
     free(w->ends);
+    free(w->crc_at);
+    free(w->crc);
     free(w);
 }
 
@@ -266,7 +309,9 @@ dt_status dt_st_writer_open(dt_st_writer **wp, const char *path, const dt_st_ent
         return s;
     }
     w->names = calloc((size_t)(n_entries > 0 ? n_entries : 1), sizeof *w->names);
-    if (!w->names) {
+    w->crc_at = calloc((size_t)(n_entries > 0 ? n_entries : 1), sizeof *w->crc_at);
+    w->crc = calloc((size_t)(n_entries > 0 ? n_entries : 1), sizeof *w->crc);
+    if (!w->names || !w->crc_at || !w->crc) {
         free(hdr);
         writer_free(w);
         return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
@@ -283,6 +328,17 @@ dt_status dt_st_writer_open(dt_st_writer **wp, const char *path, const dt_st_ent
         memcpy(w->names[i], entries[i].name, len);
     }
     w->n_entries = n_entries;
+    /* Placeholder i is the last ':"#<i>"' of the header: metadata values are
+     * the only strings after a ':', and the checksums come after meta's. */
+    for (int i = 0; i < n_entries; i++) {
+        char pat[CRC_HEX + 4], val[CRC_HEX + 1];
+        crc_value(NULL, i, val);
+        int np = snprintf(pat, sizeof pat, ":\"%s\"", val);
+        size_t at = 0;   /* hdr is hdr_len bytes, not NUL-terminated */
+        for (size_t q = hdr_len - (size_t)np; q >= 8 && !at; q--)
+            if (!memcmp(hdr + q, pat, (size_t)np)) at = q;
+        w->crc_at[i] = (uint64_t)at + 2;   /* always found: build_header wrote it */
+    }
     s = dt_atomic_open(&w->af, path);
     if (s == DT_OK) {
         s = dt_atomic_write(&w->af, hdr, hdr_len);
@@ -325,6 +381,15 @@ dt_status dt_st_writer_append(dt_st_writer *w, const void *bytes, size_t n) {
         w->failed = 1;
         return s;
     }
+    /* checksums of the entries these bytes belong to */
+    const unsigned char *b = bytes;
+    uint64_t pos = w->written, end = w->written + n;
+    while (pos < end) {
+        while (w->cur < w->n_entries && w->ends[w->cur] <= pos) w->cur++;   /* (skips empty entries) */
+        uint64_t stop = w->ends[w->cur] < end ? w->ends[w->cur] : end;
+        w->crc[w->cur] = dt_st_crc_update(w->crc[w->cur], b + (pos - w->written), (size_t)(stop - pos));
+        pos = stop;
+    }
     w->written += n;
     return DT_OK;
 }
@@ -342,7 +407,14 @@ dt_status dt_st_writer_commit(dt_st_writer *w) {
                    w->af.path, w->written, w->total, entry_at(w, w->written));
         dt_atomic_discard(&w->af);
     } else {
-        s = dt_atomic_commit(&w->af);
+        s = DT_OK;
+        for (int i = 0; s == DT_OK && i < w->n_entries; i++) {
+            char val[CRC_HEX + 1];
+            crc_value(w->crc, i, val);
+            s = dt_atomic_pwrite(&w->af, w->crc_at[i], val, CRC_HEX);
+        }
+        if (s == DT_OK) s = dt_atomic_commit(&w->af);
+        else dt_atomic_discard(&w->af);
     }
     writer_free(w);
     return s;

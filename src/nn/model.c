@@ -159,6 +159,7 @@ dt_status dt_model_build(dt_model *m) {
     if (m->built) return DT_ERR(DT_ESTATE, "model %s: dt_model_build called twice", m->name);
     if (!m->forward) DT_TRY(dt_model_check_blocks(m));
     DT_TRY(default_layout(m));
+    dt_model_arch_fingerprint(m);
     m->built = 1;
     return DT_OK;
 }

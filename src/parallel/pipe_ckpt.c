@@ -91,7 +91,7 @@ static dt_status write_index(dt_pipe *p, dt_run *r, const char *dir, const char 
             sh[k++].name = sname[s * np + i];
         }
     dt_ckpt_meta meta;
-    dt_checkpoint_meta(r, p->zero ? dt_zero_optim_step(p->zero) : p->optim.step, &meta);
+    dt_checkpoint_meta(r, p->zero ? "pipeline+zero" : "pipeline", p->zero ? dt_zero_optim_step(p->zero) : p->optim.step, &meta);
     dt_status s = dt_ckpt_write_index(dir, set, dt_pg_size(p->world), 0, sh, k, meta.m, meta.n);
     free(sh);
     free(sname);

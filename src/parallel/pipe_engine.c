@@ -122,9 +122,11 @@ static dt_status peer_failed(dt_pipe *p, int q) {
     int me = dt_pg_rank(p->world);
     char here[64] = "";
     if (n->j >= 0) snprintf(here, sizeof here, ", micro-batch %d", n->j);
-    if (s != DT_OK)
-        return DT_ERR(s, "pipeline stage %d (rank %d)%s: abort notice from stage %d: %s", p->stage, me, here, q,
-                      dt_error_message());
+    if (s != DT_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", dt_error_message());
+        return DT_ERR(s, "pipeline stage %d (rank %d)%s: abort notice from stage %d: %s", p->stage, me, here, q, why);
+    }
     const float *f = n->in[q];
     if (f[0] < 0)
         return DT_ERR(DT_ECOMM, "pipeline stage %d (rank %d)%s: stage %d (rank %d) left the pipeline mid-step",

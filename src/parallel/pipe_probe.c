@@ -11,6 +11,7 @@
  * buffer such as "bn1.running_mean" belongs to module bn1's block). */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,9 +43,12 @@ static dt_status probe_pass(dt_model *m, dt_graph *g, const dt_batch *ex, dt_pip
             dt_tensor *loss = dt_model_loss(m, g, ex, x, NULL);
             if (!loss) x = NULL;
         }
-        if (!x) return DT_ERR(dt_error_code() ? dt_error_code() : DT_EINVAL,
-                              "pipeline probe: block %s failed on one micro-batch: %s", m->blocks[i].name,
-                              dt_error_message());
+        if (!x) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", dt_error_message());
+            return DT_ERR(dt_error_code() ? dt_error_code() : DT_EINVAL,
+                          "pipeline probe: block %s failed on one micro-batch: %s", m->blocks[i].name, why);
+        }
         double ms = (dt_par_now_us() - t0) / 1e3;
         if (ms < pr->cost[i]) pr->cost[i] = ms;
         for (int k = 0; k < m->n_params; k++) {

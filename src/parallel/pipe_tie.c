@@ -211,9 +211,12 @@ dt_status dt_pipe_ties_fold(dt_pipe *p, int j) {
         for (int h = 0; h < e->n_holders; h++) {   /* descending virtual stage: backward's order */
             dt_status s = dt_work_wait(e->work[h]);
             e->work[h] = NULL;
-            if (s != DT_OK)
+            if (s != DT_OK) {
+                char why[512];
+                snprintf(why, sizeof why, "%s", dt_error_message());
                 return DT_ERR(s, "pipeline: tied parameter %s: rows of micro-batch %d from rank %d: %s", e->p->name, j,
-                              e->holders[h], dt_error_message());
+                              e->holders[h], why);
+            }
             const float *msg = e->msg + (size_t)h * e->msg_len;
             int64_t n = (int64_t)msg[0], C = e->cols;
             if (n < 0 || n > e->rows)

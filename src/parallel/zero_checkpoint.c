@@ -34,6 +34,13 @@ typedef struct zc {
 } zc;
 
 
+/* The strategy a checkpoint records: "zero-<stage>". */
+static const char *zero_name(const dt_zero *z) {
+    static const char *names[4] = {"zero", "zero-1", "zero-2", "zero-3"};
+    int st = dt_zero_stage(z);
+    return names[st >= 1 && st <= 3 ? st : 0];
+}
+
 static const dt_zero_bucket *bucket(const zc *c, int j) { return dt_zero_bucket_at(c->z, c->bk[j]); }
 
 static dt_status zc_init(zc *c, dt_zero *z, dt_run *r) {
@@ -149,7 +156,7 @@ static dt_status write_index(const zc *c, const char *dir, const char *set) {
     for (int s = 0; s < c->ns; s++)
         for (int i = 0; i < m->n_params; i++) shape_of(&m->params[i]->value, c->sname[s * m->n_params + i], &sh[k++]);
     dt_ckpt_meta meta;
-    dt_checkpoint_meta(c->r, dt_zero_optim_step(c->z), &meta);
+    dt_checkpoint_meta(c->r, zero_name(c->z), dt_zero_optim_step(c->z), &meta);
     dt_status s = dt_ckpt_write_index(dir, set, c->world, dt_zero_stage(c->z), sh, k, meta.m, meta.n);
     free(sh);
     return s;
@@ -251,7 +258,7 @@ static dt_status save_consolidated(const zc *c, const char *path) {
         for (int j = 0; j < c->nb; j++)
             if (bucket(c, j)->shard > max_shard) max_shard = bucket(c, j)->shard;
         dt_ckpt_meta meta;
-        dt_checkpoint_meta(c->r, dt_zero_optim_step(c->z), &meta);
+        dt_checkpoint_meta(c->r, zero_name(c->z), dt_zero_optim_step(c->z), &meta);
         s0 = consolidated_entries(c, &e, &n);
         if (s0 == DT_OK && !(tmp = malloc(max_shard * sizeof *tmp))) s0 = DT_ERR(DT_ENOMEM, "%s: out of memory", path);
         if (s0 == DT_OK) s0 = dt_st_writer_open(&w, path, e, n, meta.m, meta.n);

@@ -1,5 +1,6 @@
 /* Checkpoint metadata shared by every checkpoint writer (the trainer's single
- * file, ZeRO's sharded and consolidated sets): run identity, position, RNG. */
+ * file, ZeRO's sharded and consolidated sets, pipeline sets): run identity,
+ * architecture, strategy, position, RNG. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,12 +22,18 @@ static void meta_add(dt_ckpt_meta *mb, const char *key, const char *fmt, unsigne
     mb->n++;
 }
 
-void dt_checkpoint_meta(const dt_run *r, int64_t optim_step, dt_ckpt_meta *mb) {
+void dt_checkpoint_meta(const dt_run *r, const char *strategy, int64_t optim_step, dt_ckpt_meta *mb) {
     const dt_model *m = r->model;
     mb->n = 0;
     mb->m[mb->n++] = (dt_st_meta){"format", "dtrain-checkpoint-1"};
     mb->m[mb->n++] = (dt_st_meta){"model", m->name};
     mb->m[mb->n++] = (dt_st_meta){"optimizer", optim_name(r)};
+    mb->m[mb->n++] = (dt_st_meta){"strategy", strategy ? strategy : "?"};
+    int na = dt_model_arch_fields(&m->cfg, mb->arch);
+    for (int i = 0; i < na; i++) mb->m[mb->n++] = (dt_st_meta){mb->arch[i].key, mb->arch[i].value};
+    snprintf(mb->v[mb->n], sizeof mb->v[0], "%d:%08x", m->arch_n, (unsigned)m->arch_crc);
+    mb->m[mb->n] = (dt_st_meta){"arch.params", mb->v[mb->n]};
+    mb->n++;
     meta_add(mb, "step", "%llu", (unsigned long long)*r->step);
     meta_add(mb, "optim_step", "%llu", (unsigned long long)optim_step);
     meta_add(mb, "epoch", "%llu", (unsigned long long)r->sampler->epoch);
@@ -47,7 +54,31 @@ static dt_status meta_u64(dt_ckpt_meta_get get, const void *src, const char *wha
     return DT_OK;
 }
 
-/* format / model / optimizer match this run. */
+/* Architecture: the config fields first (they name a flag), then the
+ * parameter fingerprint (a user's model; anything the fields miss). Keys a
+ * checkpoint lacks (written before they existed) are not checked. */
+static dt_status check_arch(const dt_model *m, dt_ckpt_meta_get get, const void *src, const char *what) {
+    dt_arch_field f[DT_ARCH_FIELDS_MAX];
+    int n = dt_model_arch_fields(&m->cfg, f);
+    for (int i = 0; i < n; i++) {
+        const char *v = get(src, f[i].key);
+        if (v && strcmp(v, f[i].value))
+            return DT_ERR(DT_EINVAL, "checkpoint %s was saved with %s %s, this run has %s", what, f[i].flag, v,
+                          f[i].value);
+    }
+    const char *v = get(src, "arch.params");
+    char mine[32];
+    snprintf(mine, sizeof mine, "%d:%08x", m->arch_n, (unsigned)m->arch_crc);
+    if (v && strcmp(v, mine)) {
+        int cn = atoi(v);
+        return DT_ERR(DT_EINVAL, "checkpoint %s was saved from a model '%s' with other parameters (%d parameters "
+                      "and buffers, names and shapes CRC-32 %s), this run's has %d (%08x): another architecture",
+                      what, m->name, cn, strchr(v, ':') ? strchr(v, ':') + 1 : v, m->arch_n, (unsigned)m->arch_crc);
+    }
+    return DT_OK;
+}
+
+/* format / model / optimizer / architecture match this run. */
 dt_status dt_checkpoint_check_identity(const dt_run *r, dt_ckpt_meta_get get, const void *src, const char *what) {
     const char *fmt = get(src, "format"), *kind = get(src, "model"), *opt = get(src, "optimizer");
     const char *have = r->model->name;
@@ -58,7 +89,7 @@ dt_status dt_checkpoint_check_identity(const dt_run *r, dt_ckpt_meta_get get, co
     if (!opt || strcmp(opt, optim_name(r)))
         return DT_ERR(DT_EFORMAT, "%s: checkpoint optimizer is '%s', this run uses '%s'", what, opt ? opt : "?",
                       optim_name(r));
-    return DT_OK;
+    return check_arch(r->model, get, src, what);
 }
 
 dt_status dt_checkpoint_apply_meta(dt_run *r, dt_ckpt_meta_get get, const void *src,
@@ -83,10 +114,13 @@ dt_status dt_checkpoint_apply_meta(dt_run *r, dt_ckpt_meta_get get, const void *
                       "cannot split evenly (resume with a world size dividing %llu)", what,
                       (unsigned long long)world, (unsigned long long)global, (unsigned long long)epoch,
                       (unsigned long long)now, (unsigned long long)global);
-    if (dt_sampler_seek(r->sampler, (int64_t)epoch, (int64_t)(global / now)) != DT_OK)
+    if (dt_sampler_seek(r->sampler, (int64_t)epoch, (int64_t)(global / now)) != DT_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", dt_error_message());
         return DT_ERR(DT_EFORMAT, "%s: data position (epoch %llu, cursor %llu at world size %llu) invalid for this "
                       "dataset/world size: %s", what, (unsigned long long)epoch, (unsigned long long)cursor,
-                      (unsigned long long)world, dt_error_message());
+                      (unsigned long long)world, why);
+    }
     *r->step = (int64_t)step;
     r->model->dropout_rng.s[0] = r0;
     r->model->dropout_rng.s[1] = r1;

@@ -33,7 +33,7 @@ dt_status dt_checkpoint_save(dt_trainer *t, const char *path) {
             fill_entry(&e[k++], nm, &m->params[i]->value, t->optim.state[s] + m->offsets[i] - t->optim.state_begin);
         }
     dt_ckpt_meta mb;
-    dt_checkpoint_meta(&t->run, t->optim.step, &mb);
+    dt_checkpoint_meta(&t->run, t->strat.name, t->optim.step, &mb);
     dt_status st = DT_OK;
     if (t->strat.rank == 0) st = dt_safetensors_write(path, e, k, mb.m, mb.n);
     free(e);

@@ -69,6 +69,11 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK && t->strat.setup) s = t->strat.setup(t->strat.self, &t->run);
     t->run.example = (dt_batch){0};   /* setup only: the buffers are reused for training */
     if (s == DT_OK && o->resume && t->strat.load) s = t->strat.load(t->strat.self, &t->run, o->resume);
+    if (s == DT_OK && o->resume && t->step > t->total_steps)   /* a run that would train "-N steps" */
+        s = o->steps ? DT_ERR(DT_EINVAL, "--steps %lld is below step %lld of checkpoint %s", (long long)o->steps,
+                              (long long)t->step, o->resume)
+                     : DT_ERR(DT_EINVAL, "--epochs %d (%lld steps) end before step %lld of checkpoint %s", o->epochs,
+                              (long long)t->total_steps, (long long)t->step, o->resume);
     if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
     if (s == DT_OK && o->trace) {
         char path[4096];

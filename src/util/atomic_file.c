@@ -1,8 +1,10 @@
 /* Atomic file replacement: temp file in the target's directory, fsync,
  * rename, fsync of the directory. A crash or error never leaves a partially
  * written file at the destination. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "util/atomic_file.h"
+#include "util/log_internal.h"
 
 /* Distinguishes temp files of concurrent writers within one process. */
 static atomic_uint tmp_counter;
@@ -28,9 +31,56 @@ static void af_release(dt_atomic_file *af) {
     af->f = NULL;
 }
 
+/* The pid of name if it is one of path's temp files ("<base>.tmp.<pid>.<n>"), else 0. */
+static long temp_pid(const char *name, const char *base) {
+    size_t nb = strlen(base);
+    if (strncmp(name, base, nb) || strncmp(name + nb, ".tmp.", 5)) return 0;
+    const char *p = name + nb + 5;
+    char *end;
+    if (*p < '0' || *p > '9') return 0;
+    long pid = strtol(p, &end, 10);
+    if (*end != '.' || end[1] < '0' || end[1] > '9') return 0;
+    strtoul(end + 1, &end, 10);
+    return *end == 0 && pid > 0 ? pid : 0;
+}
+
+/* Removes temp files of path left by writers that died mid-write (killed
+ * saves): their pid is not a live process here. A live pid's file may be a
+ * save in progress and is kept (so is every file when the pid is alive but
+ * another user's: EPERM). Temp files of a writer on another host sharing
+ * the directory would look dead; a target written from two hosts at once is
+ * not supported anyway. Best effort: failures are ignored. */
+static void remove_stale_temps(const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!*base) return;
+    char *dir = slash ? malloc((size_t)(slash - path) + 2) : str_dup(".");
+    if (!dir) return;
+    if (slash) {
+        size_t n = slash == path ? 1 : (size_t)(slash - path);
+        memcpy(dir, path, n);
+        dir[n] = 0;
+    }
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            long pid = temp_pid(e->d_name, base);
+            if (!pid || pid == (long)getpid() || pid != (long)(pid_t)pid) continue;
+            if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+            if (unlinkat(dirfd(d), e->d_name, 0) == 0)
+                dt_log(DT_LOG_WARN, "%s: removed %s/%s, left by writer %ld which no longer runs (a killed save)",
+                       path, dir, e->d_name, pid);
+        }
+        closedir(d);
+    }
+    free(dir);
+}
+
 dt_status dt_atomic_open(dt_atomic_file *af, const char *path) {
     memset(af, 0, sizeof *af);
     if (!path || !*path) return DT_ERR(DT_EINVAL, "atomic write: empty path");
+    remove_stale_temps(path);
     af->path = str_dup(path);
     size_t cap = strlen(path) + 64;
     af->tmp_path = malloc(cap);
@@ -70,6 +120,19 @@ dt_status dt_atomic_write(dt_atomic_file *af, const void *bytes, size_t n) {
     if (fwrite(bytes, 1, n, af->f) != n) {
         int e = errno;
         return DT_ERR(DT_EIO, "%s: write failed: %s", af->path, strerror(e));
+    }
+    return DT_OK;
+}
+
+dt_status dt_atomic_pwrite(dt_atomic_file *af, uint64_t off, const void *bytes, size_t n) {
+    if (!af->f) return DT_ERR(DT_ESTATE, "atomic write: file is not open");
+    if (fflush(af->f) != 0) return DT_ERR(DT_EIO, "%s: write failed: %s", af->path, strerror(errno));
+    const unsigned char *p = bytes;
+    while (n > 0) {
+        ssize_t k = pwrite(fileno(af->f), p, n, (off_t)off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return DT_ERR(DT_EIO, "%s: write failed: %s", af->path, k < 0 ? strerror(errno) : "no progress");
+        p += k; off += (uint64_t)k; n -= (size_t)k;
     }
     return DT_OK;
 }

@@ -4,6 +4,7 @@
 #define DTRAIN_UTIL_ATOMIC_FILE_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include "dtrain/error.h"
 
@@ -13,7 +14,9 @@ typedef struct dt_atomic_file {
     char *tmp_path;   /* path + ".tmp.<pid>.<n>" */
 } dt_atomic_file;
 
-/* Create the temp file next to path. On failure nothing is left behind. */
+/* Create the temp file next to path. On failure nothing is left behind.
+ * First removes path's temp files whose writer process is dead (killed
+ * saves); a live writer's are kept. */
 dt_status dt_atomic_open(dt_atomic_file *af, const char *path);
 /* Append n bytes to the temp file. On failure the temp file stays open: call
  * dt_atomic_discard. */
@@ -22,6 +25,8 @@ dt_status dt_atomic_write(dt_atomic_file *af, const void *bytes, size_t n);
  * temp file is removed and an existing file at path is left untouched.
  * Always releases af. */
 dt_status dt_atomic_commit(dt_atomic_file *af);
+/* Overwrite n bytes at file offset off (already written) of the temp file. */
+dt_status dt_atomic_pwrite(dt_atomic_file *af, uint64_t off, const void *bytes, size_t n);
 /* Close and remove the temp file; releases af. Safe on a zeroed af. */
 void dt_atomic_discard(dt_atomic_file *af);
 /* The whole file in one call (also public in io.h). */

@@ -9,10 +9,15 @@ static _Thread_local char tl_msg[1024];
 static _Thread_local char tl_loc[256];
 
 dt_status dt_error_set(dt_status code, const char *file, int line, const char *fmt, ...) {
+    /* Format into a local buffer first: an argument may be dt_error_message()
+     * itself ("...: %s", dt_error_message()), which vsnprintf into tl_msg would
+     * overwrite while reading it. */
+    char msg[sizeof tl_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(tl_msg, msg, sizeof msg);
     const char *s = strstr(file, "src/");
     snprintf(tl_loc, sizeof tl_loc, "%s:%d", s ? s : file, line);
     tl_code = code;

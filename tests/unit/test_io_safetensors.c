@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
+#include <zlib.h>
 #include "dtrain/io.h"
 #include "tmpdir.h"
 
@@ -162,7 +163,20 @@ static void test_roundtrip_dtypes(void **state) {
     cJSON *offs = cJSON_GetObjectItemCaseSensitive(ja, "data_offsets");
     assert_int_equal(cJSON_GetArrayItem(offs, 0)->valueint, 28);
     assert_int_equal(cJSON_GetArrayItem(offs, 1)->valueint, 52);
-    assert_null(cJSON_GetObjectItemCaseSensitive(root, "__metadata__"));
+    /* the only metadata: each tensor's zlib CRC-32 as 8 hex digits */
+    cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+    assert_int_equal(cJSON_GetArraySize(meta), 6);
+    for (int i = 0; i < 6; i++) {
+        char key[64], want[16];
+        snprintf(key, sizeof key, "crc32.%s", e[i].name);
+        int64_t numel = 1;
+        for (int d = 0; d < e[i].ndim; d++) numel *= e[i].shape[d];
+        uLong c = crc32(0L, e[i].data, (uInt)((size_t)numel * dt_dtype_size(e[i].dtype)));
+        snprintf(want, sizeof want, "%08lx", (unsigned long)c);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
+        assert_true(cJSON_IsString(v));
+        assert_string_equal(v->valuestring, want);
+    }
     cJSON_Delete(root);
     free(hdr);
     free(raw);
@@ -193,6 +207,7 @@ static void test_roundtrip_dtypes(void **state) {
     assert_true(*(const float *)dt_safetensors_find(&st, "scalar.f32")->data == 42.5f);
     assert_null(dt_safetensors_find(&st, "nope"));
     assert_null(dt_safetensors_meta(&st, "anything"));
+    assert_true(dt_safetensors_find(&st, "a")->has_crc);
     dt_safetensors_free(&st);
     assert_null(st.tensors);
 }
@@ -207,7 +222,7 @@ static void test_metadata_roundtrip(void **state) {
     assert_int_equal(dt_safetensors_write(p, &e, 1, m, 5), DT_OK);
     dt_safetensors st;
     assert_int_equal(dt_safetensors_load(p, &st), DT_OK);
-    assert_int_equal(st.n_meta, 5);
+    assert_int_equal(st.n_meta, 5 + 1);   /* + crc32.w */
     for (int i = 0; i < 5; i++) {
         const char *v = dt_safetensors_meta(&st, m[i].key);
         assert_non_null(v);
