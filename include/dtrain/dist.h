@@ -154,6 +154,32 @@
  * dt_pg_set_trace(pg, t): every operation issued afterwards records a Chrome
  * trace event "allreduce 1.0MiB" (category "comm") in lane 1 from the moment
  * it is handed to MPI until it completes. Keep t open while work is in flight.
+ *
+ * 8. Configuration agreement
+ * ---------------------------
+ * Ranks that disagree on what they run (model size, batch, steps, strategy)
+ * issue different collectives and then hang, corrupt memory or silently train
+ * something else. dt_pg_agree compares a list of named settings across the
+ * group and fails on EVERY rank with one message naming the first setting
+ * that differs and the ranks on each side:
+ *
+ *   dt_agree a;
+ *   dt_agree_init(&a);
+ *   dt_agree_add(&a, "--layers", "%d", n_layer);
+ *   dt_agree_add(&a, "--batch", "%lld", (long long)batch);
+ *   dt_status s = dt_pg_agree(pg, &a);   // collective
+ *   dt_agree_free(&a);
+ *   // "configuration differs between ranks: --layers: rank 1 has 3, rank 0 has 2"
+ *
+ * Call it before any other collective that depends on those settings (the
+ * trainer does, before a strategy's set-up; strategy.h). It is safe whatever
+ * the ranks hold: a fixed-size exchange (hash and length of the list) first,
+ * and only when those differ the lists themselves, padded to the longest.
+ * It runs on a communicator of its own with the same MPI calls in both
+ * progress modes, and adds the dist settings that must match themselves
+ * (progress mode, segment size). Settings are compared in rank 0's order
+ * (then those only other ranks have); the ranks with rank 0's value are
+ * named last. The same name twice in one list: the first one counts.
  */
 #ifndef DTRAIN_DIST_H
 #define DTRAIN_DIST_H
@@ -276,5 +302,22 @@ void dt_pg_poll(dt_pg *pg);     /* test in-flight work now */
 void dt_pg_tick(dt_pg *pg);     /* poll if >= tick_ms since this group's last poll */
 void dt_dist_poll(void);        /* dt_pg_poll on every live group */
 void dt_dist_tick(void);        /* dt_pg_tick on every live group */
+
+/* ---- configuration agreement (section 8) ----
+ * A list of (name, value) strings. dt_agree_add copies both; an allocation
+ * failure is remembered and reported by dt_pg_agree on every rank. */
+typedef struct dt_agree {
+    char *buf;      /* "name\0value\0name\0value\0..." */
+    size_t len, cap;
+    int n;          /* fields */
+    int oom;
+} dt_agree;
+void dt_agree_init(dt_agree *a);
+void dt_agree_add(dt_agree *a, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void dt_agree_free(dt_agree *a);
+/* Collective: DT_OK when every rank's list equals this one, else DT_EINVAL on
+ * every rank: "configuration differs between ranks: NAME: rank 1 has X,
+ * ranks 0, 2-3 have Y". */
+dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a);
 
 #endif

@@ -67,6 +67,7 @@ struct dt_work {
 
 struct dt_pg {
     MPI_Comm comm[DT_MAX_PHASE];
+    MPI_Comm side;              /* out of band: configuration agreement (agree.c) */
     int rank, size;
     char name[64];
     dt_progress_mode mode;

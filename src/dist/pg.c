@@ -30,6 +30,13 @@ static dt_status pg_create(MPI_Comm comm, const char *name, dt_pg **out) {
         }
         MPI_Comm_set_errhandler(pg->comm[p], MPI_ERRORS_RETURN);
     }
+    int rc = MPI_Comm_dup(comm, &pg->side);
+    if (rc != MPI_SUCCESS) {
+        for (int q = 0; q < DT_MAX_PHASE; q++) MPI_Comm_free(&pg->comm[q]);
+        free(pg);
+        return dt__mpi_err(rc, "dt_pg: MPI_Comm_dup");
+    }
+    MPI_Comm_set_errhandler(pg->side, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm, &pg->rank);
     MPI_Comm_size(comm, &pg->size);
     snprintf(pg->name, sizeof pg->name, "%s", name);
@@ -43,6 +50,7 @@ static dt_status pg_create(MPI_Comm comm, const char *name, dt_pg **out) {
         dt_status s = dt__pg_thread_start(pg);
         if (s != DT_OK) {
             for (int q = 0; q < DT_MAX_PHASE; q++) MPI_Comm_free(&pg->comm[q]);
+            MPI_Comm_free(&pg->side);
             free(pg);
             return s;
         }
@@ -125,6 +133,7 @@ dt_status dt_pg_free(dt_pg *pg) {
     dt__shm_free_all(pg);                      /* collective, like the communicator */
     for (int p = 0; p < DT_MAX_PHASE; p++)
         if (pg->comm[p] != MPI_COMM_NULL) MPI_Comm_free(&pg->comm[p]);
+    if (pg->side != MPI_COMM_NULL) MPI_Comm_free(&pg->side);
     for (int i = 0; i < 4; i++) dt_free(pg->pool[i]);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv_work);
