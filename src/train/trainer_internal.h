@@ -13,4 +13,7 @@ dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n);
 int dt_trainer_batch_slots(const dt_trainer *t);
 dt_batch dt_trainer_batch_in(dt_trainer *t, int slot, dt_split split, int64_t n);
 void dt_trainer_free_data(dt_trainer *t);
+/* fingerprint.c: the configuration agreement through the strategy (collective;
+ * before any other collective of the run). No strategy.agree: DT_OK. */
+dt_status dt_trainer_agree(dt_trainer *t);
 #endif
