@@ -180,6 +180,32 @@
  * (progress mode, segment size). Settings are compared in rank 0's order
  * (then those only other ranks have); the ranks with rank 0's value are
  * named last. The same name twice in one list: the first one counts.
+ *
+ * 9. Watchdog
+ * -----------
+ * A wait (dt_work_wait, dt_pg_wait_all and every blocking call) that lasts
+ * opts.stall_warn_s (default 60 s) logs a warning (dt_log, WARN) naming the
+ * operation it waits for (op, sequence number, bytes, group) and the ranks
+ * that have not issued it yet, or that have but show no progress (stopped, or
+ * computing without dt_pg_tick in POLL mode), e.g.
+ *   "collective stalled: allreduce #12 (1.0MiB F32) on world has waited
+ *    60.0 s: rank 1 (its last operation #11, idle 60.0 s) has not joined it"
+ * and again every stall_warn_s while it lasts. The ranks' progress is read
+ * from a tiny shared-memory window per group and machine (two relaxed stores
+ * per collective, one per poll), so it needs nothing from the ranks it
+ * inspects; ranks on other machines are counted as not inspected.
+ * With opts.collective_timeout_s > 0 a wait that long fails with DT_ECOMM and
+ * that message, and the group breaks. MPI cannot cancel a collective, so the
+ * operation stays with the group (its buffers must stay valid), dt_pg_free
+ * and dt_dist_finalize then refuse to tear down (they would wait forever):
+ * the caller reports the error and ends the job with MPI_Abort, as the CLI
+ * does. The library itself never aborts.
+ * opts.debug_collectives: before each collective the ranks compare its
+ * fingerprint (op, dtype, count, root, position) on the side communicator;
+ * the first divergence fails on every rank, before anything is issued, with
+ * DT_ECOMM "collectives diverge on world at collective 7 (--debug-collectives):
+ * rank 1 issues broadcast #7 (512 F32, root 0), rank 0 issues allreduce #7
+ * (1024 F32)". Costs one small allgather per collective: for debugging only.
  */
 #ifndef DTRAIN_DIST_H
 #define DTRAIN_DIST_H
@@ -203,6 +229,11 @@ typedef struct dt_dist_opts {
     size_t segment_bytes;      /* MPI reductions are issued in pieces of at most this; 0: 4 MiB */
     int deterministic;         /* default for new groups (dt_pg_set_deterministic) */
     int keep_mpi_env;          /* 1: do not set the tuned OMPI_MCA_* defaults */
+    /* the watchdog (section 9) */
+    double stall_warn_s;       /* a wait this long logs a warning naming the collective and the
+                                  ranks that have not joined it; 0: 60 s; < 0: off */
+    double collective_timeout_s;   /* a wait this long fails with that message; <= 0: off (default) */
+    int debug_collectives;     /* 1: every collective's fingerprint compared across ranks first */
 } dt_dist_opts;
 
 /* opts may be NULL (defaults). Calling it twice is DT_ESTATE. */

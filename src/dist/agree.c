@@ -73,7 +73,7 @@ static uint64_t fnv1a(const char *p, size_t n) {
     return h;
 }
 
-static dt_status side_allgather(dt_pg *pg, const void *in, void *out, int bytes) {
+dt_status dt__side_allgather(dt_pg *pg, const void *in, void *out, int bytes) {
     MPI_Request r;
     int rc = MPI_Iallgather(in, bytes, MPI_BYTE, out, bytes, MPI_BYTE, pg->side, &r);
     if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_agree: MPI_Iallgather");
@@ -226,7 +226,7 @@ dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a) {
     }
     summary me = {fnv1a(mine.buf, mine.len), (uint32_t)mine.len, (uint32_t)(mine.oom || a->oom || mine.len > 1u << 30)};
     summary *sum = malloc((size_t)pg->size * sizeof *sum);
-    dt_status s = sum ? side_allgather(pg, &me, sum, (int)sizeof me)
+    dt_status s = sum ? dt__side_allgather(pg, &me, sum, (int)sizeof me)
                       : DT_ERR(DT_ENOMEM, "dt_pg_agree on %s: out of memory", pg->name);
     int differ = 0;
     size_t longest = 0;
@@ -242,7 +242,7 @@ dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a) {
         char *all = malloc((size_t)pg->size * longest), *pad = calloc(1, longest);
         if (all && pad) {
             memcpy(pad, mine.buf, mine.len);
-            s = side_allgather(pg, pad, all, (int)longest);
+            s = dt__side_allgather(pg, pad, all, (int)longest);
             if (s == DT_OK) s = explain(pg, all, longest, sum);
         } else {
             s = DT_ERR(DT_ENOMEM, "dt_pg_agree on %s: out of memory for %d configurations of %zu bytes", pg->name,
