@@ -129,8 +129,10 @@ static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double n
         double quiet = now - (double)atomic_load_explicit(&s->beat_us, memory_order_relaxed) * 1e-6;
         char piece[96];
         if (!p2p && nc <= op->coll_idx) {
-            if (last) snprintf(piece, sizeof piece, "%d (its last operation #%llu, idle %.1f s)", r,
-                               (unsigned long long)(last - 1), quiet);
+            if (last && quiet < 1.0)   /* it drives the group: held up in an earlier operation */
+                snprintf(piece, sizeof piece, "%d (active, its last operation #%llu)", r, (unsigned long long)(last - 1));
+            else if (last) snprintf(piece, sizeof piece, "%d (its last operation #%llu, idle %.1f s)", r,
+                                    (unsigned long long)(last - 1), quiet);
             else snprintf(piece, sizeof piece, "%d (no operation yet, idle %.1f s)", r, quiet);
             add_rank(late, sizeof late, &la, &nl, piece);
         } else if (quiet >= 1.0) {
