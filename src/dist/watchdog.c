@@ -17,11 +17,15 @@
 #include "dist/dist_internal.h"
 #include "util/log_internal.h"
 
+/* 64 bytes (a cache line of its own when the segment is line-aligned; Open
+ * MPI only guarantees 8-byte alignment of a rank's segment) */
 typedef struct wd_slot {
-    _Alignas(64) _Atomic uint64_t ncoll;   /* collectives issued */
-    _Atomic uint64_t last_seq1;            /* sequence number + 1 of the latest op issued (any kind) */
-    _Atomic uint64_t beat_us;              /* CLOCK_MONOTONIC us when it last drove the group */
+    _Atomic uint64_t ncoll;       /* collectives issued */
+    _Atomic uint64_t last_seq1;   /* sequence number + 1 of the latest op issued (any kind) */
+    _Atomic uint64_t beat_us;     /* CLOCK_MONOTONIC us when it last drove the group */
+    uint64_t pad[5];
 } wd_slot;
+_Static_assert(sizeof(wd_slot) == 64, "one slot per cache line");
 
 struct dt_wd {
     MPI_Win win;
@@ -52,7 +56,7 @@ void dt__wd_create(dt_pg *pg) {
             int du;
             void *p = NULL;
             MPI_Win_shared_query(win, i, &sz, &du, &p);
-            if (gr[i] >= 0 && gr[i] < pg->size) slot[gr[i]] = p;
+            if (gr[i] >= 0 && gr[i] < pg->size && ((uintptr_t)p & 7) == 0) slot[gr[i]] = p;
         }
         wd->win = win;
         wd->node = node;
@@ -127,15 +131,16 @@ static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double n
         uint64_t nc = atomic_load_explicit(&s->ncoll, memory_order_relaxed);
         uint64_t last = atomic_load_explicit(&s->last_seq1, memory_order_relaxed);
         double quiet = now - (double)atomic_load_explicit(&s->beat_us, memory_order_relaxed) * 1e-6;
+        /* quiet for most of this wait (and longer than THREAD mode's 0.25 s beat) */
+        int stale = quiet >= 0.5 * waited && quiet >= 1.0;
         char piece[96];
         if (!p2p && nc <= op->coll_idx) {
-            if (last && quiet < 1.0)   /* it drives the group: held up in an earlier operation */
-                snprintf(piece, sizeof piece, "%d (active, its last operation #%llu)", r, (unsigned long long)(last - 1));
-            else if (last) snprintf(piece, sizeof piece, "%d (its last operation #%llu, idle %.1f s)", r,
-                                    (unsigned long long)(last - 1), quiet);
+            /* idle ~0: it drives the group, held up in an earlier operation */
+            if (last) snprintf(piece, sizeof piece, "%d (its last operation #%llu, idle %.1f s)", r,
+                               (unsigned long long)(last - 1), quiet);
             else snprintf(piece, sizeof piece, "%d (no operation yet, idle %.1f s)", r, quiet);
             add_rank(late, sizeof late, &la, &nl, piece);
-        } else if (quiet >= 1.0) {
+        } else if (stale) {
             snprintf(piece, sizeof piece, "%d (idle %.1f s)", r, quiet);
             add_rank(idle, sizeof idle, &ia, &ni, piece);
         }
