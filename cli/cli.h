@@ -14,6 +14,9 @@ typedef struct dt_cli_dist {
     dt_progress_mode progress;
     int pipelined;                  /* any pipeline flag given: the pipeline strategy (also at --pp 1) */
     dt_pipe_opts pipe;
+    float stall_warn;               /* seconds; 0: off */
+    float collective_timeout;       /* seconds; 0: off */
+    int debug_collectives;
 } dt_cli_dist;
 
 int dt_cli_train(int argc, char **argv, int eval_only);

@@ -93,6 +93,9 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--virtual-stages", DT_ARG_INT, &f->dist.pipe.virtual_stages, "V", "interleaved: model chunks per rank (default 2)", 0, 0},
         {"--max-outstanding", DT_ARG_INT, &f->dist.pipe.max_outstanding, "N", "gpipe: micro-batches in flight per stage (default: all)", 0, 0},
         {"--pp-split", DT_ARG_LIST, &f->dist.pipe.n_split, "N,N,..", "pipeline: blocks per (virtual) stage (default: balanced by measured cost)", f->dist.pipe.split, DT_PIPE_MAX_VSTAGES},
+        {"--stall-warn", DT_ARG_FLOAT, &f->dist.stall_warn, "S", "warn when a collective waits S seconds, naming it and the ranks not joined (default 60; 0 = off)", 0, 0},
+        {"--collective-timeout", DT_ARG_FLOAT, &f->dist.collective_timeout, "S", "fail when a collective waits S seconds (default: off)", 0, 0},
+        {"--debug-collectives", DT_ARG_FLAG, &f->dist.debug_collectives, NULL, "compare every collective across ranks before it runs; fail at the first divergence (slow)", 0, 0},
         {"--save-format", DT_ARG_STR, &f->save_format, "sharded|consolidated", "ZeRO checkpoints: a directory of per-rank shards (default) or one file", 0, 0},
     };
     memcpy(t, a, sizeof a);
@@ -223,6 +226,10 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
                         : d->no_overlap ? "--no-overlap (use --overlap-step off)" : f->no_shm ? "--no-shm" : NULL;
         if (bad) { snprintf(err, (size_t)errlen, "%s is a DDP option and is not supported with --zero", bad); return -1; }
     }
+    if (f->dist.stall_warn < 0 || f->dist.collective_timeout < 0) {
+        snprintf(err, (size_t)errlen, "%s must be >= 0 seconds", f->dist.stall_warn < 0 ? "--stall-warn" : "--collective-timeout");
+        return -1;
+    }
     if (pipe_flags(f, err, errlen)) return -1;
     if (f->progress) {
         if (!strcmp(f->progress, "poll")) f->dist.progress = DT_PROGRESS_POLL;
@@ -256,10 +263,11 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     f.nproc = INT_MIN;   /* not given */
     f.bucket_mb = f.first_bucket_mb = NAN;   /* not given: the strategy's defaults */
     f.microbatches = INT_MIN;   /* not given: --pp */
+    f.dist.stall_warn = 60.0f;
     dt_pipe_opts_default(&f.dist.pipe);
     f.dist.pipe.virtual_stages = 0;   /* 0: not given (default by schedule) */
     pre_scan(argc, argv, &f);
-    dt_arg table[64];
+    dt_arg table[96];
     int n = build_table(&f, table);
     char err[512];
     int r = dt_args_parse(table, n, argc, argv, 2, err, sizeof err);

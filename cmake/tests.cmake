@@ -32,7 +32,8 @@ endforeach()
 # (tests/common/mpi_check.h: t_init checks the mode matches it). Every MPI
 # test runs in POLL mode at np 2 and 4; the communication tests below run again
 # in THREAD mode at np 2 and 4 (name suffix _thread_npN).
-set(DT_MPI_THREAD_TESTS test_dist_collectives test_dist_deterministic test_dist_shm
+set(DT_MPI_THREAD_TESTS test_dist_collectives test_dist_deterministic test_dist_shm test_dist_agree
+    test_dist_watchdog test_dist_debug_collectives
     test_ddp_equivalence test_ddp_hooks test_ddp_join test_ddp_accum test_ddp_buffers)
 file(GLOB DT_MPI_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/test_*.c)
 foreach(src ${DT_MPI_TESTS})
@@ -108,4 +109,20 @@ foreach(np 2 4)
   add_test(NAME test_pipeline_faults_np${np}
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_faults.sh $<TARGET_FILE:dtrain_cli> ${np})
   set_tests_properties(test_pipeline_faults_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
+endforeach()
+
+# Ranks started with different settings (MPMD) fail at start-up naming the
+# setting and the ranks (configuration agreement, dist.h section 8).
+foreach(np 2 4)
+  add_test(NAME test_config_agreement_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_config_agreement.sh $<TARGET_FILE:dtrain_cli> ${np} ${DT_MPIEXEC})
+  set_tests_properties(test_config_agreement_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 900)
+endforeach()
+
+# A SIGSTOPped rank is named by the others' stall warning; with
+# --collective-timeout the job ends with an error (dist.h section 9).
+foreach(np 2 4)
+  add_test(NAME test_collective_watchdog_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_collective_watchdog.sh $<TARGET_FILE:dtrain_cli> ${np} ${DT_MPIEXEC})
+  set_tests_properties(test_collective_watchdog_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()

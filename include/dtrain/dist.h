@@ -154,6 +154,58 @@
  * dt_pg_set_trace(pg, t): every operation issued afterwards records a Chrome
  * trace event "allreduce 1.0MiB" (category "comm") in lane 1 from the moment
  * it is handed to MPI until it completes. Keep t open while work is in flight.
+ *
+ * 8. Configuration agreement
+ * ---------------------------
+ * Ranks that disagree on what they run (model size, batch, steps, strategy)
+ * issue different collectives and then hang, corrupt memory or silently train
+ * something else. dt_pg_agree compares a list of named settings across the
+ * group and fails on EVERY rank with one message naming the first setting
+ * that differs and the ranks on each side:
+ *
+ *   dt_agree a;
+ *   dt_agree_init(&a);
+ *   dt_agree_add(&a, "--layers", "%d", n_layer);
+ *   dt_agree_add(&a, "--batch", "%lld", (long long)batch);
+ *   dt_status s = dt_pg_agree(pg, &a);   // collective
+ *   dt_agree_free(&a);
+ *   // "configuration differs between ranks: --layers: rank 1 has 3, rank 0 has 2"
+ *
+ * Call it before any other collective that depends on those settings (the
+ * trainer does, before a strategy's set-up; strategy.h). It is safe whatever
+ * the ranks hold: a fixed-size exchange (hash and length of the list) first,
+ * and only when those differ the lists themselves, padded to the longest.
+ * It runs on a communicator of its own with the same MPI calls in both
+ * progress modes, and adds the dist settings that must match themselves
+ * (progress mode, segment size). Settings are compared in rank 0's order
+ * (then those only other ranks have); the ranks with rank 0's value are
+ * named last. The same name twice in one list: the first one counts.
+ *
+ * 9. Watchdog
+ * -----------
+ * A wait (dt_work_wait, dt_pg_wait_all and every blocking call) that lasts
+ * opts.stall_warn_s (default 60 s) logs a warning (dt_log, WARN) naming the
+ * operation it waits for (op, sequence number, bytes, group) and the ranks
+ * that have not issued it yet, or that have but show no progress (stopped, or
+ * computing without dt_pg_tick in POLL mode), e.g.
+ *   "collective stalled: allreduce #12 (1.0MiB F32) on world has waited
+ *    60.0 s: rank 1 (its last operation #11, idle 60.0 s) has not joined it"
+ * and again every stall_warn_s while it lasts. The ranks' progress is read
+ * from a tiny shared-memory window per group and machine (two relaxed stores
+ * per collective, one per poll), so it needs nothing from the ranks it
+ * inspects; ranks on other machines are counted as not inspected.
+ * With opts.collective_timeout_s > 0 a wait that long fails with DT_ECOMM and
+ * that message, and the group breaks. MPI cannot cancel a collective, so the
+ * operation stays with the group (its buffers must stay valid), dt_pg_free
+ * and dt_dist_finalize then refuse to tear down (they would wait forever):
+ * the caller reports the error and ends the job with MPI_Abort, as the CLI
+ * does. The library itself never aborts.
+ * opts.debug_collectives: before each collective the ranks compare its
+ * fingerprint (op, dtype, count, root, position) on the side communicator;
+ * the first divergence fails on every rank, before anything is issued, with
+ * DT_ECOMM "collectives diverge on world at collective 7 (--debug-collectives):
+ * rank 1 issues broadcast #7 (512 F32, root 0), rank 0 issues allreduce #7
+ * (1024 F32)". Costs one small allgather per collective: for debugging only.
  */
 #ifndef DTRAIN_DIST_H
 #define DTRAIN_DIST_H
@@ -177,6 +229,11 @@ typedef struct dt_dist_opts {
     size_t segment_bytes;      /* MPI reductions are issued in pieces of at most this; 0: 4 MiB */
     int deterministic;         /* default for new groups (dt_pg_set_deterministic) */
     int keep_mpi_env;          /* 1: do not set the tuned OMPI_MCA_* defaults */
+    /* the watchdog (section 9) */
+    double stall_warn_s;       /* a wait this long logs a warning naming the collective and the
+                                  ranks that have not joined it; 0: 60 s; < 0: off */
+    double collective_timeout_s;   /* a wait this long fails with that message; <= 0: off (default) */
+    int debug_collectives;     /* 1: every collective's fingerprint compared across ranks first */
 } dt_dist_opts;
 
 /* opts may be NULL (defaults). Calling it twice is DT_ESTATE. */
@@ -276,5 +333,22 @@ void dt_pg_poll(dt_pg *pg);     /* test in-flight work now */
 void dt_pg_tick(dt_pg *pg);     /* poll if >= tick_ms since this group's last poll */
 void dt_dist_poll(void);        /* dt_pg_poll on every live group */
 void dt_dist_tick(void);        /* dt_pg_tick on every live group */
+
+/* ---- configuration agreement (section 8) ----
+ * A list of (name, value) strings. dt_agree_add copies both; an allocation
+ * failure is remembered and reported by dt_pg_agree on every rank. */
+typedef struct dt_agree {
+    char *buf;      /* "name\0value\0name\0value\0..." */
+    size_t len, cap;
+    int n;          /* fields */
+    int oom;
+} dt_agree;
+void dt_agree_init(dt_agree *a);
+void dt_agree_add(dt_agree *a, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void dt_agree_free(dt_agree *a);
+/* Collective: DT_OK when every rank's list equals this one, else DT_EINVAL on
+ * every rank: "configuration differs between ranks: NAME: rank 1 has X,
+ * ranks 0, 2-3 have Y". */
+dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a);
 
 #endif

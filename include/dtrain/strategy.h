@@ -31,6 +31,7 @@
 #define DTRAIN_STRATEGY_H
 
 #include "dtrain/data.h"
+#include "dtrain/dist.h"
 #include "dtrain/io.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
@@ -101,6 +102,15 @@ typedef struct dt_strategy {
      * and this rank reads replica data_rank's share. 0/0: rank/world (every
      * rank a replica). A pipeline's stages of one replica read the same data. */
     int data_rank, data_world;
+    /* Optional (every multi-rank strategy sets it): the configuration
+     * agreement (dist.h section 8). The trainer lists what must match on
+     * every rank -- "strategy" (the name) first, then model, data, batch,
+     * steps, optimizer, checkpoints -- and calls this before setup() and
+     * before any other collective of the run; the strategy adds its options
+     * and runs dt_pg_agree on its group. A strategy whose constructor already
+     * runs collectives (pipeline: its groups) agrees on "strategy" and its
+     * options there first, with the same first fields. */
+    dt_status (*agree)(void *self, dt_agree *a);
 } dt_strategy;
 
 /* An optimizer with state for every element of m's flat layout, one segment

@@ -119,7 +119,15 @@ static dt_status new_work(dt_pg *pg, dt_opkind kind, int64_t count, dt_dtype dty
 }
 
 static dt_status issue(dt_work *w, dt_work **wp) {
-    w->seq = w->pg->seq++;
+    dt_pg *pg = w->pg;
+    int p2p = w->kind == DT_OPK_SEND || w->kind == DT_OPK_RECV;
+    w->seq = pg->seq++;
+    if (!p2p) w->coll_idx = pg->ncoll++;
+    if (dt__dist.debug && !p2p) {
+        dt_status s = dt__debug_check(w);
+        if (s != DT_OK) { dt__work_free(w); return s; }
+    }
+    dt__wd_issued(w);
     if (!wp) return dt__submit(w);
     dt_status s = dt__submit(w);
     if (s == DT_OK) *wp = w;

@@ -94,6 +94,9 @@ dt_status dt_dist_init(int *argc, char ***argv, const dt_dist_opts *opts) {
     g->segment_bytes = (opts && opts->segment_bytes) ? opts->segment_bytes : (size_t)4 << 20;
     if (g->segment_bytes < 64) g->segment_bytes = 64;
     g->deterministic = opts ? (opts->deterministic != 0) : 0;
+    g->stall_warn_s = opts && opts->stall_warn_s != 0 ? opts->stall_warn_s : 60.0;
+    g->timeout_s = opts ? opts->collective_timeout_s : 0.0;
+    g->debug = opts ? opts->debug_collectives != 0 : 0;
 
     int already = 0, finalized = 0, provided = MPI_THREAD_SINGLE;
     MPI_Initialized(&already);
@@ -141,6 +144,10 @@ dt_status dt_dist_finalize(void) {
     dt__half_ops_free();
     int fin = 0;
     MPI_Finalized(&fin);
+    if (g->timed_out) {   /* MPI_Finalize would wait for the collective that never came */
+        g->initialized = 0;
+        return DT_ERR(DT_ECOMM, "dt_dist_finalize: MPI not finalized after a collective timeout (abort the job)");
+    }
     if (g->we_init_mpi && !fin) MPI_Finalize();
     g->initialized = 0;
     return first;

@@ -26,6 +26,7 @@ typedef enum dt_opkind {
 } dt_opkind;
 
 typedef struct dt_shm dt_shm;
+typedef struct dt_wd dt_wd;
 
 struct dt_work {
     dt_pg *pg;
@@ -63,10 +64,12 @@ struct dt_work {
     uint64_t shm_seq;           /* this op's number on shm (0, 1, ...) */
     size_t shm_off;             /* element offset of out in every rank's segment */
     int shm_reduced;            /* this rank's slice is summed and published */
+    uint64_t coll_idx;          /* collectives (not p2p) issued on pg before this one */
 };
 
 struct dt_pg {
     MPI_Comm comm[DT_MAX_PHASE];
+    MPI_Comm side;              /* out of band: configuration agreement (agree.c) */
     int rank, size;
     char name[64];
     dt_progress_mode mode;
@@ -89,6 +92,10 @@ struct dt_pg {
     pthread_t thread;
     int thread_on, quit;
     dt_shm *shm;                /* node-shared allocations (shm.c) */
+    dt_wd *wd;                  /* watchdog: every rank's progress on this machine (watchdog.c) */
+    uint64_t ncoll;             /* collectives issued (p2p not counted) */
+    dt_work *running;           /* THREAD: the operation the comm thread runs (pg->mu) */
+    int timed_out;              /* a wait passed the collective timeout: nothing more completes */
     char shm_why[256];          /* why the last dt_pg_alloc_shared gave NULL */
     /* registry of live groups */
     dt_pg *reg_next;
@@ -104,6 +111,10 @@ typedef struct dt_dist_state {
     int world_rank, world_size;
     int tag_ub;
     dt_pg *groups;              /* registry */
+    double stall_warn_s;        /* <= 0: off */
+    double timeout_s;           /* <= 0: off */
+    int debug;                  /* fingerprint every collective across ranks first */
+    int timed_out;              /* a group was left after a collective timeout: no MPI_Finalize */
     double last_tick;
 } dt_dist_state;
 extern dt_dist_state dt__dist;
@@ -156,6 +167,23 @@ int dt__shm_advance(dt_work *w);
 int dt__shm_run(dt_work *w);
 void dt__shm_free_all(dt_pg *pg);
 
+/* ---- watchdog.c: stalled waits (dist.h section 9) ----
+ * create/free: collective with the group's creation / dt_pg_free (a group
+ * whose machine-local window cannot be made just reports less).
+ * issued: w was handed to MPI (one relaxed store per collective).
+ * beat: this rank drives pg now (a store of the poll's clock reading).
+ * check: called by waits now and then with the time the wait began;
+ * logs a stall warning each stall_warn seconds; 1 when the collective
+ * timeout passed (pg is then broken and timed out, message in pg). */
+void dt__wd_create(dt_pg *pg);
+void dt__wd_free(dt_pg *pg);
+void dt__wd_issued(dt_work *w);
+void dt__wd_beat(dt_pg *pg, double now);
+int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn);
+/* --debug-collectives: every rank's fingerprint of w (kind, dtype, count,
+ * root, sequence) compared before it is issued; DT_ECOMM naming both sides. */
+dt_status dt__debug_check(dt_work *w);
+
 /* ---- progress.c ---- */
 dt_status dt__submit(dt_work *w);        /* issue (w->internal: and wait); owns w */
 /* POLL mode: poll pg and every other group with work in flight (a peer may
@@ -167,6 +195,11 @@ void dt__work_fail(dt_work *w, int rc, const char *mpi_fn);   /* record failure 
 void dt__work_failf(dt_work *w, dt_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void *dt__comm_thread(void *arg);
+/* "allreduce #12 (1.0MiB F32) on world" */
+void dt__work_describe(const dt_work *w, char *o, size_t n);
+/* agree.c: MPI_Iallgather of `bytes` per rank on pg->side, waited with
+ * MPI_Test (POLL: polling every group meanwhile). */
+dt_status dt__side_allgather(dt_pg *pg, const void *in, void *out, int bytes);
 void dt__work_free(dt_work *w);
 
 #endif

@@ -30,6 +30,13 @@ static dt_status pg_create(MPI_Comm comm, const char *name, dt_pg **out) {
         }
         MPI_Comm_set_errhandler(pg->comm[p], MPI_ERRORS_RETURN);
     }
+    int rc = MPI_Comm_dup(comm, &pg->side);
+    if (rc != MPI_SUCCESS) {
+        for (int q = 0; q < DT_MAX_PHASE; q++) MPI_Comm_free(&pg->comm[q]);
+        free(pg);
+        return dt__mpi_err(rc, "dt_pg: MPI_Comm_dup");
+    }
+    MPI_Comm_set_errhandler(pg->side, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm, &pg->rank);
     MPI_Comm_size(comm, &pg->size);
     snprintf(pg->name, sizeof pg->name, "%s", name);
@@ -39,10 +46,13 @@ static dt_status pg_create(MPI_Comm comm, const char *name, dt_pg **out) {
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv_work, NULL);
     pthread_cond_init(&pg->cv_done, NULL);
+    dt__wd_create(pg);   /* collective, like the communicator */
     if (pg->mode == DT_PROGRESS_THREAD) {
         dt_status s = dt__pg_thread_start(pg);
         if (s != DT_OK) {
+            dt__wd_free(pg);
             for (int q = 0; q < DT_MAX_PHASE; q++) MPI_Comm_free(&pg->comm[q]);
+            MPI_Comm_free(&pg->side);
             free(pg);
             return s;
         }
@@ -112,7 +122,15 @@ dt_status dt_pg_node_of(dt_pg *pg, int *node) {
 dt_status dt_pg_free(dt_pg *pg) {
     if (!pg) return DT_OK;
     dt_status st = dt_pg_wait_all(pg);
-    if (st == DT_OK && pg->shm && !dt__pg_broken(pg, NULL, 0)) st = dt_barrier(pg, NULL);   /* before MPI_Win_free blocks */
+    if (pg->timed_out) {   /* MPI still owns its requests and may never finish them: leave it all */
+        dt__registry_remove(pg);
+        dt__dist.timed_out = 1;
+        char msg[512];
+        dt__pg_broken(pg, msg, sizeof msg);
+        return DT_ERR(DT_ECOMM, "dt_pg_free %s: left in place after a collective timeout (abort the job): %s", pg->name, msg);
+    }
+    if (st == DT_OK && (pg->shm || pg->wd) && !dt__pg_broken(pg, NULL, 0))
+        st = dt_barrier(pg, NULL);   /* before MPI_Win_free blocks */
     if (pg->thread_on) {
         pthread_mutex_lock(&pg->mu);
         pg->quit = 1;
@@ -123,8 +141,10 @@ dt_status dt_pg_free(dt_pg *pg) {
     }
     while (pg->all) dt__work_free(pg->all);   /* unwaited handles become invalid */
     dt__shm_free_all(pg);                      /* collective, like the communicator */
+    dt__wd_free(pg);
     for (int p = 0; p < DT_MAX_PHASE; p++)
         if (pg->comm[p] != MPI_COMM_NULL) MPI_Comm_free(&pg->comm[p]);
+    if (pg->side != MPI_COMM_NULL) MPI_Comm_free(&pg->side);
     for (int i = 0; i < 4; i++) dt_free(pg->pool[i]);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv_work);

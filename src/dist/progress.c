@@ -32,7 +32,7 @@ static int is_p2p(dt_opkind k) { return k == DT_OPK_SEND || k == DT_OPK_RECV; }
 
 /* ---- failures ---- */
 
-static void describe(const dt_work *w, char *o, size_t n) {
+void dt__work_describe(const dt_work *w, char *o, size_t n) {
     snprintf(o, n, "%s #%llu (%s %s) on %s", dt__kind_name(w->kind), (unsigned long long)w->seq,
              strchr(w->name, ' ') ? strchr(w->name, ' ') + 1 : "", dt_dtype_name(w->dtype), w->pg->name);
 }
@@ -42,7 +42,7 @@ void dt__work_fail(dt_work *w, int rc, const char *mpi_fn) {
     int len = 0;
     es[0] = 0;
     MPI_Error_string(rc, es, &len);
-    describe(w, d, sizeof d);
+    dt__work_describe(w, d, sizeof d);
     snprintf(w->msg, sizeof w->msg, "%.159s: %.40s: %.255s", d, mpi_fn ? mpi_fn : "MPI", es);
     w->st = DT_ECOMM;
 }
@@ -53,7 +53,7 @@ void dt__work_failf(dt_work *w, dt_status st, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
-    describe(w, d, sizeof d);
+    dt__work_describe(w, d, sizeof d);
     snprintf(w->msg, sizeof w->msg, "%.159s: %.239s", d, m);
     w->st = st;
 }
@@ -78,6 +78,7 @@ static void complete(dt_work *w) {
     if (w->trace) dt_trace_event(w->trace, w->name, "comm", 1, w->t_begin_us, dt_trace_now_us(w->trace));
     int thr = pg->mode == DT_PROGRESS_THREAD;
     if (thr) pthread_mutex_lock(&pg->mu);
+    if (pg->running == w) pg->running = NULL;
     if (w->st == DT_ECOMM && !is_p2p(w->kind) && !pg->broken) {
         pg->broken = 1;
         snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", w->msg);
@@ -151,6 +152,7 @@ static int poll_pg(dt_pg *pg) {
         }
     }
     pg->last_poll = dt__now();
+    dt__wd_beat(pg, pg->last_poll);
     return changed;
 }
 
@@ -165,12 +167,40 @@ int dt__poll_all(dt_pg *pg) {
     return changed;
 }
 
-static void poll_until(dt_pg *pg, const dt_work *w) {
-    int idle = 0;
+/* 1: the collective timeout passed (the watchdog looks every 256 rounds). */
+static int poll_until(dt_pg *pg, const dt_work *w) {
+    int idle = 0, k = 0;
+    double t0 = dt__now(), next_warn = t0 + dt__dist.stall_warn_s;
     while (w ? !w->done : pg->head != NULL) {
+        if (pg->timed_out) return 1;
         if (dt__poll_all(pg)) idle = 0;
         else if (++idle > 64) sched_yield();
+        if ((++k & 255) == 0 && dt__wd_check(pg, pg->head ? pg->head : w, t0, &next_warn)) return 1;
     }
+    return 0;
+}
+
+/* THREAD mode, pg->mu held: sleep until cv_done or a watchdog look is due.
+ * 1: the collective timeout passed. */
+static int thread_wait(dt_pg *pg, const dt_work *w, double t0, double *next_warn) {
+    if (pg->timed_out) return 1;
+    if (dt__dist.stall_warn_s <= 0 && dt__dist.timeout_s <= 0) {
+        pthread_cond_wait(&pg->cv_done, &pg->mu);
+        return 0;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 250000000L;   /* looks 4 times a second */
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_cond_timedwait(&pg->cv_done, &pg->mu, &ts);
+    const dt_work *op = pg->running ? pg->running : pg->head ? pg->head : w;
+    return dt__wd_check(pg, op, t0, next_warn);
+}
+
+static dt_status timed_out(dt_pg *pg) {
+    char msg[512];
+    dt__pg_broken(pg, msg, sizeof msg);
+    return dt_error_set(DT_ECOMM, __FILE__, __LINE__, "%s", msg);
 }
 
 void dt_pg_poll(dt_pg *pg) {
@@ -245,12 +275,16 @@ dt_status dt__submit(dt_work *w) {
 dt_status dt_work_wait(dt_work *w) {
     if (!w) return DT_OK;
     dt_pg *pg = w->pg;
+    /* after a timeout w stays with the group: MPI may still write its buffers */
     if (pg->mode == DT_PROGRESS_POLL) {
-        poll_until(pg, w);
+        if (poll_until(pg, w)) return timed_out(pg);
     } else {
         pthread_mutex_lock(&pg->mu);
-        while (!w->done) pthread_cond_wait(&pg->cv_done, &pg->mu);
+        double t0 = dt__now(), next_warn = t0 + dt__dist.stall_warn_s;
+        int to = 0;
+        while (!w->done && !to) to = thread_wait(pg, w, t0, &next_warn);
         pthread_mutex_unlock(&pg->mu);
+        if (to) return timed_out(pg);
     }
     return finish_handle(w);
 }
@@ -272,11 +306,14 @@ dt_status dt_work_test(dt_work *w, int *done) {
 dt_status dt_pg_wait_all(dt_pg *pg) {
     if (!pg) return DT_ERR(DT_EINVAL, "dt_pg_wait_all: NULL process group");
     if (pg->mode == DT_PROGRESS_POLL) {
-        poll_until(pg, NULL);
+        if (poll_until(pg, NULL)) return timed_out(pg);
     } else {
         pthread_mutex_lock(&pg->mu);
-        while (pg->inflight > 0) pthread_cond_wait(&pg->cv_done, &pg->mu);
+        double t0 = dt__now(), next_warn = t0 + dt__dist.stall_warn_s;
+        int to = 0;
+        while (pg->inflight > 0 && !to) to = thread_wait(pg, NULL, t0, &next_warn);
         pthread_mutex_unlock(&pg->mu);
+        if (to) return timed_out(pg);
     }
     /* report the oldest failure among live handles */
     const dt_work *bad = NULL;
@@ -328,6 +365,7 @@ void *dt__comm_thread(void *arg) {
             pg->head = w->next;
             if (!pg->head) pg->tail = NULL;
             w->next = NULL;
+            if (!is_p2p(w->kind)) pg->running = w;
         }
         int broken = pg->broken;
         char bmsg[512];
@@ -354,6 +392,7 @@ void *dt__comm_thread(void *arg) {
             }
         }
         if (pend) progressed |= test_p2p(&pend);
+        if (progressed) dt__wd_beat(pg, dt__now());
         if (progressed) idle = 0;
         else if (++idle > 64) nap();
         else sched_yield();

@@ -1,6 +1,7 @@
 /* DDP as a dt_strategy for the shared training loop. */
 #include <stdlib.h>
 #include "ddp_internal.h"
+#include "par_agree.h"
 #include "parallel_internal.h"
 #include "util/log_internal.h"
 
@@ -35,6 +36,11 @@ static dt_status s_after_backward(void *self, dt_run *r, int last) {
     return last ? dt_ddp_finish_backward(s->ddp) : DT_OK;
 }
 static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_allreduce_sum(((ddp_strat *)self)->pg, x, n); }
+static dt_status s_agree(void *self, dt_agree *a) {
+    ddp_strat *s = self;
+    dt_par_describe_ddp(&s->opts, a);
+    return dt_pg_agree(s->pg, a);
+}
 static void s_destroy(void *self) {
     ddp_strat *s = self;
     dt_pg_set_trace(s->pg, NULL);
@@ -51,6 +57,6 @@ dt_status dt_ddp_strategy(dt_pg *pg, const dt_ddp_opts *o, dt_strategy *out) {
     *out = (dt_strategy){.name = "ddp", .rank = dt_pg_rank(pg), .world = dt_pg_size(pg), .self = s,
                          .setup = s_setup, .before_forward = s_before_forward,
                          .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
-                         .destroy = s_destroy};
+                         .destroy = s_destroy, .agree = s_agree};
     return DT_OK;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "par_agree.h"
 #include "pipe_internal.h"
 #include "util/log_internal.h"
 
@@ -290,18 +291,38 @@ dt_status dt_pipe_strategy_stats(const dt_strategy *s, dt_pipe_stats *out) {
     return DT_OK;
 }
 
+static dt_status s_agree(void *self, dt_agree *a) {
+    dt_pipe *p = self;
+    dt_par_describe_pipe(&p->o, a);
+    return dt_pg_agree(p->world, a);
+}
+
+/* Before the groups (the first collectives): every rank runs a pipeline with
+ * the same options (a rank that is not a pipeline meets this in its
+ * trainer's agreement, which also starts with "strategy"). */
+static dt_status agree_options(dt_pipe *p) {
+    dt_agree a;
+    dt_agree_init(&a);
+    dt_agree_add(&a, "strategy", "pipeline");
+    dt_par_describe_pipe(&p->o, &a);
+    dt_status s = dt_pg_agree(p->world, &a);
+    dt_agree_free(&a);
+    return s;
+}
+
 dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out) {
     dt_pipe *p = calloc(1, sizeof *p);
     if (!p) return DT_ERR(DT_ENOMEM, "out of memory");
     if (o) p->o = *o;
     else dt_pipe_opts_default(&p->o);
     p->world = world;
-    dt_status s = make_groups(p);
+    dt_status s = agree_options(p);
+    if (s == DT_OK) s = make_groups(p);
     if (s != DT_OK) { dt_pg_free(p->pp); dt_pg_free(p->dp); free(p); return s; }
     *out = (dt_strategy){.name = "pipeline", .rank = dt_pg_rank(world), .world = dt_pg_size(world), .self = p,
                          .setup = s_setup, .forward_backward = s_forward_backward, .forward_only = s_forward_only,
                          .allreduce_sum = s_allreduce_sum, .destroy = s_destroy, .owns_optimizer = 1,
                          .step = s_step, .save = s_save, .load = s_load, .sync_params = s_sync,
-                         .data_rank = p->replica, .data_world = p->D, .save_is_dir = 1};
+                         .data_rank = p->replica, .data_world = p->D, .save_is_dir = 1, .agree = s_agree};
     return DT_OK;
 }

@@ -1,6 +1,7 @@
 /* ZeRO as a dt_strategy: owns the optimizer step and checkpoints; prints the
  * per-rank memory report at start-up. */
 #include <stdlib.h>
+#include "par_agree.h"
 #include "zero_internal.h"
 
 typedef struct zero_strat {
@@ -52,6 +53,12 @@ static dt_status s_sync(void *self, dt_run *r) {
     return dt_zero_sync_params(((zero_strat *)self)->z);
 }
 static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_allreduce_sum(((zero_strat *)self)->pg, x, n); }
+static dt_status s_agree(void *self, dt_agree *a) {
+    zero_strat *s = self;
+    dt_par_describe_zero(&s->opts, a);
+    dt_agree_add(a, "--save-format", "%s", s->fmt == DT_ZERO_CKPT_CONSOLIDATED ? "consolidated" : "sharded");
+    return dt_pg_agree(s->pg, a);
+}
 static void s_destroy(void *self) {
     zero_strat *s = self;
     dt_pg_set_trace(s->pg, NULL);
@@ -73,6 +80,7 @@ dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format
                          .setup = s_setup, .before_forward = s_before_forward,
                          .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
                          .destroy = s_destroy, .owns_optimizer = 1, .step = s_step, .save = s_save,
-                         .load = s_load, .sync_params = s_sync, .save_is_dir = fmt != DT_ZERO_CKPT_CONSOLIDATED};
+                         .load = s_load, .sync_params = s_sync, .save_is_dir = fmt != DT_ZERO_CKPT_CONSOLIDATED,
+                         .agree = s_agree};
     return DT_OK;
 }

@@ -19,4 +19,7 @@ void dt_trainer_free_data(dt_trainer *t);
 dt_status dt_trainer_check_outputs(const dt_trainer *t);
 /* this rank's trace file: --trace, or FILE.rankN when world > 1 */
 void dt_trainer_trace_path(const dt_trainer *t, char *buf, size_t n);
+/* fingerprint.c: the configuration agreement through the strategy (collective;
+ * before any other collective of the run). No strategy.agree: DT_OK. */
+dt_status dt_trainer_agree(dt_trainer *t);
 #endif

@@ -1,0 +1,225 @@
+/* The collective watchdog (dist.h section 9) and --debug-collectives.
+ *
+ * Side channel: at group creation the ranks of each machine allocate one
+ * small MPI shared-memory window (on a node split of pg->side); every rank
+ * owns a 64-byte slot it writes with relaxed C11 stores and anyone on the
+ * machine may read without involving it -- so a stopped or busy rank can
+ * still be inspected. Per collective the cost is two relaxed stores at issue
+ * (count, sequence) and one per poll (heartbeat, from the clock reading
+ * the poll takes anyway). Only a wait that has lasted stall_warn seconds
+ * reads the other slots. Ranks on other machines have no slot here: a
+ * warning counts them as unknown.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dist/dist_internal.h"
+#include "util/log_internal.h"
+
+/* 64 bytes (a cache line of its own when the segment is line-aligned; Open
+ * MPI only guarantees 8-byte alignment of a rank's segment) */
+typedef struct wd_slot {
+    _Atomic uint64_t ncoll;       /* collectives issued */
+    _Atomic uint64_t last_seq1;   /* sequence number + 1 of the latest op issued (any kind) */
+    _Atomic uint64_t beat_us;     /* CLOCK_MONOTONIC us when it last drove the group */
+    uint64_t pad[5];
+} wd_slot;
+_Static_assert(sizeof(wd_slot) == 64, "one slot per cache line");
+
+struct dt_wd {
+    MPI_Win win;
+    MPI_Comm node;
+    wd_slot **slot;   /* [pg->size]; NULL: a rank on another machine */
+    wd_slot *mine;
+};
+
+static uint64_t to_us(double s) { return (uint64_t)(s * 1e6); }
+
+void dt__wd_create(dt_pg *pg) {
+    MPI_Comm node;
+    if (MPI_Comm_split_type(pg->side, MPI_COMM_TYPE_SHARED, pg->rank, MPI_INFO_NULL, &node) != MPI_SUCCESS) return;
+    int nl = 0;
+    MPI_Comm_size(node, &nl);
+    int *gr = malloc((size_t)nl * sizeof *gr);
+    dt_wd *wd = calloc(1, sizeof *wd);
+    wd_slot **slot = calloc((size_t)pg->size, sizeof *slot);
+    /* every rank takes part in the collectives below even when short of memory */
+    int ok = gr && wd && slot, all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, node);
+    wd_slot *base = NULL;
+    MPI_Win win = MPI_WIN_NULL;
+    if (all_ok && MPI_Allgather(&pg->rank, 1, MPI_INT, gr, 1, MPI_INT, node) == MPI_SUCCESS &&
+        MPI_Win_allocate_shared(sizeof(wd_slot), 1, MPI_INFO_NULL, node, &base, &win) == MPI_SUCCESS) {
+        for (int i = 0; i < nl; i++) {
+            MPI_Aint sz;
+            int du;
+            void *p = NULL;
+            MPI_Win_shared_query(win, i, &sz, &du, &p);
+            if (gr[i] >= 0 && gr[i] < pg->size && ((uintptr_t)p & 7) == 0) slot[gr[i]] = p;
+        }
+        wd->win = win;
+        wd->node = node;
+        wd->slot = slot;
+        wd->mine = slot[pg->rank];
+        if (wd->mine) {
+            atomic_store_explicit(&wd->mine->ncoll, 0, memory_order_relaxed);
+            atomic_store_explicit(&wd->mine->last_seq1, 0, memory_order_relaxed);
+            atomic_store_explicit(&wd->mine->beat_us, to_us(dt__now()), memory_order_relaxed);
+        }
+        MPI_Barrier(node);   /* every slot initialised before anyone reads it */
+        pg->wd = wd->mine ? wd : NULL;
+        if (pg->wd) { free(gr); return; }
+        MPI_Win_free(&wd->win);
+    }
+    MPI_Comm_free(&node);
+    free(gr);
+    free(wd);
+    free(slot);
+}
+
+void dt__wd_free(dt_pg *pg) {
+    dt_wd *wd = pg->wd;
+    if (!wd) return;
+    MPI_Win_free(&wd->win);   /* collective over the machine's ranks of pg */
+    MPI_Comm_free(&wd->node);
+    free(wd->slot);
+    free(wd);
+    pg->wd = NULL;
+}
+
+void dt__wd_issued(dt_work *w) {
+    dt_wd *wd = w->pg->wd;
+    if (!wd) return;
+    if (w->kind != DT_OPK_SEND && w->kind != DT_OPK_RECV)
+        atomic_store_explicit(&wd->mine->ncoll, w->coll_idx + 1, memory_order_relaxed);
+    atomic_store_explicit(&wd->mine->last_seq1, w->seq + 1, memory_order_relaxed);
+}
+
+void dt__wd_beat(dt_pg *pg, double now) {
+    if (pg->wd) atomic_store_explicit(&pg->wd->mine->beat_us, to_us(now), memory_order_relaxed);
+}
+
+/* ---- the stall report ---- */
+
+/* Appends ", piece" (at most 12 pieces, then ", ..."). */
+static void add_rank(char *o, size_t n, size_t *at, int *k, const char *piece) {
+    if (*at >= n || *k > 12) return;
+    *at += (size_t)snprintf(o + *at, n - *at, "%s%s", *k ? ", " : "", *k == 12 ? "..." : piece);
+    (*k)++;
+}
+
+/* "allreduce #12 (1.0MiB F32) on world has waited 2.0 s: rank 1 has not
+ * joined it (its last operation #11, idle 2.0 s)" */
+static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double now, char *o, size_t n) {
+    char d[160];
+    dt__work_describe(op, d, sizeof d);
+    size_t at = (size_t)snprintf(o, n, "%s has waited %.1f s", d, waited);
+    dt_wd *wd = pg->wd;
+    if (!wd) {
+        if (at < n) snprintf(o + at, n - at, " (no view of the other ranks: no shared memory window)");
+        return;
+    }
+    int p2p = op->kind == DT_OPK_SEND || op->kind == DT_OPK_RECV;
+    char late[400] = "", idle[400] = "";
+    size_t la = 0, ia = 0;
+    int nl = 0, ni = 0, unknown = 0;
+    for (int r = 0; r < pg->size; r++) {
+        if (r == pg->rank || (p2p && r != op->root)) continue;
+        wd_slot *s = wd->slot[r];
+        if (!s) { unknown++; continue; }
+        uint64_t nc = atomic_load_explicit(&s->ncoll, memory_order_relaxed);
+        uint64_t last = atomic_load_explicit(&s->last_seq1, memory_order_relaxed);
+        double quiet = now - (double)atomic_load_explicit(&s->beat_us, memory_order_relaxed) * 1e-6;
+        /* quiet for most of this wait (and longer than THREAD mode's 0.25 s beat) */
+        int stale = quiet >= 0.5 * waited && quiet >= 1.0;
+        char piece[96];
+        if (!p2p && nc <= op->coll_idx) {
+            /* idle ~0: it drives the group, held up in an earlier operation */
+            if (last) snprintf(piece, sizeof piece, "%d (its last operation #%llu, idle %.1f s)", r,
+                               (unsigned long long)(last - 1), quiet);
+            else snprintf(piece, sizeof piece, "%d (no operation yet, idle %.1f s)", r, quiet);
+            add_rank(late, sizeof late, &la, &nl, piece);
+        } else if (stale) {
+            snprintf(piece, sizeof piece, "%d (idle %.1f s)", r, quiet);
+            add_rank(idle, sizeof idle, &ia, &ni, piece);
+        }
+    }
+    if (p2p && at < n)
+        at += (size_t)snprintf(o + at, n - at, " for rank %d", op->root);
+    if (nl && at < n)
+        at += (size_t)snprintf(o + at, n - at, ": %s %s %s not joined it", nl == 1 ? "rank" : "ranks", late,
+                               nl == 1 ? "has" : "have");
+    if (ni && at < n)
+        at += (size_t)snprintf(o + at, n - at, "%s %s %s %s no progress (stopped, or busy without dt_pg_tick)",
+                               nl ? ";" : ":", ni == 1 ? "rank" : "ranks", idle, ni == 1 ? "shows" : "show");
+    if (!nl && !ni && !p2p && at < n) at += (size_t)snprintf(o + at, n - at, ": every rank on this machine has joined it");
+    if (unknown && at < n) snprintf(o + at, n - at, " (%d rank%s on other machines not inspected)", unknown, unknown == 1 ? "" : "s");
+}
+
+int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn) {
+    double warn = dt__dist.stall_warn_s, limit = dt__dist.timeout_s;
+    if ((warn <= 0 && limit <= 0) || !w) return 0;
+    double now = dt__now();
+    dt__wd_beat(pg, now);
+    int timeout = limit > 0 && now - t0 >= limit;
+    if (!timeout && (warn <= 0 || now < *next_warn)) return 0;
+    *next_warn = now + warn;
+    char msg[900];
+    describe_stall(pg, w, now - t0, now, msg, sizeof msg);
+    if (!timeout) {
+        dt_log(DT_LOG_WARN, "collective stalled: %s\n", msg);
+        return 0;
+    }
+    pg->timed_out = 1;
+    if (!pg->broken) {
+        pg->broken = 1;
+        snprintf(pg->broken_msg, sizeof pg->broken_msg, "collective timed out (--collective-timeout %.0f s): %.440s",
+                 limit, msg);
+    }
+    return 1;
+}
+
+/* ---- --debug-collectives ---- */
+
+typedef struct fingerprint {
+    int32_t kind, dtype, root, avg;
+    int64_t count;
+    uint64_t coll_idx, seq;
+} fingerprint;
+
+static void fp_describe(const fingerprint *f, char *o, size_t n) {
+    int rooted = f->kind == DT_OPK_BROADCAST || f->kind == DT_OPK_REDUCE || f->kind == DT_OPK_REDUCE_DET;
+    snprintf(o, n, "%s #%llu (%lld %s%s%s", dt__kind_name((dt_opkind)f->kind), (unsigned long long)f->seq,
+             (long long)f->count, dt_dtype_name((dt_dtype)f->dtype), f->avg ? ", avg" : "", rooted ? ", root " : ")");
+    if (rooted) snprintf(o + strlen(o), n - strlen(o), "%d)", f->root);
+}
+
+dt_status dt__debug_check(dt_work *w) {
+    dt_pg *pg = w->pg;
+    int rooted = w->kind == DT_OPK_BROADCAST || w->kind == DT_OPK_REDUCE || w->kind == DT_OPK_REDUCE_DET;
+    fingerprint me = {(int32_t)w->kind, (int32_t)w->dtype, rooted ? w->root : -1, w->avg, w->count, w->coll_idx, w->seq};
+    fingerprint *all = malloc((size_t)pg->size * sizeof *all);
+    if (!all) return DT_ERR(DT_ENOMEM, "--debug-collectives on %s: out of memory", pg->name);
+    dt_status s = dt__side_allgather(pg, &me, all, (int)sizeof me);
+    int bad = -1;
+    for (int r = 0; s == DT_OK && r < pg->size && bad < 0; r++)
+        if (all[r].kind != all[0].kind || all[r].dtype != all[0].dtype || all[r].root != all[0].root ||
+            all[r].avg != all[0].avg || all[r].count != all[0].count || all[r].coll_idx != all[0].coll_idx)
+            bad = r;
+    if (s == DT_OK && bad >= 0) {   /* every rank sees the same table: the same message everywhere */
+        char a[128], b[128];
+        fp_describe(&all[bad], a, sizeof a);
+        fp_describe(&all[0], b, sizeof b);
+        s = DT_ERR(DT_ECOMM, "collectives diverge on %s at collective %llu (--debug-collectives): rank %d issues %s, "
+                   "rank 0 issues %s", pg->name, (unsigned long long)all[0].coll_idx, bad, a, b);
+        if (pg->mode == DT_PROGRESS_THREAD) pthread_mutex_lock(&pg->mu);
+        if (!pg->broken) {
+            pg->broken = 1;
+            snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", dt_error_message());
+        }
+        if (pg->mode == DT_PROGRESS_THREAD) pthread_mutex_unlock(&pg->mu);
+    }
+    free(all);
+    return s;
+}

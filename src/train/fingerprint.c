@@ -1,0 +1,115 @@
+/* What every rank of a run must agree on (dist.h section 8), listed for the
+ * strategy's agreement before any collective of the run: the strategy, the
+ * model (built-in config, or a user model's name, parameter and buffer
+ * names, dtypes and shapes), the data, the loop's sizes, the optimizer, the
+ * checkpoints read and written. Not listed: what only changes this rank's
+ * speed or output (threads, metrics, trace, log interval, quiet). */
+#include <stdio.h>
+#include "trainer_internal.h"
+
+static void shape(char *o, size_t n, const dt_tensor *t) {
+    size_t at = (size_t)snprintf(o, n, "%s [", dt_dtype_name(t->dtype));
+    for (int d = 0; d < t->ndim && at < n; d++)
+        at += (size_t)snprintf(o + at, n - at, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    if (at < n) snprintf(o + at, n - at, "]");
+}
+
+static void describe_model(const dt_trainer *t, dt_agree *a) {
+    const dt_model_cfg *c = &t->opts.model;
+    if (t->opts.build_model) {
+        dt_agree_add(a, "model (build_model)", "%s", t->model->name);
+    } else {
+        dt_agree_add(a, "--model", "%s", dt_model_kind_name(c->kind));
+        switch (c->kind) {
+        case DT_MODEL_MLP: {
+            char h[16 * DT_MLP_MAX_LAYERS] = "";
+            size_t at = 0;
+            for (int i = 0; i < c->mlp_n_hidden && at < sizeof h; i++)
+                at += (size_t)snprintf(h + at, sizeof h - at, i ? ",%d" : "%d", c->mlp_hidden[i]);
+            dt_agree_add(a, "--hidden", "%s", h);
+            dt_agree_add(a, "mlp inputs, outputs", "%d, %d", c->mlp_in, c->mlp_out);
+            break;
+        }
+        case DT_MODEL_CNN:
+            dt_agree_add(a, "--channels", "%d,%d", c->cnn_c1, c->cnn_c2);
+            dt_agree_add(a, "--fc", "%d", c->cnn_fc);
+            dt_agree_add(a, "cnn classes", "%d", c->cnn_classes);
+            break;
+        case DT_MODEL_GPT2:
+            dt_agree_add(a, "--layers", "%d", c->n_layer);
+            dt_agree_add(a, "--embd", "%d", c->n_embd);
+            dt_agree_add(a, "--heads", "%d", c->n_head);
+            dt_agree_add(a, "--vocab", "%d", c->vocab);
+            dt_agree_add(a, "--max-t", "%d", c->max_t);
+            dt_agree_add(a, "--dropout", "%.9g", c->dropout);
+            break;
+        default:   /* DT_MODEL_CUSTOM: the built model below says it all */
+            break;
+        }
+    }
+    /* the built model itself: catches what a config does not say (a user's
+     * builder, a library difference between ranks) */
+    const dt_model *m = t->model;
+    dt_agree_add(a, "model parameters, buffers, blocks", "%d, %d, %d", m->n_params, m->n_buffers, m->n_blocks);
+    char s[160], key[160];
+    for (int i = 0; i < m->n_params; i++) {
+        shape(s, sizeof s, &m->params[i]->value);
+        snprintf(key, sizeof key, "parameter %s", m->params[i]->name);
+        dt_agree_add(a, key, "%s%s", s, m->params[i]->requires_grad ? "" : " frozen");
+    }
+    for (int i = 0; i < m->n_buffers; i++) {
+        shape(s, sizeof s, &m->buffers[i]->value);
+        snprintf(key, sizeof key, "buffer %s", m->buffers[i]->name);
+        dt_agree_add(a, key, "%s", s);
+    }
+}
+
+static void describe_run(const dt_trainer *t, dt_agree *a) {
+    const dt_train_opts *o = &t->opts;
+    const dt_optim_cfg *q = &o->optim;
+    dt_agree_add(a, "--recompute", "%s", o->recompute == DT_RECOMPUTE_BLOCKS ? "blocks" : "none");
+    dt_agree_add(a, "--data", "%s", o->data);
+    dt_agree_add(a, "--data-path", "%s", o->data_path ? o->data_path : "(default)");
+    dt_agree_add(a, "--val-path", "%s", o->val_path ? o->val_path : "(none)");
+    dt_agree_add(a, "data set size (train, eval samples)", "%lld, %lld", (long long)t->data.size[DT_SPLIT_TRAIN],
+                 (long long)t->data.size[DT_SPLIT_EVAL]);
+    dt_agree_add(a, "--batch", "%lld", (long long)o->batch);
+    dt_agree_add(a, "--seq", "%lld", (long long)o->seq);
+    dt_agree_add(a, "--steps", "%lld", (long long)o->steps);
+    dt_agree_add(a, "--epochs", "%d", o->epochs);
+    dt_agree_add(a, "--accum", "%d", o->accum);
+    dt_agree_add(a, "--optim", "%s", q->kind == DT_OPTIM_SGD ? "sgd" : "adamw");
+    dt_agree_add(a, "--lr", "%.9g", q->lr);
+    dt_agree_add(a, "--wd", "%.9g", q->weight_decay);
+    if (q->kind == DT_OPTIM_SGD) {
+        dt_agree_add(a, "--momentum", "%.9g", q->momentum);
+        dt_agree_add(a, "--nesterov", "%d", q->nesterov != 0);
+    } else {
+        dt_agree_add(a, "--beta1", "%.9g", q->beta1);
+        dt_agree_add(a, "--beta2", "%.9g", q->beta2);
+        dt_agree_add(a, "--eps", "%.9g", q->eps);
+    }
+    dt_agree_add(a, "--min-lr", "%.9g", o->min_lr);
+    dt_agree_add(a, "--warmup", "%lld", (long long)o->warmup);
+    dt_agree_add(a, "--clip", "%.9g", o->clip);
+    dt_agree_add(a, "--seed", "%llu", (unsigned long long)o->seed);
+    dt_agree_add(a, "--keep-denormals", "%d", o->keep_denormals != 0);
+    dt_agree_add(a, "--init", "%s", o->init ? o->init : "(none)");
+    dt_agree_add(a, "--resume", "%s", o->resume ? o->resume : "(none)");
+    dt_agree_add(a, "--save", "%s", o->save ? o->save : "(none)");
+    dt_agree_add(a, "--save-every", "%lld", (long long)o->save_every);
+    dt_agree_add(a, "--eval-batches", "%lld", (long long)o->eval_batches);
+    dt_agree_add(a, "--stop-after", "%lld", (long long)o->stop_after);
+}
+
+dt_status dt_trainer_agree(dt_trainer *t) {
+    if (!t->strat.agree) return DT_OK;
+    dt_agree a;
+    dt_agree_init(&a);
+    dt_agree_add(&a, "strategy", "%s", t->strat.name ? t->strat.name : "?");
+    describe_model(t, &a);
+    describe_run(t, &a);
+    dt_status s = t->strat.agree(t->strat.self, &a);
+    dt_agree_free(&a);
+    return s;
+}
