@@ -1,5 +1,6 @@
 #ifndef DT_CLI_H
 #define DT_CLI_H
+#include <signal.h>
 #include "dtrain/log.h"
 #include "dtrain/parallel.h"
 #include "dtrain/pipeline.h"
@@ -24,4 +25,11 @@ int dt_cli_under_mpi(void);
 /* Route the library's log messages to this process's stdout / stderr (output.c). */
 void dt_cli_log_install(int rank, int world);
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads);
+/* signals.c: stop requests on SIGTERM / SIGINT / SIGUSR1 (this rank) */
+void dt_cli_signals_install(void);
+/* after the run: 128 + the signal that stopped it at a step boundary, 0 if none */
+int dt_cli_stop_status(void);
+/* launcher: waits for mpirun (pid child), passing our signals on (held in
+ * the signal mask until then; *unblock is the mask to restore); its status */
+int dt_cli_launch_wait(int child, const sigset_t *unblock);
 #endif

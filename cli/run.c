@@ -39,6 +39,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
         }
     }
     dt_cli_log_install(rank, size);
+    dt_cli_signals_install();   /* SIGTERM / SIGINT: stop at a step boundary, save */
     dt_trainer *t = NULL;
     if (s == DT_OK) s = dt_trainer_create(o, sp, &t);
     else if (sp && sp->destroy) sp->destroy(sp->self);
@@ -54,6 +55,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
     }
     int rc = report(s, rank, size);
     if (rc && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);   /* never leave the other ranks waiting */
+    if (!rc) rc = dt_cli_stop_status();   /* 128 + signal when stopped early (every rank agreed) */
     dt_trainer_free(t);
     if (world) dt_pg_free(world);
     if (under_mpi && dt_dist_initialized()) dt_dist_finalize();
