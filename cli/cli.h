@@ -22,6 +22,11 @@ int dt_cli_train(int argc, char **argv, int eval_only);
  * reports errors as one line tagged with the rank. */
 int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only);
 int dt_cli_under_mpi(void);
+/* errors.c: prints the job's one error line (on one rank). 0: every rank
+ * succeeded; 1: the job failed before training on every rank (clean: exit
+ * through MPI_Finalize); after a failure mid-run it does not return (MPI_Abort).
+ * Collective (world). */
+int dt_cli_report(dt_status s, int rank, int world, int clean);
 /* Route the library's log messages to this process's stdout / stderr (output.c). */
 void dt_cli_log_install(int rank, int world);
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads);

@@ -118,3 +118,10 @@ foreach(np 1 2 4)
   set_tests_properties(test_signal_stop_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 900)
 endforeach()
 set_tests_properties(test_signal_stop_np1 PROPERTIES LABELS unit)
+
+# A multi-rank error prints one line per job, no MPI_ABORT banner.
+foreach(np 2 4)
+  add_test(NAME test_one_error_line_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_one_error_line.sh $<TARGET_FILE:dtrain_cli> ${np} ${DT_MPIEXEC})
+  set_tests_properties(test_one_error_line_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
+endforeach()
