@@ -118,8 +118,8 @@ static void test_error_on_all_ranks_printed_once_and_ends_job(void **state) {
     int rc = sh(cmd, out, sizeof out);
     assert_int_not_equal(rc, 0);
     /* every rank fails alike: one line for the job, no rank tag (cli/errors.c) */
-    const char *e = strstr(out, "dtrain: error: ");
-    if (!e || !strstr(e, "missing.safetensors") || strstr(e + 1, "error:")) fail_msg("output:\n%s", out);
+    const char *e = strstr(out, "dtrain: error: ");   /* 15 chars */
+    if (!e || !strstr(e, "missing.safetensors") || strstr(e + 15, "error:")) fail_msg("output:\n%s", out);
 }
 
 static int teardown(void **state) {
