@@ -1,5 +1,6 @@
 #ifndef DT_CLI_H
 #define DT_CLI_H
+#include <signal.h>
 #include "dtrain/log.h"
 #include "dtrain/parallel.h"
 #include "dtrain/pipeline.h"
@@ -24,9 +25,21 @@ int dt_cli_train(int argc, char **argv, int eval_only);
  * reports errors as one line tagged with the rank. */
 int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only);
 int dt_cli_under_mpi(void);
+/* errors.c: prints the job's one error line (on one rank). 0: every rank
+ * succeeded; 1: the job failed before training on every rank (clean: exit
+ * through MPI_Finalize); after a failure mid-run it does not return (MPI_Abort).
+ * Collective (world). */
+int dt_cli_report(dt_status s, int rank, int world, int clean);
 /* Route the library's log messages to this process's stdout / stderr (output.c). */
 void dt_cli_log_install(int rank, int world);
 /* --nproc N: 1 <= N <= 8 x this machine's cores; else -1 with one line in err */
 int dt_cli_nproc_check(int nproc, char *err, int errlen);
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads);
+/* signals.c: stop requests on SIGTERM / SIGINT / SIGUSR1 (this rank) */
+void dt_cli_signals_install(void);
+/* after the run: 128 + the signal that stopped it at a step boundary, 0 if none */
+int dt_cli_stop_status(void);
+/* launcher: waits for mpirun (pid child), passing our signals on (held in
+ * the signal mask until then; *unblock is the mask to restore); its status */
+int dt_cli_launch_wait(int child, const sigset_t *unblock);
 #endif

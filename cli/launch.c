@@ -1,4 +1,5 @@
 /* --nproc N: re-launch this command under mpirun on this machine. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,12 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
     if (getenv("DTRAIN_BLAS_REEXEC")) { av[k++] = "-x"; av[k++] = "DTRAIN_BLAS_REEXEC"; }
     av[k++] = "--bind-to";
     av[k++] = "none";
+    /* the ranks report errors and stops themselves (one line per job, exit
+     * status 128 + signal): no mpirun banners on top. dtrain reads no stdin,
+     * and mpirun runs in a process group of its own (signals.c) */
+    av[k++] = "--quiet";
+    av[k++] = "--stdin";
+    av[k++] = "none";
     av[k++] = self;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--nproc")) { i++; continue; }
@@ -64,8 +71,23 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
         av[k++] = argv[i];
     }
     av[k] = NULL;
-    execvp(av[0], av);
-    fprintf(stderr, "dtrain: --nproc: cannot run %s: is Open MPI installed (openmpi-bin)?\n", av[0]);
+    fflush(NULL);
+    sigset_t stop, old;   /* held until the handlers know mpirun's pid */
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &stop, &old);
+    pid_t child = fork();
+    if (child == 0) {
+        setpgid(0, 0);   /* a terminal's Ctrl-C reaches us, not mpirun (signals.c) */
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        execvp(av[0], av);
+        fprintf(stderr, "dtrain: --nproc: cannot run %s: is Open MPI installed (openmpi-bin)?\n", av[0]);
+        _exit(127);
+    }
     free(av);
-    return 1;
+    if (child < 0) { perror("dtrain: --nproc: fork"); sigprocmask(SIG_SETMASK, &old, NULL); return 1; }
+    int rc = dt_cli_launch_wait((int)child, &old);
+    return rc;
 }

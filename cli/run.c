@@ -1,15 +1,6 @@
 /* Runs a training or evaluation job in this process (one rank of it). */
-#include <mpi.h>
 #include <stdio.h>
 #include "cli.h"
-
-static int report(dt_status s, int rank, int world) {
-    if (s == DT_OK) return 0;
-    if (world > 1) fprintf(stderr, "dtrain: rank %d: error: %s\n", rank, dt_error_message());
-    else fprintf(stderr, "dtrain: error: %s\n", dt_error_message());
-    fflush(stderr);
-    return 1;
-}
 
 int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
     int piped = dist->pipelined;
@@ -42,6 +33,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
         }
     }
     dt_cli_log_install(rank, size);
+    dt_cli_signals_install();   /* SIGTERM / SIGINT: stop at a step boundary, save */
     dt_trainer *t = NULL;
     if (s == DT_OK) s = dt_trainer_create(o, sp, &t);
     else if (sp && sp->destroy) sp->destroy(sp->self);
@@ -56,8 +48,8 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
         }
         if (s == DT_OK) s = dt_trainer_finish(t);   /* the trace is written here */
     }
-    int rc = report(s, rank, size);
-    if (rc && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);   /* never leave the other ranks waiting */
+    int rc = dt_cli_report(s, rank, size, t == NULL);   /* one line per job (errors.c) */
+    if (!rc) rc = dt_cli_stop_status();   /* 128 + signal when stopped early (every rank agreed) */
     dt_trainer_free(t);
     if (world) dt_pg_free(world);
     if (under_mpi && dt_dist_initialized()) dt_dist_finalize();

@@ -126,3 +126,22 @@ foreach(np 2 4)
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_collective_watchdog.sh $<TARGET_FILE:dtrain_cli> ${np} ${DT_MPIEXEC})
   set_tests_properties(test_collective_watchdog_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()
+
+# SIGTERM / SIGINT mid-run: every rank stops after the same step, saves (file,
+# ZeRO shards, pipeline), says so once, exits 128 + signal; the checkpoint
+# resumes bit-identically. np 1: one process; np 2/4: one rank signalled under
+# mpiexec, and the --nproc launcher.
+foreach(np 1 2 4)
+  add_test(NAME test_signal_stop_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_signal_stop.sh $<TARGET_FILE:dtrain_cli>
+                   $<TARGET_FILE:ckpt_cmp> ${np} ${DT_MPIEXEC})
+  set_tests_properties(test_signal_stop_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 900)
+endforeach()
+set_tests_properties(test_signal_stop_np1 PROPERTIES LABELS unit)
+
+# A multi-rank error prints one line per job, no MPI_ABORT banner.
+foreach(np 2 4)
+  add_test(NAME test_one_error_line_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_one_error_line.sh $<TARGET_FILE:dtrain_cli> ${np} ${DT_MPIEXEC})
+  set_tests_properties(test_one_error_line_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
+endforeach()

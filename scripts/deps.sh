@@ -3,7 +3,8 @@
 set -euo pipefail
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PKGS="build-essential cmake pkg-config libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
-      libcjson-dev libcmocka-dev zlib1g-dev dataset-fashion-mnist fortunes"
+      libcjson-dev libcmocka-dev zlib1g-dev dataset-fashion-mnist fortunes
+      clang libclang-rt-dev libomp-dev"   # clang: the libFuzzer harnesses (tests/fuzz)
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

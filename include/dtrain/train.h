@@ -98,6 +98,23 @@ dt_status dt_trainer_save(dt_trainer *t, const char *path);
  * eval split: all of it, or --eval-batches batches where the dataset allows. */
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);
 
+/* ---- stopping at a step boundary (preemption: SIGTERM, SIGINT) ----
+ * dt_train_request_stop(code) only stores `code` (1..31, e.g. the signal
+ * number; others are stored as 31) in a sig_atomic_t: it is async-signal-safe,
+ * for a signal handler (the CLI installs them, cli/signals.c). dt_trainer_run
+ * agrees on it over all ranks at every step boundary — each rank starts a
+ * small non-blocking allreduce of its request when a step starts and
+ * completes it when the step ends, so a request that reached only some ranks
+ * stops all of them after the same step — then writes the checkpoint to
+ * opts.save if set, logs "interrupted at step N, saved to PATH" (rank 0) and
+ * returns DT_OK without the final evaluation. Several codes: the highest wins. */
+void dt_train_request_stop(int code);
+int dt_train_stop_requested(void);   /* this process's pending request (0: none) */
+/* After dt_trainer_run: the agreed code that stopped it early; 0 = it ran to
+ * the end. dt_trainer_run clears it when it starts; a stop consumes the
+ * request (a request made before dt_trainer_run stops it after its first step). */
+int dt_train_stopped(void);
+
 /* ---- checkpoints (safetensors) ----
  * Parameters by name, buffers by name, optimizer state as
  * "optim.exp_avg.<param>" / "optim.exp_avg_sq.<param>" (AdamW) or

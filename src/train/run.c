@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+#include "stop_internal.h"
 #include "trainer_internal.h"
 #include "util/log_internal.h"
 
@@ -21,34 +22,17 @@ static int64_t items_per_step(const dt_trainer *t) {   /* targets (samples or to
     return t->opts.batch * t->opts.accum * t->strat.data_world * t->data.sample.targets;
 }
 
-dt_status dt_trainer_run(dt_trainer *t) {
+/* The step loop; *code = the agreed stop code (0: ran to total_steps, -1: --stop-after). */
+static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lead, int64_t log_every, int *code) {
     const dt_train_opts *o = &t->opts;
-    int lead = t->strat.rank == 0 && !o->quiet;
-    /* Under mpirun every rank's stdout is a pty even when the user's is not:
-     * the --nproc launcher passes the real answer down in DTRAIN_TTY. */
-    const char *tty_env = getenv("DTRAIN_TTY");
-    int tty = lead && (tty_env ? tty_env[0] == '1' : t->strat.world == 1 && isatty(STDOUT_FILENO));
-    int64_t log_every = o->log_every > 0 ? o->log_every : (t->total_steps >= 20 ? t->total_steps / 20 : 1);
-    const dt_dataset *d = &t->data;
-    const char *unit = d->rate_unit;
-    if (lead)
-        dt_log(DT_LOG_INFO, "dtrain: %s, %zu parameters, %s x%d, %lld steps of %lld %s\n",
-               t->model->name, t->model_params, t->strat.name,
-               t->strat.world, (long long)(t->total_steps - t->step), (long long)items_per_step(t),
-               d->unit);
-    if (lead) {
-        dt_blas_info b;
-        char desc[192];
-        dt_blas_info_get(&b);
-        dt_blas_describe(&b, desc, sizeof desc);
-        dt_log(DT_LOG_INFO, "dtrain: GEMM: %s\n", desc);
-        dt_blas_warn_fallback();
-    }
+    const char *unit = t->data.rate_unit;
     double t_start = now_s(), t_prev = t_start;
     int64_t first = t->step;
     while (t->step < t->total_steps) {
         double loss;
+        DT_TRY(dt_stop_sync_begin(stop));
         DT_TRY(dt_trainer_step(t, &loss));
+        DT_TRY(dt_stop_sync_end(stop, code));
         double tn = now_s(), dt = tn - t_prev;
         t_prev = tn;
         double rate = items_per_step(t) / (dt > 0 ? dt : 1e-9);
@@ -66,13 +50,62 @@ dt_status dt_trainer_run(dt_trainer *t) {
             double vals[4] = {(double)t->step, loss, dt_lr_at(&t->sched, t->step - 1), dt * 1e3};
             DT_TRY(dt_jsonl_write(&t->metrics, 4, keys, vals));
         }
-        if (o->save && o->save_every > 0 && t->step % o->save_every == 0) DT_TRY(dt_trainer_save(t, o->save));
+        if (o->save && o->save_every > 0 && t->step % o->save_every == 0 && !*code) DT_TRY(dt_trainer_save(t, o->save));
+        if (*code) {   /* agreed: every rank stops after this step (unless it was the last) */
+            if (t->step >= t->total_steps) *code = 0;
+            return DT_OK;
+        }
         if (o->stop_after > 0 && t->step - first >= o->stop_after) {
-            if (tty) dt_log(DT_LOG_PROGRESS, "\n");
+            *code = -1;
             return DT_OK;   /* testing aid: behave as if killed here */
         }
     }
+    return DT_OK;
+}
+
+/* Stopped by a request (signal) after step t->step: checkpoint, say so once. */
+static dt_status stop_early(dt_trainer *t, int code) {
+    const char *save = t->opts.save;
+    if (save) DT_TRY(dt_trainer_save(t, save));
+    dt_stop_set_stopped(code);
+    if (t->strat.rank == 0) {
+        if (save) dt_log(DT_LOG_INFO, "interrupted at step %lld, saved to %s\n", (long long)t->step, save);
+        else dt_log(DT_LOG_INFO, "interrupted at step %lld, not saved (no --save)\n", (long long)t->step);
+    }
+    return DT_OK;
+}
+
+dt_status dt_trainer_run(dt_trainer *t) {
+    const dt_train_opts *o = &t->opts;
+    int lead = t->strat.rank == 0 && !o->quiet;
+    /* Under mpirun every rank's stdout is a pty even when the user's is not:
+     * the --nproc launcher passes the real answer down in DTRAIN_TTY. */
+    const char *tty_env = getenv("DTRAIN_TTY");
+    int tty = lead && (tty_env ? tty_env[0] == '1' : t->strat.world == 1 && isatty(STDOUT_FILENO));
+    int64_t log_every = o->log_every > 0 ? o->log_every : (t->total_steps >= 20 ? t->total_steps / 20 : 1);
+    const dt_dataset *d = &t->data;
+    if (lead)
+        dt_log(DT_LOG_INFO, "dtrain: %s, %zu parameters, %s x%d, %lld steps of %lld %s\n",
+               t->model->name, t->model_params, t->strat.name,
+               t->strat.world, (long long)(t->total_steps - t->step), (long long)items_per_step(t),
+               d->unit);
+    if (lead) {
+        dt_blas_info b;
+        char desc[192];
+        dt_blas_info_get(&b);
+        dt_blas_describe(&b, desc, sizeof desc);
+        dt_log(DT_LOG_INFO, "dtrain: GEMM: %s\n", desc);
+        dt_blas_warn_fallback();
+    }
+    dt_stop_sync stop;
+    dt_stop_set_stopped(0);
+    DT_TRY(dt_stop_sync_init(&stop, t->strat.world));
+    int code = 0;
+    dt_status s = train_steps(t, &stop, tty, lead, log_every, &code);
+    dt_stop_sync_free(&stop);
     if (tty) dt_log(DT_LOG_PROGRESS, "\n");
+    if (s != DT_OK || code < 0) return s;   /* code < 0: --stop-after */
+    if (code) return stop_early(t, code);
     if (o->save) DT_TRY(dt_trainer_save(t, o->save));
     double loss, acc;
     DT_TRY(dt_trainer_evaluate(t, &loss, &acc));
