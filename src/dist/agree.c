@@ -1,8 +1,9 @@
 /* Configuration agreement (dist.h section 8): every rank's list of named
  * settings is compared across the group before the work that depends on it.
  *
- * Exchange 1, fixed size whatever the ranks hold: 16 bytes per rank (FNV-1a
- * hash of the serialised list, its length, an out-of-memory flag). Equal
+ * Exchange 1, fixed size whatever the ranks hold: 24 bytes per rank (FNV-1a
+ * hash of the serialised list and of its dist settings alone, its length, an
+ * out-of-memory flag). Equal
  * everywhere: done. Exchange 2, only on a difference: every rank's list,
  * padded to the longest length (known to all from exchange 1, so every rank
  * passes the same count). Each rank then finds the same first differing
@@ -64,8 +65,10 @@ void dt_agree_add(dt_agree *a, const char *name, const char *fmt, ...) {
 
 /* ---- the exchanges ---- */
 
-typedef struct summary { uint64_t hash; uint32_t len, oom; } summary;
-_Static_assert(sizeof(summary) == 16, "exchange 1 is 16 bytes per rank");
+/* hash and len of the whole list; wire: hash of the dist settings alone
+ * (progress mode, segment size), whose mismatch also breaks the group */
+typedef struct summary { uint64_t hash, wire; uint32_t len, oom; } summary;
+_Static_assert(sizeof(summary) == 24, "exchange 1 is 24 bytes per rank");
 
 static uint64_t fnv1a(const char *p, size_t n) {
     uint64_t h = 1469598103934665603ull;
@@ -215,6 +218,7 @@ dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a) {
     dt_agree_add(&mine, "progress mode (DTRAIN_PROGRESS, --progress)", "%s",
                  pg->mode == DT_PROGRESS_THREAD ? "thread" : "poll");
     dt_agree_add(&mine, "collective segment bytes", "%zu", dt__dist.segment_bytes);
+    size_t wire_len = mine.len;
     if (!mine.oom && !a->oom && a->len) {
         size_t len0 = mine.len;
         if (mine.cap < len0 + a->len) {
@@ -224,11 +228,12 @@ dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a) {
         }
         if (!mine.oom) { memcpy(mine.buf + len0, a->buf, a->len); mine.len += a->len; }
     }
-    summary me = {fnv1a(mine.buf, mine.len), (uint32_t)mine.len, (uint32_t)(mine.oom || a->oom || mine.len > 1u << 30)};
+    summary me = {fnv1a(mine.buf, mine.len), fnv1a(mine.buf, mine.oom ? 0 : wire_len), (uint32_t)mine.len,
+                  (uint32_t)(mine.oom || a->oom || mine.len > 1u << 30)};
     summary *sum = malloc((size_t)pg->size * sizeof *sum);
     dt_status s = sum ? dt__side_allgather(pg, &me, sum, (int)sizeof me)
                       : DT_ERR(DT_ENOMEM, "dt_pg_agree on %s: out of memory", pg->name);
-    int differ = 0;
+    int differ = 0, wire_differs = 0;
     size_t longest = 0;
     for (int r = 0; s == DT_OK && r < pg->size; r++) {
         if (sum[r].oom) {
@@ -236,6 +241,7 @@ dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a) {
             break;
         }
         differ |= sum[r].hash != me.hash || sum[r].len != me.len;
+        wire_differs |= sum[r].wire != me.wire;
         if (sum[r].len > longest) longest = sum[r].len;
     }
     if (s == DT_OK && differ) {   /* every rank sees the same sums: all get here, with the same longest */
@@ -250,6 +256,17 @@ dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a) {
         }
         free(all);
         free(pad);
+        /* Every rank gets here. Ranks that drive collectives differently
+         * (progress mode, segment size) cannot match them any more: the group
+         * is broken, so teardown skips its barrier instead of hanging. Other
+         * differences leave the group usable. */
+        int thr = pg->mode == DT_PROGRESS_THREAD;
+        if (thr) pthread_mutex_lock(&pg->mu);
+        if (wire_differs && !pg->broken) {
+            pg->broken = 1;
+            snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", dt_error_message());
+        }
+        if (thr) pthread_mutex_unlock(&pg->mu);
     }
     free(sum);
     dt_agree_free(&mine);

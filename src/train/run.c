@@ -97,12 +97,19 @@ dt_status dt_trainer_run(dt_trainer *t) {
         dt_log(DT_LOG_INFO, "dtrain: GEMM: %s\n", desc);
         dt_blas_warn_fallback();
     }
-    dt_stop_sync stop;
+    dt_stop_sync *stop = calloc(1, sizeof *stop);   /* heap: see dt_stop_sync_abandon */
+    if (!stop) return DT_ERR(DT_ENOMEM, "out of memory");
     dt_stop_set_stopped(0);
-    DT_TRY(dt_stop_sync_init(&stop, t->strat.world));
+    dt_status s = dt_stop_sync_init(stop, t->strat.world);
+    if (s != DT_OK) { free(stop); return s; }
     int code = 0;
-    dt_status s = train_steps(t, &stop, tty, lead, log_every, &code);
-    dt_stop_sync_free(&stop);
+    s = train_steps(t, stop, tty, lead, log_every, &code);
+    if (s == DT_OK) {
+        dt_stop_sync_free(stop);
+        free(stop);
+    } else {
+        dt_stop_sync_abandon(stop);   /* peers may be waiting elsewhere: no collective teardown */
+    }
     if (tty) dt_log(DT_LOG_PROGRESS, "\n");
     if (s != DT_OK || code < 0) return s;   /* code < 0: --stop-after */
     if (code) return stop_early(t, code);

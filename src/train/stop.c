@@ -4,6 +4,7 @@
  * a communicator of its own, so its issue order never mixes with a strategy's
  * collectives, and "the highest code any rank saw" is a MAX built from a SUM. */
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include "stop_internal.h"
 
@@ -44,6 +45,17 @@ dt_status dt_stop_sync_end(dt_stop_sync *s, int *code) {
     for (int c = DT_STOP_MAX_CODE; c >= 1 && !*code; c--)
         if (s->votes[c - 1] > 0) *code = c;
     return DT_OK;
+}
+
+/* An abandoned sync may still have its allreduce in flight, writing into
+ * votes: it must stay allocated (and reachable, so leak checkers stay quiet)
+ * until the process ends. */
+static dt_stop_sync *g_abandoned;
+
+void dt_stop_sync_abandon(dt_stop_sync *s) {
+    if (!s->pg) { free(s); return; }
+    s->next = g_abandoned;
+    g_abandoned = s;
 }
 
 void dt_stop_sync_free(dt_stop_sync *s) {

@@ -25,7 +25,7 @@ run() {
     [ "$odd" -gt 0 ] && spec+=(-n "$odd" "$bin" "${base[@]}" "${A[@]}" :)
     spec+=(-n 1 "$bin" "${base[@]}" "${B[@]}")
     [ $((np - odd - 1)) -gt 0 ] && spec+=(: -n $((np - odd - 1)) "$bin" "${base[@]}" "${A[@]}")
-    timeout 120 "${mpi[@]}" "${spec[@]}" < /dev/null 2>&1
+    timeout -k 15 120 "${mpi[@]}" "${spec[@]}" < /dev/null 2>&1
 }
 
 # expect ODD_AT "ARGS A" "ARGS B" NEEDLE

@@ -15,7 +15,7 @@ want="dtrain: error: lr must be finite and >= 0 (got -1)"
 args=(train --model mlp --hidden 32 --threads 1 --quiet --steps 2 --lr -1)
 check() {   # check TAG COMMAND...
     local tag=$1; shift
-    timeout 300 "$@" < /dev/null > "$tmp/out" 2> "$tmp/err"; local rc=$?
+    timeout -k 15 300 "$@" < /dev/null > "$tmp/out" 2> "$tmp/err"; local rc=$?
     local n bad=""
     n=$(grep -c "^dtrain:" "$tmp/err")
     if [ $rc -eq 124 ]; then bad="hang"
@@ -29,7 +29,7 @@ check() {   # check TAG COMMAND...
 check "--nproc $np" "$bin" "${args[@]}" --nproc "$np"
 check "mpiexec -n $np" "${mpiexec[@]}" -n "$np" "$bin" "${args[@]}"
 # --nproc: nothing else on stderr either (mpirun --quiet: no exit banner)
-timeout 300 "$bin" "${args[@]}" --nproc "$np" < /dev/null > /dev/null 2> "$tmp/err"
+timeout -k 15 300 "$bin" "${args[@]}" --nproc "$np" < /dev/null > /dev/null 2> "$tmp/err"
 if [ "$(wc -l < "$tmp/err")" -ne 1 ]; then echo "FAIL --nproc $np: stderr has more than the error line:"; head -12 "$tmp/err"; fail=1
 else echo "ok   --nproc $np: stderr is that line only"; fi
 exit $fail

@@ -16,7 +16,7 @@ run=(train --nproc "$np" --model mlp --hidden 16 --batch 8 --threads 1 --log-eve
 expect_early() {   # expect_early NEEDLE ARGS...
     local needle=$1; shift
     local out rc
-    out=$(timeout 60 "$bin" "${run[@]}" --steps 1000000000 "$@" < /dev/null 2>&1); rc=$?
+    out=$(timeout -k 15 60 "$bin" "${run[@]}" --steps 1000000000 "$@" < /dev/null 2>&1); rc=$?
     if [ $rc -eq 124 ]; then echo "FAIL (still running after 60 s) $*"; fail=1
     elif [ $rc -eq 0 ]; then echo "FAIL (exit 0) $*"; fail=1
     elif grep -q "step 1/" <<<"$out"; then echo "FAIL (trained first) $*"; fail=1
@@ -32,7 +32,7 @@ expect_early "--trace /nonexistent_dt_dir/t.json.rank" --trace /nonexistent_dt_d
 expect_early "--metrics /nonexistent_dt_dir/m.jsonl" --metrics /nonexistent_dt_dir/m.jsonl
 
 # writable: every rank's trace, the sharded set, the metrics; nothing else
-out=$(timeout 120 "$bin" "${run[@]}" --steps 2 --zero 1 --save "$tmp/ck" --trace "$tmp/t.json" \
+out=$(timeout -k 15 120 "$bin" "${run[@]}" --steps 2 --zero 1 --save "$tmp/ck" --trace "$tmp/t.json" \
       --metrics "$tmp/m.jsonl" < /dev/null 2>&1); rc=$?
 if [ $rc -ne 0 ]; then echo "FAIL writable run: rc=$rc"; echo "$out" | tail -5; fail=1; fi
 for ((r = 0; r < np; r++)); do

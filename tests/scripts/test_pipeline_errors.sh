@@ -11,7 +11,7 @@ mlp=(--model mlp --hidden 32 --threads 1 --quiet --steps 2)   # 2 blocks
 expect() {   # expect NEEDLE ARGS...
     local needle=$1; shift
     local out rc
-    out=$(timeout 120 "$bin" train "${mlp[@]}" "$@" < /dev/null 2>&1); rc=$?
+    out=$(timeout -k 15 120 "$bin" train "${mlp[@]}" "$@" < /dev/null 2>&1); rc=$?
     if [ $rc -eq 124 ]; then echo "FAIL (hang) $*"; fail=1
     elif [ $rc -eq 0 ]; then echo "FAIL (exit 0) $*"; fail=1
     elif ! grep -qF -- "$needle" <<<"$out"; then echo "FAIL $*: wanted '$needle', got:"; echo "$out" | head -5; fail=1

@@ -19,7 +19,7 @@ expect() {
     local fault=$1 stage=$2 mb=$3 what=$4; shift 4
     local out rc shown=$fault
     [[ $fault == *:*:* ]] || shown=$fault:F
-    out=$(DTRAIN_PIPE_FAULT=$fault timeout 120 "$bin" train "${args[@]}" < /dev/null 2>&1); rc=$?
+    out=$(DTRAIN_PIPE_FAULT=$fault timeout -k 15 120 "$bin" train "${args[@]}" < /dev/null 2>&1); rc=$?
     local bad=""
     if [ $rc -eq 124 ]; then bad="hang"
     elif [ $rc -eq 0 ]; then bad="exit 0"
@@ -49,7 +49,7 @@ else
     expect 0:3:B 0 3 backward
 fi
 # a malformed value fails the first step on every rank, naming the variable
-out=$(DTRAIN_PIPE_FAULT=1:x timeout 120 "$bin" train "${args[@]}" < /dev/null 2>&1); rc=$?
+out=$(DTRAIN_PIPE_FAULT=1:x timeout -k 15 120 "$bin" train "${args[@]}" < /dev/null 2>&1); rc=$?
 if [ $rc -eq 124 ] || [ $rc -eq 0 ] || ! grep -qF 'DTRAIN_PIPE_FAULT="1:x": expected RANK:MB[:F|B]' <<<"$out"; then
     echo "FAIL DTRAIN_PIPE_FAULT=1:x (rc $rc), got:"; echo "$out" | head -5; fail=1
 else echo "ok   DTRAIN_PIPE_FAULT=1:x -> names the variable"; fi

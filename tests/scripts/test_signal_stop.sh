@@ -35,7 +35,7 @@ case_() {
     local tag=$1 sig=$2 target=$3; shift 4
     local cmd=("$@") ref="$tmp/$tag.ref.st" ck="$tmp/$tag.ck" out="$tmp/$tag.out" bad=""
     [ ${#REF[@]} -gt 0 ] || REF=("${cmd[@]}")
-    if ! timeout 300 "${REF[@]}" --save "$ref" --quiet < /dev/null > "$tmp/$tag.ref.out" 2>&1; then
+    if ! timeout -k 15 300 "${REF[@]}" --save "$ref" --quiet < /dev/null > "$tmp/$tag.ref.out" 2>&1; then
         echo "FAIL $tag: reference run:"; tail -5 "$tmp/$tag.ref.out"; fail=1; return
     fi
     # --foreground: timeout would pass a signal it gets on to its whole
@@ -62,7 +62,7 @@ case_() {
     [ -n "$bad" ] || [ "$at" -lt $steps ] || bad="stopped at step $at (the signal came too late)"
     [ -n "$bad" ] || [ -e "$ck" ] || bad="no checkpoint $ck"
     [ -n "$bad" ] || ! grep -qE "error|MPI_ABORT|terminated" "$out" || bad="error output"
-    if [ -z "$bad" ] && ! timeout 300 "${cmd[@]}" --resume "$ck" --save "$ck" --quiet < /dev/null > "$tmp/$tag.res.out" 2>&1; then
+    if [ -z "$bad" ] && ! timeout -k 15 300 "${cmd[@]}" --resume "$ck" --save "$ck" --quiet < /dev/null > "$tmp/$tag.res.out" 2>&1; then
         bad="resume failed: $(tail -2 "$tmp/$tag.res.out")"
     fi
     if [ -z "$bad" ] && ! "$cmp" "$ref" "$ck" step optim_step epoch cursor > "$tmp/cmp.out" 2>&1; then
