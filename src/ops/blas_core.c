@@ -89,7 +89,8 @@ static const char *reported_core(void) {
 
 void dt_blas_info_get(dt_blas_info *out) {
     memset(out, 0, sizeof *out);
-    snprintf(out->backend, sizeof out->backend, "OpenBLAS %s", OPENBLAS_VERSION + 10);   /* " OpenBLAS 0.3.21 " */
+    const char *num = strpbrk(OPENBLAS_VERSION, "0123456789");   /* " OpenBLAS 0.3.21 " */
+    snprintf(out->backend, sizeof out->backend, "OpenBLAS %s", num ? num : "(unknown version)");
     char *sp = strchr(out->backend + 9, ' ');
     if (sp) *sp = 0;
     snprintf(out->core, sizeof out->core, "%s", reported_core());
