@@ -58,6 +58,13 @@ struct dt_param {
     int weight_decay;        /* 1: decoupled weight decay applies (matrices) */
     int requires_grad;       /* 0: frozen; no grad, no hook */
     /* (uses on a tape are the graph's: dt_graph_param_uses) */
+    /* 1: some tape recorded a use of this parameter (with requires_grad)
+     * since the last dt_model_zero_grad, so backward gives it a gradient:
+     * PyTorch's `p.grad is not None`. Set by recording, never cleared by a
+     * graph (it spans micro-steps); cleared with the gradients. Optimizers
+     * skip a parameter without (optim.h: dt_optim_segment.active), and DDP /
+     * ZeRO with find_unused_params replace it by "on any rank". */
+    int has_grad;
     dt_grad_ready_fn on_grad_ready;
     void *on_grad_ready_user;
     /* Lazily materialised gradient (ZeRO-2/3): when grad.data is NULL the

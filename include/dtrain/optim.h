@@ -54,12 +54,25 @@ float dt_clip_scale(double norm, float max_norm);
 /* ---- an optimizer over a flat buffer ----
  * Segments say where parameters start and whether they decay; the optimizer
  * owns state for [state_begin, state_end) of the flat buffer only (the whole
- * buffer for DDP, a shard for ZeRO). */
-typedef struct dt_optim_segment { size_t offset, numel; int decay; } dt_optim_segment;
+ * buffer for DDP, a shard for ZeRO).
+ *
+ * Skipping (PyTorch skips a parameter whose grad is None): a segment with
+ * `active` set is stepped only in steps where *active != 0 when it is
+ * stepped (a parameter's has_grad, autograd.h). In the other steps its values
+ * and state are left untouched and the step does not count for it: its own
+ * step number (AdamW's bias correction, SGD's first momentum step) is the
+ * number of steps it was stepped in, as PyTorch's per-parameter state
+ * `step`. active NULL: always stepped. */
+typedef struct dt_optim_segment {
+    size_t offset, numel;
+    int decay;
+    const int *active;               /* NULL: always stepped; else only while *active */
+} dt_optim_segment;
 
 typedef struct dt_optimizer {
     dt_optim_cfg cfg;
-    dt_optim_segment *segs;
+    dt_optim_segment *segs;          /* sorted by offset */
+    int64_t *skipped;                /* per segment: steps it sat out (dt_optimizer_finish_step) */
     int n_segs;
     size_t state_begin, state_end;   /* owned range of the flat buffer, in elements */
     float *state[2];                 /* each (state_end - state_begin) floats, or NULL */
@@ -71,7 +84,7 @@ dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_o
 void dt_optimizer_free(dt_optimizer *o);
 /* Step params/grads restricted to [begin, end) ⊆ [state_begin, state_end)
  * (DT_EINVAL, nothing stepped, otherwise). Elements in no segment (padding)
- * are left untouched. `param` and `grad` index the full flat buffer (element
+ * and inactive segments are left untouched. `param` and `grad` index the full flat buffer (element
  * 0 = flat offset 0). Does not increment o->step (call dt_optimizer_finish_step
  * once per step). */
 dt_status dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const float *grad,
@@ -79,7 +92,11 @@ dt_status dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const
 /* Step the whole owned range with compact buffers: param[0] and grad[0] are
  * flat offset state_begin (a ZeRO shard). Same arithmetic as step_range. */
 void dt_optimizer_step_owned(dt_optimizer *o, float lr, float *param, const float *grad, float grad_scale);
+/* Ends a step: o->step + 1, and every segment inactive now counts the step
+ * as sat out (call it before the flags are cleared, e.g. by zero_grad). */
 void dt_optimizer_finish_step(dt_optimizer *o);
+/* Steps segment k (in o->segs order) has been stepped in: o->step - skipped[k]. */
+int64_t dt_optimizer_segment_steps(const dt_optimizer *o, int k);
 
 /* ---- LR schedule: linear warm-up then cosine decay to min_lr ---- */
 typedef struct dt_lr_schedule {

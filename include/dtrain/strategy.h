@@ -114,7 +114,8 @@ typedef struct dt_strategy {
 } dt_strategy;
 
 /* An optimizer with state for every element of m's flat layout, one segment
- * per parameter (the trainer's; a pipeline stage's). */
+ * per parameter, active while the parameter has_grad (the trainer's; a
+ * pipeline stage's): clear the flags with dt_model_zero_grad after each step. */
 dt_status dt_optimizer_init_model(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_model *m);
 
 /* ---- checkpoint metadata ----

@@ -121,6 +121,7 @@ static int count_use(dt_graph *g, dt_param *p) {
         return -1;
     }
     if (g->mode == DT_GRAPH_COUNT) g->ck_uses[g->n_ck_uses++] = r;
+    p->has_grad = 1;
     g->params.recs[r].uses++;
     g->params.recs[r].pending++;
     return r;

@@ -59,6 +59,7 @@ dt_status dt_model_set_layout(dt_model *m, const size_t *offsets, size_t total) 
 
 void dt_model_zero_grad(dt_model *m) {
     if (m->grad_flat.data) memset(m->grad_flat.data, 0, m->grad_flat.numel * sizeof(float));
+    for (int i = 0; i < m->n_params; i++) m->params[i]->has_grad = 0;   /* PyTorch: grad = None */
 }
 
 void dt_model_drop_grads(dt_model *m) {

@@ -88,6 +88,11 @@ dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_o
                 return s;
             }
     }
+    o->skipped = calloc((size_t)(n_segs ? n_segs : 1), sizeof *o->skipped);
+    if (!o->skipped) {
+        free(copy);
+        return DT_ERR(DT_ENOMEM, "optimizer: out of memory for %d segments", n_segs);
+    }
     o->cfg = *cfg;
     o->segs = copy;
     o->n_segs = n_segs;
@@ -106,21 +111,23 @@ dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_o
 void dt_optimizer_free(dt_optimizer *o) {
     if (!o) return;
     free(o->segs);
+    free(o->skipped);
     dt_free(o->state[0]);
     dt_free(o->state[1]);
     memset(o, 0, sizeof *o);
 }
 
-/* param/grad element i sits at flat offset origin + i. */
+/* param/grad element i sits at flat offset origin + i. Segment i's own step
+ * number is t = o->step + 1 - skipped[i] (PyTorch's per-parameter step). */
 static void step_impl(dt_optimizer *o, float lr, float *param, const float *grad, size_t origin,
                       size_t begin, size_t end, float grad_scale) {
-    int64_t t = o->step + 1;
     for (int i = 0; i < o->n_segs; i++) {
         const dt_optim_segment *s = &o->segs[i];
         if (s->offset >= end) break;  /* sorted by offset */
         size_t lo = s->offset > begin ? s->offset : begin;
         size_t hi = s->offset + s->numel < end ? s->offset + s->numel : end;
-        if (lo >= hi) continue;
+        if (lo >= hi || (s->active && !*s->active)) continue;
+        int64_t t = o->step + 1 - o->skipped[i];
         size_t at = lo - o->state_begin, n = hi - lo, pi = lo - origin;
         if (o->cfg.kind == DT_OPTIM_ADAMW)
             dt_adamw_step_range(&o->cfg, lr, s->decay, param + pi, grad + pi, o->state[0] + at,
@@ -144,4 +151,12 @@ void dt_optimizer_step_owned(dt_optimizer *o, float lr, float *param, const floa
     step_impl(o, lr, param, grad, o->state_begin, o->state_begin, o->state_end, grad_scale);
 }
 
-void dt_optimizer_finish_step(dt_optimizer *o) { o->step++; }
+void dt_optimizer_finish_step(dt_optimizer *o) {
+    o->step++;
+    for (int i = 0; i < o->n_segs; i++)
+        if (o->segs[i].active && !*o->segs[i].active) o->skipped[i]++;
+}
+
+int64_t dt_optimizer_segment_steps(const dt_optimizer *o, int k) {
+    return k >= 0 && k < o->n_segs ? o->step - o->skipped[k] : 0;
+}

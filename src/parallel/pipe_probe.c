@@ -82,7 +82,8 @@ dt_status dt_pipe_probe_run(dt_model *m, const dt_batch *ex, dt_pipe_probe *out)
     if (s == DT_OK) {
         for (int i = 0; i < nb; i++) out->cost[i] = DBL_MAX;
         for (int k = 0; k < np; k++) {
-            rg[k] = (unsigned char)m->params[k]->requires_grad;
+            /* the probe's uses must not count as this step's gradients */
+            rg[k] = (unsigned char)((m->params[k]->requires_grad != 0) | (m->params[k]->has_grad != 0) << 1);
             m->params[k]->requires_grad = 1;
         }
         for (int k = 0; k < m->n_modules; k++) {
@@ -94,7 +95,10 @@ dt_status dt_pipe_probe_run(dt_model *m, const dt_batch *ex, dt_pipe_probe *out)
         }
         dt_graph_set_training(g, 0);
         for (int pass = 0; pass < 2 && s == DT_OK; pass++) s = probe_pass(m, g, ex, out, prev, &ctx);
-        for (int k = 0; k < np; k++) m->params[k]->requires_grad = rg[k];
+        for (int k = 0; k < np; k++) {
+            m->params[k]->requires_grad = rg[k] & 1;
+            m->params[k]->has_grad = rg[k] >> 1;
+        }
         for (int k = 0; k < m->n_modules; k++) {
             m->modules[k]->hook = hooks[k];
             m->modules[k]->hook_user = hook_users[k];

@@ -1,6 +1,7 @@
 /* dt_optimizer and cfg: defaults, validation of every field, segment table
- * checks, per-segment decay flag, padding left alone, owned-range checks, and
- * sharded state (two halves) bitwise equal to one optimizer over everything. */
+ * checks, per-segment decay flag, padding left alone, owned-range checks,
+ * sharded state (two halves) bitwise equal to one optimizer over everything,
+ * and inactive segments skipped with their own step count. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -286,6 +287,65 @@ static void test_sharded_sgd(void **st) {
     sharded_equal(&c, 4099);
 }
 
+/* A segment whose active flag is 0 is not stepped: values and state stay
+ * bitwise, and it keeps its own step count, so once active again it steps as
+ * a fresh optimizer that saw only its active steps (PyTorch's per-parameter
+ * state['step']). The always-active segment is unaffected. AdamW and SGD
+ * with momentum, both with weight decay. */
+static void skip_case(const dt_optim_cfg *c) {
+    enum { N = 12, A = 5 };
+    static const int active_in[4] = {1, 0, 0, 1};   /* segment 0's flag per step */
+    float p[N], q[N], g[N];
+    fill(p, N);
+    memcpy(q, p, sizeof p);
+    int flag = 1;
+    dt_optim_segment segs[2] = {{0, A, 1, &flag}, {A, N - A, 1, NULL}};
+    dt_optimizer o, ref0, ref1;   /* ref0: segment 0 alone, stepped only when active; ref1: segment 1 */
+    assert_int_equal(dt_optimizer_init(&o, c, segs, 2, 0, N), DT_OK);
+    dt_optim_segment r0 = {0, A, 1, NULL}, r1 = {A, N - A, 1, NULL};
+    assert_int_equal(dt_optimizer_init(&ref0, c, &r0, 1, 0, A), DT_OK);
+    assert_int_equal(dt_optimizer_init(&ref1, c, &r1, 1, A, N), DT_OK);
+    int ns = dt_optim_state_per_elem(c);
+    for (int st = 0; st < 4; st++) {
+        fill(g, N);
+        flag = active_in[st];
+        float p0[N], s0[2][N];
+        memcpy(p0, p, sizeof p);
+        for (int k = 0; k < ns; k++) memcpy(s0[k], o.state[k], N * sizeof(float));
+        assert_int_equal(dt_optimizer_step_range(&o, 0.05f, p, g, 0, N, 1.0f), DT_OK);
+        dt_optimizer_finish_step(&o);
+        if (!flag) {
+            assert_memory_equal(p, p0, A * sizeof(float));
+            for (int k = 0; k < ns; k++) assert_memory_equal(o.state[k], s0[k], A * sizeof(float));
+        } else {
+            assert_int_equal(dt_optimizer_step_range(&ref0, 0.05f, q, g, 0, A, 1.0f), DT_OK);
+            dt_optimizer_finish_step(&ref0);
+        }
+        assert_int_equal(dt_optimizer_step_range(&ref1, 0.05f, q, g, A, N, 1.0f), DT_OK);
+        dt_optimizer_finish_step(&ref1);
+        assert_memory_equal(p, q, sizeof p);
+    }
+    assert_true(dt_optimizer_segment_steps(&o, 0) == 2 && dt_optimizer_segment_steps(&o, 1) == 4);
+    for (int k = 0; k < ns; k++) {
+        assert_memory_equal(o.state[k], ref0.state[k], A * sizeof(float));
+        assert_memory_equal(o.state[k] + A, ref1.state[k], (N - A) * sizeof(float));
+    }
+    dt_optimizer_free(&o);
+    dt_optimizer_free(&ref0);
+    dt_optimizer_free(&ref1);
+}
+
+static void test_inactive_segment_skipped(void **st) {
+    (void)st;
+    dt_optim_cfg a = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    a.weight_decay = 0.1f;
+    skip_case(&a);
+    dt_optim_cfg s = dt_optim_cfg_default(DT_OPTIM_SGD);
+    s.momentum = 0.9f;
+    s.weight_decay = 0.1f;
+    skip_case(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cfg_defaults),
@@ -297,6 +357,7 @@ int main(void) {
         cmocka_unit_test(test_matches_kernels),
         cmocka_unit_test(test_sharded_adamw),
         cmocka_unit_test(test_sharded_sgd),
+        cmocka_unit_test(test_inactive_segment_skipped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
