@@ -69,9 +69,13 @@ typedef struct dt_ddp_opts {
     size_t first_bucket_bytes;   /* default 1 MiB */
     size_t bucket_bytes;         /* default 1 MiB (hides more on a slow link than 4 MiB, costs nothing
                                     on shared memory: docs/PERFORMANCE.md) */
-    int find_unused_params;      /* 0: a parameter without gradient is an error naming it */
+    int find_unused_params;      /* 0: a parameter without gradient is an error naming it; 1: it is
+                                    reduced as zeros, the ranks agree (one small sum per step) which
+                                    parameters some rank used, and has_grad (autograd.h) says so: an
+                                    optimizer over dt_optimizer_init_model steps only those */
     int broadcast_buffers;       /* 1: rank 0's buffers (BatchNorm stats) broadcast before each forward
-                                    and after each reduction (ranks end every step with equal buffers) */
+                                    and after each reduction (ranks end every step with equal buffers);
+                                    under join the highest rank still active is the source */
     int sync_bn;                 /* 1: BatchNorm statistics all-reduced (SyncBatchNorm) */
     int no_overlap;              /* 1: reduce only after backward (for measurement) */
     int deterministic;           /* fixed rank-order summation (any world size); the group's own
@@ -104,15 +108,18 @@ void dt_ddp_free(dt_ddp *d);
  * are active. */
 dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync);
 /* After the synchronising micro-step's backward: marks unused parameters
- * (error if not allowed), launches remaining buckets, waits for all. */
+ * (error if not allowed), launches remaining buckets, waits for all. With
+ * find_unused_params every parameter's has_grad then means "some rank used
+ * it in this step" (frozen ones: 0). */
 dt_status dt_ddp_finish_backward(dt_ddp *d);
 /* Uneven inputs (opts.join): a rank whose data ran out calls this instead of
  * training; it answers the other ranks' collectives (with zero gradients) for
  * as many steps as they still run, and returns when every rank has joined.
  * Active ranks must also call it once their own data runs out. Under join only
- * synchronising micro-steps communicate. On return every rank holds the
- * parameters and buffers of a rank that ran the most steps (optimizer state
- * is not synchronised). */
+ * synchronising micro-steps communicate, and buffers are broadcast from the
+ * highest rank still active (PyTorch's common rank), never from a joined one.
+ * On return every rank holds the parameters and buffers of the highest rank
+ * that ran the most steps (optimizer state is not synchronised). */
 dt_status dt_ddp_join(dt_ddp *d);
 
 int dt_ddp_num_buckets(const dt_ddp *d);

@@ -71,7 +71,11 @@ typedef struct dt_zero_opts {
     size_t first_bucket_bytes;   /* default 1 MiB */
     size_t bucket_bytes;         /* default 4 MiB */
     dt_zero_overlap overlap_step;   /* default AFTER_BACKWARD */
-    int find_unused_params;      /* 0: a parameter without gradient is an error naming it */
+    int find_unused_params;      /* 0: a parameter without gradient is an error naming it; 1: reduced
+                                    as zeros, and the ranks agree (one small sum per step, before the
+                                    first reduce-scatter) which parameters some rank used: the shard
+                                    owners step only those (frozen and unused ones keep their values
+                                    and optimizer state, as PyTorch with grad None) */
     int broadcast_buffers;       /* 1 (default): rank 0's buffers to every rank each step */
     int deterministic;           /* rank-order sums for every reduction (any N) */
     float clip;                  /* max global grad norm; 0 = off */

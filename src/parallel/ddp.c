@@ -117,7 +117,7 @@ dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root) {
     return dt_par_bcast_buffers(d->model, d->pg, &d->buf_scratch, root);
 }
 
-dt_status dt_ddp_bcast_buffers(dt_ddp *d) { return dt_ddp_bcast_buffers_from(d, 0); }
+dt_status dt_ddp_bcast_buffers(dt_ddp *d) { return dt_ddp_bcast_buffers_from(d, d->buf_root); }
 
 int dt_ddp_bcast_buffers_enabled(const dt_ddp *d) {
     return d->opts.broadcast_buffers && !d->opts.sync_bn && d->model->n_buffers > 0 && d->world > 1;
@@ -176,6 +176,7 @@ void dt_ddp_free(dt_ddp *d) {
             dt_model_drop_grads(d->model);
         dt_pg_free_shared(d->pg, d->shm_grads);
     }
+    dt_par_used_free(&d->used);
     free(d->buckets);
     free(d->param_bucket);
     free(d->sync_scratch);
@@ -192,8 +193,8 @@ dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
      * joined rank (which does not know K) can shadow them: see ddp_join.c. */
     if (d->opts.join && !sync) return DT_OK;
     if (d->opts.join) {
-        float active = 1.0f;
-        DT_TRY(dt_allreduce(d->pg, &active, &active, 1, DT_F32, DT_RED_SUM, NULL));
+        int any;
+        DT_TRY(dt_ddp_join_agree(d, 1, &any));
     }
     if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
     return DT_OK;
@@ -250,9 +251,20 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
         }
     double t_end_bw = dt_ddp_now_us();
     dt_status s = dt_ddp_launch_ready(d);
+    /* after every bucket's launch, on every rank: which parameters some rank
+     * used (without find_unused every rank used every bucketed one) */
+    int agree_used = d->opts.find_unused_params && d->world > 1;
+    if (agree_used) {
+        dt_status su = dt_par_used_start(&d->used, m, d->pg, 1);
+        if (s == DT_OK) s = su;
+    }
     double w0 = dt_ddp_now_us();
     dt_status sw = dt_ddp_wait_buckets(d);
     if (s == DT_OK) s = sw;
+    if (agree_used) {
+        dt_status su = dt_par_used_finish(&d->used, m);
+        if (s == DT_OK) s = su;
+    }
     double w1 = dt_ddp_now_us();
     if (d->trace) dt_trace_event(d->trace, "wait reductions", "comm", 0, dt_trace_now_us(d->trace) - (w1 - w0), dt_trace_now_us(d->trace));
     d->stats.wait_us += w1 - w0;
@@ -261,7 +273,8 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     dt_ddp_reset_buckets(d);
     if (s != DT_OK) return s;
     /* Forward passes updated each rank's running statistics with its own
-     * data: end the step with rank 0's on every rank (eval, checkpoints). */
+     * data: end the step with one rank's on every rank (eval, checkpoints):
+     * rank 0's, under join the highest active rank's. */
     if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
     if (unused.n && !d->opts.find_unused_params) return dt_par_unused_error(&unused, "ddp");
     return DT_OK;

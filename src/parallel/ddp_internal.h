@@ -1,6 +1,7 @@
 #ifndef DT_PARALLEL_DDP_INTERNAL_H
 #define DT_PARALLEL_DDP_INTERNAL_H
 #include "dtrain/parallel.h"
+#include "parallel_internal.h"
 
 struct dt_ddp {
     dt_ddp_opts opts;
@@ -24,6 +25,9 @@ struct dt_ddp {
     double t_first_launch;
     dt_trace *trace;
     float *shm_grads;           /* the model's gradients in node-shared memory, or NULL */
+    dt_par_used used;           /* find_unused_params: parameters some rank used this step */
+    int buf_root;               /* rank whose buffers are broadcast: 0, or under join the
+                                   highest rank still active (ddp_join.c) */
 };
 
 double dt_ddp_now_us(void);
@@ -32,11 +36,15 @@ void dt_ddp_hook_allreduce(dt_ddp *d, dt_ddp_comm_hook *h);
 void dt_ddp_hook_compress(dt_ddp *d, dt_ddp_comm_hook *h, dt_dtype wire);
 /* Launch every ready bucket whose predecessors have launched. */
 dt_status dt_ddp_launch_ready(dt_ddp *d);
-dt_status dt_ddp_bcast_buffers(dt_ddp *d);
+dt_status dt_ddp_bcast_buffers(dt_ddp *d);   /* from d->buf_root */
+/* join: agree over the group whether any rank is active and which rank's
+ * buffers count (the highest active one, PyTorch's common rank): sets
+ * *any and d->buf_root. Active and joined ranks call it at the same point. */
+dt_status dt_ddp_join_agree(dt_ddp *d, int active, int *any);
 /* Wait for every bucket in index order, running the hook's finish; first error wins. */
 dt_status dt_ddp_wait_buckets(dt_ddp *d);
 /* Back to "nothing ready, nothing launched" for the next backward. */
-void dt_ddp_reset_buckets(dt_ddp *d);   /* from rank 0 */
+void dt_ddp_reset_buckets(dt_ddp *d);
 dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root);
 /* Buffers are broadcast before forward and after each reduction. */
 int dt_ddp_bcast_buffers_enabled(const dt_ddp *d);

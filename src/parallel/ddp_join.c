@@ -1,16 +1,36 @@
 /* Join for uneven inputs: a rank without data shadows the others' collectives.
  * Per optimizer step an active rank issues (on its synchronising micro-step
  * only; no_sync micro-steps issue nothing under opts.join): the activity
- * allreduce, the buffer broadcast (if enabled), one reduction per bucket in
- * index order, and the buffer broadcast after the reductions. A joined rank
- * issues the same with activity 0 and zero gradients, until the activity sum
- * is 0. A joined rank skipped the optimizer steps of the later iterations, so
- * at the end every rank takes the parameters and buffers of a rank that was
- * active longest (the lowest-numbered one). SyncBatchNorm is rejected with
- * join at dt_ddp_create. */
+ * agreement, the buffer broadcast (if enabled), one reduction per bucket in
+ * index order, the used-parameter sum (find_unused_params), and the buffer
+ * broadcast after the reductions. A joined rank issues the same with
+ * activity 0, zero gradients and no used parameters, until no rank is
+ * active.
+ *
+ * Whose buffers: PyTorch's common rank, the highest rank still active (the
+ * activity agreement is an all-gather of rank-or-minus-one, whose maximum
+ * every rank takes). A joined rank's BatchNorm statistics are stale, so they
+ * must never be broadcast while some rank still trains. At the end every
+ * rank takes the parameters and buffers of the highest of the ranks that
+ * joined last (they applied every optimizer step). SyncBatchNorm is rejected
+ * with join at dt_ddp_create. */
 #include <stdlib.h>
 #include <string.h>
 #include "ddp_internal.h"
+
+dt_status dt_ddp_join_agree(dt_ddp *d, int active, int *any) {
+    float mine = active ? (float)d->rank : -1.0f, stack[16], *all = stack;   /* ranks exact below 2^24 */
+    if (d->world > 16 && !(all = malloc((size_t)d->world * sizeof *all))) return DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status s = dt_allgather(d->pg, &mine, all, 1, DT_F32, NULL);
+    int top = -1;
+    for (int r = 0; s == DT_OK && r < d->world; r++)
+        if (all[r] >= 0.0f && (int)all[r] > top) top = (int)all[r];
+    if (all != stack) free(all);
+    DT_TRY(s);
+    *any = top >= 0;
+    if (top >= 0) d->buf_root = top;
+    return DT_OK;
+}
 
 /* One shadowed step: zero gradients through every bucket. */
 static dt_status shadow_step(dt_ddp *d) {
@@ -23,8 +43,17 @@ static dt_status shadow_step(dt_ddp *d) {
     }
     d->next_launch = 0;
     dt_status s = dt_ddp_launch_ready(d);
+    int agree_used = d->opts.find_unused_params && d->world > 1;   /* as finish_backward */
+    if (agree_used) {
+        dt_status su = dt_par_used_start(&d->used, m, d->pg, 0);
+        if (s == DT_OK) s = su;
+    }
     dt_status sw = dt_ddp_wait_buckets(d);
     if (s == DT_OK) s = sw;
+    if (agree_used) {
+        sw = dt_par_used_finish(&d->used, NULL);   /* this rank steps nothing */
+        if (s == DT_OK) s = sw;
+    }
     dt_ddp_reset_buckets(d);
     memset(m->grad_flat.data, 0, m->grad_flat.numel * sizeof(float));
     DT_TRY(s);
@@ -32,29 +61,24 @@ static dt_status shadow_step(dt_ddp *d) {
     return DT_OK;
 }
 
-/* Everyone has joined: adopt the model of the lowest rank that shadowed the
- * fewest steps (it applied every optimizer step). */
+/* Everyone has joined: adopt the model of the highest rank that shadowed no
+ * step (it joined last, so it applied every optimizer step). */
 static dt_status sync_final_model(dt_ddp *d, int64_t shadowed) {
     if (d->world < 2) return DT_OK;
-    float mine = (float)(shadowed < (1 << 24) ? shadowed : (1 << 24)), *all = malloc((size_t)d->world * sizeof *all);
-    if (!all) return DT_ERR(DT_ENOMEM, "out of memory");
-    dt_status s = dt_allgather(d->pg, &mine, all, 1, DT_F32, NULL);
-    int root = 0;
-    for (int r = 1; s == DT_OK && r < d->world; r++)
-        if (all[r] < all[root]) root = r;
-    free(all);
-    DT_TRY(s);
+    int any = 0;
+    DT_TRY(dt_ddp_join_agree(d, shadowed == 0, &any));
+    if (!any) return DT_ERR(DT_ESTATE, "ddp join: no rank joined last (internal error)");
     dt_model *m = d->model;
-    DT_TRY(dt_broadcast(d->pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, root, NULL));
-    return dt_ddp_bcast_buffers_from(d, root);
+    DT_TRY(dt_broadcast(d->pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, d->buf_root, NULL));
+    return dt_ddp_bcast_buffers_from(d, d->buf_root);
 }
 
 dt_status dt_ddp_join(dt_ddp *d) {
     if (!d->opts.join) return DT_ERR(DT_ESTATE, "ddp: join needs the join option at construction");
     for (int64_t shadowed = 0;; shadowed++) {
-        float active = 0.0f;
-        DT_TRY(dt_allreduce(d->pg, &active, &active, 1, DT_F32, DT_RED_SUM, NULL));
-        if (active == 0.0f) return sync_final_model(d, shadowed);
+        int any = 0;
+        DT_TRY(dt_ddp_join_agree(d, 0, &any));
+        if (!any) return sync_final_model(d, shadowed);
         DT_TRY(shadow_step(d));
     }
 }

@@ -24,6 +24,16 @@ void dt_par_unused_add(dt_par_unused *u, const char *name);
 /* DT_EINVAL: "<who>: parameter(s) '<names>' received no gradient ...". */
 dt_status dt_par_unused_error(const dt_par_unused *u, const char *who);
 
+/* used_map.c: with find_unused_params, which parameters got a gradient on
+ * any rank. start: each parameter's has_grad (0 for all when !contribute: a
+ * joined rank) summed over pg, asynchronously (a collective: issue it at the
+ * same point on every rank). finish: wait, then (m not NULL) has_grad = "some
+ * rank used it"; a no-op when nothing was started. */
+typedef struct dt_par_used { float *map; int n; dt_work *work; int started; } dt_par_used;
+dt_status dt_par_used_start(dt_par_used *u, dt_model *m, dt_pg *pg, int contribute);
+dt_status dt_par_used_finish(dt_par_used *u, dt_model *m);
+void dt_par_used_free(dt_par_used *u);
+
 /* bucket_plan.c: the bucket cutting DDP and ZeRO share. */
 /* Items (parameters, in layout order) are cut into buckets by one rule: an
  * item opens a new bucket when there is none yet or when the open bucket is

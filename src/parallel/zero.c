@@ -46,7 +46,8 @@ static dt_status init_optimizers(dt_zero *z) {
         dt_zero_bucket *b = &z->lay.b[i].pub;
         for (int k = 0; k < b->n_params; k++) {
             dt_param *p = z->lay.order[b->first_param + k];
-            segs[k] = (dt_optim_segment){m->offsets[p->index], (size_t)p->value.numel, p->weight_decay};
+            /* stepped only while it has a gradient (agreed over ranks: zero_reduce.c) */
+            segs[k] = (dt_optim_segment){m->offsets[p->index], (size_t)p->value.numel, p->weight_decay, &p->has_grad};
         }
         s = dt_optimizer_init(&z->lay.b[i].opt, &z->cfg, segs, b->n_params, b->own_begin, b->own_begin + b->shard);
     }
@@ -165,6 +166,7 @@ void dt_zero_free(dt_zero *z) {
     dt_free(z->lay.shard_param);
     dt_free(z->lay.shard_grad);
     free(z->buf_scratch);
+    dt_par_used_free(&z->rd.used);
     if (z->ag_pg) dt_pg_free(z->ag_pg);
     free(z);
 }

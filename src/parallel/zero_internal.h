@@ -43,6 +43,10 @@ typedef struct zreduce {
     int reduced;             /* finish_backward done, step pending */
     int unused_checked;      /* this backward looked for unused parameters */
     int hold_steps;          /* an unused parameter will fail this step: no interleaved steps */
+    dt_par_used used;        /* find_unused_params: parameters some rank used, summed once per
+                                step before any reduce-scatter (first grad-ready, else
+                                finish_backward); applied to has_grad before any shard step */
+    int used_issued;         /* this step's sum was started */
     dt_status tick_err;      /* finishing a reduction (or stepping a shard) failed inside backward */
     char tick_msg[256];
     double last_check_us;    /* graph tick: reductions tested at most every 0.5 ms */

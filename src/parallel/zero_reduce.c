@@ -106,10 +106,20 @@ void dt_zero_advance_in_backward(dt_zero *z, double now) {
     }
 }
 
+/* find_unused_params: start the used-parameter sum once per step, before
+ * this rank's first reduce-scatter (the forward is complete, and every rank
+ * issues it first on z->pg). */
+static dt_status start_used(dt_zero *z) {
+    if (!z->opts.find_unused_params || z->world < 2 || z->rd.used_issued) return DT_OK;
+    z->rd.used_issued = 1;
+    return dt_par_used_start(&z->rd.used, z->m, z->pg, 1);
+}
+
 dt_status dt_zero_on_grad_ready(dt_param *p, void *user) {
     dt_zero *z = user;
     if (!z->rd.sync) return DT_OK;
     check_unused_once(z);
+    DT_TRY(start_used(z));
     zbucket *b = &z->lay.b[z->lay.param_bucket[p->index]];
     if (--b->pending == 0) {
         b->ready = 1;
@@ -120,6 +130,9 @@ dt_status dt_zero_on_grad_ready(dt_param *p, void *user) {
 }
 
 void dt_zero_reset_buckets(dt_zero *z) {
+    /* the step is over (or failed): no parameter has a gradient (PyTorch: None) */
+    for (int i = 0; i < z->m->n_params; i++) z->m->params[i]->has_grad = 0;
+    z->rd.used_issued = 0;
     for (int i = 0; i < z->lay.nb; i++) {
         zbucket *b = &z->lay.b[i];
         b->pending = b->n_grad_params;
@@ -140,6 +153,8 @@ dt_status dt_zero_drain(dt_zero *z) {
         dt_status si = dt_zero_wait_gather(z, i);
         if (s == DT_OK) s = si;
     }
+    dt_status su = dt_par_used_finish(&z->rd.used, NULL);
+    if (s == DT_OK) s = su;
     return s;
 }
 
@@ -159,6 +174,7 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
         if (z->lay.b[i].pending != 0)
             s = DT_ERR(DT_ESTATE, "zero: bucket %d still waits for %d gradients after backward (was backward run?)",
                        i, z->lay.b[i].pending);
+    if (s == DT_OK) s = start_used(z);   /* no grad-ready fired on this rank: before the launches too */
     if (s == DT_OK) s = launch_ready(z);
     /* an unused parameter that is an error fails the step: reduce (the other
      * ranks may not fail) but step nothing */
@@ -170,6 +186,7 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
         if (s == DT_OK) s = si;
     }
     z->rd.next_done = z->lay.nb;
+    if (s == DT_OK) s = dt_par_used_finish(&z->rd.used, m);   /* has_grad: used on some rank */
     z->mods.recording = 0;
     z->stats.wait_us += dt_par_now_us() - w0;
     if (z->stage == 3) {   /* collective: on every rank, whatever s */

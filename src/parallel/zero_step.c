@@ -16,6 +16,9 @@ dt_status dt_zero_step_bucket(dt_zero *z, int i, float scale) {
     /* a gather of the last step no forward waited for (a skipped module)
      * still reads the shard: finish it first */
     if (b->ag || b->ag_queued) DT_TRY(dt_zero_wait_gather(z, i));
+    /* which parameters have a gradient on some rank (find_unused_params;
+     * INTERLEAVED steps from inside backward): the shard skips the others */
+    DT_TRY(dt_par_used_finish(&z->rd.used, z->m));
     double t0 = dt_trace_now_us(z->trace);
     dt_optimizer_step_owned(&b->opt, z->lr, ps, dt_zero_shard_grad_ptr(z, i), scale);
     if (z->trace) {

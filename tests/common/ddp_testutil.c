@@ -175,6 +175,11 @@ float dtt_ddp_step(dtt_net *n, dt_ddp *d, const dtt_batch *micro, int K) {
 void (*dtt_ref_rank_hook)(int r) = NULL;
 
 void dtt_ref_step(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const int *active) {
+    dtt_ref_grads(ref, per_rank, N, K, active);
+    dtt_opt_step(ref);
+}
+
+void dtt_ref_grads(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const int *active) {
     dt_model *m = ref->m;
     size_t n = m->grad_flat.numel;
     float *sum = xmalloc(n * sizeof *sum), *zero = calloc(n ? n : 1, sizeof *zero);
@@ -192,7 +197,6 @@ void dtt_ref_step(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const i
     }
     const float div = (float)N;
     for (size_t i = 0; i < n; i++) m->grad_flat.data[i] = sum[i] / div;
-    dtt_opt_step(ref);
     free(sum);
     free(zero);
 }

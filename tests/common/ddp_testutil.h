@@ -62,6 +62,8 @@ dt_tensor *dtt_mlp_forward_skip_bias(dt_model *m, dt_graph *g, const dt_batch *b
  * its K micro-steps (each backward_scaled(1/K), accumulated like DDP does
  * locally); active[r] == 0 contributes zeros (join). NULL = all active. */
 void dtt_ref_step(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const int *active);
+/* dtt_ref_step's gradient only: the rank average left in ref's grad_flat, no step. */
+void dtt_ref_grads(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const int *active);
 /* Called by dtt_ref_step before it simulates rank r (rank-dependent forwards); NULL = none. */
 extern void (*dtt_ref_rank_hook)(int r);
 

@@ -216,6 +216,7 @@ void dtz_ddp_run(const dtz_spec *s, dt_pg *pg, dtz_result *out) {
     dtt_net n;
     dtt_net_init(&n, &s->cfg, 1 + (uint64_t)me, &s->oc);
     if (s->forward) n.m->forward = s->forward;
+    if (s->prepare) s->prepare(n.m);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
     o.deterministic = s->det;
@@ -257,6 +258,7 @@ void dtz_net_init(dtz_net *n, const dtz_spec *s, uint64_t seed, dt_pg *pg, const
     memset(n, 0, sizeof *n);
     T_OK(dt_model_create(&s->cfg, seed, &n->m));
     if (s->forward) n->m->forward = s->forward;
+    if (s->prepare) s->prepare(n->m);
     n->g = dt_graph_create();
     T_CHECK(n->g != NULL);
     T_OK(dt_zero_create(n->m, pg, &s->oc, o, &n->z));

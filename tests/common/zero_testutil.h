@@ -33,6 +33,8 @@ typedef struct dtz_spec {
     dt_tensor *(*forward)(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits);
     /* optional: called before every micro-step's forward on every rank */
     void (*before_micro)(int step, int rank, int k);
+    /* optional: called on each fresh model before DDP / ZeRO wraps it (freezing) */
+    void (*prepare)(dt_model *m);
 } dtz_spec;
 
 /* AdamW lr 1e-2 wd 0.01, K = 1, deterministic when N > 2. */

@@ -3,7 +3,8 @@
  * parameters (and buffers), equal to the single-process reference in which
  * ranks that ran out contribute zero gradients (bitwise at N = 2, or in
  * deterministic mode). Also with micro-steps, BatchNorm buffers, bf16
- * compression and a custom hook. */
+ * compression and a custom hook. The buffers come from the highest rank
+ * still active, so they end as the last rank's own statistics. */
 #include "mpi_check.h"
 #include "ddp_testutil.h"
 
@@ -102,6 +103,74 @@ static void test_join(void) {
     t_end();
 }
 
+/* Packed model buffers (registration order). */
+static float *pack_buffers(const dt_model *m, size_t *n) {
+    size_t k = 0;
+    for (int i = 0; i < m->n_buffers; i++) k += (size_t)m->buffers[i]->value.numel;
+    float *out = malloc((k + 1) * sizeof *out);
+    T_CHECK(out != NULL);
+    size_t at = 0;
+    for (int i = 0; i < m->n_buffers; i++) {
+        memcpy(out + at, dt_f32(&m->buffers[i]->value), (size_t)m->buffers[i]->value.numel * sizeof *out);
+        at += (size_t)m->buffers[i]->value.numel;
+    }
+    *n = k;
+    return out;
+}
+
+/* Buffers under join come from the highest rank still active (PyTorch's
+ * common rank), never from a rank that ran out of data. Rank r has r + 2
+ * batches, so the last rank trains longest; its BatchNorm statistics, updated
+ * only by its own forwards, are what every rank must end with. The
+ * expectation: on the last rank a plain copy of the model (no DDP) takes the
+ * DDP model's parameters before each step and runs the same forward on the
+ * same batch; its buffers are sent to every rank. */
+static void test_join_buffers(void) {
+    t_begin("join: BatchNorm buffers come from the highest rank still active");
+    int me = dt_pg_rank(world), N = dt_pg_size(world), last = N - 1;
+    dt_model_cfg cfg = dtt_cnn_cfg();
+    dt_optim_cfg oc = dtt_adamw(1e-2f, 0.01f);
+    dt_ddp_opts o;
+    dt_ddp_opts_default(&o);
+    o.join = 1;
+    o.first_bucket_bytes = 512;
+    o.bucket_bytes = 2048;
+    o.deterministic = N > 2;
+    dtt_net n, x;
+    dtt_net_init(&n, &cfg, 21, &oc);
+    dtt_net_init(&x, &cfg, 21, &oc);
+    T_CHECK(n.m->n_buffers > 0);
+    dt_ddp *d;
+    T_OK(dt_ddp_create(n.m, world, &o, &d));
+    for (int i = 0; i < n.m->n_buffers; i++)   /* the common start: rank 0's, broadcast at create */
+        memcpy(dt_f32(&x.m->buffers[i]->value), dt_f32(&n.m->buffers[i]->value),
+               (size_t)n.m->buffers[i]->value.numel * sizeof(float));
+    size_t ne = n.m->param_flat.numel;
+    for (int st = 0; st < me + 2; st++) {
+        dtt_batch b;
+        dtt_make_batch(&cfg, dtt_key(st, me, 0), 3, &b);
+        if (me == last) {
+            memcpy(x.m->param_flat.data, n.m->param_flat.data, ne * sizeof(float));
+            dtt_fwd_bwd(&x, NULL, 1, &b.b, 1.0f, NULL);
+            dt_model_zero_grad(x.m);
+        }
+        dtt_ddp_step(&n, d, &b, 1);
+        dtt_batch_free(&b);
+    }
+    T_OK(dt_ddp_join(d));
+    size_t nb, nb2;
+    float *got = pack_buffers(n.m, &nb), *want = pack_buffers(x.m, &nb2);
+    T_CHECK(nb == nb2);
+    MPI_Bcast(want, (int)nb, MPI_FLOAT, last, MPI_COMM_WORLD);
+    T_BITWISE(got, want, nb, "buffers after join vs the last rank's own statistics");
+    free(got);
+    free(want);
+    dt_ddp_free(d);
+    dtt_net_free(&n);
+    dtt_net_free(&x);
+    t_end();
+}
+
 static void test_join_misuse(void) {
     t_begin("join: needs opts.join; SyncBatchNorm + join rejected");
     dt_model_cfg c = dtt_mlp_cfg(20, 16, 0, 5);
@@ -141,6 +210,7 @@ int main(int argc, char **argv) {
     t_init(&argc, &argv);
     T_OK(dt_pg_world(&world));
     test_join();
+    test_join_buffers();
     test_join_misuse();
     T_OK(dt_dist_finalize());
     return 0;
