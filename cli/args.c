@@ -51,6 +51,16 @@ static int parse_value(const dt_arg *a, const char *v, char *err, int errlen) {
         *(int *)a->dst = n;
         return 0;
     }
+    case DT_ARG_STRS: {
+        int *n = a->dst;
+        if (*n >= a->list_cap) {
+            snprintf(err, (size_t)errlen, "%s: at most %d times", a->name, a->list_cap);
+            return -1;
+        }
+        if (!*v) goto bad;
+        a->strs[(*n)++] = v;
+        return 0;
+    }
     case DT_ARG_FLAG:
         return 0;
     }

@@ -3,7 +3,8 @@
 #define DT_CLI_ARGS_H
 #include <stdint.h>
 
-typedef enum dt_arg_type { DT_ARG_INT, DT_ARG_I64, DT_ARG_U64, DT_ARG_FLOAT, DT_ARG_STR, DT_ARG_FLAG, DT_ARG_LIST } dt_arg_type;
+typedef enum dt_arg_type { DT_ARG_INT, DT_ARG_I64, DT_ARG_U64, DT_ARG_FLOAT, DT_ARG_STR, DT_ARG_FLAG, DT_ARG_LIST,
+                           DT_ARG_STRS } dt_arg_type;
 
 typedef struct dt_arg {
     const char *name;       /* "--lr" */
@@ -12,7 +13,8 @@ typedef struct dt_arg {
     const char *meta;       /* "N", "FILE" */
     const char *help;
     int *list;              /* DT_ARG_LIST: int array (dst = int *count), capacity in list_cap */
-    int list_cap;
+    int list_cap;           /* also DT_ARG_STRS' capacity */
+    const char **strs;      /* DT_ARG_STRS: repeatable, each value appended (dst = int *count) */
 } dt_arg;
 
 /* Parses argv[from..argc). Unknown flags, missing values and malformed numbers

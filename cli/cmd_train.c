@@ -21,6 +21,7 @@ typedef struct cli_flags {
     int zero_prefetch;   /* INT_MIN: not given */
     int no_bcast;
     int no_shm;
+    const char *freeze[64];
 } cli_flags;
 
 #define N_ARGS(t) ((int)(sizeof(t) / sizeof((t)[0])))
@@ -58,6 +59,8 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--beta1", DT_ARG_FLOAT, &o->optim.beta1, "B1", "AdamW beta1 (default 0.9)", 0, 0},
         {"--beta2", DT_ARG_FLOAT, &o->optim.beta2, "B2", "AdamW beta2 (default 0.999)", 0, 0},
         {"--eps", DT_ARG_FLOAT, &o->optim.eps, "E", "AdamW epsilon (default 1e-8)", 0, 0},
+        {"--freeze", DT_ARG_STRS, &o->n_freeze, "PATTERN", "freeze the parameters whose names match a glob (repeatable; e.g. 'fc1.*'): "
+         "not trained, their values kept exactly; a pattern matching none is an error", 0, 64, f->freeze},
         {"--clip", DT_ARG_FLOAT, &o->clip, "NORM", "clip the global gradient norm (default 0: off)", 0, 0},
         {"--seed", DT_ARG_U64, &o->seed, "S", "seed for init, shuffling, dropout (default 1)", 0, 0},
         {"--threads", DT_ARG_INT, &o->threads, "N", "OpenMP/OpenBLAS threads per rank (default: cores / ranks)", 0, 0},
@@ -176,6 +179,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         return -1;
     }
     if (f->nesterov) o->optim.nesterov = 1;
+    o->freeze = f->freeze;
     if (f->nproc != INT_MIN && dt_cli_nproc_check(f->nproc, err, errlen)) return -1;
     dt_ddp_opts *d = &f->dist.ddp;
     if (bucket_flag("--bucket-mb", f->bucket_mb, err, errlen) || bucket_flag("--first-bucket-mb", f->first_bucket_mb, err, errlen))

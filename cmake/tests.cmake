@@ -145,3 +145,14 @@ foreach(np 2 4)
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_one_error_line.sh $<TARGET_FILE:dtrain_cli> ${np} ${DT_MPIEXEC})
   set_tests_properties(test_one_error_line_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()
+
+# --freeze: matching parameters keep their initial values bit for bit (wd 0.1,
+# momentum), one process (np 1), DDP and ZeRO 1/2/3 (np 2, 4); an unmatched
+# pattern is an error naming it.
+foreach(np 1 2 4)
+  add_test(NAME test_freeze_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_freeze.sh $<TARGET_FILE:dtrain_cli>
+                   $<TARGET_FILE:ckpt_cmp> ${np} ${DT_MPIEXEC})
+  set_tests_properties(test_freeze_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 900)
+endforeach()
+set_tests_properties(test_freeze_np1 PROPERTIES LABELS unit)

@@ -248,6 +248,11 @@ int dt_model_block_shape(const dt_model *m, int i, int in, const dt_batch *b, in
  * expects ("model cnn takes 'image' float [1, 28, 28]"). */
 dt_status dt_model_check_sample(const dt_model *m, const dt_sample_shape *s);
 size_t dt_model_num_params(const dt_model *m);
+/* requires_grad = 0 for every parameter whose name matches the glob pattern
+ * (fnmatch, no flags: '*' also crosses dots). Returns how many matched.
+ * Call it before a strategy wraps the model. */
+int dt_model_freeze(dt_model *m, const char *pattern);
+/* Gradients to zero and every parameter's has_grad to 0 (autograd.h). */
 void dt_model_zero_grad(dt_model *m);
 /* Gradient storage: drop it (every grad NULL, no buffer; ZeRO-2/3 keep
  * gradients per bucket instead), or allocate it back (zeros, at the current

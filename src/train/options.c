@@ -63,6 +63,9 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
                       MAX_THREADS_PER_CORE * cores, MAX_THREADS_PER_CORE, cores);
     if (o->save_every < 0) return DT_ERR(DT_EINVAL, "--save-every must be >= 0");
     if (o->save_every > 0 && !o->save) return DT_ERR(DT_EINVAL, "--save-every needs --save PATH");
+    if (o->n_freeze < 0 || (o->n_freeze > 0 && !o->freeze)) return DT_ERR(DT_EINVAL, "--freeze: %d patterns without a list", o->n_freeze);
+    for (int k = 0; k < o->n_freeze; k++)
+        if (!o->freeze[k] || !o->freeze[k][0]) return DT_ERR(DT_EINVAL, "--freeze: pattern %d is empty", k + 1);
     if (o->init && o->resume) return DT_ERR(DT_EINVAL, "--init and --resume are exclusive (a checkpoint already holds the weights)");
     return DT_OK;
 }

@@ -1,6 +1,9 @@
 #ifndef DT_TRAIN_INTERNAL_H
 #define DT_TRAIN_INTERNAL_H
 #include "dtrain/train.h"
+/* --freeze: each pattern's parameters get requires_grad = 0; a pattern that
+ * matches none is an error naming it (freeze.c) */
+dt_status dt_trainer_freeze(dt_trainer *t);
 /* dataset + batch buffers (data_setup.c) */
 dt_status dt_trainer_load_data(dt_trainer *t);
 /* sizes the built-in image models' input from the data's images (t->opts.model) */

@@ -1,25 +1,36 @@
-/* ckpt_cmp REF OTHER [KEY...]: every tensor of the single-file checkpoint REF
- * must exist in OTHER (a file or a sharded set) with the same shape and the
- * same bits; OTHER may have no extra tensors. Metadata keys named after the
- * paths must be equal too (e.g. step optim_step epoch cursor). Prints the
- * first difference; exit 0 = identical, 1 = different, 2 = unreadable. */
+/* ckpt_cmp [--only GLOB] REF OTHER [KEY...]: every tensor of the single-file
+ * checkpoint REF (with --only: those whose names match GLOB, fnmatch; at
+ * least one must) must exist in OTHER (a file or a sharded set) with the same
+ * shape and the same bits; OTHER may have no extra tensors. Metadata keys
+ * named after the paths must be equal too (e.g. step optim_step epoch
+ * cursor). Prints the first difference; exit 0 = identical, 1 = different,
+ * 2 = unreadable. */
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dtrain/io.h"
 
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: ckpt_cmp REF.safetensors OTHER [META_KEY...]\n"); return 2; }
+    const char *only = NULL;
+    if (argc > 2 && !strcmp(argv[1], "--only")) {
+        only = argv[2];
+        argv += 2;
+        argc -= 2;
+    }
+    if (argc < 3) { fprintf(stderr, "usage: ckpt_cmp [--only GLOB] REF.safetensors OTHER [META_KEY...]\n"); return 2; }
     dt_safetensors ref;
     dt_ckpt *other = NULL;
     if (dt_safetensors_load(argv[1], &ref) != DT_OK || dt_ckpt_open(argv[2], &other) != DT_OK) {
         fprintf(stderr, "ckpt_cmp: %s\n", dt_error_message());
         return 2;
     }
-    int bad = 0;
+    int bad = 0, n_cmp = 0;
     size_t compared = 0;
     for (int i = 0; i < ref.n_tensors && !bad; i++) {
         const dt_st_tensor *t = &ref.tensors[i];
+        if (only && fnmatch(only, t->name, 0) != 0) continue;
+        n_cmp++;
         int nd;
         int64_t sh[DT_MAX_DIMS];
         if (!dt_ckpt_find(other, t->name, &nd, sh)) { printf("missing in %s: %s\n", argv[2], t->name); bad = 1; break; }
@@ -49,7 +60,11 @@ int main(int argc, char **argv) {
             bad = 1;
         }
     }
-    if (!bad) printf("identical: %d tensors, %zu floats\n", ref.n_tensors, compared);
+    if (!bad && only && n_cmp == 0) {
+        printf("no tensor of %s matches '%s'\n", argv[1], only);
+        bad = 1;
+    }
+    if (!bad) printf("identical: %d tensors, %zu floats\n", n_cmp, compared);
     dt_ckpt_close(other);
     dt_safetensors_free(&ref);
     return bad;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# --freeze PATTERN: the matching parameters keep their initial values bit for
+# bit while the others train, with weight decay 0.1 and momentum (SGD 0.9,
+# AdamW), in one process (NP 1) or under DDP and ZeRO 1/2/3 (NP 2|4). The
+# initial values come from a run with --lr 0 (nothing moves). A pattern that
+# matches no parameter is an error naming it.
+# usage: test_freeze.sh DTRAIN CKPT_CMP NP [MPIEXEC ARGS...]
+set -uo pipefail
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_recompute_bitwise.sh)
+bin=$1 cmp=$2 np=$3; shift 3
+mpiexec=("$@")
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+base=(--model mlp --hidden 32,32 --threads 1 --batch 16 --quiet)
+fail=0
+launch=("$bin")
+[ "$np" -gt 1 ] && launch=("${mpiexec[@]}" -n "$np" "$bin")
+
+# init.st: the initial parameters (one process, --lr 0)
+if ! timeout 300 "$bin" train "${base[@]}" --steps 1 --lr 0 --save "$tmp/init.st" > "$tmp/init.out" 2>&1; then
+    echo "FAIL: reference run:"; tail -5 "$tmp/init.out"; exit 1
+fi
+
+strategies=("ddp:")
+[ "$np" -gt 1 ] && strategies+=("zero1:--zero 1" "zero2:--zero 2" "zero3:--zero 3")
+for opt in "sgd:--optim sgd --lr 0.05 --momentum 0.9 --wd 0.1" "adamw:--optim adamw --lr 0.01 --wd 0.1"; do
+    for strat in "${strategies[@]}"; do
+        tag="${opt%%:*}-${strat%%:*}" out="$tmp/$tag.ck"
+        # shellcheck disable=SC2206
+        args=(${opt#*:} ${strat#*:})
+        if ! timeout 300 "${launch[@]}" train "${base[@]}" "${args[@]}" --steps 4 --freeze 'fc1.*' --freeze fc3.bias \
+                --save "$out" > "$tmp/$tag.out" 2>&1; then
+            echo "FAIL $tag: run:"; tail -5 "$tmp/$tag.out"; fail=1; continue
+        fi
+        for frozen in 'fc1.*' fc3.bias; do
+            if ! "$cmp" --only "$frozen" "$tmp/init.st" "$out" > "$tmp/$tag.cmp" 2>&1; then
+                echo "FAIL $tag: frozen $frozen changed:"; cat "$tmp/$tag.cmp"; fail=1
+            fi
+        done
+        # the others trained (ckpt_cmp exit 1: different)
+        "$cmp" --only fc2.weight "$tmp/init.st" "$out" > "$tmp/$tag.cmp2" 2>&1
+        if [ $? -ne 1 ]; then echo "FAIL $tag: fc2.weight did not train:"; cat "$tmp/$tag.cmp2"; fail=1; fi
+        [ $fail -eq 0 ] && echo "ok $tag"
+    done
+done
+
+# a pattern matching nothing: an error naming it
+if timeout 300 "${launch[@]}" train "${base[@]}" --steps 1 --freeze 'fc1.*' --freeze 'nope*' > "$tmp/bad.out" 2>&1; then
+    echo "FAIL: --freeze 'nope*' was accepted"; fail=1
+elif ! grep -q "\-\-freeze 'nope\*' matches no parameter" "$tmp/bad.out"; then
+    echo "FAIL: the error does not name the pattern:"; cat "$tmp/bad.out"; fail=1
+else
+    echo "ok unmatched pattern"
+fi
+exit $fail
