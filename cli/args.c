@@ -42,7 +42,7 @@ static int parse_value(const dt_arg *a, const char *v, char *err, int errlen) {
         while (*p) {
             long x = strtol(p, &end, 10);
             if (end == p || x <= 0 || x > 1 << 20 || n >= a->list_cap) goto bad;
-            a->list[n++] = (int)x;
+            ((int *)a->list)[n++] = (int)x;
             if (*end == ',') end++;
             else if (*end) goto bad;
             p = end;
@@ -58,7 +58,7 @@ static int parse_value(const dt_arg *a, const char *v, char *err, int errlen) {
             return -1;
         }
         if (!*v) goto bad;
-        a->strs[(*n)++] = v;
+        ((const char **)a->list)[(*n)++] = v;
         return 0;
     }
     case DT_ARG_FLAG:

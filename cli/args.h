@@ -12,9 +12,9 @@ typedef struct dt_arg {
     void *dst;              /* int*, int64_t*, uint64_t*, float*, const char**, int* (flag / list count) */
     const char *meta;       /* "N", "FILE" */
     const char *help;
-    int *list;              /* DT_ARG_LIST: int array (dst = int *count), capacity in list_cap */
-    int list_cap;           /* also DT_ARG_STRS' capacity */
-    const char **strs;      /* DT_ARG_STRS: repeatable, each value appended (dst = int *count) */
+    void *list;             /* DT_ARG_LIST: int array; DT_ARG_STRS: const char * array, one per
+                               repetition of the flag (dst = int *count for both) */
+    int list_cap;           /* capacity of list */
 } dt_arg;
 
 /* Parses argv[from..argc). Unknown flags, missing values and malformed numbers

@@ -60,7 +60,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--beta2", DT_ARG_FLOAT, &o->optim.beta2, "B2", "AdamW beta2 (default 0.999)", 0, 0},
         {"--eps", DT_ARG_FLOAT, &o->optim.eps, "E", "AdamW epsilon (default 1e-8)", 0, 0},
         {"--freeze", DT_ARG_STRS, &o->n_freeze, "PATTERN", "freeze the parameters whose names match a glob (repeatable; e.g. 'fc1.*'): "
-         "not trained, their values kept exactly; a pattern matching none is an error", 0, 64, f->freeze},
+         "not trained, their values kept exactly; a pattern matching none is an error", f->freeze, 64},
         {"--clip", DT_ARG_FLOAT, &o->clip, "NORM", "clip the global gradient norm (default 0: off)", 0, 0},
         {"--seed", DT_ARG_U64, &o->seed, "S", "seed for init, shuffling, dropout (default 1)", 0, 0},
         {"--threads", DT_ARG_INT, &o->threads, "N", "OpenMP/OpenBLAS threads per rank (default: cores / ranks)", 0, 0},

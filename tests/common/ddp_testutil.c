@@ -130,11 +130,8 @@ void dtt_net_init(dtt_net *n, const dt_model_cfg *c, uint64_t seed, const dt_opt
     n->g = dt_graph_create();
     T_CHECK(n->g != NULL);
     dt_model *m = n->m;
-    dt_optim_segment *segs = xmalloc((size_t)m->n_params * sizeof *segs);
-    for (int i = 0; i < m->n_params; i++)
-        segs[i] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay};
-    T_OK(dt_optimizer_init(&n->opt, oc, segs, m->n_params, 0, m->param_flat.numel));
-    free(segs);
+    /* steps a parameter only while it has a gradient, as the strategies' optimizers */
+    T_OK(dt_optimizer_init_model(&n->opt, oc, m));
     n->lr = oc->lr;
 }
 
@@ -183,7 +180,8 @@ void dtt_ref_grads(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const 
     dt_model *m = ref->m;
     size_t n = m->grad_flat.numel;
     float *sum = xmalloc(n * sizeof *sum), *zero = calloc(n ? n : 1, sizeof *zero);
-    T_CHECK(zero != NULL);
+    unsigned char *used = calloc((size_t)m->n_params + 1, 1);   /* has_grad on any simulated rank */
+    T_CHECK(zero != NULL && used != NULL);
     for (int r = 0; r < N; r++) {
         const float *g = zero;
         if (!active || active[r]) {
@@ -191,10 +189,13 @@ void dtt_ref_grads(dtt_net *ref, const dtt_batch *per_rank, int N, int K, const 
             dt_model_zero_grad(m);
             for (int k = 0; k < K; k++) dtt_fwd_bwd(ref, NULL, 1, &per_rank[r * K + k].b, 1.0f / (float)K, NULL);
             g = m->grad_flat.data;
+            for (int i = 0; i < m->n_params; i++) used[i] |= (unsigned char)(m->params[i]->has_grad != 0);
         }
         if (r == 0) memcpy(sum, g, n * sizeof *sum);
         else for (size_t i = 0; i < n; i++) sum[i] += g[i];
     }
+    for (int i = 0; i < m->n_params; i++) m->params[i]->has_grad = used[i];
+    free(used);
     const float div = (float)N;
     for (size_t i = 0; i < n; i++) m->grad_flat.data[i] = sum[i] / div;
     free(sum);

@@ -232,7 +232,7 @@ static void run_zero(const dtz_spec *s) {
                 const dt_param *p = o.r.m->params[i];
                 size_t n = (size_t)p->value.numel;
                 if (!p->requires_grad || (is_fc2(p) && !g_mixed)) {
-                    char msg[260];
+                    char msg[512];
                     snprintf(msg, sizeof msg, "%s: %s keeps its initial value", what, p->name);
                     T_BITWISE(got.params + off, init + off, n, msg);
                 }
