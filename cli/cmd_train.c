@@ -22,9 +22,45 @@ typedef struct cli_flags {
     int no_bcast;
     int no_shm;
     const char *freeze[64];
+    const char *no_decay[64], *lr_scale[64];   /* --no-decay, --lr-scale (PATTERN=F) */
+    int n_no_decay, n_lr_scale;
+    char lr_pattern[64][256];                  /* --lr-scale's patterns, split off their =F */
+    dt_optim_group groups[128];
 } cli_flags;
 
 #define N_ARGS(t) ((int)(sizeof(t) / sizeof((t)[0])))
+
+/* --no-decay and --lr-scale as parameter groups (optim.h): the decay groups
+ * first, then the LR scales, each in command-line order; the library checks
+ * that each pattern matches some parameter. */
+static int param_groups(cli_flags *f, char *err, int errlen) {
+    int n = 0;
+    for (int k = 0; k < f->n_no_decay; k++) {
+        dt_optim_group g = dt_optim_group_make(f->no_decay[k]);
+        g.weight_decay = 0.0f;
+        g.who = "--no-decay";
+        f->groups[n++] = g;
+    }
+    for (int k = 0; k < f->n_lr_scale; k++) {
+        const char *v = f->lr_scale[k], *eq = strrchr(v, '=');
+        char *end = NULL;
+        double x = eq ? strtod(eq + 1, &end) : 0.0;
+        size_t len = eq ? (size_t)(eq - v) : 0;
+        if (!eq || len == 0 || end == eq + 1 || *end || !isfinite(x) || x < 0.0 || len >= sizeof f->lr_pattern[k]) {
+            snprintf(err, (size_t)errlen, "--lr-scale '%s': expected PATTERN=F with F a number >= 0 (e.g. 'h.0.*=0.1')", v);
+            return -1;
+        }
+        memcpy(f->lr_pattern[k], v, len);
+        f->lr_pattern[k][len] = 0;
+        dt_optim_group g = dt_optim_group_make(f->lr_pattern[k]);
+        g.lr_scale = (float)x;
+        g.who = "--lr-scale";
+        f->groups[n++] = g;
+    }
+    f->o.groups = f->groups;
+    f->o.n_groups = n;
+    return 0;
+}
 
 static int build_table(cli_flags *f, dt_arg *t) {
     dt_train_opts *o = &f->o;
@@ -61,6 +97,10 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--eps", DT_ARG_FLOAT, &o->optim.eps, "E", "AdamW epsilon (default 1e-8)", 0, 0},
         {"--freeze", DT_ARG_STRS, &o->n_freeze, "PATTERN", "freeze the parameters whose names match a glob (repeatable; e.g. 'fc1.*'): "
          "not trained, their values kept exactly; a pattern matching none is an error", f->freeze, 64},
+        {"--no-decay", DT_ARG_STRS, &f->n_no_decay, "PATTERN", "no weight decay for the parameters matching a glob (repeatable; "
+         "e.g. '*.bias'). By default matrices decay, vectors (biases, norms) do not", f->no_decay, 64},
+        {"--lr-scale", DT_ARG_STRS, &f->n_lr_scale, "PATTERN=F", "multiply the learning rate of the parameters matching a glob "
+         "by F (repeatable, a later match wins; e.g. 'h.0.*=0.1')", f->lr_scale, 64},
         {"--clip", DT_ARG_FLOAT, &o->clip, "NORM", "clip the global gradient norm (default 0: off)", 0, 0},
         {"--seed", DT_ARG_U64, &o->seed, "S", "seed for init, shuffling, dropout (default 1)", 0, 0},
         {"--threads", DT_ARG_INT, &o->threads, "N", "OpenMP/OpenBLAS threads per rank (default: cores / ranks)", 0, 0},
@@ -180,6 +220,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     }
     if (f->nesterov) o->optim.nesterov = 1;
     o->freeze = f->freeze;
+    if (param_groups(f, err, errlen)) return -1;
     if (f->nproc != INT_MIN && dt_cli_nproc_check(f->nproc, err, errlen)) return -1;
     dt_ddp_opts *d = &f->dist.ddp;
     if (bucket_flag("--bucket-mb", f->bucket_mb, err, errlen) || bucket_flag("--first-bucket-mb", f->first_bucket_mb, err, errlen))

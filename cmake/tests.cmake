@@ -156,3 +156,14 @@ foreach(np 1 2 4)
   set_tests_properties(test_freeze_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 900)
 endforeach()
 set_tests_properties(test_freeze_np1 PROPERTIES LABELS unit)
+
+# --no-decay / --lr-scale: equivalences that hold bit for bit (no decay for
+# every parameter == --wd 0; lr x 0.5 == half the lr; lr x 0 keeps values),
+# one process, DDP and ZeRO 2; malformed and unmatched patterns refused.
+foreach(np 1 2 4)
+  add_test(NAME test_param_groups_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_param_groups.sh $<TARGET_FILE:dtrain_cli>
+                   $<TARGET_FILE:ckpt_cmp> ${np} ${DT_MPIEXEC})
+  set_tests_properties(test_param_groups_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 900)
+endforeach()
+set_tests_properties(test_param_groups_np1 PROPERTIES LABELS unit)

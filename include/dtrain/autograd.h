@@ -50,12 +50,18 @@ typedef struct dt_param dt_param;
 /* ---- parameters ---- */
 typedef dt_status (*dt_grad_ready_fn)(dt_param *p, void *user);
 
+/* A parameter's own optimizer settings (its parameter group: optim.h,
+ * dt_optim_apply_groups). NaN = not set: the optimizer's setting applies.
+ * weight_decay, when set, applies whatever the parameter's shape. */
+typedef struct dt_param_hparams { float lr_scale, weight_decay, beta1, beta2; } dt_param_hparams;
+
 struct dt_param {
     char name[128];          /* "h.0.attn.c_attn.weight" */
     dt_tensor value;         /* F32; value.param == this */
     dt_tensor grad;          /* F32, same shape; accumulates */
     int index;               /* registration order in its model */
     int weight_decay;        /* 1: decoupled weight decay applies (matrices) */
+    dt_param_hparams hp;     /* group settings; all NaN after dt_param_init */
     int requires_grad;       /* 0: frozen; no grad, no hook */
     /* (uses on a tape are the graph's: dt_graph_param_uses) */
     /* 1: some tape recorded a use of this parameter (with requires_grad)

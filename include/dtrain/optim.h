@@ -16,7 +16,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "dtrain/autograd.h"
 #include "dtrain/error.h"
+#include "dtrain/nn.h"
 
 typedef enum dt_optim_kind { DT_OPTIM_SGD = 0, DT_OPTIM_ADAMW = 1 } dt_optim_kind;
 
@@ -67,6 +69,8 @@ typedef struct dt_optim_segment {
     size_t offset, numel;
     int decay;
     const int *active;               /* NULL: always stepped; else only while *active */
+    const dt_param_hparams *hp;      /* NULL: the optimizer's settings; else its group's (NaN fields:
+                                        the optimizer's). Set weight_decay applies even if !decay */
 } dt_optim_segment;
 
 typedef struct dt_optimizer {
@@ -97,6 +101,29 @@ void dt_optimizer_step_owned(dt_optimizer *o, float lr, float *param, const floa
 void dt_optimizer_finish_step(dt_optimizer *o);
 /* Steps segment k (in o->segs order) has been stepped in: o->step - skipped[k]. */
 int64_t dt_optimizer_segment_steps(const dt_optimizer *o, int k);
+
+/* ---- parameter groups ----
+ * PyTorch's param_groups, selected by name: a group names parameters by a
+ * glob over their names (fnmatch without flags, so '*' crosses dots:
+ * "*.bias", "h.0.*") and overrides some settings for them. Fields left NaN
+ * keep the optimizer's; groups apply in order, a later one overriding an
+ * earlier one field by field, so "--no-decay '*.bias' --lr-scale 'h.0.*=0.1'"
+ * gives h.0's biases both. The settings land in each dt_param's hp, which
+ * the strategies' optimizers read through their segments (also ZeRO's
+ * shard owners and pipeline stages). */
+typedef struct dt_optim_group {
+    const char *pattern;
+    float lr_scale;        /* multiplies the scheduled LR (>= 0) */
+    float weight_decay;    /* decoupled decay coefficient (>= 0; 0: no decay) */
+    float beta1, beta2;    /* AdamW, in [0, 1) */
+    const char *who;       /* names the group in errors ("--no-decay"); NULL: "parameter group" */
+} dt_optim_group;
+/* pattern with every setting unset (NaN). */
+dt_optim_group dt_optim_group_make(const char *pattern);
+/* Resets every parameter's hp, then applies g[0..n) in order. A group whose
+ * pattern matches no parameter, or with a setting out of range, is an error
+ * naming it (who: "--lr-scale", "group 2"...); nothing is changed then. */
+dt_status dt_optim_apply_groups(dt_model *m, const dt_optim_group *g, int n);
 
 /* ---- LR schedule: linear warm-up then cosine decay to min_lr ---- */
 typedef struct dt_lr_schedule {

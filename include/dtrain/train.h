@@ -54,6 +54,9 @@ typedef struct dt_train_opts {
                                       matches get requires_grad = 0 before the strategy's setup, so
                                       they keep their values exactly; a pattern matching nothing fails */
     int n_freeze;
+    const dt_optim_group *groups;  /* parameter groups (optim.h), applied in order before the
+                                      strategy's setup: --no-decay, --lr-scale */
+    int n_groups;
 } dt_train_opts;
 
 void dt_train_opts_default(dt_train_opts *o);

@@ -1,4 +1,5 @@
 /* Parameters: a named value with a gradient of the same shape. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "dtrain/autograd.h"
@@ -17,6 +18,7 @@ dt_status dt_param_init(dt_param *p, const char *name, int ndim, const int64_t *
     p->value.requires_grad = 1;
     p->requires_grad = 1;
     p->weight_decay = ndim >= 2;
+    p->hp = (dt_param_hparams){NAN, NAN, NAN, NAN};
     return DT_OK;
 }
 

@@ -129,11 +129,24 @@ static void step_impl(dt_optimizer *o, float lr, float *param, const float *grad
         if (lo >= hi || (s->active && !*s->active)) continue;
         int64_t t = o->step + 1 - o->skipped[i];
         size_t at = lo - o->state_begin, n = hi - lo, pi = lo - origin;
-        if (o->cfg.kind == DT_OPTIM_ADAMW)
-            dt_adamw_step_range(&o->cfg, lr, s->decay, param + pi, grad + pi, o->state[0] + at,
+        /* the segment's group: its settings over the optimizer's (lr untouched when unset: bitwise) */
+        const dt_optim_cfg *c = &o->cfg;
+        dt_optim_cfg gc;
+        float slr = lr;
+        int decay = s->decay;
+        if (s->hp) {
+            gc = o->cfg;
+            if (!isnan(s->hp->lr_scale)) slr = lr * s->hp->lr_scale;
+            if (!isnan(s->hp->weight_decay)) { gc.weight_decay = s->hp->weight_decay; decay = 1; }
+            if (!isnan(s->hp->beta1)) gc.beta1 = s->hp->beta1;
+            if (!isnan(s->hp->beta2)) gc.beta2 = s->hp->beta2;
+            c = &gc;
+        }
+        if (c->kind == DT_OPTIM_ADAMW)
+            dt_adamw_step_range(c, slr, decay, param + pi, grad + pi, o->state[0] + at,
                                 o->state[1] + at, n, t, grad_scale);
         else
-            dt_sgd_step_range(&o->cfg, lr, s->decay, param + pi, grad + pi,
+            dt_sgd_step_range(c, slr, decay, param + pi, grad + pi,
                               o->state[0] ? o->state[0] + at : NULL, n, t, grad_scale);
     }
 }

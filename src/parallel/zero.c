@@ -47,7 +47,7 @@ static dt_status init_optimizers(dt_zero *z) {
         for (int k = 0; k < b->n_params; k++) {
             dt_param *p = z->lay.order[b->first_param + k];
             /* stepped only while it has a gradient (agreed over ranks: zero_reduce.c) */
-            segs[k] = (dt_optim_segment){m->offsets[p->index], (size_t)p->value.numel, p->weight_decay, &p->has_grad};
+            segs[k] = (dt_optim_segment){m->offsets[p->index], (size_t)p->value.numel, p->weight_decay, &p->has_grad, &p->hp};
         }
         s = dt_optimizer_init(&z->lay.b[i].opt, &z->cfg, segs, b->n_params, b->own_begin, b->own_begin + b->shard);
     }

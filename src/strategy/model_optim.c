@@ -1,5 +1,5 @@
 /* An optimizer over a model's whole flat layout: one segment per parameter
- * (its offset, size, weight decay and has_grad as the active flag: a frozen
+ * (its offset, size, weight decay, group settings and has_grad as the active flag: a frozen
  * or unused parameter is not stepped), state for every element. The
  * trainer's own optimizer and a pipeline stage's use it. */
 #include <stdlib.h>
@@ -10,7 +10,7 @@ dt_status dt_optimizer_init_model(dt_optimizer *o, const dt_optim_cfg *cfg, cons
     if (!segs) return DT_ERR(DT_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_params; i++)
         segs[i] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay,
-                                     &m->params[i]->has_grad};
+                                     &m->params[i]->has_grad, &m->params[i]->hp};
     dt_status s = dt_optimizer_init(o, cfg, segs, m->n_params, 0, m->param_flat.numel);
     free(segs);
     return s;

@@ -55,7 +55,9 @@ static void describe_model(const dt_trainer *t, dt_agree *a) {
     for (int i = 0; i < m->n_params; i++) {
         shape(s, sizeof s, &m->params[i]->value);
         snprintf(key, sizeof key, "parameter %s", m->params[i]->name);
-        dt_agree_add(a, key, "%s%s", s, m->params[i]->requires_grad ? "" : " frozen");
+        const dt_param_hparams *h = &m->params[i]->hp;   /* group settings (NaN: unset) */
+        dt_agree_add(a, key, "%s%s, lr x %g, wd %g, betas %g %g", s, m->params[i]->requires_grad ? "" : " frozen",
+                     (double)h->lr_scale, (double)h->weight_decay, (double)h->beta1, (double)h->beta2);
     }
     for (int i = 0; i < m->n_buffers; i++) {
         shape(s, sizeof s, &m->buffers[i]->value);

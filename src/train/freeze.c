@@ -1,6 +1,7 @@
-/* --freeze PATTERN (repeatable): applied to the built model before the
- * configuration agreement (which then lists the parameters as frozen) and
- * before any strategy sees the model. */
+/* Per-parameter training settings, applied to the built model before the
+ * configuration agreement (which lists them per parameter) and before any
+ * strategy sees the model: --freeze PATTERN (repeatable) and the parameter
+ * groups (--no-decay, --lr-scale; optim.h). */
 #include "trainer_internal.h"
 
 dt_status dt_trainer_freeze(dt_trainer *t) {
@@ -9,5 +10,5 @@ dt_status dt_trainer_freeze(dt_trainer *t) {
         if (dt_model_freeze(m, t->opts.freeze[k]) == 0)
             return DT_ERR(DT_EINVAL, "--freeze '%s' matches no parameter of model %s (names look like '%s')",
                           t->opts.freeze[k], m->name, m->n_params ? m->params[0]->name : "(none)");
-    return DT_OK;
+    return dt_optim_apply_groups(m, t->opts.groups, t->opts.n_groups);
 }

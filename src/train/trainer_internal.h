@@ -1,8 +1,8 @@
 #ifndef DT_TRAIN_INTERNAL_H
 #define DT_TRAIN_INTERNAL_H
 #include "dtrain/train.h"
-/* --freeze: each pattern's parameters get requires_grad = 0; a pattern that
- * matches none is an error naming it (freeze.c) */
+/* --freeze: each pattern's parameters get requires_grad = 0; then the
+ * parameter groups; a pattern that matches none is an error naming it (freeze.c) */
 dt_status dt_trainer_freeze(dt_trainer *t);
 /* dataset + batch buffers (data_setup.c) */
 dt_status dt_trainer_load_data(dt_trainer *t);

@@ -80,10 +80,10 @@ static void test_init_rejects(void **st) {
     (void)st;
     dt_optimizer o;
     dt_optim_cfg c = dt_optim_cfg_default(DT_OPTIM_ADAMW);
-    dt_optim_segment overlap[2] = {{0, 10, 1, NULL}, {8, 4, 0, NULL}};
+    dt_optim_segment overlap[2] = {{0, 10, 1, NULL, NULL}, {8, 4, 0, NULL, NULL}};
     assert_int_equal(dt_optimizer_init(&o, &c, overlap, 2, 0, 12), DT_EINVAL);
     dt_optimizer_free(&o);
-    dt_optim_segment ok[2] = {{10, 5, 1, NULL}, {0, 10, 0, NULL}};   /* unsorted but disjoint */
+    dt_optim_segment ok[2] = {{10, 5, 1, NULL, NULL}, {0, 10, 0, NULL, NULL}};   /* unsorted but disjoint */
     assert_int_equal(dt_optimizer_init(&o, &c, ok, 2, 8, 4), DT_EINVAL);   /* reversed */
     dt_optimizer_free(&o);
     c.eps = 0.0f;
@@ -105,7 +105,7 @@ static void test_init_rejects(void **st) {
 /* ---- decay flag and padding ---- */
 
 /* Layout: [0,10) decay, [10,20) no decay, [20,24) padding, [24,30) decay. */
-static const dt_optim_segment k_segs[3] = {{24, 6, 1, NULL}, {0, 10, 1, NULL}, {10, 10, 0, NULL}};
+static const dt_optim_segment k_segs[3] = {{24, 6, 1, NULL, NULL}, {0, 10, 1, NULL, NULL}, {10, 10, 0, NULL, NULL}};
 #define K_N 30
 
 static void test_decay_flag_sgd(void **st) {
@@ -222,6 +222,7 @@ static int make_segs(dt_optim_segment *s, size_t *total) {
         s[n].numel = sizes[i];
         s[n].decay = (int)(i % 2 == 0);
         s[n].active = NULL;
+        s[n].hp = NULL;
         off += sizes[i] + (i % 3 == 1 ? 3 : 0);   /* some padding */
         n++;
     }
@@ -300,10 +301,10 @@ static void skip_case(const dt_optim_cfg *c) {
     fill(p, N);
     memcpy(q, p, sizeof p);
     int flag = 1;
-    dt_optim_segment segs[2] = {{0, A, 1, &flag}, {A, N - A, 1, NULL}};
+    dt_optim_segment segs[2] = {{0, A, 1, &flag, NULL}, {A, N - A, 1, NULL, NULL}};
     dt_optimizer o, ref0, ref1;   /* ref0: segment 0 alone, stepped only when active; ref1: segment 1 */
     assert_int_equal(dt_optimizer_init(&o, c, segs, 2, 0, N), DT_OK);
-    dt_optim_segment r0 = {0, A, 1, NULL}, r1 = {A, N - A, 1, NULL};
+    dt_optim_segment r0 = {0, A, 1, NULL, NULL}, r1 = {A, N - A, 1, NULL, NULL};
     assert_int_equal(dt_optimizer_init(&ref0, c, &r0, 1, 0, A), DT_OK);
     assert_int_equal(dt_optimizer_init(&ref1, c, &r1, 1, A, N), DT_OK);
     int ns = dt_optim_state_per_elem(c);
