@@ -101,6 +101,11 @@ void dt_optimizer_step_owned(dt_optimizer *o, float lr, float *param, const floa
 void dt_optimizer_finish_step(dt_optimizer *o);
 /* Steps segment k (in o->segs order) has been stepped in: o->step - skipped[k]. */
 int64_t dt_optimizer_segment_steps(const dt_optimizer *o, int k);
+/* The segment starting at flat offset `offset`, or -1. */
+int dt_optimizer_find_segment(const dt_optimizer *o, size_t offset);
+/* Restores segment k's own step count (a checkpoint): needs o->step set and
+ * 0 <= steps <= o->step (DT_EINVAL otherwise). */
+dt_status dt_optimizer_set_segment_steps(dt_optimizer *o, int k, int64_t steps);
 
 /* ---- parameter groups ----
  * PyTorch's param_groups, selected by name: a group names parameters by a

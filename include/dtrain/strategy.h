@@ -132,6 +132,7 @@ typedef struct dt_ckpt_meta {
     dt_st_meta m[DT_CKPT_META_MAX];
     char v[DT_CKPT_META_MAX][192];
     dt_arch_field arch[DT_ARCH_FIELDS_MAX];
+    char steps[4096];   /* "optim_steps" (dt_checkpoint_meta_steps) */
     int n;
 } dt_ckpt_meta;
 void dt_checkpoint_meta(const dt_run *run, const char *strategy, int64_t optim_step, dt_ckpt_meta *out);
@@ -148,6 +149,20 @@ typedef const char *(*dt_ckpt_meta_get)(const void *src, const char *key);
 dt_status dt_checkpoint_check_identity(const dt_run *run, dt_ckpt_meta_get get, const void *src, const char *what);
 dt_status dt_checkpoint_apply_meta(dt_run *run, dt_ckpt_meta_get get, const void *src,
                                    const char *what, int64_t *optim_step);
+/* Per-parameter step counts (optim.h: a parameter without a gradient sits
+ * the step out, so AdamW's bias correction and SGD's first momentum step
+ * are its own). Key "optim_steps": the parameters whose own count differs
+ * from optim_step, as comma-separated runs "FIRST-LAST:STEPS" of params[]
+ * indices ("" when every parameter took every step). A parameter's segment
+ * is looked up by its offset in whichever of opts[0..n) has it (a ZeRO
+ * bucket's optimizer, a stage's); parameters in none are not recorded.
+ * meta_steps appends the key to mb (DT_EINVAL if it does not fit: naming
+ * the count); apply_steps restores every segment (all-stepped when the key
+ * is absent: an older checkpoint). Call apply after the optimizers' step
+ * is restored. */
+dt_status dt_checkpoint_meta_steps(dt_ckpt_meta *mb, const dt_model *m, dt_optimizer *const *opts, int n);
+dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
+                                    dt_optimizer *const *opts, int n);
 /* Checkpoint names of optimizer state k: "exp_avg"/"exp_avg_sq" (AdamW), "momentum" (SGD). */
 const char *dt_checkpoint_state_name(const dt_optim_cfg *c, int k);
 

@@ -173,3 +173,23 @@ void dt_optimizer_finish_step(dt_optimizer *o) {
 int64_t dt_optimizer_segment_steps(const dt_optimizer *o, int k) {
     return k >= 0 && k < o->n_segs ? o->step - o->skipped[k] : 0;
 }
+
+int dt_optimizer_find_segment(const dt_optimizer *o, size_t offset) {
+    int lo = 0, hi = o->n_segs - 1;   /* segs sorted by offset */
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (o->segs[mid].offset == offset) return mid;
+        if (o->segs[mid].offset < offset) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+dt_status dt_optimizer_set_segment_steps(dt_optimizer *o, int k, int64_t steps) {
+    if (k < 0 || k >= o->n_segs) return DT_ERR(DT_EINVAL, "optimizer: no segment %d (%d segments)", k, o->n_segs);
+    if (steps < 0 || steps > o->step)
+        return DT_ERR(DT_EINVAL, "optimizer: segment at offset %zu: %lld own steps is outside 0..%lld (the optimizer's)",
+                      o->segs[k].offset, (long long)steps, (long long)o->step);
+    o->skipped[k] = o->step - steps;
+    return DT_OK;
+}

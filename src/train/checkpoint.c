@@ -34,8 +34,9 @@ dt_status dt_checkpoint_save(dt_trainer *t, const char *path) {
         }
     dt_ckpt_meta mb;
     dt_checkpoint_meta(&t->run, t->strat.name, t->optim.step, &mb);
-    dt_status st = DT_OK;
-    if (t->strat.rank == 0) st = dt_safetensors_write(path, e, k, mb.m, mb.n);
+    dt_optimizer *opt = &t->optim;
+    dt_status st = dt_checkpoint_meta_steps(&mb, m, &opt, 1);
+    if (st == DT_OK && t->strat.rank == 0) st = dt_safetensors_write(path, e, k, mb.m, mb.n);
     free(e);
     free(names);
     return st;
@@ -62,7 +63,9 @@ static dt_status load_all(dt_trainer *t, const dt_ckpt *c) {
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(&t->optim.cfg, s), m->params[i]->name);
             DT_TRY(read_tensor(c, nm, &m->params[i]->value, t->optim.state[s] + m->offsets[i] - t->optim.state_begin));
         }
-    return dt_checkpoint_apply_meta(&t->run, ckpt_get, c, what, &t->optim.step);
+    DT_TRY(dt_checkpoint_apply_meta(&t->run, ckpt_get, c, what, &t->optim.step));
+    dt_optimizer *opt = &t->optim;
+    return dt_checkpoint_apply_steps(ckpt_get, c, what, m, &opt, 1);
 }
 
 dt_status dt_checkpoint_load(dt_trainer *t, const char *path) {

@@ -1,0 +1,115 @@
+/* Checkpoint metadata "optim_steps" (strategy.h): each parameter's own step
+ * count survives a save/load round trip; consecutive equal counts collapse
+ * into one run; an absent key means every parameter took every step; a
+ * malformed value or a count above the optimizer's is refused naming the
+ * file. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "dtrain/strategy.h"
+
+static dt_model *mlp(void) {   /* fc1.weight fc1.bias fc2.weight fc2.bias */
+    dt_model_cfg c = dt_model_cfg_default(DT_MODEL_MLP);
+    c.mlp_in = 6;
+    c.mlp_n_hidden = 1;
+    c.mlp_hidden[0] = 4;
+    c.mlp_out = 3;
+    dt_model *m = NULL;
+    assert_int_equal(dt_model_create(&c, 1, &m), DT_OK);
+    return m;
+}
+
+/* 5 steps; parameter i has a gradient in step t when use[i] has bit t. */
+static void train(dt_model *m, dt_optimizer *o, const unsigned *use) {
+    for (int t = 0; t < 5; t++) {
+        for (int i = 0; i < m->n_params; i++) m->params[i]->has_grad = (int)(use[i] >> t & 1u);
+        assert_int_equal(dt_optimizer_step_range(o, 0.01f, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, 1.0f),
+                         DT_OK);
+        dt_optimizer_finish_step(o);
+    }
+}
+
+static const char *meta_get(const void *src, const char *key) {
+    const dt_ckpt_meta *mb = src;
+    for (int i = 0; i < mb->n; i++)
+        if (!strcmp(mb->m[i].key, key)) return mb->m[i].value;
+    return NULL;
+}
+
+static void test_round_trip(void **st) {
+    (void)st;
+    dt_model *m = mlp();
+    dt_optim_cfg c = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    dt_optimizer o, back;
+    assert_int_equal(dt_optimizer_init_model(&o, &c, m), DT_OK);
+    const unsigned use[4] = {0x00, 0x05, 0x0b, 0x1c};   /* never; steps 0,2; 0,1,3; 2,3,4 */
+    train(m, &o, use);
+    dt_ckpt_meta mb = {.n = 0};
+    dt_optimizer *po = &o;
+    assert_int_equal(dt_checkpoint_meta_steps(&mb, m, &po, 1), DT_OK);
+    assert_string_equal(meta_get(&mb, "optim_steps"), "0-0:0,1-1:2,2-3:3");
+    assert_int_equal(dt_optimizer_init_model(&back, &c, m), DT_OK);
+    back.step = 5;
+    dt_optimizer *pb = &back;
+    assert_int_equal(dt_checkpoint_apply_steps(meta_get, &mb, "x.st", m, &pb, 1), DT_OK);
+    static const int64_t want[4] = {0, 2, 3, 3};
+    for (int i = 0; i < 4; i++) {
+        int k = dt_optimizer_find_segment(&back, m->offsets[i]);
+        assert_true(k >= 0);
+        assert_int_equal(dt_optimizer_segment_steps(&back, k), want[i]);
+    }
+    /* no key (an older checkpoint): every parameter took every step */
+    dt_ckpt_meta none = {.n = 0};
+    assert_int_equal(dt_checkpoint_apply_steps(meta_get, &none, "old.st", m, &pb, 1), DT_OK);
+    for (int k = 0; k < back.n_segs; k++) assert_int_equal(dt_optimizer_segment_steps(&back, k), 5);
+    /* every parameter stepped: an empty value */
+    const unsigned all[4] = {0x1f, 0x1f, 0x1f, 0x1f};
+    dt_optimizer fresh;
+    assert_int_equal(dt_optimizer_init_model(&fresh, &c, m), DT_OK);
+    train(m, &fresh, all);
+    dt_ckpt_meta mb2 = {.n = 0};
+    dt_optimizer *pf = &fresh;
+    assert_int_equal(dt_checkpoint_meta_steps(&mb2, m, &pf, 1), DT_OK);
+    assert_string_equal(meta_get(&mb2, "optim_steps"), "");
+    dt_optimizer_free(&o);
+    dt_optimizer_free(&back);
+    dt_optimizer_free(&fresh);
+    dt_model_free(m);
+}
+
+static void expect_bad(dt_model *m, dt_optimizer *o, const char *value, const char *needle) {
+    dt_ckpt_meta mb = {.n = 1};
+    mb.m[0] = (dt_st_meta){"optim_steps", value};
+    assert_int_equal(dt_checkpoint_apply_steps(meta_get, &mb, "bad.st", m, &o, 1), DT_EFORMAT);
+    assert_non_null(strstr(dt_error_message(), "bad.st"));
+    assert_non_null(strstr(dt_error_message(), needle));
+}
+
+static void test_bad_values(void **st) {
+    (void)st;
+    dt_model *m = mlp();
+    dt_optim_cfg c = dt_optim_cfg_default(DT_OPTIM_SGD);
+    dt_optimizer o;
+    assert_int_equal(dt_optimizer_init_model(&o, &c, m), DT_OK);
+    o.step = 3;
+    expect_bad(m, &o, "0-0", "malformed");
+    expect_bad(m, &o, "0-9:1", "malformed");      /* index past the last parameter */
+    expect_bad(m, &o, "2-1:1", "malformed");
+    expect_bad(m, &o, "0-0:1;", "malformed");
+    expect_bad(m, &o, "1-1:4", "'fc1.bias' took 4 steps");
+    dt_optimizer_free(&o);
+    dt_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_bad_values),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
