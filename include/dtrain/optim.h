@@ -79,12 +79,25 @@ typedef struct dt_optimizer {
     int64_t *skipped;                /* per segment: steps it sat out (dt_optimizer_finish_step) */
     int n_segs;
     size_t state_begin, state_end;   /* owned range of the flat buffer, in elements */
-    float *state[2];                 /* each (state_end - state_begin) floats, or NULL */
+    float *state[2];                 /* each state_len floats, or NULL */
+    size_t state_len;                /* state_end - state_begin, or (compact) the segments' elements */
+    size_t *seg_state;               /* per segment: index in state[k] of its first owned element */
     int64_t step;                    /* completed steps */
 } dt_optimizer;
 
 dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_optim_segment *segs,
                             int n_segs, size_t state_begin, size_t state_end);
+/* Compact state: an optimizer owning all of [0, numel) of a flat buffer but
+ * holding state for the segments' elements only (segments must lie inside), so what no segment covers
+ * (frozen parameters left out of the table) costs no memory. Stepping and
+ * skipping as above. Find a segment's state with dt_optimizer_state_of. */
+dt_status dt_optimizer_init_compact(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_optim_segment *segs, int n_segs,
+                                   size_t numel);
+/* State k (0: exp_avg / momentum, 1: exp_avg_sq) of flat element `offset`,
+ * or NULL when it has none (no segment, outside the owned range, or k not
+ * kept by this optimizer). Consecutive elements of one segment are
+ * consecutive in memory. */
+float *dt_optimizer_state_of(const dt_optimizer *o, int k, size_t offset);
 void dt_optimizer_free(dt_optimizer *o);
 /* Step params/grads restricted to [begin, end) ⊆ [state_begin, state_end)
  * (DT_EINVAL, nothing stepped, otherwise). Elements in no segment (padding)

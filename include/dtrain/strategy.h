@@ -113,9 +113,11 @@ typedef struct dt_strategy {
     dt_status (*agree)(void *self, dt_agree *a);
 } dt_strategy;
 
-/* An optimizer with state for every element of m's flat layout, one segment
- * per parameter, active while the parameter has_grad (the trainer's; a
- * pipeline stage's): clear the flags with dt_model_zero_grad after each step. */
+/* An optimizer over m's flat layout, one segment per trainable parameter,
+ * active while the parameter has_grad (the trainer's; a pipeline stage's):
+ * clear the flags with dt_model_zero_grad after each step. Compact state
+ * (optim.h): frozen parameters (requires_grad 0 when it is built) have none;
+ * find a parameter's with dt_optimizer_state_of. */
 dt_status dt_optimizer_init_model(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_model *m);
 
 /* ---- checkpoint metadata ----
@@ -155,11 +157,16 @@ dt_status dt_checkpoint_apply_meta(dt_run *run, dt_ckpt_meta_get get, const void
  * from optim_step, as comma-separated runs "FIRST-LAST:STEPS" of params[]
  * indices ("" when every parameter took every step). A parameter's segment
  * is looked up by its offset in whichever of opts[0..n) has it (a ZeRO
- * bucket's optimizer, a stage's); parameters in none are not recorded.
+ * bucket's optimizer, a stage's); one in none (frozen, no state) is recorded
+ * with 0 steps.
  * meta_steps appends the key to mb (DT_EINVAL if it does not fit: naming
  * the count); apply_steps restores every segment (all-stepped when the key
  * is absent: an older checkpoint). Call apply after the optimizers' step
  * is restored. */
+/* Every "optim.<state>.<param>" of o's parameters from c (after
+ * apply_steps): parameters frozen now are skipped; a state the checkpoint
+ * lacks is allowed only for a parameter that took no step (saved frozen). */
+dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt_model *m, const dt_optimizer *o);
 dt_status dt_checkpoint_meta_steps(dt_ckpt_meta *mb, const dt_model *m, dt_optimizer *const *opts, int n);
 dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
                                     dt_optimizer *const *opts, int n);

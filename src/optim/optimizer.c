@@ -57,8 +57,10 @@ static int seg_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_optim_segment *segs,
-                            int n_segs, size_t state_begin, size_t state_end) {
+/* compact: state for segment elements only (state_begin 0, state_end the end
+ * of the last segment); else for all of [state_begin, state_end). */
+static dt_status init_impl(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_optim_segment *segs, int n_segs,
+                           size_t state_begin, size_t state_end, int compact) {
     memset(o, 0, sizeof *o);
     DT_TRY(dt_optim_cfg_validate(cfg));
     if (n_segs < 0 || (n_segs > 0 && !segs))
@@ -89,15 +91,40 @@ dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_o
             }
     }
     o->skipped = calloc((size_t)(n_segs ? n_segs : 1), sizeof *o->skipped);
-    if (!o->skipped) {
+    o->seg_state = calloc((size_t)(n_segs ? n_segs : 1), sizeof *o->seg_state);
+    if (!o->skipped || !o->seg_state) {
         free(copy);
+        free(o->skipped);
+        free(o->seg_state);
+        o->skipped = NULL;
+        o->seg_state = NULL;
         return DT_ERR(DT_ENOMEM, "optimizer: out of memory for %d segments", n_segs);
+    }
+    /* where each segment's owned elements start in the state arrays */
+    if (compact) {
+        len = 0;
+        for (int i = 0; i < n_segs; i++) {
+            o->seg_state[i] = len;
+            len += copy[i].numel;
+        }
+        if (n_segs && copy[n_segs - 1].offset + copy[n_segs - 1].numel > state_end) {
+            dt_status st = DT_ERR(DT_EINVAL, "optimizer: segment at offset %zu ends past the buffer's %zu elements",
+                                  copy[n_segs - 1].offset, state_end);
+            free(copy);
+            free(o->skipped);
+            free(o->seg_state);
+            memset(o, 0, sizeof *o);
+            return st;
+        }
+    } else {
+        for (int i = 0; i < n_segs; i++) o->seg_state[i] = copy[i].offset > state_begin ? copy[i].offset - state_begin : 0;
     }
     o->cfg = *cfg;
     o->segs = copy;
     o->n_segs = n_segs;
     o->state_begin = state_begin;
     o->state_end = state_end;
+    o->state_len = len;
     for (int k = 0; k < dt_optim_state_per_elem(cfg); k++) {
         o->state[k] = dt_calloc(len * sizeof(float));
         if (!o->state[k]) {
@@ -108,10 +135,34 @@ dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_o
     return DT_OK;
 }
 
+dt_status dt_optimizer_init(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_optim_segment *segs,
+                            int n_segs, size_t state_begin, size_t state_end) {
+    return init_impl(o, cfg, segs, n_segs, state_begin, state_end, 0);
+}
+
+dt_status dt_optimizer_init_compact(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_optim_segment *segs, int n_segs,
+                                   size_t numel) {
+    return init_impl(o, cfg, segs, n_segs, 0, numel, 1);
+}
+
+float *dt_optimizer_state_of(const dt_optimizer *o, int k, size_t offset) {
+    if (k < 0 || k > 1 || !o->state[k] || offset < o->state_begin || offset >= o->state_end) return NULL;
+    int lo = 0, hi = o->n_segs - 1, at = -1;   /* the last segment starting at or before offset */
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (o->segs[mid].offset <= offset) { at = mid; lo = mid + 1; }
+        else hi = mid - 1;
+    }
+    if (at < 0 || offset >= o->segs[at].offset + o->segs[at].numel) return NULL;
+    size_t first = o->segs[at].offset > o->state_begin ? o->segs[at].offset : o->state_begin;
+    return o->state[k] + o->seg_state[at] + (offset - first);
+}
+
 void dt_optimizer_free(dt_optimizer *o) {
     if (!o) return;
     free(o->segs);
     free(o->skipped);
+    free(o->seg_state);
     dt_free(o->state[0]);
     dt_free(o->state[1]);
     memset(o, 0, sizeof *o);
@@ -128,7 +179,8 @@ static void step_impl(dt_optimizer *o, float lr, float *param, const float *grad
         size_t hi = s->offset + s->numel < end ? s->offset + s->numel : end;
         if (lo >= hi || (s->active && !*s->active)) continue;
         int64_t t = o->step + 1 - o->skipped[i];
-        size_t at = lo - o->state_begin, n = hi - lo, pi = lo - origin;
+        size_t first = s->offset > o->state_begin ? s->offset : o->state_begin;
+        size_t at = o->seg_state[i] + (lo - first), n = hi - lo, pi = lo - origin;
         /* the segment's group: its settings over the optimizer's (lr untouched when unset: bitwise) */
         const dt_optim_cfg *c = &o->cfg;
         dt_optim_cfg gc;

@@ -49,10 +49,18 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
     dt_ckpt_piece *pc = calloc((size_t)((1 + ns) * np + m->n_buffers + 1), sizeof *pc);
     char (*sname)[192] = calloc((size_t)(ns * np + 1), sizeof *sname);
     if (!pc || !sname) { free(pc); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
+    /* a frozen parameter has no state (compact optimizer): the index lists
+     * every parameter's, so it is written as zeros */
+    size_t zn = 0;
+    for (int i = 0; i < np && !p->zero; i++)
+        if (!dt_optimizer_state_of(&p->optim, 0, m->offsets[i]) && (size_t)m->params[i]->value.numel > zn)
+            zn = (size_t)m->params[i]->value.numel;
+    float *zeros = zn ? calloc(zn, sizeof *zeros) : NULL;
+    if (zn && !zeros) { free(pc); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
     int n = 0;
     if (p->zero) {   /* every replica: its owned ranges of the states (a tied copy: on its authority only) */
         n = dt_zero_state_pieces(p->zero, r, p->norm_skip, pc, sname);
-        if (n < 0) { free(pc); free(sname); return dt_error_code() ? dt_error_code() : DT_ENOMEM; }
+        if (n < 0) { free(pc); free(sname); free(zeros); return dt_error_code() ? dt_error_code() : DT_ENOMEM; }
     }
     for (int i = 0; i < np; i++) {
         if (!saver_of(p, i)) continue;
@@ -60,7 +68,8 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
         pc[n++] = (dt_ckpt_piece){q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)};
         for (int k = 0; k < ns && !p->zero; k++) {
             snprintf(sname[k * np + i], sizeof sname[0], "optim.%s.%s", dt_checkpoint_state_name(cfg, k), q->name);
-            pc[n++] = (dt_ckpt_piece){sname[k * np + i], 0, (size_t)q->value.numel, p->optim.state[k] + m->offsets[i]};
+            float *st = dt_optimizer_state_of(&p->optim, k, m->offsets[i]);
+            pc[n++] = (dt_ckpt_piece){sname[k * np + i], 0, (size_t)q->value.numel, st ? st : zeros};
         }
     }
     for (int i = 0; p->replica == 0 && i < m->n_buffers; i++)
@@ -70,6 +79,7 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
     dt_status s = dt_ckpt_write_shard(dir, set, dt_pg_rank(p->world), dt_pg_size(p->world), pc, n);
     free(pc);
     free(sname);
+    free(zeros);
     return s;
 }
 
@@ -134,7 +144,8 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
             char nm[192];
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(r->optim, k), q->name);
             DT_TRY(dt_ckpt_expect(ck, nm, q->value.ndim, q->value.shape));
-            DT_TRY(dt_ckpt_read(ck, nm, 0, (size_t)q->value.numel, p->optim.state[k] + m->offsets[i]));
+            float *st = dt_optimizer_state_of(&p->optim, k, m->offsets[i]);
+            if (st) DT_TRY(dt_ckpt_read(ck, nm, 0, (size_t)q->value.numel, st));   /* frozen: none */
         }
     }
     for (int i = 0; i < m->n_buffers; i++) {

@@ -22,11 +22,12 @@ static int find(const dt_model *m, int i, dt_optimizer *const *opts, int n, dt_o
     return 0;
 }
 
-/* -1: parameter i has no segment or took every step; else its own count. */
+/* -1: parameter i took every step; else its own count (0 without a segment:
+ * frozen, so that unfreezing it after a resume starts it from step 0). */
 static int64_t own_steps(const dt_model *m, int i, dt_optimizer *const *opts, int n) {
     dt_optimizer *o;
     int k;
-    if (!find(m, i, opts, n, &o, &k)) return -1;
+    if (!find(m, i, opts, n, &o, &k)) return 0;
     int64_t s = dt_optimizer_segment_steps(o, k);
     return s == o->step ? -1 : s;
 }

@@ -28,9 +28,11 @@ dt_status dt_checkpoint_save(dt_trainer *t, const char *path) {
     for (int i = 0; i < m->n_buffers; i++) fill_entry(&e[k++], m->buffers[i]->name, &m->buffers[i]->value, m->buffers[i]->value.data);
     for (int s = 0; s < ns; s++)
         for (int i = 0; i < m->n_params; i++) {
+            float *st = dt_optimizer_state_of(&t->optim, s, m->offsets[i]);
+            if (!st) continue;   /* frozen: no state */
             char *nm = names[s * m->n_params + i];
             snprintf(nm, 192, "optim.%s.%s", dt_checkpoint_state_name(&t->optim.cfg, s), m->params[i]->name);
-            fill_entry(&e[k++], nm, &m->params[i]->value, t->optim.state[s] + m->offsets[i] - t->optim.state_begin);
+            fill_entry(&e[k++], nm, &m->params[i]->value, st);
         }
     dt_ckpt_meta mb;
     dt_checkpoint_meta(&t->run, t->strat.name, t->optim.step, &mb);
@@ -56,16 +58,10 @@ static dt_status load_all(dt_trainer *t, const dt_ckpt *c) {
     DT_TRY(dt_checkpoint_check_identity(&t->run, ckpt_get, c, what));   /* before tensors: clearer errors */
     for (int i = 0; i < m->n_params; i++) DT_TRY(read_tensor(c, m->params[i]->name, &m->params[i]->value, dt_f32(&m->params[i]->value)));
     for (int i = 0; i < m->n_buffers; i++) DT_TRY(read_tensor(c, m->buffers[i]->name, &m->buffers[i]->value, dt_f32(&m->buffers[i]->value)));
-    int ns = dt_optim_state_per_elem(&t->optim.cfg);
-    for (int s = 0; s < ns; s++)
-        for (int i = 0; i < m->n_params; i++) {
-            char nm[192];
-            snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(&t->optim.cfg, s), m->params[i]->name);
-            DT_TRY(read_tensor(c, nm, &m->params[i]->value, t->optim.state[s] + m->offsets[i] - t->optim.state_begin));
-        }
     DT_TRY(dt_checkpoint_apply_meta(&t->run, ckpt_get, c, what, &t->optim.step));
     dt_optimizer *opt = &t->optim;
-    return dt_checkpoint_apply_steps(ckpt_get, c, what, m, &opt, 1);
+    DT_TRY(dt_checkpoint_apply_steps(ckpt_get, c, what, m, &opt, 1));
+    return dt_checkpoint_read_states(c, what, m, opt);
 }
 
 dt_status dt_checkpoint_load(dt_trainer *t, const char *path) {

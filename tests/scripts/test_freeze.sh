@@ -43,6 +43,23 @@ for opt in "sgd:--optim sgd --lr 0.05 --momentum 0.9 --wd 0.1" "adamw:--optim ad
     done
 done
 
+# Frozen parameters have no optimizer state (DDP / one process: compact
+# state), so the checkpoint holds none for them; resuming without --freeze
+# unfreezes them: they start from zero state and train.
+t="$tmp/thaw"
+if ! timeout 300 "${launch[@]}" train "${base[@]}" --optim adamw --lr 0.01 --wd 0.1 --steps 2 --freeze 'fc1.*' \
+        --save "$t.st" > "$t.out" 2>&1; then
+    echo "FAIL thaw: frozen run:"; tail -5 "$t.out"; fail=1
+elif grep -aq 'optim.exp_avg.fc1.weight' "$t.st" || ! grep -aq 'optim.exp_avg.fc2.weight' "$t.st"; then
+    echo "FAIL thaw: the checkpoint should hold optimizer state for fc2 only"; fail=1
+elif ! timeout 300 "${launch[@]}" train "${base[@]}" --optim adamw --lr 0.01 --wd 0.1 --steps 4 --resume "$t.st" \
+        --save "$t-2.st" > "$t-2.out" 2>&1; then
+    echo "FAIL thaw: resuming without --freeze:"; tail -5 "$t-2.out"; fail=1
+else
+    "$cmp" --only 'fc1.weight' "$tmp/init.st" "$t-2.st" > /dev/null 2>&1
+    if [ $? -ne 1 ]; then echo "FAIL thaw: fc1.weight did not train after the resume"; fail=1; else echo "ok thaw"; fi
+fi
+
 # a pattern matching nothing: an error naming it
 if timeout 300 "${launch[@]}" train "${base[@]}" --steps 1 --freeze 'fc1.*' --freeze 'nope*' > "$tmp/bad.out" 2>&1; then
     echo "FAIL: --freeze 'nope*' was accepted"; fail=1

@@ -348,6 +348,58 @@ static void test_inactive_segment_skipped(void **st) {
     skip_case(&s);
 }
 
+/* Compact state: holes (frozen parameters left out of the table, padding)
+ * cost no state; stepping equals an optimizer with full state bit for bit,
+ * and dt_optimizer_state_of finds each element's state. */
+static void compact_equals_full(const dt_optim_cfg *c) {
+    enum { NC = 60 };
+    /* [0,10) seg, [10,25) hole, [25,40) seg, [40,45) hole, [45,58) seg, [58,60) hole */
+    dt_optim_segment segs[3] = {{25, 15, 0, NULL, NULL}, {0, 10, 1, NULL, NULL}, {45, 13, 1, NULL, NULL}};
+    dt_optimizer full, comp;
+    assert_int_equal(dt_optimizer_init(&full, c, segs, 3, 0, NC), DT_OK);
+    assert_int_equal(dt_optimizer_init_compact(&comp, c, segs, 3, NC), DT_OK);
+    assert_int_equal(comp.state_len, 38);
+    assert_int_equal(full.state_len, NC);
+    float p[NC], q[NC], g[NC];
+    fill(p, NC);
+    memcpy(q, p, sizeof p);
+    for (int t = 0; t < 3; t++) {
+        fill(g, NC);
+        assert_int_equal(dt_optimizer_step_range(&full, 0.05f, p, g, 0, NC, 1.0f), DT_OK);
+        assert_int_equal(dt_optimizer_step_range(&comp, 0.05f, q, g, 0, NC, 1.0f), DT_OK);
+        dt_optimizer_finish_step(&full);
+        dt_optimizer_finish_step(&comp);
+    }
+    assert_memory_equal(p, q, sizeof p);
+    int ns = dt_optim_state_per_elem(c);
+    for (int k = 0; k < ns; k++)
+        for (size_t e = 0; e < NC; e++) {
+            int in = e < 10 || (e >= 25 && e < 40) || (e >= 45 && e < 58);
+            float *a = dt_optimizer_state_of(&full, k, e), *b = dt_optimizer_state_of(&comp, k, e);
+            if (!in) { assert_null(b); assert_null(a); continue; }
+            assert_non_null(a);
+            assert_non_null(b);
+            assert_memory_equal(a, b, sizeof *a);
+            if (e + 1 < NC && dt_optimizer_state_of(&comp, k, e + 1)) assert_ptr_equal(dt_optimizer_state_of(&comp, k, e + 1), b + 1);
+        }
+    assert_null(dt_optimizer_state_of(&comp, 0, NC));
+    dt_optimizer_free(&full);
+    dt_optimizer_free(&comp);
+    /* a segment past the buffer */
+    assert_int_equal(dt_optimizer_init_compact(&comp, c, segs, 3, 50), DT_EINVAL);
+}
+
+static void test_compact_state(void **st) {
+    (void)st;
+    dt_optim_cfg a = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    a.weight_decay = 0.1f;
+    compact_equals_full(&a);
+    dt_optim_cfg s = dt_optim_cfg_default(DT_OPTIM_SGD);
+    s.momentum = 0.9f;
+    s.weight_decay = 0.1f;
+    compact_equals_full(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cfg_defaults),
@@ -359,6 +411,7 @@ int main(void) {
         cmocka_unit_test(test_matches_kernels),
         cmocka_unit_test(test_sharded_adamw),
         cmocka_unit_test(test_sharded_sgd),
+        cmocka_unit_test(test_compact_state),
         cmocka_unit_test(test_inactive_segment_skipped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

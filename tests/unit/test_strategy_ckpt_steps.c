@@ -106,10 +106,40 @@ static void test_bad_values(void **st) {
     dt_model_free(m);
 }
 
+/* A frozen parameter has no segment (compact state): recorded with 0 steps,
+ * so a resume that unfreezes it starts it from step 0 with zero state. */
+static void test_frozen_recorded_as_zero(void **st) {
+    (void)st;
+    dt_model *m = mlp();
+    m->params[2]->requires_grad = 0;   /* fc2.weight */
+    dt_optim_cfg c = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    dt_optimizer o;
+    assert_int_equal(dt_optimizer_init_model(&o, &c, m), DT_OK);
+    assert_int_equal(o.n_segs, 3);
+    const unsigned all[4] = {0x1f, 0x1f, 0x00, 0x1f};
+    train(m, &o, all);
+    dt_ckpt_meta mb = {.n = 0};
+    dt_optimizer *po = &o;
+    assert_int_equal(dt_checkpoint_meta_steps(&mb, m, &po, 1), DT_OK);
+    assert_string_equal(meta_get(&mb, "optim_steps"), "2-2:0");
+    m->params[2]->requires_grad = 1;   /* unfrozen in the resuming run */
+    dt_optimizer back;
+    assert_int_equal(dt_optimizer_init_model(&back, &c, m), DT_OK);
+    back.step = 5;
+    dt_optimizer *pb = &back;
+    assert_int_equal(dt_checkpoint_apply_steps(meta_get, &mb, "x.st", m, &pb, 1), DT_OK);
+    assert_int_equal(dt_optimizer_segment_steps(&back, dt_optimizer_find_segment(&back, m->offsets[2])), 0);
+    assert_int_equal(dt_optimizer_segment_steps(&back, dt_optimizer_find_segment(&back, m->offsets[3])), 5);
+    dt_optimizer_free(&o);
+    dt_optimizer_free(&back);
+    dt_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_frozen_recorded_as_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,29 @@
+/* Reading an optimizer's per-parameter state ("optim.<state>.<param>") from
+ * a checkpoint into an optimizer over the model's layout (the trainer's, a
+ * pipeline stage's). A parameter frozen in this run has no state to read; one
+ * frozen when the checkpoint was written has none saved, which is right only
+ * if it has never been stepped (its own step count, restored first, is 0):
+ * it starts from zero state like a parameter PyTorch never stepped. */
+#include <stdio.h>
+#include "dtrain/strategy.h"
+
+dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt_model *m, const dt_optimizer *o) {
+    int ns = dt_optim_state_per_elem(&o->cfg);
+    for (int s = 0; s < ns; s++)
+        for (int i = 0; i < m->n_params; i++) {
+            const dt_param *p = m->params[i];
+            float *dst = dt_optimizer_state_of(o, s, m->offsets[i]);
+            if (!dst) continue;   /* frozen here */
+            char nm[192];
+            snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(&o->cfg, s), p->name);
+            if (!dt_ckpt_find(c, nm, NULL, NULL)) {
+                int k = dt_optimizer_find_segment(o, m->offsets[i]);
+                if (k >= 0 && dt_optimizer_segment_steps(o, k) == 0) continue;   /* saved frozen, never stepped */
+                return DT_ERR(DT_EFORMAT, "%s: no optimizer state '%s' for parameter '%s', which took %lld steps", what,
+                              nm, p->name, (long long)(k >= 0 ? dt_optimizer_segment_steps(o, k) : -1));
+            }
+            DT_TRY(dt_ckpt_expect(c, nm, p->value.ndim, p->value.shape));
+            DT_TRY(dt_ckpt_read(c, nm, 0, (size_t)p->value.numel, dst));
+        }
+    return DT_OK;
+}
