@@ -90,6 +90,9 @@ typedef struct dt_zero_bucket {
     size_t own_begin;            /* begin + rank * shard */
     size_t shard_offset;         /* this bucket's place in the rank's compact shard buffers */
     int first_param, n_params;   /* params in layout order: order[first_param ..] */
+    int trainable;               /* 1: its parameters have requires_grad, its shard has optimizer
+                                    state; 0: frozen ones only (no state: dt_zero_shard_state reads
+                                    zeros, loads skip it) */
 } dt_zero_bucket;
 
 void dt_zero_opts_default(dt_zero_opts *o);
