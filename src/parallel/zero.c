@@ -58,11 +58,7 @@ static dt_status init_optimizers(dt_zero *z) {
         s = dt_optimizer_init(&z->lay.b[i].opt, &z->cfg, segs, b->n_params, b->own_begin, b->own_begin + b->shard);
     }
     free(segs);
-    if (s == DT_OK && zeros && dt_optim_state_per_elem(&z->cfg) > 0) {
-        z->zero_state = dt_calloc(zeros * sizeof(float));
-        z->zero_state_n = zeros;
-        if (!z->zero_state) s = DT_ERR(DT_ENOMEM, "zero: out of memory");
-    }
+    z->zero_state_n = dt_optim_state_per_elem(&z->cfg) > 0 ? zeros : 0;   /* allocated when first read */
     return s;
 }
 
@@ -232,7 +228,10 @@ dt_param *const *dt_zero_param_order(const dt_zero *z) { return z->lay.order; }
 float *dt_zero_shard_params(dt_zero *z, int i) { return i >= 0 && i < z->lay.nb ? dt_zero_shard_param_ptr(z, i) : NULL; }
 float *dt_zero_shard_state(dt_zero *z, int i, int k) {
     if (!(i >= 0 && i < z->lay.nb && k >= 0 && k < 2)) return NULL;
-    return z->lay.b[i].pub.trainable ? z->lay.b[i].opt.state[k] : z->zero_state;   /* frozen: zeros, read-only */
+    if (z->lay.b[i].pub.trainable) return z->lay.b[i].opt.state[k];
+    /* frozen: zeros, read-only, allocated on demand (checkpoints) and released after a save */
+    if (!z->zero_state && z->zero_state_n) z->zero_state = dt_calloc(z->zero_state_n * sizeof(float));
+    return z->zero_state;
 }
 int64_t dt_zero_optim_step(const dt_zero *z) { return z->lay.nb ? z->lay.b[0].opt.step : 0; }
 void dt_zero_set_optim_step(dt_zero *z, int64_t step) {
@@ -247,7 +246,7 @@ dt_zero_memory dt_zero_get_memory(const dt_zero *z) {
     dt_zero_memory r = {
         .param_bytes = z->stage == 3 ? shard : full,
         .grad_bytes = z->stage == 1 ? full : shard,
-        .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * stateful * f + z->zero_state_n * f,
+        .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * stateful * f + (z->zero_state ? z->zero_state_n * f : 0),
         .grad_window_peak = z->pool.grad_peak * f,
         .param_window_peak = z->pool.param_peak * f,
     };

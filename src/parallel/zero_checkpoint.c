@@ -125,7 +125,7 @@ static void owned_pieces(const zc *c, int k, const unsigned char *skip, dt_ckpt_
         for (int q = b->first_param; q < b->first_param + b->n_params; q++) {
             size_t a, e;
             const dt_param *p = order[q];
-            if (*n < cap && !(skip && skip[p->index]) && intersect(c, p, b->own_begin, b->shard, &a, &e))
+            if (buf && *n < cap && !(skip && skip[p->index]) && intersect(c, p, b->own_begin, b->shard, &a, &e))
                 pc[(*n)++] = (dt_ckpt_piece){tensor_name(c, k, p), a, e - a,
                                              buf + (c->m->offsets[p->index] + a - b->own_begin)};
         }
@@ -290,6 +290,8 @@ dt_status dt_zero_save(dt_zero *z, dt_run *r, const char *path, dt_zero_ckpt_for
     s = dt_par_agree(c.pg, s != DT_OK ? s : si, path);
     if (s == DT_OK) s = fmt == DT_ZERO_CKPT_CONSOLIDATED ? save_consolidated(&c, path) : save_sharded(&c, path);
     zc_free(&c);
+    dt_free(z->zero_state);   /* frozen shards' zeros: only while writing */
+    z->zero_state = NULL;
     return s;
 }
 

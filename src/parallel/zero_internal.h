@@ -115,7 +115,8 @@ struct dt_zero {
     dt_zero_stats stats;
     dt_trace *trace;         /* optional: shard steps as compute events */
     float *zero_state;       /* zeros read as the optimizer state of a frozen bucket's shard
-                                (zero_state_n floats: the longest such shard), or NULL */
+                                (zero_state_n floats: the longest such shard), or NULL: made by
+                                dt_zero_shard_state when a checkpoint asks, freed after a save */
     size_t zero_state_n;
 };
 
