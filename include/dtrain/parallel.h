@@ -3,7 +3,11 @@
  * dt_ddp wraps a model whose gradients live in one flat buffer (nn.h). The
  * buffer is cut into buckets — contiguous ranges in layout order (reverse
  * registration ≈ backward order); the first bucket is capped small so the
- * first reduction starts early. During backward each parameter's grad-ready
+ * first reduction starts early. With static_graph the buckets are cut once
+ * more after the first iteration, in the order gradients became ready then
+ * (a model that registers its parameters out of execution order); such a
+ * bucket has a buffer of its own, gradients are copied in at launch and
+ * back after the reduction. During backward each parameter's grad-ready
  * hook marks it in its bucket; a full bucket is handed to the process group
  * (all-reduce, average) at once, buckets strictly in index order on every
  * rank; the graph's tick callback keeps MPI progressing while backward
@@ -29,9 +33,15 @@ typedef struct dt_ddp dt_ddp;
 
 typedef struct dt_ddp_bucket {
     int index;
-    size_t begin, end;        /* element range [begin, end) of the flat gradient buffer */
-    float *grad;              /* grad_flat + begin: reduce in place */
+    size_t begin, end;        /* element range [begin, end) of the flat gradient buffer
+                                 (staged: of the staging buffer) */
+    float *grad;              /* grad_flat + begin: reduce in place (staged: staging + begin) */
     size_t numel;             /* end - begin */
+    int staged;               /* 1: a static_graph bucket: its parameters are not contiguous in the
+                                 flat gradient, they are copied into grad at launch and back after
+                                 the reduction */
+    const int *params;        /* its n_params parameters (model params[] indices), in bucket order:
+                                 layout order, or (static_graph, after iteration 1) ready order */
     int n_params;
     int pending;              /* params not yet ready in this backward */
     int ready, launched;
@@ -87,6 +97,18 @@ typedef struct dt_ddp_opts {
     dt_ddp_shm shm;              /* default AUTO: the model's gradient buffer moves into memory every
                                     rank of the machine shares (dist.h section 6) and buckets are
                                     summed there, rank-ordered, with no messages */
+    int static_graph;            /* 1: record the order gradients become ready in the first
+                                    synchronising backward; after its reductions, check the order is
+                                    the same on every rank (else an error naming the rank) and cut the
+                                    buckets again in that order, once. Numerics are unchanged (each
+                                    element is reduced the same way); only when buckets launch moves.
+                                    Exclusive with join. */
+    const char *const *params_to_ignore;   /* names or fnmatch globs (PyTorch's
+                                    _set_params_and_buffers_to_ignore_for_model): these parameters
+                                    are never reduced or broadcast; every rank keeps its own value,
+                                    gradient and has_grad. A pattern matching no parameter is an
+                                    error naming it. */
+    int n_params_to_ignore;
 } dt_ddp_opts;
 
 void dt_ddp_opts_default(dt_ddp_opts *o);
@@ -121,6 +143,18 @@ dt_status dt_ddp_finish_backward(dt_ddp *d);
  * On return every rank holds the parameters and buffers of the highest rank
  * that ran the most steps (optimizer state is not synchronised). */
 dt_status dt_ddp_join(dt_ddp *d);
+
+/* Collective: after requires_grad changed on some parameters (between
+ * steps: no micro-step of a step may have run), cut the buckets again over
+ * the now trainable parameters. Every rank must have the same trainable set
+ * (else DT_EINVAL on every rank naming a parameter and the ranks that
+ * differ). With static_graph the next synchronising backward is recorded
+ * again. The caller's optimizer is untouched (a dt_optimizer_init_model one
+ * steps a parameter only while it has a gradient: a newly trainable one
+ * starts from its zero state with its own step count). */
+dt_status dt_ddp_refresh_trainable(dt_ddp *d);
+/* 1 once static_graph re-cut the buckets in the recorded order. */
+int dt_ddp_buckets_rebuilt(const dt_ddp *d);
 
 int dt_ddp_num_buckets(const dt_ddp *d);
 int dt_ddp_uses_shared_memory(const dt_ddp *d);   /* 1: buckets in node-shared memory */

@@ -111,6 +111,12 @@ typedef struct dt_strategy {
      * runs collectives (pipeline: its groups) agrees on "strategy" and its
      * options there first, with the same first fields. */
     dt_status (*agree)(void *self, dt_agree *a);
+    /* Optional: the caller changed requires_grad on some parameters between
+     * steps (unfreezing or freezing a layer); re-partition for the new
+     * trainable set. Collective: call it at the same step on every rank,
+     * with the same set. DDP re-cuts its buckets, ZeRO its shards (optimizer
+     * state carried over by parameter name). NULL: not supported. */
+    dt_status (*refresh_trainable)(void *self, dt_run *run);
 } dt_strategy;
 
 /* An optimizer over m's flat layout, one segment per trainable parameter,

@@ -90,6 +90,9 @@ typedef struct dt_zero_bucket {
     size_t own_begin;            /* begin + rank * shard */
     size_t shard_offset;         /* this bucket's place in the rank's compact shard buffers */
     int first_param, n_params;   /* params in layout order: order[first_param ..] */
+    int trainable;               /* 1: its parameters have requires_grad, its shard has optimizer
+                                    state; 0: frozen ones only (no state: dt_zero_shard_state reads
+                                    zeros, loads skip it) */
 } dt_zero_bucket;
 
 void dt_zero_opts_default(dt_zero_opts *o);
@@ -120,6 +123,19 @@ dt_status dt_zero_step(dt_zero *z, double *grad_norm);
  * bucket except those holding parameters no module owns (then a forward, e.g.
  * evaluation, can run; modules gather their own). */
 dt_status dt_zero_sync_params(dt_zero *z);
+
+/* Collective, between steps: after requires_grad changed on some parameters
+ * (unfreezing or freezing a layer), re-partition for the new trainable set
+ * (zero_refresh.c). Every rank must have the same trainable set (else
+ * DT_EINVAL on every rank naming a parameter and the ranks). Optimizer state
+ * moves by parameter name and element range to wherever its shard now
+ * lives: a parameter that stays trainable keeps its moments and its own
+ * step count exactly; a newly trainable one starts with zero state and step
+ * 0; a newly frozen one loses its state (frozen parameters have none, so
+ * dt_zero_get_memory's optim_bytes shrink). Costs a transient full-size copy
+ * of the optimizer state on every rank. On failure after the re-partition
+ * began, z is only fit for dt_zero_free. */
+dt_status dt_zero_refresh_trainable(dt_zero *z);
 
 /* ---- introspection (checkpoints, benchmarks, tests) ---- */
 int dt_zero_stage(const dt_zero *z);

@@ -25,10 +25,10 @@ int dt_bucket_plan(const dt_bucket_rule *r, const dt_bucket_item *items, int n, 
         if (items[k].skip) continue;
         size_t bytes = items[k].numel * sizeof(float);
         size_t cap = nb == 1 ? r->first_cap_bytes : r->cap_bytes;   /* cur is bucket 0 */
-        if (!cur || (cur->used > 0 && cur->used * sizeof(float) + bytes > cap)) {
+        if (!cur || cur->cls != items[k].cls || (cur->used > 0 && cur->used * sizeof(float) + bytes > cap)) {
             size_t begin = !r->pad ? items[k].offset : cur ? cur->begin + round_up(cur->used, r->pad) : 0;
             cur = &cuts[nb++];
-            *cur = (dt_bucket_cut){.first = k, .begin = begin};
+            *cur = (dt_bucket_cut){.first = k, .begin = begin, .cls = items[k].cls};
         }
         size_t at = r->pad ? cur->begin + cur->used : items[k].offset;
         if (pos) pos[k] = at;
@@ -41,7 +41,8 @@ int dt_bucket_plan(const dt_bucket_rule *r, const dt_bucket_item *items, int n, 
     return nb;
 }
 
-dt_status dt_par_plan_params(const dt_model *m, const dt_bucket_rule *r, int skip_frozen, dt_param_plan *out) {
+dt_status dt_par_plan_params(const dt_model *m, const dt_bucket_rule *r, dt_plan_frozen frozen,
+                             const unsigned char *skip, dt_param_plan *out) {
     int n = m->n_params;
     size_t n1 = (size_t)(n ? n : 1);
     *out = (dt_param_plan){0};
@@ -58,7 +59,10 @@ dt_status dt_par_plan_params(const dt_model *m, const dt_bucket_rule *r, int ski
     layout_order(m, out->order);
     for (int k = 0; k < n; k++) {
         const dt_param *p = m->params[out->order[k]];
-        items[k] = (dt_bucket_item){(size_t)p->value.numel, m->offsets[p->index], skip_frozen && !p->requires_grad};
+        int fz = !p->requires_grad;
+        items[k] = (dt_bucket_item){(size_t)p->value.numel, m->offsets[p->index],
+                                    (frozen == DT_PLAN_FROZEN_SKIP && fz) || (skip && skip[p->index]),
+                                    frozen == DT_PLAN_FROZEN_APART && fz};
     }
     out->nb = dt_bucket_plan(r, items, n, out->cuts, out->bucket_of, out->pos);
     free(items);

@@ -1,4 +1,6 @@
-/* DDP reducer: buckets over the flat gradient buffer, launched from grad-ready hooks. */
+/* DDP reducer: buckets over the flat gradient buffer, launched from grad-ready
+ * hooks. Bucket cutting: ddp_buckets.c; static_graph: ddp_static.c;
+ * parameters_to_ignore: ddp_ignore.c; refresh_trainable: ddp_refresh.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,14 +36,19 @@ static dt_status validate(const dt_ddp_opts *o) {
                       "required together with %s", o->hook ? "a custom communication hook" : "compression");
     if (o->join && o->sync_bn)
         return DT_ERR(DT_EINVAL, "ddp: join and SyncBatchNorm are exclusive (SyncBN's forward collectives depend on the batch)");
+    if (o->join && o->static_graph)
+        return DT_ERR(DT_EINVAL, "ddp: join and static_graph are exclusive (a joined rank records no backward)");
+    if (o->n_params_to_ignore < 0 || (o->n_params_to_ignore > 0 && !o->params_to_ignore))
+        return DT_ERR(DT_EINVAL, "ddp: params_to_ignore: %d patterns but no list", o->n_params_to_ignore);
     return DT_OK;
 }
 
-static dt_status on_grad_ready(dt_param *p, void *user) {
+dt_status dt_ddp_on_grad_ready(dt_param *p, void *user) {
     dt_ddp *d = user;
     if (!d->sync) return DT_OK;
     int bi = d->param_bucket[p->index];
     if (bi < 0) return DT_OK;
+    dt_ddp_static_note(d, p->index);
     dt_ddp_bucket *b = &d->buckets[bi];
     if (--b->pending == 0) {
         b->ready = 1;
@@ -56,6 +63,7 @@ dt_status dt_ddp_launch_ready(dt_ddp *d) {
         dt_ddp_bucket *b = &d->buckets[d->next_launch++];
         if (d->t_first_launch == 0) d->t_first_launch = dt_ddp_now_us();
         b->launched = 1;
+        if (b->staged) dt_ddp_stage_in(d, b);
         d->stats.bytes_reduced += b->numel * d->wire_bytes;
         DT_TRY(d->hook.launch(d->hook.state, d->pg, b, &b->work));
     }
@@ -63,37 +71,6 @@ dt_status dt_ddp_launch_ready(dt_ddp *d) {
 }
 
 static void graph_tick(void *user) { dt_pg_tick(((dt_ddp *)user)->pg); }
-
-/* Buckets over the trainable params in layout order, in place (dt_bucket_plan). */
-static dt_status build_buckets(dt_ddp *d) {
-    dt_model *m = d->model;
-    dt_bucket_rule rule = {d->opts.first_bucket_bytes, d->opts.bucket_bytes, 0};
-    dt_param_plan plan;
-    DT_TRY(dt_par_plan_params(m, &rule, 1, &plan));
-    d->param_bucket = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *d->param_bucket);
-    d->buckets = calloc((size_t)m->n_params + 1, sizeof *d->buckets);
-    if (!d->param_bucket || !d->buckets) { dt_par_plan_free(&plan); return DT_ERR(DT_ENOMEM, "out of memory"); }
-    for (int k = 0; k < m->n_params; k++) {
-        dt_param *p = m->params[plan.order[k]];
-        d->param_bucket[p->index] = plan.bucket_of[k];
-        if (plan.bucket_of[k] < 0) continue;
-        p->on_grad_ready = on_grad_ready;
-        p->on_grad_ready_user = d;
-    }
-    d->n_buckets = plan.nb;
-    for (int i = 0; i < d->n_buckets; i++) {
-        dt_ddp_bucket *b = &d->buckets[i];
-        b->index = i;
-        b->begin = plan.cuts[i].begin;
-        b->end = b->begin + plan.cuts[i].used;
-        b->numel = b->end - b->begin;
-        b->n_params = plan.cuts[i].n;
-        b->grad = m->grad_flat.data + b->begin;
-        b->pending = b->n_params;
-    }
-    dt_par_plan_free(&plan);
-    return DT_OK;
-}
 
 /* SyncBatchNorm: sum per-channel statistics and the element count across ranks. */
 static dt_status bn_sync(float *data, int64_t n, double *count, void *user) {
@@ -141,7 +118,8 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     if (opts.hook) d->hook = *opts.hook;
     else if (opts.compress == DT_DDP_COMPRESS_NONE) dt_ddp_hook_allreduce(d, &d->hook);
     else dt_ddp_hook_compress(d, &d->hook, opts.compress == DT_DDP_COMPRESS_BF16 ? DT_BF16 : DT_F16);
-    dt_status s = build_buckets(d);
+    dt_status s = dt_ddp_match_ignored(d);
+    if (s == DT_OK) s = dt_ddp_build_buckets(d);
     /* last, so no local failure can follow the collective window creation
      * (moving into caller memory cannot fail) */
     if (s == DT_OK && opts.shm != DT_DDP_SHM_OFF && !opts.hook && opts.compress == DT_DDP_COMPRESS_NONE &&
@@ -153,7 +131,7 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
             s = DT_ERR(DT_EINVAL, "ddp: node-shared memory required but unavailable: %s", dt_pg_shared_unavailable(pg));
     }
     /* same model on every rank: rank 0's parameters and buffers */
-    if (s == DT_OK) s = dt_broadcast(pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, 0, NULL);
+    if (s == DT_OK) s = dt_ddp_bcast_params(d, 0);
     if (s == DT_OK && m->n_buffers && d->world > 1) s = dt_ddp_bcast_buffers(d);
     if (s == DT_OK && opts.sync_bn) m->bn_sync = (dt_bn_sync){bn_sync, d};
     if (s != DT_OK) { dt_ddp_free(d); return s; }
@@ -163,12 +141,7 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
 
 void dt_ddp_free(dt_ddp *d) {
     if (!d) return;
-    for (int i = 0; i < d->n_buckets; i++) {
-        if (d->buckets[i].work) dt_work_wait(d->buckets[i].work);
-        free(d->buckets[i].scratch);
-    }
-    for (int i = 0; d->model && i < d->model->n_params; i++)
-        if (d->model->params[i]->on_grad_ready_user == d) d->model->params[i]->on_grad_ready = NULL;
+    dt_ddp_free_buckets(d);
     if (d->model && d->model->bn_sync.user == d) d->model->bn_sync = (dt_bn_sync){0};
     if (d->shm_grads) {
         /* the model keeps its gradients; without memory for them it has none */
@@ -177,8 +150,9 @@ void dt_ddp_free(dt_ddp *d) {
         dt_pg_free_shared(d->pg, d->shm_grads);
     }
     dt_par_used_free(&d->used);
-    free(d->buckets);
-    free(d->param_bucket);
+    free(d->ready_order);
+    free(d->ignored);
+    free(d->ignored_has);
     free(d->sync_scratch);
     free(d->buf_scratch);
     free(d);
@@ -189,6 +163,7 @@ dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
     d->graph = g;
     dt_graph_set_final(g, sync);   /* grad-ready only on the synchronising micro-step */
     dt_graph_set_tick(g, d->world > 1 ? graph_tick : NULL, d);
+    if (sync) DT_TRY(dt_ddp_static_begin(d));
     /* With join, collectives happen only on synchronising micro-steps so a
      * joined rank (which does not know K) can shadow them: see ddp_join.c. */
     if (d->opts.join && !sync) return DT_OK;
@@ -203,6 +178,7 @@ dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
 dt_status dt_ddp_begin_external(dt_ddp *d) {
     d->sync = 1;
     d->graph = NULL;
+    DT_TRY(dt_ddp_static_begin(d));
     return DT_OK;
 }
 
@@ -213,6 +189,7 @@ dt_status dt_ddp_wait_buckets(dt_ddp *d) {
         dt_status si = dt_work_wait(b->work);
         b->work = NULL;
         if (si == DT_OK && b->launched && d->hook.finish) si = d->hook.finish(d->hook.state, d->pg, b);
+        if (si == DT_OK && b->launched && b->staged) dt_ddp_stage_out(d, b);
         if (s == DT_OK) s = si;
     }
     return s;
@@ -239,6 +216,7 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
         int bi = d->param_bucket[i];
         if (bi < 0 || !d->graph || dt_graph_param_uses(d->graph, p) > 0) continue;
         dt_par_unused_add(&unused, p->name);
+        dt_ddp_static_note(d, i);   /* a static graph's unused parameters: ready last */
         /* reduced as zeros (its gradient is whatever was accumulated, normally zero) */
         if (--d->buckets[bi].pending == 0) d->buckets[bi].ready = 1;
     }
@@ -262,7 +240,9 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     dt_status sw = dt_ddp_wait_buckets(d);
     if (s == DT_OK) s = sw;
     if (agree_used) {
+        dt_ddp_ignored_save_has_grad(d);
         dt_status su = dt_par_used_finish(&d->used, m);
+        dt_ddp_ignored_restore_has_grad(d);
         if (s == DT_OK) s = su;
     }
     double w1 = dt_ddp_now_us();
@@ -271,6 +251,10 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     if (d->t_first_launch > 0 && d->t_first_launch < t_end_bw) d->stats.backward_us += t_end_bw - d->t_first_launch;
     d->stats.steps++;
     dt_ddp_reset_buckets(d);
+    /* static_graph: the recorded order agreed and the buckets re-cut
+     * (collective while recording: on every rank whatever s) */
+    dt_status sg = dt_ddp_static_end(d, s == DT_OK);
+    if (s == DT_OK) s = sg;
     if (s != DT_OK) return s;
     /* Forward passes updated each rank's running statistics with its own
      * data: end the step with one rank's on every rank (eval, checkpoints):

@@ -10,7 +10,19 @@ struct dt_ddp {
     int rank, world;
     dt_ddp_bucket *buckets;
     int n_buckets;
-    int *param_bucket;          /* params[i] -> bucket index, -1 if frozen */
+    int *param_bucket;          /* params[i] -> bucket index, -1 if frozen or ignored */
+    int *bucket_params;         /* params[] indices, bucket by bucket (bucket b: b->params) */
+    size_t *stage_pos;          /* params[i]'s place in its staged bucket's grad (static_graph) */
+    float *stage;               /* staged buckets' buffers, back to back (node-shared when the
+                                   gradients are: stage_shm), or NULL */
+    int stage_shm;
+    unsigned char *ignored;     /* params[i] matched opts.params_to_ignore (NULL: none) */
+    unsigned char *ignored_has; /* scratch: ignored parameters' own has_grad across the used sum */
+    /* static_graph (ddp_static.c): the first synchronising backward's ready order */
+    int *ready_order, n_ready;
+    int recording;              /* this backward records */
+    int recorded;               /* the order was recorded (and agreed) */
+    int rebuilt;                /* buckets were cut again in that order */
     int next_launch;            /* buckets launch strictly in index order */
     int sync;                   /* this micro-step reduces */
     dt_graph *graph;            /* the micro-step's graph (before_forward): its parameter uses */
@@ -31,6 +43,35 @@ struct dt_ddp {
 };
 
 double dt_ddp_now_us(void);
+/* ddp_buckets.c. Buckets over the trainable, not ignored parameters in layout
+ * order, in place in grad_flat; installs the grad-ready hooks. */
+dt_status dt_ddp_build_buckets(dt_ddp *d);
+/* Buckets over params order[0..n) in that order, each staged (its own
+ * buffer): collective when the gradients live in node-shared memory (the
+ * staging buffer does too). Replaces the current buckets. */
+dt_status dt_ddp_build_staged(dt_ddp *d, const int *order, int n);
+/* Frees buckets and staging (collective if staging is node-shared) and
+ * removes the grad-ready hooks. */
+void dt_ddp_free_buckets(dt_ddp *d);
+/* A staged bucket's gradients in (before launch) / out (after reduction). */
+void dt_ddp_stage_in(dt_ddp *d, dt_ddp_bucket *b);
+void dt_ddp_stage_out(dt_ddp *d, dt_ddp_bucket *b);
+dt_status dt_ddp_on_grad_ready(dt_param *p, void *user);
+/* ddp_ignore.c: opts.params_to_ignore -> d->ignored; a pattern matching
+ * nothing is DT_EINVAL naming it. */
+dt_status dt_ddp_match_ignored(dt_ddp *d);
+/* The root's parameters to every rank, ignored ones kept. */
+dt_status dt_ddp_bcast_params(dt_ddp *d, int root);
+/* Ignored parameters keep their own has_grad across the used-parameter sum. */
+void dt_ddp_ignored_save_has_grad(dt_ddp *d);
+void dt_ddp_ignored_restore_has_grad(dt_ddp *d);
+/* ddp_static.c: static_graph. begin: a synchronising backward starts
+ * (records if nothing was recorded yet). note: p's gradient is ready.
+ * end: after the reductions; ok = this rank's step succeeded. Collective
+ * while recording: agrees the order over the group and re-cuts the buckets. */
+dt_status dt_ddp_static_begin(dt_ddp *d);
+void dt_ddp_static_note(dt_ddp *d, int param);
+dt_status dt_ddp_static_end(dt_ddp *d, int ok);
 /* Built-in hooks. */
 void dt_ddp_hook_allreduce(dt_ddp *d, dt_ddp_comm_hook *h);
 void dt_ddp_hook_compress(dt_ddp *d, dt_ddp_comm_hook *h, dt_dtype wire);

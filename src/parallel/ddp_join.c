@@ -68,8 +68,7 @@ static dt_status sync_final_model(dt_ddp *d, int64_t shadowed) {
     int any = 0;
     DT_TRY(dt_ddp_join_agree(d, shadowed == 0, &any));
     if (!any) return DT_ERR(DT_ESTATE, "ddp join: no rank joined last (internal error)");
-    dt_model *m = d->model;
-    DT_TRY(dt_broadcast(d->pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, d->buf_root, NULL));
+    DT_TRY(dt_ddp_bcast_params(d, d->buf_root));   /* ignored parameters stay each rank's own */
     return dt_ddp_bcast_buffers_from(d, d->buf_root);
 }
 

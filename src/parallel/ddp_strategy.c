@@ -41,6 +41,10 @@ static dt_status s_agree(void *self, dt_agree *a) {
     dt_par_describe_ddp(&s->opts, a);
     return dt_pg_agree(s->pg, a);
 }
+static dt_status s_refresh(void *self, dt_run *r) {
+    (void)r;
+    return dt_ddp_refresh_trainable(((ddp_strat *)self)->ddp);
+}
 static void s_destroy(void *self) {
     ddp_strat *s = self;
     dt_pg_set_trace(s->pg, NULL);
@@ -57,6 +61,6 @@ dt_status dt_ddp_strategy(dt_pg *pg, const dt_ddp_opts *o, dt_strategy *out) {
     *out = (dt_strategy){.name = "ddp", .rank = dt_pg_rank(pg), .world = dt_pg_size(pg), .self = s,
                          .setup = s_setup, .before_forward = s_before_forward,
                          .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
-                         .destroy = s_destroy, .agree = s_agree};
+                         .destroy = s_destroy, .agree = s_agree, .refresh_trainable = s_refresh};
     return DT_OK;
 }

@@ -18,6 +18,16 @@ dt_status dt_par_memory_report(dt_pg *pg, const char *label, size_t param_bytes,
  * its own status and message; the others get DT_ECOMM naming the failed
  * rank (or how many failed). */
 dt_status dt_par_agree(dt_pg *pg, dt_status mine, const char *what);
+/* Collective: every rank's n (<= 8) 32-bit words, gathered into all[r * n
+ * .. + n) (room for n * group size), bit for bit. */
+dt_status dt_par_gather_words(dt_pg *pg, const uint32_t *mine, int n, uint32_t *all);
+/* FNV-1a over n ints, continuing from h (start: 2166136261u). */
+uint32_t dt_par_hash_ints(uint32_t h, const int *x, int n);
+/* trainable_agree.c. Collective: every rank has the same requires_grad on
+ * every parameter, else DT_EINVAL on every rank, "<who>: ranks disagree on
+ * the trainable parameters: 'fc2.weight' is trainable on rank 0 but frozen
+ * on rank 1". */
+dt_status dt_par_agree_trainable(const dt_model *m, dt_pg *pg, const char *who);
 /* Parameters that got no gradient in a backward: count, first four named. */
 typedef struct dt_par_unused { char names[512]; int n; } dt_par_unused;
 void dt_par_unused_add(dt_par_unused *u, const char *name);
@@ -36,9 +46,10 @@ void dt_par_used_free(dt_par_used *u);
 
 /* bucket_plan.c: the bucket cutting DDP and ZeRO share. */
 /* Items (parameters, in layout order) are cut into buckets by one rule: an
- * item opens a new bucket when there is none yet or when the open bucket is
- * non-empty and the item would take it over its cap: first_cap_bytes while
- * the open bucket is bucket 0, cap_bytes after. So a bucket never splits an
+ * item opens a new bucket when there is none yet, when its class differs
+ * from the open bucket's, or when the open bucket is non-empty and the item
+ * would take it over its cap: first_cap_bytes while the open bucket is
+ * bucket 0, cap_bytes after. So a bucket never splits an
  * item, and an item larger than the cap gets a bucket of its own. A bucket's
  * size is its span in the layout (float elements): from its first item's
  * position to its last item's end, gaps of skipped items included.
@@ -51,11 +62,13 @@ typedef struct dt_bucket_item {
     size_t numel;        /* elements */
     size_t offset;       /* pad == 0: position in the layout */
     int skip;            /* in no bucket (DDP: frozen parameters) */
+    int cls;             /* buckets never mix classes (ZeRO: frozen apart from trainable) */
 } dt_bucket_item;
 typedef struct dt_bucket_cut {
     int first, n;        /* first item; items in the bucket (skipped ones not counted) */
     size_t begin, used;  /* position of the first item; span of the items */
     size_t numel;        /* pad == 0: used; else padded as above */
+    int cls;             /* the class of its items */
 } dt_bucket_cut;
 /* Fills cuts[0 .. return) (room for n), bucket_of[k] (-1: skipped) and, if
  * pos is not NULL, pos[k] for every bucketed item: its position (pad == 0:
@@ -64,14 +77,19 @@ int dt_bucket_plan(const dt_bucket_rule *r, const dt_bucket_item *items, int n, 
                    int *bucket_of, size_t *pos);
 /* The model's parameters cut by r: order[k] is the params[] index of the k-th
  * in layout order (by offset, stable: the backward order); bucket_of, pos
- * and cuts as above, per k. skip_frozen: parameters without requires_grad
- * join no bucket. Free with dt_par_plan_free. */
+ * and cuts as above, per k. frozen: what parameters without requires_grad
+ * do (MIX: share buckets with trainable ones; SKIP: join no bucket (DDP);
+ * APART: buckets of their own, class 1 (ZeRO: no optimizer state)).
+ * skip (NULL: none): skip[params index] != 0 joins no bucket either (DDP's
+ * parameters_to_ignore). Free with dt_par_plan_free. */
+typedef enum dt_plan_frozen { DT_PLAN_FROZEN_MIX = 0, DT_PLAN_FROZEN_SKIP = 1, DT_PLAN_FROZEN_APART = 2 } dt_plan_frozen;
 typedef struct dt_param_plan {
     int *order, *bucket_of;
     size_t *pos;
     dt_bucket_cut *cuts;
     int nb;
 } dt_param_plan;
-dt_status dt_par_plan_params(const dt_model *m, const dt_bucket_rule *r, int skip_frozen, dt_param_plan *out);
+dt_status dt_par_plan_params(const dt_model *m, const dt_bucket_rule *r, dt_plan_frozen frozen,
+                             const unsigned char *skip, dt_param_plan *out);
 void dt_par_plan_free(dt_param_plan *p);
 #endif

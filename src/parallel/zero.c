@@ -42,8 +42,14 @@ static dt_status init_optimizers(dt_zero *z) {
     dt_optim_segment *segs = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *segs);
     if (!segs) return DT_ERR(DT_ENOMEM, "out of memory");
     dt_status s = DT_OK;
+    size_t zeros = 0;   /* longest frozen shard: what dt_zero_shard_state reads for one */
     for (int i = 0; i < z->lay.nb && s == DT_OK; i++) {
         dt_zero_bucket *b = &z->lay.b[i].pub;
+        if (!b->trainable) {   /* frozen parameters only: no optimizer state */
+            s = dt_optimizer_init(&z->lay.b[i].opt, &z->cfg, NULL, 0, b->own_begin, b->own_begin);
+            if (b->shard > zeros) zeros = b->shard;
+            continue;
+        }
         for (int k = 0; k < b->n_params; k++) {
             dt_param *p = z->lay.order[b->first_param + k];
             /* stepped only while it has a gradient (agreed over ranks: zero_reduce.c) */
@@ -52,6 +58,7 @@ static dt_status init_optimizers(dt_zero *z) {
         s = dt_optimizer_init(&z->lay.b[i].opt, &z->cfg, segs, b->n_params, b->own_begin, b->own_begin + b->shard);
     }
     free(segs);
+    z->zero_state_n = dt_optim_state_per_elem(&z->cfg) > 0 ? zeros : 0;   /* allocated when first read */
     return s;
 }
 
@@ -102,6 +109,14 @@ dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const 
     DT_TRY(dt_optim_cfg_validate(cfg));
     dt_zero *z = calloc(1, sizeof *z);
     if (!z) return DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status s = dt_zero_init(z, m, pg, cfg, &opts);
+    if (s != DT_OK) { dt_zero_free(z); return s; }
+    *out = z;
+    return DT_OK;
+}
+
+dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const dt_zero_opts *o) {
+    dt_zero_opts opts = *o;
     z->opts = opts;
     z->cfg = *cfg;
     z->m = m;
@@ -124,7 +139,7 @@ dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const 
     if (s == DT_OK) s = init_optimizers(z);
     if (s == DT_OK) s = dt_zero_modules_setup(z);
     if (s == DT_OK) s = shard_storage(z);
-    if (s != DT_OK) { dt_zero_free(z); return s; }
+    if (s != DT_OK) return s;
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i]->requires_grad) {
             m->params[i]->on_grad_ready = dt_zero_on_grad_ready;
@@ -133,12 +148,16 @@ dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const 
             m->params[i]->on_grad_ready_user = z;   /* on_grad_alloc's user */
         }
     dt_zero_reset_buckets(z);
-    *out = z;
     return DT_OK;
 }
 
 void dt_zero_free(dt_zero *z) {
     if (!z) return;
+    dt_zero_fini(z);
+    free(z);
+}
+
+void dt_zero_fini(dt_zero *z) {
     dt_model *m = z->m;
     dt_zero_drain(z);
     if (z->stage == 3) dt_zero3_release_all(z);
@@ -167,8 +186,9 @@ void dt_zero_free(dt_zero *z) {
     dt_free(z->lay.shard_grad);
     free(z->buf_scratch);
     dt_par_used_free(&z->rd.used);
+    dt_free(z->zero_state);
     if (z->ag_pg) dt_pg_free(z->ag_pg);
-    free(z);
+    memset(z, 0, sizeof *z);
 }
 
 void dt_zero_set_lr(dt_zero *z, float lr) { z->lr = lr; }
@@ -207,7 +227,11 @@ const dt_zero_bucket *dt_zero_bucket_at(const dt_zero *z, int i) { return i >= 0
 dt_param *const *dt_zero_param_order(const dt_zero *z) { return z->lay.order; }
 float *dt_zero_shard_params(dt_zero *z, int i) { return i >= 0 && i < z->lay.nb ? dt_zero_shard_param_ptr(z, i) : NULL; }
 float *dt_zero_shard_state(dt_zero *z, int i, int k) {
-    return i >= 0 && i < z->lay.nb && k >= 0 && k < 2 ? z->lay.b[i].opt.state[k] : NULL;
+    if (!(i >= 0 && i < z->lay.nb && k >= 0 && k < 2)) return NULL;
+    if (z->lay.b[i].pub.trainable) return z->lay.b[i].opt.state[k];
+    /* frozen: zeros, read-only, allocated on demand (checkpoints) and released after a save */
+    if (!z->zero_state && z->zero_state_n) z->zero_state = dt_calloc(z->zero_state_n * sizeof(float));
+    return z->zero_state;
 }
 int64_t dt_zero_optim_step(const dt_zero *z) { return z->lay.nb ? z->lay.b[0].opt.step : 0; }
 void dt_zero_set_optim_step(dt_zero *z, int64_t step) {
@@ -217,11 +241,12 @@ const dt_optim_cfg *dt_zero_optim_cfg(const dt_zero *z) { return &z->cfg; }
 dt_pg *dt_zero_pg(const dt_zero *z) { return z->pg; }
 
 dt_zero_memory dt_zero_get_memory(const dt_zero *z) {
-    size_t f = sizeof(float), full = z->lay.total * f, shard = z->lay.shard_total * f;
+    size_t f = sizeof(float), full = z->lay.total * f, shard = z->lay.shard_total * f, stateful = 0;
+    for (int i = 0; i < z->lay.nb; i++) stateful += z->lay.b[i].pub.trainable ? z->lay.b[i].pub.shard : 0;
     dt_zero_memory r = {
         .param_bytes = z->stage == 3 ? shard : full,
         .grad_bytes = z->stage == 1 ? full : shard,
-        .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * shard,
+        .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * stateful * f + (z->zero_state ? z->zero_state_n * f : 0),
         .grad_window_peak = z->pool.grad_peak * f,
         .param_window_peak = z->pool.param_peak * f,
     };

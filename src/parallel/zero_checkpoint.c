@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dtrain/zero.h"
-#include "parallel_internal.h"   /* dt_par_agree */
+#include "zero_internal.h"   /* dt_par_agree, dt_zero_read_owned_states */
 
 #define ZC_TAG 7301   /* consolidated save: shard transfers to rank 0 */
 
@@ -125,7 +125,7 @@ static void owned_pieces(const zc *c, int k, const unsigned char *skip, dt_ckpt_
         for (int q = b->first_param; q < b->first_param + b->n_params; q++) {
             size_t a, e;
             const dt_param *p = order[q];
-            if (*n < cap && !(skip && skip[p->index]) && intersect(c, p, b->own_begin, b->shard, &a, &e))
+            if (buf && *n < cap && !(skip && skip[p->index]) && intersect(c, p, b->own_begin, b->shard, &a, &e))
                 pc[(*n)++] = (dt_ckpt_piece){tensor_name(c, k, p), a, e - a,
                                              buf + (c->m->offsets[p->index] + a - b->own_begin)};
         }
@@ -290,6 +290,8 @@ dt_status dt_zero_save(dt_zero *z, dt_run *r, const char *path, dt_zero_ckpt_for
     s = dt_par_agree(c.pg, s != DT_OK ? s : si, path);
     if (s == DT_OK) s = fmt == DT_ZERO_CKPT_CONSOLIDATED ? save_consolidated(&c, path) : save_sharded(&c, path);
     zc_free(&c);
+    dt_free(z->zero_state);   /* frozen shards' zeros: only while writing */
+    z->zero_state = NULL;
     return s;
 }
 
@@ -297,22 +299,43 @@ dt_status dt_zero_save(dt_zero *z, dt_run *r, const char *path, dt_zero_ckpt_for
 
 static const char *ckpt_get(const void *src, const char *key) { return dt_ckpt_get_meta(src, key); }
 
-/* Owned ranges of values (k < 0) or state k, padding zeroed. */
-static dt_status read_owned(const zc *c, const dt_ckpt *ck, int k) {
+/* Owned ranges of values (k < 0) or state k, padding zeroed, each
+ * parameter's range filled by read (from a checkpoint, or from memory:
+ * zero_refresh.c). A frozen bucket has no state: skipped. */
+static dt_status read_owned_by(const zc *c, int k, dt_zero_range_reader read, void *user) {
     dt_param *const *order = dt_zero_param_order(c->z);
     for (int j = 0; j < c->nb; j++) {
         const dt_zero_bucket *b = bucket(c, j);
+        if (k >= 0 && !b->trainable) continue;
         float *buf = shard_buf(c, b->index, k);
         if (!buf) return DT_ERR(DT_ESTATE, "zero checkpoint: no shard buffer for bucket %d", b->index);
         memset(buf, 0, b->shard * sizeof *buf);
         for (int q = b->first_param; q < b->first_param + b->n_params; q++) {
             size_t a, e;
             if (intersect(c, order[q], b->own_begin, b->shard, &a, &e))
-                DT_TRY(dt_ckpt_read(ck, tensor_name(c, k, order[q]), a, e - a,
-                                    buf + (c->m->offsets[order[q]->index] + a - b->own_begin)));
+                DT_TRY(read(user, k, order[q], tensor_name(c, k, order[q]), a, e - a,
+                            buf + (c->m->offsets[order[q]->index] + a - b->own_begin)));
         }
     }
     return DT_OK;
+}
+
+static dt_status ckpt_range(void *user, int k, const dt_param *p, const char *name, size_t start, size_t n, float *dst) {
+    (void)k; (void)p;
+    return dt_ckpt_read(user, name, start, n, dst);
+}
+
+static dt_status read_owned(const zc *c, const dt_ckpt *ck, int k) {
+    return read_owned_by(c, k, ckpt_range, (void *)ck);
+}
+
+dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reader read, void *user) {
+    zc c;
+    dt_run r = {.model = m};
+    dt_status s = zc_init(&c, z, &r);
+    for (int k = 0; k < c.ns && s == DT_OK; k++) s = read_owned_by(&c, k, read, user);
+    zc_free(&c);
+    return s;
 }
 
 static dt_status load_local(const zc *c, const dt_ckpt *ck) {

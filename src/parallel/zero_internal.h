@@ -114,6 +114,10 @@ struct dt_zero {
     float *buf_scratch;      /* packed model buffers for their broadcast */
     dt_zero_stats stats;
     dt_trace *trace;         /* optional: shard steps as compute events */
+    float *zero_state;       /* zeros read as the optimizer state of a frozen bucket's shard
+                                (zero_state_n floats: the longest such shard), or NULL: made by
+                                dt_zero_shard_state when a checkpoint asks, freed after a save */
+    size_t zero_state_n;
 };
 
 /* Owned shards of bucket i: where they live depends on the stage. */
@@ -133,6 +137,11 @@ float *dt_zero_pool_get(dt_zero *z, size_t numel);
 void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel);
 
 /* zero.c */
+/* Create / free without the struct itself: init fills a zeroed z (on failure
+ * call dt_zero_fini), fini releases everything and zeroes z. Collective like
+ * dt_zero_create / dt_zero_free (zero_refresh.c re-partitions in place). */
+dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const dt_zero_opts *o);
+void dt_zero_fini(dt_zero *z);
 dt_status dt_zero_bcast_buffers(dt_zero *z);   /* rank 0's model buffers, if enabled */
 /* The graph tick's work, for callers that run their own tapes. */
 void dt_zero_tick(dt_zero *z);
@@ -148,6 +157,14 @@ double dt_zero_owned_sumsq(dt_zero *z, const unsigned char *skip);
 /* dt_zero_step with the caller's clip scale (the caller computed the norm);
  * the options' clip must be 0. */
 dt_status dt_zero_step_scaled(dt_zero *z, float scale);
+
+/* zero_checkpoint.c: fill this rank's owned ranges of every optimizer state
+ * by parameter and element range (the loader's path, without a file): read
+ * gets state k of p, elements [start, start + n), name "optim.<state>.<p>".
+ * Frozen buckets (no state) are skipped, padding is zeroed. */
+typedef dt_status (*dt_zero_range_reader)(void *user, int k, const dt_param *p, const char *name, size_t start,
+                                          size_t n, float *dst);
+dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reader read, void *user);
 
 /* zero_reduce.c: gradients during backward. */
 dt_status dt_zero_grad_alloc(dt_param *p, void *user);       /* stages 2/3: on_grad_alloc */

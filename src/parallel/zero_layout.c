@@ -14,7 +14,7 @@ dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_by
     int n = m->n_params;
     dt_bucket_rule rule = {first_cap_bytes, cap_bytes, (size_t)z->world * ZERO_ALIGN};
     dt_param_plan plan;
-    DT_TRY(dt_par_plan_params(m, &rule, 0, &plan));
+    DT_TRY(dt_par_plan_params(m, &rule, DT_PLAN_FROZEN_APART, NULL, &plan));   /* frozen: no optimizer state */
     L->order = malloc((size_t)(n ? n : 1) * sizeof *L->order);
     L->param_bucket = malloc((size_t)(n ? n : 1) * sizeof *L->param_bucket);
     L->b = calloc((size_t)n + 1, sizeof *L->b);
@@ -41,6 +41,7 @@ dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_by
         b->numel = plan.cuts[i].numel;
         b->first_param = plan.cuts[i].first;
         b->n_params = plan.cuts[i].n;
+        b->trainable = !plan.cuts[i].cls;   /* frozen parameters are bucketed apart (class 1) */
         b->shard = b->numel / (size_t)z->world;
         b->own_begin = b->begin + (size_t)z->rank * b->shard;
         b->shard_offset = shard_off;

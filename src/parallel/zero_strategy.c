@@ -59,6 +59,10 @@ static dt_status s_agree(void *self, dt_agree *a) {
     dt_agree_add(a, "--save-format", "%s", s->fmt == DT_ZERO_CKPT_CONSOLIDATED ? "consolidated" : "sharded");
     return dt_pg_agree(s->pg, a);
 }
+static dt_status s_refresh(void *self, dt_run *r) {
+    (void)r;
+    return dt_zero_refresh_trainable(((zero_strat *)self)->z);
+}
 static void s_destroy(void *self) {
     zero_strat *s = self;
     dt_pg_set_trace(s->pg, NULL);
@@ -81,6 +85,6 @@ dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format
                          .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
                          .destroy = s_destroy, .owns_optimizer = 1, .step = s_step, .save = s_save,
                          .load = s_load, .sync_params = s_sync, .save_is_dir = fmt != DT_ZERO_CKPT_CONSOLIDATED,
-                         .agree = s_agree};
+                         .agree = s_agree, .refresh_trainable = s_refresh};
     return DT_OK;
 }

@@ -1,7 +1,8 @@
 /* Bucket cutting shared by DDP and ZeRO (dt_bucket_plan). Every expected
  * value is worked out by hand from the rule in parallel_internal.h: a new
  * bucket opens when the open one is non-empty and the next item would take
- * it over its cap (first cap while the open bucket is bucket 0), sizes are
+ * it over its cap (first cap while the open bucket is bucket 0) or has
+ * another class, sizes are
  * spans in floats (4 bytes), and pad > 0 packs buckets back to back, each
  * rounded up to a multiple of pad (at least pad). */
 #include <stdarg.h>
@@ -40,7 +41,7 @@ static void check(const dt_bucket_rule *r, const dt_bucket_item *it, int n, cons
 static void test_first_cap_and_oversized(void **st) {
     (void)st;
     dt_bucket_rule r = {16, 32, 0};
-    dt_bucket_item it[] = {{3, 0, 0}, {2, 3, 0}, {4, 5, 0}, {4, 9, 0}, {1, 13, 0}, {10, 14, 0}, {2, 24, 0}};
+    dt_bucket_item it[] = {{3, 0, 0, 0}, {2, 3, 0, 0}, {4, 5, 0, 0}, {4, 9, 0, 0}, {1, 13, 0, 0}, {10, 14, 0, 0}, {2, 24, 0, 0}};
     want_cut w[] = {{0, 1, 0, 3, 3}, {1, 2, 3, 6, 6}, {3, 2, 9, 5, 5}, {5, 1, 14, 10, 10}, {6, 1, 24, 2, 2}};
     int of[] = {0, 1, 1, 2, 2, 3, 4};
     size_t pos[] = {0, 3, 5, 9, 13, 14, 24};
@@ -52,7 +53,7 @@ static void test_first_cap_and_oversized(void **st) {
 static void test_large_first_cap_and_exact_fit(void **st) {
     (void)st;
     dt_bucket_rule r = {40, 8, 0};
-    dt_bucket_item it[] = {{4, 0, 0}, {4, 4, 0}, {4, 8, 0}, {1, 12, 0}, {1, 13, 0}, {1, 14, 0}};
+    dt_bucket_item it[] = {{4, 0, 0, 0}, {4, 4, 0, 0}, {4, 8, 0, 0}, {1, 12, 0, 0}, {1, 13, 0, 0}, {1, 14, 0, 0}};
     want_cut w[] = {{0, 2, 0, 8, 8}, {2, 1, 8, 4, 4}, {3, 2, 12, 2, 2}, {5, 1, 14, 1, 1}};
     int of[] = {0, 0, 1, 2, 2, 3};
     check(&r, it, 6, w, 4, of, NULL);
@@ -64,7 +65,7 @@ static void test_large_first_cap_and_exact_fit(void **st) {
 static void test_skipped_items_and_gaps(void **st) {
     (void)st;
     dt_bucket_rule r = {24, 24, 0};
-    dt_bucket_item it[] = {{1, 0, 1}, {2, 1, 0}, {3, 3, 1}, {2, 6, 0}, {2, 8, 0}};
+    dt_bucket_item it[] = {{1, 0, 1, 0}, {2, 1, 0, 0}, {3, 3, 1, 0}, {2, 6, 0, 0}, {2, 8, 0, 0}};
     want_cut w[] = {{1, 2, 1, 7, 7}, {4, 1, 8, 2, 2}};
     int of[] = {-1, 0, -1, 0, 1};
     check(&r, it, 5, w, 2, of, NULL);
@@ -79,7 +80,7 @@ static void test_skipped_items_and_gaps(void **st) {
 static void test_padding_packs_buckets(void **st) {
     (void)st;
     dt_bucket_rule r = {16, 40, 8};
-    dt_bucket_item it[] = {{3, 1000, 0}, {5, 1000, 0}, {2, 1000, 0}, {12, 1000, 0}, {1, 1000, 0}};
+    dt_bucket_item it[] = {{3, 1000, 0, 0}, {5, 1000, 0, 0}, {2, 1000, 0, 0}, {12, 1000, 0, 0}, {1, 1000, 0, 0}};
     want_cut w[] = {{0, 1, 0, 3, 8}, {1, 2, 8, 7, 8}, {3, 1, 16, 12, 16}, {4, 1, 32, 1, 8}};
     int of[] = {0, 1, 1, 2, 3};
     size_t pos[] = {0, 8, 13, 16, 32};
@@ -91,13 +92,13 @@ static void test_padding_packs_buckets(void **st) {
 static void test_empty_items(void **st) {
     (void)st;
     dt_bucket_rule padded = {4, 4, 4}, inplace = {4, 4, 0};
-    dt_bucket_item zeros[] = {{0, 0, 0}, {0, 0, 0}};
+    dt_bucket_item zeros[] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
     want_cut w1[] = {{0, 2, 0, 0, 4}};
     int of2[] = {0, 0};
     check(&padded, zeros, 2, w1, 1, of2, NULL);
     want_cut w0[] = {{0, 2, 0, 0, 0}};
     check(&inplace, zeros, 2, w0, 1, of2, NULL);
-    dt_bucket_item zz2[] = {{0, 0, 0}, {0, 0, 0}, {2, 0, 0}};   /* 2 floats = 8 B > cap 4 B, still joins */
+    dt_bucket_item zz2[] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {2, 0, 0, 0}};   /* 2 floats = 8 B > cap 4 B, still joins */
     want_cut w2[] = {{0, 3, 0, 2, 4}};
     int of3[] = {0, 0, 0};
     size_t pos3[] = {0, 0, 0};
@@ -107,6 +108,27 @@ static void test_empty_items(void **st) {
     assert_int_equal(dt_bucket_plan(&padded, zeros, 0, cuts, of, NULL), 0);
 }
 
+/* Classes never share a bucket (ZeRO: frozen parameters apart, so they get
+ * no optimizer state). Caps 40 B = 10 floats, pad 4. Classes 0 0 1 1 0:
+ *   2 + 3 (class 0)  -> [0, 8)    items at 0, 2
+ *   1 + 1 (class 1)  -> [8, 12)   items at 8, 9: would fit beside, but another class
+ *   2     (class 0)  -> [12, 16)  item at 12 */
+static void test_classes_never_mix(void **st) {
+    (void)st;
+    dt_bucket_rule r = {40, 40, 4};
+    dt_bucket_item it[] = {{2, 0, 0, 0}, {3, 0, 0, 0}, {1, 0, 0, 1}, {1, 0, 0, 1}, {2, 0, 0, 0}};
+    want_cut w[] = {{0, 2, 0, 5, 8}, {2, 2, 8, 2, 4}, {4, 1, 12, 2, 4}};
+    int of[] = {0, 0, 1, 1, 2};
+    size_t pos[] = {0, 2, 8, 9, 12};
+    check(&r, it, 5, w, 3, of, pos);
+    dt_bucket_cut cuts[4];
+    int of2[5];
+    dt_bucket_plan(&r, it, 5, cuts, of2, NULL);
+    assert_int_equal(cuts[0].cls, 0);
+    assert_int_equal(cuts[1].cls, 1);
+    assert_int_equal(cuts[2].cls, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_first_cap_and_oversized),
@@ -114,6 +136,7 @@ int main(void) {
         cmocka_unit_test(test_skipped_items_and_gaps),
         cmocka_unit_test(test_padding_packs_buckets),
         cmocka_unit_test(test_empty_items),
+        cmocka_unit_test(test_classes_never_mix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
