@@ -111,6 +111,11 @@ typedef struct dt_strategy {
      * runs collectives (pipeline: its groups) agrees on "strategy" and its
      * options there first, with the same first fields. */
     dt_status (*agree)(void *self, dt_agree *a);
+    /* Optional: uneven inputs (the trainer's opts.uneven). This rank's data
+     * ran out after its last step: shadow the other ranks' steps (their
+     * collectives, zero gradients) until every rank has called it. Set by
+     * DDP and ZeRO stages 1/2 created with their join option. */
+    dt_status (*join)(void *self, dt_run *run);
 } dt_strategy;
 
 /* An optimizer with state for every element of m's flat layout, one segment

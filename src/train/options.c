@@ -67,5 +67,9 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     for (int k = 0; k < o->n_freeze; k++)
         if (!o->freeze[k] || !o->freeze[k][0]) return DT_ERR(DT_EINVAL, "--freeze: pattern %d is empty", k + 1);
     if (o->init && o->resume) return DT_ERR(DT_EINVAL, "--init and --resume are exclusive (a checkpoint already holds the weights)");
+    if (o->uneven) {   /* each rank's data position is its own: nothing a checkpoint records */
+        const char *bad = o->resume ? "--resume" : o->save_every ? "--save-every" : o->stop_after ? "--stop-after" : NULL;
+        if (bad) return DT_ERR(DT_EINVAL, "--uneven does not combine with %s (ranks stop at different steps)", bad);
+    }
     return DT_OK;
 }
