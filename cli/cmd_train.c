@@ -121,7 +121,13 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--first-bucket-mb", DT_ARG_FLOAT, &f->first_bucket_mb, "MB", "first (last layers') gradient bucket size (default 1)", 0, 0},
         {"--find-unused", DT_ARG_FLAG, &f->dist.ddp.find_unused_params, NULL, "DDP: parameters without gradient are reduced as zeros", 0, 0},
         {"--no-broadcast-buffers", DT_ARG_FLAG, &f->no_bcast, NULL, "DDP: do not broadcast rank 0's buffers before each forward", 0, 0},
-        {"--sync-bn", DT_ARG_FLAG, &f->dist.ddp.sync_bn, NULL, "DDP: SyncBatchNorm (batch statistics over all ranks)", 0, 0},
+        {"--sync-bn", DT_ARG_FLAG, &f->dist.ddp.sync_bn, NULL, "DDP or ZeRO: SyncBatchNorm (batch statistics over all ranks)", 0, 0},
+        {"--uneven", DT_ARG_FLAG, &f->o.uneven, NULL, "--data text from a directory: rank r trains only on the files k with "
+         "k mod ranks = r (name order), so ranks hold different numbers of batches; each makes --epochs passes over its "
+         "own files (at most --steps steps) and a rank whose data runs out joins (DDP, --zero 1 or 2) until all have: "
+         "every rank ends at the largest step count. The loss is averaged over ranks while all train, then it is the "
+         "reporting rank's own; the validation split is shared. Not with --pp, --zero 3, --sync-bn, --resume, "
+         "--save-every, --stop-after; a stop signal after the first rank ran out is not agreed", 0, 0},
         {"--no-overlap", DT_ARG_FLAG, &f->dist.ddp.no_overlap, NULL, "DDP: reduce gradients only after backward", 0, 0},
         {"--deterministic", DT_ARG_FLAG, &f->dist.ddp.deterministic, NULL, "DDP: fixed rank-order summation (bitwise reproducible at any world size)", 0, 0},
         {"--no-shm", DT_ARG_FLAG, &f->no_shm, NULL, "DDP: reduce through MPI collectives even when all ranks share this machine (default without --compress: gradients in MPI shared memory, summed in place)", 0, 0},
@@ -200,6 +206,19 @@ static int bucket_flag(const char *flag, float mb, char *err, int errlen) {
     return -1;
 }
 
+/* --uneven: ranks run different numbers of steps, finished through join */
+static int uneven_flags(cli_flags *f, char *err, int errlen) {
+    int piped = f->dist.pipe.stages != 1 || f->schedule || f->microbatches != INT_MIN || f->dist.pipe.n_split ||
+                f->dist.pipe.max_outstanding || f->dist.pipe.virtual_stages;
+    const char *bad = piped ? "a pipeline (--pp and its flags)"
+                    : f->dist.zero_stage == 3 ? "--zero 3 (its parameter gathers run in module hooks a rank without data does not run)"
+                    : f->dist.ddp.sync_bn ? "--sync-bn (its collectives run inside forward and backward)" : NULL;
+    if (bad) { snprintf(err, (size_t)errlen, "--uneven does not combine with %s", bad); return -1; }
+    f->dist.ddp.join = 1;
+    f->dist.zero.join = 1;
+    return 0;
+}
+
 static int finish_flags(cli_flags *f, char *err, int errlen) {
     dt_train_opts *o = &f->o;
     if (f->model && dt_model_kind_parse(f->model, &o->model.kind)) {
@@ -267,10 +286,12 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         z->prefetch = f->zero_prefetch;
     }
     if (f->dist.zero_stage) {
-        const char *bad = d->compress != DT_DDP_COMPRESS_NONE ? "--compress" : d->sync_bn ? "--sync-bn"
+        const char *bad = d->compress != DT_DDP_COMPRESS_NONE ? "--compress"
                         : d->no_overlap ? "--no-overlap (use --overlap-step off)" : f->no_shm ? "--no-shm" : NULL;
         if (bad) { snprintf(err, (size_t)errlen, "%s is a DDP option and is not supported with --zero", bad); return -1; }
     }
+    z->sync_bn = d->sync_bn;
+    if (f->o.uneven && uneven_flags(f, err, errlen)) return -1;
     if (f->dist.stall_warn < 0 || f->dist.collective_timeout < 0) {
         snprintf(err, (size_t)errlen, "%s must be >= 0 seconds", f->dist.stall_warn < 0 ? "--stall-warn" : "--collective-timeout");
         return -1;

@@ -167,3 +167,10 @@ foreach(np 1 2 4)
   set_tests_properties(test_param_groups_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 900)
 endforeach()
 set_tests_properties(test_param_groups_np1 PROPERTIES LABELS unit)
+
+# --uneven: a text directory split by file over --nproc 2 (ranks hold different
+# numbers of batches); DDP and ZeRO 1/2 train to the end through join, every
+# rank at the same final step; unsupported combinations fail naming the flag.
+add_test(NAME test_uneven_np2
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_uneven.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_uneven_np2 PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)

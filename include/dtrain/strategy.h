@@ -117,6 +117,11 @@ typedef struct dt_strategy {
      * with the same set. DDP re-cuts its buckets, ZeRO its shards (optimizer
      * state carried over by parameter name). NULL: not supported. */
     dt_status (*refresh_trainable)(void *self, dt_run *run);
+    /* Optional: uneven inputs (the trainer's opts.uneven). This rank's data
+     * ran out after its last step: shadow the other ranks' steps (their
+     * collectives, zero gradients) until every rank has called it. Set by
+     * DDP and ZeRO stages 1/2 created with their join option. */
+    dt_status (*join)(void *self, dt_run *run);
 } dt_strategy;
 
 /* An optimizer over m's flat layout, one segment per trainable parameter,

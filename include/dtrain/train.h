@@ -57,6 +57,13 @@ typedef struct dt_train_opts {
     const dt_optim_group *groups;  /* parameter groups (optim.h), applied in order before the
                                       strategy's setup: --no-decay, --lr-scale */
     int n_groups;
+    int uneven;                    /* --uneven (text directories; needs a strategy with join when there
+                                      are several data ranks): data rank r trains on the files k with
+                                      k % ranks == r (name order), for --epochs passes over them (at most
+                                      --steps steps), so ranks run different numbers of steps; a rank
+                                      whose data ran out joins (dt_strategy.join) until every rank has,
+                                      and every rank ends at the same final step (the largest count).
+                                      Exclusive with --resume, --save-every and --stop-after. */
 } dt_train_opts;
 
 void dt_train_opts_default(dt_train_opts *o);
@@ -85,6 +92,11 @@ struct dt_trainer {
     dt_trace *trace;
     size_t model_params;           /* the whole model's, counted before the strategy's setup
                                       (a pipeline stage then holds only its part) */
+    /* opts.uneven (uneven.c): this rank's steps on its own data, the steps every rank runs
+     * (loss averaged and stop requests agreed over ranks only in those), and the rank that
+     * prints progress (0; with uneven the lowest of the ranks running the most steps) */
+    int64_t own_steps, common_steps;
+    int lead_rank;
 };
 
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out);

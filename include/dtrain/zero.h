@@ -76,10 +76,15 @@ typedef struct dt_zero_opts {
                                     first reduce-scatter) which parameters some rank used: the shard
                                     owners step only those (frozen and unused ones keep their values
                                     and optimizer state, as PyTorch with grad None) */
-    int broadcast_buffers;       /* 1 (default): rank 0's buffers to every rank each step */
+    int broadcast_buffers;       /* 1 (default): rank 0's buffers to every rank each step (under join
+                                    the highest rank still active); off with sync_bn */
     int deterministic;           /* rank-order sums for every reduction (any N) */
     float clip;                  /* max global grad norm; 0 = off */
     int prefetch;                /* stage 3: modules gathered ahead (default 2; 0 = none) */
+    int join;                    /* uneven inputs (stages 1/2): agree on activity each step, see
+                                    dt_zero_join; exclusive with sync_bn and with stage 3 */
+    int sync_bn;                 /* 1: BatchNorm statistics all-reduced over the group (SyncBatchNorm,
+                                    as dt_ddp_opts.sync_bn; any stage); buffers are then not broadcast */
 } dt_zero_opts;
 
 typedef struct dt_zero_bucket {
@@ -118,6 +123,22 @@ dt_status dt_zero_finish_backward(dt_zero *z);
  * all-gathers (OFF: and wait for them). *grad_norm (may be NULL) gets the
  * global norm when clipping, else -1. */
 dt_status dt_zero_step(dt_zero *z, double *grad_norm);
+/* Uneven inputs (opts.join, stages 1/2; src/parallel/zero_join.c): a rank
+ * whose data ran out calls this instead of training. Like dt_ddp_join, it
+ * shadows the other ranks' collectives with zero gradients (activity
+ * agreement, buffer broadcasts, the used-parameter sum, every
+ * reduce-scatter, the clip norm) until no rank is active; the average still
+ * divides by the world size (as DDP's join), so results equal DDP + join.
+ * Unlike a joined DDP rank, a joined ZeRO rank still owns its shards: it
+ * steps them with the reduced gradients, at the learning rate the active
+ * ranks set (carried by the agreement), and all-gathers them, or the active
+ * ranks' parameters would never move there. Active ranks must also call it
+ * once their own data runs out. Under join only synchronising micro-steps
+ * communicate (the agreement waits for last step's parameter all-gathers
+ * first), and buffers come from the highest rank still active. On return
+ * every rank holds the same parameters and the buffers of the highest rank
+ * that ran the most steps. */
+dt_status dt_zero_join(dt_zero *z);
 /* Waits for parameter all-gathers in flight; afterwards (stages 1/2) every
  * parameter value in the model is current. Stage 3: frees every gathered
  * bucket except those holding parameters no module owns (then a forward, e.g.

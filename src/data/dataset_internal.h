@@ -8,10 +8,27 @@ dt_status dt_dataset_open_fashion_mnist(const dt_dataset_opts *o, dt_dataset *ou
 dt_status dt_dataset_open_text(const dt_dataset_opts *o, dt_dataset *out);
 dt_status dt_dataset_open_shard(const dt_dataset_opts *o, dt_dataset *out);
 
+/* Where each file of a text directory ends in its token stream: end[k]
+ * (cumulative, non-decreasing) for the k-th file in name order. */
+typedef struct dt_text_files { int64_t *end; int n; } dt_text_files;
+void dt_text_files_free(dt_text_files *f);
+/* dt_text_load of a directory, also returning the file boundaries; a path
+ * that is not a directory fails (nothing to split). */
+dt_status dt_text_load_files(const char *dir, dt_token_dataset *out, dt_text_files *files);
+/* token_part.c: keeps in tr (the training tokens, a prefix of the stream f
+ * describes) the files of part `rank` of `world` (file k -> part k % world).
+ * Fails on every part alike, naming the part, when some part would get
+ * fewer than T + 1 tokens. */
+dt_status dt_tokens_keep_part(dt_token_dataset *tr, const dt_text_files *f, int rank, int world, int T,
+                              const char *path);
+
 /* Token-window datasets (text, shard): reads path (and o->val_path) with
  * load, holds out the last 10% when there is no val_path, and checks there is
- * at least one training window of o->seq + 1 tokens. */
+ * at least one training window of o->seq + 1 tokens. With o->part_world > 1
+ * the training split is cut by file (load_files; NULL: the data cannot be
+ * split, an error naming the flag). */
 typedef dt_status (*dt_token_load_fn)(const char *path, dt_token_dataset *out);
+typedef dt_status (*dt_token_load_files_fn)(const char *path, dt_token_dataset *out, dt_text_files *files);
 dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_load_fn load,
-                                 dt_dataset *out);
+                                 dt_token_load_files_fn load_files, dt_dataset *out);
 #endif

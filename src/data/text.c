@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include "dtrain/data.h"
+#include "dataset_internal.h"
 
 /* Growable uint16 token buffer. */
 typedef struct tokbuf {
@@ -62,8 +62,20 @@ static int cmp_names(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Append every eligible file of dir, in strcmp order of names. */
-static dt_status text_append_dir(tokbuf *b, const char *dir) {
+/* files (may be NULL): room for one more end offset */
+static dt_status files_reserve(dt_text_files *f, int *cap, const char *dir) {
+    if (!f || f->n < *cap) return DT_OK;
+    int nc = *cap ? 2 * *cap : 64;
+    int64_t *e = realloc(f->end, (size_t)nc * sizeof *e);
+    if (!e) return DT_ERR(DT_ENOMEM, "%s: out of memory listing directory", dir);
+    f->end = e;
+    *cap = nc;
+    return DT_OK;
+}
+
+/* Append every eligible file of dir, in strcmp order of names; files (may be
+ * NULL) gets where each one ends in b. */
+static dt_status text_append_dir(tokbuf *b, const char *dir, dt_text_files *files) {
     DIR *d = opendir(dir);
     if (!d) return DT_ERR(DT_EIO, "%s: cannot open directory: %s", dir, strerror(errno));
     char **names = NULL;
@@ -100,9 +112,12 @@ static dt_status text_append_dir(tokbuf *b, const char *dir) {
     closedir(d);
     if (st == DT_OK) {
         if (n > 1) qsort(names, n, sizeof *names, cmp_names);
+        int cap = 0;
         for (size_t i = 0; i < n && st == DT_OK; i++) {
             snprintf(path, sizeof path, "%s/%s", dir, names[i]);
             st = text_append_file(b, path);
+            if (st == DT_OK) st = files_reserve(files, &cap, dir);
+            if (st == DT_OK && files) files->end[files->n++] = b->n;
         }
     }
     for (size_t i = 0; i < n; i++) free(names[i]);
@@ -117,7 +132,7 @@ dt_status dt_text_load(const char *path, dt_token_dataset *out) {
     if (stat(path, &sb) != 0) return DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
     tokbuf b = {0};
     dt_status st;
-    if (S_ISDIR(sb.st_mode)) st = text_append_dir(&b, path);
+    if (S_ISDIR(sb.st_mode)) st = text_append_dir(&b, path, NULL);
     else if (S_ISREG(sb.st_mode)) st = text_append_file(&b, path);
     else st = DT_ERR(DT_EINVAL, "%s: not a regular file or directory", path);
     if (st == DT_OK && b.n == 0)
@@ -130,6 +145,32 @@ dt_status dt_text_load(const char *path, dt_token_dataset *out) {
     out->n_tokens = b.n;
     out->vocab = 256;
     return DT_OK;
+}
+
+dt_status dt_text_load_files(const char *dir, dt_token_dataset *out, dt_text_files *files) {
+    memset(out, 0, sizeof *out);
+    memset(files, 0, sizeof *files);
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return DT_ERR(DT_EIO, "%s: cannot stat: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return DT_ERR(DT_EINVAL, "%s: not a directory (an uneven split gives each rank whole files of a directory)", dir);
+    tokbuf b = {0};
+    dt_status st = text_append_dir(&b, dir, files);
+    if (st == DT_OK && b.n == 0) st = DT_ERR(DT_EFORMAT, "%s: no text data (no eligible files)", dir);
+    if (st != DT_OK) {
+        free(b.v);
+        dt_text_files_free(files);
+        return st;
+    }
+    out->tokens = b.v;
+    out->n_tokens = b.n;
+    out->vocab = 256;
+    return DT_OK;
+}
+
+void dt_text_files_free(dt_text_files *f) {
+    free(f->end);
+    memset(f, 0, sizeof *f);
 }
 
 void dt_token_dataset_free(dt_token_dataset *d) {

@@ -35,6 +35,10 @@ static dt_status s_after_backward(void *self, dt_run *r, int last) {
     ddp_strat *s = self;
     return last ? dt_ddp_finish_backward(s->ddp) : DT_OK;
 }
+static dt_status s_join(void *self, dt_run *r) {
+    (void)r;
+    return dt_ddp_join(((ddp_strat *)self)->ddp);
+}
 static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_allreduce_sum(((ddp_strat *)self)->pg, x, n); }
 static dt_status s_agree(void *self, dt_agree *a) {
     ddp_strat *s = self;
@@ -61,6 +65,7 @@ dt_status dt_ddp_strategy(dt_pg *pg, const dt_ddp_opts *o, dt_strategy *out) {
     *out = (dt_strategy){.name = "ddp", .rank = dt_pg_rank(pg), .world = dt_pg_size(pg), .self = s,
                          .setup = s_setup, .before_forward = s_before_forward,
                          .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
-                         .destroy = s_destroy, .agree = s_agree, .refresh_trainable = s_refresh};
+                         .destroy = s_destroy, .agree = s_agree, .refresh_trainable = s_refresh,
+                         .join = s->opts.join ? s_join : NULL};
     return DT_OK;
 }

@@ -34,6 +34,11 @@ static dt_status validate(const dt_zero_opts *o) {
         return DT_ERR(DT_EINVAL, "zero: gradient clipping needs the global norm before any shard is stepped, "
                       "so it cannot be combined with the interleaved step overlap (use after-backward or off)");
     if (o->prefetch < 0) return DT_ERR(DT_EINVAL, "zero: prefetch must be >= 0 (got %d)", o->prefetch);
+    if (o->join && o->stage == 3)
+        return DT_ERR(DT_EINVAL, "zero: join supports stages 1 and 2 only (stage 3 gathers parameters from "
+                      "module hooks, which a rank without data does not run)");
+    if (o->join && o->sync_bn)
+        return DT_ERR(DT_EINVAL, "zero: join and SyncBatchNorm are exclusive (SyncBN's forward collectives depend on the batch)");
     return DT_OK;
 }
 
@@ -140,6 +145,10 @@ dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *c
     if (s == DT_OK) s = dt_zero_modules_setup(z);
     if (s == DT_OK) s = shard_storage(z);
     if (s != DT_OK) return s;
+    if (opts.sync_bn) {
+        z->bn = (dt_par_bn){.pg = pg, .red_flags = opts.deterministic ? DT_RED_DETERMINISTIC : 0};
+        m->bn_sync = (dt_bn_sync){dt_par_bn_sync, &z->bn};
+    }
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i]->requires_grad) {
             m->params[i]->on_grad_ready = dt_zero_on_grad_ready;
@@ -171,6 +180,8 @@ void dt_zero_fini(dt_zero *z) {
         p->on_grad_alloc = NULL;
         p->on_grad_ready_user = NULL;
     }
+    if (m && m->bn_sync.user == &z->bn) m->bn_sync = (dt_bn_sync){0};
+    dt_par_bn_free(&z->bn);
     dt_zero_modules_free(z);
     for (int i = 0; z->lay.b && i < z->lay.nb; i++) {
         if (z->stage > 1) dt_free(z->lay.b[i].full_grad);
@@ -193,10 +204,12 @@ void dt_zero_fini(dt_zero *z) {
 
 void dt_zero_set_lr(dt_zero *z, float lr) { z->lr = lr; }
 
-/* Rank 0's model buffers (BatchNorm statistics) to every rank, if enabled. */
+/* Rank 0's model buffers (BatchNorm statistics; under join the highest
+ * active rank's) to every rank, if enabled. SyncBatchNorm computes equal
+ * statistics on every rank: nothing to broadcast (as DDP). */
 dt_status dt_zero_bcast_buffers(dt_zero *z) {
-    if (!(z->opts.broadcast_buffers && z->m->n_buffers > 0 && z->world > 1)) return DT_OK;
-    return dt_par_bcast_buffers(z->m, z->pg, &z->buf_scratch, 0);
+    if (!(z->opts.broadcast_buffers && !z->opts.sync_bn && z->m->n_buffers > 0 && z->world > 1)) return DT_OK;
+    return dt_par_bcast_buffers(z->m, z->pg, &z->buf_scratch, z->buf_root);
 }
 
 dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync) {
@@ -206,7 +219,11 @@ dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync) {
     z->rd.tick_err = DT_OK;
     z->rd.unused_checked = z->rd.hold_steps = 0;
     dt_graph_set_tick(g, graph_tick, z);
-    DT_TRY(dt_zero_bcast_buffers(z));
+    /* join: collectives on z->pg only on synchronising micro-steps, which a
+     * joined rank (not knowing K) can shadow (zero_join.c) */
+    int any;
+    if (z->opts.join && sync) DT_TRY(dt_zero_join_agree(z, 1, &any));
+    if (!z->opts.join || sync) DT_TRY(dt_zero_bcast_buffers(z));
     return dt_zero_params_before_forward(z);
 }
 

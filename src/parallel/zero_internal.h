@@ -2,6 +2,7 @@
 #define DT_PARALLEL_ZERO_INTERNAL_H
 #include "dtrain/zero.h"
 #include "parallel_internal.h"
+#include "sync_bn.h"
 
 /* One bucket: its public geometry plus per-step communication state. */
 typedef struct zbucket {
@@ -112,6 +113,9 @@ struct dt_zero {
     zpool pool;
     float lr;                /* dt_zero_set_lr, before each step */
     float *buf_scratch;      /* packed model buffers for their broadcast */
+    int buf_root;            /* whose buffers are broadcast: 0, under join the highest rank
+                                still active (zero_join.c) */
+    dt_par_bn bn;            /* sync_bn: the model's SyncBatchNorm exchange over pg */
     dt_zero_stats stats;
     dt_trace *trace;         /* optional: shard steps as compute events */
     float *zero_state;       /* zeros read as the optimizer state of a frozen bucket's shard
@@ -165,6 +169,12 @@ dt_status dt_zero_step_scaled(dt_zero *z, float scale);
 typedef dt_status (*dt_zero_range_reader)(void *user, int k, const dt_param *p, const char *name, size_t start,
                                           size_t n, float *dst);
 dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reader read, void *user);
+
+/* zero_join.c: join over the group (active or not) on every rank at the
+ * same point: *any = some rank is active; buf_root = the highest active rank
+ * and the LR = its LR. Active ranks first finish last step's parameter
+ * all-gathers (issued by their forward; a joined rank issues them here). */
+dt_status dt_zero_join_agree(dt_zero *z, int active, int *any);
 
 /* zero_reduce.c: gradients during backward. */
 dt_status dt_zero_grad_alloc(dt_param *p, void *user);       /* stages 2/3: on_grad_alloc */

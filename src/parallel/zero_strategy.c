@@ -52,6 +52,10 @@ static dt_status s_sync(void *self, dt_run *r) {
     (void)r;
     return dt_zero_sync_params(((zero_strat *)self)->z);
 }
+static dt_status s_join(void *self, dt_run *r) {
+    (void)r;
+    return dt_zero_join(((zero_strat *)self)->z);
+}
 static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_allreduce_sum(((zero_strat *)self)->pg, x, n); }
 static dt_status s_agree(void *self, dt_agree *a) {
     zero_strat *s = self;
@@ -85,6 +89,7 @@ dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format
                          .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
                          .destroy = s_destroy, .owns_optimizer = 1, .step = s_step, .save = s_save,
                          .load = s_load, .sync_params = s_sync, .save_is_dir = fmt != DT_ZERO_CKPT_CONSOLIDATED,
-                         .agree = s_agree, .refresh_trainable = s_refresh};
+                         .agree = s_agree, .refresh_trainable = s_refresh,
+                         .join = s->opts.join ? s_join : NULL};
     return DT_OK;
 }

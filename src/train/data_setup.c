@@ -9,6 +9,10 @@
 dt_status dt_trainer_load_data(dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
     dt_dataset_opts dopts = {.path = o->data_path, .val_path = o->val_path, .seq = o->seq};
+    if (o->uneven) {   /* this data rank's files only (data.h) */
+        dopts.part_rank = t->strat.data_rank;
+        dopts.part_world = t->strat.data_world;
+    }
     DT_TRY(dt_dataset_open(o->data, &dopts, &t->data));
     const dt_dataset *d = &t->data;
     /* a strategy that schedules micro-batches itself gets all K at once */

@@ -73,8 +73,12 @@ static void describe_run(const dt_trainer *t, dt_agree *a) {
     dt_agree_add(a, "--data", "%s", o->data);
     dt_agree_add(a, "--data-path", "%s", o->data_path ? o->data_path : "(default)");
     dt_agree_add(a, "--val-path", "%s", o->val_path ? o->val_path : "(none)");
-    dt_agree_add(a, "data set size (train, eval samples)", "%lld, %lld", (long long)t->data.size[DT_SPLIT_TRAIN],
-                 (long long)t->data.size[DT_SPLIT_EVAL]);
+    dt_agree_add(a, "--uneven", "%d", o->uneven != 0);
+    if (o->uneven)   /* each rank trains on its own files: only the eval split is shared */
+        dt_agree_add(a, "data set size (eval samples)", "%lld", (long long)t->data.size[DT_SPLIT_EVAL]);
+    else
+        dt_agree_add(a, "data set size (train, eval samples)", "%lld, %lld", (long long)t->data.size[DT_SPLIT_TRAIN],
+                     (long long)t->data.size[DT_SPLIT_EVAL]);
     dt_agree_add(a, "--batch", "%lld", (long long)o->batch);
     dt_agree_add(a, "--seq", "%lld", (long long)o->seq);
     dt_agree_add(a, "--steps", "%lld", (long long)o->steps);

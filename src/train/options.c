@@ -69,5 +69,9 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     if (o->n_groups < 0 || (o->n_groups > 0 && !o->groups))
         return DT_ERR(DT_EINVAL, "parameter groups: %d groups without a table", o->n_groups);
     if (o->init && o->resume) return DT_ERR(DT_EINVAL, "--init and --resume are exclusive (a checkpoint already holds the weights)");
+    if (o->uneven) {   /* each rank's data position is its own: nothing a checkpoint records */
+        const char *bad = o->resume ? "--resume" : o->save_every ? "--save-every" : o->stop_after ? "--stop-after" : NULL;
+        if (bad) return DT_ERR(DT_EINVAL, "--uneven does not combine with %s (ranks stop at different steps)", bad);
+    }
     return DT_OK;
 }

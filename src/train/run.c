@@ -28,11 +28,15 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
     const char *unit = t->data.rate_unit;
     double t_start = now_s(), t_prev = t_start;
     int64_t first = t->step;
-    while (t->step < t->total_steps) {
+    /* uneven: this rank's own steps, then join (uneven.c) */
+    int64_t end = o->uneven ? t->own_steps : t->total_steps;
+    while (t->step < end) {
         double loss;
-        DT_TRY(dt_stop_sync_begin(stop));
+        /* only while every rank runs steps: a joined rank answers no other collective */
+        int every_rank = dt_trainer_all_ranks_step(t, t->step);
+        if (every_rank) DT_TRY(dt_stop_sync_begin(stop));
         DT_TRY(dt_trainer_step(t, &loss));
-        DT_TRY(dt_stop_sync_end(stop, code));
+        if (every_rank) DT_TRY(dt_stop_sync_end(stop, code));
         double tn = now_s(), dt = tn - t_prev;
         t_prev = tn;
         double rate = items_per_step(t) / (dt > 0 ? dt : 1e-9);
@@ -60,6 +64,7 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
             return DT_OK;   /* testing aid: behave as if killed here */
         }
     }
+    if (o->uneven) DT_TRY(dt_trainer_uneven_join(t));
     return DT_OK;
 }
 
@@ -77,7 +82,7 @@ static dt_status stop_early(dt_trainer *t, int code) {
 
 dt_status dt_trainer_run(dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
-    int lead = t->strat.rank == 0 && !o->quiet;
+    int lead = t->strat.rank == t->lead_rank && !o->quiet;
     /* Under mpirun every rank's stdout is a pty even when the user's is not:
      * the --nproc launcher passes the real answer down in DTRAIN_TTY. */
     const char *tty_env = getenv("DTRAIN_TTY");

@@ -47,15 +47,17 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK && o->init) s = dt_model_load_params(t->model, o->init);
     if (s == DT_OK && !(t->graph = dt_graph_create())) s = DT_ENOMEM;
     if (s == DT_OK && !t->strat.owns_optimizer) s = dt_optimizer_init_model(&t->optim, &t->opts.optim, t->model);
+    /* uneven: the data already holds only this rank's files, sampled whole */
     if (s == DT_OK) s = dt_sampler_init(&t->sampler, t->data.size[DT_SPLIT_TRAIN], o->seed, 1,
-                                        t->strat.data_rank, t->strat.data_world, 0);
+                                        o->uneven ? 0 : t->strat.data_rank, o->uneven ? 1 : t->strat.data_world, 0);
     if (s == DT_OK) {
         int64_t per_step = o->batch * o->accum;
         int64_t steps_per_epoch = t->sampler.per_rank / per_step;
-        if (steps_per_epoch < 1 && o->steps == 0)
+        if (o->uneven) s = dt_trainer_uneven_steps(t, steps_per_epoch);   /* collective: sets total_steps */
+        else if (steps_per_epoch < 1 && o->steps == 0)
             s = DT_ERR(DT_EINVAL, "an epoch (%lld samples per rank) is smaller than one step (%lld)",
                        (long long)t->sampler.per_rank, (long long)per_step);
-        t->total_steps = o->steps ? o->steps : steps_per_epoch * o->epochs;
+        if (!o->uneven) t->total_steps = o->steps ? o->steps : steps_per_epoch * o->epochs;
         t->sched = (dt_lr_schedule){o->optim.lr, o->min_lr, o->warmup, o->min_lr < o->optim.lr ? t->total_steps : 0};
         if (o->min_lr == 0 && o->warmup == 0) t->sched.total = 0;   /* constant LR unless asked */
     }
@@ -132,6 +134,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     dt_model *m = t->model;
     int K = t->opts.accum;
     double loss_sum = 0;
+    int every_rank = dt_trainer_all_ranks_step(t, t->step);   /* else (uneven) the loss stays this rank's */
     double t0 = dt_trace_now_us(t->trace);
     float lr = dt_lr_at(&t->sched, t->step);
     t->run.lr = lr;
@@ -171,7 +174,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     dt_trace_event(t->trace, "optimizer", "compute", 0, o0, dt_trace_now_us(t->trace));
     dt_trace_event(t->trace, "step", "compute", 0, t0, dt_trace_now_us(t->trace));
     double loss = loss_sum / K;
-    if (t->strat.allreduce_sum) {
+    if (t->strat.allreduce_sum && every_rank) {
         DT_TRY(t->strat.allreduce_sum(t->strat.self, &loss, 1));
         loss /= t->strat.data_world;
     }

@@ -25,4 +25,14 @@ void dt_trainer_trace_path(const dt_trainer *t, char *buf, size_t n);
 /* fingerprint.c: the configuration agreement through the strategy (collective;
  * before any other collective of the run). No strategy.agree: DT_OK. */
 dt_status dt_trainer_agree(dt_trainer *t);
+/* uneven.c (opts.uneven). Collective over the strategy: every rank's step
+ * count from its own steps per epoch; sets own_steps, common_steps,
+ * total_steps (the largest count) and lead_rank; fails on every rank alike,
+ * naming the rank, when one would run no step. */
+dt_status dt_trainer_uneven_steps(dt_trainer *t, int64_t steps_per_epoch);
+/* Every rank runs step `step` (0-based): always, unless uneven past common_steps. */
+int dt_trainer_all_ranks_step(const dt_trainer *t, int64_t step);
+/* This rank ran its own steps: join (strategy) until every rank has, then
+ * step = total_steps and one line saying so (unless quiet). */
+dt_status dt_trainer_uneven_join(dt_trainer *t);
 #endif

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# --uneven: a text directory split by file between 2 ranks (--nproc 2), with
+# files of very different sizes, so the ranks hold different numbers of
+# batches. Under DDP, ZeRO 1 and ZeRO 2 the run trains to the end: every rank
+# reports the same final step, which is the largest rank's step count, and
+# each rank's own count is what its files hold (computed here from the file
+# sizes, independently of dtrain); the validation loss is the same under the
+# three strategies (ZeRO + join equals DDP + join). Combinations that cannot
+# join (--zero 3, a pipeline) and data that cannot be split by file fail
+# with a message naming them.
+# usage: test_uneven.sh DTRAIN
+set -uo pipefail
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_recompute_bitwise.sh)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+bin=$1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/txt"
+# rank 0 gets a.txt + c.txt (5000 + 4000 bytes), rank 1 b.txt + d.txt (800 + 3000,
+# d.txt mostly in the held-out last 10%)
+sizes=(5000 800 4000 3000) names=(a b c d)
+for i in 0 1 2 3; do
+    yes "the quick brown fox $i jumps over the lazy dog" | head -c "${sizes[$i]}" > "$tmp/txt/${names[$i]}.txt"
+done
+seq=16 batch=4
+# expected steps per rank: training tokens = the first total - total/10 of the
+# name-ordered stream; rank r's tokens = its files' (k % 2 == r) part of them
+total=0; for s in "${sizes[@]}"; do total=$((total + s)); done
+ntr=$((total - total / 10))
+expect=(0 0); start=0
+for i in 0 1 2 3; do
+    end=$((start + sizes[i])); [ $end -gt $ntr ] && end=$ntr; [ $start -gt $end ] && start=$end
+    r=$((i % 2)); expect[$r]=$((expect[r] + end - start)); start=$((start + sizes[i]))
+done
+for r in 0 1; do expect[$r]=$(( (expect[r] - 1) / seq / batch )); done
+final=${expect[0]}; [ "${expect[1]}" -gt "$final" ] && final=${expect[1]}
+[ "${expect[0]}" -ne "${expect[1]}" ] || { echo "FAIL: test data is not uneven (${expect[*]})"; exit 1; }
+
+base=(train --model gpt2 --layers 1 --embd 32 --heads 2 --max-t 32 --seq $seq --batch $batch --data text
+      --data-path "$tmp/txt" --uneven --threads 1 --eval-batches 4 --nproc 2)
+fail=0
+declare -A val
+for strat in "ddp:" "zero1:--zero 1" "zero2:--zero 2"; do
+    tag=${strat%%:*}
+    # shellcheck disable=SC2206
+    args=(${strat#*:})
+    if ! timeout 300 "$bin" "${base[@]}" "${args[@]}" > "$tmp/$tag.out" 2>&1; then
+        echo "FAIL $tag: run failed:"; tail -5 "$tmp/$tag.out"; fail=1; continue
+    fi
+    ok=1
+    for r in 0 1; do
+        want="dtrain: rank $r: trained ${expect[$r]} steps on its own data, joined for $((final - expect[r])); finished at step $final/$final"
+        if ! grep -qF -- "$want" "$tmp/$tag.out"; then
+            echo "FAIL $tag: no line '$want':"; cat "$tmp/$tag.out"; ok=0
+        fi
+    done
+    val[$tag]=$(grep -o 'validation loss: [0-9.]*' "$tmp/$tag.out")
+    [ -n "${val[$tag]}" ] || { echo "FAIL $tag: no validation loss:"; cat "$tmp/$tag.out"; ok=0; }
+    [ $ok -eq 1 ] && echo "ok $tag: ranks trained ${expect[*]} steps, all finished at step $final" || fail=1
+done
+for tag in zero1 zero2; do
+    if [ -n "${val[$tag]:-}" ] && [ "${val[$tag]}" != "${val[ddp]:-}" ]; then
+        echo "FAIL $tag: ${val[$tag]} differs from ddp's ${val[ddp]:-}"; fail=1
+    fi
+done
+
+check_error() {   # expected message, extra flags...
+    local want=$1; shift
+    if timeout 120 "$bin" "${base[@]}" "$@" > "$tmp/err.out" 2>&1; then
+        echo "FAIL: $* with --uneven was accepted"; fail=1
+    elif ! grep -qF -- "$want" "$tmp/err.out"; then
+        echo "FAIL: $* with --uneven: no '$want' in:"; cat "$tmp/err.out"; fail=1
+    else
+        echo "ok error: $*"
+    fi
+}
+check_error "--uneven does not combine with --zero 3" --zero 3
+check_error "--uneven does not combine with a pipeline" --pp 2
+check_error "not a directory" --data-path "$tmp/txt/a.txt"
+exit $fail
