@@ -31,6 +31,8 @@ void dt_par_describe_zero(const dt_zero_opts *o, dt_agree *a) {
     dt_agree_add(a, "--no-broadcast-buffers", "%d", !o->broadcast_buffers);
     dt_agree_add(a, "--deterministic", "%d", o->deterministic != 0);
     dt_agree_add(a, "--zero-prefetch", "%d", o->prefetch);
+    dt_agree_add(a, "--compress (zero wire)", "%s", dt_dtype_name(o->wire));
+    dt_agree_add(a, "--no-shm", "%d", o->no_shm != 0);
 }
 
 void dt_par_describe_pipe(const dt_pipe_opts *o, dt_agree *a) {

@@ -34,7 +34,7 @@ static dt_status validate(const dt_zero_opts *o) {
         return DT_ERR(DT_EINVAL, "zero: gradient clipping needs the global norm before any shard is stepped, "
                       "so it cannot be combined with the interleaved step overlap (use after-backward or off)");
     if (o->prefetch < 0) return DT_ERR(DT_EINVAL, "zero: prefetch must be >= 0 (got %d)", o->prefetch);
-    return DT_OK;
+    return dt_zero_wire_validate(o);
 }
 
 static dt_status init_optimizers(dt_zero *z) {
@@ -124,6 +124,7 @@ dt_status dt_zero_create(dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const 
     if (s == DT_OK) s = init_optimizers(z);
     if (s == DT_OK) s = dt_zero_modules_setup(z);
     if (s == DT_OK) s = shard_storage(z);
+    if (s == DT_OK) s = dt_zero_wire_setup(z);
     if (s != DT_OK) { dt_zero_free(z); return s; }
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i]->requires_grad) {
@@ -143,6 +144,7 @@ void dt_zero_free(dt_zero *z) {
     dt_zero_drain(z);
     if (z->stage == 3) dt_zero3_release_all(z);
     if (z->lay.b && z->ag_pg) dt_zero_make_whole(z);
+    dt_zero_wire_free(z);
     /* gradients back (zeros) whatever dropped them: stages 2/3 or a failed create */
     if (m && m->param_flat.data && dt_model_alloc_grads(m) != DT_OK) dt_error_clear();
     for (int i = 0; m && i < m->n_params; i++) {
@@ -224,6 +226,7 @@ dt_zero_memory dt_zero_get_memory(const dt_zero *z) {
         .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * shard,
         .grad_window_peak = z->pool.grad_peak * f,
         .param_window_peak = z->pool.param_peak * f,
+        .shm_bytes = z->wire.shm_bytes,
     };
     return r;
 }
