@@ -130,8 +130,8 @@ static int build_table(cli_flags *f, dt_arg *t) {
          "--save-every, --stop-after; a stop signal after the first rank ran out is not agreed", 0, 0},
         {"--no-overlap", DT_ARG_FLAG, &f->dist.ddp.no_overlap, NULL, "DDP: reduce gradients only after backward", 0, 0},
         {"--deterministic", DT_ARG_FLAG, &f->dist.ddp.deterministic, NULL, "DDP: fixed rank-order summation (bitwise reproducible at any world size)", 0, 0},
-        {"--no-shm", DT_ARG_FLAG, &f->no_shm, NULL, "DDP: reduce through MPI collectives even when all ranks share this machine (default without --compress: gradients in MPI shared memory, summed in place)", 0, 0},
-        {"--compress", DT_ARG_STR, &f->compress, "none|bf16|fp16", "DDP: gradient compression on the wire (default none)", 0, 0},
+        {"--no-shm", DT_ARG_FLAG, &f->no_shm, NULL, "DDP, ZeRO: MPI collectives even when all ranks share this machine (default: DDP without --compress keeps gradients in MPI shared memory, ZeRO-1/2 gathers through it)", 0, 0},
+        {"--compress", DT_ARG_STR, &f->compress, "none|bf16|fp16", "DDP: gradient compression on the wire; ZeRO: gradients and gathered parameters on the wire, fp32 master shards (default none)", 0, 0},
         {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
         {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default); with --pp: per stage, 1 or 2", 0, 0},
         {"--overlap-step", DT_ARG_STR, &f->overlap_step, "MODE", "ZeRO: interleaved | after-backward (default) | off: when shards are stepped", 0, 0},
@@ -265,6 +265,8 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     z->find_unused_params = d->find_unused_params;
     z->broadcast_buffers = d->broadcast_buffers;
     z->deterministic = d->deterministic;
+    z->wire = d->compress == DT_DDP_COMPRESS_BF16 ? DT_BF16 : d->compress == DT_DDP_COMPRESS_FP16 ? DT_F16 : DT_F32;
+    z->no_shm = f->no_shm;
     if (f->overlap_step) {
         if (!strcmp(f->overlap_step, "interleaved")) z->overlap_step = DT_ZERO_OVERLAP_INTERLEAVED;
         else if (!strcmp(f->overlap_step, "after-backward")) z->overlap_step = DT_ZERO_OVERLAP_AFTER_BACKWARD;
@@ -286,8 +288,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         z->prefetch = f->zero_prefetch;
     }
     if (f->dist.zero_stage) {
-        const char *bad = d->compress != DT_DDP_COMPRESS_NONE ? "--compress"
-                        : d->no_overlap ? "--no-overlap (use --overlap-step off)" : f->no_shm ? "--no-shm" : NULL;
+        const char *bad = d->no_overlap ? "--no-overlap (use --overlap-step off)" : NULL;
         if (bad) { snprintf(err, (size_t)errlen, "%s is a DDP option and is not supported with --zero", bad); return -1; }
     }
     z->sync_bn = d->sync_bn;

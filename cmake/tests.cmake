@@ -34,7 +34,7 @@ endforeach()
 # in THREAD mode at np 2 and 4 (name suffix _thread_npN).
 set(DT_MPI_THREAD_TESTS test_dist_collectives test_dist_deterministic test_dist_shm test_dist_agree
     test_dist_watchdog test_dist_debug_collectives
-    test_ddp_equivalence test_ddp_hooks test_ddp_join test_ddp_accum test_ddp_buffers)
+    test_ddp_equivalence test_ddp_hooks test_ddp_join test_ddp_accum test_ddp_buffers test_zero_wire)
 file(GLOB DT_MPI_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/test_*.c)
 foreach(src ${DT_MPI_TESTS})
   dt_add_test_exe(${src})
@@ -110,6 +110,12 @@ foreach(np 2 4)
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_faults.sh $<TARGET_FILE:dtrain_cli> ${np})
   set_tests_properties(test_pipeline_faults_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()
+
+# --zero with --compress bf16|fp16 (and --no-shm) trains GPT-2 through the
+# CLI (--nproc 2); a bad --compress value is refused.
+add_test(NAME test_zero_wire_cli
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_zero_wire_cli.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_zero_wire_cli PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
 
 # Ranks started with different settings (MPMD) fail at start-up naming the
 # setting and the ranks (configuration agreement, dist.h section 8).

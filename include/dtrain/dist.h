@@ -142,6 +142,13 @@
  * every rank's buffer. Each rank's buffer is read and written once,
  * instead of the copies into and out of MPI's shared-memory segments
  * (about 3x less time: docs/PERFORMANCE.md, "Collectives").
+ * The same holds for dt_reduce_scatter whose input, and dt_allgather whose
+ * output, lies in such memory (any payload dtype; the same offset on every
+ * rank): rank r sums chunk r straight from every rank's input in rank order
+ * (bitwise the MPI path's result), or copies every rank's chunk straight from
+ * its output. A reduce-scatter's out may lie anywhere (in place at
+ * in + rank * count, or private); an out over a peer's chunk of the input is
+ * written once every peer has read it.
  * It is a collective like any other: issue order, handles and tracing are the
  * same; in POLL mode its work is done when this rank polls the group (tick,
  * poll, or any wait: a wait polls every group with work in flight). Free

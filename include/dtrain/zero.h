@@ -49,6 +49,39 @@
  * Results equal DDP with the same reduction: bitwise for N = 2 and in
  * deterministic mode (rank-order sums), since the optimizer kernels are
  * split-invariant; clipping adds a norm summed in another order (≈1e-7).
+ *
+ * 16-bit wire (opts.wire = DT_BF16 or DT_F16; zero_wire.c). Optimizer state
+ * and the owned shards' parameters (the master values) stay float32; only the
+ * payload of the training step's collectives is 16-bit:
+ *   gradients  each rank rounds its float32 bucket gradient to 16 bits (nearest
+ *              even), the owner sums the N rounded chunks in rank order in
+ *              float32, divides by (float)N, rounds once to 16 bits, and steps
+ *              with that value widened back to float32:
+ *                g = f32(round16((f32(round16(g_0)) + ... + f32(round16(g_N-1))) / N))
+ *              No 1/N pre-scaling, as DDP's compression: the sum is formed in
+ *              float32, so only a single rank's element beyond ±65504 (fp16's
+ *              range) overflows, to ±inf, and the update with it; bf16 has
+ *              float32's range. Values below 2^-24 flush to 0 in fp16.
+ *   parameters after a shard step the owner sends round16(its float32 shard).
+ *              Afterwards every rank holds, for each bucket: its OWN shard
+ *              exactly (float32, never rounded: stages 1/2 step it in place,
+ *              stage 3's gathered copy takes it from the master shard), every
+ *              OTHER rank's shard as f32(round16(owner's value)). Ranks hold
+ *              different full parameters (each exact in its own shard); their
+ *              forwards differ accordingly. Gathers outside a training step
+ *              (after a checkpoint load, stage 3 at free) move float32.
+ * Bytes per collective halve (dt_zero_stats.bytes_reduced / bytes_gathered).
+ * Gradient clipping's norm is over the float32 reduced shards.
+ *
+ * Node-shared memory (opts.no_shm = 0, every rank on one machine, the
+ * windows fit /dev/shm; dist.h section 6): stage 1 keeps its gradients in
+ * node-shared memory (float32 wire: the flat gradient buffer itself, as DDP;
+ * 16-bit: a 16-bit copy of the layout) and stages 1/2 gather parameters
+ * through a node-shared buffer of the layout in the wire dtype, so the
+ * reduce-scatters and all-gathers run without messages, bitwise as through
+ * MPI. Stage 2 gradients and stage 3 are not moved: full-size shared buffers
+ * would cost the memory those stages exist to save. dt_zero_memory.shm_bytes
+ * reports the node-shared bytes per rank.
  */
 #ifndef DTRAIN_ZERO_H
 #define DTRAIN_ZERO_H
@@ -85,6 +118,9 @@ typedef struct dt_zero_opts {
                                     dt_zero_join; exclusive with sync_bn and with stage 3 */
     int sync_bn;                 /* 1: BatchNorm statistics all-reduced over the group (SyncBatchNorm,
                                     as dt_ddp_opts.sync_bn; any stage); buffers are then not broadcast */
+    dt_dtype wire;               /* payload of gradient reduce-scatters and parameter all-gathers:
+                                    DT_F32 (default), DT_BF16 or DT_F16 (16-bit wire, above) */
+    int no_shm;                  /* 1: MPI collectives even when every rank shares this machine */
 } dt_zero_opts;
 
 typedef struct dt_zero_bucket {
@@ -179,6 +215,8 @@ dt_pg *dt_zero_pg(const dt_zero *z);
 typedef struct dt_zero_memory {
     size_t param_bytes, grad_bytes, optim_bytes;
     size_t grad_window_peak, param_window_peak;
+    size_t shm_bytes;            /* node-shared buffers (stage 1 gradients moved there are counted in
+                                    grad_bytes, not here) */
 } dt_zero_memory;
 dt_zero_memory dt_zero_get_memory(const dt_zero *z);
 
@@ -193,6 +231,9 @@ typedef struct dt_zero_stats {
     int64_t backward_gathers;    /* stage 3: bucket all-gathers issued during backward (recompute included) */
     int64_t backward_regathers;  /* of those, of a bucket already gathered earlier in the same backward
                                     (0 when every module's window holds: recompute pins its modules) */
+    size_t bytes_reduced;        /* payload bytes this rank handed to its gradient reduce-scatters
+                                    (bucket length x wire element size each: 2 per element on a 16-bit wire) */
+    size_t bytes_gathered;       /* the same for the training steps' parameter all-gathers */
 } dt_zero_stats;
 dt_zero_stats dt_zero_get_stats(const dt_zero *z);
 

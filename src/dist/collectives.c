@@ -19,6 +19,8 @@ const char *dt__kind_name(dt_opkind k) {
     case DT_OPK_RECV: return "recv";
     case DT_OPK_BARRIER: return "barrier";
     case DT_OPK_ALLREDUCE_SHM: return "allreduce(shm)";
+    case DT_OPK_REDUCE_SCATTER_SHM: return "reduce_scatter(shm)";
+    case DT_OPK_ALLGATHER_SHM: return "allgather(shm)";
     }
     return "?";
 }
@@ -181,12 +183,21 @@ dt_status dt_reduce_scatter(dt_pg *pg, const void *in, void *out, int64_t count,
     DT_TRY(check_op(pg, fn, op));
     DT_TRY(check_buf(pg, fn, "input", in, count));
     DT_TRY(check_buf(pg, fn, "output", out, count));
-    double nb = (double)count * (double)pg->size * (double)dt_dtype_size(dtype);
+    size_t es = dt_dtype_size(dtype), cb = (size_t)count * es, nb = cb * (size_t)pg->size;
+    /* input in node-shared memory (the same offset on every rank, checked):
+     * each rank sums its chunk straight from every rank's input, rank-ordered
+     * like the exchange below, so the same bits. An output over a peer's
+     * chunk of the input is written only once every peer has read it. */
+    size_t shm_off = 0;
+    dt_shm *shm = count > 0 ? dt__shm_find(pg, in, nb, &shm_off) : NULL;
     dt_work *w = NULL;
-    DT_TRY(new_work(pg, DT_OPK_REDUCE_SCATTER, count, dtype, nb, wp, &w));
+    DT_TRY(new_work(pg, shm ? DT_OPK_REDUCE_SCATTER_SHM : DT_OPK_REDUCE_SCATTER, count, dtype, (double)nb, wp, &w));
     w->in = in;
     w->out = out;
     w->avg = (op & ~DT_RED_DETERMINISTIC) == DT_RED_AVG;
+    w->shm = shm;
+    w->shm_off = shm_off;
+    w->shm_out_staged = shm && (const char *)out != (const char *)in + (size_t)pg->rank * cb && overlaps(out, cb, in, nb);
     return issue(w, wp);
 }
 
@@ -201,10 +212,16 @@ dt_status dt_allgather(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
     if (in != mine && overlaps(in, nb, out, nb * (size_t)pg->size))
         return DT_ERR(DT_EINVAL, "%s on %s: input overlaps output (in place needs in == out + rank * count)",
                       fn, pg->name);
+    /* output in node-shared memory (the same offset on every rank, checked):
+     * each rank copies the others' chunks straight from their outputs */
+    size_t shm_off = 0;
+    dt_shm *shm = count > 0 ? dt__shm_find(pg, out, nb * (size_t)pg->size, &shm_off) : NULL;
     dt_work *w = NULL;
-    DT_TRY(new_work(pg, DT_OPK_ALLGATHER, count, dtype, (double)nb * pg->size, wp, &w));
+    DT_TRY(new_work(pg, shm ? DT_OPK_ALLGATHER_SHM : DT_OPK_ALLGATHER, count, dtype, (double)nb * pg->size, wp, &w));
     w->in = (count > 0 && in == mine) ? NULL : in;   /* NULL: in place */
     w->out = out;
+    w->shm = shm;
+    w->shm_off = shm_off;
     return issue(w, wp);
 }
 
@@ -358,6 +375,8 @@ int dt__op_start(dt_work *w) {
         CHECK(MPI_Ibarrier(c, &w->req[0]), w->fn);
         break;
     case DT_OPK_ALLREDUCE_SHM:
+    case DT_OPK_REDUCE_SCATTER_SHM:
+    case DT_OPK_ALLGATHER_SHM:
         return dt__shm_start(w);
     default:
         return dt__det_start(w);
@@ -374,7 +393,7 @@ int dt__op_finish(dt_work *w) {
 
 int dt__op_run(dt_work *w) {
     if (dt__kind_is_det(w->kind)) return dt__det_run(w);
-    if (w->kind == DT_OPK_ALLREDUCE_SHM) return dt__shm_run(w);   /* averages itself */
+    if (dt__kind_is_shm(w->kind)) return dt__shm_run(w);   /* averages itself */
     dt_pg *pg = w->pg;
     MPI_Comm c = pg->comm[0];
     MPI_Datatype t = dt__mpi_type(w->dtype);

@@ -23,7 +23,14 @@ typedef enum dt_opkind {
     DT_OPK_RECV,
     DT_OPK_BARRIER,
     DT_OPK_ALLREDUCE_SHM,   /* in place on node-shared memory: rank-ordered sum of a slice each */
+    DT_OPK_REDUCE_SCATTER_SHM,   /* input in node-shared memory: rank r sums chunk r of every rank's input */
+    DT_OPK_ALLGATHER_SHM,        /* output in node-shared memory: rank r copies every rank's chunk */
 } dt_opkind;
+
+/* The operations that run on node-shared memory (shm.c), not through MPI. */
+static inline int dt__kind_is_shm(dt_opkind k) {
+    return k == DT_OPK_ALLREDUCE_SHM || k == DT_OPK_REDUCE_SCATTER_SHM || k == DT_OPK_ALLGATHER_SHM;
+}
 
 typedef struct dt_shm dt_shm;
 typedef struct dt_wd dt_wd;
@@ -59,11 +66,14 @@ struct dt_work {
     double t_begin_us;
     char name[48];              /* "allreduce 1.0MiB" */
     int internal;               /* blocking call: waited by the library itself */
-    /* DT_OPK_ALLREDUCE_SHM */
+    /* DT_OPK_*_SHM */
     dt_shm *shm;
     uint64_t shm_seq;           /* this op's number on shm (0, 1, ...) */
-    size_t shm_off;             /* element offset of out in every rank's segment */
+    size_t shm_off;             /* byte offset in every rank's segment of the shared buffer: out
+                                   (allreduce, allgather) or in (reduce-scatter) */
     int shm_reduced;            /* this rank's slice is summed and published */
+    int shm_out_staged;         /* reduce-scatter whose out overlaps a peer's chunk of this rank's
+                                   input: summed into w->stage, copied to out on completion */
     uint64_t coll_idx;          /* collectives (not p2p) issued on pg before this one */
 };
 
@@ -132,6 +142,10 @@ MPI_Op dt__mpi_sum(dt_dtype t);
  * float32; then / (float)avg_div if avg_div > 0; rounded once for 16-bit. */
 void dt__sum_ranks(void *out, const void *src, int64_t n, int64_t stride, int nranks, dt_dtype t,
                    int avg_div);
+/* The same sum with rank r's elements at src[r] (node-shared segments):
+ * bitwise dt__sum_ranks. out may be one of src[] (the element is read by
+ * every rank's term before it is written). */
+void dt__sum_ptrs(void *out, const void *const *src, int64_t n, int nranks, dt_dtype t, int avg_div);
 void dt__scale_div(void *buf, int64_t n, dt_dtype t, int div);   /* x / (float)div */
 
 /* ---- pg.c ---- */
@@ -156,12 +170,13 @@ int dt__req_reserve(dt_work *w, int n);   /* ensure req capacity; -1 (w->msg set
 int dt__kind_is_det(dt_opkind k);
 const char *dt__kind_name(dt_opkind k);
 
-/* ---- shm.c: allreduce on node-shared memory (see dt_pg_alloc_shared) ----
+/* ---- shm.c: collectives on node-shared memory (see dt_pg_alloc_shared) ----
  * find: the allocation of pg holding [p, p + bytes) (and p's offset), or NULL.
- * start: publish this rank's contribution (op number, offset, count).
+ * start: publish this rank's contribution (op number, kind, dtype, offset,
+ * count; an allgather first copies its input into its own output chunk).
  * advance: 0 nothing changed, 1 progressed, 2 complete, -1 failed (w->msg).
  * run: start and advance until complete (blocking). free_all: dt_pg_free. */
-dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes, size_t *off);   /* *off: elements */
+dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes, size_t *off);   /* *off: bytes */
 int dt__shm_start(dt_work *w);
 int dt__shm_advance(dt_work *w);
 int dt__shm_run(dt_work *w);

@@ -95,3 +95,34 @@ void dt__scale_div(void *buf, int64_t n, dt_dtype t, int div) {
     uint16_t *o = buf;
     for (int64_t i = 0; i < n; i++) o[i] = f2h(h2f(o[i], t) / d, t);
 }
+
+/* Same arithmetic as dt__sum_ranks, element by element (so the same bits),
+ * blocked through a float32 accumulator: every source element of a block is
+ * read before out's block is written, so out may alias one source. */
+void dt__sum_ptrs(void *out, const void *const *src, int64_t n, int nranks, dt_dtype t, int avg_div) {
+    if (n <= 0 || nranks <= 0) return;
+    enum { B = 512 };
+    float acc[B];
+    const float d = (float)avg_div;
+    const int es = t == DT_F32 ? 4 : 2;
+    for (int64_t i0 = 0; i0 < n; i0 += B) {
+        int64_t m = n - i0 < B ? n - i0 : B;
+        for (int r = 0; r < nranks; r++) {
+            const char *x = (const char *)src[r] + (size_t)i0 * (size_t)es;
+            if (t == DT_F32) {
+                const float *f = (const float *)x;
+                if (r == 0) for (int64_t j = 0; j < m; j++) acc[j] = f[j];
+                else for (int64_t j = 0; j < m; j++) acc[j] += f[j];
+            } else {
+                const uint16_t *h = (const uint16_t *)x;
+                if (r == 0) for (int64_t j = 0; j < m; j++) acc[j] = h2f(h[j], t);
+                else for (int64_t j = 0; j < m; j++) acc[j] += h2f(h[j], t);
+            }
+        }
+        if (avg_div > 0)
+            for (int64_t j = 0; j < m; j++) acc[j] = acc[j] / d;
+        char *o = (char *)out + (size_t)i0 * (size_t)es;
+        if (t == DT_F32) memcpy(o, acc, (size_t)m * sizeof(float));
+        else for (int64_t j = 0; j < m; j++) ((uint16_t *)o)[j] = f2h(acc[j], t);
+    }
+}

@@ -100,7 +100,7 @@ static int finish_phase(dt_work *w) { return dt__op_finish(w); }
 /* Test w's live requests; on completion run local work and start the next
  * phase if the ordering invariant allows. Returns 1 if anything changed. */
 static int advance(dt_work *w, const int *pending) {
-    if (w->kind == DT_OPK_ALLREDUCE_SHM) {   /* no MPI requests: shared-memory counters */
+    if (dt__kind_is_shm(w->kind)) {   /* no MPI requests: shared-memory counters */
         int r = dt__shm_advance(w);
         if (r == 2 || r < 0) { complete(w); return 1; }
         return r;

@@ -1,24 +1,37 @@
-/* Node-shared memory and the allreduce that runs on it.
+/* Node-shared memory and the collectives that run on it.
  *
  * When every rank of a group runs on one machine, dt_pg_alloc_shared puts each
  * rank's buffer in one MPI shared-memory window (MPI_Win_allocate_shared over
  * the group's communicator): every rank can load and store every other
- * rank's buffer. An in-place F32 dt_allreduce on such a buffer then sends no
- * message: rank r sums slice r of the range over all ranks in rank order and
- * stores the result into every rank's buffer. Per rank that reads S bytes and
- * writes S bytes, where MPI's shared-memory transport also copies every byte
- * into and out of its own segments (bench/bench_comm shm).
+ * rank's buffer. Collectives on such buffers then send no message:
+ *  - allreduce (F32, in place on a shared range): rank r sums slice r of the
+ *    range over all ranks in rank order and stores the result into every
+ *    rank's buffer. Per rank that reads S bytes and writes S bytes, where
+ *    MPI's shared-memory transport also copies every byte into and out of
+ *    its own segments (bench/bench_comm shm).
+ *  - reduce-scatter (any payload dtype, input a shared range): rank r sums
+ *    chunk r of every rank's input in rank order into its output (dt__sum_ptrs:
+ *    bitwise the MPI path's dt__sum_ranks), which may lie anywhere, e.g.
+ *    in place at in + r * count.
+ *  - allgather (any payload dtype, output a shared range): rank r's input
+ *    is first copied into chunk r of its own output (unless in place), then
+ *    rank r copies chunk q of rank q's output into its own, for every q.
+ * A rank writes only its own segment, and only where no peer reads during
+ * the operation (its own chunk for reduce-scatter, the others' chunks for
+ * allgather).
  *
  * Each rank's segment starts with a control block (C11 atomics; MPI only
  * allocates the memory). Operations on one allocation are numbered 0, 1, ...
  * in issue order, the same on every rank:
  *   ready         ops this rank has published: its data for them is final
- *   done          ops whose slice this rank has summed and stored everywhere
- *   desc[k%RING]  op k's offset, count and AVG flag, checked by every peer
+ *   done          ops whose work this rank has done (slice summed, chunks read)
+ *   desc[k%RING]  op k's kind, dtype, byte offset, count and AVG flag, checked
+ *                 by every peer
  * Op k: publish (desc, then ready = k+1, release); once every rank's
- * ready >= k+1 (acquire) sum the own slice, then done = k+1; the op completes
- * once every rank's done >= k+1. A rank sums slices in op order, so both are
- * counts. Until an op completes, its range belongs to it on every rank.
+ * ready >= k+1 (acquire) do the own work, then done = k+1; the op completes
+ * once every rank's done >= k+1 (no peer reads this rank's data any more). A
+ * rank works on ops in op order, so both are counts. Until an op completes,
+ * its ranges belong to it on every rank.
  * A rank publishes op k only once every rank's done >= k+1-RING: the
  * descriptor slot it reuses has been read by all.
  */
@@ -37,8 +50,9 @@ _Static_assert(ATOMIC_LONG_LOCK_FREE == 2, "node-shared counters need lock-free 
 
 typedef struct shm_desc {
     _Atomic uint64_t seq1;   /* op number + 1, stored last */
-    uint64_t off, count;
+    uint64_t off, count;     /* bytes into the segment; elements (per chunk: reduce-scatter, allgather) */
     uint64_t avg;
+    uint64_t kind, dtype;    /* dt_opkind, dt_dtype */
 } shm_desc;
 
 typedef struct shm_ctl {
@@ -55,6 +69,7 @@ struct dt_shm {
     int size, rank;
     shm_ctl **ctl;       /* [size] */
     float **data;        /* [size] */
+    const void **src;    /* [size] scratch: a reduce-scatter's source chunks */
     uint64_t issued;     /* ops this rank published */
     uint64_t reduced;    /* ops whose slice this rank summed */
     int failed;          /* an op failed (every rank sees it): later ones fail too */
@@ -64,6 +79,7 @@ static void shm_struct_free(dt_shm *s) {
     if (!s) return;
     free(s->ctl);
     free(s->data);
+    free(s->src);
     free(s);
 }
 
@@ -100,8 +116,9 @@ dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
     if (s) {
         s->ctl = calloc((size_t)pg->size, sizeof *s->ctl);
         s->data = calloc((size_t)pg->size, sizeof *s->data);
+        s->src = calloc((size_t)pg->size, sizeof *s->src);
     }
-    int ok = s && s->ctl && s->data;
+    int ok = s && s->ctl && s->data && s->src;
     MPI_Comm c = pg->comm[0], node;
     int rc = MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
     if (rc != MPI_SUCCESS) { shm_struct_free(s); return dt__mpi_err(rc, "dt_pg_alloc_shared: MPI_Comm_split_type"); }
@@ -206,7 +223,7 @@ dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes, size_t *off) {
     for (dt_shm *s = pg->shm; s; s = s->next) {
         const char *b = (const char *)s->data[s->rank], *e = b + s->count * sizeof(float);
         if ((const char *)p >= b && (const char *)p + bytes <= e) {
-            *off = (size_t)((const char *)p - b) / sizeof(float);
+            *off = (size_t)((const char *)p - b);
             return s;
         }
     }
@@ -223,6 +240,9 @@ static int all_at_least(const dt_shm *s, int done, uint64_t v) {
     return 1;
 }
 
+/* Rank q's segment of s, off bytes in. */
+static char *seg(const dt_shm *s, int q, size_t off) { return (char *)s->data[q] + off; }
+
 int dt__shm_start(dt_work *w) {
     dt_shm *s = w->shm;
     dt_pg *pg = w->pg;
@@ -236,22 +256,34 @@ int dt__shm_start(dt_work *w) {
     }
     w->shm_seq = k;
     w->shm_reduced = 0;
+    /* out of memory: the op is still published and its counters advanced (the
+     * peers must not wait forever), and fails on this rank when it completes */
+    if (w->shm_out_staged && !w->stage)
+        w->stage = dt__pool_get(pg, (size_t)w->count * dt_dtype_size(w->dtype), &w->stage_cap);
+    if (w->kind == DT_OPK_ALLGATHER_SHM && w->in) {   /* not in place: the own chunk first */
+        size_t cb = (size_t)w->count * dt_dtype_size(w->dtype);
+        memcpy(seg(s, s->rank, w->shm_off) + (size_t)s->rank * cb, w->in, cb);
+    }
     shm_desc *d = &s->ctl[s->rank]->desc[k % RING];
     d->off = w->shm_off;
     d->count = (uint64_t)w->count;
     d->avg = (uint64_t)w->avg;
+    d->kind = (uint64_t)w->kind;
+    d->dtype = (uint64_t)w->dtype;
     atomic_store_explicit(&d->seq1, k + 1, memory_order_release);
     atomic_store_explicit(&s->ctl[s->rank]->ready, k + 1, memory_order_release);
     s->issued = k + 1;
     w->nreq = 0;
-    w->fn = "shared-memory allreduce";
+    w->fn = w->kind == DT_OPK_ALLREDUCE_SHM ? "shared-memory allreduce"
+            : w->kind == DT_OPK_REDUCE_SCATTER_SHM ? "shared-memory reduce-scatter" : "shared-memory allgather";
     return MPI_SUCCESS;
 }
 
 /* out[i] = ((x0[i] + x1[i]) + x2[i]) + ... (/ size), stored into every rank's buffer.
  * For a power-of-two size, / size is * (1 / size): the same correctly rounded
  * real, so the same bits, without a division per element. */
-static void sum_slice(dt_shm *s, size_t off, size_t b, size_t e, int avg) {
+static void sum_slice(dt_shm *s, size_t off_bytes, size_t b, size_t e, int avg) {
+    const size_t off = off_bytes / sizeof(float);
     enum { BLK = 1024 };
     float acc[BLK];
     const float div = (float)s->size;
@@ -282,6 +314,27 @@ static void sum_slice(dt_shm *s, size_t off, size_t b, size_t e, int avg) {
     }
 }
 
+/* This rank's part of op w, every rank's data published. */
+static void do_work(dt_shm *s, dt_work *w) {
+    size_t n = (size_t)w->count, N = (size_t)s->size, es = dt_dtype_size(w->dtype);
+    if (w->kind == DT_OPK_REDUCE_SCATTER_SHM) {   /* chunk r of every rank's input, rank order */
+        for (size_t q = 0; q < N; q++) s->src[q] = seg(s, (int)q, w->shm_off) + (size_t)s->rank * n * es;
+        void *dst = w->shm_out_staged ? w->stage : w->out;
+        if (dst) dt__sum_ptrs(dst, s->src, (int64_t)n, s->size, w->dtype, w->avg ? s->size : 0);
+        return;
+    }
+    if (w->kind == DT_OPK_ALLGATHER_SHM) {   /* chunk q of rank q's output into ours */
+        char *mine = seg(s, s->rank, w->shm_off);
+        for (size_t q = 0; q < N; q++)
+            if ((int)q != s->rank) memcpy(mine + q * n * es, seg(s, (int)q, w->shm_off) + q * n * es, n * es);
+        return;
+    }
+    size_t chunk = ((n + N - 1) / N + 15) & ~(size_t)15;   /* 16 floats: whole cache lines if off is aligned */
+    size_t b = (size_t)s->rank * chunk < n ? (size_t)s->rank * chunk : n;
+    size_t e = b + chunk < n ? b + chunk : n;
+    sum_slice(s, w->shm_off, b, e, w->avg);
+}
+
 int dt__shm_advance(dt_work *w) {
     dt_shm *s = w->shm;
     uint64_t k = w->shm_seq;
@@ -295,27 +348,37 @@ int dt__shm_advance(dt_work *w) {
         for (int q = 0; q < s->size; q++) {
             const shm_desc *d = &s->ctl[q]->desc[k % RING];
             uint64_t seq1 = atomic_load_explicit(&((shm_desc *)d)->seq1, memory_order_acquire);
-            if (seq1 != k + 1 || d->off != w->shm_off || d->count != (uint64_t)w->count || d->avg != (uint64_t)w->avg) {
+            if (seq1 != k + 1 || d->off != w->shm_off || d->count != (uint64_t)w->count || d->avg != (uint64_t)w->avg ||
+                d->kind != (uint64_t)w->kind || d->dtype != (uint64_t)w->dtype) {
+                const char *kq = d->kind < 64 ? dt__kind_name((dt_opkind)d->kind) : "?";
                 dt__work_failf(w, DT_ECOMM,
-                               "ranks disagree: rank %d reduces %llu floats at offset %llu (%s), rank %d %lld at %zu "
-                               "(%s); every rank must pass the same range of its shared buffer",
-                               q, (unsigned long long)d->count, (unsigned long long)d->off, d->avg ? "avg" : "sum",
-                               s->rank, (long long)w->count, w->shm_off, w->avg ? "avg" : "sum");
+                               "ranks disagree: rank %d runs %s of %llu %s at byte %llu (%s), rank %d %s of %lld %s "
+                               "at %zu (%s); every rank must pass the same range of its shared buffer",
+                               q, kq, (unsigned long long)d->count, d->dtype < 4 ? dt_dtype_name((dt_dtype)d->dtype) : "?",
+                               (unsigned long long)d->off, d->avg ? "avg" : "sum", s->rank, dt__kind_name(w->kind),
+                               (long long)w->count, dt_dtype_name(w->dtype), w->shm_off, w->avg ? "avg" : "sum");
                 s->failed = 1;
                 return -1;
             }
         }
-        size_t n = (size_t)w->count, N = (size_t)s->size;
-        size_t chunk = ((n + N - 1) / N + 15) & ~(size_t)15;   /* 16 floats: whole cache lines if off is aligned */
-        size_t b = (size_t)s->rank * chunk < n ? (size_t)s->rank * chunk : n;
-        size_t e = b + chunk < n ? b + chunk : n;
-        sum_slice(s, w->shm_off, b, e, w->avg);
+        do_work(s, w);
         atomic_store_explicit(&s->ctl[s->rank]->done, k + 1, memory_order_release);
         s->reduced = k + 1;
         w->shm_reduced = 1;
         changed = 1;
     }
-    return all_at_least(s, 1, k + 1) ? 2 : changed;
+    if (!all_at_least(s, 1, k + 1)) return changed;
+    if (w->shm_out_staged) {   /* no peer reads our input any more: out may be written */
+        if (!w->stage) {
+            dt__work_failf(w, DT_ENOMEM, "out of memory for a %zu-byte staging buffer",
+                           (size_t)w->count * dt_dtype_size(w->dtype));
+            return -1;
+        }
+        memcpy(w->out, w->stage, (size_t)w->count * dt_dtype_size(w->dtype));
+        dt__pool_put(w->pg, w->stage, w->stage_cap);
+        w->stage = NULL;
+    }
+    return 2;
 }
 
 int dt__shm_run(dt_work *w) {

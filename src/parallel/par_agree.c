@@ -33,6 +33,8 @@ void dt_par_describe_zero(const dt_zero_opts *o, dt_agree *a) {
     dt_agree_add(a, "--zero-prefetch", "%d", o->prefetch);
     dt_agree_add(a, "--sync-bn", "%d", o->sync_bn != 0);
     dt_agree_add(a, "zero join", "%d", o->join != 0);
+    dt_agree_add(a, "--compress (zero wire)", "%s", dt_dtype_name(o->wire));
+    dt_agree_add(a, "--no-shm", "%d", o->no_shm != 0);
 }
 
 void dt_par_describe_pipe(const dt_pipe_opts *o, dt_agree *a) {

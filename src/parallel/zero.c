@@ -39,7 +39,7 @@ static dt_status validate(const dt_zero_opts *o) {
                       "module hooks, which a rank without data does not run)");
     if (o->join && o->sync_bn)
         return DT_ERR(DT_EINVAL, "zero: join and SyncBatchNorm are exclusive (SyncBN's forward collectives depend on the batch)");
-    return DT_OK;
+    return dt_zero_wire_validate(o);
 }
 
 static dt_status init_optimizers(dt_zero *z) {
@@ -144,6 +144,7 @@ dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *c
     if (s == DT_OK) s = init_optimizers(z);
     if (s == DT_OK) s = dt_zero_modules_setup(z);
     if (s == DT_OK) s = shard_storage(z);
+    if (s == DT_OK) s = dt_zero_wire_setup(z);
     if (s != DT_OK) return s;
     if (opts.sync_bn) {
         z->bn = (dt_par_bn){.pg = pg, .red_flags = opts.deterministic ? DT_RED_DETERMINISTIC : 0};
@@ -171,6 +172,7 @@ void dt_zero_fini(dt_zero *z) {
     dt_zero_drain(z);
     if (z->stage == 3) dt_zero3_release_all(z);
     if (z->lay.b && z->ag_pg) dt_zero_make_whole(z);
+    dt_zero_wire_free(z);
     /* gradients back (zeros) whatever dropped them: stages 2/3 or a failed create */
     if (m && m->param_flat.data && dt_model_alloc_grads(m) != DT_OK) dt_error_clear();
     for (int i = 0; m && i < m->n_params; i++) {
@@ -266,6 +268,7 @@ dt_zero_memory dt_zero_get_memory(const dt_zero *z) {
         .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * stateful * f + (z->zero_state ? z->zero_state_n * f : 0),
         .grad_window_peak = z->pool.grad_peak * f,
         .param_window_peak = z->pool.param_peak * f,
+        .shm_bytes = z->wire.shm_bytes,
     };
     return r;
 }

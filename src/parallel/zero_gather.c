@@ -15,7 +15,8 @@
  * forward ticks and waits keep the queue moving. Same order on every rank. */
 #define GATHER_WINDOW 2
 
-/* Bucket i's owned shard into its place in the flat parameters of every rank. */
+/* Bucket i's owned shard into its place in the flat parameters of every
+ * rank, exactly (float32: after a checkpoint load). */
 static dt_status allgather_bucket(dt_zero *z, int i, dt_work **w) {
     const dt_zero_bucket *b = &z->lay.b[i].pub;
     return dt_allgather(z->ag_pg, dt_zero_shard_param_ptr(z, i), z->m->param_flat.data + b->begin, (int64_t)b->shard,
@@ -23,9 +24,10 @@ static dt_status allgather_bucket(dt_zero *z, int i, dt_work **w) {
 }
 
 /* On failure the bucket stays queued: the wait that needs it retries and
- * reports the error. */
+ * reports the error. A training step's gather goes over the wire (16-bit or
+ * node-shared: zero_wire.c). */
 static dt_status issue_gather(dt_zero *z, int i) {
-    DT_TRY(allgather_bucket(z, i, &z->lay.b[i].ag));
+    DT_TRY(dt_zero_wire_gather(z, i, z->m->param_flat.data + z->lay.b[i].pub.begin, &z->lay.b[i].ag));
     z->lay.b[i].ag_queued = 0;
     return DT_OK;
 }
@@ -81,6 +83,7 @@ dt_status dt_zero_wait_gather(dt_zero *z, int i) {
     if (!b->ag) return DT_OK;
     dt_status s = dt_work_wait(b->ag);
     b->ag = NULL;
+    dt_zero_wire_gathered(z, i);   /* wire buffer -> float32 parameters */
     forget_live(z, i);
     z->stats.gather_wait_us += dt_par_now_us() - t0;
     if (s == DT_OK) s = dt_zero_pump_gathers(z, INT_MAX);   /* keep the queue moving */

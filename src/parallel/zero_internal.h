@@ -18,7 +18,23 @@ typedef struct zbucket {
     float *full_grad;        /* full-size gradient: grad_flat + begin (stage 1) or a pool buffer */
     float *full_param;       /* stage 3: gathered parameters (pool buffer) or NULL */
     int bwd_gathered;        /* stage 3: all-gathered in this micro-step's backward (incl. recompute) */
+    /* the wire (zero_wire.c): payload buffers of the collectives in flight when the
+     * payload is not the float32 data itself (16-bit wire, or a node-shared buffer) */
+    void *rs_wire;           /* reduce-scatter input, numel wire elements */
+    void *ag_wire;           /* all-gather buffer, numel wire elements */
+    float *ag_dest;          /* where the gathered float32 values go when ag completes */
+    int rs_pooled, ag_pooled;   /* the wire buffer came from the pool (else a shared window) */
 } zbucket;
+
+/* Payload dtype and node-shared windows (zero_wire.c), fixed at create. */
+typedef struct zwire {
+    dt_dtype dt;             /* opts.wire */
+    size_t es;               /* its element size */
+    float *shm_grads;        /* stage 1, float32 wire: the flat gradient buffer, node-shared */
+    void *rs_win;            /* stage 1, 16-bit wire: node-shared reduce-scatter inputs (layout x es) */
+    void *ag_win;            /* stages 1/2: node-shared all-gather buffers (layout x es), on ag_pg */
+    size_t shm_bytes;        /* rs_win + ag_win */
+} zwire;
 
 /* Buckets and owned shards. Written at create (zero_layout.c, shard storage
  * in zero.c), read-only after; b[i].pub.begin + numel <= total. */
@@ -111,6 +127,7 @@ struct dt_zero {
     zgather_queue gq;
     zmodules mods;
     zpool pool;
+    zwire wire;
     float lr;                /* dt_zero_set_lr, before each step */
     float *buf_scratch;      /* packed model buffers for their broadcast */
     int buf_root;            /* whose buffers are broadcast: 0, under join the highest rank
@@ -175,6 +192,22 @@ dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reade
  * and the LR = its LR. Active ranks first finish last step's parameter
  * all-gathers (issued by their forward; a joined rank issues them here). */
 dt_status dt_zero_join_agree(dt_zero *z, int active, int *any);
+
+/* zero_wire.c: what travels. setup (collective, after the shard storage)
+ * allocates the node-shared windows; free (collective) moves the gradients
+ * back and frees them. reduce: bucket i's full gradient reduce-scattered
+ * (average, z->rd.op) towards its owned gradient shard; reduced: after the
+ * handle completed (also on failure), the shard filled, buffers released.
+ * gather: the owned parameter shard all-gathered into dest (numel floats);
+ * gathered: after completion, dest filled (the own chunk is exact float32).
+ * The *_f32 gather is the exact float32 gather used outside training steps. */
+dt_status dt_zero_wire_validate(const dt_zero_opts *o);
+dt_status dt_zero_wire_setup(dt_zero *z);
+void dt_zero_wire_free(dt_zero *z);
+dt_status dt_zero_wire_reduce(dt_zero *z, int i, dt_work **w);
+void dt_zero_wire_reduced(dt_zero *z, int i);
+dt_status dt_zero_wire_gather(dt_zero *z, int i, float *dest, dt_work **w);
+void dt_zero_wire_gathered(dt_zero *z, int i);
 
 /* zero_reduce.c: gradients during backward. */
 dt_status dt_zero_grad_alloc(dt_param *p, void *user);       /* stages 2/3: on_grad_alloc */

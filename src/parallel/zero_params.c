@@ -37,7 +37,7 @@ static dt_status gather(dt_zero *z, int i) {
         z->stats.backward_regathers += b->bwd_gathered;
         b->bwd_gathered = 1;
     }
-    return dt_allgather(z->ag_pg, z->lay.shard_param + b->pub.shard_offset, buf, (int64_t)b->pub.shard, DT_F32, &b->ag);
+    return dt_zero_wire_gather(z, i, buf, &b->ag);
 }
 
 static dt_status release(dt_zero *z, int i) {

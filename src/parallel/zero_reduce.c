@@ -47,11 +47,11 @@ dt_status dt_zero_grad_alloc(dt_param *p, void *user) {
 /* Reduce-scatter (average) every ready bucket whose predecessors have launched. */
 static dt_status launch_ready(dt_zero *z) {
     while (z->rd.next_launch < z->lay.nb && z->lay.b[z->rd.next_launch].ready) {
-        zbucket *b = &z->lay.b[z->rd.next_launch++];
+        int i = z->rd.next_launch++;
+        zbucket *b = &z->lay.b[i];
         if (z->stage > 1) DT_TRY(acquire_grad(z, b));   /* a bucket nobody wrote: zeros */
         b->launched = 1;
-        float *out = z->stage == 1 ? b->full_grad + (size_t)z->rank * b->pub.shard : z->lay.shard_grad + b->pub.shard_offset;
-        DT_TRY(dt_reduce_scatter(z->pg, b->full_grad, out, (int64_t)b->pub.shard, DT_F32, z->rd.op, &b->rs));
+        DT_TRY(dt_zero_wire_reduce(z, i, &b->rs));   /* into the owned gradient shard */
     }
     return DT_OK;
 }
@@ -61,6 +61,7 @@ static dt_status finish_reduce(dt_zero *z, int i) {
     zbucket *b = &z->lay.b[i];
     dt_status s = dt_work_wait(b->rs);
     b->rs = NULL;
+    dt_zero_wire_reduced(z, i);   /* 16-bit wire: the reduced chunk into the float32 shard */
     release_grad(z, b);
     return s;
 }

@@ -1,0 +1,156 @@
+/* ZeRO's wire: what the gradient reduce-scatters and parameter all-gathers
+ * carry (zero.h, "16-bit wire" and "Node-shared memory").
+ *
+ * Payload per bucket b (numel = N x shard elements, layout range
+ * [begin, begin + numel)):
+ *   float32, private memory  the float32 data itself (reduce-scatter from the
+ *                            full gradient into the owned shard; all-gather
+ *                            in place in the flat parameters / a stage-3
+ *                            bucket buffer)
+ *   otherwise                a wire buffer of numel elements of the wire
+ *                            dtype: a region [begin*es, (begin+numel)*es) of a
+ *                            node-shared window, or a pool buffer for the time
+ *                            the collective is in flight
+ * Invariants: the owned shards (gradient after reduction, master parameters)
+ * are float32 and are never written from a 16-bit value except the reduced
+ * gradient itself; a rank's own chunk of a gathered bucket is its float32
+ * master shard, the other chunks are the owners' values through the wire.
+ * Padding is 0 and stays 0 through any rounding. */
+#include <stdint.h>
+#include <string.h>
+#include "zero_internal.h"
+
+dt_status dt_zero_wire_validate(const dt_zero_opts *o) {
+    if (o->wire != DT_F32 && o->wire != DT_BF16 && o->wire != DT_F16)
+        return DT_ERR(DT_EINVAL, "zero: the wire dtype must be f32, bf16 or fp16 (got dtype %d)", (int)o->wire);
+    return DT_OK;
+}
+
+/* floats holding n wire elements (windows and the pool count floats) */
+static size_t wire_floats(const dt_zero *z, size_t n) { return (n * z->wire.es + sizeof(float) - 1) / sizeof(float); }
+
+static char *win_at(void *win, const dt_zero *z, const zbucket *b) {
+    return (char *)win + b->pub.begin * z->wire.es;
+}
+
+dt_status dt_zero_wire_setup(dt_zero *z) {
+    zwire *W = &z->wire;
+    W->dt = z->opts.wire;
+    W->es = dt_dtype_size(W->dt);
+    /* every rank takes the same branches: options are agreed, and
+     * dt_pg_alloc_shared's answer is the group's */
+    if (z->opts.no_shm || z->world < 2 || z->stage > 2 || z->lay.total == 0) return DT_OK;
+    if (z->stage == 1 && W->dt == DT_F32) {   /* the gradients themselves, as DDP */
+        DT_TRY(dt_pg_alloc_shared(z->pg, z->lay.total, &W->shm_grads));
+        if (W->shm_grads) {
+            DT_TRY(dt_model_set_grad_buffer(z->m, W->shm_grads));
+            for (int i = 0; i < z->lay.nb; i++) z->lay.b[i].full_grad = z->m->grad_flat.data + z->lay.b[i].pub.begin;
+        }
+    } else if (z->stage == 1) {
+        float *win = NULL;
+        DT_TRY(dt_pg_alloc_shared(z->pg, wire_floats(z, z->lay.total), &win));
+        W->rs_win = win;
+        if (win) W->shm_bytes += wire_floats(z, z->lay.total) * sizeof(float);
+    }
+    float *win = NULL;
+    DT_TRY(dt_pg_alloc_shared(z->ag_pg, wire_floats(z, z->lay.total), &win));
+    W->ag_win = win;
+    if (win) W->shm_bytes += wire_floats(z, z->lay.total) * sizeof(float);
+    return DT_OK;
+}
+
+void dt_zero_wire_free(dt_zero *z) {
+    zwire *W = &z->wire;
+    if (W->shm_grads) {   /* gradients back into private memory before the window goes */
+        if (z->m->grad_flat.data == W->shm_grads && dt_model_set_grad_buffer(z->m, NULL) != DT_OK) dt_error_clear();
+        for (int i = 0; i < z->lay.nb; i++)
+            z->lay.b[i].full_grad = z->m->grad_flat.data ? z->m->grad_flat.data + z->lay.b[i].pub.begin : NULL;
+        if (dt_pg_free_shared(z->pg, W->shm_grads) != DT_OK) dt_error_clear();
+        W->shm_grads = NULL;
+    }
+    if (W->rs_win && dt_pg_free_shared(z->pg, W->rs_win) != DT_OK) dt_error_clear();
+    if (W->ag_win && z->ag_pg && dt_pg_free_shared(z->ag_pg, W->ag_win) != DT_OK) dt_error_clear();
+    W->rs_win = W->ag_win = NULL;
+}
+
+/* A wire buffer for bucket b: its window region, else one from the pool. */
+static void *wire_buf(dt_zero *z, const zbucket *b, void *win, int *pooled) {
+    *pooled = !win;
+    if (win) return win_at(win, z, b);
+    return dt_zero_pool_get(z, wire_floats(z, b->pub.numel));
+}
+
+static void wire_put(dt_zero *z, const zbucket *b, void *buf, int pooled) {
+    if (buf && pooled) dt_zero_pool_put(z, buf, wire_floats(z, b->pub.numel));
+}
+
+/* ---- gradients ---- */
+
+dt_status dt_zero_wire_reduce(dt_zero *z, int i, dt_work **w) {
+    zbucket *b = &z->lay.b[i];
+    size_t n = b->pub.numel, S = b->pub.shard;
+    float *out = dt_zero_shard_grad_ptr(z, i);   /* stage 1: inside full_grad (its own chunk) */
+    z->stats.bytes_reduced += n * z->wire.es;
+    if (z->wire.dt == DT_F32)   /* shared when full_grad lies in wire.shm_grads */
+        return dt_reduce_scatter(z->pg, b->full_grad, out, (int64_t)S, DT_F32, z->rd.op, w);
+    void *buf = wire_buf(z, b, z->wire.rs_win, &b->rs_pooled);
+    if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory for a %zu-element %s gradient bucket", n, dt_dtype_name(z->wire.dt));
+    dt_convert(buf, z->wire.dt, b->full_grad, DT_F32, n);   /* round to nearest even */
+    b->rs_wire = buf;
+    /* in place: this rank's reduced chunk lands on its own chunk of the input */
+    char *mine = (char *)buf + (size_t)z->rank * S * z->wire.es;
+    dt_status s = dt_reduce_scatter(z->pg, buf, mine, (int64_t)S, z->wire.dt, z->rd.op, w);
+    if (s != DT_OK) {   /* nothing issued: give the buffer back */
+        wire_put(z, b, buf, b->rs_pooled);
+        b->rs_wire = NULL;
+    }
+    return s;
+}
+
+void dt_zero_wire_reduced(dt_zero *z, int i) {
+    zbucket *b = &z->lay.b[i];
+    if (!b->rs_wire) return;
+    size_t S = b->pub.shard;
+    const char *mine = (const char *)b->rs_wire + (size_t)z->rank * S * z->wire.es;
+    dt_convert(dt_zero_shard_grad_ptr(z, i), DT_F32, mine, z->wire.dt, S);   /* exact widening */
+    wire_put(z, b, b->rs_wire, b->rs_pooled);
+    b->rs_wire = NULL;
+}
+
+/* ---- parameters ---- */
+
+dt_status dt_zero_wire_gather(dt_zero *z, int i, float *dest, dt_work **w) {
+    zbucket *b = &z->lay.b[i];
+    size_t n = b->pub.numel, S = b->pub.shard;
+    const float *shard = dt_zero_shard_param_ptr(z, i);
+    float *own = dest + (size_t)z->rank * S;
+    z->stats.bytes_gathered += n * z->wire.es;
+    if (own != shard) memcpy(own, shard, S * sizeof(float));   /* stage 3: the exact master values */
+    if (z->wire.dt == DT_F32 && !z->wire.ag_win)   /* in place in dest */
+        return dt_allgather(z->ag_pg, own, dest, (int64_t)S, DT_F32, w);
+    void *buf = wire_buf(z, b, z->wire.ag_win, &b->ag_pooled);
+    if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory for a %zu-element %s parameter bucket", n, dt_dtype_name(z->wire.dt));
+    char *mine = (char *)buf + (size_t)z->rank * S * z->wire.es;
+    dt_convert(mine, z->wire.dt, shard, DT_F32, S);   /* f32 -> f32 is a copy */
+    b->ag_wire = buf;
+    b->ag_dest = dest;
+    dt_status s = dt_allgather(z->ag_pg, mine, buf, (int64_t)S, z->wire.dt, w);
+    if (s != DT_OK) {   /* nothing issued */
+        wire_put(z, b, buf, b->ag_pooled);
+        b->ag_wire = NULL;
+        b->ag_dest = NULL;
+    }
+    return s;
+}
+
+void dt_zero_wire_gathered(dt_zero *z, int i) {
+    zbucket *b = &z->lay.b[i];
+    if (!b->ag_wire) return;
+    size_t S = b->pub.shard, es = z->wire.es;
+    for (int q = 0; q < z->world; q++)   /* the own chunk stays the exact master copy */
+        if (q != z->rank)
+            dt_convert(b->ag_dest + (size_t)q * S, DT_F32, (const char *)b->ag_wire + (size_t)q * S * es, z->wire.dt, S);
+    wire_put(z, b, b->ag_wire, b->ag_pooled);
+    b->ag_wire = NULL;
+    b->ag_dest = NULL;
+}
