@@ -97,6 +97,8 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--eps", DT_ARG_FLOAT, &o->optim.eps, "E", "AdamW epsilon (default 1e-8)", 0, 0},
         {"--freeze", DT_ARG_STRS, &o->n_freeze, "PATTERN", "freeze the parameters whose names match a glob (repeatable; e.g. 'fc1.*'): "
          "not trained, their values kept exactly; a pattern matching none is an error", f->freeze, 64},
+        {"--unfreeze-at", DT_ARG_I64, &o->unfreeze_at, "STEP", "the --freeze parameters train from this step on, with "
+         "fresh optimizer state (DDP re-cuts buckets, ZeRO re-partitions; default 0: never)", 0, 0},
         {"--no-decay", DT_ARG_STRS, &f->n_no_decay, "PATTERN", "no weight decay for the parameters matching a glob (repeatable; "
          "e.g. '*.bias'). By default matrices decay, vectors (biases, norms) do not", f->no_decay, 64},
         {"--lr-scale", DT_ARG_STRS, &f->n_lr_scale, "PATTERN=F", "multiply the learning rate of the parameters matching a glob "

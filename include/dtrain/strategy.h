@@ -130,6 +130,11 @@ typedef struct dt_strategy {
  * (optim.h): frozen parameters (requires_grad 0 when it is built) have none;
  * find a parameter's with dt_optimizer_state_of. */
 dt_status dt_optimizer_init_model(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_model *m);
+/* After requires_grad changed: the optimizer over the new trainable set.
+ * Parameters trainable before and now keep their state and own step count;
+ * newly trainable ones start from zero state at 0 own steps; newly frozen
+ * ones drop theirs. On failure o is unchanged. */
+dt_status dt_optimizer_refresh_model(dt_optimizer *o, const dt_model *m);
 
 /* ---- checkpoint metadata ----
  * Every checkpoint, whoever writes it, carries: format, model kind, optimizer,

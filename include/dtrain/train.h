@@ -54,6 +54,9 @@ typedef struct dt_train_opts {
                                       matches get requires_grad = 0 before the strategy's setup, so
                                       they keep their values exactly; a pattern matching nothing fails */
     int n_freeze;
+    int64_t unfreeze_at;           /* --unfreeze-at: from this step on the --freeze parameters train
+                                      (the strategy re-partitions, they start with fresh optimizer
+                                      state); 0 = never */
     const dt_optim_group *groups;  /* parameter groups (optim.h), applied in order before the
                                       strategy's setup: --no-decay, --lr-scale */
     int n_groups;
@@ -87,6 +90,7 @@ struct dt_trainer {
     /* progress */
     int64_t step;                  /* completed optimizer steps */
     int64_t total_steps;
+    int unfrozen;                  /* opts.unfreeze_at happened */
     double last_loss;
     dt_jsonl metrics;
     dt_trace *trace;
@@ -109,6 +113,12 @@ void dt_trainer_free(dt_trainer *t);
 dt_status dt_trainer_finish(dt_trainer *t);
 /* One optimizer step; *loss = mean loss over the micro-batches (and ranks). */
 dt_status dt_trainer_step(dt_trainer *t, double *loss);
+/* The caller changed requires_grad on some of the model's parameters between
+ * steps: collective. DDP re-cuts its buckets, ZeRO re-partitions (optimizer
+ * state carried over by name), one process rebuilds its optimizer; every
+ * parameter that stays trainable keeps its state and step count, a newly
+ * trainable one starts fresh. Pipelines refuse it. */
+dt_status dt_trainer_refresh_trainable(dt_trainer *t);
 /* Runs to total_steps with progress output, checkpoints and metrics. */
 dt_status dt_trainer_run(dt_trainer *t);
 /* Checkpoint through the strategy's save() if it has one, else dt_checkpoint_save. */

@@ -256,6 +256,10 @@ int64_t dt_zero_optim_step(const dt_zero *z) { return z->lay.nb ? z->lay.b[0].op
 void dt_zero_set_optim_step(dt_zero *z, int64_t step) {
     for (int i = 0; i < z->lay.nb; i++) z->lay.b[i].opt.step = step;
 }
+int dt_zero_optimizers(dt_zero *z, dt_optimizer **out) {
+    for (int i = 0; i < z->lay.nb; i++) out[i] = &z->lay.b[i].opt;
+    return z->lay.nb;
+}
 const dt_optim_cfg *dt_zero_optim_cfg(const dt_zero *z) { return &z->cfg; }
 dt_pg *dt_zero_pg(const dt_zero *z) { return z->pg; }
 

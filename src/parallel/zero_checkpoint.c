@@ -146,6 +146,17 @@ static dt_status write_my_shard(const zc *c, const char *dir, const char *set) {
     return s;
 }
 
+/* Each parameter's own step count (every bucket optimizer has every one of
+ * its parameters' segments, owned elements or not: the same on every rank). */
+static dt_status meta_steps(const zc *c, dt_ckpt_meta *meta) {
+    dt_optimizer **opts = malloc((size_t)(c->z->lay.nb + 1) * sizeof *opts);
+    if (!opts) return DT_ERR(DT_ENOMEM, "out of memory");
+    int n = dt_zero_optimizers(c->z, opts);
+    dt_status s = dt_checkpoint_meta_steps(meta, c->m, opts, n);
+    free(opts);
+    return s;
+}
+
 static dt_status write_index(const zc *c, const char *dir, const char *set) {
     dt_model *m = c->m;
     int n = (1 + c->ns) * m->n_params + m->n_buffers, k = 0;
@@ -157,7 +168,8 @@ static dt_status write_index(const zc *c, const char *dir, const char *set) {
         for (int i = 0; i < m->n_params; i++) shape_of(&m->params[i]->value, c->sname[s * m->n_params + i], &sh[k++]);
     dt_ckpt_meta meta;
     dt_checkpoint_meta(c->r, zero_name(c->z), dt_zero_optim_step(c->z), &meta);
-    dt_status s = dt_ckpt_write_index(dir, set, c->world, dt_zero_stage(c->z), sh, k, meta.m, meta.n);
+    dt_status s = meta_steps(c, &meta);
+    if (s == DT_OK) s = dt_ckpt_write_index(dir, set, c->world, dt_zero_stage(c->z), sh, k, meta.m, meta.n);
     free(sh);
     return s;
 }
@@ -259,7 +271,8 @@ static dt_status save_consolidated(const zc *c, const char *path) {
             if (bucket(c, j)->shard > max_shard) max_shard = bucket(c, j)->shard;
         dt_ckpt_meta meta;
         dt_checkpoint_meta(c->r, zero_name(c->z), dt_zero_optim_step(c->z), &meta);
-        s0 = consolidated_entries(c, &e, &n);
+        s0 = meta_steps(c, &meta);
+        if (s0 == DT_OK) s0 = consolidated_entries(c, &e, &n);
         if (s0 == DT_OK && !(tmp = malloc(max_shard * sizeof *tmp))) s0 = DT_ERR(DT_ENOMEM, "%s: out of memory", path);
         if (s0 == DT_OK) s0 = dt_st_writer_open(&w, path, e, n, meta.m, meta.n);
         free(e);
@@ -353,7 +366,12 @@ static dt_status load_local(const zc *c, const dt_ckpt *ck) {
     }
     for (int k = -1; k < c->ns; k++) DT_TRY(read_owned(c, ck, k));
     dt_zero_set_optim_step(c->z, ostep);
-    return DT_OK;
+    dt_optimizer **opts = malloc((size_t)(c->z->lay.nb + 1) * sizeof *opts);
+    if (!opts) return DT_ERR(DT_ENOMEM, "out of memory");
+    int n = dt_zero_optimizers(c->z, opts);
+    dt_status s = dt_checkpoint_apply_steps(ckpt_get, ck, dt_ckpt_path(ck), m, opts, n);
+    free(opts);
+    return s;
 }
 
 /* ---- for a caller writing its own set (a pipeline stage) ---- */

@@ -187,6 +187,10 @@ typedef dt_status (*dt_zero_range_reader)(void *user, int k, const dt_param *p, 
                                           size_t n, float *dst);
 dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reader read, void *user);
 
+/* Every bucket's optimizer into out (room for z->lay.nb): the per-parameter
+ * step counts of checkpoints (strategy.h: dt_checkpoint_meta_steps). */
+int dt_zero_optimizers(dt_zero *z, dt_optimizer **out);
+
 /* zero_join.c: join over the group (active or not) on every rank at the
  * same point: *any = some rank is active; buf_root = the highest active rank
  * and the LR = its LR. Active ranks first finish last step's parameter

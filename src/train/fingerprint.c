@@ -69,6 +69,7 @@ static void describe_model(const dt_trainer *t, dt_agree *a) {
 static void describe_run(const dt_trainer *t, dt_agree *a) {
     const dt_train_opts *o = &t->opts;
     const dt_optim_cfg *q = &o->optim;
+    dt_agree_add(a, "--unfreeze-at", "%lld", (long long)o->unfreeze_at);
     dt_agree_add(a, "--recompute", "%s", o->recompute == DT_RECOMPUTE_BLOCKS ? "blocks" : "none");
     dt_agree_add(a, "--data", "%s", o->data);
     dt_agree_add(a, "--data-path", "%s", o->data_path ? o->data_path : "(default)");

@@ -2,7 +2,16 @@
  * configuration agreement (which lists them per parameter) and before any
  * strategy sees the model: --freeze PATTERN (repeatable) and the parameter
  * groups (--no-decay, --lr-scale; optim.h). */
+#include <fnmatch.h>
 #include "trainer_internal.h"
+#include "util/log_internal.h"
+
+static size_t trainable_count(const dt_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i]->requires_grad) n += (size_t)m->params[i]->value.numel;
+    return n;
+}
 
 dt_status dt_trainer_freeze(dt_trainer *t) {
     dt_model *m = t->model;
@@ -11,4 +20,26 @@ dt_status dt_trainer_freeze(dt_trainer *t) {
             return DT_ERR(DT_EINVAL, "--freeze '%s' matches no parameter of model %s (names look like '%s')",
                           t->opts.freeze[k], m->name, m->n_params ? m->params[0]->name : "(none)");
     return dt_optim_apply_groups(m, t->opts.groups, t->opts.n_groups);
+}
+
+/* --unfreeze-at: the --freeze patterns' parameters train from this step on. */
+dt_status dt_trainer_unfreeze(dt_trainer *t) {
+    dt_model *m = t->model;
+    for (int k = 0; k < t->opts.n_freeze; k++)
+        for (int i = 0; i < m->n_params; i++)
+            if (fnmatch(t->opts.freeze[k], m->params[i]->name, 0) == 0) m->params[i]->requires_grad = 1;
+    t->unfrozen = 1;
+    return dt_trainer_refresh_trainable(t);
+}
+
+dt_status dt_trainer_refresh_trainable(dt_trainer *t) {
+    if (t->strat.refresh_trainable) DT_TRY(t->strat.refresh_trainable(t->strat.self, &t->run));
+    else if (t->strat.owns_optimizer || t->strat.world > 1)
+        return DT_ERR(DT_EINVAL, "strategy %s cannot change the trainable parameters during a run (--unfreeze-at, "
+                      "dt_trainer_refresh_trainable): DDP, ZeRO and one process can", t->strat.name);
+    if (!t->strat.owns_optimizer) DT_TRY(dt_optimizer_refresh_model(&t->optim, t->model));
+    if (!t->opts.quiet && t->strat.rank == 0)
+        dt_log(DT_LOG_INFO, "step %lld: trainable parameters refreshed: %zu of %zu train\n", (long long)t->step,
+               trainable_count(t->model), dt_model_num_params(t->model));
+    return DT_OK;
 }

@@ -66,6 +66,8 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     if (o->n_freeze < 0 || (o->n_freeze > 0 && !o->freeze)) return DT_ERR(DT_EINVAL, "--freeze: %d patterns without a list", o->n_freeze);
     for (int k = 0; k < o->n_freeze; k++)
         if (!o->freeze[k] || !o->freeze[k][0]) return DT_ERR(DT_EINVAL, "--freeze: pattern %d is empty", k + 1);
+    if (o->unfreeze_at < 0) return DT_ERR(DT_EINVAL, "--unfreeze-at must be >= 0 (0: never)");
+    if (o->unfreeze_at > 0 && o->n_freeze == 0) return DT_ERR(DT_EINVAL, "--unfreeze-at needs --freeze PATTERN (what to unfreeze)");
     if (o->n_groups < 0 || (o->n_groups > 0 && !o->groups))
         return DT_ERR(DT_EINVAL, "parameter groups: %d groups without a table", o->n_groups);
     if (o->init && o->resume) return DT_ERR(DT_EINVAL, "--init and --resume are exclusive (a checkpoint already holds the weights)");

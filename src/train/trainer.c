@@ -78,6 +78,10 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
                               (long long)t->step, o->resume)
                      : DT_ERR(DT_EINVAL, "--epochs %d (%lld steps) end before step %lld of checkpoint %s", o->epochs,
                               (long long)t->total_steps, (long long)t->step, o->resume);
+    if (s == DT_OK && o->resume && o->unfreeze_at > 0 && t->step >= o->unfreeze_at)
+        s = DT_ERR(DT_EINVAL, "checkpoint %s is at step %lld, not before --unfreeze-at %lld: its --freeze parameters "
+                   "already train, so resume it without --freeze and --unfreeze-at", o->resume, (long long)t->step,
+                   (long long)o->unfreeze_at);
     if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
     if (s == DT_OK && o->trace) {
         char path[4096];
@@ -135,6 +139,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     int K = t->opts.accum;
     double loss_sum = 0;
     int every_rank = dt_trainer_all_ranks_step(t, t->step);   /* else (uneven) the loss stays this rank's */
+    if (t->opts.unfreeze_at > 0 && t->step == t->opts.unfreeze_at && !t->unfrozen) DT_TRY(dt_trainer_unfreeze(t));
     double t0 = dt_trace_now_us(t->trace);
     float lr = dt_lr_at(&t->sched, t->step);
     t->run.lr = lr;

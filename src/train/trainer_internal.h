@@ -4,6 +4,8 @@
 /* --freeze: each pattern's parameters get requires_grad = 0; then the
  * parameter groups; a pattern that matches none is an error naming it (freeze.c) */
 dt_status dt_trainer_freeze(dt_trainer *t);
+/* --unfreeze-at: the frozen parameters become trainable (before that step) */
+dt_status dt_trainer_unfreeze(dt_trainer *t);
 /* dataset + batch buffers (data_setup.c) */
 dt_status dt_trainer_load_data(dt_trainer *t);
 /* sizes the built-in image models' input from the data's images (t->opts.model) */

@@ -60,6 +60,39 @@ else
     if [ $? -ne 1 ]; then echo "FAIL thaw: fc1.weight did not train after the resume"; fail=1; else echo "ok thaw"; fi
 fi
 
+# --unfreeze-at 2 == frozen for 2 steps, saved, resumed without --freeze
+# (the refresh mid-run and a checkpoint round trip agree bit for bit: fresh
+# optimizer state and own step count 0 for the unfrozen parameters, the
+# others' carried over), one process, DDP and ZeRO 1/2/3.
+for strat in "${strategies[@]}"; do
+    tag="thaw-${strat%%:*}" t="$tmp/thaw-${strat%%:*}"
+    # shellcheck disable=SC2206
+    sa=(${strat#*:})
+    one=(); [ "${#sa[@]}" -gt 0 ] && one=(--save-format consolidated)
+    common=(--optim adamw --lr 0.01 --wd 0.1 "${sa[@]}")
+    if ! timeout 300 "${launch[@]}" train "${base[@]}" "${common[@]}" --steps 4 --freeze 'fc1.*' --unfreeze-at 2 \
+            "${one[@]}" --save "$t-a.st" > "$t-a.out" 2>&1; then
+        echo "FAIL $tag: --unfreeze-at run:"; tail -5 "$t-a.out"; fail=1; continue
+    fi
+    if ! timeout 300 "${launch[@]}" train "${base[@]}" "${common[@]}" --steps 2 --freeze 'fc1.*' --save "$t-mid" \
+            > "$t-b.out" 2>&1 ||
+       ! timeout 300 "${launch[@]}" train "${base[@]}" "${common[@]}" --steps 4 --resume "$t-mid" "${one[@]}" \
+            --save "$t-b.st" >> "$t-b.out" 2>&1; then
+        echo "FAIL $tag: frozen, saved, resumed:"; tail -5 "$t-b.out"; fail=1; continue
+    fi
+    if ! "$cmp" "$t-b.st" "$t-a.st" > "$t.cmp" 2>&1; then
+        echo "FAIL $tag: --unfreeze-at differs from save + resume:"; cat "$t.cmp"; fail=1
+    else
+        echo "ok $tag"
+    fi
+done
+if timeout 300 "${launch[@]}" train "${base[@]}" --steps 4 --freeze 'fc1.*' --unfreeze-at 1 --resume "$tmp/thaw-ddp-mid" \
+        > "$tmp/late.out" 2>&1 || ! grep -q "not before --unfreeze-at 1" "$tmp/late.out"; then
+    echo "FAIL: resuming past --unfreeze-at was not refused:"; cat "$tmp/late.out"; fail=1
+else
+    echo "ok resume past --unfreeze-at refused"
+fi
+
 # a pattern matching nothing: an error naming it
 if timeout 300 "${launch[@]}" train "${base[@]}" --steps 1 --freeze 'fc1.*' --freeze 'nope*' > "$tmp/bad.out" 2>&1; then
     echo "FAIL: --freeze 'nope*' was accepted"; fail=1

@@ -50,7 +50,6 @@ static void test_bad_flags(void **state) {
     expect_error("train --zero 1 --overlap-step sideways", "--overlap-step: unknown 'sideways'");
     /* --compress and --no-shm apply to ZeRO too (tests/scripts/test_zero_wire_cli.sh) */
     expect_error("train --zero 1 --compress int8", "--compress: unknown 'int8' (none, bf16, fp16)");
-    expect_error("train --zero 2 --sync-bn", "--sync-bn is a DDP option");
     expect_error("train --zero 2 --zero-prefetch 1", "--zero-prefetch applies to ZeRO stage 3 only");
     expect_error("train --zero 3 --zero-prefetch -1", "--zero-prefetch must be >= 0");
     /* pipeline flags */
