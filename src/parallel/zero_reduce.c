@@ -49,6 +49,7 @@ static dt_status launch_ready(dt_zero *z) {
     while (z->rd.next_launch < z->lay.nb && z->lay.b[z->rd.next_launch].ready) {
         int i = z->rd.next_launch++;
         zbucket *b = &z->lay.b[i];
+        if (!b->pub.trainable) continue;   /* frozen parameters only: no gradient, nothing to reduce */
         if (z->stage > 1) DT_TRY(acquire_grad(z, b));   /* a bucket nobody wrote: zeros */
         b->launched = 1;
         DT_TRY(dt_zero_wire_reduce(z, i, &b->rs));   /* into the owned gradient shard */
@@ -71,10 +72,12 @@ static dt_status finish_reduce(dt_zero *z, int i) {
  * soon as possible in every overlap mode; INTERLEAVED also steps the shard. */
 static dt_status advance_reduced(dt_zero *z) {
     while (z->rd.next_done < z->rd.next_launch) {
-        int done = 0;
-        DT_TRY(dt_work_test(z->lay.b[z->rd.next_done].rs, &done));
-        if (!done) break;
-        DT_TRY(finish_reduce(z, z->rd.next_done));
+        int done = 1;
+        if (z->lay.b[z->rd.next_done].launched) {   /* (a frozen bucket never is) */
+            DT_TRY(dt_work_test(z->lay.b[z->rd.next_done].rs, &done));
+            if (!done) break;
+            DT_TRY(finish_reduce(z, z->rd.next_done));
+        }
         if (dt_zero_interleaving(z)) {
             DT_TRY(dt_zero_step_bucket(z, z->rd.next_done, 1.0f));
             z->stats.interleaved_steps++;

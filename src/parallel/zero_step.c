@@ -12,6 +12,10 @@
 
 dt_status dt_zero_step_bucket(dt_zero *z, int i, float scale) {
     zbucket *b = &z->lay.b[i];
+    if (!b->pub.trainable) {   /* frozen: values never change, so nothing to step or gather */
+        b->stepped = 1;
+        return DT_OK;
+    }
     float *ps = dt_zero_shard_param_ptr(z, i);
     /* a gather of the last step no forward waited for (a skipped module)
      * still reads the shard: finish it first */
