@@ -19,6 +19,13 @@ void dt_par_describe_ddp(const dt_ddp_opts *o, dt_agree *a) {
     dt_agree_add(a, "ddp communication hook", "%s", o->hook ? "custom" : "none");
     dt_agree_add(a, "ddp join", "%d", o->join != 0);
     dt_agree_add(a, "ddp shared memory", "%s", (unsigned)o->shm < 3 ? shm[o->shm] : "?");
+    dt_agree_add(a, "ddp static_graph", "%d", o->static_graph != 0);
+    dt_agree_add(a, "ddp parameters to ignore", "%d", o->n_params_to_ignore);
+    char key[64];
+    for (int k = 0; k < o->n_params_to_ignore && o->params_to_ignore; k++) {
+        snprintf(key, sizeof key, "ddp parameters to ignore: pattern %d", k + 1);
+        dt_agree_add(a, key, "%s", o->params_to_ignore[k] ? o->params_to_ignore[k] : "");
+    }
 }
 
 void dt_par_describe_zero(const dt_zero_opts *o, dt_agree *a) {

@@ -23,10 +23,11 @@ dt_status dt_par_agree(dt_pg *pg, dt_status mine, const char *what);
 dt_status dt_par_gather_words(dt_pg *pg, const uint32_t *mine, int n, uint32_t *all);
 /* FNV-1a over n ints, continuing from h (start: 2166136261u). */
 uint32_t dt_par_hash_ints(uint32_t h, const int *x, int n);
-/* trainable_agree.c. Collective: every rank has the same requires_grad on
- * every parameter, else DT_EINVAL on every rank, "<who>: ranks disagree on
- * the trainable parameters: 'fc2.weight' is trainable on rank 0 but frozen
- * on rank 1". */
+/* trainable_agree.c. Collective (dt_pg_agree): every rank has the same
+ * requires_grad on every parameter, else DT_EINVAL on every rank, "<who>:
+ * ranks disagree on the trainable parameters (...): configuration differs
+ * between ranks: parameter 'fc2.weight': rank 1 has frozen, rank 0 has
+ * trainable". */
 dt_status dt_par_agree_trainable(const dt_model *m, dt_pg *pg, const char *who);
 /* Parameters that got no gradient in a backward: count, first four named. */
 typedef struct dt_par_unused { char names[512]; int n; } dt_par_unused;

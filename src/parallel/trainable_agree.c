@@ -1,8 +1,8 @@
 /* Agreement over a group on per-rank facts that must be equal: small word
- * gathers (bit for bit), and the trainable set a refresh re-partitions for
- * (DDP's buckets, ZeRO's shards are collective layouts: every rank must cut
- * the same ones). */
-#include <stdlib.h>
+ * gathers (bit for bit; static_graph's recorded order), and the trainable
+ * set a refresh re-partitions for (DDP's buckets, ZeRO's shards are
+ * collective layouts: every rank must cut the same ones). */
+#include <stdio.h>
 #include <string.h>
 #include "parallel_internal.h"
 
@@ -24,45 +24,23 @@ uint32_t dt_par_hash_ints(uint32_t h, const int *x, int n) {
     return h;
 }
 
-/* Only on a hash mismatch: every rank's flags, to name a parameter. */
-static dt_status name_difference(const dt_model *m, dt_pg *pg, const char *who) {
-    int n = m->n_params, world = dt_pg_size(pg);
-    size_t words = (size_t)(n + 31) / 32;
-    uint32_t *mine = calloc(words ? words : 1, sizeof *mine), *all = calloc((words ? words : 1) * (size_t)world, sizeof *all);
-    if (!mine || !all) { free(mine); free(all); return DT_ERR(DT_ENOMEM, "%s: out of memory", who); }
-    for (int i = 0; i < n; i++)
-        if (m->params[i]->requires_grad) mine[i / 32] |= 1u << (i % 32);
-    dt_status s = words ? dt_allgather(pg, mine, all, (int64_t)words, DT_F32, NULL) : DT_OK;
-    for (int r = 1; s == DT_OK && r < world; r++)
-        for (int i = 0; i < n; i++) {
-            int t0 = (all[i / 32] >> (i % 32)) & 1u, tr = (all[(size_t)r * words + i / 32] >> (i % 32)) & 1u;
-            if (t0 == tr) continue;
-            s = DT_ERR(DT_EINVAL, "%s: ranks disagree on the trainable parameters: '%s' is %s on rank 0 but %s on rank %d "
-                       "(change requires_grad alike on every rank before refreshing)", who, m->params[i]->name,
-                       t0 ? "trainable" : "frozen", tr ? "trainable" : "frozen", r);
-            goto done;
-        }
-done:
-    free(mine);
-    free(all);
-    return s;
-}
-
+/* The configuration agreement (dist.h: dt_pg_agree) over one entry per
+ * parameter: a hash exchange, and only on a mismatch the lists, so the
+ * message names the first differing parameter and the ranks. */
 dt_status dt_par_agree_trainable(const dt_model *m, dt_pg *pg, const char *who) {
-    int n = m->n_params, world = dt_pg_size(pg);
-    uint32_t h = 2166136261u;
-    for (int i = 0; i < n; i++) {
-        int t = m->params[i]->requires_grad != 0;
-        h = dt_par_hash_ints(h, &t, 1);
+    dt_agree a;
+    dt_agree_init(&a);
+    dt_agree_add(&a, "parameters", "%d", m->n_params);
+    char key[160];
+    for (int i = 0; i < m->n_params; i++) {
+        snprintf(key, sizeof key, "parameter '%s'", m->params[i]->name);
+        dt_agree_add(&a, key, "%s", m->params[i]->requires_grad ? "trainable" : "frozen");
     }
-    uint32_t mine[2] = {(uint32_t)n, h}, *all = malloc((size_t)world * sizeof mine);
-    if (!all) return DT_ERR(DT_ENOMEM, "%s: out of memory", who);
-    dt_status s = dt_par_gather_words(pg, mine, 2, all);
-    int differ = 0;
-    for (int r = 1; s == DT_OK && r < world; r++) differ |= all[2 * r] != all[0] || all[2 * r + 1] != all[1];
-    for (int r = 1; s == DT_OK && r < world; r++)
-        if (all[2 * r] != all[0]) { s = DT_ERR(DT_EINVAL, "%s: rank %d has %u parameters, rank 0 %u", who, r, all[2 * r], all[0]); break; }
-    free(all);
-    if (s == DT_OK && differ) s = name_difference(m, pg, who);   /* same decision on every rank */
-    return s;
+    dt_status s = dt_pg_agree(pg, &a);
+    dt_agree_free(&a);
+    if (s != DT_EINVAL) return s;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", dt_error_message());
+    return DT_ERR(DT_EINVAL, "%s: ranks disagree on the trainable parameters (change requires_grad alike on every rank "
+                  "before refreshing): %s", who, why);
 }

@@ -15,6 +15,7 @@
  *    on every rank naming that rank. */
 #include "mpi_check.h"
 #include "ddp_testutil.h"
+#include "parallel/par_agree.h"
 
 static dt_pg *world;
 static int forward_in_order;   /* 1: fc1 -> fc2 -> fc3 (registration order) */
@@ -216,6 +217,28 @@ static void test_mismatch(void) {
     t_end();
 }
 
+/* The strategies' configuration agreement covers static_graph and
+ * params_to_ignore: a rank that differs is named before any collective. */
+static void test_agreement(void) {
+    t_begin("static_graph, params_to_ignore: in the configuration agreement");
+    int me = dt_pg_rank(world), N = dt_pg_size(world);
+    static const char *pats[2] = {"fc2.*", "fc3.*"};
+    for (int which = 0; which < 2; which++) {
+        dt_ddp_opts o;
+        dt_ddp_opts_default(&o);
+        int odd = me == N - 1;
+        if (which == 0) o.static_graph = odd;
+        else { o.params_to_ignore = pats + odd; o.n_params_to_ignore = 1; }
+        dt_agree a;
+        dt_agree_init(&a);
+        dt_par_describe_ddp(&o, &a);
+        T_EXPECT(dt_pg_agree(world, &a), DT_EINVAL);
+        T_CHECK(strstr(dt_error_message(), which == 0 ? "ddp static_graph" : "ddp parameters to ignore: pattern 1") != NULL);
+        dt_agree_free(&a);
+    }
+    t_end();
+}
+
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     T_OK(dt_pg_world(&world));
@@ -224,6 +247,7 @@ int main(int argc, char **argv) {
     test_bitwise(DT_DDP_SHM_AUTO, "static_graph: bitwise as without (node-shared memory where available)");
     test_bitwise(DT_DDP_SHM_OFF, "static_graph: bitwise as without (MPI collectives)");
     test_mismatch();
+    test_agreement();
     T_OK(dt_dist_finalize());
     return 0;
 }

@@ -209,7 +209,7 @@ static void test_disagreement(void) {
     int me = dt_pg_rank(world), N = dt_pg_size(world);
     if (N < 2) { t_end(); return; }
     char want[64];
-    snprintf(want, sizeof want, "on rank %d", N - 1);
+    snprintf(want, sizeof want, "rank %d has", N - 1);
     dt_model_cfg c = cfg();
     dt_optim_cfg oc = ocfg();
     dtt_net n;
