@@ -19,14 +19,8 @@
 #include "ddp_internal.h"
 
 dt_status dt_ddp_join_agree(dt_ddp *d, int active, int *any) {
-    float mine = active ? (float)d->rank : -1.0f, stack[16], *all = stack;   /* ranks exact below 2^24 */
-    if (d->world > 16 && !(all = malloc((size_t)d->world * sizeof *all))) return DT_ERR(DT_ENOMEM, "out of memory");
-    dt_status s = dt_allgather(d->pg, &mine, all, 1, DT_F32, NULL);
-    int top = -1;
-    for (int r = 0; s == DT_OK && r < d->world; r++)
-        if (all[r] >= 0.0f && (int)all[r] > top) top = (int)all[r];
-    if (all != stack) free(all);
-    DT_TRY(s);
+    int top;
+    DT_TRY(dt_par_join_agree(d->pg, active, 0.0f, &top, NULL));
     *any = top >= 0;
     if (top >= 0) d->buf_root = top;
     return DT_OK;

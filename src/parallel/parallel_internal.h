@@ -35,6 +35,10 @@ void dt_par_unused_add(dt_par_unused *u, const char *name);
 /* DT_EINVAL: "<who>: parameter(s) '<names>' received no gradient ...". */
 dt_status dt_par_unused_error(const dt_par_unused *u, const char *who);
 
+/* join_agree.c. Collective (join): *top = the highest rank still active,
+ * -1 when none is; *top_value (if not NULL) = the value that rank passed. */
+dt_status dt_par_join_agree(dt_pg *pg, int active, float value, int *top, float *top_value);
+
 /* used_map.c: with find_unused_params, which parameters got a gradient on
  * any rank. start: each parameter's has_grad (0 for all when !contribute: a
  * joined rank) summed over pg, asynchronously (a collective: issue it at the

@@ -46,20 +46,9 @@
 
 dt_status dt_zero_join_agree(dt_zero *z, int active, int *any) {
     DT_TRY(dt_zero_wait_all_gathers(z));
-    /* per rank: [rank or -1, LR]; ranks are exact in float below 2^24 */
-    float mine[2] = {active ? (float)z->rank : -1.0f, z->lr}, stack[32], *all = stack;
-    if (z->world > 16 && !(all = malloc((size_t)z->world * sizeof mine)))
-        return DT_ERR(DT_ENOMEM, "zero join: out of memory for the activity of %d ranks", z->world);
-    dt_status s = dt_allgather(z->pg, mine, all, 2, DT_F32, NULL);
-    int top = -1;
-    float lr = z->lr;
-    for (int r = 0; s == DT_OK && r < z->world; r++)
-        if (all[2 * r] >= 0.0f && (int)all[2 * r] > top) {
-            top = (int)all[2 * r];
-            lr = all[2 * r + 1];
-        }
-    if (all != stack) free(all);
-    DT_TRY(s);
+    int top;
+    float lr = z->lr;   /* the active ranks' LR: a joined rank does not follow the schedule */
+    DT_TRY(dt_par_join_agree(z->pg, active, z->lr, &top, &lr));
     *any = top >= 0;
     if (top >= 0) {
         z->buf_root = top;
