@@ -72,24 +72,6 @@ dt_status dt_ddp_launch_ready(dt_ddp *d) {
 
 static void graph_tick(void *user) { dt_pg_tick(((dt_ddp *)user)->pg); }
 
-/* SyncBatchNorm: sum per-channel statistics and the element count across ranks. */
-static dt_status bn_sync(float *data, int64_t n, double *count, void *user) {
-    dt_ddp *d = user;
-    if (d->sync_scratch_n < n + 1) {
-        float *s = realloc(d->sync_scratch, (size_t)(n + 1) * sizeof *s);
-        if (!s) return DT_ERR(DT_ENOMEM, "out of memory");
-        d->sync_scratch = s;
-        d->sync_scratch_n = n + 1;
-    }
-    memcpy(d->sync_scratch, data, (size_t)n * sizeof(float));
-    d->sync_scratch[n] = (float)*count;   /* exact below 2^24 elements per rank */
-    DT_TRY(dt_allreduce(d->pg, d->sync_scratch, d->sync_scratch, n + 1, DT_F32,
-                        DT_RED_SUM | d->red_flags, NULL));
-    memcpy(data, d->sync_scratch, (size_t)n * sizeof(float));
-    *count = d->sync_scratch[n];
-    return DT_OK;
-}
-
 dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root) {
     return dt_par_bcast_buffers(d->model, d->pg, &d->buf_scratch, root);
 }
@@ -133,7 +115,10 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_ddp_bcast_params(d, 0);
     if (s == DT_OK && m->n_buffers && d->world > 1) s = dt_ddp_bcast_buffers(d);
-    if (s == DT_OK && opts.sync_bn) m->bn_sync = (dt_bn_sync){bn_sync, d};
+    if (s == DT_OK && opts.sync_bn) {   /* the exchange ZeRO's sync_bn uses too (sync_bn.c) */
+        d->bn = (dt_par_bn){.pg = pg, .red_flags = d->red_flags};
+        m->bn_sync = (dt_bn_sync){dt_par_bn_sync, &d->bn};
+    }
     if (s != DT_OK) { dt_ddp_free(d); return s; }
     *out = d;
     return DT_OK;
@@ -142,7 +127,7 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
 void dt_ddp_free(dt_ddp *d) {
     if (!d) return;
     dt_ddp_free_buckets(d);
-    if (d->model && d->model->bn_sync.user == d) d->model->bn_sync = (dt_bn_sync){0};
+    if (d->model && d->model->bn_sync.user == &d->bn) d->model->bn_sync = (dt_bn_sync){0};
     if (d->shm_grads) {
         /* the model keeps its gradients; without memory for them it has none */
         if (d->model->grad_flat.data == d->shm_grads && dt_model_set_grad_buffer(d->model, NULL) != DT_OK)
@@ -153,7 +138,7 @@ void dt_ddp_free(dt_ddp *d) {
     free(d->ready_order);
     free(d->ignored);
     free(d->ignored_has);
-    free(d->sync_scratch);
+    dt_par_bn_free(&d->bn);
     free(d->buf_scratch);
     free(d);
 }

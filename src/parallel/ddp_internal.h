@@ -2,6 +2,7 @@
 #define DT_PARALLEL_DDP_INTERNAL_H
 #include "dtrain/parallel.h"
 #include "parallel_internal.h"
+#include "sync_bn.h"
 
 struct dt_ddp {
     dt_ddp_opts opts;
@@ -30,9 +31,8 @@ struct dt_ddp {
     dt_ddp_comm_hook builtin;   /* storage for the built-in hooks */
     int red_flags;              /* DT_RED_DETERMINISTIC in deterministic mode */
     size_t wire_bytes;          /* bytes per gradient element on the wire (stats) */
-    float *sync_scratch;        /* SyncBatchNorm exchange buffer */
+    dt_par_bn bn;               /* SyncBatchNorm's exchange (sync_bn.c) */
     float *buf_scratch;         /* packed buffers for the broadcast */
-    int64_t sync_scratch_n;
     dt_ddp_stats stats;
     double t_first_launch;
     dt_trace *trace;

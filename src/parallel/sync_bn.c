@@ -1,9 +1,9 @@
-/* SyncBatchNorm's all-reduce for ZeRO: the per-channel sums of one
+/* SyncBatchNorm's all-reduce for DDP and ZeRO: the per-channel sums of one
  * BatchNorm (forward: sum x, sum x^2; backward: sum dy, sum dy*xhat, see
  * src/ops/batchnorm.c) and the element count travel as one float message
  * [sums..., count] summed over the group, in rank order when deterministic.
- * The message and the reduction are those of DDP's sync_bn, so ZeRO with
- * sync_bn computes the same statistics bit for bit. */
+ * One exchange for both strategies, so ZeRO with sync_bn computes DDP's
+ * statistics bit for bit. */
 #include <stdlib.h>
 #include <string.h>
 #include "sync_bn.h"
