@@ -70,6 +70,8 @@ static void test_bad_flags(void **state) {
     expect_error("train --bucket-mb -1", "--bucket-mb -1: must be at least");
     expect_error("train --bucket-mb 1e30", "at most 65536 MB");
     expect_error("train --eval-batches -1", "--eval-batches must be >= 0");
+    expect_error("train --unfreeze-at 3", "--unfreeze-at needs --freeze PATTERN");
+    expect_error("train --freeze fc1.weight --unfreeze-at -1", "--unfreeze-at must be >= 0");
     expect_error("train --model gpt2 --eval-batches 9223372036854775807", "--eval-batches 9223372036854775807 x --batch 64 is too large");
     expect_error("train --log-every -1", "--log-every must be >= 0");
     expect_error("train --stop-after -1", "--stop-after must be >= 0");
