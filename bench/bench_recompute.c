@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
     if (dt_model_create(&w.cfg, 1, &m) != DT_OK) return fail("model");
     dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
     dt_optimizer opt;
-    dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL};
+    dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL, 0};
     if (dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel) != DT_OK) return fail("optimizer");
     dt_batch b = bench_batch_make(&w, 0);
     dt_graph *g[2] = {dt_graph_create(), dt_graph_create()};   /* one per mode: separate high-water marks */

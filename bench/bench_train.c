@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
     dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
     oc.lr = 3e-4f; oc.weight_decay = 0;
     dt_optimizer opt;
-    dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL};
+    dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL, 0};
     dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel);
     dt_graph *g = dt_graph_create();
     dt_batch b = bench_batch_make(&wl, rank);

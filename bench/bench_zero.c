@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
     double mem[5] = {0};   /* params, grads, optim, grad window, param window (bytes) */
     if (stage == 0) {
         if (dt_ddp_create(m, pg, &dopts, &ddp) != DT_OK) return die("ddp");
-        dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL};
+        dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL, 0};
         if (dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel) != DT_OK) return die("optimizer");
         double full = (double)m->param_flat.numel * 4;
         mem[0] = full; mem[1] = (double)m->grad_flat.numel * 4;

@@ -210,7 +210,11 @@ struct dt_model {
     dt_block *blocks; int n_blocks;
     dt_loss_kind loss; int64_t classes;
     dt_flat param_flat, grad_flat;   /* every param's value / grad is a view into these */
-    size_t *offsets;                 /* offsets[i]: element offset of params[i] in the flats */
+    size_t *offsets;                 /* offsets[i]: element offset of params[i] in param_flat */
+    size_t *grad_offsets;            /* grad_offsets[i]: params[i]'s gradient in grad_flat; SIZE_MAX: it
+                                        has none (frozen when the gradients were laid out). grad_flat
+                                        is param_flat's layout minus frozen parameters' elements
+                                        (see dt_model_grad_offset); NULL without a grad_flat */
     size_t n_elems;                  /* sum of param numel (no padding) */
     dt_rng init_rng;                 /* initialisers, in registration order */
     dt_rng dropout_rng;              /* dropout masks (checkpointed) */
@@ -248,25 +252,51 @@ int dt_model_block_shape(const dt_model *m, int i, int in, const dt_batch *b, in
  * expects ("model cnn takes 'image' float [1, 28, 28]"). */
 dt_status dt_model_check_sample(const dt_model *m, const dt_sample_shape *s);
 size_t dt_model_num_params(const dt_model *m);
+/* Elements of the trainable (requires_grad) parameters: what has gradients
+ * and optimizer state. */
+size_t dt_model_num_trainable(const dt_model *m);
 /* requires_grad = 0 for every parameter whose name matches the glob pattern
  * (fnmatch, no flags: '*' also crosses dots). Returns how many matched.
- * Call it before a strategy wraps the model. */
+ * Call it before a strategy wraps the model, then dt_model_refresh_grads to
+ * release the frozen parameters' gradient memory (the trainer and the
+ * strategies do it when they start). */
 int dt_model_freeze(dt_model *m, const char *pattern);
 /* Gradients to zero and every parameter's has_grad to 0 (autograd.h). */
 void dt_model_zero_grad(dt_model *m);
 /* Gradient storage: drop it (every grad NULL, no buffer; ZeRO-2/3 keep
- * gradients per bucket instead), or allocate it back (zeros, at the current
- * layout of param_flat; no-op if present). */
+ * gradients per bucket instead), or allocate it back (zeros; no-op if
+ * present). Gradients exist for trainable parameters only: grad_flat is laid
+ * out like param_flat with the elements of parameters frozen at that time
+ * left out, so frozen parameters cost no gradient memory (grad.data NULL). */
 void dt_model_drop_grads(dt_model *m);
 dt_status dt_model_alloc_grads(dt_model *m);
-/* Move the gradients (values kept) into buf: param_flat.numel floats at the
- * layout of param_flat, owned by the caller, who must move them out again
- * (buf = NULL: back into a private allocation) before freeing buf. DDP uses
- * it for node-shared memory (dist.h section 6). */
+/* After requires_grad changed (dt_model_freeze, unfreezing): lay the
+ * gradients out again for the trainable set of now, keeping present
+ * gradients of parameters that stay trainable; newly trainable ones get
+ * zeros, newly frozen ones lose theirs. In place in a caller's buffer
+ * (dt_model_set_grad_buffer) while it is large enough, else a new private
+ * one. No-op when the layout
+ * already matches or the model has no gradient buffer. DDP and ZeRO call it
+ * in their refresh_trainable; buckets pointing into the old buffer must be
+ * rebuilt. */
+dt_status dt_model_refresh_grads(dt_model *m);
+/* Where flat offset `offset` of param_flat (a trainable parameter's start or
+ * a bucket's) lies in grad_flat: offset minus the frozen elements below it. */
+size_t dt_model_grad_offset(const dt_model *m, size_t offset);
+/* Elements the gradient layout of the current trainable set takes:
+ * param_flat.numel minus the frozen parameters' elements. */
+size_t dt_model_grad_numel(const dt_model *m);
+/* Move the gradients (values kept) into buf, owned by the caller: room for
+ * dt_model_grad_numel floats, at the gradient layout above; the caller must
+ * move them out again (buf = NULL: back into a private allocation) before
+ * freeing buf. DDP uses it for node-shared memory (dist.h section 6). A
+ * refresh (dt_model_refresh_grads) that needs more than buf holds moves them
+ * into a private allocation. */
 dt_status dt_model_set_grad_buffer(dt_model *m, float *buf);
 dt_param *dt_model_find_param(const dt_model *m, const char *name);
-/* Re-point values and grads into new flat buffers of `total` elements where
- * params[i] starts at offsets[i] (values and grads copied, gaps zero). A model
+/* Re-point values and grads into new flat buffers: values in `total`
+ * elements where params[i] starts at offsets[i], gradients at the gradient
+ * layout that follows from it (values and grads copied, gaps zero). A model
  * whose parameters have no gradient storage (dt_model_drop_grads) gets no
  * gradient buffer. Values move before gradients, so at most
  * one new buffer exists beside the old ones. */

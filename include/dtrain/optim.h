@@ -71,6 +71,9 @@ typedef struct dt_optim_segment {
     const int *active;               /* NULL: always stepped; else only while *active */
     const dt_param_hparams *hp;      /* NULL: the optimizer's settings; else its group's (NaN fields:
                                         the optimizer's). Set weight_decay applies even if !decay */
+    size_t grad_gap;                 /* the gradient buffer leaves out this many elements before the
+                                        segment (frozen parameters: nn.h grad_offsets), so its
+                                        gradient is at grad[offset - grad_gap]; 0: same layout */
 } dt_optim_segment;
 
 typedef struct dt_optimizer {
@@ -101,8 +104,9 @@ float *dt_optimizer_state_of(const dt_optimizer *o, int k, size_t offset);
 void dt_optimizer_free(dt_optimizer *o);
 /* Step params/grads restricted to [begin, end) ⊆ [state_begin, state_end)
  * (DT_EINVAL, nothing stepped, otherwise). Elements in no segment (padding)
- * and inactive segments are left untouched. `param` and `grad` index the full flat buffer (element
- * 0 = flat offset 0). Does not increment o->step (call dt_optimizer_finish_step
+ * and inactive segments are left untouched. `param` indexes the full flat
+ * buffer (element 0 = flat offset 0), `grad` the same shifted down by each
+ * segment's grad_gap (a model's param_flat and grad_flat). Does not increment o->step (call dt_optimizer_finish_step
  * once per step). */
 dt_status dt_optimizer_step_range(dt_optimizer *o, float lr, float *param, const float *grad,
                                   size_t begin, size_t end, float grad_scale);

@@ -5,6 +5,13 @@
 #include <fnmatch.h>
 #include "dtrain/nn.h"
 
+size_t dt_model_num_trainable(const dt_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i]->requires_grad) n += (size_t)m->params[i]->value.numel;
+    return n;
+}
+
 int dt_model_freeze(dt_model *m, const char *pattern) {
     int n = 0;
     for (int i = 0; pattern && i < m->n_params; i++)

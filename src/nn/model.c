@@ -184,7 +184,7 @@ void dt_model_free(dt_model *m) {
     for (int i = 0; i < m->n_params; i++) { dt_param_free(m->params[i]); free(m->params[i]); }
     for (int i = 0; i < m->n_buffers; i++) { dt_tensor_free(&m->buffers[i]->value); free(m->buffers[i]); }
     for (int i = 0; i < m->n_modules; i++) { free(m->modules[i]->params); free(m->modules[i]); }
-    free(m->params); free(m->buffers); free(m->modules); free(m->offsets); free(m->blocks);
+    free(m->params); free(m->buffers); free(m->modules); free(m->offsets); free(m->grad_offsets); free(m->blocks);
     dt_flat_free(&m->param_flat);
     dt_flat_free(&m->grad_flat);
     free(m);

@@ -71,6 +71,9 @@ static dt_status init_impl(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_op
     for (int i = 0; i < n_segs; i++)
         if (segs[i].numel > SIZE_MAX - segs[i].offset)
             return DT_ERR(DT_EINVAL, "optimizer: segment %d overflows size_t", i);
+        else if (segs[i].grad_gap > segs[i].offset)
+            return DT_ERR(DT_EINVAL, "optimizer: segment %d at offset %zu has a gradient gap of %zu elements", i,
+                          segs[i].offset, segs[i].grad_gap);
     size_t len = state_end - state_begin;
     if (len > SIZE_MAX / sizeof(float))
         return DT_ERR(DT_EINVAL, "optimizer: state range of %zu elements too large", len);
@@ -168,7 +171,8 @@ void dt_optimizer_free(dt_optimizer *o) {
     memset(o, 0, sizeof *o);
 }
 
-/* param/grad element i sits at flat offset origin + i. Segment i's own step
+/* param/grad element i sits at flat offset origin + i (grad: minus the
+ * segment's grad_gap). Segment i's own step
  * number is t = o->step + 1 - skipped[i] (PyTorch's per-parameter step). */
 static void step_impl(dt_optimizer *o, float lr, float *param, const float *grad, size_t origin,
                       size_t begin, size_t end, float grad_scale) {
@@ -180,7 +184,7 @@ static void step_impl(dt_optimizer *o, float lr, float *param, const float *grad
         if (lo >= hi || (s->active && !*s->active)) continue;
         int64_t t = o->step + 1 - o->skipped[i];
         size_t first = s->offset > o->state_begin ? s->offset : o->state_begin;
-        size_t at = o->seg_state[i] + (lo - first), n = hi - lo, pi = lo - origin;
+        size_t at = o->seg_state[i] + (lo - first), n = hi - lo, pi = lo - origin, gi = pi - s->grad_gap;
         /* the segment's group: its settings over the optimizer's (lr untouched when unset: bitwise) */
         const dt_optim_cfg *c = &o->cfg;
         dt_optim_cfg gc;
@@ -195,10 +199,10 @@ static void step_impl(dt_optimizer *o, float lr, float *param, const float *grad
             c = &gc;
         }
         if (c->kind == DT_OPTIM_ADAMW)
-            dt_adamw_step_range(c, slr, decay, param + pi, grad + pi, o->state[0] + at,
+            dt_adamw_step_range(c, slr, decay, param + pi, grad + gi, o->state[0] + at,
                                 o->state[1] + at, n, t, grad_scale);
         else
-            dt_sgd_step_range(c, slr, decay, param + pi, grad + pi,
+            dt_sgd_step_range(c, slr, decay, param + pi, grad + gi,
                               o->state[0] ? o->state[0] + at : NULL, n, t, grad_scale);
     }
 }

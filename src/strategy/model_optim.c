@@ -1,8 +1,10 @@
 /* An optimizer over a model's whole flat layout: one segment per trainable
- * parameter (its offset, size, weight decay, group settings and has_grad as
- * the active flag: an unused parameter is not stepped), compact state for
- * those only: a frozen parameter has no segment and costs no state. The
+ * parameter (its offset, size, weight decay, group settings, has_grad as
+ * the active flag: an unused parameter is not stepped, and where its
+ * gradient is in grad_flat), compact state for those only: a frozen
+ * parameter has no segment and costs no state (nor gradient: nn.h). The
  * trainer's own optimizer and a pipeline stage's use it. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dtrain/strategy.h"
@@ -11,10 +13,18 @@ dt_status dt_optimizer_init_model(dt_optimizer *o, const dt_optim_cfg *cfg, cons
     dt_optim_segment *segs = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *segs);
     if (!segs) return DT_ERR(DT_ENOMEM, "out of memory");
     int n = 0;
-    for (int i = 0; i < m->n_params; i++)
-        if (m->params[i]->requires_grad)
-            segs[n++] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay,
-                                           &m->params[i]->has_grad, &m->params[i]->hp};
+    for (int i = 0; i < m->n_params; i++) {
+        const dt_param *p = m->params[i];
+        if (!p->requires_grad) continue;
+        size_t gap = 0;
+        if (m->grad_offsets && m->grad_offsets[i] == SIZE_MAX) {
+            free(segs);
+            return DT_ERR(DT_ESTATE, "optimizer: parameter %s is trainable but has no gradient storage (its "
+                          "requires_grad changed since the gradients were laid out: dt_model_refresh_grads)", p->name);
+        }
+        if (m->grad_offsets) gap = m->offsets[i] - m->grad_offsets[i];
+        segs[n++] = (dt_optim_segment){m->offsets[i], (size_t)p->value.numel, p->weight_decay, &p->has_grad, &p->hp, gap};
+    }
     dt_status s = dt_optimizer_init_compact(o, cfg, segs, n, m->param_flat.numel);
     free(segs);
     return s;

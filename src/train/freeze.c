@@ -6,19 +6,13 @@
 #include "trainer_internal.h"
 #include "util/log_internal.h"
 
-static size_t trainable_count(const dt_model *m) {
-    size_t n = 0;
-    for (int i = 0; i < m->n_params; i++)
-        if (m->params[i]->requires_grad) n += (size_t)m->params[i]->value.numel;
-    return n;
-}
-
 dt_status dt_trainer_freeze(dt_trainer *t) {
     dt_model *m = t->model;
     for (int k = 0; k < t->opts.n_freeze; k++)
         if (dt_model_freeze(m, t->opts.freeze[k]) == 0)
             return DT_ERR(DT_EINVAL, "--freeze '%s' matches no parameter of model %s (names look like '%s')",
                           t->opts.freeze[k], m->name, m->n_params ? m->params[0]->name : "(none)");
+    DT_TRY(dt_model_refresh_grads(m));   /* frozen parameters: no gradient memory */
     return dt_optim_apply_groups(m, t->opts.groups, t->opts.n_groups);
 }
 
@@ -37,9 +31,10 @@ dt_status dt_trainer_refresh_trainable(dt_trainer *t) {
     else if (t->strat.owns_optimizer || t->strat.world > 1)
         return DT_ERR(DT_EINVAL, "strategy %s cannot change the trainable parameters during a run (--unfreeze-at, "
                       "dt_trainer_refresh_trainable): DDP, ZeRO and one process can", t->strat.name);
+    else DT_TRY(dt_model_refresh_grads(t->model));   /* one process (the strategies do their own) */
     if (!t->strat.owns_optimizer) DT_TRY(dt_optimizer_refresh_model(&t->optim, t->model));
     if (!t->opts.quiet && t->strat.rank == 0)
         dt_log(DT_LOG_INFO, "step %lld: trainable parameters refreshed: %zu of %zu train\n", (long long)t->step,
-               trainable_count(t->model), dt_model_num_params(t->model));
+               dt_model_num_trainable(t->model), dt_model_num_params(t->model));
     return DT_OK;
 }

@@ -66,7 +66,7 @@ static void oracle_run(const dtz_spec *s, const int *ranks, int nr, oracle *o) {
     T_CHECK(o->po != NULL);
     for (int i = 0; i < m->n_params; i++) {
         size_t n = (size_t)m->params[i]->value.numel;
-        dt_optim_segment seg = {0, n, m->params[i]->weight_decay, NULL, NULL};
+        dt_optim_segment seg = {0, n, m->params[i]->weight_decay, NULL, NULL, 0};
         T_OK(dt_optimizer_init(&o->po[i], &s->oc, &seg, 1, 0, n));
     }
     for (int st = 0; st < STEPS; st++) {

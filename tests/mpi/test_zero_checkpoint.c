@@ -195,7 +195,7 @@ static void single_process_load(const model_case *mc, const char *path, const dt
     dt_trainer *t = shell(m, &mc->oc, 0, 1, 0);
     dt_optim_segment *segs = malloc((size_t)m->n_params * sizeof *segs);
     for (int i = 0; i < m->n_params; i++)
-        segs[i] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay, NULL, NULL};
+        segs[i] = (dt_optim_segment){m->offsets[i], (size_t)m->params[i]->value.numel, m->params[i]->weight_decay, NULL, NULL, 0};
     T_OK(dt_optimizer_init(&t->optim, &mc->oc, segs, m->n_params, 0, m->param_flat.numel));
     free(segs);
     T_OK(dt_checkpoint_load(t, path));

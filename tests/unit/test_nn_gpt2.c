@@ -82,7 +82,7 @@ static void test_loss_finite_and_decreasing(void **state) {
     dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
     oc.lr = 1e-2f;
     dt_optimizer opt;
-    dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL};
+    dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL, 0};
     assert_int_equal(dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel), DT_OK);
     dt_graph *g = dt_graph_create();
     dt_batch b = ids_batch(2, 5);

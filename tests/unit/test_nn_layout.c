@@ -1,7 +1,10 @@
 /* dt_model_set_layout: parameters move to new offsets with their values and
  * gradients, gaps are zero; bad layouts (overlap, out of range) fail and leave
  * the model untouched; a model whose gradients were dropped (ZeRO-2/3) gets no
- * gradient buffer, and dt_model_alloc_grads gives it zeroed ones back. */
+ * gradient buffer, and dt_model_alloc_grads gives it zeroed ones back.
+ * Frozen parameters take no gradient memory: the gradient layout leaves them
+ * out, dt_model_refresh_grads follows requires_grad changes (in a caller's
+ * buffer while it fits), and an optimizer over a stale layout is refused. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -10,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dtrain/nn.h"
+#include "dtrain/strategy.h"
 
 static dt_model *small_mlp(void) {
     dt_model_cfg c = dt_model_cfg_default(DT_MODEL_MLP);
@@ -138,12 +142,126 @@ static void test_grad_buffer(void **state) {
     dt_model_free(m);
 }
 
+/* each parameter's gradient filled with index*100 + k */
+static void mark_grads(dt_model *m) {
+    for (int i = 0; i < m->n_params; i++)
+        for (int64_t k = 0; k < m->params[i]->grad.numel; k++) ((float *)m->params[i]->grad.data)[k] = (float)(i * 100 + k);
+}
+static void check_marks(const dt_param *p, int mark) {
+    for (int64_t k = 0; k < p->value.numel; k++) assert_true(((const float *)p->grad.data)[k] == (float)(mark * 100 + k));
+}
+static void check_zero(const dt_param *p) {
+    for (int64_t k = 0; k < p->value.numel; k++) assert_true(((const float *)p->grad.data)[k] == 0.0f);
+}
+
+/* MLP 6-5-3 at the default layout (reverse registration order): fc2.bias
+ * [0, 3), fc2.weight [3, 18), fc1.bias [18, 23), fc1.weight [23, 53). */
+static void test_frozen_take_no_grad_memory(void **state) {
+    (void)state;
+    dt_model *m = small_mlp();
+    assert_int_equal(m->grad_flat.numel, 53);
+    mark_grads(m);
+    assert_int_equal(dt_model_freeze(m, "fc2.*"), 2);
+    assert_int_equal(dt_model_refresh_grads(m), DT_OK);
+    assert_int_equal(m->grad_flat.numel, 35);   /* 53 - 15 - 3 */
+    assert_int_equal(dt_model_grad_numel(m), 35);
+    assert_int_equal(dt_model_num_trainable(m), 35);
+    dt_param *w1 = dt_model_find_param(m, "fc1.weight"), *b1 = dt_model_find_param(m, "fc1.bias");
+    dt_param *w2 = dt_model_find_param(m, "fc2.weight"), *b2 = dt_model_find_param(m, "fc2.bias");
+    assert_null(w2->grad.data);
+    assert_null(b2->grad.data);
+    assert_ptr_equal(b1->grad.data, m->grad_flat.data + 0);   /* 18 - 18 */
+    assert_ptr_equal(w1->grad.data, m->grad_flat.data + 5);   /* 23 - 18 */
+    assert_int_equal(dt_model_grad_offset(m, 18), 0);
+    assert_int_equal(dt_model_grad_offset(m, 23), 5);
+    check_marks(w1, w1->index);   /* kept through the re-layout */
+    check_marks(b1, b1->index);
+    assert_int_equal(dt_model_refresh_grads(m), DT_OK);   /* unchanged: no-op, same buffer */
+    float *same = m->grad_flat.data;
+    assert_int_equal(dt_model_refresh_grads(m), DT_OK);
+    assert_ptr_equal(m->grad_flat.data, same);
+
+    /* a layout with gaps, fc1.weight frozen instead: registration order, 3 apart:
+     * fc1.weight [0, 30), fc1.bias [33, 38), fc2.weight [41, 56), fc2.bias [59, 62) */
+    w2->requires_grad = b2->requires_grad = 1;
+    w1->requires_grad = 0;
+    size_t total, *off = gapped(m, &total);
+    assert_int_equal(total, 65);
+    assert_int_equal(dt_model_set_layout(m, off, total), DT_OK);
+    assert_int_equal(m->grad_flat.numel, 35);   /* 65 - 30 */
+    assert_null(w1->grad.data);
+    assert_ptr_equal(b1->grad.data, m->grad_flat.data + 3);
+    assert_ptr_equal(w2->grad.data, m->grad_flat.data + 11);
+    assert_ptr_equal(b2->grad.data, m->grad_flat.data + 29);
+    check_marks(b1, b1->index);
+    check_zero(w2);   /* newly trainable: zeros */
+    check_zero(b2);
+    free(off);
+    dt_model_free(m);
+}
+
+/* In the caller's buffer: a refresh that fits stays in it, one that needs
+ * more moves to private memory (values kept both times). */
+static void test_refresh_in_borrowed_buffer(void **state) {
+    (void)state;
+    dt_model *m = small_mlp();
+    mark_grads(m);
+    assert_int_equal(dt_model_freeze(m, "fc1.weight"), 1);
+    float *buf = malloc(64 * sizeof *buf);
+    for (int i = 0; i < 64; i++) buf[i] = 99.0f;
+    assert_int_equal(dt_model_set_grad_buffer(m, buf), DT_OK);   /* 53 - 30 = 23 floats */
+    assert_ptr_equal(m->grad_flat.data, buf);
+    assert_int_equal(m->grad_flat.numel, 23);
+    assert_true(buf[23] == 99.0f);   /* nothing past the layout */
+    dt_param *w1 = dt_model_find_param(m, "fc1.weight"), *b1 = dt_model_find_param(m, "fc1.bias");
+    dt_param *w2 = dt_model_find_param(m, "fc2.weight");
+    assert_null(w1->grad.data);
+    check_marks(b1, b1->index);
+    assert_int_equal(dt_model_freeze(m, "fc1.bias"), 1);   /* smaller: stays in buf */
+    assert_int_equal(dt_model_refresh_grads(m), DT_OK);
+    assert_ptr_equal(m->grad_flat.data, buf);
+    assert_int_equal(m->grad_flat.numel, 18);
+    assert_null(b1->grad.data);
+    check_marks(w2, w2->index);
+    w1->requires_grad = b1->requires_grad = 1;   /* larger than buf's 23: private */
+    assert_int_equal(dt_model_refresh_grads(m), DT_OK);
+    assert_false(m->grad_flat.borrowed);
+    assert_int_equal(m->grad_flat.numel, 53);
+    check_marks(w2, w2->index);
+    check_zero(w1);
+    free(buf);   /* the model no longer refers to it (ASan would see a use after free) */
+    dt_model_zero_grad(m);
+    dt_model_free(m);
+}
+
+/* requires_grad changed without dt_model_refresh_grads: an optimizer over
+ * the model names the parameter instead of reading a gradient it lacks. */
+static void test_stale_layout_refused(void **state) {
+    (void)state;
+    dt_model *m = small_mlp();
+    assert_int_equal(dt_model_freeze(m, "fc2.weight"), 1);
+    assert_int_equal(dt_model_refresh_grads(m), DT_OK);
+    dt_model_find_param(m, "fc2.weight")->requires_grad = 1;
+    dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    dt_optimizer o;
+    assert_int_equal(dt_optimizer_init_model(&o, &oc, m), DT_ESTATE);
+    assert_non_null(strstr(dt_error_message(), "fc2.weight"));
+    assert_non_null(strstr(dt_error_message(), "dt_model_refresh_grads"));
+    assert_int_equal(dt_model_refresh_grads(m), DT_OK);
+    assert_int_equal(dt_optimizer_init_model(&o, &oc, m), DT_OK);
+    dt_optimizer_free(&o);
+    dt_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_move),
         cmocka_unit_test(test_bad_layouts),
         cmocka_unit_test(test_without_grads),
         cmocka_unit_test(test_grad_buffer),
+        cmocka_unit_test(test_frozen_take_no_grad_memory),
+        cmocka_unit_test(test_refresh_in_borrowed_buffer),
+        cmocka_unit_test(test_stale_layout_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,7 +27,7 @@ static void train(const dt_model_cfg *c, const dt_batch *b, dt_recompute mode, r
     dt_model_set_recompute(m, mode);
     dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
     dt_optimizer opt;
-    dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL};
+    dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL, 0};
     assert_int_equal(dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel), DT_OK);
     dt_graph *g = dt_graph_create();
     for (int s = 0; s < 4; s++) {

@@ -30,12 +30,12 @@ static void fill(float *x, size_t n) {
  * in its cfg (and lr x scale), segment 1's with the defaults. */
 static void group_equals_own_cfg(const dt_optim_cfg *c) {
     dt_param_hparams hp = {0.5f, 0.3f, 0.8f, 0.95f};
-    dt_optim_segment segs[2] = {{0, A, 0, NULL, &hp}, {A, N - A, 1, NULL, NULL}};
+    dt_optim_segment segs[2] = {{0, A, 0, NULL, &hp, 0}, {A, N - A, 1, NULL, NULL, 0}};
     dt_optim_cfg gc = *c;
     gc.weight_decay = 0.3f;
     gc.beta1 = 0.8f;
     gc.beta2 = 0.95f;
-    dt_optim_segment r0 = {0, A, 1, NULL, NULL}, r1 = {A, N - A, 1, NULL, NULL};
+    dt_optim_segment r0 = {0, A, 1, NULL, NULL, 0}, r1 = {A, N - A, 1, NULL, NULL, 0};
     dt_optimizer o, ref0, ref1;
     assert_int_equal(dt_optimizer_init(&o, c, segs, 2, 0, N), DT_OK);
     assert_int_equal(dt_optimizer_init(&ref0, &gc, &r0, 1, 0, A), DT_OK);
@@ -82,7 +82,7 @@ static void test_group_adamw_by_hand(void **st) {
     dt_optim_cfg c = dt_optim_cfg_default(DT_OPTIM_ADAMW);
     c.weight_decay = 0.0f;
     dt_param_hparams hp = {0.25f, 0.5f, NAN, NAN};
-    dt_optim_segment seg = {0, 1, 0, NULL, &hp};
+    dt_optim_segment seg = {0, 1, 0, NULL, &hp, 0};
     dt_optimizer o;
     assert_int_equal(dt_optimizer_init(&o, &c, &seg, 1, 0, 1), DT_OK);
     float p = 0.75f, g = -0.2f;

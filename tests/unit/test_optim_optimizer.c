@@ -80,10 +80,10 @@ static void test_init_rejects(void **st) {
     (void)st;
     dt_optimizer o;
     dt_optim_cfg c = dt_optim_cfg_default(DT_OPTIM_ADAMW);
-    dt_optim_segment overlap[2] = {{0, 10, 1, NULL, NULL}, {8, 4, 0, NULL, NULL}};
+    dt_optim_segment overlap[2] = {{0, 10, 1, NULL, NULL, 0}, {8, 4, 0, NULL, NULL, 0}};
     assert_int_equal(dt_optimizer_init(&o, &c, overlap, 2, 0, 12), DT_EINVAL);
     dt_optimizer_free(&o);
-    dt_optim_segment ok[2] = {{10, 5, 1, NULL, NULL}, {0, 10, 0, NULL, NULL}};   /* unsorted but disjoint */
+    dt_optim_segment ok[2] = {{10, 5, 1, NULL, NULL, 0}, {0, 10, 0, NULL, NULL, 0}};   /* unsorted but disjoint */
     assert_int_equal(dt_optimizer_init(&o, &c, ok, 2, 8, 4), DT_EINVAL);   /* reversed */
     dt_optimizer_free(&o);
     c.eps = 0.0f;
@@ -105,7 +105,7 @@ static void test_init_rejects(void **st) {
 /* ---- decay flag and padding ---- */
 
 /* Layout: [0,10) decay, [10,20) no decay, [20,24) padding, [24,30) decay. */
-static const dt_optim_segment k_segs[3] = {{24, 6, 1, NULL, NULL}, {0, 10, 1, NULL, NULL}, {10, 10, 0, NULL, NULL}};
+static const dt_optim_segment k_segs[3] = {{24, 6, 1, NULL, NULL, 0}, {0, 10, 1, NULL, NULL, 0}, {10, 10, 0, NULL, NULL, 0}};
 #define K_N 30
 
 static void test_decay_flag_sgd(void **st) {
@@ -223,6 +223,7 @@ static int make_segs(dt_optim_segment *s, size_t *total) {
         s[n].decay = (int)(i % 2 == 0);
         s[n].active = NULL;
         s[n].hp = NULL;
+        s[n].grad_gap = 0;
         off += sizes[i] + (i % 3 == 1 ? 3 : 0);   /* some padding */
         n++;
     }
@@ -301,10 +302,10 @@ static void skip_case(const dt_optim_cfg *c) {
     fill(p, N);
     memcpy(q, p, sizeof p);
     int flag = 1;
-    dt_optim_segment segs[2] = {{0, A, 1, &flag, NULL}, {A, N - A, 1, NULL, NULL}};
+    dt_optim_segment segs[2] = {{0, A, 1, &flag, NULL, 0}, {A, N - A, 1, NULL, NULL, 0}};
     dt_optimizer o, ref0, ref1;   /* ref0: segment 0 alone, stepped only when active; ref1: segment 1 */
     assert_int_equal(dt_optimizer_init(&o, c, segs, 2, 0, N), DT_OK);
-    dt_optim_segment r0 = {0, A, 1, NULL, NULL}, r1 = {A, N - A, 1, NULL, NULL};
+    dt_optim_segment r0 = {0, A, 1, NULL, NULL, 0}, r1 = {A, N - A, 1, NULL, NULL, 0};
     assert_int_equal(dt_optimizer_init(&ref0, c, &r0, 1, 0, A), DT_OK);
     assert_int_equal(dt_optimizer_init(&ref1, c, &r1, 1, A, N), DT_OK);
     int ns = dt_optim_state_per_elem(c);
@@ -354,7 +355,7 @@ static void test_inactive_segment_skipped(void **st) {
 static void compact_equals_full(const dt_optim_cfg *c) {
     enum { NC = 60 };
     /* [0,10) seg, [10,25) hole, [25,40) seg, [40,45) hole, [45,58) seg, [58,60) hole */
-    dt_optim_segment segs[3] = {{25, 15, 0, NULL, NULL}, {0, 10, 1, NULL, NULL}, {45, 13, 1, NULL, NULL}};
+    dt_optim_segment segs[3] = {{25, 15, 0, NULL, NULL, 0}, {0, 10, 1, NULL, NULL, 0}, {45, 13, 1, NULL, NULL, 0}};
     dt_optimizer full, comp;
     assert_int_equal(dt_optimizer_init(&full, c, segs, 3, 0, NC), DT_OK);
     assert_int_equal(dt_optimizer_init_compact(&comp, c, segs, 3, NC), DT_OK);
@@ -400,6 +401,41 @@ static void test_compact_state(void **st) {
     compact_equals_full(&s);
 }
 
+/* Gradients with frozen parameters left out (nn.h grad_offsets): a segment
+ * with grad_gap reads grad[offset - gap]; the step equals the one over a
+ * full-layout gradient, and a gap larger than the offset is refused. */
+static void test_grad_gap(void **st) {
+    (void)st;
+    dt_optim_cfg c = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    c.weight_decay = 0.1f;
+    /* values: [0,8) trainable, [8,20) frozen (no segment), [20,26) trainable */
+    const dt_optim_segment dense[2] = {{0, 8, 1, NULL, NULL, 0}, {20, 6, 1, NULL, NULL, 0}};
+    const dt_optim_segment gapped[2] = {{0, 8, 1, NULL, NULL, 0}, {20, 6, 1, NULL, NULL, 12}};
+    dt_optimizer a, b;
+    assert_int_equal(dt_optimizer_init_compact(&a, &c, dense, 2, 26), DT_OK);
+    assert_int_equal(dt_optimizer_init_compact(&b, &c, gapped, 2, 26), DT_OK);
+    float pa[26], pb[26], p0[26], g[26], gc[14];
+    fill(pa, 26);
+    memcpy(pb, pa, sizeof pa);
+    memcpy(p0, pa, sizeof pa);
+    for (int s = 0; s < 3; s++) {
+        for (int i = 0; i < 26; i++) g[i] = i >= 8 && i < 20 ? 0.0f : 0.01f * (float)(i + 1) * (float)(s + 1);
+        memcpy(gc, g, 8 * sizeof *g);
+        memcpy(gc + 8, g + 20, 6 * sizeof *g);
+        assert_int_equal(dt_optimizer_step_range(&a, 0.05f, pa, g, 0, 26, 1.0f), DT_OK);
+        assert_int_equal(dt_optimizer_step_range(&b, 0.05f, pb, gc, 0, 26, 1.0f), DT_OK);
+        dt_optimizer_finish_step(&a);
+        dt_optimizer_finish_step(&b);
+    }
+    assert_memory_equal(pa, pb, sizeof pa);
+    assert_true(pb[21] != p0[21]);   /* the gapped segment did move */
+    dt_optimizer_free(&a);
+    dt_optimizer_free(&b);
+    const dt_optim_segment bad[1] = {{4, 8, 1, NULL, NULL, 5}};
+    assert_int_equal(dt_optimizer_init_compact(&a, &c, bad, 1, 26), DT_EINVAL);
+    assert_non_null(strstr(dt_error_message(), "gradient gap"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cfg_defaults),
@@ -413,6 +449,7 @@ int main(void) {
         cmocka_unit_test(test_sharded_sgd),
         cmocka_unit_test(test_compact_state),
         cmocka_unit_test(test_inactive_segment_skipped),
+        cmocka_unit_test(test_grad_gap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
