@@ -33,9 +33,11 @@ typedef struct dt_ddp dt_ddp;
 
 typedef struct dt_ddp_bucket {
     int index;
-    size_t begin, end;        /* element range [begin, end) of the flat gradient buffer
-                                 (staged: of the staging buffer) */
-    float *grad;              /* grad_flat + begin: reduce in place (staged: staging + begin) */
+    size_t begin, end;        /* element range [begin, end) of param_flat (staged: of the staging
+                                 buffer); it holds no frozen or ignored parameter */
+    float *grad;              /* grad_flat + dt_model_grad_offset(begin): reduce in place (the
+                                 gradient layout leaves frozen parameters out; staged: staging +
+                                 begin) */
     size_t numel;             /* end - begin */
     int staged;               /* 1: a static_graph bucket: its parameters are not contiguous in the
                                  flat gradient, they are copied into grad at launch and back after

@@ -25,7 +25,11 @@ int dt_bucket_plan(const dt_bucket_rule *r, const dt_bucket_item *items, int n, 
         if (items[k].skip) continue;
         size_t bytes = items[k].numel * sizeof(float);
         size_t cap = nb == 1 ? r->first_cap_bytes : r->cap_bytes;   /* cur is bucket 0 */
-        if (!cur || cur->cls != items[k].cls || (cur->used > 0 && cur->used * sizeof(float) + bytes > cap)) {
+        /* in place (no pad), a bucket is one range of the buffer: a skipped
+         * parameter (frozen, ignored) in between starts a new one, so its
+         * elements are never reduced */
+        int gap = !r->pad && cur && items[k].offset != cur->begin + cur->used;
+        if (!cur || gap || cur->cls != items[k].cls || (cur->used > 0 && cur->used * sizeof(float) + bytes > cap)) {
             size_t begin = !r->pad ? items[k].offset : cur ? cur->begin + round_up(cur->used, r->pad) : 0;
             cur = &cuts[nb++];
             *cur = (dt_bucket_cut){.first = k, .begin = begin, .cls = items[k].cls};

@@ -101,17 +101,11 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     else if (opts.compress == DT_DDP_COMPRESS_NONE) dt_ddp_hook_allreduce(d, &d->hook);
     else dt_ddp_hook_compress(d, &d->hook, opts.compress == DT_DDP_COMPRESS_BF16 ? DT_BF16 : DT_F16);
     dt_status s = dt_ddp_match_ignored(d);
+    if (s == DT_OK) s = dt_model_refresh_grads(m);   /* parameters frozen since: no gradient memory */
     if (s == DT_OK) s = dt_ddp_build_buckets(d);
     /* last, so no local failure can follow the collective window creation
      * (moving into caller memory cannot fail) */
-    if (s == DT_OK && opts.shm != DT_DDP_SHM_OFF && !opts.hook && opts.compress == DT_DDP_COMPRESS_NONE &&
-        (d->world > 1 || opts.shm == DT_DDP_SHM_REQUIRE)) {
-        s = dt_pg_alloc_shared(pg, m->param_flat.numel, &d->shm_grads);   /* collective */
-        if (s == DT_OK && d->shm_grads) s = dt_model_set_grad_buffer(m, d->shm_grads);
-        for (int i = 0; i < d->n_buckets; i++) d->buckets[i].grad = m->grad_flat.data + d->buckets[i].begin;
-        if (s == DT_OK && !d->shm_grads && opts.shm == DT_DDP_SHM_REQUIRE)
-            s = DT_ERR(DT_EINVAL, "ddp: node-shared memory required but unavailable: %s", dt_pg_shared_unavailable(pg));
-    }
+    if (s == DT_OK) s = dt_ddp_share_grads(d);
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_ddp_bcast_params(d, 0);
     if (s == DT_OK && m->n_buffers && d->world > 1) s = dt_ddp_bcast_buffers(d);
@@ -124,16 +118,40 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     return DT_OK;
 }
 
+/* Node-shared gradients (dist.h section 6), when the options allow:
+ * collective, the same decision on every rank; sized for the trainable set
+ * of now. The buckets are pointed into it. */
+dt_status dt_ddp_share_grads(dt_ddp *d) {
+    dt_model *m = d->model;
+    const dt_ddp_opts *o = &d->opts;
+    if (o->shm == DT_DDP_SHM_OFF || o->hook || o->compress != DT_DDP_COMPRESS_NONE ||
+        (d->world < 2 && o->shm != DT_DDP_SHM_REQUIRE))
+        return DT_OK;
+    size_t n = dt_model_grad_numel(m);
+    dt_status s = dt_pg_alloc_shared(d->pg, n ? n : 1, &d->shm_grads);   /* collective */
+    if (s == DT_OK && d->shm_grads) s = dt_model_set_grad_buffer(m, d->shm_grads);
+    for (int i = 0; i < d->n_buckets && m->grad_flat.data; i++)
+        if (!d->buckets[i].staged) d->buckets[i].grad = m->grad_flat.data + dt_model_grad_offset(m, d->buckets[i].begin);
+    if (s == DT_OK && !d->shm_grads && o->shm == DT_DDP_SHM_REQUIRE)
+        s = DT_ERR(DT_EINVAL, "ddp: node-shared memory required but unavailable: %s", dt_pg_shared_unavailable(d->pg));
+    return s;
+}
+
+/* The gradients back into private memory (the model keeps them; without
+ * memory for them it has none) and the window freed: collective. */
+void dt_ddp_unshare_grads(dt_ddp *d) {
+    if (!d->shm_grads) return;
+    if (d->model->grad_flat.data == d->shm_grads && dt_model_set_grad_buffer(d->model, NULL) != DT_OK)
+        dt_model_drop_grads(d->model);
+    dt_pg_free_shared(d->pg, d->shm_grads);
+    d->shm_grads = NULL;
+}
+
 void dt_ddp_free(dt_ddp *d) {
     if (!d) return;
     dt_ddp_free_buckets(d);
     if (d->model && d->model->bn_sync.user == &d->bn) d->model->bn_sync = (dt_bn_sync){0};
-    if (d->shm_grads) {
-        /* the model keeps its gradients; without memory for them it has none */
-        if (d->model->grad_flat.data == d->shm_grads && dt_model_set_grad_buffer(d->model, NULL) != DT_OK)
-            dt_model_drop_grads(d->model);
-        dt_pg_free_shared(d->pg, d->shm_grads);
-    }
+    dt_ddp_unshare_grads(d);
     dt_par_used_free(&d->used);
     free(d->ready_order);
     free(d->ignored);

@@ -59,7 +59,7 @@ dt_status dt_ddp_build_buckets(dt_ddp *d) {
         b->begin = plan.cuts[i].begin;
         b->end = b->begin + plan.cuts[i].used;
         b->numel = b->end - b->begin;
-        b->grad = m->grad_flat.data + b->begin;
+        b->grad = m->grad_flat.data + dt_model_grad_offset(m, b->begin);   /* (no frozen parameter inside) */
     }
     dt_par_plan_free(&plan);
     return DT_OK;

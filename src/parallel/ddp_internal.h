@@ -53,6 +53,10 @@ dt_status dt_ddp_build_staged(dt_ddp *d, const int *order, int n);
 /* Frees buckets and staging (collective if staging is node-shared) and
  * removes the grad-ready hooks. */
 void dt_ddp_free_buckets(dt_ddp *d);
+/* ddp.c: the gradients into a node-shared window sized for the trainable set
+ * (when the options allow; collective; buckets re-pointed), and back out. */
+dt_status dt_ddp_share_grads(dt_ddp *d);
+void dt_ddp_unshare_grads(dt_ddp *d);
 /* A staged bucket's gradients in (before launch) / out (after reduction). */
 void dt_ddp_stage_in(dt_ddp *d, dt_ddp_bucket *b);
 void dt_ddp_stage_out(dt_ddp *d, dt_ddp_bucket *b);

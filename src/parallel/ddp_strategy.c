@@ -20,9 +20,10 @@ static dt_status s_setup(void *self, dt_run *r) {
         else
             dt_log(DT_LOG_INFO, "dtrain: ddp gradients reduced by MPI collectives%s%s\n", why[0] ? ": " : "", why);
     }
-    size_t full = r->model->param_flat.numel * sizeof(float);
-    return dt_par_memory_report(s->pg, "ddp", full, full, (size_t)dt_optim_state_per_elem(r->optim) * full,
-                                !r->quiet);
+    const dt_model *m = r->model;   /* frozen parameters: no gradient, no optimizer state */
+    size_t f = sizeof(float), trainable = dt_model_num_trainable(m);
+    return dt_par_memory_report(s->pg, "ddp", m->param_flat.numel * f, m->grad_flat.numel * f,
+                                (size_t)dt_optim_state_per_elem(r->optim) * trainable * f, !r->quiet);
 }
 static dt_status s_before_forward(void *self, dt_run *r, int last) {
     ddp_strat *s = self;

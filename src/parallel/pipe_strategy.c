@@ -192,8 +192,8 @@ static dt_status s_setup(void *self, dt_run *r) {
     if (!p->defer || !p->norm_skip) return DT_ERR(DT_ENOMEM, "out of memory");
     for (int i = 0; i < p->m->n_params; i++)   /* a tied gradient counts once: on its authority */
         p->norm_skip[i] = (unsigned char)(p->tie_of[i] >= 0 && !p->ties[p->tie_of[i]].is_authority);
-    size_t full = p->m->param_flat.numel * sizeof(float), pb = full, gb = full,
-           ob = (size_t)dt_optim_state_per_elem(r->optim) * full;
+    size_t f = sizeof(float), pb = p->m->param_flat.numel * f, gb = p->m->grad_flat.numel * f,
+           ob = (size_t)dt_optim_state_per_elem(r->optim) * dt_model_num_trainable(p->m) * f;   /* (frozen: none) */
     if (p->zero) dt_pipe_dp_memory(p, &pb, &gb, &ob);
     p->stats.param_bytes = pb;
     char label[32];

@@ -58,7 +58,7 @@ static dt_status init_optimizers(dt_zero *z) {
         for (int k = 0; k < b->n_params; k++) {
             dt_param *p = z->lay.order[b->first_param + k];
             /* stepped only while it has a gradient (agreed over ranks: zero_reduce.c) */
-            segs[k] = (dt_optim_segment){m->offsets[p->index], (size_t)p->value.numel, p->weight_decay, &p->has_grad, &p->hp};
+            segs[k] = (dt_optim_segment){m->offsets[p->index], (size_t)p->value.numel, p->weight_decay, &p->has_grad, &p->hp, 0};
         }
         s = dt_optimizer_init(&z->lay.b[i].opt, &z->cfg, segs, b->n_params, b->own_begin, b->own_begin + b->shard);
     }
@@ -72,10 +72,10 @@ static dt_status init_optimizers(dt_zero *z) {
 static dt_status shard_storage(dt_zero *z) {
     dt_model *m = z->m;
     if (z->stage == 1) {
-        for (int i = 0; i < z->lay.nb; i++) z->lay.b[i].full_grad = m->grad_flat.data + z->lay.b[i].pub.begin;
+        dt_zero_point_full_grads(z);
         return DT_OK;
     }
-    if (!(z->lay.shard_grad = dt_calloc((z->lay.shard_total ? z->lay.shard_total : 1) * sizeof(float))))
+    if (!(z->lay.shard_grad = dt_calloc((z->lay.gshard_total ? z->lay.gshard_total : 1) * sizeof(float))))
         return DT_ERR(DT_ENOMEM, "zero: out of memory for gradient shards");
     for (int i = 0; i < m->n_params; i++) m->params[i]->on_grad_alloc = dt_zero_grad_alloc;   /* grads dropped at create */
     if (z->stage < 3) return DT_OK;
@@ -266,9 +266,9 @@ dt_pg *dt_zero_pg(const dt_zero *z) { return z->pg; }
 dt_zero_memory dt_zero_get_memory(const dt_zero *z) {
     size_t f = sizeof(float), full = z->lay.total * f, shard = z->lay.shard_total * f, stateful = 0;
     for (int i = 0; i < z->lay.nb; i++) stateful += z->lay.b[i].pub.trainable ? z->lay.b[i].pub.shard : 0;
-    dt_zero_memory r = {
+    dt_zero_memory r = {   /* gradients: trainable parameters only (frozen ones have none) */
         .param_bytes = z->stage == 3 ? shard : full,
-        .grad_bytes = z->stage == 1 ? full : shard,
+        .grad_bytes = z->stage == 1 ? z->m->grad_flat.numel * f : z->lay.gshard_total * f,
         .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * stateful * f + (z->zero_state ? z->zero_state_n * f : 0),
         .grad_window_peak = z->pool.grad_peak * f,
         .param_window_peak = z->pool.param_peak * f,

@@ -15,7 +15,11 @@ typedef struct zbucket {
     dt_work *rs;             /* reduce-scatter of the gradient in flight */
     dt_work *ag;             /* parameter all-gather in flight */
     int ag_queued;           /* stepped, all-gather waits in the queue (AFTER_BACKWARD) */
-    float *full_grad;        /* full-size gradient: grad_flat + begin (stage 1) or a pool buffer */
+    float *full_grad;        /* full-size gradient: grad_flat + grad_begin (stage 1) or a pool buffer;
+                                NULL for a frozen bucket (it has no gradient) */
+    size_t grad_begin;       /* stage 1: where it starts in grad_flat (dt_model_grad_offset: frozen
+                                parameters take no gradient memory) */
+    size_t gshard_offset;    /* stages 2/3: its owned gradient shard in shard_grad (trainable only) */
     float *full_param;       /* stage 3: gathered parameters (pool buffer) or NULL */
     int bwd_gathered;        /* stage 3: all-gathered in this micro-step's backward (incl. recompute) */
     /* the wire (zero_wire.c): payload buffers of the collectives in flight when the
@@ -44,8 +48,9 @@ typedef struct zlayout {
     int *param_bucket;       /* params[i] -> bucket */
     size_t total;            /* padded layout length */
     size_t shard_total;      /* sum of shard sizes */
+    size_t gshard_total;     /* sum of trainable buckets' shard sizes (frozen ones have no gradient) */
     float *shard_param;      /* stage 3: owned parameter shards, compact */
-    float *shard_grad;       /* stages 2/3: owned gradient shards, compact */
+    float *shard_grad;       /* stages 2/3: owned gradient shards of trainable buckets, compact */
 } zlayout;
 
 /* Gradient reduction of the micro-step (zero_reduce.c). Set by before_forward,
@@ -147,12 +152,16 @@ static inline float *dt_zero_shard_param_ptr(dt_zero *z, int i) {
     return z->stage == 3 ? z->lay.shard_param + b->shard_offset : z->m->param_flat.data + b->own_begin;
 }
 static inline float *dt_zero_shard_grad_ptr(dt_zero *z, int i) {
-    const dt_zero_bucket *b = &z->lay.b[i].pub;
-    return z->stage == 1 ? z->m->grad_flat.data + b->own_begin : z->lay.shard_grad + b->shard_offset;
+    const zbucket *b = &z->lay.b[i];
+    if (!b->pub.trainable) return NULL;   /* frozen: no gradient anywhere */
+    return z->stage == 1 ? z->m->grad_flat.data + b->grad_begin + (size_t)z->rank * b->pub.shard
+                         : z->lay.shard_grad + b->gshard_offset;
 }
 
 /* zero_layout.c: order params, cut buckets, pad, set the model layout, owned shards. */
 dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_bytes);
+/* Stage 1: every trainable bucket's full_grad into the model's grad_flat (after it moved) */
+void dt_zero_point_full_grads(dt_zero *z);
 /* pool of full-size bucket buffers (capacity >= numel; put back with the size it was got with) */
 float *dt_zero_pool_get(dt_zero *z, size_t numel);
 void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel);

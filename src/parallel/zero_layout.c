@@ -52,7 +52,23 @@ dt_status dt_zero_build_layout(dt_zero *z, size_t first_cap_bytes, size_t cap_by
     dt_par_plan_free(&plan);
     dt_status s = dt_model_set_layout(m, off, L->total ? L->total : 1);
     free(off);
+    size_t gshard = 0;   /* gradient shards: trainable buckets only */
+    for (int i = 0; i < L->nb; i++) {
+        zbucket *b = &L->b[i];
+        b->grad_begin = dt_model_grad_offset(m, b->pub.begin);   /* (valid while grad_flat exists: stage 1) */
+        b->gshard_offset = gshard;
+        if (b->pub.trainable) gshard += b->pub.shard;
+    }
+    L->gshard_total = gshard;
     return s;
+}
+
+void dt_zero_point_full_grads(dt_zero *z) {
+    float *g = z->m->grad_flat.data;
+    for (int i = 0; i < z->lay.nb; i++) {
+        zbucket *b = &z->lay.b[i];
+        b->full_grad = g && b->pub.trainable ? g + b->grad_begin : NULL;
+    }
 }
 
 /* Pool of full-size bucket buffers: best fit among free buffers no more than

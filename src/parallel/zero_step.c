@@ -46,6 +46,7 @@ double dt_zero_owned_sumsq(dt_zero *z, const unsigned char *skip) {
     for (int i = 0; i < z->lay.nb; i++) {
         const dt_zero_bucket *b = &z->lay.b[i].pub;
         const float *g = dt_zero_shard_grad_ptr(z, i);
+        if (!g) continue;   /* frozen bucket: no gradient */
         if (!skip) {
             local += dt_sumsq(g, b->shard);
             continue;

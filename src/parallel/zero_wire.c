@@ -44,7 +44,7 @@ dt_status dt_zero_wire_setup(dt_zero *z) {
         DT_TRY(dt_pg_alloc_shared(z->pg, z->lay.total, &W->shm_grads));
         if (W->shm_grads) {
             DT_TRY(dt_model_set_grad_buffer(z->m, W->shm_grads));
-            for (int i = 0; i < z->lay.nb; i++) z->lay.b[i].full_grad = z->m->grad_flat.data + z->lay.b[i].pub.begin;
+            dt_zero_point_full_grads(z);
         }
     } else if (z->stage == 1) {
         float *win = NULL;
@@ -63,8 +63,7 @@ void dt_zero_wire_free(dt_zero *z) {
     zwire *W = &z->wire;
     if (W->shm_grads) {   /* gradients back into private memory before the window goes */
         if (z->m->grad_flat.data == W->shm_grads && dt_model_set_grad_buffer(z->m, NULL) != DT_OK) dt_error_clear();
-        for (int i = 0; i < z->lay.nb; i++)
-            z->lay.b[i].full_grad = z->m->grad_flat.data ? z->m->grad_flat.data + z->lay.b[i].pub.begin : NULL;
+        dt_zero_point_full_grads(z);
         if (dt_pg_free_shared(z->pg, W->shm_grads) != DT_OK) dt_error_clear();
         W->shm_grads = NULL;
     }

@@ -15,6 +15,9 @@
  *  - ZeRO optimizer bytes per rank shrink when a layer is frozen through a
  *    refresh, to what a ZeRO created with it frozen reports, and come back
  *    when it is unfrozen again;
+ *  - frozen parameters take no gradient memory: DDP's gradient buffer and
+ *    buckets hold only the trainable parameters (node-shared or not), ZeRO's
+ *    gradient bytes per rank shrink as the optimizer's do;
  *  - ranks that disagree on the trainable set fail on every rank, naming a
  *    parameter and the rank. */
 #include "mpi_check.h"
@@ -83,6 +86,17 @@ static void expect_fc1_moved(const dt_model *m, const float *got, const float *i
     }
 }
 
+/* DDP holds gradients for the trainable parameters only: fc2 + fc3 of the
+ * 20-16-12-5 MLP are 16*12 + 12 + 12*5 + 5 = 269 floats, fc1 20*16 + 16 = 336. */
+static void expect_ddp_grads(const dt_ddp *d, const dt_model *m, size_t want) {
+    T_CHECK(m->grad_flat.numel == want);
+    size_t in_buckets = 0;
+    for (int i = 0; i < dt_ddp_num_buckets(d); i++) in_buckets += dt_ddp_bucket_at(d, i)->numel;
+    T_CHECK(in_buckets == want);   /* no bucket spans a frozen parameter */
+    for (int i = 0; i < m->n_params; i++)
+        T_CHECK((m->params[i]->grad.data != NULL) == (m->params[i]->requires_grad != 0));
+}
+
 static void test_ddp(const float *want) {
     t_begin("ddp refresh_trainable: unfreezing fc1 at step 3 equals a fresh DDP from step 3");
     dt_model_cfg c = cfg();
@@ -93,10 +107,12 @@ static void test_ddp(const float *want) {
     dt_ddp_opts o = ddp_opts();
     dt_ddp *d;
     T_OK(dt_ddp_create(n.m, world, &o, &d));
+    expect_ddp_grads(d, n.m, 269);
     ddp_steps(&n, d, 0, K0);
     float *mid = dtz_params(n.m, NULL);
     set_fc1(n.m, 1);
     T_OK(dt_ddp_refresh_trainable(d));
+    expect_ddp_grads(d, n.m, 269 + 336);
     ddp_steps(&n, d, K0, K0 + K1);
     float *got = dtz_params(n.m, NULL);
     dtz_expect_params(n.m, got, want, 0, "ddp refresh vs reference");
@@ -164,7 +180,7 @@ static void test_zero(int stage, const float *want) {
 }
 
 static void test_zero_memory(void) {
-    t_begin("zero refresh_trainable: optimizer bytes per rank shrink when fc1 is frozen, and come back");
+    t_begin("zero refresh_trainable: optimizer and gradient bytes per rank shrink when fc1 is frozen, and come back");
     dtz_spec s = spec();
     s.prepare = NULL;
     for (int stage = 1; stage <= 3; stage++) {
@@ -172,12 +188,16 @@ static void test_zero_memory(void) {
         o.first_bucket_bytes = o.bucket_bytes = 512;
         dtz_net n, f;
         dtz_net_init(&n, &s, 1, world, &o);
-        size_t all = dt_zero_get_memory(n.z).optim_bytes;
+        size_t all = dt_zero_get_memory(n.z).optim_bytes, gall = dt_zero_get_memory(n.z).grad_bytes;
         zero_steps(&n, s.oc.lr, 0, 1);
         size_t rs_all = dt_zero_get_stats(n.z).bytes_reduced;
         set_fc1(n.m, 0);
         T_OK(dt_zero_refresh_trainable(n.z));
-        size_t frozen = dt_zero_get_memory(n.z).optim_bytes;
+        size_t frozen = dt_zero_get_memory(n.z).optim_bytes, gfrozen = dt_zero_get_memory(n.z).grad_bytes;
+        /* gradients: fc1's 336 floats are gone (stage 1: the whole of them; 2/3: this rank's
+         * shard of them), less at most one bucket's padding (16 floats per rank) */
+        size_t P = (size_t)dt_pg_size(world), gone = stage == 1 ? 4 * 336 : 4 * 336 / P;
+        T_CHECK(gfrozen + gone <= gall + 4 * 16 * P);
         /* a frozen bucket is not reduce-scattered: one step reduces fewer bytes, by at least
          * fc1's weight (20 x 16 floats, in buckets of 512 bytes) */
         size_t rs0 = dt_zero_get_stats(n.z).bytes_reduced, ag0 = dt_zero_get_stats(n.z).bytes_gathered;
@@ -194,10 +214,12 @@ static void test_zero_memory(void) {
         sf.prepare = prepare_frozen;
         dtz_net_init(&f, &sf, 1, world, &o);
         T_CHECK(dt_zero_get_memory(f.z).optim_bytes == frozen);   /* as if created frozen */
+        T_CHECK(dt_zero_get_memory(f.z).grad_bytes == gfrozen);
         dtz_net_free(&f);
         set_fc1(n.m, 1);
         T_OK(dt_zero_refresh_trainable(n.z));
         T_CHECK(dt_zero_get_memory(n.z).optim_bytes == all);
+        T_CHECK(dt_zero_get_memory(n.z).grad_bytes == gall);
         zero_steps(&n, s.oc.lr, 2, 3);
         dtz_net_free(&n);
     }

@@ -43,6 +43,23 @@ for opt in "sgd:--optim sgd --lr 0.05 --momentum 0.9 --wd 0.1" "adamw:--optim ad
     done
 done
 
+# Frozen parameters take no gradient memory and no optimizer state: the DDP
+# start-up report (MiB per rank: params / grads / optimizer state). By hand:
+# MLP 784-32-32-10 is 25120 + 1056 + 330 = 26506 floats (0.10 MiB); with fc1
+# and fc3.bias frozen 1056 + 320 = 1376 train: 5504 bytes of gradients
+# (0.01 MiB, not 0.10) and 2 x 5504 of AdamW state (0.01).
+if [ "$np" -gt 1 ]; then
+    m="$tmp/mem"   # (base without its last word, --quiet: the report is wanted)
+    if ! timeout 300 "${launch[@]}" train "${base[@]:0:${#base[@]}-1}" --optim adamw --steps 1 --freeze 'fc1.*' --freeze fc3.bias \
+            > "$m.out" 2>&1; then
+        echo "FAIL memory: run:"; tail -5 "$m.out"; fail=1
+    elif ! grep -q "rank 0: 0.10 / 0.01 / 0.01 /" "$m.out"; then
+        echo "FAIL memory: frozen parameters should take no gradient or optimizer memory:"; grep -A2 "memory per rank" "$m.out"; fail=1
+    else
+        echo "ok memory"
+    fi
+fi
+
 # Frozen parameters have no optimizer state (DDP / one process: compact
 # state), so the checkpoint holds none for them; resuming without --freeze
 # unfreezes them: they start from zero state and train.

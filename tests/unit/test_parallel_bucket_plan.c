@@ -59,16 +59,31 @@ static void test_large_first_cap_and_exact_fit(void **st) {
     check(&r, it, 6, w, 4, of, NULL);
 }
 
-/* Skipped (frozen) items join no bucket, but the span still covers the gap
- * they leave: bucket 0 = items 1 and 3, span 1..8 = 7 floats (28 B), so item 4
- * (8 B) no longer fits under 24 B although 2 + 2 + 2 floats would. */
+/* Skipped (frozen) items join no bucket, and no bucket spans the gap they
+ * leave (in place, a bucket is one range of the gradient buffer, and a frozen
+ * parameter has no gradient there): item 1 [1, 3) is bucket 0; item 3 [6, 8)
+ * does not start at 3, so it opens bucket 1, which items 4 [8, 10) and
+ * 5 [10, 12) join (2 + 2 + 2 floats = 24 B, just the cap); item 6 at 13
+ * opens bucket 2 (a hole, and the cap; test_hole_cuts has a hole alone). */
 static void test_skipped_items_and_gaps(void **st) {
     (void)st;
     dt_bucket_rule r = {24, 24, 0};
-    dt_bucket_item it[] = {{1, 0, 1, 0}, {2, 1, 0, 0}, {3, 3, 1, 0}, {2, 6, 0, 0}, {2, 8, 0, 0}};
-    want_cut w[] = {{1, 2, 1, 7, 7}, {4, 1, 8, 2, 2}};
-    int of[] = {-1, 0, -1, 0, 1};
-    check(&r, it, 5, w, 2, of, NULL);
+    dt_bucket_item it[] = {{1, 0, 1, 0}, {2, 1, 0, 0}, {3, 3, 1, 0}, {2, 6, 0, 0}, {2, 8, 0, 0},
+                           {2, 10, 0, 0}, {1, 13, 0, 0}};
+    want_cut w[] = {{1, 1, 1, 2, 2}, {3, 3, 6, 6, 6}, {6, 1, 13, 1, 1}};
+    int of[] = {-1, 0, -1, 1, 1, 1, 2};
+    check(&r, it, 7, w, 3, of, NULL);
+}
+
+/* A hole alone cuts: 1 float at 0, 1 float at 2 (hole at 1) under a 64 B cap
+ * would fit in one bucket by size, but a bucket is one range: two buckets. */
+static void test_hole_cuts(void **st) {
+    (void)st;
+    dt_bucket_rule r = {64, 64, 0};
+    dt_bucket_item it[] = {{1, 0, 0, 0}, {1, 2, 0, 0}, {1, 3, 0, 0}};
+    want_cut w[] = {{0, 1, 0, 1, 1}, {1, 2, 2, 2, 2}};
+    int of[] = {0, 1, 1};
+    check(&r, it, 3, w, 2, of, NULL);
 }
 
 /* ZeRO-like: packed from 0 (offsets ignored), each bucket padded to a
@@ -134,6 +149,7 @@ int main(void) {
         cmocka_unit_test(test_first_cap_and_oversized),
         cmocka_unit_test(test_large_first_cap_and_exact_fit),
         cmocka_unit_test(test_skipped_items_and_gaps),
+        cmocka_unit_test(test_hole_cuts),
         cmocka_unit_test(test_padding_packs_buckets),
         cmocka_unit_test(test_empty_items),
         cmocka_unit_test(test_classes_never_mix),
