@@ -43,6 +43,9 @@ typedef struct dt_run {
     dt_graph *graph;              /* the tape every micro-step records on */
     dt_trace *trace;              /* NULL: tracing off */
     const dt_optim_cfg *optim;    /* hyper-parameters (a strategy may own the state) */
+    dt_optimizer *optimizer;      /* the trainer's optimizer when the strategy owns none (else NULL):
+                                     a strategy that ends with another rank's model (DDP join)
+                                     hands its optimizer state over too */
     float clip;                   /* max global gradient norm; 0 = off */
     float lr;                     /* learning rate of the step being run */
     int quiet;                    /* 1: strategies print nothing */

@@ -3,6 +3,7 @@
 /* Pieces DDP and ZeRO share. */
 #include "dtrain/dist.h"
 #include "dtrain/nn.h"
+#include "dtrain/optim.h"
 
 /* The root's model buffers (BatchNorm statistics) to every rank, packed into
  * one broadcast through *scratch (allocated on first use, caller frees). */
@@ -12,6 +13,9 @@ double dt_par_now_us(void);
  * floats, so one rank's value or an integer count arrives exactly). */
 dt_status dt_par_allreduce_sum(dt_pg *pg, double *x, int n);
 /* Rank 0 prints one line per rank: the given bytes and peak RSS. Collective. */
+/* Rank root's optimizer state, step count and per-segment skipped counts
+ * onto every rank of pg (same segments everywhere). Collective. */
+dt_status dt_par_bcast_optimizer(dt_pg *pg, dt_optimizer *o, int root);
 dt_status dt_par_memory_report(dt_pg *pg, const char *label, size_t param_bytes, size_t grad_bytes,
                                size_t optim_bytes, int print);
 /* Collective: every rank learns whether all succeeded. A failing rank keeps
@@ -52,12 +56,14 @@ void dt_par_used_free(dt_par_used *u);
 /* bucket_plan.c: the bucket cutting DDP and ZeRO share. */
 /* Items (parameters, in layout order) are cut into buckets by one rule: an
  * item opens a new bucket when there is none yet, when its class differs
- * from the open bucket's, or when the open bucket is non-empty and the item
- * would take it over its cap: first_cap_bytes while the open bucket is
- * bucket 0, cap_bytes after. So a bucket never splits an
- * item, and an item larger than the cap gets a bucket of its own. A bucket's
- * size is its span in the layout (float elements): from its first item's
- * position to its last item's end, gaps of skipped items included.
+ * from the open bucket's, when (pad == 0) it does not start where the open
+ * bucket ends (a skipped item or a hole lies between), or when the open
+ * bucket is non-empty and the item would take it over its cap:
+ * first_cap_bytes while the open bucket is bucket 0, cap_bytes after. So a
+ * bucket never splits an item, never covers a skipped one (frozen: it has no
+ * gradient to reduce), and an item larger than the cap gets a bucket of its
+ * own. A bucket's size is its span in the layout (float elements): from its
+ * first item's position to its last item's end.
  *   pad == 0: items stay at items[k].offset (DDP: in place).
  *   pad  > 0: items are packed from 0 (offset ignored), buckets back to back,
  *             each bucket's numel its span rounded up to a multiple of pad,

@@ -65,7 +65,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
         t->run = (dt_run){.model = t->model, .graph = t->graph, .optim = &t->opts.optim, .clip = o->clip,
                           .lr = o->optim.lr, .quiet = o->quiet, .step = &t->step, .sampler = &t->sampler,
                           .seed = o->seed, .rank = t->strat.data_rank, .world = t->strat.data_world,
-                          .accum = o->accum};
+                          .accum = o->accum, .optimizer = t->strat.owns_optimizer ? NULL : &t->optim};
         s = example_batch(t);
     }
     if (s == DT_OK && o->resume && !t->strat.load) s = dt_checkpoint_load(t, o->resume);

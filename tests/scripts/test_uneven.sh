@@ -5,7 +5,9 @@
 # reports the same final step, which is the largest rank's step count, and
 # each rank's own count is what its files hold (computed here from the file
 # sizes, independently of dtrain); the validation loss is the same under the
-# three strategies (ZeRO + join equals DDP + join). Combinations that cannot
+# three strategies (ZeRO + join equals DDP + join). When rank 0 is not the
+# rank that trains longest, its checkpoint still holds the optimizer state of
+# one that did. Combinations that cannot
 # join (--zero 3, a pipeline) and data that cannot be split by file fail
 # with a message naming them.
 # usage: test_uneven.sh DTRAIN
@@ -62,6 +64,36 @@ for tag in zero1 zero2; do
         echo "FAIL $tag: ${val[$tag]} differs from ddp's ${val[ddp]:-}"; fail=1
     fi
 done
+
+# The rank that trains longest need not be rank 0: with the sizes swapped
+# (rank 0: a + c = 800 + 3000 bytes, rank 1: b + d = 5000 + 4000) rank 0 joins
+# first. Every rank ends with the model of a rank that trained to the end,
+# and the checkpoint (written by rank 0) must hold that rank's optimizer too:
+# its step count is the final step, not rank 0's own count.
+mkdir "$tmp/swap"
+sizes2=(800 5000 3000 4000)
+for i in 0 1 2 3; do
+    yes "the quick brown fox $i jumps over the lazy dog" | head -c "${sizes2[$i]}" > "$tmp/swap/${names[$i]}.txt"
+done
+total=0; for s in "${sizes2[@]}"; do total=$((total + s)); done
+ntr=$((total - total / 10))
+exp2=(0 0); start=0
+for i in 0 1 2 3; do
+    end=$((start + sizes2[i])); [ $end -gt $ntr ] && end=$ntr; [ $start -gt $end ] && start=$end
+    r=$((i % 2)); exp2[$r]=$((exp2[r] + end - start)); start=$((start + sizes2[i]))
+done
+for r in 0 1; do exp2[$r]=$(( (exp2[r] - 1) / seq / batch )); done
+[ "${exp2[0]}" -lt "${exp2[1]}" ] || { echo "FAIL: swapped data does not make rank 1 lead (${exp2[*]})"; exit 1; }
+if ! timeout 300 "$bin" "${base[@]}" --data-path "$tmp/swap" --optim adamw --save "$tmp/swap.st" > "$tmp/swap.out" 2>&1; then
+    echo "FAIL swap: run failed:"; tail -5 "$tmp/swap.out"; fail=1
+elif ! grep -aq "\"optim_step\":\"${exp2[1]}\"" "$tmp/swap.st"; then
+    echo "FAIL swap: the checkpoint's optimizer should be the longest-training rank's (step ${exp2[1]}), found:"
+    grep -ao '"optim_step":"[0-9]*"' "$tmp/swap.st"; fail=1
+elif grep -ao '"optim_steps":"[^"]*"' "$tmp/swap.st" | grep -q ":${exp2[0]}\(,\|\"\)"; then
+    echo "FAIL swap: per-parameter step counts are rank 0's ${exp2[0]}:"; grep -ao '"optim_steps":"[^"]*"' "$tmp/swap.st"; fail=1
+else
+    echo "ok swap: rank 0 trained ${exp2[0]} steps, rank 1 ${exp2[1]}; the checkpoint's optimizer is at step ${exp2[1]}"
+fi
 
 check_error() {   # expected message, extra flags...
     local want=$1; shift
