@@ -48,6 +48,9 @@ void dt_ops_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
+    if (dt_ops_sgemm_small_m_applies(ta, tb, M, N, K, alpha, beta) &&
+        dt_ops_sgemm_small_m(M, N, K, A, lda, B, ldb, beta, C, ldc))
+        return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }

@@ -40,6 +40,17 @@ int dt_conv2d_dnnl(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int st
 void dt_ops_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                   const float *A, int64_t lda, const float *B, int64_t ldb,
                   float beta, float *C, int64_t ldc);
+/* gemm_small_m.c: A · Bᵀ on at most 64 rows with K >= 2048 computed as
+ * (B · Aᵀ)ᵀ, bitwise the same and faster there with OpenBLAS's AVX-512
+ * kernels (measurements in the file). _shape and _kernels are the two halves
+ * of the rule (pure), _applies both for the running OpenBLAS; _small_m
+ * returns 0 when it could not (no memory for its scratch): then take the
+ * direct path. */
+int dt_ops_sgemm_small_m_shape(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta);
+int dt_ops_sgemm_small_m_kernels(const char *core);
+int dt_ops_sgemm_small_m_applies(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta);
+int dt_ops_sgemm_small_m(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+                         int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* dst[i] += src[i], i < n (OpenMP). */
 void dt_ops_acc(float *restrict dst, const float *restrict src, int64_t n);
