@@ -83,6 +83,15 @@ dt_tensor *dt_op_relu(dt_graph *g, dt_tensor *x);
 dt_tensor *dt_op_gelu(dt_graph *g, dt_tensor *x);
 /* LayerNorm over the last dim C: w[C], b[C]. */
 dt_tensor *dt_op_layernorm(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, float eps);
+/* ---- fused ops: the bits of the unfused chain, fewer passes over memory ----
+ * Each gives forward values and every gradient (also with the split backward
+ * deferring the weight gradients) bitwise equal to the chain it replaces:
+ * the same float operations in the same order, sharing the chain's kernels. */
+/* gelu(linear(x, w, b, layout)): y[..., out]. The bias rides the GEMM exactly
+ * as in dt_op_linear; GELU is one pass over the GEMM's output, which is kept
+ * (the pre-activation backward needs). Backward computes GELU' * dy and the
+ * bias gradient in one pass, then linear's GEMMs. b may be NULL. */
+dt_tensor *dt_op_linear_gelu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, dt_wlayout layout);
 /* Softmax over the last dim. */
 dt_tensor *dt_op_softmax(dt_graph *g, dt_tensor *x);
 /* Fused causal multi-head self-attention.
