@@ -154,7 +154,7 @@ static float *train_steps(const dt_model_cfg *c, int64_t B, int64_t T, int fused
     dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
     oc.lr = 1e-2f;
     dt_optimizer opt;
-    dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL};
+    dt_optim_segment seg = {.offset = 0, .numel = m->param_flat.numel, .decay = 1};
     assert_int_equal(dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel), DT_OK);
     int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
     for (int64_t i = 0; i < B * T; i++) {
