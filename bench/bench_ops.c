@@ -3,14 +3,19 @@
  * raw cblas_sgemm calls of the same shapes measured in the same run, then one
  * full GPT-2 training step built from the ops with a per-op breakdown.
  *
- *   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive ./bench_ops [iters [ops]]
- *   (default 5 iterations, best of; "ops" skips the full step)
+ *   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive ./bench_ops [iters [ops|unfused]]
+ *   (default 5 iterations, best of; "ops" skips the full step; "unfused"
+ *   builds the step from the unfused chains instead of the fused ops GPT-2
+ *   uses: add + layernorm for add_layernorm, linear + gelu for linear_gelu)
  *
  * Each time is reported as wall and as "est" = process cpu time / threads,
  * which approximates the wall time on idle cores when the machine is shared.
  *
  * Op timings call the op (forward) and then its node's backward function
  * directly with a random upstream gradient, so they measure the op alone.
+ * The fused ops are timed next to the chains they replace, both forward and
+ * then backward through the whole tape (dt_graph_backward_from), so
+ * the rows compare like with like.
  * GFLOP/s counts GEMM flops only: linear 3 x 2*N*in*out; attention counts
  * the useful causal flops 3 x 2 x 2*hs*T(T+1)/2 per (b, h).
  *
@@ -159,6 +164,97 @@ static dt_tensor *f_ce(dt_graph *g, dt_param **in, void *ctx) {
     return dt_op_cross_entropy(g, &in[0]->value, ctx);
 }
 
+/* ---- fused ops vs the chains they replace ----
+ * ctx: where the function leaves a side output that a later op would consume
+ * (add_layernorm's sum), or NULL. */
+static dt_tensor *f_linear_gelu(dt_graph *g, dt_param **in, void *ctx) {
+    (void)ctx;
+    return dt_op_linear_gelu(g, &in[0]->value, &in[1]->value, &in[2]->value, DT_W_IN_OUT);
+}
+static dt_tensor *f_linear_then_gelu(dt_graph *g, dt_param **in, void *ctx) {
+    (void)ctx;
+    return dt_op_gelu(g, dt_op_linear(g, &in[0]->value, &in[1]->value, &in[2]->value, DT_W_IN_OUT));
+}
+static dt_tensor *f_add_layernorm(dt_graph *g, dt_param **in, void *ctx) {
+    return dt_op_add_layernorm(g, &in[0]->value, &in[1]->value, &in[2]->value, &in[3]->value, 1e-5f, ctx);
+}
+static dt_tensor *f_add_then_layernorm(dt_graph *g, dt_param **in, void *ctx) {
+    dt_tensor **sum = ctx;
+    *sum = dt_op_add(g, &in[0]->value, &in[1]->value);
+    return dt_op_layernorm(g, *sum, &in[2]->value, &in[3]->value, 1e-5f);
+}
+
+/* f forward, then backward through the tape from its output with a random
+ * gradient, and a random gradient on the side output *side (when f sets
+ * it), as the consumer of GPT-2's residual stream would give it. */
+static op_time time_chain(op_fn f, dt_param **in, dt_tensor **side, int iters) {
+    dt_graph *g = dt_graph_create();
+    op_time best = {1e30, 1e30, 1e30, 1e30};
+    float *dy = NULL;
+    for (int it = 0; it < iters + 1; it++) {   /* +1 warm-up */
+        dt_graph_reset(g);
+        if (side) *side = NULL;
+        double c0 = cpu_now(), t0 = now();
+        dt_tensor *y = f(g, in, side);
+        double t1 = now(), c1 = cpu_now();
+        if (!y || !y->grad_fn || (side && !*side)) {
+            fprintf(stderr, "bench_ops: op failed: %s\n", dt_error_message());
+            exit(1);
+        }
+        if (!dy) {
+            dy = malloc(sizeof(float) * (size_t)y->numel);
+            fill(dy, y->numel, 7, 1.0f);
+        }
+        if (side) fill(dt_grad_of(g, *side), (*side)->numel, 8, 1.0f);
+        double c2 = cpu_now(), t2 = now();
+        if (dt_graph_backward_from(g, y, dy) != DT_OK) {
+            fprintf(stderr, "bench_ops: backward: %s\n", dt_error_message());
+            exit(1);
+        }
+        double t3 = now(), c3 = cpu_now();
+        if (it == 0) continue;
+        keep_min(&best.fwd, t1 - t0);
+        keep_min(&best.bwd, t3 - t2);
+        keep_min(&best.fwd_est, (c1 - c0) / g_threads);
+        keep_min(&best.bwd_est, (c3 - c2) / g_threads);
+    }
+    free(dy);
+    dt_graph_free(g);
+    return best;
+}
+
+static void mem_row(const char *name, op_time t, double bytes, double foot);
+static void print_row(const char *name, op_time t, double flops, double raw, double raw_est, double bytes);
+
+/* GPT-2's two fusions at the W1 shapes, each under its unfused chain. */
+static void bench_fused_ops(int iters) {
+    printf("\nfused ops vs the chains they replace (fwd, then bwd through the tape)\n");
+    {
+        dt_param *x = mkparam("x", 2, (int64_t[]){N, C}, 1, 1.0f);
+        dt_param *w = mkparam("w", 2, (int64_t[]){C, 4 * C}, 2, 0.05f);
+        dt_param *b = mkparam("b", 1, (int64_t[]){4 * C}, 3, 0.1f);
+        dt_param *in[3] = {x, w, b};
+        double fl = 3.0 * 2.0 * N * C * 4.0 * C;
+        print_row("linear+gelu 2048x384->1536", time_chain(f_linear_then_gelu, in, NULL, iters), fl, 0, 0, 0);
+        print_row("linear_gelu (fused)", time_chain(f_linear_gelu, in, NULL, iters), fl, 0, 0, 0);
+        freeparam(x); freeparam(w); freeparam(b);
+    }
+    {
+        dt_param *x = mkparam("x", 2, (int64_t[]){N, C}, 4, 1.0f);
+        dt_param *h = mkparam("h", 2, (int64_t[]){N, C}, 5, 1.0f);
+        dt_param *w = mkparam("w", 1, (int64_t[]){C}, 6, 1.0f);
+        dt_param *b = mkparam("b", 1, (int64_t[]){C}, 7, 1.0f);
+        dt_param *in[4] = {x, h, w, b};
+        dt_tensor *sum;
+        /* bound for both rows: the fused op's traffic. fwd reads x, h, writes
+         * s, y; bwd reads s, dy, ds, read-modify-writes dx, dh */
+        double nc = (double)N * C * 4;
+        mem_row("add+layernorm 2048x384", time_chain(f_add_then_layernorm, in, &sum, iters), 11.0 * nc, 8.0 * nc);
+        mem_row("add_layernorm (fused)", time_chain(f_add_layernorm, in, &sum, iters), 11.0 * nc, 8.0 * nc);
+        freeparam(x); freeparam(h); freeparam(w); freeparam(b);
+    }
+}
+
 /* Raw SGEMMs of a linear layer's fwd + bwd: y = x w, dx = dy w^T, dw = x^T dy.
  * Returns best wall seconds; *est gets best cpu / threads. */
 static double time_raw_linear(int in, int out, int iters, double *est) {
@@ -188,8 +284,7 @@ static double time_raw_linear(int in, int out, int iters, double *est) {
 }
 
 /* bytes: moved by fwd + bwd; foot: the distinct bytes they touch (x, y, dy, dx):
- * the bandwidth bound is measured at that footprint. */
-static void mem_row(const char *name, op_time t, double bytes, double foot);
+ * the bandwidth bound is measured at that footprint (mem_row, below). */
 static void print_row(const char *name, op_time t, double flops, double raw, double raw_est, double bytes) {
     double tot = t.fwd + t.bwd, est = t.fwd_est + t.bwd_est;
     printf("%-28s %7.2f %7.2f %8.2f %8.2f", name, t.fwd * 1e3, t.bwd * 1e3, tot * 1e3, est * 1e3);
@@ -408,6 +503,8 @@ static void gpt2_free(gpt2 *m) {
     for (size_t i = 0; i < sizeof *m / sizeof *p; i++) freeparam(p[i]);
 }
 
+static int g_unfused;   /* the step from the unfused chains ("unfused" on the command line) */
+
 static dt_tensor *gpt2_step_forward(dt_graph *g, gpt2 *m, const int32_t *ids, const int32_t *pos,
                                     const int32_t *tgt) {
     int64_t sh[3] = {B, T, C};
@@ -419,10 +516,16 @@ static dt_tensor *gpt2_step_forward(dt_graph *g, gpt2 *m, const int32_t *ids, co
         h = TIMED("linear", dt_op_linear(g, h, &m->attn_w[l]->value, &m->attn_b[l]->value, DT_W_IN_OUT));
         h = TIMED("attention", dt_op_attention(g, h, H));
         h = TIMED("linear", dt_op_linear(g, h, &m->proj_w[l]->value, &m->proj_b[l]->value, DT_W_IN_OUT));
-        x = TIMED("add", dt_op_add(g, x, h));
-        h = TIMED("layernorm", dt_op_layernorm(g, x, &m->ln2_w[l]->value, &m->ln2_b[l]->value, 1e-5f));
-        h = TIMED("linear", dt_op_linear(g, h, &m->fc_w[l]->value, &m->fc_b[l]->value, DT_W_IN_OUT));
-        h = TIMED("gelu", dt_op_gelu(g, h));
+        if (g_unfused) {
+            x = TIMED("add", dt_op_add(g, x, h));
+            h = TIMED("layernorm", dt_op_layernorm(g, x, &m->ln2_w[l]->value, &m->ln2_b[l]->value, 1e-5f));
+            h = TIMED("linear", dt_op_linear(g, h, &m->fc_w[l]->value, &m->fc_b[l]->value, DT_W_IN_OUT));
+            h = TIMED("gelu", dt_op_gelu(g, h));
+        } else {   /* as GPT-2 (src/nn/gpt2.c) */
+            h = TIMED("add_layernorm",
+                      dt_op_add_layernorm(g, x, h, &m->ln2_w[l]->value, &m->ln2_b[l]->value, 1e-5f, &x));
+            h = TIMED("linear_gelu", dt_op_linear_gelu(g, h, &m->fc_w[l]->value, &m->fc_b[l]->value, DT_W_IN_OUT));
+        }
         h = TIMED("linear", dt_op_linear(g, h, &m->fc2_w[l]->value, &m->fc2_b[l]->value, DT_W_IN_OUT));
         x = TIMED("add", dt_op_add(g, x, h));
     }
@@ -470,8 +573,9 @@ static void bench_step(int iters, double sgemm_rate) {
     double hs = C / H;
     double lin_fl = 6.0 * N * (12.0 * C * C * L + (double)C * V);
     double att_fl = L * 3.0 * 2.0 * 2.0 * hs * (T * (T + 1.0) / 2.0) * B * H;
-    printf("\nGPT-2 step (L=%d C=%d H=%d T=%d B=%d V=%d), best of %d: %.1f ms (fwd %.1f, bwd %.1f), loss %.4f\n",
-           L, C, H, T, B, V, iters, best * 1e3, best_fwd * 1e3, (best - best_fwd) * 1e3, loss);
+    printf("\nGPT-2 step (L=%d C=%d H=%d T=%d B=%d V=%d, %s), best of %d: %.1f ms (fwd %.1f, bwd %.1f), loss %.4f\n",
+           L, C, H, T, B, V, g_unfused ? "unfused" : "fused ops", iters, best * 1e3, best_fwd * 1e3,
+           (best - best_fwd) * 1e3, loss);
     double fl = lin_fl + att_fl;
     printf("  GEMM flops %.1f GFLOP (linear %.1f + causal attention %.1f)\n", fl / 1e9, lin_fl / 1e9, att_fl / 1e9);
     printf("  wall: %.1f GFLOP/s;  est (cpu/threads %.1f ms): %.1f GFLOP/s = %.0f%% of raw sgemm est %.1f GFLOP/s\n",
@@ -505,12 +609,14 @@ int main(int argc, char **argv) {
         dt_blas_describe(&b, d, sizeof d);
         printf("GEMM: %s\n\n", d);
     }
-    const char *what = argc > 2 ? argv[2] : "all";   /* all | ops */
+    const char *what = argc > 2 ? argv[2] : "all";   /* all | ops | unfused */
+    g_unfused = !strcmp(what, "unfused");
     g_bw = measure_bw(256.0 * 1048576);
     printf("memory bandwidth (scale over 256 MiB, %d threads): %.1f GB/s; memory-bound ops are set against the\n"
            "rate measured the same way at their own footprint (cache-resident data runs faster)\n\n",
            g_threads, g_bw / 1e9);
     double rate = bench_single_ops(iters);
+    bench_fused_ops(iters);
     bench_cnn_ops(iters);
     if (strcmp(what, "ops") != 0) bench_step(iters, rate);
     return 0;

@@ -83,6 +83,24 @@ dt_tensor *dt_op_relu(dt_graph *g, dt_tensor *x);
 dt_tensor *dt_op_gelu(dt_graph *g, dt_tensor *x);
 /* LayerNorm over the last dim C: w[C], b[C]. */
 dt_tensor *dt_op_layernorm(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, float eps);
+/* ---- fused ops: the bits of the unfused chain, fewer passes over memory ----
+ * Each gives forward values and every gradient (also with the split backward
+ * deferring the weight gradients) bitwise equal to the chain it replaces:
+ * the same float operations in the same order, sharing the chain's kernels. */
+/* gelu(linear(x, w, b, layout)): y[..., out]. The bias rides the GEMM exactly
+ * as in dt_op_linear; GELU is one pass over the GEMM's output, which is kept
+ * (the pre-activation backward needs). Backward computes GELU' * dy and the
+ * bias gradient in one pass, then linear's GEMMs. b may be NULL. */
+dt_tensor *dt_op_linear_gelu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, dt_wlayout layout);
+/* layernorm(x + h, w, b, eps), returning x + h through *sum (the residual
+ * stream, for the next residual add): s = x + h and its LayerNorm in one pass
+ * over the rows. x, h same shape, w[C], b[C] (b may be NULL), C = last dim.
+ * Backward adds s's incoming gradient to LayerNorm's input gradient in the
+ * same pass and accumulates the sum into x's and h's gradients; s's own
+ * gradient buffer then holds only what s's other consumers gave it (read it
+ * after backward and LayerNorm's part is missing). */
+dt_tensor *dt_op_add_layernorm(dt_graph *g, dt_tensor *x, dt_tensor *h, dt_tensor *w, dt_tensor *b, float eps,
+                               dt_tensor **sum);
 /* Softmax over the last dim. */
 dt_tensor *dt_op_softmax(dt_graph *g, dt_tensor *x);
 /* Fused causal multi-head self-attention.

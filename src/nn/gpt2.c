@@ -8,7 +8,13 @@
  * Modules: wte, wpe, then per block ln_1, attn, ln_2, mlp, then ln_f; wte is
  * entered a second time around the lm-head.
  * Blocks: "embed" (ids -> [B, T, C]), "h.{l}" per layer ([B, T, C] -> same),
- * "head" (ln_f + tied lm-head, -> [B, T, V]). */
+ * "head" (ln_f + tied lm-head, -> [B, T, V]).
+ * Fused kernels inside a layer block: the attention residual add with ln_2
+ * (dt_op_add_layernorm) and c_fc with GELU (dt_op_linear_gelu); bitwise the
+ * unfused ops. DTRAIN_NO_FUSE=1 in the environment when the model is built
+ * selects the unfused chain (for the tests that compare the two). The other
+ * residual adds feed the next block's ln_1 / ln_f across a block boundary
+ * (pipeline stages and recompute cut there), so they stay unfused. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +39,8 @@ static dt_tensor *drop(dt_model *m, dt_graph *g, dt_tensor *x) {
     return m->cfg.dropout > 0 ? dt_op_dropout(g, x, m->cfg.dropout, &m->dropout_rng) : x;
 }
 
-static dt_tensor *block_forward(dt_model *m, dt_graph *g, int l, dt_tensor *x) {
+/* fuse: 1 = the fused kernels, 0 = the op chain they replace. */
+static dt_tensor *block_forward(dt_model *m, dt_graph *g, int l, int fuse, dt_tensor *x) {
     int H = m->cfg.n_head;
     dt_tensor *h;
     DT_NN_CHECK(h = layernorm_mod(g, block_mod(m, l, MOD_LN1), x));       /* [B, T, C] */
@@ -44,12 +51,23 @@ static dt_tensor *block_forward(dt_model *m, dt_graph *g, int l, dt_tensor *x) {
     DT_NN_CHECK(h = dt_op_linear(g, h, P(attn, 2), P(attn, 3), DT_W_IN_OUT));
     if (dt_module_leave(g, attn) != DT_OK) return NULL;
     DT_NN_CHECK(h = drop(m, g, h));
-    DT_NN_CHECK(x = dt_op_add(g, x, h));
-    DT_NN_CHECK(h = layernorm_mod(g, block_mod(m, l, MOD_LN2), x));
+    dt_module *ln2 = block_mod(m, l, MOD_LN2);
+    if (fuse) {   /* x = x + h and h = ln_2(x), one pass; inside ln_2 (its hooks bracket its parameters' use) */
+        if (dt_module_enter(g, ln2) != DT_OK) return NULL;
+        DT_NN_CHECK(h = dt_op_add_layernorm(g, x, h, P(ln2, 0), P(ln2, 1), 1e-5f, &x));   /* [B, T, C] twice */
+        if (dt_module_leave(g, ln2) != DT_OK) return NULL;
+    } else {
+        DT_NN_CHECK(x = dt_op_add(g, x, h));
+        DT_NN_CHECK(h = layernorm_mod(g, ln2, x));
+    }
     dt_module *mlp = block_mod(m, l, MOD_MLP);
     if (dt_module_enter(g, mlp) != DT_OK) return NULL;
-    DT_NN_CHECK(h = dt_op_linear(g, h, P(mlp, 0), P(mlp, 1), DT_W_IN_OUT));   /* [B, T, 4C] */
-    DT_NN_CHECK(h = dt_op_gelu(g, h));
+    if (fuse) {
+        DT_NN_CHECK(h = dt_op_linear_gelu(g, h, P(mlp, 0), P(mlp, 1), DT_W_IN_OUT));   /* [B, T, 4C] */
+    } else {
+        DT_NN_CHECK(h = dt_op_linear(g, h, P(mlp, 0), P(mlp, 1), DT_W_IN_OUT));
+        DT_NN_CHECK(h = dt_op_gelu(g, h));
+    }
     DT_NN_CHECK(h = dt_op_linear(g, h, P(mlp, 2), P(mlp, 3), DT_W_IN_OUT));   /* [B, T, C] */
     if (dt_module_leave(g, mlp) != DT_OK) return NULL;
     DT_NN_CHECK(h = drop(m, g, h));
@@ -82,10 +100,20 @@ static dt_tensor *embed_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_b
     return drop(m, g, x);
 }
 
+/* A layer block's user word: 2 * layer + fuse (fuse fixed when the model is built). */
+static void *layer_user(int l, int fuse) { return (void *)(intptr_t)(2 * l + fuse); }
+
+/* 0 when DTRAIN_NO_FUSE is set to anything but "" or "0". */
+static int fuse_from_env(void) {
+    const char *e = getenv("DTRAIN_NO_FUSE");
+    return !e || !*e || !strcmp(e, "0");
+}
+
 /* block "h.{l}": [B, T, C] -> [B, T, C] */
 static dt_tensor *layer_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
     (void)b;
-    return block_forward(m, g, (int)(intptr_t)user, x);
+    intptr_t u = (intptr_t)user;
+    return block_forward(m, g, (int)(u / 2), (int)(u % 2), x);
 }
 
 /* block "head": ln_f, then the lm-head tied to wte: [B, T, C] -> [B, T, V] */
@@ -114,6 +142,7 @@ dt_status dt_gpt2_build(dt_model *m) {
     add(m, wpe, "weight", 2, c->max_t, C, DT_INIT_GAUSS(0.01f));
     int64_t act[2] = {DT_DIM_SEQ, C}, logits[2] = {DT_DIM_SEQ, c->vocab};
     DT_TRY(dt_model_add_block(m, "embed", embed_block, NULL, 0, NULL, 2, act));
+    int fuse = fuse_from_env();
     for (int l = 0; l < c->n_layer; l++) {
         static const char *names[MODS_PER_BLOCK] = {"ln_1", "attn", "ln_2", "mlp"};
         dt_module *mods[MODS_PER_BLOCK];
@@ -135,7 +164,7 @@ dt_status dt_gpt2_build(dt_model *m) {
             add(m, mods[k], "c_proj.bias", 1, C, 1, DT_INIT_ZERO);
         }
         snprintf(name, sizeof name, "h.%d", l);
-        DT_TRY(dt_model_add_block(m, name, layer_block, (void *)(intptr_t)l, 2, act, 2, act));
+        DT_TRY(dt_model_add_block(m, name, layer_block, layer_user(l, fuse), 2, act, 2, act));
     }
     dt_module *lnf = dt_model_add_module(m, "ln_f");
     add(m, lnf, "weight", 1, C, 1, DT_INIT_FILL(1.0f));

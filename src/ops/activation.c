@@ -5,7 +5,8 @@
  *   computed through the identity 0.5 (1 + tanh(u)) = sigmoid(2u), so
  *     y = x s,  s = 1 / (1 + exp(-2u))
  *     dy/dx = s + x s (1 - s) * 2k (1 + 3 * 0.044715 x^2)
- *   which is free of the 1 - tanh cancellation and vectorises (dt_ops_expf). */
+ *   which is free of the 1 - tanh cancellation and vectorises (dt_ops_expf);
+ *   the formulas live in ops_internal.h (linear_gelu.c uses them too). */
 #include "ops_internal.h"
 
 static void relu_backward(dt_graph *g, dt_node *n) {
@@ -31,28 +32,13 @@ dt_tensor *dt_op_relu(dt_graph *g, dt_tensor *x) {
     return y;
 }
 
-#define GELU_K 0.7978845608028654f   /* sqrt(2 / pi) */
-#define GELU_A 0.044715f
-
-/* s = sigmoid(2u) = 0.5 (1 + tanh(u)); the exponent is capped at 80 so s
- * stays a normal float (>= 1.8e-35) for very negative x. */
-static inline float gelu_gate(float x) {
-    float e = -2.0f * GELU_K * fmaf(GELU_A * x * x, x, x);
-    e = e > 80.0f ? 80.0f : e;
-    return 1.0f / (1.0f + dt_ops_expf(e));
-}
-
 static void gelu_backward(dt_graph *g, dt_node *n) {
     float *dx = dt_grad_of(g, n->in[0]);
     if (!dx) return;
     const float *x = dt_f32(n->in[0]), *dy = dt_f32(n->out->grad);
     int64_t len = n->out->numel;
 #pragma omp parallel for schedule(static) if (len >= DT_OPS_PAR_MIN)
-    for (int64_t i = 0; i < len; i++) {
-        float xi = x[i], s = gelu_gate(xi);
-        float du = 2.0f * GELU_K * fmaf(3.0f * GELU_A, xi * xi, 1.0f);
-        dx[i] += dy[i] * fmaf(xi * s * (1.0f - s), du, s);
-    }
+    for (int64_t i = 0; i < len; i++) dx[i] += dy[i] * dt_ops_gelu_slope(x[i]);
 }
 
 dt_tensor *dt_op_gelu(dt_graph *g, dt_tensor *x) {
@@ -64,7 +50,7 @@ dt_tensor *dt_op_gelu(dt_graph *g, dt_tensor *x) {
     float *yd = dt_f32(y);
     int64_t len = x->numel;
 #pragma omp parallel for schedule(static) if (len >= DT_OPS_PAR_MIN)
-    for (int64_t i = 0; i < len; i++) yd[i] = xd[i] * gelu_gate(xd[i]);
+    for (int64_t i = 0; i < len; i++) yd[i] = xd[i] * dt_ops_gelu_gate(xd[i]);
     dt_graph_record(g, op, gelu_backward, y, 1, &x);
     return y;
 }

@@ -1,6 +1,7 @@
 /* Shared helpers for the dense ops in src/ops: argument checks that format
- * "op: ..." messages, a row-major SGEMM wrapper, OpenMP accumulation loops and
- * a vectorisable exp.
+ * "op: ..." messages, a row-major SGEMM wrapper, OpenMP accumulation loops,
+ * a vectorisable exp, GELU, and the linear and LayerNorm kernels the fused
+ * ops (linear_gelu.c, add_layernorm.c) share with the plain ones.
  *
  * Threading rule: dt_ops_sgemm may be called from outside a parallel region
  * (OpenBLAS then uses every OpenMP thread) or from inside one for deliberately
@@ -61,6 +62,45 @@ void dt_ops_colsum_acc(float *restrict db, const float *restrict dy, int64_t row
 /* Output tensor sharing x's storage with a new shape (no copy); arena struct. */
 dt_tensor *dt_ops_view(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape);
 
+/* ---- linear (linear.c), shared with linear_gelu.c: the same checks and
+ * the very same SGEMM calls, so a fused op's GEMMs are dt_op_linear's bits ----
+ * dims = {N rows, in, out}. */
+/* dt_op_linear's argument checks, messages starting "op: ". 0 and dims, or -1. */
+int dt_linear_check(const char *op, const dt_graph *g, const dt_tensor *x, const dt_tensor *w,
+                    const dt_tensor *b, dt_wlayout layout, int64_t dims[3]);
+/* y[N, out] = x · W (+ b): rows start as b (if any), then one SGEMM adds on top. */
+void dt_linear_gemm(float *y, const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, dt_wlayout layout,
+                    const int64_t dims[3]);
+/* From dy[N, out]: dx[N, in] += dy · W^T, dw += x^T · dy (as laid out); either may be NULL. */
+void dt_linear_grad_gemm(const float *dy, const dt_tensor *x, const dt_tensor *w, dt_wlayout layout,
+                         const int64_t dims[3], float *dx, float *dw);
+
+/* ---- LayerNorm (layernorm.c), shared with add_layernorm.c ----
+ * Both ops run these functions (not copies of their loops), so their
+ * reductions are the same machine code and the fused op gives the unfused
+ * op's bits whatever order the compiler vectorises the sums in. */
+/* One row x[C] -> y[C] = (x - mean) rstd w + b (b may be NULL); its mean and
+ * rstd are stored in *mean, *rstd. */
+void dt_ln_row_forward(const float *x, const float *w, const float *b, float eps, int64_t C, float *y,
+                       float *mean, float *rstd);
+/* Backward over x[N, C] (N, C >= 1) given mean[N], rstd[N] and dy[N, C]:
+ *   dw, db (either may be NULL) += sum_n dy xhat, sum_n dy (per-thread
+ *   partials reduced in thread order: deterministic for a thread count);
+ *   the input gradient g = rstd (dy w - mean_c(dy w) - xhat mean_c(dy w xhat))
+ *   goes to dx += g (layernorm), or, with dx NULL, as t = ds + g (ds NULL:
+ *   0 + g), to da += t and dh += t (add_layernorm: x = a + h, ds the
+ *   gradient x's other consumers gave it), row by row: the sum a plain
+ *   add's backward would read from x's gradient, never stored. */
+typedef struct dt_ln_grads {
+    const float *x, *w, *mean, *rstd, *dy;
+    int64_t N, C;
+    float *dx, *dw, *db;
+    const float *ds;
+    float *da, *dh;
+} dt_ln_grads;
+/* 0, or -1 with the error set (out of memory for the partial sums). */
+int dt_ln_backward(dt_graph *g, const dt_ln_grads *a);
+
 /* exp(x) for float, vectorisable (no libm call): 2^n * poly(r) with
  * r = x - n ln2 in [-ln2/2, ln2/2]; degree-7 Taylor polynomial, about 2 ulp.
  * Inputs are clamped to [-87, 88] (so exp(-inf) ~ 1.6e-38, not 0); NaN
@@ -87,6 +127,24 @@ static inline float dt_ops_expf(float x) {
     float s;
     memcpy(&s, &sb, sizeof s);
     return p * s;
+}
+
+/* GELU (tanh approximation) through 0.5 (1 + tanh(u)) = sigmoid(2u), see
+ * activation.c. Shared by gelu and linear_gelu so the two give the same bits.
+ * The gate s = sigmoid(2u); the exponent is capped at 80 so s stays a normal
+ * float (>= 1.8e-35) for very negative x. y = x s. */
+#define DT_GELU_K 0.7978845608028654f   /* sqrt(2 / pi) */
+#define DT_GELU_A 0.044715f
+static inline float dt_ops_gelu_gate(float x) {
+    float e = -2.0f * DT_GELU_K * fmaf(DT_GELU_A * x * x, x, x);
+    e = e > 80.0f ? 80.0f : e;
+    return 1.0f / (1.0f + dt_ops_expf(e));
+}
+/* dy/dx = s + x s (1 - s) * 2k (1 + 3 * 0.044715 x^2) */
+static inline float dt_ops_gelu_slope(float x) {
+    float s = dt_ops_gelu_gate(x);
+    float du = 2.0f * DT_GELU_K * fmaf(3.0f * DT_GELU_A, x * x, 1.0f);
+    return fmaf(x * s * (1.0f - s), du, s);
 }
 
 /* y[0..n) = softmax(x[0..n)); y may equal x. n >= 1. */

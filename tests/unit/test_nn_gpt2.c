@@ -1,5 +1,9 @@
 /* GPT-2: HF names/shapes, finite decreasing loss, and gradients (including the
- * tied wte, used by the embedding and the lm-head) match finite differences. */
+ * tied wte, used by the embedding and the lm-head) match finite differences.
+ * The fused kernels (add + ln_2, c_fc + GELU) train bit for bit as the
+ * unfused ops (DTRAIN_NO_FUSE=1), plain, with recompute and with the split
+ * backward. */
+#include <stdlib.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -111,11 +115,119 @@ static void test_loss_finite_and_decreasing(void **state) {
     dt_model_free(m);
 }
 
+/* ---- fused kernels vs the unfused chain ---- */
+static int defer_all(const dt_param *p, void *user) { (void)p; (void)user; return 1; }
+
+/* Nodes named op on the tape reachable from t (through grad_fn and inputs). */
+static int count_nodes(dt_tensor *t, const char *op) {
+    enum { MAXN = 2048 };
+    static const dt_node *seen[MAXN];
+    static dt_node *stack[MAXN];
+    int n_seen = 0, top = 0, count = 0;
+    if (t->grad_fn) stack[top++] = t->grad_fn;
+    while (top > 0) {
+        dt_node *n = stack[--top];
+        int dup = 0;
+        for (int i = 0; i < n_seen && !dup; i++) dup = seen[i] == n;
+        if (dup) continue;
+        assert_true(n_seen < MAXN);
+        seen[n_seen++] = n;
+        count += !strcmp(n->op, op);
+        for (int i = 0; i < n->n_in; i++)
+            if (n->in[i] && n->in[i]->grad_fn && top < MAXN) stack[top++] = n->in[i]->grad_fn;
+    }
+    return count;
+}
+
+enum { RUN_PLAIN, RUN_RECOMPUTE, RUN_SPLIT, RUN_MODES };
+static const char *const run_name[RUN_MODES] = {"plain", "recompute", "split backward"};
+
+/* Four AdamW steps (dropout on) of a GPT-2 built with or without
+ * DTRAIN_NO_FUSE=1; returns the final parameter vector (malloc'd). */
+static float *train_steps(const dt_model_cfg *c, int64_t B, int64_t T, int fused, int mode, int64_t *n) {
+    if (fused) unsetenv("DTRAIN_NO_FUSE");
+    else setenv("DTRAIN_NO_FUSE", "1", 1);
+    dt_model *m;
+    assert_int_equal(dt_model_create(c, 7, &m), DT_OK);
+    unsetenv("DTRAIN_NO_FUSE");   /* read when the model was built */
+    if (mode == RUN_RECOMPUTE) dt_model_set_recompute(m, DT_RECOMPUTE_BLOCKS);
+    dt_optim_cfg oc = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    oc.lr = 1e-2f;
+    dt_optimizer opt;
+    dt_optim_segment seg = {.offset = 0, .numel = m->param_flat.numel, .decay = 1};
+    assert_int_equal(dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel), DT_OK);
+    int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
+    for (int64_t i = 0; i < B * T; i++) {
+        in[i] = (int32_t)((i * 7 + 3) % c->vocab);
+        tg[i] = (int32_t)((i * 5 + 1) % c->vocab);
+    }
+    dt_batch b = {.B = B, .T = T, .y = tg};
+    assert_int_equal(dt_batch_add_input(&b, "ids", DT_I32, 2, (int64_t[]){B, T}, in), DT_OK);
+    dt_graph *g = dt_graph_create();
+    if (mode == RUN_SPLIT) dt_graph_defer_weights(g, defer_all, NULL);
+    for (int s = 0; s < 4; s++) {
+        dt_graph_reset(g);
+        dt_graph_set_training(g, 1);
+        dt_tensor *loss = dt_model_forward(m, g, &b, NULL);
+        assert_non_null(loss);
+        if (s == 0 && mode != RUN_RECOMPUTE) {   /* the switch works: one of each per layer, or none */
+            assert_int_equal(count_nodes(loss, "add_layernorm"), fused ? c->n_layer : 0);
+            assert_int_equal(count_nodes(loss, "linear_gelu"), fused ? c->n_layer : 0);
+            assert_int_equal(count_nodes(loss, "gelu"), fused ? 0 : c->n_layer);
+        }
+        assert_int_equal(dt_graph_backward(g, loss), DT_OK);
+        if (mode == RUN_SPLIT) {
+            assert_true(dt_graph_deferred_nodes(g) > 0);
+            assert_int_equal(dt_graph_backward_weights(g), DT_OK);
+        }
+        assert_int_equal(dt_optimizer_step_range(&opt, oc.lr, m->param_flat.data, m->grad_flat.data, 0,
+                                                 m->param_flat.numel, 1.f), DT_OK);
+        dt_optimizer_finish_step(&opt);
+        dt_model_zero_grad(m);
+    }
+    *n = m->param_flat.numel;
+    float *out = malloc((size_t)*n * sizeof *out);
+    memcpy(out, m->param_flat.data, (size_t)*n * sizeof *out);
+    dt_graph_free(g);
+    dt_optimizer_free(&opt);
+    dt_model_free(m);
+    free(in);
+    free(tg);
+    return out;
+}
+
+static void expect_fused_bitwise(const dt_model_cfg *c, int64_t B, int64_t T) {
+    for (int mode = 0; mode < RUN_MODES; mode++) {
+        int64_t n0, n1;
+        float *ref = train_steps(c, B, T, 0, mode, &n0), *got = train_steps(c, B, T, 1, mode, &n1);
+        assert_int_equal(n0, n1);
+        int64_t first = -1;
+        for (int64_t i = 0; i < n0 && first < 0; i++)
+            if (memcmp(&ref[i], &got[i], sizeof(float))) first = i;
+        if (first >= 0)
+            fail_msg("C=%d %s: fused parameters differ from unfused at %lld (%.9g vs %.9g)", c->n_embd,
+                     run_name[mode], (long long)first, (double)ref[first], (double)got[first]);
+        free(ref);
+        free(got);
+    }
+}
+
+static void test_fused_kernels_bitwise(void **state) {
+    (void)state;
+    dt_model_cfg c = tiny();
+    c.dropout = 0.1f;
+    expect_fused_bitwise(&c, 2, 5);
+    /* large enough for the ops' OpenMP paths: B*T*C = 34560, C = 180 not a multiple of 16 */
+    c.n_embd = 180; c.n_head = 3; c.vocab = 50; c.max_t = 48;
+    expect_fused_bitwise(&c, 4, 48);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_shapes),
         cmocka_unit_test(test_gradients_match_finite_differences),
         cmocka_unit_test(test_loss_finite_and_decreasing),
+        cmocka_unit_test(test_fused_kernels_bitwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
