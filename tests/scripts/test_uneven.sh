@@ -16,24 +16,30 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see tes
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 bin=$1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-mkdir "$tmp/txt"
+names=(a b c d) seq=16 batch=4
+# split_steps DIR SIZE0..SIZE3: writes DIR/{a,b,c,d}.txt of those sizes and sets
+# steps=(rank 0's, rank 1's) batches: training tokens = the first total -
+# total/10 of the name-ordered stream; rank r's tokens = its files' (k % 2 == r)
+# part of them
+split_steps() {
+    local dir=$1 sz=("${@:2}") total=0 ntr start=0 end r i
+    mkdir -p "$dir"
+    for i in 0 1 2 3; do
+        yes "the quick brown fox $i jumps over the lazy dog" | head -c "${sz[$i]}" > "$dir/${names[$i]}.txt"
+        total=$((total + sz[i]))
+    done
+    ntr=$((total - total / 10))
+    steps=(0 0)
+    for i in 0 1 2 3; do
+        end=$((start + sz[i])); [ $end -gt $ntr ] && end=$ntr; [ $start -gt $end ] && start=$end
+        r=$((i % 2)); steps[$r]=$((steps[r] + end - start)); start=$((start + sz[i]))
+    done
+    for r in 0 1; do steps[$r]=$(( (steps[r] - 1) / seq / batch )); done
+}
 # rank 0 gets a.txt + c.txt (5000 + 4000 bytes), rank 1 b.txt + d.txt (800 + 3000,
 # d.txt mostly in the held-out last 10%)
-sizes=(5000 800 4000 3000) names=(a b c d)
-for i in 0 1 2 3; do
-    yes "the quick brown fox $i jumps over the lazy dog" | head -c "${sizes[$i]}" > "$tmp/txt/${names[$i]}.txt"
-done
-seq=16 batch=4
-# expected steps per rank: training tokens = the first total - total/10 of the
-# name-ordered stream; rank r's tokens = its files' (k % 2 == r) part of them
-total=0; for s in "${sizes[@]}"; do total=$((total + s)); done
-ntr=$((total - total / 10))
-expect=(0 0); start=0
-for i in 0 1 2 3; do
-    end=$((start + sizes[i])); [ $end -gt $ntr ] && end=$ntr; [ $start -gt $end ] && start=$end
-    r=$((i % 2)); expect[$r]=$((expect[r] + end - start)); start=$((start + sizes[i]))
-done
-for r in 0 1; do expect[$r]=$(( (expect[r] - 1) / seq / batch )); done
+split_steps "$tmp/txt" 5000 800 4000 3000
+expect=("${steps[@]}")
 final=${expect[0]}; [ "${expect[1]}" -gt "$final" ] && final=${expect[1]}
 [ "${expect[0]}" -ne "${expect[1]}" ] || { echo "FAIL: test data is not uneven (${expect[*]})"; exit 1; }
 
@@ -70,19 +76,8 @@ done
 # first. Every rank ends with the model of a rank that trained to the end,
 # and the checkpoint (written by rank 0) must hold that rank's optimizer too:
 # its step count is the final step, not rank 0's own count.
-mkdir "$tmp/swap"
-sizes2=(800 5000 3000 4000)
-for i in 0 1 2 3; do
-    yes "the quick brown fox $i jumps over the lazy dog" | head -c "${sizes2[$i]}" > "$tmp/swap/${names[$i]}.txt"
-done
-total=0; for s in "${sizes2[@]}"; do total=$((total + s)); done
-ntr=$((total - total / 10))
-exp2=(0 0); start=0
-for i in 0 1 2 3; do
-    end=$((start + sizes2[i])); [ $end -gt $ntr ] && end=$ntr; [ $start -gt $end ] && start=$end
-    r=$((i % 2)); exp2[$r]=$((exp2[r] + end - start)); start=$((start + sizes2[i]))
-done
-for r in 0 1; do exp2[$r]=$(( (exp2[r] - 1) / seq / batch )); done
+split_steps "$tmp/swap" 800 5000 3000 4000
+exp2=("${steps[@]}")
 [ "${exp2[0]}" -lt "${exp2[1]}" ] || { echo "FAIL: swapped data does not make rank 1 lead (${exp2[*]})"; exit 1; }
 if ! timeout 300 "$bin" "${base[@]}" --data-path "$tmp/swap" --optim adamw --save "$tmp/swap.st" > "$tmp/swap.out" 2>&1; then
     echo "FAIL swap: run failed:"; tail -5 "$tmp/swap.out"; fail=1
