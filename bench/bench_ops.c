@@ -115,6 +115,13 @@ typedef struct op_time { double fwd, bwd, fwd_est, bwd_est; } op_time;
 static void keep_min(double *best, double v) {
     if (v < *best) *best = v;
 }
+/* one iteration's forward / backward wall and process-cpu seconds into the best so far */
+static void keep_best(op_time *best, double fwd, double bwd, double fwd_cpu, double bwd_cpu) {
+    keep_min(&best->fwd, fwd);
+    keep_min(&best->bwd, bwd);
+    keep_min(&best->fwd_est, fwd_cpu / g_threads);
+    keep_min(&best->bwd_est, bwd_cpu / g_threads);
+}
 
 static op_time time_op(op_fn f, dt_param **in, void *ctx, int iters) {
     dt_graph *g = dt_graph_create();
@@ -134,10 +141,7 @@ static op_time time_op(op_fn f, dt_param **in, void *ctx, int iters) {
         y->grad_fn->backward(g, y->grad_fn);
         double t3 = now(), c3 = cpu_now();
         if (it == 0) continue;
-        keep_min(&best.fwd, t1 - t0);
-        keep_min(&best.bwd, t3 - t2);
-        keep_min(&best.fwd_est, (c1 - c0) / g_threads);
-        keep_min(&best.bwd_est, (c3 - c2) / g_threads);
+        keep_best(&best, t1 - t0, t3 - t2, c1 - c0, c3 - c2);
     }
     dt_graph_free(g);
     return best;
@@ -213,10 +217,7 @@ static op_time time_chain(op_fn f, dt_param **in, dt_tensor **side, int iters) {
         }
         double t3 = now(), c3 = cpu_now();
         if (it == 0) continue;
-        keep_min(&best.fwd, t1 - t0);
-        keep_min(&best.bwd, t3 - t2);
-        keep_min(&best.fwd_est, (c1 - c0) / g_threads);
-        keep_min(&best.bwd_est, (c3 - c2) / g_threads);
+        keep_best(&best, t1 - t0, t3 - t2, c1 - c0, c3 - c2);
     }
     free(dy);
     dt_graph_free(g);
