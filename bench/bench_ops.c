@@ -604,10 +604,8 @@ int main(int argc, char **argv) {
     printf("bench_ops: OpenMP threads %d, best of %d iterations; times in ms; est = process cpu / threads\n\n",
            g_threads, iters);
     {
-        dt_blas_info b;
         char d[192];
-        dt_blas_info_get(&b);
-        dt_blas_describe(&b, d, sizeof d);
+        dt_gemm_describe(d, sizeof d);
         printf("GEMM: %s\n\n", d);
     }
     const char *what = argc > 2 ? argv[2] : "all";   /* all | ops | unfused */

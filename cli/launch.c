@@ -45,7 +45,7 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
     snprintf(th, sizeof th, "%d", per_rank);
     setenv("OMP_NUM_THREADS", th, 1);
     setenv("DTRAIN_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
-    char **av = calloc((size_t)argc + 16, sizeof *av);
+    char **av = calloc((size_t)argc + 24, sizeof *av);
     if (!av) return 1;
     int k = 0;
     av[k++] = DT_MPIEXEC;
@@ -56,6 +56,10 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
     /* the GEMM kernel family dt_blas_fix_core chose (or the user's) reaches every rank */
     if (getenv("OPENBLAS_CORETYPE")) { av[k++] = "-x"; av[k++] = "OPENBLAS_CORETYPE"; }
     if (getenv("DTRAIN_BLAS_REEXEC")) { av[k++] = "-x"; av[k++] = "DTRAIN_BLAS_REEXEC"; }
+    /* ... and so does the GEMM library choice: every rank must make the same one */
+    static const char *const gemm_env[] = {"DTRAIN_GEMM", "ONEDNN_MAX_CPU_ISA", "DTRAIN_CONV"};
+    for (size_t e = 0; e < sizeof gemm_env / sizeof *gemm_env; e++)
+        if (getenv(gemm_env[e])) { av[k++] = "-x"; av[k++] = (char *)gemm_env[e]; }
     av[k++] = "--bind-to";
     av[k++] = "none";
     /* the ranks report errors and stops themselves (one line per job, exit

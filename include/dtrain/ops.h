@@ -1,6 +1,6 @@
 /* dtrain/ops.h — differentiable ops. Each takes the graph, returns a new
  * arena tensor (NULL + error message on bad shapes), and records its backward.
- * All F32, contiguous, row-major. GEMMs go through cblas_sgemm; everything
+ * All F32, contiguous, row-major. GEMMs go through dt_sgemm; everything
  * else is an OpenMP loop. Shapes are written [dim0, dim1, ...].
  *
  * Inputs that carry data but no gradient (token ids, labels) are plain
@@ -63,6 +63,31 @@ void dt_blas_fix_core(char **argv);
 /* Logs the warning when the family is slower than the CPU allows and the
  * user did not choose it; returns 1 if it warned. */
 int dt_blas_warn_fallback(void);
+
+/* ---- which library runs the GEMMs: OpenBLAS or oneDNN ----
+ * Every GEMM goes through one call (dt_sgemm), which uses OpenBLAS or
+ * oneDNN's dnnl_sgemm. The default is measured, not assumed: oneDNN on AMD
+ * CPUs where it runs AVX-512 kernels (faster there, docs/PERFORMANCE.md),
+ * OpenBLAS elsewhere. DTRAIN_GEMM=openblas|onednn in the environment, or
+ * dt_gemm_set_backend before the first GEMM, overrides it. All ranks of a job
+ * must use the same library: the CLI's ranks share one environment. */
+typedef enum dt_gemm_backend { DT_GEMM_OPENBLAS = 0, DT_GEMM_ONEDNN = 1 } dt_gemm_backend;
+/* The decision, pure: a non-empty user (DTRAIN_GEMM's value) wins, and an
+ * unknown one is DT_EINVAL naming it; otherwise oneDNN when cpu.amd and
+ * oneDNN's own ISA (onednn_isa) is AVX-512. */
+dt_status dt_gemm_backend_decide(dt_cpu_isa cpu, dt_isa onednn_isa, const char *user, dt_gemm_backend *out);
+dt_isa dt_onednn_isa(void);                 /* what oneDNN's kernels use here (ONEDNN_MAX_CPU_ISA caps it) */
+dt_gemm_backend dt_gemm_backend_in_use(void);
+const char *dt_gemm_backend_name(dt_gemm_backend b);   /* "openblas" / "onednn" */
+dt_status dt_gemm_set_backend(const char *name);      /* "openblas" or "onednn" */
+dt_status dt_gemm_backend_check(void);      /* DT_EINVAL if DTRAIN_GEMM names no backend */
+/* The start-up line's text: dt_blas_describe's for OpenBLAS, or "oneDNN 2.6.3,
+ * AVX-512 kernels on an AVX-512 CPU (who chose it)". */
+void dt_gemm_describe(char *buf, size_t n);
+/* Row-major C[M, N] = alpha * op(A)[M, K] · op(B)[K, N] + beta * C through the
+ * backend in use (ta / tb nonzero: A / B stored transposed). */
+void dt_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* Weight layout of a linear layer. */
 typedef enum dt_wlayout {

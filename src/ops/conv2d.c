@@ -16,7 +16,6 @@
  * one chunk the forward's col is kept for backward (n->saved); otherwise
  * backward recomputes each chunk's col. SGEMM is always called outside
  * OpenMP regions so OpenBLAS can use every thread. */
-#include <cblas.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -157,12 +156,10 @@ static void conv2d_backward(dt_graph *g, dt_node *n) {
         }
         if (dw) {
             if (!n->saved) im2col(&G, dt_f32(x), n0, nb, col);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OC, (int)K, (int)ld,
-                        1.0f, dyc, (int)ld, col, (int)ld, 1.0f, dw, (int)K);
+            dt_ops_sgemm(0, 1, OC, K, ld, 1.0f, dyc, ld, col, ld, 1.0f, dw, K);
         }
         if (dx) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)ld, (int)OC,
-                        1.0f, dt_f32(w), (int)K, dyc, (int)ld, 0.0f, dcol, (int)ld);
+            dt_ops_sgemm(1, 0, K, ld, OC, 1.0f, dt_f32(w), K, dyc, ld, 0.0f, dcol, ld);
             col2im_add(&G, dcol, n0, nb, dx);
         }
     }
@@ -236,8 +233,7 @@ dt_tensor *dt_op_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, i
         im2col(&G, dt_f32(x), n0, nb, col);
         /* one image: GEMM straight into y[n0] (its layout [OC, P] matches) */
         float *t = nb == 1 ? yd + n0 * G.OC * G.P : tmp;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)G.OC, (int)ld, (int)G.K,
-                    1.0f, wd, (int)G.K, col, (int)ld, 0.0f, t, (int)ld);
+        dt_ops_sgemm(0, 0, G.OC, ld, G.K, 1.0f, wd, G.K, col, ld, 0.0f, t, ld);
         if (nb == 1 && !bd) continue;
         /* y[n0+i, oc, p] = t[oc, i*P + p] + b[oc] */
         #pragma omp parallel for schedule(static)

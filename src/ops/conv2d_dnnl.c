@@ -63,7 +63,7 @@ dt_status dt_conv_set_backend(const char *name) {
 
 const char *dt_conv_backend(void) {
     backend_default();
-    if (g_disabled) return "im2col + OpenBLAS";
+    if (g_disabled) return "im2col + GEMM";
     const dnnl_version_t *v = dnnl_version();
     static char name[64];
     snprintf(name, sizeof name, "oneDNN %d.%d.%d", v->major, v->minor, v->patch);

@@ -51,8 +51,16 @@ void dt_ops_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
     if (dt_ops_sgemm_small_m_applies(ta, tb, M, N, K, alpha, beta) &&
         dt_ops_sgemm_small_m(M, N, K, A, lda, B, ldb, beta, C, ldc))
         return;
+    /* oneDNN refuses only arguments that are wrong for OpenBLAS too */
+    if (dt_gemm_backend_in_use() == DT_GEMM_ONEDNN && dt_ops_sgemm_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+void dt_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    dt_ops_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void dt_ops_acc(float *restrict dst, const float *restrict src, int64_t n) {

@@ -4,9 +4,9 @@
  * ops (linear_gelu.c, add_layernorm.c) share with the plain ones.
  *
  * Threading rule: dt_ops_sgemm may be called from outside a parallel region
- * (OpenBLAS then uses every OpenMP thread) or from inside one for deliberately
- * small per-task GEMMs (the OpenMP build of OpenBLAS sees omp_in_parallel()
- * and runs single-threaded on the calling thread). */
+ * (the GEMM library then uses every OpenMP thread) or from inside one for
+ * deliberately small per-task GEMMs (the OpenMP builds of OpenBLAS and oneDNN
+ * both see omp_in_parallel() and run on the calling thread alone). */
 #ifndef DT_OPS_INTERNAL_H
 #define DT_OPS_INTERNAL_H
 
@@ -41,9 +41,13 @@ int dt_conv2d_dnnl(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int st
 void dt_ops_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                   const float *A, int64_t lda, const float *B, int64_t ldb,
                   float beta, float *C, int64_t ldc);
+/* gemm_backend.c: dnnl_sgemm with dt_ops_sgemm's arguments; 0 if oneDNN
+ * refused them. */
+int dt_ops_sgemm_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* gemm_small_m.c: A · Bᵀ on at most 64 rows with K >= 2048 computed as
- * (B · Aᵀ)ᵀ, bitwise the same and faster there with OpenBLAS's AVX-512
- * kernels (measurements in the file). _shape and _kernels are the two halves
+ * (B · Aᵀ)ᵀ, faster there with OpenBLAS's AVX-512 kernels (bitwise the same)
+ * and with oneDNN (measurements in the file). _shape and _kernels are the two halves
  * of the rule (pure), _applies both for the running OpenBLAS; _small_m
  * returns 0 when it could not (no memory for its scratch): then take the
  * direct path. */

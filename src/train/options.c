@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
+#include "dtrain/ops.h"
 #include "dtrain/train.h"
 
 /* Per rank and step, samples (batch x accum) and their targets or tokens
@@ -31,6 +32,7 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     if (!o->build_model) DT_TRY(dt_model_cfg_validate(&o->model));
     DT_TRY(dt_optim_cfg_validate(&o->optim));
     DT_TRY(dt_dataset_check_name(o->data));
+    DT_TRY(dt_gemm_backend_check());   /* DTRAIN_GEMM, read from the environment like DTRAIN_CONV */
     if ((unsigned)o->recompute > DT_RECOMPUTE_BLOCKS) return DT_ERR(DT_EINVAL, "--recompute: unknown mode %d", (int)o->recompute);
     int lm = !o->build_model && o->model.kind == DT_MODEL_GPT2;
     if (o->batch <= 0) return DT_ERR(DT_EINVAL, "--batch must be positive, got %lld", (long long)o->batch);

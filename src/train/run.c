@@ -95,12 +95,10 @@ dt_status dt_trainer_run(dt_trainer *t) {
                t->strat.world, (long long)(t->total_steps - t->step), (long long)items_per_step(t),
                d->unit);
     if (lead) {
-        dt_blas_info b;
         char desc[192];
-        dt_blas_info_get(&b);
-        dt_blas_describe(&b, desc, sizeof desc);
+        dt_gemm_describe(desc, sizeof desc);
         dt_log(DT_LOG_INFO, "dtrain: GEMM: %s\n", desc);
-        dt_blas_warn_fallback();
+        if (dt_gemm_backend_in_use() == DT_GEMM_OPENBLAS) dt_blas_warn_fallback();
     }
     dt_stop_sync *stop = calloc(1, sizeof *stop);   /* heap: see dt_stop_sync_abandon */
     if (!stop) return DT_ERR(DT_ENOMEM, "out of memory");

@@ -120,7 +120,7 @@ static void test_library_warning(void **state) {
 /* The CLI's "dtrain: GEMM: ..." line for one environment. */
 static void gemm_line(const char *env, char *out, size_t n) {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "env -u OPENBLAS_CORETYPE -u DTRAIN_BLAS_REEXEC %s %s train --steps 1 --batch 8 2>&1",
+    snprintf(cmd, sizeof cmd, "env -u OPENBLAS_CORETYPE -u DTRAIN_BLAS_REEXEC -u DTRAIN_GEMM %s %s train --steps 1 --batch 8 2>&1",
              env, DT_CLI_PATH);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
@@ -135,12 +135,14 @@ static void gemm_line(const char *env, char *out, size_t n) {
 static void test_cli_startup_line(void **state) {
     (void)state;
     char line[1024], want[128];
-    gemm_line("", line, sizeof line);
+    /* (OpenBLAS chosen explicitly: on an AMD AVX-512 CPU oneDNN is the default,
+     * test_ops_gemm_backend covers that line) */
+    gemm_line("DTRAIN_GEMM=openblas", line, sizeof line);
     assert_non_null(strstr(line, "OpenBLAS "));
     assert_non_null(strstr(line, " kernels ("));
 
     /* a user's setting wins, even a slow one, and the line says who chose it */
-    gemm_line("OPENBLAS_CORETYPE=Prescott", line, sizeof line);
+    gemm_line("DTRAIN_GEMM=openblas OPENBLAS_CORETYPE=Prescott", line, sizeof line);
     if (!strstr(line, "Prescott kernels") || !strstr(line, "set by the user")) fail_msg("user-set: '%s'", line);
 
     /* OpenBLAS falls back (simulated): the CLI re-executes with the right family */
@@ -148,7 +150,7 @@ static void test_cli_startup_line(void **state) {
     dt_isa isa = machine_isa(&amd);
     const char *fix = family_for(isa, amd);
     if (!fix) return;
-    gemm_line("DTRAIN_TEST_BLAS_CORE=Prescott", line, sizeof line);
+    gemm_line("DTRAIN_GEMM=openblas DTRAIN_TEST_BLAS_CORE=Prescott", line, sizeof line);
     snprintf(want, sizeof want, "%s kernels", fix);
     if (!strstr(line, want) || !strstr(line, "set by dtrain; OpenBLAS had chosen Prescott"))
         fail_msg("fallback: '%s' (wanted '%s')", line, want);

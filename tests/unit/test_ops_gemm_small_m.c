@@ -1,16 +1,19 @@
 /* dt_ops_sgemm's small-batch path (src/ops/gemm_small_m.c): which calls the
  * rule takes (M <= 64 rows, K >= 2048, x · Wᵀ, alpha 1, beta 0 or 1; with
- * OpenBLAS's AVX-512 kernels only), and that a call it takes gives bitwise
- * what the direct cblas_sgemm gives, for beta 0 (forward) and 1 (onto a
- * bias), odd sizes and a leading dimension larger than the row. On a machine
- * whose OpenBLAS runs other kernels the path is off and the bitwise checks
- * are skipped (cmocka reports them as skipped). */
+ * OpenBLAS's AVX-512 kernels or with oneDNN), and that with OpenBLAS a call it
+ * takes gives bitwise what the direct cblas_sgemm gives, for beta 0 (forward)
+ * and 1 (onto a bias), odd sizes and a leading dimension larger than the row.
+ * On a machine whose OpenBLAS runs other kernels the path is off there and
+ * the bitwise checks are skipped (cmocka reports them as skipped). With
+ * oneDNN the path is taken on any CPU and checked against a double-precision
+ * product. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 #include <cblas.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ops/ops_internal.h"
@@ -76,11 +79,46 @@ static void test_bitwise_accumulate(void **st) {
     check_shape(17, 33, 2048, 40, 1.0f);
 }
 
+/* oneDNN: the rule takes the shape whatever OpenBLAS's kernels, and the
+ * swapped product is the product (to float rounding of a K-term sum). */
+static void test_onednn(void **st) {
+    (void)st;
+    assert_int_equal(dt_gemm_set_backend("onednn"), DT_OK);
+    assert_true(dt_ops_sgemm_small_m_applies(0, 1, 64, 2048, 2048, 1.0f, 0.0f));
+    assert_false(dt_ops_sgemm_small_m_applies(0, 1, 65, 2048, 2048, 1.0f, 0.0f));
+    const int64_t M = 37, N = 129, K = 2051, ldc = 131;
+    for (int bi = 0; bi < 2; bi++) {
+        float beta = (float)bi;
+        float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(N * K) * sizeof *B);
+        float *C = malloc((size_t)(M * ldc) * sizeof *C), *C0 = malloc((size_t)(M * ldc) * sizeof *C0);
+        for (int64_t i = 0; i < M * K; i++) A[i] = urand();
+        for (int64_t i = 0; i < N * K; i++) B[i] = urand();
+        for (int64_t i = 0; i < M * ldc; i++) C[i] = C0[i] = urand();
+        dt_ops_sgemm(0, 1, M, N, K, 1.0f, A, K, B, K, beta, C, ldc);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < ldc; j++) {
+                if (j >= N) { assert_true(C[i * ldc + j] == C0[i * ldc + j]); continue; }   /* untouched */
+                double ref = beta * (double)C0[i * ldc + j], mag = fabs(ref);
+                for (int64_t k = 0; k < K; k++) {
+                    ref += (double)A[i * K + k] * B[j * K + k];
+                    mag += fabs((double)A[i * K + k] * B[j * K + k]);
+                }
+                if (fabs(C[i * ldc + j] - ref) > 2e-5 * mag + 1e-6)
+                    fail_msg("beta %g C[%lld, %lld] = %g, want %g", beta, (long long)i, (long long)j, C[i * ldc + j], ref);
+            }
+        free(A); free(B); free(C); free(C0);
+    }
+    assert_int_equal(dt_gemm_set_backend("openblas"), DT_OK);
+}
+
 int main(void) {
+    /* the bitwise checks compare with cblas_sgemm: hold dt_ops_sgemm to OpenBLAS */
+    if (dt_gemm_set_backend("openblas") != DT_OK) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rule),
         cmocka_unit_test(test_bitwise_forward),
         cmocka_unit_test(test_bitwise_accumulate),
+        cmocka_unit_test(test_onednn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
