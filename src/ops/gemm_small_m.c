@@ -12,12 +12,13 @@
  * bitwise the same (test_ops_gemm_small_m checks it); the AVX2 and older
  * kernels round some elements differently, and it was not measured there,
  * so they keep the direct call. oneDNN's direct product is slower still on
- * these shapes (68 GFLOP/s on 64 x 2048 x 2048, against 155 swapped, same
- * machine), so the rule holds for it too, without a bitwise claim: all
- * ranks take the same path, which is what equivalence needs. The transposed
- * product goes through a
- * per-thread scratch buffer kept between calls (M * N floats: 512 KiB for
- * W3's layers). */
+ * these shapes (68 GFLOP/s on 64 x 2048 x 2048, same machine), so the rule
+ * holds for it too, with x copied out transposed so that oneDNN runs its NN
+ * kernel (211 GFLOP/s; its NT one on the swapped shape: 157). No bitwise
+ * claim there: all ranks take the same path, which is what equivalence
+ * needs. The transposed product (and, for oneDNN, xᵀ) goes through a
+ * per-thread scratch buffer kept between calls (M * N floats, plus M * K for
+ * oneDNN: 512 KiB each for W3's layers). */
 #include <stdlib.h>
 #include <strings.h>
 #include <cblas.h>
@@ -60,7 +61,8 @@ int dt_ops_sgemm_small_m_applies(int ta, int tb, int64_t M, int64_t N, int64_t K
 
 int dt_ops_sgemm_small_m(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                          int64_t ldb, float beta, float *C, int64_t ldc) {
-    size_t need = (size_t)(M * N);
+    int onednn = dt_gemm_backend_in_use() == DT_GEMM_ONEDNN;
+    size_t need = (size_t)(M * N) + (onednn ? (size_t)(M * K) : 0);
     if (need > scratch_cap) {
         float *s = realloc(scratch, need * sizeof *s);
         if (!s) return 0;   /* the caller takes the direct path */
@@ -71,7 +73,13 @@ int dt_ops_sgemm_small_m(int64_t M, int64_t N, int64_t K, const float *A, int64_
     /* beta 1: C goes in first, as the direct call accumulates each K block
      * onto it (adding it afterwards would round differently) */
     if (beta != 0.0f) transpose(C, ldc, M, N, T, M);
-    if (dt_gemm_backend_in_use() != DT_GEMM_ONEDNN || !dt_ops_sgemm_onednn(0, 1, N, M, K, 1.0f, B, ldb, A, lda, beta, T, M))
+    int done = 0;
+    if (onednn) {   /* Cᵀ = B · (Aᵀ), Aᵀ copied out: oneDNN's NN product (211 GFLOP/s) beats its NT (157) */
+        float *AT = scratch + M * N;   /* [K, M] */
+        transpose(A, lda, M, K, AT, M);
+        done = dt_ops_sgemm_onednn(0, 0, N, M, K, 1.0f, B, ldb, AT, M, beta, T, M);
+    }
+    if (!done)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)M, (int)K, 1.0f, B, (int)ldb, A, (int)lda,
                     beta, T, (int)M);
     transpose(T, M, N, M, C, ldc);
