@@ -17,6 +17,9 @@
  * Constraint: every rank of a job must use the same library (bitwise DDP and
  * ZeRO equivalence rests on identical GEMMs); the choice depends only on the
  * CPU model and the environment, which mpiexec gives every rank alike. */
+#include <omp.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,7 +112,41 @@ void dt_gemm_describe(char *buf, size_t n) {
                                                  : "dtrain's default on AMD AVX-512 CPUs; DTRAIN_GEMM=openblas selects OpenBLAS");
 }
 
+/* oneDNN 2.6.3's generated GEMM kernels (AVX2 and AVX-512) point rsp into a
+ * heap workspace while they run, so a signal handled on a thread inside one
+ * writes its frame over the heap (oneDNN issue 4845, fixed upstream in 2026,
+ * not in Debian 12's package). dtrain handles SIGTERM / SIGINT / SIGUSR1 to
+ * stop and save, so that is every preemption: test_signal_stop aborted with
+ * "corrupted size vs. prev_size" in 3 of 12 runs. Asynchronous signals are
+ * therefore held back from every thread that can run those kernels: the
+ * OpenMP workers keep them blocked for good (they reach the main thread
+ * instead), and the calling thread blocks them for the call; a signal that
+ * arrives meanwhile is delivered when the call returns. Synchronous signals
+ * (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP) cannot be held and stay as they
+ * are. */
+static void async_signals(sigset_t *set) {
+    sigfillset(set);
+    const int sync[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGKILL, SIGSTOP};
+    for (size_t i = 0; i < sizeof sync / sizeof *sync; i++) sigdelset(set, sync[i]);
+}
+
+static _Atomic int g_workers_held;   /* OpenMP team size whose workers block them */
+
+static void hold_in_workers(const sigset_t *set) {
+    int n = omp_get_max_threads();
+    if (omp_in_parallel() || n <= atomic_load(&g_workers_held)) return;
+#pragma omp parallel num_threads(n)
+    if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, set, NULL);
+    atomic_store(&g_workers_held, n);
+}
+
 int dt_ops_sgemm_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                         const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == dnnl_success;
+    sigset_t set, old;
+    async_signals(&set);
+    hold_in_workers(&set);
+    pthread_sigmask(SIG_BLOCK, &set, &old);
+    dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return st == dnnl_success;
 }
