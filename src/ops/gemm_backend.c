@@ -132,11 +132,15 @@ static void async_signals(sigset_t *set) {
 
 static _Atomic int g_workers_held;   /* OpenMP team size whose workers block them */
 
-static void hold_in_workers(const sigset_t *set) {
+static void hold_in_workers(void) {
     int n = omp_get_max_threads();
     if (omp_in_parallel() || n <= atomic_load(&g_workers_held)) return;
 #pragma omp parallel num_threads(n)
-    if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, set, NULL);
+    if (omp_get_thread_num() != 0) {   /* each worker builds its own set: nothing shared */
+        sigset_t mine;
+        async_signals(&mine);
+        pthread_sigmask(SIG_BLOCK, &mine, NULL);
+    }
     atomic_store(&g_workers_held, n);
 }
 
@@ -144,7 +148,7 @@ int dt_ops_sgemm_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
                         const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     sigset_t set, old;
     async_signals(&set);
-    hold_in_workers(&set);
+    hold_in_workers();
     pthread_sigmask(SIG_BLOCK, &set, &old);
     dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,7 +178,7 @@ static void test_cli(void **state) {
 static volatile sig_atomic_t g_handled;
 static void on_usr1(int sig) { (void)sig; g_handled++; }
 
-typedef struct pelter { volatile int stop; int sent; } pelter;
+typedef struct pelter { _Atomic int stop, sent; } pelter;
 static void *pelt(void *arg) {
     pelter *p = arg;
     sigset_t s;
@@ -205,7 +206,9 @@ static void test_signals_during_gemm(void **state) {
     float *A = malloc((size_t)(n * n) * sizeof *A), *B = malloc((size_t)(n * n) * sizeof *B);
     float *C = malloc((size_t)(n * n) * sizeof *C);
     for (int64_t i = 0; i < n * n; i++) { A[i] = urand(); B[i] = urand(); }
-    pelter p = {0, 0};
+    pelter p;
+    atomic_init(&p.stop, 0);
+    atomic_init(&p.sent, 0);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, pelt, &p), 0);
     for (int it = 0; it < 400; it++) {
@@ -224,7 +227,7 @@ static void test_signals_during_gemm(void **state) {
             if (fabs(C[i * n + j] - ref) > 2e-5 * mag + 1e-6) fail_msg("C[%lld, %lld] = %g, want %g", (long long)i, (long long)j, C[i * n + j], ref);
         }
     free(A); free(B); free(C);
-    assert_true(p.sent > 100);
+    assert_true(atomic_load(&p.sent) > 100);
     assert_true(g_handled > 0);   /* held back, not lost */
     sigaction(SIGUSR1, &old, NULL);
     assert_int_equal(dt_gemm_set_backend("openblas"), DT_OK);
