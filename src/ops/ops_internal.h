@@ -48,7 +48,8 @@ int dt_ops_sgemm_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
 /* gemm_small_m.c: A · Bᵀ on at most 64 rows with K >= 2048 computed as
  * (B · Aᵀ)ᵀ, faster there with OpenBLAS's AVX-512 kernels (bitwise the same)
  * and with oneDNN (measurements in the file). _shape and _kernels are the two halves
- * of the rule (pure), _applies both for the running OpenBLAS; _small_m
+ * of the rule (pure), _applies both for the library in use (under oneDNN the
+ * shape alone decides; under OpenBLAS it must run AVX-512 kernels); _small_m
  * returns 0 when it could not (no memory for its scratch): then take the
  * direct path. */
 int dt_ops_sgemm_small_m_shape(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta);
