@@ -1,7 +1,14 @@
 /* The library's output goes through the log handler: with a capturing
  * handler installed, a single-process run's start, progress and result lines
  * arrive there (and nothing on stdout); quiet runs log nothing; the default
- * handler writes info to stdout and warnings elsewhere. */
+ * handler writes info to stdout and warnings elsewhere.
+ *
+ * Which lines a run logs depends on the GEMM kernels OpenBLAS picked (a
+ * fallback to SSE kernels adds a warning), so the test fixes them instead of
+ * taking the machine's: the library is OpenBLAS (DTRAIN_GEMM) and the kernel
+ * family it reports is SkylakeX, the widest, which no CPU wants more of
+ * (DTRAIN_TEST_BLAS_CORE, ops/blas_core.c) — or Prescott, the fallback some
+ * Intel AVX-512 CPUs get, whose warning line is then part of what is checked. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -96,14 +103,15 @@ static dt_trainer *run_captured(const dt_train_opts *o, capture *cap, long *prin
     return t;
 }
 
-/* the GEMM line names the library in use (OpenBLAS, or oneDNN where it is
- * the default: AMD AVX-512 CPUs) */
-static const char *gemm_head(void) {
-    return dt_gemm_backend_in_use() == DT_GEMM_ONEDNN ? "dtrain: GEMM: oneDNN " : "dtrain: GEMM: OpenBLAS ";
-}
+/* the GEMM line names the library main() holds the process to */
+static const char *gemm_head(void) { return "dtrain: GEMM: OpenBLAS "; }
+
+/* Pretend OpenBLAS picked kernel family `core` (read at each start-up line). */
+static void fake_core(const char *core) { assert_int_equal(setenv("DTRAIN_TEST_BLAS_CORE", core, 1), 0); }
 
 static void test_run_logs_through_handler(void **state) {
     (void)state;
+    fake_core("SkylakeX");
     dt_train_opts o;
     opts_gpt2(&o);
     static capture cap;
@@ -135,11 +143,38 @@ static void test_run_logs_through_handler(void **state) {
     dt_trainer_free(t);
 }
 
+/* OpenBLAS on its SSE fallback kernels: the same lines plus, right after the
+ * GEMM line, one warning naming the kernels, the CPU's ISA and the fix. */
+static void test_fallback_kernels_add_a_warning(void **state) {
+    (void)state;
+    if (dt_cpu_isa_detect().isa == DT_ISA_SSE) skip();   /* an SSE-only CPU: Prescott is no fallback */
+    fake_core("Prescott");
+    dt_train_opts o;
+    opts_gpt2(&o);
+    static capture cap;
+    long printed;
+    dt_trainer *t = run_captured(&o, &cap, &printed);
+    assert_int_equal(printed, 0);
+    assert_int_equal(cap.n, 7);   /* start, GEMM, warning, 3 progress lines, result */
+    assert_string_equal(cap.msg[0], "dtrain: gpt2, 7664 parameters, single x1, 3 steps of 64 tokens\n");
+    assert_int_equal(strncmp(cap.msg[1], gemm_head(), strlen(gemm_head())), 0);
+    assert_non_null(strstr(cap.msg[1], ", Prescott kernels (SSE) on an "));
+    assert_int_equal(cap.level[2], DT_LOG_WARN);
+    const char *warn = "OpenBLAS runs its Prescott kernels (SSE) on a CPU with ";
+    if (strncmp(cap.msg[2], warn, strlen(warn))) fail_msg("warning line: %s", cap.msg[2]);
+    assert_non_null(strstr(cap.msg[2], "set OPENBLAS_CORETYPE="));
+    for (int k = 3; k <= 5; k++) assert_int_equal(cap.level[k], DT_LOG_PROGRESS);
+    assert_int_equal(cap.level[6], DT_LOG_INFO);
+    assert_int_equal(strncmp(cap.msg[6], "validation loss: ", 17), 0);
+    dt_trainer_free(t);
+}
+
 static void test_quiet_run_logs_nothing(void **state) {
     (void)state;
     dt_train_opts o;
     opts_gpt2(&o);
     o.quiet = 1;
+    fake_core("Prescott");   /* not even the fallback warning */
     static capture cap;
     long printed;
     dt_trainer *t = run_captured(&o, &cap, &printed);
@@ -159,6 +194,7 @@ static void test_default_handler_prints_to_stdout(void **state) {
     long printed = stdout_end(saved);
     assert_int_equal(printed, (long)strlen("info line\n\rprogress"));
 
+    fake_core("SkylakeX");
     dt_train_opts o;
     opts_gpt2(&o);
     o.steps = 1;
@@ -186,8 +222,11 @@ static void test_default_handler_prints_to_stdout(void **state) {
 }
 
 int main(void) {
+    /* before the first GEMM: the library is chosen once per process */
+    if (setenv("DTRAIN_GEMM", "openblas", 1) || unsetenv("OPENBLAS_CORETYPE") || unsetenv("DTRAIN_BLAS_REEXEC")) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_logs_through_handler),
+        cmocka_unit_test(test_fallback_kernels_add_a_warning),
         cmocka_unit_test(test_quiet_run_logs_nothing),
         cmocka_unit_test(test_default_handler_prints_to_stdout),
     };
