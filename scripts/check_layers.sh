@@ -10,6 +10,13 @@
 # An include's layer: "dtrain/<h>" by the table, "<layer>/x.h" (another
 # layer's internal header) by its folder, a bare "x.h" is the file's own folder.
 # tests/, bench/ and examples/ sit on top and are not checked.
+#
+# A layer may have rooms, src/<layer>/<room>/, ordered the same way: a file in
+# a room includes headers of its own room or of lower rooms of its layer
+# (rooms of equal rank are siblings and never include each other). Today:
+#   parallel: common < ddp = zero < pipe
+# (the pipeline runs DDP or ZeRO over each stage's replicas). A folder under a
+# layer that is not a room in the table is an error.
 set -euo pipefail
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 
@@ -25,6 +32,9 @@ declare -A header=(
   [dtrain.h]=cli
 )
 
+# room -> rank, per layer that has rooms
+declare -A room_rank=( [parallel/common]=0 [parallel/ddp]=1 [parallel/zero]=1 [parallel/pipe]=2 )
+
 bad=0
 fail() { echo "layering: $*" >&2; bad=1; }
 
@@ -33,6 +43,7 @@ layer_of_file() {   # path relative to root -> layer name (empty: not checked)
     include/dtrain/*) local h=${1#include/dtrain/}
                       [ -n "${header[$h]:-}" ] || { fail "$1: header not in the layer table of scripts/check_layers.sh"; return; }
                       echo "${header[$h]}" ;;
+    src/*/*/*)        local l=${1#src/}; echo "${l%%/*}" ;;
     src/*/*)          local l=${1#src/}; echo "${l%%/*}" ;;
     cli/*)            echo cli ;;
   esac
@@ -45,7 +56,27 @@ for f in $files; do
   fl=$(layer_of_file "$f")
   [ -n "$fl" ] || continue
   [ -n "${rank[$fl]:-}" ] || { fail "$f: folder src/$fl is not a layer (add it to scripts/check_layers.sh)"; continue; }
+  fr=""   # the file's room: "layer/room" for src/<layer>/<room>/x
+  case $f in
+    src/*/*/*) fr=${f#src/}; fr=${fr%/*}
+               [ -n "${room_rank[$fr]:-}" ] || { fail "$f: folder src/$fr is not a room (add it to room_rank in scripts/check_layers.sh)"; continue; } ;;
+  esac
   while IFS=: read -r line inc; do
+    # the included header's room, when it is one: "layer/room/x.h", or a bare
+    # "x.h" from a file in a room
+    ir=""
+    case $inc in
+      dtrain/*) ;;
+      */*/*)    ir=${inc%/*} ;;
+      */*)      ;;
+      *)        ir=$fr ;;
+    esac
+    if [ -n "$fr" ] && [ -n "$ir" ] && [ "$ir" != "$fr" ] && [ "${ir%%/*}" = "${fr%%/*}" ]; then
+      if [ -z "${room_rank[$ir]:-}" ]; then fail "$f:$line: includes $inc from unknown room '$ir'"
+      elif [ "${room_rank[$ir]}" -ge "${room_rank[$fr]}" ]; then
+        fail "$f:$line: room '$fr' includes $inc of room '$ir', which is not below it"
+      fi
+    fi
     case $inc in
       dtrain/*) il=${header[${inc#dtrain/}]:-}
                 [ -n "$il" ] || { fail "$f:$line: includes $inc, which is not in the layer table"; continue; } ;;

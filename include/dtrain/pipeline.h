@@ -95,7 +95,7 @@ int dt_pipe_kind_parse(const char *name, dt_pipe_kind *out);
 const char *dt_pipe_kind_name(dt_pipe_kind k);
 /* Theoretical bubble (idle / step per rank): gpipe and 1f1b (P-1)/(M+P-1),
  * interleaved that / V, zb-h1 (P-1)/(3M+P-1) (the paper's idle at equal F, B,
- * W costs). src/parallel/pipe_schedule.h says when each is exact. */
+ * W costs). src/parallel/pipe/pipe_internal.h says when each is exact. */
 double dt_pipe_bubble_formula(dt_pipe_kind kind, int P, int M, int V);
 
 /* The pipeline as a dt_strategy (strategy.h): owns the optimizer (one per

@@ -50,7 +50,7 @@
  * deterministic mode (rank-order sums), since the optimizer kernels are
  * split-invariant; clipping adds a norm summed in another order (≈1e-7).
  *
- * 16-bit wire (opts.wire = DT_BF16 or DT_F16; zero_wire.c). Optimizer state
+ * 16-bit wire (opts.wire = DT_BF16 or DT_F16; zero/wire.c). Optimizer state
  * and the owned shards' parameters (the master values) stay float32; only the
  * payload of the training step's collectives is 16-bit:
  *   gradients  each rank rounds its float32 bucket gradient to 16 bits (nearest
@@ -159,7 +159,7 @@ dt_status dt_zero_finish_backward(dt_zero *z);
  * all-gathers (OFF: and wait for them). *grad_norm (may be NULL) gets the
  * global norm when clipping, else -1. */
 dt_status dt_zero_step(dt_zero *z, double *grad_norm);
-/* Uneven inputs (opts.join, stages 1/2; src/parallel/zero_join.c): a rank
+/* Uneven inputs (opts.join, stages 1/2; src/parallel/zero/join.c): a rank
  * whose data ran out calls this instead of training. Like dt_ddp_join, it
  * shadows the other ranks' collectives with zero gradients (activity
  * agreement, buffer broadcasts, the used-parameter sum, every
@@ -183,7 +183,7 @@ dt_status dt_zero_sync_params(dt_zero *z);
 
 /* Collective, between steps: after requires_grad changed on some parameters
  * (unfreezing or freezing a layer), re-partition for the new trainable set
- * (zero_refresh.c). Every rank must have the same trainable set (else
+ * (zero/refresh.c). Every rank must have the same trainable set (else
  * DT_EINVAL on every rank naming a parameter and the ranks). Optimizer state
  * moves by parameter name and element range to wherever its shard now
  * lives: a parameter that stays trainable keeps its moments and its own
@@ -237,7 +237,7 @@ typedef struct dt_zero_stats {
 } dt_zero_stats;
 dt_zero_stats dt_zero_get_stats(const dt_zero *z);
 
-/* ---- checkpoints (zero_checkpoint.c) ----
+/* ---- checkpoints (zero/checkpoint.c) ----
  * Sharded: path is a directory; each rank writes its pieces of every
  * parameter and optimizer state into its own safetensors file, rank 0 writes
  * index.json last (the commit point). Consolidated: one ordinary dtrain

@@ -15,7 +15,7 @@
  *    on every rank naming that rank. */
 #include "mpi_check.h"
 #include "ddp_testutil.h"
-#include "parallel/par_agree.h"
+#include "parallel/common/common_internal.h"
 
 static dt_pg *world;
 static int forward_in_order;   /* 1: fc1 -> fc2 -> fc3 (registration order) */

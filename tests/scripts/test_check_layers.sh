@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/check_layers.sh passes on the tree and fails, naming the file, on
 # copies where the order is broken on purpose (a public header, a source file
-# and another layer's internal header each including upward).
+# and another layer's internal header each including upward; a room of
+# parallel/ including a higher or a sibling room; a folder that is no room).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 check=$repo/scripts/check_layers.sh
@@ -14,6 +15,7 @@ expect_violation() {   # name, file to edit, line to add, text the message must 
   local d=$tmp/$1
   mkdir -p "$d" && cp -r "$repo/include" "$repo/src" "$repo/cli" "$d/"
   "$check" "$d" >/dev/null || { echo "FAIL: $1: clean copy rejected"; exit 1; }
+  mkdir -p "$(dirname "$d/$2")"
   printf '%s\n' "$3" >> "$d/$2"
   if out=$("$check" "$d" 2>&1); then echo "FAIL: $1: violation not caught"; exit 1; fi
   grep -qF "$4" <<<"$out" || { echo "FAIL: $1: message lacks '$4':"; echo "$out"; exit 1; }
@@ -21,6 +23,10 @@ expect_violation() {   # name, file to edit, line to add, text the message must 
 }
 expect_violation header   include/dtrain/dist.h  '#include "dtrain/parallel.h"'  "include/dtrain/dist.h"
 expect_violation source   src/tensor/tensor.c    '#include "dtrain/train.h"'     "layer 'tensor' includes dtrain/train.h"
-expect_violation internal src/nn/model.c         '#include "parallel/zero_internal.h"' "layer 'nn' includes parallel/zero_internal.h"
+expect_violation internal src/nn/model.c         '#include "parallel/zero/zero_internal.h"' "layer 'nn' includes parallel/zero/zero_internal.h"
+# rooms of a layer: a lower room including a higher one, and siblings
+expect_violation room_up  src/parallel/common/bcast.c '#include "parallel/pipe/pipe_internal.h"' "room 'parallel/common' includes parallel/pipe/pipe_internal.h"
+expect_violation sibling  src/parallel/ddp/join.c     '#include "parallel/zero/zero_internal.h"' "room 'parallel/ddp' includes parallel/zero/zero_internal.h"
+expect_violation no_room  src/parallel/misc/x.c       '#include "dtrain/dist.h"'  "src/parallel/misc is not a room"
 expect_violation unknown  src/ops/add.c          '#include "dtrain/nonesuch.h"'  "not in the layer table"
-echo "4 passed, 0 failed"
+echo "7 passed, 0 failed"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A rank failing mid-schedule (DTRAIN_PIPE_FAULT, pipe_engine.c's test hook):
+# A rank failing mid-schedule (DTRAIN_PIPE_FAULT, pipe/engine.c's test hook):
 # the job exits non-zero without hanging and prints one error line: the
 # failing rank's, naming its stage, micro-batch and rank. The ranks blocked on
 # it fail too ("stage F (rank X) failed at micro-batch K (see its error)"), but

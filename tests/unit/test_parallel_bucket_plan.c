@@ -1,5 +1,5 @@
 /* Bucket cutting shared by DDP and ZeRO (dt_bucket_plan). Every expected
- * value is worked out by hand from the rule in parallel_internal.h: a new
+ * value is worked out by hand from the rule in common/common_internal.h: a new
  * bucket opens when the open one is non-empty and the next item would take
  * it over its cap (first cap while the open bucket is bucket 0) or has
  * another class, sizes are
@@ -11,7 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "parallel/parallel_internal.h"
+#include "parallel/common/common_internal.h"
 
 typedef struct { int first, n; size_t begin, used, numel; } want_cut;
 

@@ -1,11 +1,11 @@
-/* Pipeline rank placement (pipe_place.c): ranks ordered by (machine, rank),
+/* Pipeline rank placement (pipe/strategy.c): ranks ordered by (machine, rank),
  * cut into data-parallel groups of D. Expected places worked out by hand. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
-#include "parallel/pipe_internal.h"
+#include "parallel/pipe/pipe_internal.h"
 
 static void check(const int *node, int W, int D, const int *want_pos, int want_local) {
     int pos[16];

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "parallel/pipe_internal.h"
+#include "parallel/pipe/pipe_internal.h"
 
 static void check_cut(const double *cost, int n, int S, const int *want) {
     int first[16];

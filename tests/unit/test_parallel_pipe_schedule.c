@@ -1,4 +1,4 @@
-/* Static pipeline schedules (parallel/pipe_schedule.h). Expected action
+/* Static pipeline schedules (parallel/pipe/pipe_internal.h). Expected action
  * lists are worked out by hand from the published schedules (GPipe's
  * fill-drain, PipeDream-Flush's warm-up P-s-1, Megatron's interleaved
  * grouping and warm-up (P-s-1)*2 + (V-1)*P, Zero Bubble's H1 with W(i-s)
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "parallel/pipe_schedule.h"
+#include "parallel/pipe/pipe_internal.h"
 
 /* The combination under test, for failure messages. */
 static char ctx[96] = "";

@@ -1,0 +1,129 @@
+/* Data parallel across the D replicas of a pipeline stage: DDP or ZeRO-1/2
+ * over the stage's own parameters, on the stage's data-parallel group.
+ *
+ * The reducer is the one plain data parallelism uses (dt_ddp / dt_zero),
+ * driven from the pipeline's tapes instead of the trainer's:
+ *  - every micro-batch but a chunk's last runs on a non-final tape, so its
+ *    gradients only accumulate (no_sync); the last one's tape is final and its
+ *    B (or W, when deferred) fires grad-ready, which fills the buckets and
+ *    launches their reductions while the rest of the schedule computes;
+ *  - the tapes' tick moves them along (dt_pipe_dp_tick);
+ *  - a tied parameter's total is known only after the authority folded the
+ *    last micro-batch's rows and shared the total (pipe/tie.c), so its
+ *    grad-ready is held (a no-op hook while the schedule runs) and fired by
+ *    dt_pipe_dp_finish once the total is in place, on every holder alike;
+ *  - unused parameters: the probe knows the stage's uses, so the reducer
+ *    runs without a tape to search (dt_*_begin_external).
+ * Holders of a tied parameter reduce the same D totals in the same order, so
+ * their copies stay bit-identical; with ZeRO each steps its own shards of it
+ * with the same optimizer state. */
+#include <stdlib.h>
+#include <string.h>
+#include "parallel/ddp/ddp_internal.h"
+#include "pipe_internal.h"
+#include "parallel/zero/zero_internal.h"
+
+static dt_status hold_tied(dt_param *q, void *user) {
+    (void)q;
+    (void)user;
+    return DT_OK;   /* fired by dt_pipe_dp_finish */
+}
+
+int dt_pipe_dp_active(const dt_pipe *p) { return p->ddp || p->zero; }
+
+dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r) {
+    dt_model *m = p->m;
+    if (p->o.zero_stage < 0 || p->o.zero_stage > 2)
+        return DT_ERR(DT_EINVAL, "pipeline: ZeRO stage %d is not available across stages (1 or 2; stage 3 gathers "
+                      "parameters from module hooks a stage's partial model does not all run)", p->o.zero_stage);
+    if (p->o.zero_stage) {
+        dt_zero_opts zo = p->o.zero;
+        zo.stage = p->o.zero_stage;
+        zo.clip = 0;   /* the pipeline clips over all stages */
+        if (r->clip > 0 && zo.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
+            return DT_ERR(DT_EINVAL, "pipeline: gradient clipping needs the global norm before any shard is stepped, "
+                          "so it cannot be combined with ZeRO's interleaved step overlap (use after-backward or off)");
+        DT_TRY(dt_zero_create(m, p->dp, r->optim, &zo, &p->zero));
+        p->zero->trace = r->trace;
+    } else if (p->D > 1) {
+        DT_TRY(dt_ddp_create(m, p->dp, &p->o.ddp, &p->ddp));
+        p->ddp->trace = r->trace;
+    } else {
+        return DT_OK;
+    }
+    for (int t = 0; t < p->n_ties; t++) {
+        dt_param *q = p->ties[t].p;
+        p->ties[t].ready_fn = q->on_grad_ready;
+        if (q->on_grad_ready) q->on_grad_ready = hold_tied;
+    }
+    return DT_OK;
+}
+
+void dt_pipe_dp_free(dt_pipe *p) {
+    if (p->dp) dt_pg_set_trace(p->dp, NULL);
+    for (int t = 0; t < p->n_ties; t++)
+        if (p->ties[t].ready_fn && p->ties[t].p->on_grad_ready == hold_tied) p->ties[t].p->on_grad_ready = p->ties[t].ready_fn;
+    if (p->zero) dt_zero_free(p->zero);
+    if (p->ddp) dt_ddp_free(p->ddp);
+    p->zero = NULL;
+    p->ddp = NULL;
+}
+
+dt_status dt_pipe_dp_begin(dt_pipe *p, dt_run *r) {
+    if (r->trace && dt_pipe_dp_active(p)) dt_pg_set_trace(p->dp, r->trace);   /* reductions on the trace's comm row */
+    if (p->zero) {
+        p->zero->trace = r->trace;
+        dt_zero_set_lr(p->zero, r->lr);
+        DT_TRY(dt_zero_begin_external(p->zero));
+        /* a bucket whose owning module runs on another stage (the lm-head's
+         * use of wte) is waited here, not by a module hook */
+        for (int t = 0; t < p->n_ties; t++) {
+            dt_param *q = p->ties[t].p;
+            DT_TRY(dt_zero_wait_gather(p->zero, p->zero->lay.param_bucket[q->index]));
+            /* stage 2: the tied gradient's bucket buffer exists from now to its
+             * reduction, so a holder's redirect around B (pipe/tie.c) is never
+             * undone by the bucket being acquired inside that B */
+            if (!q->grad.data && q->on_grad_alloc) DT_TRY(q->on_grad_alloc(q, q->on_grad_ready_user));
+        }
+        return DT_OK;
+    }
+    if (p->ddp) {
+        p->ddp->trace = r->trace;
+        return dt_ddp_begin_external(p->ddp);
+    }
+    return DT_OK;
+}
+
+void dt_pipe_dp_tick(dt_pipe *p) {
+    if (p->zero) dt_zero_tick(p->zero);
+}
+
+dt_status dt_pipe_dp_finish(dt_pipe *p) {
+    if (!dt_pipe_dp_active(p)) return DT_OK;
+    dt_status s = DT_OK;
+    for (int t = 0; t < p->n_ties && s == DT_OK; t++) {
+        dt_param *q = p->ties[t].p;
+        if (p->ties[t].ready_fn) s = p->ties[t].ready_fn(q, q->on_grad_ready_user);
+    }
+    /* finish on every rank even after a failure: the replicas wait for it */
+    dt_status f = p->zero ? dt_zero_finish_backward(p->zero) : dt_ddp_finish_backward(p->ddp);
+    return s != DT_OK ? s : f;
+}
+
+double dt_pipe_dp_sumsq(dt_pipe *p, const unsigned char *skip) {
+    return dt_zero_owned_sumsq(p->zero, skip);
+}
+
+dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale) {
+    dt_zero_set_lr(p->zero, lr);
+    return dt_zero_step_scaled(p->zero, scale);
+}
+
+dt_status dt_pipe_dp_sync(dt_pipe *p) { return p->zero ? dt_zero_sync_params(p->zero) : DT_OK; }
+
+void dt_pipe_dp_memory(const dt_pipe *p, size_t *param, size_t *grad, size_t *optim) {
+    dt_zero_memory mem = dt_zero_get_memory(p->zero);
+    *param = mem.param_bytes;
+    *grad = mem.grad_bytes;
+    *optim = mem.optim_bytes;
+}
