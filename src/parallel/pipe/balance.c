@@ -53,73 +53,39 @@ dt_status dt_pipe_balance(const double *cost, int n, int S, int *first) {
  * where 9|4|8|11 gives 17 and 15 with the same largest range.
  *
  * Costs go to integers first (a power-of-two grid, 2^-50 of the total), so
- * sums are exact and equal costs tie exactly. Then:
- *  1. Heuristic cuts: dt_pipe_balance's, the greedy one at the best largest
- *     range, and a quota cut (range c of rank r takes blocks while r's total
- *     stays within (c + 1) / V of a bound M, the least M for which that
- *     succeeds, by bisection). Each is improved by local search: shift 1..P
- *     consecutive cuts by one block (this moves one block between any two
- *     ranks), accepting strict improvements. The best is the incumbent.
- *  2. Lower bounds: largest rank total >= max(ceil(total / P), Copt) and
- *     largest range >= Copt, Copt the least largest range of any cut
- *     (bisection with the greedy check, exact).
- *  3. Search, only when a bound does not already prove the incumbent: a DP
- *     over (range index, position, every rank's total), the best largest
- *     range kept per state. Phase 1 looks for cuts with every rank total
- *     below the incumbent's, phase 2 (when phase 1 proved there are none) for
- *     cuts at its rank total with every range below its largest. A partial
- *     cut is dropped when the rest cannot fit: each rank still to come can
- *     take at most as many of the remaining blocks as its cheapest ones fit
- *     in its room (and in its remaining ranges at the range bound), and
- *     together they must take all (integrality: with equal layers this
- *     proves "ceil(total / P)"-type optima at once). At most `beam` states
- *     per level live on, the evenest first (rb_prune_level), beam = 64, 128,
- *     ...: a search that never had to drop a state is exact, so finding
- *     nothing proves its phase and finding a cut proves that cut optimal; a
- *     search that dropped states and found a cut makes it the incumbent (the
- *     bound tightens), one that found nothing is retried twice as wide.
- * Cost: O(n^2) memory and time for the cheapest-block sums, O(S n^2) for
- * dt_pipe_balance, the local search is capped at 2^22 element visits and the
- * searches together at 2^16 extensions (each O(P log n); labels at most 2^21
- * words, 16 MiB): a few milliseconds for n = 50, P = V = 4. The exact problem
- * is NP-hard (at P = 2, numbers separated by zero-cost blocks: PARTITION),
- * and with distinct noisy costs
- * the states rarely merge: then the budget runs out and the best cut found
- * is returned unproved. On test sets (n = 20..50, P x V up to 16, costs
- * spread +-8%, or integers 1..3 or 0..9) it was within 1.5% (noisy) / 3.7%
- * (0..9) of the optimum found with a 2^25 budget, and equal to it for most.
- * dt_pipe_snap_costs first makes blocks of one kind equal, which keeps such
- * models (GPT-2) small to search and proved. */
+ * sums are exact and equal costs tie exactly (dt_pipe_snap_costs makes blocks
+ * of one kind equal before). Then:
+ *  1. Three starting cuts, each improved by local search, the best kept:
+ *     dt_pipe_balance's (min-max over the ranges); the greedy cut at Copt, the
+ *     least largest range of any cut (bisection with the greedy check,
+ *     exact); and the quota cut: range c of rank r takes blocks while r's
+ *     total stays within (c + 1) / V of a bound M, at the least M for which
+ *     that succeeds (bisection). The local search shifts any run of
+ *     consecutive cuts by any number of blocks, accepting strict
+ *     improvements, first ranking cuts by how many ranks reach the largest
+ *     total (so a plateau can be left), then by the objective itself.
+ *  2. A depth-first search for a better cut (rb_search), pruned by the best
+ *     so far and by the room the remaining ranks have, within a budget of
+ *     2^20 steps: exact on small models and on equal blocks, the heuristic
+ *     cut past the budget. The problem is NP-hard (at P = 2, numbers
+ *     separated by zero-cost blocks: PARTITION).
+ * Cost: O(S n^2) for dt_pipe_balance; the local search capped at 2^22 element
+ * visits, the search at 2^20 steps: at most ~20 ms for n = 50, P = V = 4, once
+ * at start-up. tests/unit/test_parallel_pipe_probe.c holds it against every
+ * cut of small instances. */
 #define RB_NONE INT64_MAX
-#define RB_STEPS (1L << 16)
-#define RB_WORDS ((size_t)1 << 21)
 #define RB_LOCAL_WORK (1L << 22)
+#define RB_DFS_STEPS (1L << 20)
 
 typedef struct rb_ctx {
     int n, P, V, S;
     int64_t *pre;             /* pre[i]: blocks [0, i) on the grid */
     int64_t total;
-    int64_t *cheap;           /* suffix i: cheap[off[i] + k] = the sum of its k cheapest blocks, k = 0 .. n - i */
-    size_t *off;
-    long steps;               /* left for the exact search */
     long work;                /* left for the local search */
 } rb_ctx;
 
 /* largest rank total and how many ranks reach it; largest range, how many */
 typedef struct rb_val { int64_t t, c; int nt, nc; } rb_val;
-
-/* how many blocks of [i, n) can total <= x (-1: x < 0) */
-static int rb_fit(const rb_ctx *b, int i, int64_t x) {
-    if (x < 0) return -1;
-    const int64_t *c = b->cheap + b->off[i];
-    int lo = 0, hi = b->n - i;
-    while (lo < hi) {
-        int mid = lo + (hi - lo + 1) / 2;
-        if (c[mid] <= x) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
 
 static rb_val rb_value(const rb_ctx *b, const int64_t *T, const int64_t *ch) {
     rb_val v = {-1, -1, 0, 0};
@@ -194,18 +160,23 @@ static void rb_shift(const rb_ctx *b, int *first, int64_t *T, int64_t *ch, int j
     }
 }
 
+/* may cuts j .. j+m-1 move by d (every range keeps at least one block)? */
+static int rb_can_shift(const int *first, int j, int m, int d) {
+    return d > 0 ? first[j + m - 1] + d < first[j + m] : first[j] + d > first[j - 1];
+}
+
 static rb_val rb_local(rb_ctx *b, int *first, int64_t *T, int64_t *ch, int counts_first) {
-    int S = b->S, P = b->P;
+    int S = b->S, n = b->n;
     rb_val cur = rb_eval(b, first, T, ch);
     for (int improved = 1; improved && b->work > 0;) {
         improved = 0;
         for (int j = 1; j < S && b->work > 0; j++)
-            for (int m = 1; m <= P && j + m <= S; m++)
-                for (int d = -1; d <= 1; d += 2) {
-                    if (d > 0 ? first[j + m - 1] + 1 >= first[j + m] : first[j] - 1 <= first[j - 1]) continue;
+            for (int m = 1; j + m <= S; m++)
+                for (int d = -n; d <= n; d++) {
+                    if (!d || !rb_can_shift(first, j, m, d)) continue;
                     rb_shift(b, first, T, ch, j, m, d);
                     rb_val v = rb_value(b, T, ch);
-                    b->work -= S + P;
+                    b->work -= S + b->P;
                     if (rb_better(v, cur, counts_first)) { cur = v; improved = 1; }
                     else rb_shift(b, first, T, ch, j, m, -d);
                 }
@@ -213,201 +184,51 @@ static rb_val rb_local(rb_ctx *b, int *first, int64_t *T, int64_t *ch, int count
     return cur;
 }
 
-/* the search's states: level k = ranges placed, pos = where the next
- * starts, T[P] the rank totals, mc the largest range so far */
-typedef struct rb_labels {
-    int P;
-    size_t n, cap;
-    int *pos, *par;
-    int64_t *mc, *T;
-} rb_labels;
+/* Depth-first search over the cuts that beat the best so far (which it
+ * replaces as it finds them), range by range: range k of rank k % P ends at
+ * e, tried left to right. A branch is dropped when its rank totals already
+ * reach the best's (with no smaller largest range), or when the ranks still
+ * to get a range lack the room for the cost left. Exact while the budget
+ * lasts (small models, or equal blocks where the bound cuts early); past it,
+ * the best found so far stands. */
+typedef struct rb_dfs {
+    rb_ctx *b;
+    rb_val best;             /* of cut[] */
+    int *cut, *at;           /* the best cut; the one being built */
+    int64_t *T;              /* rank totals of at[0..k] */
+    long steps;
+} rb_dfs;
 
-static void rb_labels_free(rb_labels *L) { free(L->pos); free(L->par); free(L->mc); free(L->T); }
-
-static int rb_push(rb_labels *L, int pos, int par, int64_t mc, const int64_t *T) {
-    if (L->n == L->cap) {
-        size_t cap = L->cap ? 2 * L->cap : 1024;
-        int *p = realloc(L->pos, cap * sizeof *p);
-        if (p) L->pos = p;
-        int *q = realloc(L->par, cap * sizeof *q);
-        if (q) L->par = q;
-        int64_t *m = realloc(L->mc, cap * sizeof *m);
-        if (m) L->mc = m;
-        int64_t *t = realloc(L->T, cap * (size_t)L->P * sizeof *t);
-        if (t) L->T = t;
-        if (!p || !q || !m || !t) return 0;
-        L->cap = cap;
-    }
-    L->pos[L->n] = pos;
-    L->par[L->n] = par;
-    L->mc[L->n] = mc;
-    memcpy(L->T + L->n * (size_t)L->P, T, (size_t)L->P * sizeof *T);
-    L->n++;
-    return 1;
-}
-
-static size_t rb_hash(int pos, const int64_t *T, int P, size_t mask) {
-    uint64_t h = 1469598103934665603ull ^ (uint64_t)(unsigned)pos;
-    for (int r = 0; r < P; r++) {
-        h = (h ^ (uint64_t)T[r]) * 1099511628211ull;
-        h ^= h >> 29;
-    }
-    return (size_t)h & mask;
-}
-
-/* beam search: how promising a state is, the sum of squares of its rank
- * totals once the remaining cost is shared out in proportion to the ranges
- * each rank still gets (lower: more even; it did better than the largest
- * such total, which ties too often); then the largest range so far */
-typedef struct rb_rank { double sq; int64_t mc; size_t at; } rb_rank;
-
-static int rb_rank_cmp(const void *x, const void *y) {
-    const rb_rank *a = x, *b = y;
-    if (a->sq != b->sq) return a->sq < b->sq ? -1 : 1;
-    if (a->mc != b->mc) return a->mc < b->mc ? -1 : 1;
-    return a->at < b->at ? -1 : a->at > b->at;
-}
-
-/* keep the `beam` most promising states of the level at [from, L->n) */
-static int rb_prune_level(const rb_ctx *b, rb_labels *L, size_t from, const int *rem, size_t beam) {
-    size_t cnt = L->n - from, P = (size_t)b->P;
-    int remsum = 0;
-    for (int r = 0; r < b->P; r++) remsum += rem[r];
-    rb_rank *rk = malloc(cnt * sizeof *rk);
-    int *pos = malloc(beam * sizeof *pos), *par = malloc(beam * sizeof *par);
-    int64_t *mc = malloc(beam * sizeof *mc), *T = malloc(beam * P * sizeof *T);
-    int ok = rk && pos && par && mc && T;
-    if (ok) {
-        for (size_t a = 0; a < cnt; a++) {
-            const int64_t *t = L->T + (from + a) * P;
-            int64_t R = b->total - b->pre[L->pos[from + a]];
-            double sq = 0;
-            for (int r = 0; r < b->P; r++) {
-                double v = (double)(t[r] + (remsum ? R * rem[r] / remsum : 0));
-                sq += v * v;
-            }
-            rk[a] = (rb_rank){sq, L->mc[from + a], from + a};
+static void rb_search(rb_dfs *s, int k, int i, int64_t mc) {
+    const rb_ctx *b = s->b;
+    int S = b->S, P = b->P, n = b->n;
+    s->at[k] = i;
+    if (k == S) {
+        rb_val v = {0, mc, 0, 0};
+        for (int r = 0; r < P; r++) v.t = s->T[r] > v.t ? s->T[r] : v.t;
+        if (v.t < s->best.t || (v.t == s->best.t && v.c < s->best.c)) {
+            s->best = v;
+            memcpy(s->cut, s->at, (size_t)(S + 1) * sizeof *s->cut);
         }
-        qsort(rk, cnt, sizeof *rk, rb_rank_cmp);
-        for (size_t a = 0; a < beam; a++) {
-            size_t o = rk[a].at;
-            pos[a] = L->pos[o];
-            par[a] = L->par[o];
-            mc[a] = L->mc[o];
-            memcpy(T + a * P, L->T + o * P, P * sizeof *T);
+        return;
+    }
+    int r = k % P, after = S - k - 1;
+    for (int e = after ? i + 1 : n; e <= n - after && --s->steps > 0; e++) {
+        int64_t x = b->pre[e] - b->pre[i], t = s->T[r] + x, c = x > mc ? x : mc;
+        if (t > s->best.t || (t == s->best.t && c >= s->best.c)) break;   /* and so every later e */
+        if (c >= s->best.c) {   /* only a lower largest rank total can still win */
+            int64_t top = 0;
+            for (int q = 0; q < P; q++) top = q != r && s->T[q] > top ? s->T[q] : top;
+            if (top >= s->best.t) break;
         }
-        memcpy(L->pos + from, pos, beam * sizeof *pos);
-        memcpy(L->par + from, par, beam * sizeof *par);
-        memcpy(L->mc + from, mc, beam * sizeof *mc);
-        memcpy(L->T + from * P, T, beam * P * sizeof *T);
-        L->n = from + beam;
+        /* room: ranks with ranges left must take the rest at <= the best's total */
+        int64_t room = 0, left = b->total - b->pre[e];
+        s->T[r] = t;
+        for (int q = 0; q < P; q++)
+            if ((k + 1 + ((q - (k + 1) % P + P) % P)) < S) room += s->best.t - s->T[q];
+        if (room >= left) rb_search(s, k + 1, e, c);
+        s->T[r] = t - x;
     }
-    free(rk); free(pos); free(par); free(mc); free(T);
-    return ok;
-}
-
-/* Can blocks [e, n) complete a cut at level k1 with rank totals T, every rank
- * within Mcap and every range within Ccap? (necessary conditions; rem[r]:
- * ranges rank r still gets, kc[i]: blocks of [i, n) one range can hold) */
-static int rb_open(const rb_ctx *b, int e, int k1, const int64_t *T, int64_t Mcap, int64_t Ccap, const int *rem,
-                   const int *kc) {
-    int left = b->n - e, m = b->S - k1;
-    if (m == 0) return left == 0;
-    int64_t R = b->total - b->pre[e], room = 0, take = 0;
-    if (Ccap != RB_NONE && (int64_t)m * Ccap < R) return 0;
-    for (int r = 0; r < b->P; r++) {
-        if (!rem[r]) continue;
-        int fit = rb_fit(b, e, Mcap - T[r]);
-        if (fit < rem[r]) return 0;   /* its ranges are non-empty */
-        int64_t lim = (int64_t)rem[r] * kc[e];
-        take += fit < lim ? fit : lim;
-        room += Mcap - T[r];
-    }
-    return take >= left && room >= R;
-}
-
-/* The best cut (lexicographic (largest rank total, largest range)) among those
- * with every rank total <= Mcap and every range <= Ccap: 1 (first, *val), 0
- * none, -1 past the budget, -2 out of memory. Only the `beam` most promising
- * states of a level live on; *cut says whether some level had more (then the
- * answer is a cut, maybe not the best, and 0 proves nothing). */
-static int rb_search(rb_ctx *b, int64_t Mcap, int64_t Ccap, size_t beam, int *first, rb_val *val, int *cut) {
-    int n = b->n, P = b->P, S = b->S, V = b->V, ret = -2;
-    rb_labels L = {.P = P};
-    size_t hcap = 1024;
-    *cut = 0;
-    int *slot = malloc(hcap * sizeof *slot), *kc = malloc((size_t)(n + 1) * sizeof *kc),
-        *rem = malloc((size_t)P * sizeof *rem);
-    int64_t *Tn = calloc((size_t)P, sizeof *Tn);
-    if (!slot || !kc || !rem || !Tn || !rb_push(&L, 0, -1, 0, Tn)) goto done;
-    for (int i = 0; i <= n; i++) kc[i] = Ccap == RB_NONE ? n - i : rb_fit(b, i, Ccap);
-    size_t lo = 0, hi = 1;
-    for (int k = 0; k < S && lo < hi; k++) {
-        int r = k % P, after = S - k - 1;
-        for (int x = 0; x < P; x++) rem[x] = V - ((k + 1) / P + (x < (k + 1) % P));
-        for (size_t s = 0; s < hcap; s++) slot[s] = -1;
-        for (size_t a = lo; a < hi; a++) {
-            int i = L.pos[a];
-            memcpy(Tn, L.T + a * (size_t)P, (size_t)P * sizeof *Tn);
-            int64_t base = Tn[r], mc = L.mc[a];
-            for (int e = after ? i + 1 : n; e <= n - after; e++) {
-                int64_t x = b->pre[e] - b->pre[i];
-                if (x > Ccap || base + x > Mcap) break;   /* and so every longer range */
-                if (--b->steps < 0 || (L.n + 1) * (size_t)P > RB_WORDS) { ret = -1; goto done; }
-                Tn[r] = base + x;
-                if (!rb_open(b, e, k + 1, Tn, Mcap, Ccap, rem, kc)) continue;
-                int64_t mcx = x > mc ? x : mc;
-                size_t s = rb_hash(e, Tn, P, hcap - 1);
-                int dup = 0;
-                for (; slot[s] >= 0; s = (s + 1) & (hcap - 1)) {
-                    int o = slot[s];
-                    if (L.pos[o] == e && !memcmp(L.T + (size_t)o * (size_t)P, Tn, (size_t)P * sizeof *Tn)) {
-                        if (mcx < L.mc[o]) { L.mc[o] = mcx; L.par[o] = (int)a; }
-                        dup = 1;
-                        break;
-                    }
-                }
-                if (dup) continue;
-                if (!rb_push(&L, e, (int)a, mcx, Tn)) goto done;
-                slot[s] = (int)(L.n - 1);
-                if (2 * (L.n - hi) > hcap) {   /* grow the table: rehash this level */
-                    int *ns = malloc(2 * hcap * sizeof *ns);
-                    if (!ns) goto done;
-                    free(slot);
-                    slot = ns;
-                    hcap *= 2;
-                    for (size_t t = 0; t < hcap; t++) slot[t] = -1;
-                    for (size_t o = hi; o < L.n; o++) {
-                        size_t t = rb_hash(L.pos[o], L.T + o * (size_t)P, P, hcap - 1);
-                        while (slot[t] >= 0) t = (t + 1) & (hcap - 1);
-                        slot[t] = (int)o;
-                    }
-                }
-            }
-        }
-        if (L.n - hi > beam) {
-            *cut = 1;
-            if (!rb_prune_level(b, &L, hi, rem, beam)) goto done;
-        }
-        lo = hi;
-        hi = L.n;
-    }
-    ret = 0;
-    if (lo == hi) goto done;
-    size_t best = lo;
-    rb_val bv = {RB_NONE, RB_NONE, 0, 0};
-    for (size_t a = lo; a < hi; a++) {   /* level S: complete cuts */
-        int64_t t = 0;
-        for (int x = 0; x < P; x++) t = L.T[a * (size_t)P + (size_t)x] > t ? L.T[a * (size_t)P + (size_t)x] : t;
-        if (t < bv.t || (t == bv.t && L.mc[a] < bv.c)) { bv.t = t; bv.c = L.mc[a]; best = a; }
-    }
-    for (int k = S, a = (int)best; k >= 0; k--, a = L.par[a]) first[k] = L.pos[a];
-    *val = bv;
-    ret = 1;
-done:
-    rb_labels_free(&L);
-    free(slot); free(kc); free(rem); free(Tn);
-    return ret;
 }
 
 dt_status dt_pipe_balance_ranks(const double *cost, int n, int P, int V, int *first) {
@@ -424,17 +245,13 @@ dt_status dt_pipe_balance_ranks(const double *cost, int n, int P, int V, int *fi
     }
     if (!isfinite(tot)) return DT_ERR(DT_EINVAL, "pipeline: block costs sum to no finite total");
     int shift = tot > 0 ? 50 - ilogb(tot) : 0;   /* total on the grid < 2^51 (per cost: 2^shift may overflow) */
-    rb_ctx b = {.n = n, .P = P, .V = V, .S = S, .steps = RB_STEPS, .work = RB_LOCAL_WORK};
-    size_t ncheap = (size_t)(n + 1) * (size_t)(n + 2) / 2;
-    int64_t *q = malloc((size_t)n * sizeof *q), *sorted = malloc((size_t)n * sizeof *sorted);
+    rb_ctx b = {.n = n, .P = P, .V = V, .S = S, .work = RB_LOCAL_WORK};
     int64_t *T = malloc((size_t)P * sizeof *T), *ch = malloc((size_t)S * sizeof *ch);
     double *dcost = malloc((size_t)n * sizeof *dcost);
     int *cand = malloc((size_t)(S + 1) * sizeof *cand), *inc = malloc((size_t)(S + 1) * sizeof *inc);
     b.pre = malloc((size_t)(n + 1) * sizeof *b.pre);
-    b.cheap = malloc(ncheap * sizeof *b.cheap);
-    b.off = malloc((size_t)(n + 1) * sizeof *b.off);
     dt_status s = DT_OK;
-    if (!q || !sorted || !T || !ch || !dcost || !cand || !inc || !b.pre || !b.cheap || !b.off) {
+    if (!T || !ch || !dcost || !cand || !inc || !b.pre) {
         s = DT_ERR(DT_ENOMEM, "pipeline: out of memory balancing %d blocks", n);
         goto done;
     }
@@ -442,24 +259,11 @@ dt_status dt_pipe_balance_ranks(const double *cost, int n, int P, int V, int *fi
     int64_t maxq = 0;
     for (int i = 0; i < n; i++) {
         dcost[i] = cost[i] > 0 ? cost[i] : 0;
-        q[i] = (int64_t)llround(ldexp(dcost[i], shift));
-        b.pre[i + 1] = b.pre[i] + q[i];
-        if (q[i] > maxq) maxq = q[i];
+        int64_t q = (int64_t)llround(ldexp(dcost[i], shift));
+        b.pre[i + 1] = b.pre[i] + q;
+        if (q > maxq) maxq = q;
     }
     b.total = b.pre[n];
-    /* the cheapest-block sums of every suffix, sorting it from the back */
-    for (int i = 0; i <= n; i++) b.off[i] = i ? b.off[i - 1] + (size_t)(n - i + 2) : 0;
-    for (int i = n; i >= 0; i--) {
-        int len = n - i;
-        if (len) {   /* insert q[i] into sorted[0 .. len-1) */
-            int at = len - 1;
-            while (at > 0 && sorted[at - 1] > q[i]) { sorted[at] = sorted[at - 1]; at--; }
-            sorted[at] = q[i];
-        }
-        int64_t *row = b.cheap + b.off[i];
-        row[0] = 0;
-        for (int k = 1; k <= len; k++) row[k] = row[k - 1] + sorted[k - 1];
-    }
     /* Copt: the least largest range of any cut */
     int64_t lo = maxq, hi = b.total;
     while (lo < hi) {
@@ -467,10 +271,9 @@ dt_status dt_pipe_balance_ranks(const double *cost, int n, int P, int V, int *fi
         if (rb_chunk_cut(&b, mid, cand)) hi = mid;
         else lo = mid + 1;
     }
-    int64_t copt = lo, lb_t = b.total / P + (b.total % P != 0);
+    int64_t copt = lo, lb_t = b.total / P + (b.total % P != 0);   /* no rank total below either */
     if (lb_t < copt) lb_t = copt;
-    /* the incumbent: the best of three heuristic cuts after local search */
-    rb_val iv = {RB_NONE, RB_NONE, 0, 0};
+    rb_val best = {RB_NONE, RB_NONE, 0, 0};
     for (int c = 0; c < 3; c++) {
         if (c == 0) {
             s = dt_pipe_balance(dcost, n, S, cand);
@@ -488,33 +291,15 @@ dt_status dt_pipe_balance_ranks(const double *cost, int n, int P, int V, int *fi
         }
         rb_local(&b, cand, T, ch, 1);
         rb_val v = rb_local(&b, cand, T, ch, 0);
-        if (rb_better(v, iv, 0)) { iv = v; memcpy(inc, cand, (size_t)(S + 1) * sizeof *inc); }
+        if (rb_better(v, best, 0)) { best = v; memcpy(inc, cand, (size_t)(S + 1) * sizeof *inc); }
     }
-    /* prove or improve it: search below its rank total, then at it with every
-     * range below its largest; a beam that never had to drop a state is exact
-     * (nothing found proves that phase), one that did is widened (found
-     * nothing) or its bound tightened (found a better cut: the new incumbent) */
-    size_t beam = 64;
-    for (int phase = 0, cut; phase < 2;) {
-        if (phase == 0 ? iv.t <= lb_t : iv.c <= copt) { phase++; continue; }   /* proved by a bound */
-        rb_val sv;
-        int r = rb_search(&b, phase ? iv.t : iv.t - 1, phase ? iv.c - 1 : RB_NONE, beam, cand, &sv, &cut);
-        if (r == -2) {
-            s = DT_ERR(DT_ENOMEM, "pipeline: out of memory balancing %d blocks", n);
-            goto done;
-        }
-        if (r == -1) break;   /* budget spent: the incumbent, unproved */
-        if (r == 1) {
-            iv = sv;
-            memcpy(inc, cand, (size_t)(S + 1) * sizeof *inc);
-            if (!cut) break;   /* the best of every cut better than the old incumbent: optimal */
-        } else if (cut) beam *= 2;
-        else phase++;
-    }
+    /* then an exact search below it, within a budget */
+    for (int r = 0; r < P; r++) T[r] = 0;
+    rb_dfs dfs = {.b = &b, .best = best, .cut = inc, .at = cand, .T = T, .steps = RB_DFS_STEPS};
+    rb_search(&dfs, 0, 0, 0);
     memcpy(first, inc, (size_t)(S + 1) * sizeof *first);
 done:
-    free(q); free(sorted); free(T); free(ch); free(dcost); free(cand); free(inc);
-    free(b.pre); free(b.cheap); free(b.off);
+    free(T); free(ch); free(dcost); free(cand); free(inc); free(b.pre);
     return s;
 }
 
