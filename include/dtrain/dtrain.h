@@ -2,7 +2,7 @@
  * only headers of the layers below it (scripts/check_layers.sh checks this):
  *
  *   error, log (util) -> tensor -> autograd -> ops -> nn -> optim -> data
- *   -> io (+ trace) -> dist -> strategy -> parallel (+ zero) -> train
+ *   -> io (+ trace) -> dist -> strategy -> parallel (+ zero, pipeline) -> train
  *
  * Read them in that order; docs/ARCHITECTURE.md walks one training step
  * through all of them. */
@@ -22,5 +22,6 @@
 #include "dtrain/strategy.h"
 #include "dtrain/parallel.h"
 #include "dtrain/zero.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/train.h"
 #endif

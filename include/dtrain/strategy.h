@@ -1,5 +1,5 @@
 /* dtrain/strategy.h — the contract between the training loop and a parallel
- * strategy (DDP, ZeRO, later pipeline stages).
+ * strategy (DDP, ZeRO, pipeline stages).
  *
  * The trainer (train.h) defines this interface and strategies (parallel.h,
  * zero.h) implement it; both include this header and neither includes the
