@@ -42,11 +42,11 @@ int main(int argc, char **argv) {
     int no_comm = 0;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "--no-overlap")) dopts.no_overlap = 1;
-        else if (!strcmp(argv[i], "--deterministic")) dopts.deterministic = 1;
+        else if (!strcmp(argv[i], "--deterministic")) dopts.dp.deterministic = 1;
         else if (!strcmp(argv[i], "--no-comm")) no_comm = 1;
-        else if (!strcmp(argv[i], "--no-shm")) dopts.shm = DT_DDP_SHM_OFF;
-        else if (!strcmp(argv[i], "--compress-bf16")) dopts.compress = DT_DDP_COMPRESS_BF16;
-        else if (!strcmp(argv[i], "--bucket-mb") && i + 1 < argc) dopts.bucket_bytes = (size_t)(atof(argv[++i]) * 1048576);
+        else if (!strcmp(argv[i], "--no-shm")) dopts.dp.shm = DT_DP_SHM_OFF;
+        else if (!strcmp(argv[i], "--compress-bf16")) dopts.dp.wire = DT_BF16;
+        else if (!strcmp(argv[i], "--bucket-mb") && i + 1 < argc) dopts.dp.bucket_bytes = (size_t)(atof(argv[++i]) * 1048576);
     }
     if (dt_dist_init(&argc, &argv, NULL) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
     dt_cpu_set_flush_denormal(1);   /* as the trainer does: no denormal slow path late in a run */

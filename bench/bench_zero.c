@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--stage")) stage = atoi(v);
         else if (!strcmp(a, "--steps")) steps = atoi(v);
         else if (!strcmp(a, "--prefetch")) zo.prefetch = atoi(v);
-        else if (!strcmp(a, "--bucket-mb")) zo.bucket_bytes = dopts.bucket_bytes = (size_t)(atof(v) * MIB);
+        else if (!strcmp(a, "--bucket-mb")) zo.dp.bucket_bytes = dopts.dp.bucket_bytes = (size_t)(atof(v) * MIB);
         else if (!strcmp(a, "--overlap")) {
             ov = v;
             if (!strcmp(v, "off")) zo.overlap_step = DT_ZERO_OVERLAP_OFF;

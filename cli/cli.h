@@ -10,7 +10,7 @@
 typedef struct dt_cli_dist {
     dt_ddp_opts ddp;
     int zero_stage;                 /* 0: DDP */
-    dt_zero_opts zero;              /* bucket caps, find_unused, buffers, deterministic copied from ddp */
+    dt_zero_opts zero;              /* .dp: the same data-parallel options as ddp.dp (but the default bucket size) */
     dt_zero_ckpt_format save_format;
     dt_progress_mode progress;
     int pipelined;                  /* any pipeline flag given: the pipeline strategy (also at --pp 1) */
@@ -30,6 +30,9 @@ int dt_cli_under_mpi(void);
  * through MPI_Finalize); after a failure mid-run it does not return (MPI_Abort).
  * Collective (world). */
 int dt_cli_report(dt_status s, int rank, int world, int clean);
+/* settings.c: library text with each setting ("dp.bucket_bytes") written as
+ * the flag that sets it ("--bucket-mb"); truncated to fit n. */
+void dt_cli_flag_names(const char *in, char *out, size_t n);
 /* Route the library's log messages to this process's stdout / stderr (output.c). */
 void dt_cli_log_install(int rank, int world);
 /* --nproc N: 1 <= N <= 8 x this machine's cores; else -1 with one line in err */

@@ -15,6 +15,7 @@ typedef struct cli_flags {
     int nproc;
     int nesterov;
     dt_cli_dist dist;
+    dt_dp_opts dp;       /* one set for DDP, ZeRO and a pipeline's replicas (parallel.h) */
     float bucket_mb, first_bucket_mb;
     const char *compress, *progress, *overlap_step, *save_format, *recompute, *schedule;
     int microbatches;
@@ -121,9 +122,9 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--nproc", DT_ARG_INT, &f->nproc, "N", "data-parallel ranks on this machine, 1..8 x cores (re-launches under mpirun)", 0, 0},
         {"--bucket-mb", DT_ARG_FLOAT, &f->bucket_mb, "MB", "gradient bucket size, > 0 (default: DDP 1, ZeRO 4)", 0, 0},
         {"--first-bucket-mb", DT_ARG_FLOAT, &f->first_bucket_mb, "MB", "first (last layers') gradient bucket size (default 1)", 0, 0},
-        {"--find-unused", DT_ARG_FLAG, &f->dist.ddp.find_unused_params, NULL, "DDP: parameters without gradient are reduced as zeros", 0, 0},
+        {"--find-unused", DT_ARG_FLAG, &f->dp.find_unused_params, NULL, "DDP: parameters without gradient are reduced as zeros", 0, 0},
         {"--no-broadcast-buffers", DT_ARG_FLAG, &f->no_bcast, NULL, "DDP: do not broadcast rank 0's buffers before each forward", 0, 0},
-        {"--sync-bn", DT_ARG_FLAG, &f->dist.ddp.sync_bn, NULL, "DDP or ZeRO: SyncBatchNorm (batch statistics over all ranks)", 0, 0},
+        {"--sync-bn", DT_ARG_FLAG, &f->dp.sync_bn, NULL, "DDP or ZeRO: SyncBatchNorm (batch statistics over all ranks)", 0, 0},
         {"--uneven", DT_ARG_FLAG, &f->o.uneven, NULL, "--data text from a directory: rank r trains only on the files k with "
          "k mod ranks = r (name order), so ranks hold different numbers of batches; each makes --epochs passes over its "
          "own files (at most --steps steps) and a rank whose data runs out joins (DDP, --zero 1 or 2) until all have: "
@@ -131,7 +132,7 @@ static int build_table(cli_flags *f, dt_arg *t) {
          "reporting rank's own; the validation split is shared. Not with --pp, --zero 3, --sync-bn, --resume, "
          "--save-every, --stop-after; a stop signal after the first rank ran out is not agreed", 0, 0},
         {"--no-overlap", DT_ARG_FLAG, &f->dist.ddp.no_overlap, NULL, "DDP: reduce gradients only after backward", 0, 0},
-        {"--deterministic", DT_ARG_FLAG, &f->dist.ddp.deterministic, NULL, "DDP: fixed rank-order summation (bitwise reproducible at any world size)", 0, 0},
+        {"--deterministic", DT_ARG_FLAG, &f->dp.deterministic, NULL, "DDP: fixed rank-order summation (bitwise reproducible at any world size)", 0, 0},
         {"--no-shm", DT_ARG_FLAG, &f->no_shm, NULL, "DDP, ZeRO: MPI collectives even when all ranks share this machine (default: DDP without --compress keeps gradients in MPI shared memory, ZeRO-1/2 gathers through it)", 0, 0},
         {"--compress", DT_ARG_STR, &f->compress, "none|bf16|fp16", "DDP: gradient compression on the wire; ZeRO: gradients and gathered parameters on the wire, fp32 master shards (default none)", 0, 0},
         {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
@@ -214,10 +215,53 @@ static int uneven_flags(cli_flags *f, char *err, int errlen) {
                 f->dist.pipe.max_outstanding || f->dist.pipe.virtual_stages;
     const char *bad = piped ? "a pipeline (--pp and its flags)"
                     : f->dist.zero_stage == 3 ? "--zero 3 (its parameter gathers run in module hooks a rank without data does not run)"
-                    : f->dist.ddp.sync_bn ? "--sync-bn (its collectives run inside forward and backward)" : NULL;
+                    : f->dp.sync_bn ? "--sync-bn (its collectives run inside forward and backward)" : NULL;
     if (bad) { snprintf(err, (size_t)errlen, "--uneven does not combine with %s", bad); return -1; }
-    f->dist.ddp.join = 1;
-    f->dist.zero.join = 1;
+    f->dp.join = 1;
+    return 0;
+}
+
+/* A flag whose value is one of a few names: the table maps each to its value,
+ * and an unknown name is refused listing them. */
+typedef struct cli_name { const char *name; int value; } cli_name;
+#define CLI_NAMES(t) (t), N_ARGS(t)
+
+static int name_flag(const char *flag, const char *v, const cli_name *t, int n, int *out, char *err, int errlen) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v, t[i].name)) { *out = t[i].value; return 0; }
+    int k = snprintf(err, (size_t)errlen, "%s: unknown '%s' (", flag, v);
+    for (int i = 0; i < n && k > 0 && k < errlen; i++) k += snprintf(err + k, (size_t)(errlen - k), "%s%s", i ? ", " : "", t[i].name);
+    if (k > 0 && k < errlen) snprintf(err + k, (size_t)(errlen - k), ")");
+    return -1;
+}
+
+static const cli_name k_wire[] = {{"none", DT_F32}, {"bf16", DT_BF16}, {"fp16", DT_F16}};
+static const cli_name k_overlap[] = {{"interleaved", DT_ZERO_OVERLAP_INTERLEAVED},
+                                     {"after-backward", DT_ZERO_OVERLAP_AFTER_BACKWARD}, {"off", DT_ZERO_OVERLAP_OFF}};
+static const cli_name k_save_format[] = {{"sharded", DT_ZERO_CKPT_SHARDED}, {"consolidated", DT_ZERO_CKPT_CONSOLIDATED}};
+static const cli_name k_progress[] = {{"poll", DT_PROGRESS_POLL}, {"thread", DT_PROGRESS_THREAD}};
+
+/* The data-parallel flags into f->dp, then into DDP's and ZeRO's options
+ * (a pipeline copies those in pipe_flags); --bucket-mb not given leaves each
+ * strategy its own default. */
+static int dp_flags(cli_flags *f, char *err, int errlen) {
+    dt_dp_opts *dp = &f->dp;
+    if (bucket_flag("--bucket-mb", f->bucket_mb, err, errlen) || bucket_flag("--first-bucket-mb", f->first_bucket_mb, err, errlen))
+        return -1;
+    if (f->first_bucket_mb > 0) dp->first_bucket_bytes = (size_t)(f->first_bucket_mb * 1048576.0);
+    if (f->no_bcast) dp->broadcast_buffers = 0;
+    if (f->no_shm) dp->shm = DT_DP_SHM_OFF;
+    int v = 0;
+    if (f->compress) {
+        if (name_flag("--compress", f->compress, CLI_NAMES(k_wire), &v, err, errlen)) return -1;
+        dp->wire = (dt_dtype)v;
+    }
+    if (f->o.uneven && uneven_flags(f, err, errlen)) return -1;
+    size_t ddp_bucket = f->dist.ddp.dp.bucket_bytes, zero_bucket = f->dist.zero.dp.bucket_bytes;
+    f->dist.ddp.dp = f->dist.zero.dp = *dp;
+    f->dist.ddp.dp.bucket_bytes = ddp_bucket;
+    f->dist.zero.dp.bucket_bytes = zero_bucket;
+    if (f->bucket_mb > 0) f->dist.ddp.dp.bucket_bytes = f->dist.zero.dp.bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
     return 0;
 }
 
@@ -243,42 +287,20 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     o->freeze = f->freeze;
     if (param_groups(f, err, errlen)) return -1;
     if (f->nproc != INT_MIN && dt_cli_nproc_check(f->nproc, err, errlen)) return -1;
-    dt_ddp_opts *d = &f->dist.ddp;
-    if (bucket_flag("--bucket-mb", f->bucket_mb, err, errlen) || bucket_flag("--first-bucket-mb", f->first_bucket_mb, err, errlen))
-        return -1;
-    if (f->bucket_mb > 0) d->bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
-    if (f->first_bucket_mb > 0) d->first_bucket_bytes = (size_t)(f->first_bucket_mb * 1048576.0);
-    if (f->no_bcast) d->broadcast_buffers = 0;
-    if (f->no_shm) d->shm = DT_DDP_SHM_OFF;
-    if (f->compress) {
-        if (!strcmp(f->compress, "none")) d->compress = DT_DDP_COMPRESS_NONE;
-        else if (!strcmp(f->compress, "bf16")) d->compress = DT_DDP_COMPRESS_BF16;
-        else if (!strcmp(f->compress, "fp16")) d->compress = DT_DDP_COMPRESS_FP16;
-        else { snprintf(err, (size_t)errlen, "--compress: unknown '%s' (none, bf16, fp16)", f->compress); return -1; }
-    }
     if (f->dist.zero_stage < 0 || f->dist.zero_stage > 3) {
         snprintf(err, (size_t)errlen, "--zero: stage must be 0, 1, 2 or 3 (got %d)", f->dist.zero_stage);
         return -1;
     }
     dt_zero_opts *z = &f->dist.zero;
     z->stage = f->dist.zero_stage ? f->dist.zero_stage : 1;
-    if (f->first_bucket_mb > 0) z->first_bucket_bytes = d->first_bucket_bytes;
-    if (f->bucket_mb > 0) z->bucket_bytes = d->bucket_bytes;   /* else ZeRO's own default (4 MiB: fewer shard steps) */
-    z->find_unused_params = d->find_unused_params;
-    z->broadcast_buffers = d->broadcast_buffers;
-    z->deterministic = d->deterministic;
-    z->wire = d->compress == DT_DDP_COMPRESS_BF16 ? DT_BF16 : d->compress == DT_DDP_COMPRESS_FP16 ? DT_F16 : DT_F32;
-    z->no_shm = f->no_shm;
+    int v = 0;
     if (f->overlap_step) {
-        if (!strcmp(f->overlap_step, "interleaved")) z->overlap_step = DT_ZERO_OVERLAP_INTERLEAVED;
-        else if (!strcmp(f->overlap_step, "after-backward")) z->overlap_step = DT_ZERO_OVERLAP_AFTER_BACKWARD;
-        else if (!strcmp(f->overlap_step, "off")) z->overlap_step = DT_ZERO_OVERLAP_OFF;
-        else { snprintf(err, (size_t)errlen, "--overlap-step: unknown '%s' (interleaved, after-backward, off)", f->overlap_step); return -1; }
+        if (name_flag("--overlap-step", f->overlap_step, CLI_NAMES(k_overlap), &v, err, errlen)) return -1;
+        z->overlap_step = (dt_zero_overlap)v;
     }
     if (f->save_format) {
-        if (!strcmp(f->save_format, "sharded")) f->dist.save_format = DT_ZERO_CKPT_SHARDED;
-        else if (!strcmp(f->save_format, "consolidated")) f->dist.save_format = DT_ZERO_CKPT_CONSOLIDATED;
-        else { snprintf(err, (size_t)errlen, "--save-format: unknown '%s' (sharded, consolidated)", f->save_format); return -1; }
+        if (name_flag("--save-format", f->save_format, CLI_NAMES(k_save_format), &v, err, errlen)) return -1;
+        f->dist.save_format = (dt_zero_ckpt_format)v;
     }
     if (!f->dist.zero_stage && (f->overlap_step || f->save_format)) {
         snprintf(err, (size_t)errlen, "%s applies to ZeRO only (add --zero 1, 2 or 3)", f->overlap_step ? "--overlap-step" : "--save-format");
@@ -289,21 +311,19 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         if (f->zero_prefetch < 0) { snprintf(err, (size_t)errlen, "--zero-prefetch must be >= 0 (got %d)", f->zero_prefetch); return -1; }
         z->prefetch = f->zero_prefetch;
     }
-    if (f->dist.zero_stage) {
-        const char *bad = d->no_overlap ? "--no-overlap (use --overlap-step off)" : NULL;
-        if (bad) { snprintf(err, (size_t)errlen, "%s is a DDP option and is not supported with --zero", bad); return -1; }
+    if (f->dist.zero_stage && f->dist.ddp.no_overlap) {
+        snprintf(err, (size_t)errlen, "--no-overlap (use --overlap-step off) is a DDP option and is not supported with --zero");
+        return -1;
     }
-    z->sync_bn = d->sync_bn;
-    if (f->o.uneven && uneven_flags(f, err, errlen)) return -1;
+    if (dp_flags(f, err, errlen)) return -1;
     if (f->dist.stall_warn < 0 || f->dist.collective_timeout < 0) {
         snprintf(err, (size_t)errlen, "%s must be >= 0 seconds", f->dist.stall_warn < 0 ? "--stall-warn" : "--collective-timeout");
         return -1;
     }
     if (pipe_flags(f, err, errlen)) return -1;
     if (f->progress) {
-        if (!strcmp(f->progress, "poll")) f->dist.progress = DT_PROGRESS_POLL;
-        else if (!strcmp(f->progress, "thread")) f->dist.progress = DT_PROGRESS_THREAD;
-        else { snprintf(err, (size_t)errlen, "--progress: unknown '%s' (poll, thread)", f->progress); return -1; }
+        if (name_flag("--progress", f->progress, CLI_NAMES(k_progress), &v, err, errlen)) return -1;
+        f->dist.progress = (dt_progress_mode)v;
     }
     return 0;
 }
@@ -328,6 +348,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     dt_train_opts_default(&f.o);
     dt_ddp_opts_default(&f.dist.ddp);
     dt_zero_opts_default(&f.dist.zero);
+    dt_dp_opts_default(&f.dp);
     f.zero_prefetch = INT_MIN;
     f.nproc = INT_MIN;   /* not given */
     f.bucket_mb = f.first_bucket_mb = NAN;   /* not given: the strategy's defaults */

@@ -35,8 +35,10 @@ static int msg_hash(const char *s) {   /* FNV-1a, 30 bits: -h fits an int */
 }
 
 static void print_error(int rank, int with_rank) {
-    if (with_rank) fprintf(stderr, "dtrain: rank %d: error: %s\n", rank, dt_error_message());
-    else fprintf(stderr, "dtrain: error: %s\n", dt_error_message());
+    char msg[2048];
+    dt_cli_flag_names(dt_error_message(), msg, sizeof msg);
+    if (with_rank) fprintf(stderr, "dtrain: rank %d: error: %s\n", rank, msg);
+    else fprintf(stderr, "dtrain: error: %s\n", msg);
     fflush(stderr);
 }
 

@@ -11,7 +11,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
     int rank = 0, size = 1;
     dt_status s = DT_OK;
     if (under_mpi) {
-        dt_dist_opts dopts = {.progress = dist->progress, .deterministic = dist->ddp.deterministic,
+        dt_dist_opts dopts = {.progress = dist->progress, .deterministic = dist->ddp.dp.deterministic,
                               .stall_warn_s = dist->stall_warn > 0 ? dist->stall_warn : -1.0,
                               .collective_timeout_s = dist->collective_timeout,
                               .debug_collectives = dist->debug_collectives};

@@ -62,43 +62,56 @@ typedef struct dt_ddp_comm_hook {
     void *state;
 } dt_ddp_comm_hook;
 
-typedef enum dt_ddp_compress {
-    DT_DDP_COMPRESS_NONE = 0,
-    DT_DDP_COMPRESS_BF16 = 1,   /* gradients travel as bf16, summed in float, rounded per step */
-    DT_DDP_COMPRESS_FP16 = 2,
-} dt_ddp_compress;
+/* ---- The data-parallel options DDP, ZeRO and a pipeline's replicas share ----
+ * One struct, embedded as `.dp` in dt_ddp_opts and dt_zero_opts (a pipeline
+ * passes its dt_ddp_opts or dt_zero_opts on to its stages' replicas), so a
+ * setting has one name wherever it applies and the start-up agreement
+ * describes it once. Defaults: dt_dp_opts_default (the strategies' own
+ * defaults start from it; ZeRO's buckets are 4 MiB). */
+typedef enum dt_dp_shm {
+    DT_DP_SHM_AUTO = 0,       /* node-shared memory when the group (> 1 rank) is on one machine and the
+                                 windows fit Open MPI's backing directory (/dev/shm); else MPI
+                                 collectives. DDP: when buckets are reduced as float32 by the built-in
+                                 hook. ZeRO: zero.h "Node-shared memory" */
+    DT_DP_SHM_OFF = 1,        /* always MPI collectives (private buffers) */
+    DT_DP_SHM_REQUIRE = 2,    /* DDP only: node-shared memory (also for 1 rank) or a creation error
+                                 naming why */
+} dt_dp_shm;
 
-/* Where the gradient buckets live when every rank runs on one machine. */
-typedef enum dt_ddp_shm {
-    DT_DDP_SHM_AUTO = 0,      /* node-shared memory if the group (> 1 rank) is on one machine, buckets
-                                 are reduced as float32 by the built-in hook and the window fits
-                                 Open MPI's backing directory (/dev/shm); else MPI collectives */
-    DT_DDP_SHM_OFF = 1,       /* always MPI collectives (private gradient buffer) */
-    DT_DDP_SHM_REQUIRE = 2,   /* node-shared memory (also for 1 rank) or a creation error naming why */
-} dt_ddp_shm;
-
-typedef struct dt_ddp_opts {
-    size_t first_bucket_bytes;   /* default 1 MiB */
-    size_t bucket_bytes;         /* default 1 MiB (hides more on a slow link than 4 MiB, costs nothing
-                                    on shared memory: docs/PERFORMANCE.md) */
+typedef struct dt_dp_opts {
+    size_t first_bucket_bytes;   /* cap of the first bucket (small: the first reduction starts early);
+                                    default 1 MiB */
+    size_t bucket_bytes;         /* cap of the others; default 1 MiB (DDP: hides more on a slow link than
+                                    4 MiB, costs nothing on shared memory: docs/PERFORMANCE.md), 4 MiB
+                                    for ZeRO (fewer shard steps) */
     int find_unused_params;      /* 0: a parameter without gradient is an error naming it; 1: it is
                                     reduced as zeros, the ranks agree (one small sum per step) which
-                                    parameters some rank used, and has_grad (autograd.h) says so: an
-                                    optimizer over dt_optimizer_init_model steps only those */
-    int broadcast_buffers;       /* 1: rank 0's buffers (BatchNorm stats) broadcast before each forward
-                                    and after each reduction (ranks end every step with equal buffers);
-                                    under join the highest rank still active is the source */
+                                    parameters some rank used, and has_grad (autograd.h) says so: only
+                                    those are stepped */
+    int broadcast_buffers;       /* 1 (default): rank 0's buffers (BatchNorm statistics) to every rank
+                                    each step (under join the highest rank still active); not with
+                                    sync_bn (the statistics are equal already) */
     int sync_bn;                 /* 1: BatchNorm statistics all-reduced (SyncBatchNorm) */
+    int deterministic;           /* fixed rank-order summation of every reduction (bitwise the same at
+                                    any world size; the group's own setting is left alone) */
+    int join;                    /* uneven inputs: agree on activity each step (dt_ddp_join,
+                                    dt_zero_join); exclusive with sync_bn */
+    dt_dtype wire;               /* what gradients (and ZeRO's gathered parameters) travel as: DT_F32
+                                    (default), DT_BF16 or DT_F16, summed in float, rounded per step */
+    dt_dp_shm shm;               /* default AUTO */
+} dt_dp_opts;
+
+void dt_dp_opts_default(dt_dp_opts *o);
+/* The checks every strategy makes of its dp options: DT_EINVAL naming the
+ * setting ("<who>: dp.wire ..."), else DT_OK. */
+dt_status dt_dp_opts_validate(const dt_dp_opts *o, const char *who);
+
+typedef struct dt_ddp_opts {
+    dt_dp_opts dp;               /* buckets, wire, shared memory, ... (above). DDP's wire: bf16 / fp16
+                                 * compression by the built-in hook; exclusive with hook and with
+                                 * deterministic */
     int no_overlap;              /* 1: reduce only after backward (for measurement) */
-    int deterministic;           /* fixed rank-order summation (any world size); the group's own
-                                    setting is left alone */
-    dt_ddp_compress compress;
-    const dt_ddp_comm_hook *hook;   /* custom reduction; exclusive with compress */
-    int join;                    /* uneven inputs: agree on activity each step (see dt_ddp_join);
-                                    exclusive with sync_bn */
-    dt_ddp_shm shm;              /* default AUTO: the model's gradient buffer moves into memory every
-                                    rank of the machine shares (dist.h section 6) and buckets are
-                                    summed there, rank-ordered, with no messages */
+    const dt_ddp_comm_hook *hook;   /* custom reduction; exclusive with a 16-bit wire */
     int static_graph;            /* 1: record the order gradients become ready in the first
                                     synchronising backward; after its reductions, check the order is
                                     the same on every rank (else an error naming the rank) and cut the

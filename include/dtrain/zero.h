@@ -50,7 +50,7 @@
  * deterministic mode (rank-order sums), since the optimizer kernels are
  * split-invariant; clipping adds a norm summed in another order (≈1e-7).
  *
- * 16-bit wire (opts.wire = DT_BF16 or DT_F16; zero/wire.c). Optimizer state
+ * 16-bit wire (opts.dp.wire = DT_BF16 or DT_F16; zero/wire.c). Optimizer state
  * and the owned shards' parameters (the master values) stay float32; only the
  * payload of the training step's collectives is 16-bit:
  *   gradients  each rank rounds its float32 bucket gradient to 16 bits (nearest
@@ -73,7 +73,7 @@
  * Bytes per collective halve (dt_zero_stats.bytes_reduced / bytes_gathered).
  * Gradient clipping's norm is over the float32 reduced shards.
  *
- * Node-shared memory (opts.no_shm = 0, every rank on one machine, the
+ * Node-shared memory (opts.dp.shm AUTO, every rank on one machine, the
  * windows fit /dev/shm; dist.h section 6): stage 1 keeps its gradients in
  * node-shared memory (float32 wire: the flat gradient buffer itself, as DDP;
  * 16-bit: a 16-bit copy of the layout) and stages 1/2 gather parameters
@@ -89,6 +89,7 @@
 #include "dtrain/dist.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/parallel.h"
 #include "dtrain/strategy.h"
 
 typedef struct dt_zero dt_zero;
@@ -100,27 +101,15 @@ typedef enum dt_zero_overlap {
 } dt_zero_overlap;
 
 typedef struct dt_zero_opts {
+    dt_dp_opts dp;               /* buckets (default 4 MiB), wire (the 16-bit wire above), shared memory
+                                    (AUTO or OFF), find_unused_params (the shard owners step only the
+                                    parameters some rank used: frozen and unused ones keep their values
+                                    and optimizer state, as PyTorch with grad None), join (stages 1/2),
+                                    sync_bn (any stage; buffers are then not broadcast) ... (parallel.h) */
     int stage;                   /* 1, 2 or 3 (default 1) */
-    size_t first_bucket_bytes;   /* default 1 MiB */
-    size_t bucket_bytes;         /* default 4 MiB */
     dt_zero_overlap overlap_step;   /* default AFTER_BACKWARD */
-    int find_unused_params;      /* 0: a parameter without gradient is an error naming it; 1: reduced
-                                    as zeros, and the ranks agree (one small sum per step, before the
-                                    first reduce-scatter) which parameters some rank used: the shard
-                                    owners step only those (frozen and unused ones keep their values
-                                    and optimizer state, as PyTorch with grad None) */
-    int broadcast_buffers;       /* 1 (default): rank 0's buffers to every rank each step (under join
-                                    the highest rank still active); off with sync_bn */
-    int deterministic;           /* rank-order sums for every reduction (any N) */
     float clip;                  /* max global grad norm; 0 = off */
     int prefetch;                /* stage 3: modules gathered ahead (default 2; 0 = none) */
-    int join;                    /* uneven inputs (stages 1/2): agree on activity each step, see
-                                    dt_zero_join; exclusive with sync_bn and with stage 3 */
-    int sync_bn;                 /* 1: BatchNorm statistics all-reduced over the group (SyncBatchNorm,
-                                    as dt_ddp_opts.sync_bn; any stage); buffers are then not broadcast */
-    dt_dtype wire;               /* payload of gradient reduce-scatters and parameter all-gathers:
-                                    DT_F32 (default), DT_BF16 or DT_F16 (16-bit wire, above) */
-    int no_shm;                  /* 1: MPI collectives even when every rank shares this machine */
 } dt_zero_opts;
 
 typedef struct dt_zero_bucket {

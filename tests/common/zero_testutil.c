@@ -33,10 +33,10 @@ dt_zero_opts dtz_opts(const dtz_spec *s, int stage, dt_zero_overlap ov) {
     dt_zero_opts_default(&o);
     o.stage = stage;
     o.overlap_step = ov;
-    o.deterministic = s->det;
+    o.dp.deterministic = s->det;
     o.clip = s->clip;
-    o.find_unused_params = s->find_unused;
-    o.broadcast_buffers = !s->no_bcast_buffers;
+    o.dp.find_unused_params = s->find_unused;
+    o.dp.broadcast_buffers = !s->no_bcast_buffers;
     return o;
 }
 
@@ -219,10 +219,10 @@ void dtz_ddp_run(const dtz_spec *s, dt_pg *pg, dtz_result *out) {
     if (s->prepare) s->prepare(n.m);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.deterministic = s->det;
-    o.find_unused_params = s->find_unused;
-    o.broadcast_buffers = !s->no_bcast_buffers;
-    if (s->ddp_bucket_bytes) o.first_bucket_bytes = o.bucket_bytes = s->ddp_bucket_bytes;
+    o.dp.deterministic = s->det;
+    o.dp.find_unused_params = s->find_unused;
+    o.dp.broadcast_buffers = !s->no_bcast_buffers;
+    if (s->ddp_bucket_bytes) o.dp.first_bucket_bytes = o.dp.bucket_bytes = s->ddp_bucket_bytes;
     dt_ddp *d;
     T_OK(dt_ddp_create(n.m, pg, &o, &d));
     size_t ne = n.m->param_flat.numel;

@@ -28,8 +28,8 @@ static void run_accum(int det, int overlap) {
     oc.momentum = 0.9f;
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.first_bucket_bytes = o.bucket_bytes = 64 << 10;   /* several buckets */
-    o.deterministic = det;
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 64 << 10;   /* several buckets */
+    o.dp.deterministic = det;
     o.no_overlap = !overlap;
     dtt_net acc, big, ref;
     dtt_net_init(&acc, &c, 3, &oc);
@@ -110,9 +110,9 @@ static void test_accum_grads(void) {
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.0f);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.deterministic = 1;
-    o.first_bucket_bytes = 1024;
-    o.bucket_bytes = 4096;
+    o.dp.deterministic = 1;
+    o.dp.first_bucket_bytes = 1024;
+    o.dp.bucket_bytes = 4096;
     dtt_net a, r;
     dtt_net_init(&a, &c, 5, &oc);
     dtt_net_init(&r, &c, 5, &oc);

@@ -41,8 +41,8 @@ static void test_broadcast_buffers(void) {
         T_CHECK(n.m->n_buffers == 4);
         dt_ddp_opts o;
         dt_ddp_opts_default(&o);
-        o.broadcast_buffers = bc;
-        o.deterministic = dt_pg_size(world) > 2;
+        o.dp.broadcast_buffers = bc;
+        o.dp.deterministic = dt_pg_size(world) > 2;
         dt_ddp *d;
         T_OK(dt_ddp_create(n.m, world, &o, &d));
         expect_buffers_same(n.m, "after create");
@@ -74,12 +74,12 @@ static void run_sync_bn(int det, int bcast) {
     dtt_net_init(&g, &c, 61, &oc);   /* one process, global batch */
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.sync_bn = 1;
-    o.broadcast_buffers = bcast;
-    o.deterministic = det;
+    o.dp.sync_bn = 1;
+    o.dp.broadcast_buffers = bcast;
+    o.dp.deterministic = det;
     dt_ddp *ds, *dl;
     T_OK(dt_ddp_create(s.m, world, &o, &ds));
-    o.sync_bn = 0;
+    o.dp.sync_bn = 0;
     T_OK(dt_ddp_create(l.m, world, &o, &dl));
     size_t ne = s.m->param_flat.numel, nl = (size_t)B * (size_t)c.cnn_classes;
     for (int st = 0; st < 3; st++) {

@@ -8,7 +8,7 @@
  *    results.
  * Each with the buckets in node-shared memory (the default on one machine;
  * rank-ordered, so bitwise at any N even without the deterministic mode) and
- * with MPI collectives (DT_DDP_SHM_OFF). */
+ * with MPI collectives (DT_DP_SHM_OFF). */
 #include "mpi_check.h"
 #include "ddp_testutil.h"
 
@@ -35,7 +35,7 @@ static float *ddp_run(const spec *s, int *n_buckets, float *last_loss) {
     dtt_net_init(&n, &s->cfg, 1 + (uint64_t)me, &s->oc);   /* rank 0's weights must win */
     dt_ddp *d;
     T_OK(dt_ddp_create(n.m, world, &s->o, &d));
-    T_CHECK(dt_ddp_uses_shared_memory(d) == (s->o.shm != DT_DDP_SHM_OFF && dt_pg_size(world) > 1));
+    T_CHECK(dt_ddp_uses_shared_memory(d) == (s->o.dp.shm != DT_DP_SHM_OFF && dt_pg_size(world) > 1));
     if (n_buckets) *n_buckets = dt_ddp_num_buckets(d);
     float loss = 0;
     for (int st = 0; st < s->steps; st++) {
@@ -83,20 +83,20 @@ static size_t n_elems(const dt_model_cfg *c) {
     return n;
 }
 
-static void check_vs_reference(const char *name, spec s, int det, dt_ddp_shm shm) {
+static void check_vs_reference(const char *name, spec s, int det, dt_dp_shm shm) {
     int N = dt_pg_size(world);
-    s.o.deterministic = det;
-    s.o.shm = shm;
+    s.o.dp.deterministic = det;
+    s.o.dp.shm = shm;
     size_t n = n_elems(&s.cfg);
     float loss;
     float *got = ddp_run(&s, NULL, &loss);
     float *init = NULL, *want = ref_run(&s, N, &init);
     char what[160];
     snprintf(what, sizeof what, "%s%s%s: DDP params vs single-process reference", name, det ? " (deterministic)" : "",
-             shm == DT_DDP_SHM_OFF ? " (MPI)" : " (shared memory)");
+             shm == DT_DP_SHM_OFF ? " (MPI)" : " (shared memory)");
     T_CHECK(t_differs(want, init, n));   /* training moved the weights */
     T_SAME_ON_RANKS(got, n, what);
-    if (N <= 2 || det || shm != DT_DDP_SHM_OFF) T_BITWISE(got, want, n, what);
+    if (N <= 2 || det || shm != DT_DP_SHM_OFF) T_BITWISE(got, want, n, what);
     else T_NEAR(got, want, n, 1e-4, what);   /* MPI's summation order, amplified by AdamW */
     /* ranks really saw different data: their last local losses differ */
     float l0 = loss;
@@ -110,7 +110,7 @@ static void test_bitwise_vs_reference(void) {
     spec mlp = mk_spec(dtt_mlp_cfg(20, 16, 12, 5), 8, 4);
     spec cnn = mk_spec(dtt_cnn_cfg(), 3, 3);
     spec gpt = mk_spec(dtt_gpt2_cfg(), 2, 4);
-    const dt_ddp_shm shm[2] = {DT_DDP_SHM_REQUIRE, DT_DDP_SHM_OFF};
+    const dt_dp_shm shm[2] = {DT_DP_SHM_REQUIRE, DT_DP_SHM_OFF};
     for (int si = 0; si < 2; si++)
         for (int det = 0; det < 2; det++) {
             check_vs_reference("mlp 20-[16,12]-5", mlp, det, shm[si]);
@@ -119,8 +119,8 @@ static void test_bitwise_vs_reference(void) {
         }
     /* gradient accumulation inside each rank (K micro-steps) too */
     mlp.K = 3;
-    check_vs_reference("mlp, 3 micro-steps", mlp, 1, DT_DDP_SHM_OFF);
-    check_vs_reference("mlp, 3 micro-steps", mlp, 0, DT_DDP_SHM_AUTO);
+    check_vs_reference("mlp, 3 micro-steps", mlp, 1, DT_DP_SHM_OFF);
+    check_vs_reference("mlp, 3 micro-steps", mlp, 0, DT_DP_SHM_AUTO);
     t_end();
 }
 
@@ -190,7 +190,7 @@ static void test_bucket_caps(void) {
     t_begin("bucket caps 64 KiB / 1 MiB / 25 MiB x overlap on/off x shared memory/MPI: bit-identical");
     int N = dt_pg_size(world);
     spec s = mk_spec(dtt_mlp_cfg(64, 256, 256, 10), 8, 3);
-    s.o.deterministic = N > 2;
+    s.o.dp.deterministic = N > 2;
     size_t n = n_elems(&s.cfg);
     T_CHECK(n * sizeof(float) > 300 * 1024);
     float *want = ref_run(&s, N, NULL);
@@ -198,9 +198,9 @@ static void test_bucket_caps(void) {
     for (int ci = 0; ci < 3; ci++)
         for (int ov = 0; ov < 4; ov++) {   /* overlap on/off x shared memory/MPI */
             spec t = s;
-            t.o.first_bucket_bytes = t.o.bucket_bytes = caps[ci];
+            t.o.dp.first_bucket_bytes = t.o.dp.bucket_bytes = caps[ci];
             t.o.no_overlap = ov & 1;
-            t.o.shm = ov & 2 ? DT_DDP_SHM_OFF : DT_DDP_SHM_AUTO;
+            t.o.dp.shm = ov & 2 ? DT_DP_SHM_OFF : DT_DP_SHM_AUTO;
             /* bucket layout */
             dtt_net tmp;
             dtt_net_init(&tmp, &t.cfg, 1, &t.oc);
@@ -220,13 +220,13 @@ static void test_bucket_caps(void) {
         }
     /* a small first bucket, then larger ones */
     spec t = s;
-    t.o.first_bucket_bytes = 16 << 10;
-    t.o.bucket_bytes = 128 << 10;
+    t.o.dp.first_bucket_bytes = 16 << 10;
+    t.o.dp.bucket_bytes = 128 << 10;
     dtt_net tmp;
     dtt_net_init(&tmp, &t.cfg, 1, &t.oc);
     dt_ddp *d;
     T_OK(dt_ddp_create(tmp.m, world, &t.o, &d));
-    check_buckets(d, tmp.m, t.o.first_bucket_bytes, t.o.bucket_bytes);
+    check_buckets(d, tmp.m, t.o.dp.first_bucket_bytes, t.o.dp.bucket_bytes);
     T_CHECK(dt_ddp_num_buckets(d) >= 3);
     dt_ddp_free(d);
     dtt_net_free(&tmp);

@@ -33,8 +33,8 @@ static dt_status count_finish(void *st, dt_pg *pg, dt_ddp_bucket *b) {
 static dt_ddp_opts small_buckets(void) {
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.first_bucket_bytes = 1024;
-    o.bucket_bytes = 4096;
+    o.dp.first_bucket_bytes = 1024;
+    o.dp.bucket_bytes = 4096;
     return o;
 }
 
@@ -50,7 +50,7 @@ static void test_custom_hook(void) {
             dt_ddp_opts oh = small_buckets(), od = small_buckets();
             oh.hook = &hook;
             oh.no_overlap = od.no_overlap = ov;
-            od.deterministic = N > 2;   /* the hook sums in rank order too */
+            od.dp.deterministic = N > 2;   /* the hook sums in rank order too */
             dtt_net a, b;
             dtt_net_init(&a, &c, 31, &oc);
             dtt_net_init(&b, &c, 31, &oc);
@@ -92,14 +92,14 @@ static float round16(float x, dt_dtype t) {
     return t == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(x)) : dt_f16_to_f32(dt_f32_to_f16(x));
 }
 
-static void run_compress(dt_ddp_compress comp) {
+static void run_compress(dt_dtype comp) {
     int me = dt_pg_rank(world), N = dt_pg_size(world);
-    dt_dtype wire = comp == DT_DDP_COMPRESS_BF16 ? DT_BF16 : DT_F16;
-    const char *name = comp == DT_DDP_COMPRESS_BF16 ? "bf16" : "fp16";
+    dt_dtype wire = comp == DT_BF16 ? DT_BF16 : DT_F16;
+    const char *name = comp == DT_BF16 ? "bf16" : "fp16";
     dt_model_cfg c = dtt_mlp_cfg(20, 32, 0, 5);
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.0f);
     dt_ddp_opts o = small_buckets(), o32 = small_buckets();
-    o.compress = comp;
+    o.dp.wire = comp;
     dtt_net n, f, r;
     dtt_net_init(&n, &c, 41, &oc);
     dtt_net_init(&f, &c, 41, &oc);   /* the same run without compression */
@@ -162,8 +162,8 @@ static void run_compress(dt_ddp_compress comp) {
 
 static void test_compression(void) {
     t_begin("bf16 / fp16 compression: converges, ranks identical");
-    run_compress(DT_DDP_COMPRESS_BF16);
-    run_compress(DT_DDP_COMPRESS_FP16);
+    run_compress(DT_BF16);
+    run_compress(DT_F16);
     t_end();
 }
 
@@ -190,43 +190,43 @@ static void test_validation(void) {
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
     o.hook = &hook;
-    o.compress = DT_DDP_COMPRESS_BF16;
+    o.dp.wire = DT_BF16;
     expect_rejected(m, &o, "hook", "compression");
     dt_ddp_opts_default(&o);
-    o.deterministic = 1;
-    o.compress = DT_DDP_COMPRESS_BF16;
+    o.dp.deterministic = 1;
+    o.dp.wire = DT_BF16;
     expect_rejected(m, &o, "deterministic", "bf16");
-    o.compress = DT_DDP_COMPRESS_FP16;
+    o.dp.wire = DT_F16;
     expect_rejected(m, &o, "deterministic", "fp16");
-    o.compress = DT_DDP_COMPRESS_NONE;
+    o.dp.wire = DT_F32;
     o.hook = &hook;
     expect_rejected(m, &o, "deterministic", "hook");
     dt_ddp_opts_default(&o);
     o.hook = &nolaunch;
     expect_rejected(m, &o, "launch", NULL);
     dt_ddp_opts_default(&o);
-    o.compress = (dt_ddp_compress)7;
-    expect_rejected(m, &o, "compression", "7");
-    o.sync_bn = 1;   /* must not skip the other checks */
-    o.broadcast_buffers = 0;
-    expect_rejected(m, &o, "compression", "7");
+    o.dp.wire = (dt_dtype)7;
+    expect_rejected(m, &o, "dp.wire", "7");
+    o.dp.sync_bn = 1;   /* must not skip the other checks */
+    o.dp.broadcast_buffers = 0;
+    expect_rejected(m, &o, "dp.wire", "7");
     dt_ddp_opts_default(&o);
-    o.shm = DT_DDP_SHM_REQUIRE;
-    o.compress = DT_DDP_COMPRESS_FP16;
+    o.dp.shm = DT_DP_SHM_REQUIRE;
+    o.dp.wire = DT_F16;
     expect_rejected(m, &o, "node-shared", "compression");
-    o.compress = DT_DDP_COMPRESS_NONE;
+    o.dp.wire = DT_F32;
     o.hook = &hook;
     expect_rejected(m, &o, "node-shared", "hook");
     o.hook = NULL;
-    o.shm = (dt_ddp_shm)5;
+    o.dp.shm = (dt_dp_shm)5;
     expect_rejected(m, &o, "shm mode", "5");
     dt_ddp_opts_default(&o);
-    o.bucket_bytes = 0;
+    o.dp.bucket_bytes = 0;
     expect_rejected(m, &o, "bucket", NULL);
     /* validation issues no collective: one rank alone may fail without hanging */
     if (t_rank() == 0) {
         dt_ddp_opts_default(&o);
-        o.first_bucket_bytes = 2;
+        o.dp.first_bucket_bytes = 2;
         expect_rejected(m, &o, "bucket", NULL);
     }
     /* hook state untouched by failed creations; no grad-ready hook left behind */

@@ -43,8 +43,8 @@ static void test_matches_reference(void) {
     net(&n, 1 + (uint64_t)me);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.first_bucket_bytes = o.bucket_bytes = 256;
-    o.deterministic = N > 2;
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 256;
+    o.dp.deterministic = N > 2;
     o.params_to_ignore = ignore_fc2;
     o.n_params_to_ignore = 1;
     dt_ddp *d;

@@ -29,7 +29,7 @@ typedef struct jspec {
     dt_model_cfg cfg;
     int K;
     int64_t B;
-    dt_ddp_compress compress;
+    dt_dtype wire;       /* DDP's dp.wire */
     const dt_ddp_comm_hook *hook;
     int exact;   /* compare with the reference bitwise */
 } jspec;
@@ -40,12 +40,12 @@ static void run_join(const jspec *js) {
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.01f);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.join = 1;
-    o.first_bucket_bytes = 512;
-    o.bucket_bytes = 2048;
-    o.compress = js->compress;
+    o.dp.join = 1;
+    o.dp.first_bucket_bytes = 512;
+    o.dp.bucket_bytes = 2048;
+    o.dp.wire = js->wire;
     o.hook = js->hook;
-    o.deterministic = N > 2 && !js->hook && js->compress == DT_DDP_COMPRESS_NONE;
+    o.dp.deterministic = N > 2 && !js->hook && js->wire == DT_F32;
     dtt_net n, r;
     dtt_net_init(&n, &js->cfg, 21, &oc);
     dtt_net_init(&r, &js->cfg, 21, &oc);
@@ -93,11 +93,11 @@ static void run_join(const jspec *js) {
 static void test_join(void) {
     t_begin("join: uneven inputs finish with identical parameters");
     jspec specs[] = {
-        {"mlp", dtt_mlp_cfg(20, 16, 12, 5), 1, 8, DT_DDP_COMPRESS_NONE, NULL, 1},
-        {"mlp, 2 micro-steps", dtt_mlp_cfg(20, 16, 12, 5), 2, 4, DT_DDP_COMPRESS_NONE, NULL, 1},
-        {"cnn (BatchNorm buffers broadcast)", dtt_cnn_cfg(), 1, 3, DT_DDP_COMPRESS_NONE, NULL, 1},
-        {"mlp, bf16 compression", dtt_mlp_cfg(20, 16, 12, 5), 1, 8, DT_DDP_COMPRESS_BF16, NULL, 0},
-        {"mlp, custom hook", dtt_mlp_cfg(20, 16, 12, 5), 2, 4, DT_DDP_COMPRESS_NONE, &sum_hook, 1},
+        {"mlp", dtt_mlp_cfg(20, 16, 12, 5), 1, 8, DT_F32, NULL, 1},
+        {"mlp, 2 micro-steps", dtt_mlp_cfg(20, 16, 12, 5), 2, 4, DT_F32, NULL, 1},
+        {"cnn (BatchNorm buffers broadcast)", dtt_cnn_cfg(), 1, 3, DT_F32, NULL, 1},
+        {"mlp, bf16 compression", dtt_mlp_cfg(20, 16, 12, 5), 1, 8, DT_BF16, NULL, 0},
+        {"mlp, custom hook", dtt_mlp_cfg(20, 16, 12, 5), 2, 4, DT_F32, &sum_hook, 1},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) run_join(&specs[i]);
     t_end();
@@ -132,10 +132,10 @@ static void test_join_buffers(void) {
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.01f);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.join = 1;
-    o.first_bucket_bytes = 512;
-    o.bucket_bytes = 2048;
-    o.deterministic = N > 2;
+    o.dp.join = 1;
+    o.dp.first_bucket_bytes = 512;
+    o.dp.bucket_bytes = 2048;
+    o.dp.deterministic = N > 2;
     dtt_net n, x;
     dtt_net_init(&n, &cfg, 21, &oc);
     dtt_net_init(&x, &cfg, 21, &oc);
@@ -185,15 +185,15 @@ static void test_join_misuse(void) {
     dt_ddp_free(d);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.join = 1;
-    o.sync_bn = 1;
+    o.dp.join = 1;
+    o.dp.sync_bn = 1;
     static char sentinel;
     d = (dt_ddp *)(void *)&sentinel;   /* must be reset to NULL on failure */
     dt_error_clear();
     T_CHECK(dt_ddp_create(n.m, world, &o, &d) == DT_EINVAL && d == NULL);
     T_CHECK(strstr(dt_error_message(), "join") && strstr(dt_error_message(), "SyncBatchNorm"));
     /* all ranks with equal data: join returns at once */
-    o.sync_bn = 0;
+    o.dp.sync_bn = 0;
     T_OK(dt_ddp_create(n.m, world, &o, &d));
     dtt_batch b;
     dtt_make_batch(&c, dtt_key(0, dt_pg_rank(world), 0), 4, &b);

@@ -46,13 +46,13 @@ static void net(dtt_net *n, uint64_t seed) {
     n->m->forward = reverse_forward;
 }
 
-static dt_ddp_opts opts(int static_graph, dt_ddp_shm shm) {
+static dt_ddp_opts opts(int static_graph, dt_dp_shm shm) {
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.first_bucket_bytes = o.bucket_bytes = 1100;   /* one layer (1024 + 64 B) per bucket */
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 1100;   /* one layer (1024 + 64 B) per bucket */
     o.static_graph = static_graph;
-    o.deterministic = dt_pg_size(world) > 2;
-    o.shm = shm;
+    o.dp.deterministic = dt_pg_size(world) > 2;
+    o.dp.shm = shm;
     return o;
 }
 
@@ -82,7 +82,7 @@ static void test_bucket_order(void) {
     for (int sg = 0; sg < 2; sg++) {
         dtt_net n;
         net(&n, 3);
-        dt_ddp_opts o = opts(sg, DT_DDP_SHM_AUTO);
+        dt_ddp_opts o = opts(sg, DT_DP_SHM_AUTO);
         dt_ddp *d;
         T_OK(dt_ddp_create(n.m, world, &o, &d));
         T_CHECK(dt_ddp_num_buckets(d) == 3);
@@ -137,8 +137,8 @@ static void test_launch_order(void) {
         dtt_net n;
         net(&n, 4);
         for (int i = 0; i < n.m->n_modules; i++) { n.m->modules[i]->hook = module_log; n.m->modules[i]->hook_user = NULL; }
-        dt_ddp_opts o = opts(sg, DT_DDP_SHM_OFF);
-        o.deterministic = 0;
+        dt_ddp_opts o = opts(sg, DT_DP_SHM_OFF);
+        o.dp.deterministic = 0;
         o.hook = &hook;
         dt_ddp *d;
         T_OK(dt_ddp_create(n.m, world, &o, &d));
@@ -158,7 +158,7 @@ static void test_launch_order(void) {
     t_end();
 }
 
-static void test_bitwise(dt_ddp_shm shm, const char *name) {
+static void test_bitwise(dt_dp_shm shm, const char *name) {
     t_begin(name);
     dtt_net a, b;
     net(&a, 5 + (uint64_t)dt_pg_rank(world));
@@ -195,7 +195,7 @@ static void test_mismatch(void) {
     if (N < 2) { t_end(); return; }
     dtt_net n;
     net(&n, 6);
-    dt_ddp_opts o = opts(1, DT_DDP_SHM_AUTO);
+    dt_ddp_opts o = opts(1, DT_DP_SHM_AUTO);
     dt_ddp *d;
     T_OK(dt_ddp_create(n.m, world, &o, &d));
     dt_model_cfg c = cfg();
@@ -233,7 +233,7 @@ static void test_agreement(void) {
         dt_agree_init(&a);
         dt_par_describe_ddp(&o, &a);
         T_EXPECT(dt_pg_agree(world, &a), DT_EINVAL);
-        T_CHECK(strstr(dt_error_message(), which == 0 ? "ddp static_graph" : "ddp parameters to ignore: pattern 1") != NULL);
+        T_CHECK(strstr(dt_error_message(), which == 0 ? "ddp.static_graph" : "ddp.params_to_ignore[0]") != NULL);
         dt_agree_free(&a);
     }
     t_end();
@@ -244,8 +244,8 @@ int main(int argc, char **argv) {
     T_OK(dt_pg_world(&world));
     test_bucket_order();
     test_launch_order();
-    test_bitwise(DT_DDP_SHM_AUTO, "static_graph: bitwise as without (node-shared memory where available)");
-    test_bitwise(DT_DDP_SHM_OFF, "static_graph: bitwise as without (MPI collectives)");
+    test_bitwise(DT_DP_SHM_AUTO, "static_graph: bitwise as without (node-shared memory where available)");
+    test_bitwise(DT_DP_SHM_OFF, "static_graph: bitwise as without (MPI collectives)");
     test_mismatch();
     test_agreement();
     T_OK(dt_dist_finalize());

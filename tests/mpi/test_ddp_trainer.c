@@ -58,9 +58,9 @@ static void run_trainer(int accum, int det) {
     train_opts(&o, 2, accum);
     dt_ddp_opts d;
     dt_ddp_opts_default(&d);
-    d.first_bucket_bytes = 4096;
-    d.bucket_bytes = 16384;
-    d.deterministic = det;
+    d.dp.first_bucket_bytes = 4096;
+    d.dp.bucket_bytes = 16384;
+    d.dp.deterministic = det;
     dt_strategy s;
     T_OK(dt_ddp_strategy(world, &d, &s));
     T_CHECK(s.world == dt_pg_size(world) && s.rank == dt_pg_rank(world));

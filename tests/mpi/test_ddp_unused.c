@@ -22,9 +22,9 @@ static void net(dtt_net *n, uint64_t seed) {
 static dt_ddp_opts opts(int find_unused) {
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.first_bucket_bytes = o.bucket_bytes = 256;   /* several buckets: the unused one blocks later ones */
-    o.find_unused_params = find_unused;
-    o.deterministic = dt_pg_size(world) > 2;
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 256;   /* several buckets: the unused one blocks later ones */
+    o.dp.find_unused_params = find_unused;
+    o.dp.deterministic = dt_pg_size(world) > 2;
     return o;
 }
 

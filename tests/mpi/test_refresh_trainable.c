@@ -37,8 +37,8 @@ static void set_fc1(dt_model *m, int trainable) {
 static dt_ddp_opts ddp_opts(void) {
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.first_bucket_bytes = o.bucket_bytes = 512;
-    o.deterministic = 1;
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 512;
+    o.dp.deterministic = 1;
     return o;
 }
 
@@ -160,7 +160,7 @@ static void test_zero(int stage, const float *want) {
     t_begin(name);
     dtz_spec s = spec();
     dt_zero_opts o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-    o.first_bucket_bytes = o.bucket_bytes = 512;
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 512;
     dtz_net n;
     dtz_net_init(&n, &s, 1 + (uint64_t)dt_pg_rank(world), world, &o);
     zero_steps(&n, s.oc.lr, 0, K0);
@@ -185,7 +185,7 @@ static void test_zero_memory(void) {
     s.prepare = NULL;
     for (int stage = 1; stage <= 3; stage++) {
         dt_zero_opts o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-        o.first_bucket_bytes = o.bucket_bytes = 512;
+        o.dp.first_bucket_bytes = o.dp.bucket_bytes = 512;
         dtz_net n, f;
         dtz_net_init(&n, &s, 1, world, &o);
         size_t all = dt_zero_get_memory(n.z).optim_bytes, gall = dt_zero_get_memory(n.z).grad_bytes;

@@ -170,9 +170,9 @@ static void run_local(const dtz_spec *s, int use_ddp, const char *name) {
     if (use_ddp) {
         dt_ddp_opts dopts;
         dt_ddp_opts_default(&dopts);
-        dopts.first_bucket_bytes = dopts.bucket_bytes = 256;
-        dopts.find_unused_params = 1;
-        dopts.deterministic = N > 2;
+        dopts.dp.first_bucket_bytes = dopts.dp.bucket_bytes = 256;
+        dopts.dp.find_unused_params = 1;
+        dopts.dp.deterministic = N > 2;
         T_OK(dt_ddp_create(n.m, world, &dopts, &d));
     }
     float *init = dtz_params(n.m, NULL);
@@ -227,7 +227,7 @@ static void run_zero(const dtz_spec *s) {
         float *want = dtz_params(o.r.m, NULL);
         for (int oi = 0; oi < 3; oi++) {
             dt_zero_opts zo = dtz_opts(s, stage, ovs[oi]);
-            zo.first_bucket_bytes = zo.bucket_bytes = 256;   /* several buckets, fc2 alone in some */
+            zo.dp.first_bucket_bytes = zo.dp.bucket_bytes = 256;   /* several buckets, fc2 alone in some */
             dtz_result got;
             dtz_zero_run(s, world, &zo, &got);
             char what[200];

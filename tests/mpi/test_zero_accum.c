@@ -65,7 +65,7 @@ static void check_accum(const char *name, const dtz_spec *s) {
     for (int stage = 1; stage <= 3; stage++)
         for (int oi = 0; oi < 3; oi++) {
             dt_zero_opts o = dtz_opts(s, stage, overlaps[oi]);
-            o.first_bucket_bytes = o.bucket_bytes = 256;
+            o.dp.first_bucket_bytes = o.dp.bucket_bytes = 256;
             float *got = zero_accum_run(s, &o);
             char what[160];
             snprintf(what, sizeof what, "%s, stage %d, overlap mode %d: accumulated ZeRO vs DDP", name, stage,
@@ -127,7 +127,7 @@ static void test_touched_buckets_change(void) {
     for (int stage = 1; stage <= 3; stage++)
         for (int oi = 0; oi < 3; oi++) {
             dt_zero_opts o = dtz_opts(&s, stage, overlaps[oi]);
-            o.first_bucket_bytes = o.bucket_bytes = 256;   /* the bias's bucket is not the others' */
+            o.dp.first_bucket_bytes = o.dp.bucket_bytes = 256;   /* the bias's bucket is not the others' */
             float *got = zero_accum_run(&s, &o);
             char what[160];
             snprintf(what, sizeof what, "stage %d, overlap mode %d: partly-used bias, ZeRO vs DDP", stage,

@@ -44,7 +44,7 @@ static void test_geometry(void) {
         for (int stage = 1; stage <= 3; stage++) {
             dtz_spec s = dtz_mk_spec(cfgs[c], 2, 1);
             dt_zero_opts o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-            o.first_bucket_bytes = o.bucket_bytes = 256;
+            o.dp.first_bucket_bytes = o.dp.bucket_bytes = 256;
             dtz_net n;
             dtz_net_init(&n, &s, 1, world, &o);
             dtz_check_geometry(n.z, n.m);
@@ -62,8 +62,8 @@ static void test_geometry(void) {
             T_CHECK(dtz_layout_len(n.z) >= dtz_param_count(n.m));
             /* default caps: everything of these tiny models in one bucket */
             dtz_net_free(&n);
-            o.first_bucket_bytes = (size_t)1 << 20;
-            o.bucket_bytes = (size_t)4 << 20;
+            o.dp.first_bucket_bytes = (size_t)1 << 20;
+            o.dp.bucket_bytes = (size_t)4 << 20;
             dtz_net_init(&n, &s, 1, world, &o);
             dtz_check_geometry(n.z, n.m);
             T_CHECK(dt_zero_num_buckets(n.z) == 1);
@@ -86,8 +86,8 @@ static void test_bucket_independence(void) {
             for (int ci = 0; ci < 4; ci++) {
                 /* interleaved stepping with the smallest buckets: many shards stepped during backward */
                 dt_zero_opts o = dtz_opts(s, stage, ci == 0 ? DT_ZERO_OVERLAP_INTERLEAVED : DT_ZERO_OVERLAP_AFTER_BACKWARD);
-                o.first_bucket_bytes = caps[ci][0];
-                o.bucket_bytes = caps[ci][1];
+                o.dp.first_bucket_bytes = caps[ci][0];
+                o.dp.bucket_bytes = caps[ci][1];
                 dtz_result got;
                 dtz_zero_run(s, world, &o, &got);
                 char what[160];
@@ -174,7 +174,7 @@ static dt_model_cfg deep_mlp_cfg(void) {
 /* Two steps of the deep MLP with a bucket per layer on group pg; the memory
  * figures afterwards and the layout length in bytes. */
 static dt_zero_memory deep_mlp_two_steps(const dtz_spec *s, dt_pg *pg, dt_zero_opts o, size_t *layout_bytes) {
-    o.first_bucket_bytes = o.bucket_bytes = 128 * 128 * sizeof(float);
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 128 * 128 * sizeof(float);
     dtz_net n;
     dtz_net_init(&n, s, 1, pg, &o);
     T_CHECK(dt_zero_num_buckets(n.z) >= 8);
@@ -245,7 +245,7 @@ static void test_gather_queue(void) {
     for (int stage = 1; stage <= 2; stage++)
         for (int ov = 0; ov <= 2; ov++) {
             dt_zero_opts o = dtz_opts(&s, stage, (dt_zero_overlap)ov);
-            o.first_bucket_bytes = o.bucket_bytes = 128 * 128 * sizeof(float);
+            o.dp.first_bucket_bytes = o.dp.bucket_bytes = 128 * 128 * sizeof(float);
             dtz_net n;
             dtz_net_init(&n, &s, 1, world, &o);
             int nb = dt_zero_num_buckets(n.z);

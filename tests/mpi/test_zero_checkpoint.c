@@ -59,9 +59,9 @@ static dt_zero *make_zero(dt_model *m, dt_pg *pg, const dt_optim_cfg *oc, int st
     dt_zero_opts_default(&o);
     o.overlap_step = overlap;
     o.stage = stage;
-    o.first_bucket_bytes = first;
-    o.bucket_bytes = cap;
-    o.deterministic = 1;
+    o.dp.first_bucket_bytes = first;
+    o.dp.bucket_bytes = cap;
+    o.dp.deterministic = 1;
     dt_zero *z;
     T_OK(dt_zero_create(m, pg, oc, &o, &z));
     return z;

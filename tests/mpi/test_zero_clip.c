@@ -28,8 +28,8 @@ static void check_clip(const char *name, const dtz_spec *s) {
     for (int stage = 1; stage <= 3; stage++)
         for (int oi = 0; oi < 2; oi++) {
             dt_zero_opts o = dtz_opts(s, stage, ovs[oi]);
-            o.first_bucket_bytes = 512;
-            o.bucket_bytes = 2048;
+            o.dp.first_bucket_bytes = 512;
+            o.dp.bucket_bytes = 2048;
             T_CHECK(o.clip == s->clip);
             dtz_result got;
             dtz_zero_run(s, world, &o, &got);

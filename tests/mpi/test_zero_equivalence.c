@@ -118,7 +118,7 @@ static void test_local_buffers(void) {
     T_OK(dt_model_create(&cnn.cfg, 1, &namer));
     for (int stage = 1; stage <= 3; stage++) {
         dt_zero_opts o = dtz_opts(&cnn, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-        T_CHECK(o.broadcast_buffers == 0);
+        T_CHECK(o.dp.broadcast_buffers == 0);
         dtz_result got;
         dtz_zero_run(&cnn, world, &o, &got);
         char what[128];

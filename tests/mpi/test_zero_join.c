@@ -51,9 +51,9 @@ static void ddp_join_run(const jcase *c, dtz_result *out) {
     if (c->find_unused) n.m->forward = dtt_mlp_forward_skip_bias;
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.join = 1;
-    o.deterministic = N > 2;
-    o.find_unused_params = c->find_unused;
+    o.dp.join = 1;
+    o.dp.deterministic = N > 2;
+    o.dp.find_unused_params = c->find_unused;
     dt_ddp *d;
     T_OK(dt_ddp_create(n.m, world, &o, &d));
     size_t ne = n.m->param_flat.numel;
@@ -83,12 +83,12 @@ static dt_zero_opts join_opts(const jcase *c) {
     dt_zero_opts_default(&o);
     o.stage = c->stage;
     o.overlap_step = c->ov;
-    o.join = 1;
-    o.deterministic = t_size() > 2;
-    o.find_unused_params = c->find_unused;
+    o.dp.join = 1;
+    o.dp.deterministic = t_size() > 2;
+    o.dp.find_unused_params = c->find_unused;
     o.clip = c->clip;
-    o.first_bucket_bytes = 512;   /* several buckets, so every rank owns shards of each */
-    o.bucket_bytes = 2048;
+    o.dp.first_bucket_bytes = 512;   /* several buckets, so every rank owns shards of each */
+    o.dp.bucket_bytes = 2048;
     return o;
 }
 
@@ -214,7 +214,7 @@ static void test_join_misuse(void) {
     dt_error_clear();
     T_CHECK(dt_zero_join(z) == DT_ESTATE && strstr(dt_error_message(), "join"));
     dt_zero_free(z);
-    o.join = 1;
+    o.dp.join = 1;
     o.stage = 3;
     static char sentinel;
     z = (dt_zero *)(void *)&sentinel;   /* reset to NULL on failure */
@@ -222,7 +222,7 @@ static void test_join_misuse(void) {
     T_CHECK(dt_zero_create(m, world, &s.oc, &o, &z) == DT_EINVAL && z == NULL);
     T_CHECK(strstr(dt_error_message(), "join") && strstr(dt_error_message(), "stage"));
     o.stage = 2;
-    o.sync_bn = 1;
+    o.dp.sync_bn = 1;
     dt_error_clear();
     T_CHECK(dt_zero_create(m, world, &s.oc, &o, &z) == DT_EINVAL && z == NULL);
     T_CHECK(strstr(dt_error_message(), "join") && strstr(dt_error_message(), "SyncBatchNorm"));

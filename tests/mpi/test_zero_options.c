@@ -19,9 +19,9 @@ static void test_defaults(void) {
     memset(&o, 0x5a, sizeof o);
     dt_zero_opts_default(&o);
     T_CHECK(o.stage == 1);
-    T_CHECK(o.first_bucket_bytes == (size_t)1 << 20 && o.bucket_bytes == (size_t)4 << 20);
+    T_CHECK(o.dp.first_bucket_bytes == (size_t)1 << 20 && o.dp.bucket_bytes == (size_t)4 << 20);
     T_CHECK(o.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD);
-    T_CHECK(o.find_unused_params == 0 && o.broadcast_buffers == 1 && o.deterministic == 0);
+    T_CHECK(o.dp.find_unused_params == 0 && o.dp.broadcast_buffers == 1 && o.dp.deterministic == 0);
     T_CHECK(o.clip == 0.0f && o.prefetch == 2);
     dt_model_cfg c = dtt_mlp_cfg(20, 16, 12, 5);
     dt_model *m;

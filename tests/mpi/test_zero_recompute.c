@@ -76,8 +76,8 @@ static float *ddp_train(const dtz_spec *s, size_t *in_bwd, size_t *total) {
     n.m->forward = s->forward;
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.deterministic = s->det;
-    o.first_bucket_bytes = o.bucket_bytes = 512;   /* several buckets */
+    o.dp.deterministic = s->det;
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 512;   /* several buckets */
     dt_ddp *d;
     T_OK(dt_ddp_create(n.m, world, &o, &d));
     T_CHECK(dt_ddp_num_buckets(d) > 2);
@@ -153,7 +153,7 @@ static void test_zero(void) {
             dtz_spec s = spec(ck);
             dt_zero_opts o = dtz_opts(&s, cases[c].stage, cases[c].ov);
             o.prefetch = cases[c].prefetch;
-            o.first_bucket_bytes = o.bucket_bytes = 4;   /* one bucket per parameter */
+            o.dp.first_bucket_bytes = o.dp.bucket_bytes = 4;   /* one bucket per parameter */
             got[ck] = zero_train(&s, &o, &st[ck]);
         }
         char what[128];

@@ -49,7 +49,7 @@ static void run_lockstep(const char *name, const dtz_spec *s, const dt_zero_opts
     dtt_net_init(&d, &s->cfg, 1 + (uint64_t)me, &s->oc);
     dt_ddp_opts dop;
     dt_ddp_opts_default(&dop);
-    dop.deterministic = s->det;
+    dop.dp.deterministic = s->det;
     dt_ddp *ddp;
     T_OK(dt_ddp_create(d.m, world, &dop, &ddp));
     /* ZeRO side */
@@ -147,8 +147,8 @@ static void test_lockstep_stage3(void) {
             for (int ov = 0; ov < 2; ov++) {
                 dt_zero_opts o = dtz_opts(&cs[c].s, 3, ov ? DT_ZERO_OVERLAP_INTERLEAVED : DT_ZERO_OVERLAP_AFTER_BACKWARD);
                 o.prefetch = pf;
-                o.first_bucket_bytes = 512;
-                o.bucket_bytes = 1024;
+                o.dp.first_bucket_bytes = 512;
+                o.dp.bucket_bytes = 1024;
                 run_lockstep(cs[c].name, &cs[c].s, &o, 0);
             }
     t_end();
@@ -165,8 +165,8 @@ static void test_eval(void) {
         for (int stage = 1; stage <= 3; stage++)
             for (int oi = 0; oi < 3; oi++) {
                 dt_zero_opts o = dtz_opts(&cs[c].s, stage, ovs[oi]);
-                o.first_bucket_bytes = 512;
-                o.bucket_bytes = 1024;
+                o.dp.first_bucket_bytes = 512;
+                o.dp.bucket_bytes = 1024;
                 run_lockstep(cs[c].name, &cs[c].s, &o, 1);
             }
     t_end();

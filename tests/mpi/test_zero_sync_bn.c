@@ -27,8 +27,8 @@ static void ddp_run(const dt_model_cfg *c, int K, int sync_bn, dtz_result *out) 
     dtt_net_init(&n, c, 1 + (uint64_t)t_rank(), &oc);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
-    o.sync_bn = sync_bn;
-    o.deterministic = t_size() > 2;
+    o.dp.sync_bn = sync_bn;
+    o.dp.deterministic = t_size() > 2;
     dt_ddp *d;
     T_OK(dt_ddp_create(n.m, world, &o, &d));
     for (int st = 0; st < STEPS; st++) {
@@ -48,9 +48,9 @@ static void ddp_run(const dt_model_cfg *c, int K, int sync_bn, dtz_result *out) 
 static void zero_run(const dt_model_cfg *c, int K, int stage, dtz_result *out) {
     dtz_spec s = dtz_mk_spec(*c, 3, STEPS);
     dt_zero_opts o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-    o.sync_bn = 1;
-    o.first_bucket_bytes = 512;
-    o.bucket_bytes = 2048;
+    o.dp.sync_bn = 1;
+    o.dp.first_bucket_bytes = 512;
+    o.dp.bucket_bytes = 2048;
     dtz_net n;
     dtz_net_init(&n, &s, 1 + (uint64_t)t_rank(), world, &o);
     for (int st = 0; st < STEPS; st++) {

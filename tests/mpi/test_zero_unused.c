@@ -29,7 +29,7 @@ static dtz_spec spec(int find_unused) {
 
 static dt_zero_opts zopts(const dtz_spec *s, int stage, dt_zero_overlap ov) {
     dt_zero_opts o = dtz_opts(s, stage, ov);
-    o.first_bucket_bytes = o.bucket_bytes = 256;   /* several buckets: the unused one blocks later ones */
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 256;   /* several buckets: the unused one blocks later ones */
     return o;
 }
 
@@ -236,7 +236,7 @@ static void test_stage3_module_mismatch(void) {
     s.cfg.mlp_hidden[2] = 16;   /* fc1 20->16, fc2 16->16, fc3 16->16, fc4 16->5 */
     for (int oi = 0; oi < 2; oi++) {
         dt_zero_opts o = zopts(&s, 3, oi ? DT_ZERO_OVERLAP_INTERLEAVED : DT_ZERO_OVERLAP_AFTER_BACKWARD);
-        o.first_bucket_bytes = o.bucket_bytes = 4;
+        o.dp.first_bucket_bytes = o.dp.bucket_bytes = 4;
         dtz_net n;
         dtz_net_init(&n, &s, 3, world, &o);
         dtt_batch b;

@@ -108,8 +108,8 @@ static void test_reference(void) {
             dt_dtype t = wi < 0 ? DT_F32 : wires[wi];
             if (wi < 0 && stage > 1) continue;
             dt_zero_opts o = dtz_opts(&s, stage, stage == 2 ? DT_ZERO_OVERLAP_INTERLEAVED : DT_ZERO_OVERLAP_AFTER_BACKWARD);
-            o.wire = t;
-            o.first_bucket_bytes = o.bucket_bytes = 1024;   /* several buckets */
+            o.dp.wire = t;
+            o.dp.first_bucket_bytes = o.dp.bucket_bytes = 1024;   /* several buckets */
             dtz_net n;
             dtz_net_init(&n, &s, 1 + (uint64_t)me, world, &o);
             T_CHECK(dt_zero_num_buckets(n.z) >= 2);
@@ -173,9 +173,9 @@ static void train(int stage, dt_dtype t, int no_shm, int steps, run_out *out) {
     int me = t_rank(), N = t_size();
     dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 32, 16, 5), 16, steps);
     dt_zero_opts o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-    o.wire = t;
-    o.no_shm = no_shm;
-    o.first_bucket_bytes = o.bucket_bytes = 2048;
+    o.dp.wire = t;
+    o.dp.shm = (no_shm) ? DT_DP_SHM_OFF : DT_DP_SHM_AUTO;
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 2048;
     dtz_net n;
     dtz_net_init(&n, &s, 1 + (uint64_t)me, world, &o);
     memset(out, 0, sizeof *out);
@@ -382,9 +382,9 @@ static void test_zero_shm_vs_mpi(void) {
             for (int no_shm = 0; no_shm < 2; no_shm++) {
                 dtz_spec s = dtz_mk_spec(cfg, 8, 3);
                 dt_zero_opts o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
-                o.wire = wires[wi];
-                o.no_shm = no_shm;
-                o.first_bucket_bytes = o.bucket_bytes = 1024;
+                o.dp.wire = wires[wi];
+                o.dp.shm = (no_shm) ? DT_DP_SHM_OFF : DT_DP_SHM_AUTO;
+                o.dp.first_bucket_bytes = o.dp.bucket_bytes = 1024;
                 dtz_net n;
                 dtz_net_init(&n, &s, 1 + (uint64_t)t_rank(), world, &o);
                 shm_bytes[no_shm] = dt_zero_get_memory(n.z).shm_bytes;

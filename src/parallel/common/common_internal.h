@@ -9,7 +9,8 @@
  *   unused.c         which parameters got a gradient on any rank, and the error
  *   metrics.c        a clock, small exact sums, the memory report
  *   common/sync_bn.c        SyncBatchNorm's exchange
- *   options_agree.c  the strategies' options in the configuration agreement */
+ *   options_agree.c  the strategies' options in the configuration agreement
+ *   dp_opts.c        the data-parallel options' defaults and shared checks */
 #include "dtrain/dist.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
@@ -136,6 +137,9 @@ void dt_par_bn_free(dt_par_bn *bn);
 /* The strategies' options in the configuration agreement (dist.h section 8):
  * each adds what must match on every rank, named by its CLI flag. */
 
+/* dp_opts.c: "f32", "bf16", "fp16" (a dp.wire in messages), "?" */
+const char *dt_par_wire_name(dt_dtype wire);
+void dt_par_describe_dp(const dt_dp_opts *o, dt_agree *a);
 void dt_par_describe_ddp(const dt_ddp_opts *o, dt_agree *a);
 void dt_par_describe_zero(const dt_zero_opts *o, dt_agree *a);
 /* the pipeline's own options, then its data-parallel ones (DDP or ZeRO) */

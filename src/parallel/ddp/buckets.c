@@ -47,7 +47,7 @@ static void fill_bucket(dt_ddp *d, int bi, const dt_bucket_cut *c, const int *or
 
 dt_status dt_ddp_build_buckets(dt_ddp *d) {
     dt_model *m = d->model;
-    dt_bucket_rule rule = {d->opts.first_bucket_bytes, d->opts.bucket_bytes, 0};
+    dt_bucket_rule rule = {d->opts.dp.first_bucket_bytes, d->opts.dp.bucket_bytes, 0};
     dt_param_plan plan;
     DT_TRY(alloc_tables(d));
     DT_TRY(dt_par_plan_params(m, &rule, DT_PLAN_FROZEN_SKIP, d->ignored, &plan));
@@ -67,7 +67,7 @@ dt_status dt_ddp_build_buckets(dt_ddp *d) {
 
 dt_status dt_ddp_build_staged(dt_ddp *d, const int *order, int n) {
     dt_model *m = d->model;
-    dt_bucket_rule rule = {d->opts.first_bucket_bytes, d->opts.bucket_bytes, 1};   /* pad 1: packed from 0 */
+    dt_bucket_rule rule = {d->opts.dp.first_bucket_bytes, d->opts.dp.bucket_bytes, 1};   /* pad 1: packed from 0 */
     size_t n1 = (size_t)(n ? n : 1);
     dt_bucket_item *items = malloc(n1 * sizeof *items);
     dt_bucket_cut *cuts = malloc(n1 * sizeof *cuts);

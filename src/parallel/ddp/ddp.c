@@ -11,32 +11,26 @@ double dt_ddp_now_us(void) { return dt_par_now_us(); }
 
 void dt_ddp_opts_default(dt_ddp_opts *o) {
     memset(o, 0, sizeof *o);
-    o->first_bucket_bytes = (size_t)1 << 20;
-    o->bucket_bytes = (size_t)1 << 20;   /* bench_train: = 4 MiB on shared memory, more hidden on a slow link */
-    o->broadcast_buffers = 1;
+    dt_dp_opts_default(&o->dp);   /* 1 MiB buckets: = 4 MiB on shared memory, more hidden on a slow link (bench_train) */
 }
 
 static dt_status validate(const dt_ddp_opts *o) {
-    if (o->first_bucket_bytes < 4 || o->bucket_bytes < 4)
-        return DT_ERR(DT_EINVAL, "ddp: bucket caps must be at least one float (got first %zu, normal %zu bytes)",
-                      o->first_bucket_bytes, o->bucket_bytes);
-    if (o->hook && o->compress != DT_DDP_COMPRESS_NONE)
-        return DT_ERR(DT_EINVAL, "ddp: a custom communication hook and built-in compression are exclusive");
+    DT_TRY(dt_dp_opts_validate(&o->dp, "ddp"));
+    int wide = o->dp.wire == DT_F32;
+    if (o->hook && !wide)
+        return DT_ERR(DT_EINVAL, "ddp: a custom communication hook and dp.wire %s (built-in compression) are exclusive",
+                      dt_par_wire_name(o->dp.wire));
     if (o->hook && !o->hook->launch)
         return DT_ERR(DT_EINVAL, "ddp: communication hook has no launch function");
-    if (o->deterministic && o->compress != DT_DDP_COMPRESS_NONE)
-        return DT_ERR(DT_EINVAL, "ddp: deterministic mode and %s compression are exclusive (compressed sums round per step)",
-                      o->compress == DT_DDP_COMPRESS_BF16 ? "bf16" : "fp16");
-    if (o->deterministic && o->hook)
-        return DT_ERR(DT_EINVAL, "ddp: deterministic mode cannot be guaranteed with a custom communication hook");
-    if ((unsigned)o->compress > DT_DDP_COMPRESS_FP16) return DT_ERR(DT_EINVAL, "ddp: unknown compression %d", (int)o->compress);
-    if ((unsigned)o->shm > DT_DDP_SHM_REQUIRE) return DT_ERR(DT_EINVAL, "ddp: unknown shm mode %d", (int)o->shm);
-    if (o->shm == DT_DDP_SHM_REQUIRE && (o->hook || o->compress != DT_DDP_COMPRESS_NONE))
-        return DT_ERR(DT_EINVAL, "ddp: node-shared memory reduces float32 with the built-in average; it cannot be "
-                      "required together with %s", o->hook ? "a custom communication hook" : "compression");
-    if (o->join && o->sync_bn)
-        return DT_ERR(DT_EINVAL, "ddp: join and SyncBatchNorm are exclusive (SyncBN's forward collectives depend on the batch)");
-    if (o->join && o->static_graph)
+    if (o->dp.deterministic && !wide)
+        return DT_ERR(DT_EINVAL, "ddp: dp.deterministic and dp.wire %s are exclusive (compressed sums round per step)",
+                      dt_par_wire_name(o->dp.wire));
+    if (o->dp.deterministic && o->hook)
+        return DT_ERR(DT_EINVAL, "ddp: dp.deterministic cannot be guaranteed with a custom communication hook");
+    if (o->dp.shm == DT_DP_SHM_REQUIRE && (o->hook || !wide))
+        return DT_ERR(DT_EINVAL, "ddp: node-shared memory reduces float32 with the built-in average; dp.shm REQUIRE "
+                      "cannot go with %s", o->hook ? "a custom communication hook" : "a 16-bit dp.wire (compression)");
+    if (o->dp.join && o->static_graph)
         return DT_ERR(DT_EINVAL, "ddp: join and static_graph are exclusive (a joined rank records no backward)");
     if (o->n_params_to_ignore < 0 || (o->n_params_to_ignore > 0 && !o->params_to_ignore))
         return DT_ERR(DT_EINVAL, "ddp: params_to_ignore: %d patterns but no list", o->n_params_to_ignore);
@@ -79,7 +73,7 @@ dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root) {
 dt_status dt_ddp_bcast_buffers(dt_ddp *d) { return dt_ddp_bcast_buffers_from(d, d->buf_root); }
 
 int dt_ddp_bcast_buffers_enabled(const dt_ddp *d) {
-    return d->opts.broadcast_buffers && !d->opts.sync_bn && d->model->n_buffers > 0 && d->world > 1;
+    return d->opts.dp.broadcast_buffers && !d->opts.dp.sync_bn && d->model->n_buffers > 0 && d->world > 1;
 }
 
 dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **out) {
@@ -95,11 +89,11 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     d->pg = pg;
     d->rank = dt_pg_rank(pg);
     d->world = dt_pg_size(pg);
-    d->red_flags = opts.deterministic ? DT_RED_DETERMINISTIC : 0;
-    d->wire_bytes = opts.hook || opts.compress == DT_DDP_COMPRESS_NONE ? sizeof(float) : 2;
+    d->red_flags = opts.dp.deterministic ? DT_RED_DETERMINISTIC : 0;
+    d->wire_bytes = opts.hook ? sizeof(float) : dt_dtype_size(opts.dp.wire);
     if (opts.hook) d->hook = *opts.hook;
-    else if (opts.compress == DT_DDP_COMPRESS_NONE) dt_ddp_hook_allreduce(d, &d->hook);
-    else dt_ddp_hook_compress(d, &d->hook, opts.compress == DT_DDP_COMPRESS_BF16 ? DT_BF16 : DT_F16);
+    else if (opts.dp.wire == DT_F32) dt_ddp_hook_allreduce(d, &d->hook);
+    else dt_ddp_hook_compress(d, &d->hook, opts.dp.wire);
     dt_status s = dt_ddp_match_ignored(d);
     if (s == DT_OK) s = dt_model_refresh_grads(m);   /* parameters frozen since: no gradient memory */
     if (s == DT_OK) s = dt_ddp_build_buckets(d);
@@ -109,7 +103,7 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_ddp_bcast_params(d, 0);
     if (s == DT_OK && m->n_buffers && d->world > 1) s = dt_ddp_bcast_buffers(d);
-    if (s == DT_OK && opts.sync_bn) {   /* the exchange ZeRO's sync_bn uses too (common/sync_bn.c) */
+    if (s == DT_OK && opts.dp.sync_bn) {   /* the exchange ZeRO's sync_bn uses too (common/sync_bn.c) */
         d->bn = (dt_par_bn){.pg = pg, .red_flags = d->red_flags};
         m->bn_sync = (dt_bn_sync){dt_par_bn_sync, &d->bn};
     }
@@ -124,15 +118,15 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
 dt_status dt_ddp_share_grads(dt_ddp *d) {
     dt_model *m = d->model;
     const dt_ddp_opts *o = &d->opts;
-    if (o->shm == DT_DDP_SHM_OFF || o->hook || o->compress != DT_DDP_COMPRESS_NONE ||
-        (d->world < 2 && o->shm != DT_DDP_SHM_REQUIRE))
+    if (o->dp.shm == DT_DP_SHM_OFF || o->hook || o->dp.wire != DT_F32 ||
+        (d->world < 2 && o->dp.shm != DT_DP_SHM_REQUIRE))
         return DT_OK;
     size_t n = dt_model_grad_numel(m);
     dt_status s = dt_pg_alloc_shared(d->pg, n ? n : 1, &d->shm_grads);   /* collective */
     if (s == DT_OK && d->shm_grads) s = dt_model_set_grad_buffer(m, d->shm_grads);
     for (int i = 0; i < d->n_buckets && m->grad_flat.data; i++)
         if (!d->buckets[i].staged) d->buckets[i].grad = m->grad_flat.data + dt_model_grad_offset(m, d->buckets[i].begin);
-    if (s == DT_OK && !d->shm_grads && o->shm == DT_DDP_SHM_REQUIRE)
+    if (s == DT_OK && !d->shm_grads && o->dp.shm == DT_DP_SHM_REQUIRE)
         s = DT_ERR(DT_EINVAL, "ddp: node-shared memory required but unavailable: %s", dt_pg_shared_unavailable(d->pg));
     return s;
 }
@@ -169,8 +163,8 @@ dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
     if (sync) DT_TRY(dt_ddp_static_begin(d));
     /* With join, collectives happen only on synchronising micro-steps so a
      * joined rank (which does not know K) can shadow them: see ddp/join.c. */
-    if (d->opts.join && !sync) return DT_OK;
-    if (d->opts.join) {
+    if (d->opts.dp.join && !sync) return DT_OK;
+    if (d->opts.dp.join) {
         int any;
         DT_TRY(dt_ddp_join_agree(d, 1, &any));
     }
@@ -234,7 +228,7 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     dt_status s = dt_ddp_launch_ready(d);
     /* after every bucket's launch, on every rank: which parameters some rank
      * used (without find_unused every rank used every bucketed one) */
-    int agree_used = d->opts.find_unused_params && d->world > 1;
+    int agree_used = d->opts.dp.find_unused_params && d->world > 1;
     if (agree_used) {
         dt_status su = dt_par_used_start(&d->used, m, d->pg, 1);
         if (s == DT_OK) s = su;
@@ -263,7 +257,7 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
      * data: end the step with one rank's on every rank (eval, checkpoints):
      * rank 0's, under join the highest active rank's. */
     if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
-    if (unused.n && !d->opts.find_unused_params) return dt_par_unused_error(&unused, "ddp");
+    if (unused.n && !d->opts.dp.find_unused_params) return dt_par_unused_error(&unused, "ddp");
     return DT_OK;
 }
 

@@ -1,6 +1,6 @@
 /* Join for uneven inputs: a rank without data shadows the others' collectives.
  * Per optimizer step an active rank issues (on its synchronising micro-step
- * only; no_sync micro-steps issue nothing under opts.join): the activity
+ * only; no_sync micro-steps issue nothing under opts.dp.join): the activity
  * agreement, the buffer broadcast (if enabled), one reduction per bucket in
  * index order, the used-parameter sum (find_unused_params), and the buffer
  * broadcast after the reductions. A joined rank issues the same with
@@ -37,7 +37,7 @@ static dt_status shadow_step(dt_ddp *d) {
     }
     d->next_launch = 0;
     dt_status s = dt_ddp_launch_ready(d);
-    int agree_used = d->opts.find_unused_params && d->world > 1;   /* as finish_backward */
+    int agree_used = d->opts.dp.find_unused_params && d->world > 1;   /* as finish_backward */
     if (agree_used) {
         dt_status su = dt_par_used_start(&d->used, m, d->pg, 0);
         if (s == DT_OK) s = su;
@@ -67,7 +67,7 @@ static dt_status sync_final_model(dt_ddp *d, int64_t shadowed) {
 }
 
 dt_status dt_ddp_join(dt_ddp *d) {
-    if (!d->opts.join) return DT_ERR(DT_ESTATE, "ddp: join needs the join option at construction");
+    if (!d->opts.dp.join) return DT_ERR(DT_ESTATE, "ddp: join needs the join option at construction");
     for (int64_t shadowed = 0;; shadowed++) {
         int any = 0;
         DT_TRY(dt_ddp_join_agree(d, 0, &any));

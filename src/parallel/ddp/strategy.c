@@ -11,11 +11,11 @@ static dt_status s_setup(void *self, dt_run *r) {
     DT_TRY(dt_ddp_create(r->model, s->pg, &s->opts, &s->ddp));
     s->ddp->trace = r->trace;
     if (!r->quiet && dt_pg_rank(s->pg) == 0 && dt_pg_size(s->pg) > 1) {
-        const char *why = s->opts.shm == DT_DDP_SHM_OFF ? "--no-shm"
-                        : s->opts.compress != DT_DDP_COMPRESS_NONE ? "--compress"
+        const char *why = s->opts.dp.shm == DT_DP_SHM_OFF ? "dp.shm off"
+                        : s->opts.dp.wire == DT_BF16 ? "dp.wire bf16" : s->opts.dp.wire == DT_F16 ? "dp.wire fp16"
                         : s->opts.hook ? "a custom communication hook" : dt_pg_shared_unavailable(s->pg);
         if (dt_ddp_uses_shared_memory(s->ddp))
-            dt_log(DT_LOG_INFO, "dtrain: ddp gradients in shared memory on this machine, summed in place (--no-shm: MPI collectives)\n");
+            dt_log(DT_LOG_INFO, "dtrain: ddp gradients in shared memory on this machine, summed in place (dp.shm off: MPI collectives)\n");
         else
             dt_log(DT_LOG_INFO, "dtrain: ddp gradients reduced by MPI collectives%s%s\n", why[0] ? ": " : "", why);
     }
@@ -70,6 +70,6 @@ dt_status dt_ddp_strategy(dt_pg *pg, const dt_ddp_opts *o, dt_strategy *out) {
                          .setup = s_setup, .before_forward = s_before_forward,
                          .after_backward = s_after_backward, .allreduce_sum = s_allreduce_sum,
                          .destroy = s_destroy, .agree = s_agree, .refresh_trainable = s_refresh,
-                         .join = s->opts.join ? s_join : NULL};
+                         .join = s->opts.dp.join ? s_join : NULL};
     return DT_OK;
 }

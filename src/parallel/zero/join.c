@@ -71,7 +71,7 @@ static dt_status shadow_step(dt_zero *z) {
         b->ready = 1;
     }
     for (int i = 0; i < m->n_params; i++)
-        m->params[i]->has_grad = z->opts.find_unused_params ? 0 : m->params[i]->requires_grad;
+        m->params[i]->has_grad = z->opts.dp.find_unused_params ? 0 : m->params[i]->requires_grad;
     z->rd.sync = 1;
     z->rd.graph = NULL;   /* no forward: no unused-parameter search */
     z->rd.tick_err = DT_OK;
@@ -92,7 +92,7 @@ static dt_status finish_join(dt_zero *z, int64_t shadowed) {
 }
 
 dt_status dt_zero_join(dt_zero *z) {
-    if (!z->opts.join) return DT_ERR(DT_ESTATE, "zero: join needs the join option at creation");
+    if (!z->opts.dp.join) return DT_ERR(DT_ESTATE, "zero: join needs the join option at creation");
     if (z->rd.reduced) return DT_ERR(DT_ESTATE, "zero: join between finish_backward and step (step first)");
     for (int64_t shadowed = 0;; shadowed++) {
         int any = 0;

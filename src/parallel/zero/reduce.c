@@ -93,7 +93,7 @@ static dt_status advance_reduced(dt_zero *z) {
 static void check_unused_once(dt_zero *z) {
     if (z->rd.unused_checked) return;
     z->rd.unused_checked = 1;
-    if (z->opts.find_unused_params || !z->rd.graph) return;
+    if (z->opts.dp.find_unused_params || !z->rd.graph) return;
     for (int i = 0; i < z->m->n_params; i++)
         if (z->m->params[i]->requires_grad && !dt_graph_param_uses(z->rd.graph, z->m->params[i])) { z->rd.hold_steps = 1; return; }
 }
@@ -114,7 +114,7 @@ void dt_zero_advance_in_backward(dt_zero *z, double now) {
  * this rank's first reduce-scatter (the forward is complete, and every rank
  * issues it first on z->pg). */
 static dt_status start_used(dt_zero *z) {
-    if (!z->opts.find_unused_params || z->world < 2 || z->rd.used_issued) return DT_OK;
+    if (!z->opts.dp.find_unused_params || z->world < 2 || z->rd.used_issued) return DT_OK;
     z->rd.used_issued = 1;
     return dt_par_used_start(&z->rd.used, z->m, z->pg, 1);
 }
@@ -182,7 +182,7 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
     if (s == DT_OK) s = launch_ready(z);
     /* an unused parameter that is an error fails the step: reduce (the other
      * ranks may not fail) but step nothing */
-    int fail_unused = unused.n && !z->opts.find_unused_params;
+    int fail_unused = unused.n && !z->opts.dp.find_unused_params;
     double w0 = dt_par_now_us();
     for (int i = z->rd.next_done; i < z->lay.nb; i++) {
         dt_status si = z->lay.b[i].launched ? finish_reduce(z, i) : DT_OK;

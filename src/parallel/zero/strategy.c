@@ -90,6 +90,6 @@ dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format
                          .destroy = s_destroy, .owns_optimizer = 1, .step = s_step, .save = s_save,
                          .load = s_load, .sync_params = s_sync, .save_is_dir = fmt != DT_ZERO_CKPT_CONSOLIDATED,
                          .agree = s_agree, .refresh_trainable = s_refresh,
-                         .join = s->opts.join ? s_join : NULL};
+                         .join = s->opts.dp.join ? s_join : NULL};
     return DT_OK;
 }

@@ -20,12 +20,6 @@
 #include <string.h>
 #include "zero_internal.h"
 
-dt_status dt_zero_wire_validate(const dt_zero_opts *o) {
-    if (o->wire != DT_F32 && o->wire != DT_BF16 && o->wire != DT_F16)
-        return DT_ERR(DT_EINVAL, "zero: the wire dtype must be f32, bf16 or fp16 (got dtype %d)", (int)o->wire);
-    return DT_OK;
-}
-
 /* floats holding n wire elements (windows and the pool count floats) */
 static size_t wire_floats(const dt_zero *z, size_t n) { return (n * z->wire.es + sizeof(float) - 1) / sizeof(float); }
 
@@ -35,11 +29,11 @@ static char *win_at(void *win, const dt_zero *z, const zbucket *b) {
 
 dt_status dt_zero_wire_setup(dt_zero *z) {
     zwire *W = &z->wire;
-    W->dt = z->opts.wire;
+    W->dt = z->opts.dp.wire;
     W->es = dt_dtype_size(W->dt);
     /* every rank takes the same branches: options are agreed, and
      * dt_pg_alloc_shared's answer is the group's */
-    if (z->opts.no_shm || z->world < 2 || z->stage > 2 || z->lay.total == 0) return DT_OK;
+    if (z->opts.dp.shm == DT_DP_SHM_OFF || z->world < 2 || z->stage > 2 || z->lay.total == 0) return DT_OK;
     if (z->stage == 1 && W->dt == DT_F32) {   /* the gradients themselves, as DDP */
         DT_TRY(dt_pg_alloc_shared(z->pg, z->lay.total, &W->shm_grads));
         if (W->shm_grads) {

@@ -12,20 +12,19 @@
 
 void dt_zero_opts_default(dt_zero_opts *o) {
     memset(o, 0, sizeof *o);
+    dt_dp_opts_default(&o->dp);
+    o->dp.bucket_bytes = (size_t)4 << 20;   /* fewer, larger shard steps */
     o->stage = 1;
-    o->first_bucket_bytes = (size_t)1 << 20;
-    o->bucket_bytes = (size_t)4 << 20;
     o->overlap_step = DT_ZERO_OVERLAP_AFTER_BACKWARD;
-    o->broadcast_buffers = 1;
     o->prefetch = 2;   /* bench_zero W1 stage 3, 1 Gbit/s: 1240 ms/step vs 1610 with 1 */
 }
 
 static dt_status validate(const dt_zero_opts *o) {
+    DT_TRY(dt_dp_opts_validate(&o->dp, "zero"));
     if (o->stage < 1 || o->stage > 3)
         return DT_ERR(DT_EINVAL, "zero: stage must be 1, 2 or 3 (got %d; stage 0 is plain DDP)", o->stage);
-    if (o->first_bucket_bytes < 4 || o->bucket_bytes < 4)
-        return DT_ERR(DT_EINVAL, "zero: bucket caps must be at least one float (got first %zu, normal %zu bytes)",
-                      o->first_bucket_bytes, o->bucket_bytes);
+    if (o->dp.shm == DT_DP_SHM_REQUIRE)
+        return DT_ERR(DT_EINVAL, "zero: dp.shm REQUIRE is DDP's; ZeRO takes AUTO or OFF");
     if ((unsigned)o->overlap_step > DT_ZERO_OVERLAP_INTERLEAVED)
         return DT_ERR(DT_EINVAL, "zero: unknown step overlap mode %d", (int)o->overlap_step);
     if (!(o->clip >= 0.0f) || !isfinite(o->clip))
@@ -34,12 +33,10 @@ static dt_status validate(const dt_zero_opts *o) {
         return DT_ERR(DT_EINVAL, "zero: gradient clipping needs the global norm before any shard is stepped, "
                       "so it cannot be combined with the interleaved step overlap (use after-backward or off)");
     if (o->prefetch < 0) return DT_ERR(DT_EINVAL, "zero: prefetch must be >= 0 (got %d)", o->prefetch);
-    if (o->join && o->stage == 3)
-        return DT_ERR(DT_EINVAL, "zero: join supports stages 1 and 2 only (stage 3 gathers parameters from "
+    if (o->dp.join && o->stage == 3)
+        return DT_ERR(DT_EINVAL, "zero: dp.join supports stages 1 and 2 only (stage 3 gathers parameters from "
                       "module hooks, which a rank without data does not run)");
-    if (o->join && o->sync_bn)
-        return DT_ERR(DT_EINVAL, "zero: join and SyncBatchNorm are exclusive (SyncBN's forward collectives depend on the batch)");
-    return dt_zero_wire_validate(o);
+    return DT_OK;
 }
 
 static dt_status init_optimizers(dt_zero *z) {
@@ -129,13 +126,13 @@ dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *c
     z->rank = dt_pg_rank(pg);
     z->world = dt_pg_size(pg);
     z->stage = opts.stage;
-    z->rd.op = DT_RED_AVG | (opts.deterministic ? DT_RED_DETERMINISTIC : 0);
+    z->rd.op = DT_RED_AVG | (opts.dp.deterministic ? DT_RED_DETERMINISTIC : 0);
     dt_status s = dt_pg_split(pg, 0, z->rank, &z->ag_pg);
     z->gq.next = -1;
     /* stages 2/3 keep gradients per bucket: dropped before the re-layout, so
      * it allocates none (set-up peak); dt_zero_free gives them back */
     if (s == DT_OK && z->stage >= 2) dt_model_drop_grads(m);
-    if (s == DT_OK) s = dt_zero_build_layout(z, opts.first_bucket_bytes, opts.bucket_bytes);
+    if (s == DT_OK) s = dt_zero_build_layout(z, opts.dp.first_bucket_bytes, opts.dp.bucket_bytes);
     if (s == DT_OK && !(z->gq.live = malloc((size_t)(z->lay.nb ? z->lay.nb : 1) * sizeof *z->gq.live)))
         s = DT_ERR(DT_ENOMEM, "out of memory");
     /* same model on every rank: rank 0's parameters and buffers */
@@ -146,8 +143,8 @@ dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *c
     if (s == DT_OK) s = shard_storage(z);
     if (s == DT_OK) s = dt_zero_wire_setup(z);
     if (s != DT_OK) return s;
-    if (opts.sync_bn) {
-        z->bn = (dt_par_bn){.pg = pg, .red_flags = opts.deterministic ? DT_RED_DETERMINISTIC : 0};
+    if (opts.dp.sync_bn) {
+        z->bn = (dt_par_bn){.pg = pg, .red_flags = opts.dp.deterministic ? DT_RED_DETERMINISTIC : 0};
         m->bn_sync = (dt_bn_sync){dt_par_bn_sync, &z->bn};
     }
     for (int i = 0; i < m->n_params; i++)
@@ -210,7 +207,7 @@ void dt_zero_set_lr(dt_zero *z, float lr) { z->lr = lr; }
  * active rank's) to every rank, if enabled. SyncBatchNorm computes equal
  * statistics on every rank: nothing to broadcast (as DDP). */
 dt_status dt_zero_bcast_buffers(dt_zero *z) {
-    if (!(z->opts.broadcast_buffers && !z->opts.sync_bn && z->m->n_buffers > 0 && z->world > 1)) return DT_OK;
+    if (!(z->opts.dp.broadcast_buffers && !z->opts.dp.sync_bn && z->m->n_buffers > 0 && z->world > 1)) return DT_OK;
     return dt_par_bcast_buffers(z->m, z->pg, &z->buf_scratch, z->buf_root);
 }
 
@@ -224,8 +221,8 @@ dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync) {
     /* join: collectives on z->pg only on synchronising micro-steps, which a
      * joined rank (not knowing K) can shadow (zero/join.c) */
     int any;
-    if (z->opts.join && sync) DT_TRY(dt_zero_join_agree(z, 1, &any));
-    if (!z->opts.join || sync) DT_TRY(dt_zero_bcast_buffers(z));
+    if (z->opts.dp.join && sync) DT_TRY(dt_zero_join_agree(z, 1, &any));
+    if (!z->opts.dp.join || sync) DT_TRY(dt_zero_bcast_buffers(z));
     return dt_zero_params_before_forward(z);
 }
 

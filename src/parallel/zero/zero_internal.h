@@ -31,7 +31,7 @@ typedef struct zbucket {
 
 /* Payload dtype and node-shared windows (zero/wire.c), fixed at create. */
 typedef struct zwire {
-    dt_dtype dt;             /* opts.wire */
+    dt_dtype dt;             /* opts.dp.wire */
     size_t es;               /* its element size */
     float *shm_grads;        /* stage 1, float32 wire: the flat gradient buffer, node-shared */
     void *rs_win;            /* stage 1, 16-bit wire: node-shared reduce-scatter inputs (layout x es) */
@@ -213,7 +213,6 @@ dt_status dt_zero_join_agree(dt_zero *z, int active, int *any);
  * gather: the owned parameter shard all-gathered into dest (numel floats);
  * gathered: after completion, dest filled (the own chunk is exact float32).
  * The *_f32 gather is the exact float32 gather used outside training steps. */
-dt_status dt_zero_wire_validate(const dt_zero_opts *o);
 dt_status dt_zero_wire_setup(dt_zero *z);
 void dt_zero_wire_free(dt_zero *z);
 dt_status dt_zero_wire_reduce(dt_zero *z, int i, dt_work **w);
