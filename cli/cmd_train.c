@@ -278,7 +278,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     if (f->chan_n == 1) { snprintf(err, (size_t)errlen, "--channels needs two values C1,C2"); return -1; }
     if (f->chan_n == 2) { o->model.cnn_c1 = f->chan[0]; o->model.cnn_c2 = f->chan[1]; }
     o->data = f->data ? f->data : o->model.kind == DT_MODEL_GPT2 ? "text" : "fashion-mnist";
-    if (dt_dataset_check_name(o->data) != DT_OK) { snprintf(err, (size_t)errlen, "%s", dt_error_message()); return -1; }
+    if (dt_dataset_check_name(o->data) != DT_OK) { dt_cli_flag_names(dt_error_message(), err, (size_t)errlen); return -1; }
     if (f->recompute && dt_recompute_parse(f->recompute, &o->recompute)) {
         snprintf(err, (size_t)errlen, "--recompute: unknown mode '%s' (none, blocks)", f->recompute);
         return -1;

@@ -32,7 +32,7 @@ const char *dt_dataset_names(char *buf, size_t n) {
 dt_status dt_dataset_check_name(const char *name) {
     if (find(name) >= 0) return DT_OK;
     char known[256];
-    return DT_ERR(DT_EINVAL, "--data: unknown dataset '%s' (%s)", name ? name : "(none)",
+    return DT_ERR(DT_EINVAL, "train.data: unknown dataset '%s' (%s)", name ? name : "(none)",
                   dt_dataset_names(known, sizeof known));
 }
 

@@ -22,9 +22,9 @@ static void fm_destroy(void *self) {
 dt_status dt_dataset_open_fashion_mnist(const dt_dataset_opts *o, dt_dataset *out) {
     const char *dir = o->path ? o->path : DT_FASHION_MNIST_DIR;
     if (o->part_world > 1)
-        return DT_ERR(DT_EINVAL, "%s: an uneven split needs text data from a directory of files (--data text)", dir);
+        return DT_ERR(DT_EINVAL, "%s: an uneven split needs text data from a directory of files (train.data text)", dir);
     if (o->val_path)
-        return DT_ERR(DT_EINVAL, "--val-path %s: fashion-mnist evaluates on its own test split (t10k-* in %s)",
+        return DT_ERR(DT_EINVAL, "train.val_path %s: fashion-mnist evaluates on its own test split (t10k-* in %s)",
                       o->val_path, dir);
     fmnist *f = calloc(1, sizeof *f);
     if (!f) return DT_ERR(DT_ENOMEM, "out of memory");

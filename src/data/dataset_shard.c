@@ -2,6 +2,6 @@
 #include "dataset_internal.h"
 
 dt_status dt_dataset_open_shard(const dt_dataset_opts *o, dt_dataset *out) {
-    if (!o->path) return DT_ERR(DT_EINVAL, "--data shard needs --data-path FILE.bin");
+    if (!o->path) return DT_ERR(DT_EINVAL, "train.data shard needs train.data_path FILE.bin");
     return dt_dataset_open_tokens(o->path, o, dt_token_shard_load, NULL, out);
 }

@@ -39,10 +39,10 @@ static dt_status split_tail(dt_token_dataset *all, tokens *t) {
 dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_load_fn load,
                                  dt_token_load_files_fn load_files, dt_dataset *out) {
     if (o->seq <= 0 || o->seq > INT_MAX)
-        return DT_ERR(DT_EINVAL, "--seq %lld: token data needs a positive sequence length", (long long)o->seq);
+        return DT_ERR(DT_EINVAL, "train.seq %lld: token data needs a positive sequence length", (long long)o->seq);
     int split = o->part_world > 1;
     if (split && !load_files)
-        return DT_ERR(DT_EINVAL, "%s: an uneven split needs text data from a directory of files (--data text)", path);
+        return DT_ERR(DT_EINVAL, "%s: an uneven split needs text data from a directory of files (train.data text)", path);
     tokens *t = calloc(1, sizeof *t);
     if (!t) return DT_ERR(DT_ENOMEM, "out of memory");
     t->T = (int)o->seq;
@@ -65,7 +65,7 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
     if (s != DT_OK) { tok_destroy(t); return s; }
     /* ids of both splits must fit the model's vocabulary; messages about the
      * vocabulary name the file with the largest id */
-    if (o->val_path && va->vocab > tr->vocab) snprintf(out->source, sizeof out->source, "--val-path %s", o->val_path);
+    if (o->val_path && va->vocab > tr->vocab) snprintf(out->source, sizeof out->source, "train.val_path %s", o->val_path);
     else snprintf(out->source, sizeof out->source, "%s", path);
     int64_t vocab = tr->vocab > va->vocab ? tr->vocab : va->vocab;
     out->sample = (dt_sample_shape){.n_inputs = 1, .targets = t->T, .classes = vocab};

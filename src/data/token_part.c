@@ -38,7 +38,7 @@ dt_status dt_tokens_keep_part(dt_token_dataset *tr, const dt_text_files *f, int 
         }
         if (n < (int64_t)T + 1)
             return DT_ERR(DT_EINVAL, "%s: uneven split: rank %d's files (every %d-th from file %d in name order) hold "
-                          "%lld training tokens, fewer than one window of --seq %d + 1", path, r, world, r,
+                          "%lld training tokens, fewer than one window of train.seq %d + 1", path, r, world, r,
                           (long long)n, T);
         if (r == rank) mine = n;
     }

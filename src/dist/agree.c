@@ -215,7 +215,7 @@ dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a) {
     /* the dist settings that change what goes on the wire come first */
     dt_agree mine;
     dt_agree_init(&mine);
-    dt_agree_add(&mine, "progress mode (DTRAIN_PROGRESS, --progress)", "%s",
+    dt_agree_add(&mine, "dist.progress (DTRAIN_PROGRESS)", "%s",
                  pg->mode == DT_PROGRESS_THREAD ? "thread" : "poll");
     dt_agree_add(&mine, "collective segment bytes", "%zu", dt__dist.segment_bytes);
     size_t wire_len = mine.len;

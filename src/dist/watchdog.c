@@ -174,7 +174,7 @@ int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn) {
     pg->timed_out = 1;
     if (!pg->broken) {
         pg->broken = 1;
-        snprintf(pg->broken_msg, sizeof pg->broken_msg, "collective timed out (--collective-timeout %.0f s): %.440s",
+        snprintf(pg->broken_msg, sizeof pg->broken_msg, "collective timed out (dist.collective_timeout_s %.0f s): %.440s",
                  limit, msg);
     }
     return 1;
@@ -200,7 +200,7 @@ dt_status dt__debug_check(dt_work *w) {
     int rooted = w->kind == DT_OPK_BROADCAST || w->kind == DT_OPK_REDUCE || w->kind == DT_OPK_REDUCE_DET;
     fingerprint me = {(int32_t)w->kind, (int32_t)w->dtype, rooted ? w->root : -1, w->avg, w->count, w->coll_idx, w->seq};
     fingerprint *all = malloc((size_t)pg->size * sizeof *all);
-    if (!all) return DT_ERR(DT_ENOMEM, "--debug-collectives on %s: out of memory", pg->name);
+    if (!all) return DT_ERR(DT_ENOMEM, "dist.debug_collectives on %s: out of memory", pg->name);
     dt_status s = dt__side_allgather(pg, &me, all, (int)sizeof me);
     int bad = -1;
     for (int r = 0; s == DT_OK && r < pg->size && bad < 0; r++)
@@ -211,7 +211,7 @@ dt_status dt__debug_check(dt_work *w) {
         char a[128], b[128];
         fp_describe(&all[bad], a, sizeof a);
         fp_describe(&all[0], b, sizeof b);
-        s = DT_ERR(DT_ECOMM, "collectives diverge on %s at collective %llu (--debug-collectives): rank %d issues %s, "
+        s = DT_ERR(DT_ECOMM, "collectives diverge on %s at collective %llu (dist.debug_collectives): rank %d issues %s, "
                    "rank 0 issues %s", pg->name, (unsigned long long)all[0].coll_idx, bad, a, b);
         if (pg->mode == DT_PROGRESS_THREAD) pthread_mutex_lock(&pg->mu);
         if (!pg->broken) {

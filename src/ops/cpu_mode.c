@@ -26,7 +26,7 @@ dt_status dt_cpu_set_flush_denormal(int on) {
     return DT_OK;
 #else
     (void)on;
-    return DT_ERR(DT_EINVAL, "flushing denormals is implemented for x86 only (use --keep-denormals)");
+    return DT_ERR(DT_EINVAL, "flushing denormals is implemented for x86 only (set train.keep_denormals)");
 #endif
 }
 

@@ -10,7 +10,7 @@ dt_status dt_trainer_freeze(dt_trainer *t) {
     dt_model *m = t->model;
     for (int k = 0; k < t->opts.n_freeze; k++)
         if (dt_model_freeze(m, t->opts.freeze[k]) == 0)
-            return DT_ERR(DT_EINVAL, "--freeze '%s' matches no parameter of model %s (names look like '%s')",
+            return DT_ERR(DT_EINVAL, "train.freeze '%s' matches no parameter of model %s (names look like '%s')",
                           t->opts.freeze[k], m->name, m->n_params ? m->params[0]->name : "(none)");
     DT_TRY(dt_model_refresh_grads(m));   /* frozen parameters: no gradient memory */
     return dt_optim_apply_groups(m, t->opts.groups, t->opts.n_groups);
@@ -29,7 +29,7 @@ dt_status dt_trainer_unfreeze(dt_trainer *t) {
 dt_status dt_trainer_refresh_trainable(dt_trainer *t) {
     if (t->strat.refresh_trainable) DT_TRY(t->strat.refresh_trainable(t->strat.self, &t->run));
     else if (t->strat.owns_optimizer || t->strat.world > 1)
-        return DT_ERR(DT_EINVAL, "strategy %s cannot change the trainable parameters during a run (--unfreeze-at, "
+        return DT_ERR(DT_EINVAL, "strategy %s cannot change the trainable parameters during a run (train.unfreeze_at, "
                       "dt_trainer_refresh_trainable): DDP, ZeRO and one process can", t->strat.name);
     else DT_TRY(dt_model_refresh_grads(t->model));   /* one process (the strategies do their own) */
     if (!t->strat.owns_optimizer) DT_TRY(dt_optimizer_refresh_model(&t->optim, t->model));

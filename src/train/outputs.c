@@ -13,28 +13,28 @@
 
 /* creates and removes <dir>/.dtrain-probe.<pid>.<k> (k: the first name free,
  * for ranks of the same pid on other hosts sharing the directory); fails
- * naming flag and path */
-static dt_status probe_dir(const char *dir, const char *flag, const char *path) {
+ * naming the setting (train.save, ...) and the path */
+static dt_status probe_dir(const char *dir, const char *setting, const char *path) {
     char probe[4200];
     for (int k = 0; k < 64; k++) {
         if (snprintf(probe, sizeof probe, "%s/.dtrain-probe.%ld.%d", dir, (long)getpid(), k) >= (int)sizeof probe)
-            return DT_ERR(DT_EINVAL, "%s %s: path too long", flag, path);
+            return DT_ERR(DT_EINVAL, "%s %s: path too long", setting, path);
         int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0 && errno == EEXIST) continue;
-        if (fd < 0) return DT_ERR(DT_EIO, "%s %s: cannot create files in %s: %s", flag, path, dir, strerror(errno));
+        if (fd < 0) return DT_ERR(DT_EIO, "%s %s: cannot create files in %s: %s", setting, path, dir, strerror(errno));
         close(fd);
         unlink(probe);
         return DT_OK;
     }
-    return DT_ERR(DT_EIO, "%s %s: cannot create a probe file in %s (64 names taken)", flag, path, dir);
+    return DT_ERR(DT_EIO, "%s %s: cannot create a probe file in %s (64 names taken)", setting, path, dir);
 }
 
 /* "a/b/c" -> "a/b", "c" -> ".", "/c" -> "/" */
-static dt_status parent_of(const char *path, char *buf, size_t n, const char *flag) {
+static dt_status parent_of(const char *path, char *buf, size_t n, const char *setting) {
     const char *slash = strrchr(path, '/');
     size_t len = slash ? (size_t)(slash - path) : 1;
     if (slash && len == 0) len = 1;   /* the root */
-    if (len >= n) return DT_ERR(DT_EINVAL, "%s %s: path too long", flag, path);
+    if (len >= n) return DT_ERR(DT_EINVAL, "%s %s: path too long", setting, path);
     memcpy(buf, slash ? path : ".", len);
     buf[len] = 0;
     return DT_OK;
@@ -42,42 +42,42 @@ static dt_status parent_of(const char *path, char *buf, size_t n, const char *fl
 
 /* A file written whole (temp file next to it, then rename: the directory must
  * take new files) or appended to (an existing file must be writable). */
-static dt_status check_file(const char *flag, const char *path, int append) {
-    if (!*path) return DT_ERR(DT_EINVAL, "%s: empty path", flag);
+static dt_status check_file(const char *setting, const char *path, int append) {
+    if (!*path) return DT_ERR(DT_EINVAL, "%s: empty path", setting);
     struct stat sb;
     if (stat(path, &sb) == 0) {
-        if (S_ISDIR(sb.st_mode)) return DT_ERR(DT_EINVAL, "%s %s: is a directory, expected a file", flag, path);
+        if (S_ISDIR(sb.st_mode)) return DT_ERR(DT_EINVAL, "%s %s: is a directory, expected a file", setting, path);
         if (!append && !S_ISREG(sb.st_mode))   /* the rename would replace a device or pipe */
-            return DT_ERR(DT_EINVAL, "%s %s: exists and is not a regular file", flag, path);
+            return DT_ERR(DT_EINVAL, "%s %s: exists and is not a regular file", setting, path);
         if (append) {
             int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
-            if (fd < 0) return DT_ERR(DT_EIO, "%s %s: cannot open for appending: %s", flag, path, strerror(errno));
+            if (fd < 0) return DT_ERR(DT_EIO, "%s %s: cannot open for appending: %s", setting, path, strerror(errno));
             close(fd);
             return DT_OK;
         }
     } else if (errno != ENOENT) {
-        return DT_ERR(DT_EIO, "%s %s: %s", flag, path, strerror(errno));
+        return DT_ERR(DT_EIO, "%s %s: %s", setting, path, strerror(errno));
     }
     char dir[4096];
-    DT_TRY(parent_of(path, dir, sizeof dir, flag));
-    return probe_dir(dir, flag, path);
+    DT_TRY(parent_of(path, dir, sizeof dir, setting));
+    return probe_dir(dir, setting, path);
 }
 
 /* A directory of files (sharded checkpoint): writable if it exists, else its
  * parent must take the new directory. */
-static dt_status check_dir(const char *flag, const char *path) {
-    if (!*path) return DT_ERR(DT_EINVAL, "%s: empty path", flag);
+static dt_status check_dir(const char *setting, const char *path) {
+    if (!*path) return DT_ERR(DT_EINVAL, "%s: empty path", setting);
     struct stat sb;
     if (stat(path, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode))
             return DT_ERR(DT_EINVAL, "%s %s: exists and is not a directory (this run writes a sharded checkpoint "
-                          "directory; use another path or --save-format consolidated)", flag, path);
-        return probe_dir(path, flag, path);
+                          "directory; use another path or zero.save_format consolidated)", setting, path);
+        return probe_dir(path, setting, path);
     }
-    if (errno != ENOENT) return DT_ERR(DT_EIO, "%s %s: %s", flag, path, strerror(errno));
+    if (errno != ENOENT) return DT_ERR(DT_EIO, "%s %s: %s", setting, path, strerror(errno));
     char dir[4096];
-    DT_TRY(parent_of(path, dir, sizeof dir, flag));
-    return probe_dir(dir, flag, path);
+    DT_TRY(parent_of(path, dir, sizeof dir, setting));
+    return probe_dir(dir, setting, path);
 }
 
 void dt_trainer_trace_path(const dt_trainer *t, char *buf, size_t n) {
@@ -88,13 +88,13 @@ void dt_trainer_trace_path(const dt_trainer *t, char *buf, size_t n) {
 dt_status dt_trainer_check_outputs(const dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
     int rank0 = t->strat.rank == 0;
-    if (o->save && t->strat.save_is_dir) DT_TRY(check_dir("--save", o->save));   /* every rank writes its shard */
-    else if (o->save && rank0) DT_TRY(check_file("--save", o->save, 0));
-    if (o->metrics && rank0) DT_TRY(check_file("--metrics", o->metrics, 1));
+    if (o->save && t->strat.save_is_dir) DT_TRY(check_dir("train.save", o->save));   /* every rank writes its shard */
+    else if (o->save && rank0) DT_TRY(check_file("train.save", o->save, 0));
+    if (o->metrics && rank0) DT_TRY(check_file("train.metrics", o->metrics, 1));
     if (o->trace) {
         char path[4096];
         dt_trainer_trace_path(t, path, sizeof path);
-        DT_TRY(check_file("--trace", path, 0));
+        DT_TRY(check_file("train.trace", path, 0));
     }
     return DT_OK;
 }

@@ -75,7 +75,7 @@ static dt_status stop_early(dt_trainer *t, int code) {
     dt_stop_set_stopped(code);
     if (t->strat.rank == 0) {
         if (save) dt_log(DT_LOG_INFO, "interrupted at step %lld, saved to %s\n", (long long)t->step, save);
-        else dt_log(DT_LOG_INFO, "interrupted at step %lld, not saved (no --save)\n", (long long)t->step);
+        else dt_log(DT_LOG_INFO, "interrupted at step %lld, not saved (no train.save)\n", (long long)t->step);
     }
     return DT_OK;
 }

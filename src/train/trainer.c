@@ -74,13 +74,13 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     t->run.example = (dt_batch){0};   /* setup only: the buffers are reused for training */
     if (s == DT_OK && o->resume && t->strat.load) s = t->strat.load(t->strat.self, &t->run, o->resume);
     if (s == DT_OK && o->resume && t->step > t->total_steps)   /* a run that would train "-N steps" */
-        s = o->steps ? DT_ERR(DT_EINVAL, "--steps %lld is below step %lld of checkpoint %s", (long long)o->steps,
+        s = o->steps ? DT_ERR(DT_EINVAL, "train.steps %lld is below step %lld of checkpoint %s", (long long)o->steps,
                               (long long)t->step, o->resume)
-                     : DT_ERR(DT_EINVAL, "--epochs %d (%lld steps) end before step %lld of checkpoint %s", o->epochs,
+                     : DT_ERR(DT_EINVAL, "train.epochs %d (%lld steps) end before step %lld of checkpoint %s", o->epochs,
                               (long long)t->total_steps, (long long)t->step, o->resume);
     if (s == DT_OK && o->resume && o->unfreeze_at > 0 && t->step >= o->unfreeze_at)
-        s = DT_ERR(DT_EINVAL, "checkpoint %s is at step %lld, not before --unfreeze-at %lld: its --freeze parameters "
-                   "already train, so resume it without --freeze and --unfreeze-at", o->resume, (long long)t->step,
+        s = DT_ERR(DT_EINVAL, "checkpoint %s is at step %lld, not before train.unfreeze_at %lld: its train.freeze parameters "
+                   "already train, so resume it without train.freeze and train.unfreeze_at", o->resume, (long long)t->step,
                    (long long)o->unfreeze_at);
     if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
     if (s == DT_OK && o->trace) {
@@ -185,7 +185,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     }
     t->last_loss = loss;
     if (loss_out) *loss_out = loss;
-    if (!isfinite(loss)) return DT_ERR(DT_EINVAL, "loss is %g at step %lld (lower --lr?)", loss, (long long)t->step);
+    if (!isfinite(loss)) return DT_ERR(DT_EINVAL, "loss is %g at step %lld (lower train.optim.lr?)", loss, (long long)t->step);
     return DT_OK;
 }
 

@@ -44,8 +44,8 @@ dt_status dt_trainer_uneven_steps(dt_trainer *t, int64_t steps_per_epoch) {
         }
     }
     if (low < 1)
-        return DT_ERR(DT_EINVAL, "--uneven: rank %d's files hold fewer samples per epoch than one step "
-                      "(--batch %lld x --accum %d); give it more data or use fewer ranks", low_rank,
+        return DT_ERR(DT_EINVAL, "train.uneven: rank %d's files hold fewer samples per epoch than one step "
+                      "(train.batch %lld x train.accum %d); give it more data or use fewer ranks", low_rank,
                       (long long)o->batch, o->accum);
     t->common_steps = low;
     t->total_steps = high;
@@ -61,7 +61,7 @@ dt_status dt_trainer_uneven_join(dt_trainer *t) {
     int64_t trained = t->step;
     if (t->strat.world > 1) {
         if (!t->strat.join)
-            return DT_ERR(DT_EINVAL, "--uneven: strategy %s cannot join (use DDP or --zero 1 or 2)",
+            return DT_ERR(DT_EINVAL, "train.uneven: strategy %s cannot join (use DDP or zero.stage 1 or 2)",
                           t->strat.name ? t->strat.name : "?");
         DT_TRY(t->strat.join(t->strat.self, &t->run));
     }

@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
     dt_status s = rank == last ? dt_broadcast(g, x, 8, DT_F32, 0, NULL)
                                : dt_allreduce(g, x, x, 16, DT_F32, DT_RED_AVG, NULL);
     T_CHECK(s == DT_ECOMM);
-    snprintf(want, sizeof want, "collectives diverge on world/0 at collective 1 (--debug-collectives): rank %d issues "
+    snprintf(want, sizeof want, "collectives diverge on world/0 at collective 1 (dist.debug_collectives): rank %d issues "
              "broadcast #1 (8 F32, root 0), rank 0 issues allreduce #1 (16 F32, avg)", last);
     if (strcmp(dt_error_message(), want)) fprintf(stderr, "got  '%s'\nwant '%s'\n", dt_error_message(), want);
     T_CHECK(!strcmp(dt_error_message(), want));
@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
     T_OK(dt_pg_split(w, 0, rank, &g));
     s = dt_allgather(g, x, x + 8, rank == last ? 3 : 2, DT_F32, NULL);
     T_CHECK(s == DT_ECOMM);
-    snprintf(want, sizeof want, "collectives diverge on world/0 at collective 0 (--debug-collectives): rank %d issues "
+    snprintf(want, sizeof want, "collectives diverge on world/0 at collective 0 (dist.debug_collectives): rank %d issues "
              "allgather #0 (3 F32), rank 0 issues allgather #0 (2 F32)", last);
     if (strcmp(dt_error_message(), want)) fprintf(stderr, "got  '%s'\nwant '%s'\n", dt_error_message(), want);
     T_CHECK(!strcmp(dt_error_message(), want));

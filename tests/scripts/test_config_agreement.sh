@@ -64,7 +64,7 @@ expect $O "" "--bucket-mb 2" "--bucket-mb: rank $O has 2, $R 1"
 expect $O "" "--compress bf16" "--compress: rank $O has bf16, $R f32"
 expect $O "--steps 200" "--steps 300" "--steps: rank $O has 300, $R 200"
 expect $O "--zero 2" "" "strategy: rank $O has ddp, $R zero-2"
-expect $O "--progress poll" "--progress thread" "progress mode (DTRAIN_PROGRESS, --progress): rank $O has thread, $R poll"
+expect $O "--progress poll" "--progress thread" "--progress (DTRAIN_PROGRESS): rank $O has thread, $R poll"
 if [ "$np" -eq 2 ]; then
     expect 1 "--pp 2" "" "strategy: rank 1 has ddp, rank 0 has pipeline"
     expect 0 "--pp 2" "" "strategy: rank 1 has pipeline, rank 0 has ddp"

@@ -18,7 +18,7 @@ expect() {   # expect NEEDLE ARGS...
     else echo "ok   $* -> $needle"; fi
 }
 if [ "$np" -eq 2 ]; then
-    expect "3 stages (--nproc must be a multiple of --pp)" --pp 3 --nproc 2 --batch 30 --microbatches 3
+    expect "3 stages (the world size must be a multiple of --pp)" --pp 3 --nproc 2 --batch 30 --microbatches 3
     expect "--pp-split adds up to 3 blocks" --pp 2 --nproc 2 --pp-split 1,2
     expect "interleaved" --pp 2 --nproc 2 --schedule interleaved --microbatches 3 --batch 30
     expect "--zero 3 does not combine with --pp" --pp 2 --nproc 2 --zero 3

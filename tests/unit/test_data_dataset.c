@@ -147,10 +147,10 @@ static void test_token_errors_name_the_file(void **state) {
     assert_msg_has("too short");
     o.seq = 0;
     assert_int_equal(dt_dataset_open("text", &o, &d), DT_EINVAL);
-    assert_msg_has("--seq");
+    assert_msg_has("train.seq");
     dt_dataset_opts none = {.seq = 16};
     assert_int_equal(dt_dataset_open("shard", &none, &d), DT_EINVAL);
-    assert_msg_has("--data-path");
+    assert_msg_has("train.data_path");
     dt_dataset_opts missing = {.path = "/nonexistent/x.bin", .seq = 16};
     assert_int_not_equal(dt_dataset_open("shard", &missing, &d), DT_OK);
     assert_msg_has("/nonexistent/x.bin");

@@ -71,19 +71,19 @@ static void test_unwritable_paths_fail_at_create(void **state) {
         dt_train_opts o;
         tiny_opts(&o);
         o.save = bad[i];
-        expect_create_fails(&o, "--save", bad[i]);
+        expect_create_fails(&o, "train.save", bad[i]);
         tiny_opts(&o);
         o.trace = bad[i];
-        expect_create_fails(&o, "--trace", bad[i]);
+        expect_create_fails(&o, "train.trace", bad[i]);
         tiny_opts(&o);
         o.metrics = bad[i];
-        expect_create_fails(&o, "--metrics", bad[i]);
+        expect_create_fails(&o, "train.metrics", bad[i]);
     }
     /* a device or pipe would be replaced by the atomic rename: refused */
     dt_train_opts o;
     tiny_opts(&o);
     o.trace = "/dev/null";
-    expect_create_fails(&o, "--trace", "not a regular file");
+    expect_create_fails(&o, "train.trace", "not a regular file");
     dt_test_rm_rf(file);
 }
 
@@ -120,7 +120,7 @@ static void test_sharded_save_dir(void **state) {
     dt_trainer *t = NULL;
     assert_int_equal(dt_trainer_create(&o, &sharded, &t), DT_EINVAL);
     assert_null(t);
-    assert_non_null(strstr(dt_error_message(), "--save"));
+    assert_non_null(strstr(dt_error_message(), "train.save"));
     assert_non_null(strstr(dt_error_message(), "not a directory"));
 
     snprintf(dir, sizeof dir, "%s/shards", g_dir);
@@ -132,7 +132,7 @@ static void test_sharded_save_dir(void **state) {
 
     snprintf(deep, sizeof deep, "%s/missing/shards", g_dir);
     o.save = deep;
-    expect_create_fails(&o, "--save", deep);
+    expect_create_fails(&o, "train.save", deep);
     dt_test_rm_rf(file);
 }
 

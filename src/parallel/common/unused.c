@@ -50,6 +50,6 @@ void dt_par_unused_add(dt_par_unused *u, const char *name) {
 
 dt_status dt_par_unused_error(const dt_par_unused *u, const char *who) {
     return DT_ERR(DT_EINVAL, "%s: parameter%s %s%s received no gradient in this step; if that is expected "
-                  "enable find_unused_params (--find-unused)", who, u->n > 1 ? "s" : "", u->names,
+                  "enable dp.find_unused_params", who, u->n > 1 ? "s" : "", u->names,
                   u->n > 4 ? " and more" : "");
 }

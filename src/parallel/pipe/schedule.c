@@ -32,20 +32,20 @@ static dt_status check_args(dt_pipe_kind kind, int P, int M, int V, int max_outs
     if ((int)kind < 0 || (int)kind >= N_KINDS)
         return DT_ERR(DT_EINVAL, "unknown pipeline schedule kind %d", (int)kind);
     if (P < 1 || P > DT_PIPE_MAX_RANKS)
-        return DT_ERR(DT_EINVAL, "pipeline %s needs 1 <= --pp <= %d (got P=%d)", k, DT_PIPE_MAX_RANKS, P);
+        return DT_ERR(DT_EINVAL, "pipeline %s needs 1 <= pipe.stages <= %d (got P=%d)", k, DT_PIPE_MAX_RANKS, P);
     if (M < 1 || M > (1 << 24))
-        return DT_ERR(DT_EINVAL, "pipeline %s needs 1 <= --microbatches <= %d (got M=%d)", k, 1 << 24, M);
+        return DT_ERR(DT_EINVAL, "pipeline %s needs 1 <= micro-batches <= %d (got M=%d)", k, 1 << 24, M);
     if (V < 1 || V > 255)
-        return DT_ERR(DT_EINVAL, "pipeline %s needs 1 <= --virtual-stages <= 255 (got V=%d)", k, V);
+        return DT_ERR(DT_EINVAL, "pipeline %s needs 1 <= pipe.virtual_stages <= 255 (got V=%d)", k, V);
     if ((int64_t)M * V > (1 << 24))
-        return DT_ERR(DT_EINVAL, "pipeline %s: --microbatches x --virtual-stages too large (got M=%d, V=%d)", k, M, V);
+        return DT_ERR(DT_EINVAL, "pipeline %s: micro-batches x pipe.virtual_stages too large (got M=%d, V=%d)", k, M, V);
     if (kind != DT_PIPE_INTERLEAVED && V != 1)
         return DT_ERR(DT_EINVAL, "pipeline %s runs one chunk per rank (got V=%d); use interleaved for virtual stages",
                       k, V);
     if (kind == DT_PIPE_INTERLEAVED && V < 2)
-        return DT_ERR(DT_EINVAL, "pipeline interleaved needs --virtual-stages >= 2 (got V=%d); use 1f1b for one", V);
+        return DT_ERR(DT_EINVAL, "pipeline interleaved needs pipe.virtual_stages >= 2 (got V=%d); use 1f1b for one", V);
     if (kind == DT_PIPE_INTERLEAVED && M % P)
-        return DT_ERR(DT_EINVAL, "pipeline interleaved needs --microbatches to be a multiple of --pp "
+        return DT_ERR(DT_EINVAL, "pipeline interleaved needs micro-batches to be a multiple of pipe.stages "
                       "(P, 2P, ...; got M=%d, P=%d)", M, P);
     if (max_outstanding < 0)
         return DT_ERR(DT_EINVAL, "pipeline %s: max outstanding micro-batches must be >= 0 (got %d)", k,

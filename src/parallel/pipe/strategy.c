@@ -21,10 +21,10 @@ void dt_pipe_opts_default(dt_pipe_opts *o) {
 static dt_status make_groups(dt_pipe *p) {
     int W = dt_pg_size(p->world), r = dt_pg_rank(p->world);
     if (p->o.stages < 1 || W % p->o.stages)
-        return DT_ERR(DT_EINVAL, "pipeline: %d ranks cannot form %d stages (--nproc must be a multiple of --pp)", W,
+        return DT_ERR(DT_EINVAL, "pipeline: %d ranks cannot form %d stages (the world size must be a multiple of pipe.stages)", W,
                       p->o.stages);
     if (p->o.stages > DT_PIPE_MAX_STAGES)
-        return DT_ERR(DT_EINVAL, "pipeline: at most %d stages (got --pp %d)", DT_PIPE_MAX_STAGES, p->o.stages);
+        return DT_ERR(DT_EINVAL, "pipeline: at most %d stages (got pipe.stages %d)", DT_PIPE_MAX_STAGES, p->o.stages);
     p->P = p->o.stages;
     p->D = W / p->P;
     /* data-parallel groups on one machine where the counts allow (dt_pipe_place, below) */
@@ -47,18 +47,18 @@ static dt_status make_groups(dt_pipe *p) {
 static dt_status cut_blocks(dt_pipe *p, dt_pipe_probe *pr) {
     int n = p->m->n_blocks, S = p->S;
     if (S > n)
-        return DT_ERR(DT_EINVAL, "pipeline: %d virtual stages (--pp %d x --virtual-stages %d) but model %s has only %d "
+        return DT_ERR(DT_EINVAL, "pipeline: %d virtual stages (pipe.stages %d x pipe.virtual_stages %d) but model %s has only %d "
                       "blocks", S, p->P, p->V, p->m->name, n);
     if (p->o.n_split) {
         if (p->o.n_split != S)
-            return DT_ERR(DT_EINVAL, "--pp-split has %d entries, the pipeline has %d virtual stages", p->o.n_split, S);
+            return DT_ERR(DT_EINVAL, "pipe.split has %d entries, the pipeline has %d virtual stages", p->o.n_split, S);
         int sum = 0;
         for (int v = 0; v < S; v++) {
-            if (p->o.split[v] < 1) return DT_ERR(DT_EINVAL, "--pp-split: stage %d gets %d blocks (>= 1)", v, p->o.split[v]);
+            if (p->o.split[v] < 1) return DT_ERR(DT_EINVAL, "pipe.split: stage %d gets %d blocks (>= 1)", v, p->o.split[v]);
             p->vfirst[v] = sum;
             sum += p->o.split[v];
         }
-        if (sum != n) return DT_ERR(DT_EINVAL, "--pp-split adds up to %d blocks, model %s has %d", sum, p->m->name, n);
+        if (sum != n) return DT_ERR(DT_EINVAL, "pipe.split adds up to %d blocks, model %s has %d", sum, p->m->name, n);
         p->vfirst[S] = n;
         return DT_OK;
     }
@@ -114,7 +114,7 @@ static dt_status take_stage(dt_pipe *p, const dt_pipe_probe *pr) {
         for (int c = 0; c < p->V; c++) chunks += dt_pipe_chunk_uses(p, pr, k, dt_pipe_vstage(p, c));
         if (s == DT_OK && chunks > 1 && (p->D > 1 || p->o.zero_stage))
             s = DT_ERR(DT_EINVAL, "pipeline: parameter %s is used by %d chunks of rank %d; data parallel across stages "
-                       "needs each parameter in one chunk per rank (choose another --pp-split)", m->params[k]->name,
+                       "needs each parameter in one chunk per rank (choose another pipe.split)", m->params[k]->name,
                        chunks, p->stage);
     }
     if (s == DT_OK) s = dt_pipe_ckpt_capture(p, pr);
@@ -170,7 +170,7 @@ static dt_status s_setup(void *self, dt_run *r) {
     p->V = p->o.virtual_stages > 0 ? p->o.virtual_stages : 1;
     p->S = p->P * p->V;
     if (p->S > DT_PIPE_MAX_VSTAGES)
-        return DT_ERR(DT_EINVAL, "pipeline: at most %d virtual stages (--pp x --virtual-stages = %d)", DT_PIPE_MAX_VSTAGES, p->S);
+        return DT_ERR(DT_EINVAL, "pipeline: at most %d virtual stages (pipe.stages x pipe.virtual_stages = %d)", DT_PIPE_MAX_VSTAGES, p->S);
     /* the schedule first: a bad (P, M, V) is the same error on every rank */
     DT_TRY(dt_pipe_schedule_build(p->o.schedule, p->P, p->M, p->V, p->o.max_outstanding, &p->sched));
     dt_pipe_probe pr;

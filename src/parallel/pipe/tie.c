@@ -57,7 +57,7 @@ static dt_status my_chunk(const dt_pipe *p, const dt_pipe_probe *pr, int k, cons
         if (!dt_pipe_chunk_uses(p, pr, k, dt_pipe_vstage(p, c))) continue;
         if (*chunk >= 0)
             return DT_ERR(DT_EINVAL, "pipeline: parameter %s is used by two chunks of rank %d (virtual stages %d and %d); "
-                          "tied parameters must sit in one chunk per rank (choose another --pp-split)", name, p->stage,
+                          "tied parameters must sit in one chunk per rank (choose another pipe.split)", name, p->stage,
                           dt_pipe_vstage(p, *chunk), dt_pipe_vstage(p, c));
         *chunk = c;
     }

@@ -60,7 +60,7 @@ static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_a
 static dt_status s_agree(void *self, dt_agree *a) {
     zero_strat *s = self;
     dt_par_describe_zero(&s->opts, a);
-    dt_agree_add(a, "--save-format", "%s", s->fmt == DT_ZERO_CKPT_CONSOLIDATED ? "consolidated" : "sharded");
+    dt_agree_add(a, "zero.save_format", "%s", s->fmt == DT_ZERO_CKPT_CONSOLIDATED ? "consolidated" : "sharded");
     return dt_pg_agree(s->pg, a);
 }
 static dt_status s_refresh(void *self, dt_run *r) {
