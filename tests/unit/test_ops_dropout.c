@@ -1,16 +1,57 @@
-/* dt_op_dropout: reproducible masks, identity in eval / p == 0, keep rate,
- * exact backward (mask * scale), thread-count independence, bad args. */
+/* dropout on the op harness (tests/common/op_harness.h): gradient vs finite
+ * differences through a reseeded rng, identity in eval and at p = 0, bad
+ * args; and (not table entries) reproducible masks, keep rate, exact
+ * backward (mask * scale), thread-count independence. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
-#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
-#include <string.h>
-#include "dtrain/ops.h"
-#include "gradcheck.h"
+#include "op_harness.h"
+
+typedef struct drop_ctx { float p; uint64_t seed; int no_rng, eval; } drop_ctx;
+
+/* a freshly seeded rng on every call: the same mask every time */
+static dt_tensor *f_drop(dt_graph *g, dt_param **in, void *ctx) {
+    const drop_ctx *c = ctx;
+    dt_rng r;
+    dt_rng_seed(&r, c->seed);
+    if (c->eval) dt_graph_set_training(g, 0);
+    return dt_op_dropout(g, OPH_T(in, 0), c->p, c->no_rng ? NULL : &r);
+}
+static void r_identity(dt_param **in, void *ctx, double *y) {
+    (void)ctx;
+    for (int64_t i = 0; i < in[0]->value.numel; i++) y[i] = OPH_V(in, 0)[i];
+}
+
+static drop_ctx d_grad = {0.4f, 42, 0, 0}, d_eval = {0.5f, 1, 0, 1}, d_eval_no_rng = {0.5f, 1, 1, 1}, d_p0 = {0.0f, 1, 0, 0};
+static drop_ctx d_p1 = {1.0f, 1, 0, 0}, d_neg = {-0.1f, 1, 0, 0}, d_nan = {NAN, 1, 0, 0}, d_no_rng = {0.5f, 1, 1, 0};
+static drop_ctx d_p1_eval = {1.0f, 1, 0, 1};
+
+static const oph_entry table[] = {
+    {.name = "dropout grad 9x7 p 0.4", .op = "dropout", .fn = f_drop, .ctx = &d_grad, .n_in = 1,
+     .in = {{"x", 2, {9, 7}, 41}}, .grad = 1, .gc = {.seed = 43}},   /* linear: exact up to rounding */
+    {.name = "dropout eval: identity", .op = "dropout", .fn = f_drop, .ctx = &d_eval, .n_in = 1,
+     .in = {{"x", 2, {4, 5}, 3}}, .ref = r_identity, .exact = 1, .out = OPH_SHAPE(2, 4, 5), .grad = 1},
+    {.name = "dropout eval: no rng needed", .op = "dropout", .fn = f_drop, .ctx = &d_eval_no_rng, .n_in = 1,
+     .in = {{"x", 2, {4, 5}, 3}}, .ref = r_identity, .exact = 1, .out = OPH_SHAPE(2, 4, 5)},
+    {.name = "dropout p 0: identity", .op = "dropout", .fn = f_drop, .ctx = &d_p0, .n_in = 1,
+     .in = {{"x", 2, {4, 5}, 3}}, .ref = r_identity, .exact = 1, .out = OPH_SHAPE(2, 4, 5), .grad = 1},
+    {.name = "dropout bad: p 1", .op = "dropout", .fn = f_drop, .ctx = &d_p1, .n_in = 1,
+     .in = {{"x", 2, {2, 3}, 1}}, .error = "p = 1"},
+    {.name = "dropout bad: p -0.1", .op = "dropout", .fn = f_drop, .ctx = &d_neg, .n_in = 1,
+     .in = {{"x", 2, {2, 3}, 1}}, .error = "p = -0.1"},
+    {.name = "dropout bad: p NaN", .op = "dropout", .fn = f_drop, .ctx = &d_nan, .n_in = 1,
+     .in = {{"x", 2, {2, 3}, 1}}, .error = "[0, 1)"},
+    {.name = "dropout bad: rng NULL in training", .op = "dropout", .fn = f_drop, .ctx = &d_no_rng, .n_in = 1,
+     .in = {{"x", 2, {2, 3}, 1}}, .error = "rng"},
+    {.name = "dropout bad: x NULL", .op = "dropout", .fn = f_drop, .ctx = &d_no_rng, .n_in = 1, .in = {OPH_NULL},
+     .error = "required"},
+    {.name = "dropout bad: p 1 in eval too", .op = "dropout", .fn = f_drop, .ctx = &d_p1_eval, .n_in = 1,
+     .in = {{"x", 2, {2, 3}, 1}}, .error = "[2, 3]"},
+};
 
 /* x[i] = 1 + i % 13 (never zero, so y[i] == 0 exactly means "dropped") */
 static void fill_nonzero(dt_tensor *t) {
@@ -73,8 +114,7 @@ static void test_dropout_mask_independent_of_threads(void **state) {
 static void test_dropout_identity_in_eval_and_p0(void **state) {
     (void)state;
     dt_param x;
-    assert_int_equal(dt_param_init(&x, "x", 2, (int64_t[]){4, 5}), DT_OK);
-    dt_gc_fill(&x, 3, 1.0f);
+    oph_param(&x, "x", 2, (int64_t[]){4, 5}, 3, 1.0f);
     dt_graph *g = dt_graph_create();
     dt_rng r;
     dt_rng_seed(&r, 1);
@@ -124,21 +164,6 @@ static void test_dropout_keep_rate_and_scale(void **state) {
     dt_tensor_free(&x);
 }
 
-/* L = sum(y * R). */
-static void wsum_bw(dt_graph *g, dt_node *n) {
-    float *dx = dt_grad_of(g, n->in[0]);
-    const float *R = n->saved;
-    float d = dt_f32(n->out->grad)[0];
-    if (dx) for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] += d * R[i];
-}
-static dt_tensor *wsum(dt_graph *g, dt_tensor *x, const float *R) {
-    dt_tensor *out = dt_graph_tensor(g, 0, NULL);
-    dt_f32(out)[0] = 0;
-    dt_node *n = dt_graph_record(g, "wsum", wsum_bw, out, 1, &x);
-    if (n) n->saved = (void *)R;
-    return out;
-}
-
 /* dx = dy * mask * scale, bit for bit, with scale = 1/(1-p) as a float. */
 static void test_dropout_backward_is_mask_times_scale(void **state) {
     (void)state;
@@ -154,7 +179,7 @@ static void test_dropout_backward_is_mask_times_scale(void **state) {
     dt_tensor *y = dt_op_dropout(g, &x.value, p, &r);
     assert_non_null(y);
     assert_true(y != &x.value);
-    assert_int_equal(dt_graph_backward(g, wsum(g, y, R)), DT_OK);
+    assert_int_equal(dt_graph_backward(g, oph_wsum(g, y, R)), DT_OK);
     int dropped = 0;
     for (int i = 0; i < 3 * 7 * 11; i++) {
         int keep = dt_f32(y)[i] != 0.f;
@@ -167,7 +192,7 @@ static void test_dropout_backward_is_mask_times_scale(void **state) {
     dt_rng_seed(&r, 31);
     y = dt_op_dropout(g, &x.value, p, &r);
     assert_non_null(y);
-    assert_int_equal(dt_graph_backward(g, wsum(g, y, R)), DT_OK);
+    assert_int_equal(dt_graph_backward(g, oph_wsum(g, y, R)), DT_OK);
     for (int i = 0; i < 3 * 7 * 11; i++) {
         float once = dt_f32(y)[i] != 0.f ? R[i] * scale : 0.f;
         assert_true(dt_f32(&x.grad)[i] == once + once);
@@ -176,60 +201,13 @@ static void test_dropout_backward_is_mask_times_scale(void **state) {
     dt_param_free(&x);
 }
 
-/* Finite differences through a reseeded rng (same mask on every call). */
-static dt_tensor *drop_fn(dt_graph *g, dt_param **in, void *ctx) {
-    dt_rng r;
-    dt_rng_seed(&r, *(const uint64_t *)ctx);
-    return dt_op_dropout(g, &in[0]->value, 0.4f, &r);
-}
-
-static void test_dropout_gradcheck(void **state) {
-    (void)state;
-    dt_param x;
-    assert_int_equal(dt_param_init(&x, "x", 2, (int64_t[]){9, 7}), DT_OK);
-    dt_gc_fill(&x, 41, 1.0f);
-    uint64_t seed = 42;
-    dt_param *in[1] = {&x};
-    dt_gc_opts o = {.seed = 43};
-    assert_int_equal(dt_gradcheck(drop_fn, &seed, in, 1, &o), 0);   /* linear: exact up to rounding */
-    dt_param_free(&x);
-}
-
-static void expect_error(dt_tensor *y, const char *needle) {
-    assert_null(y);
-    assert_int_equal(dt_error_code(), DT_EINVAL);
-    if (!strstr(dt_error_message(), "dropout") || !strstr(dt_error_message(), needle))
-        fail_msg("unexpected message: %s", dt_error_message());
-    dt_error_clear();
-}
-
-static void test_dropout_bad_args(void **state) {
-    (void)state;
-    dt_tensor x;
-    assert_int_equal(dt_tensor_alloc(&x, DT_F32, 2, (int64_t[]){2, 3}), DT_OK);
-    dt_graph *g = dt_graph_create();
-    dt_rng r;
-    dt_rng_seed(&r, 1);
-    expect_error(dt_op_dropout(g, &x, 1.0f, &r), "p = 1");
-    expect_error(dt_op_dropout(g, &x, -0.1f, &r), "p = -0.1");
-    expect_error(dt_op_dropout(g, &x, NAN, &r), "[0, 1)");
-    expect_error(dt_op_dropout(g, &x, 0.5f, NULL), "rng");
-    expect_error(dt_op_dropout(g, NULL, 0.5f, &r), "required");
-    dt_graph_set_training(g, 0);
-    expect_error(dt_op_dropout(g, &x, 1.0f, &r), "[2, 3]");   /* p is checked in eval too */
-    dt_graph_free(g);
-    dt_tensor_free(&x);
-}
-
 int main(void) {
-    const struct CMUnitTest tests[] = {
+    const struct CMUnitTest extra[] = {
         cmocka_unit_test(test_dropout_same_seed_same_mask),
         cmocka_unit_test(test_dropout_mask_independent_of_threads),
         cmocka_unit_test(test_dropout_identity_in_eval_and_p0),
         cmocka_unit_test(test_dropout_keep_rate_and_scale),
         cmocka_unit_test(test_dropout_backward_is_mask_times_scale),
-        cmocka_unit_test(test_dropout_gradcheck),
-        cmocka_unit_test(test_dropout_bad_args),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return OPH_RUN("ops_dropout", table, extra);
 }

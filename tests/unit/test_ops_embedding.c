@@ -1,90 +1,73 @@
-/* dt_op_embedding: gathered rows, output shape, gradient with repeated ids
- * (scatter-add), out-of-range ids and shape mismatches are errors. The
- * gradient of an id is the sum of its positions' rows in position order,
- * added once (bitwise, computed here independently), so backward into a
- * zeroed buffer then added to G equals backward straight into G. */
+/* embedding on the op harness (tests/common/op_harness.h): gathered rows,
+ * output shape, gradient with repeated ids (scatter-add) vs finite
+ * differences, rows never looked up get exactly zero, out-of-range ids and
+ * shape mismatches are errors. Not table entries: the gradient of an id is
+ * the sum of its positions' rows in position order, added once (bitwise,
+ * computed here independently), so backward into a zeroed buffer then added
+ * to G equals backward straight into G. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 #include <stdlib.h>
-#include "op_test_util.h"
+#include "op_harness.h"
 
-typedef struct emb_ctx { const int32_t *ids; int64_t n; int ndim; int64_t shape[3]; } emb_ctx;
+typedef struct emb_ctx { int32_t *ids; int64_t n; int ndim; int64_t shape[3]; } emb_ctx;
 
 static dt_tensor *f_emb(dt_graph *g, dt_param **in, void *ctx) {
-    emb_ctx *c = ctx;
-    return dt_op_embedding(g, &in[0]->value, c->ids, c->n, c->ndim, c->shape);
+    const emb_ctx *c = ctx;
+    return dt_op_embedding(g, OPH_T(in, 0), c->ids, c->n, c->ndim, c->shape);
 }
-
-static void test_forward_and_grad(void **state) {
-    (void)state;
-    int64_t ws[2] = {5, 3};
-    dt_param w;
-    opt_param(&w, "w", 2, ws, 1, 1.0f);
-    int32_t ids[6] = {4, 0, 4, 2, 4, 0};   /* repeats; ids 1 and 3 unused */
-    emb_ctx c = {ids, 6, 3, {2, 3, 3}};
-    dt_graph *g = dt_graph_create();
-    dt_tensor *y = f_emb(g, (dt_param *[]){&w}, &c);
-    opt_assert_shape(y, 3, c.shape);
-    for (int i = 0; i < 6; i++)
-        for (int k = 0; k < 3; k++) assert_float_equal(dt_f32(y)[i * 3 + k], dt_f32(&w.value)[ids[i] * 3 + k], 0.0);
-    dt_graph_free(g);
-    dt_param *in[1] = {&w};
-    assert_int_equal(dt_gradcheck(f_emb, &c, in, 1, NULL), 0);
-    /* rows never looked up get exactly zero gradient */
+/* y[i, :] = w[ids[i], :] */
+static void r_emb(dt_param **in, void *ctx, double *y) {
+    const emb_ctx *c = ctx;
+    int64_t C = in[0]->value.shape[1];
+    for (int64_t i = 0; i < c->n; i++)
+        for (int64_t k = 0; k < C; k++) y[i * C + k] = OPH_V(in, 0)[c->ids[i] * C + k];
+}
+/* rows 1 and 3 are never looked up: exactly zero gradient */
+static void cg_unused_rows_zero(const oph_entry *e, dt_param **in, const dt_tensor *y) {
+    (void)e; (void)y;
     for (int k = 0; k < 3; k++) {
-        assert_float_equal(dt_f32(&w.grad)[1 * 3 + k], 0.0f, 0.0);
-        assert_float_equal(dt_f32(&w.grad)[3 * 3 + k], 0.0f, 0.0);
+        assert_float_equal(dt_f32(&in[0]->grad)[1 * 3 + k], 0.0f, 0.0);
+        assert_float_equal(dt_f32(&in[0]->grad)[3 * 3 + k], 0.0f, 0.0);
     }
-    dt_param_free(&w);
+}
+static void p_ids_large(dt_param **in, void *ctx) {   /* many repeats of 17 ids */
+    (void)in;
+    emb_ctx *c = ctx;
+    for (int i = 0; i < 300; i++) c->ids[i] = (int32_t)((i * 7) % 17);
 }
 
-/* C spanning several column blocks, many repeated ids: OpenMP scatter path. */
-static void test_grad_large(void **state) {
-    (void)state;
-    int64_t ws[2] = {17, 200};
-    dt_param w;
-    opt_param(&w, "w", 2, ws, 2, 1.0f);
-    int32_t ids[300];
-    for (int i = 0; i < 300; i++) ids[i] = (int32_t)((i * 7) % 17);
-    emb_ctx c = {ids, 300, 2, {300, 200}};
-    dt_param *in[1] = {&w};
-    dt_gc_opts o = {.seed = 3, .max_checks = 80};
-    assert_int_equal(dt_gradcheck(f_emb, &c, in, 1, &o), 0);
-    dt_param_free(&w);
-}
+static int32_t ids_rep[6] = {4, 0, 4, 2, 4, 0}, ids_large[300], ids_twice[3] = {2, 0, 2};
+static int32_t ids_5[2] = {1, 5}, ids_neg[2] = {-1, 0}, ids_ok[2] = {1, 4};
+static emb_ctx e_rep = {ids_rep, 6, 3, {2, 3, 3}}, e_large = {ids_large, 300, 2, {300, 200}},
+               e_twice = {ids_twice, 3, 2, {3, 3}}, e_5 = {ids_5, 2, 2, {2, 3}}, e_neg = {ids_neg, 2, 2, {2, 3}},
+               e_shape = {ids_ok, 2, 2, {2, 4}}, e_null = {NULL, 2, 2, {2, 3}}, e_ok = {ids_ok, 2, 2, {2, 3}};
 
-static void test_bad_args(void **state) {
-    (void)state;
-    int64_t ws[2] = {5, 3}, sh[2] = {2, 3}, bad[2] = {2, 4};
-    dt_param w;
-    opt_param(&w, "w", 2, ws, 1, 1.0f);
-    int32_t ids[2] = {1, 5}, neg[2] = {-1, 0}, ok[2] = {1, 4};
-    dt_graph *g = dt_graph_create();
-    opt_expect_error(dt_op_embedding(g, &w.value, ids, 2, 2, sh), "embedding");
-    assert_non_null(strstr(dt_error_message(), "5"));
-    opt_expect_error(dt_op_embedding(g, &w.value, neg, 2, 2, sh), "embedding");
-    opt_expect_error(dt_op_embedding(g, &w.value, ok, 2, 2, bad), "embedding");
-    opt_expect_error(dt_op_embedding(g, &w.value, NULL, 2, 2, sh), "embedding");
-    opt_expect_error(dt_op_embedding(g, NULL, ok, 2, 2, sh), "embedding");
-    assert_non_null(dt_op_embedding(g, &w.value, ok, 2, 2, sh));
-    dt_graph_free(g);
-    dt_param_free(&w);
-}
-
-static void test_input_used_twice(void **state) {
-    (void)state;
-    int64_t ws[2] = {4, 3};
-    dt_param w;
-    opt_param(&w, "w", 2, ws, 131, 1.0f);
-    int32_t ids[3] = {2, 0, 2};
-    emb_ctx c = {ids, 3, 2, {3, 3}};
-    dt_param *in[1] = {&w};
-    assert_int_equal(opt_gradcheck_twice(f_emb, &c, in, 1), 0);
-    dt_param_free(&w);
-}
+static const oph_entry table[] = {
+    {.name = "embedding 5x3, ids repeated", .op = "embedding", .fn = f_emb, .ctx = &e_rep, .n_in = 1,
+     .in = {{"w", 2, {5, 3}, 1}}, .ref = r_emb, .exact = 1, .out = OPH_SHAPE(3, 2, 3, 3), .grad = 1,
+     .check_grad = cg_unused_rows_zero},
+    {.name = "embedding 17x200, 300 ids (OpenMP scatter)", .op = "embedding", .fn = f_emb, .ctx = &e_large,
+     .n_in = 1, .in = {{"w", 2, {17, 200}, 2}}, .prep = p_ids_large, .ref = r_emb, .exact = 1,
+     .out = OPH_SHAPE(2, 300, 200), .grad = 1, .gc = {.seed = 3, .max_checks = 80}},
+    {.name = "embedding twice", .op = "embedding", .fn = f_emb, .ctx = &e_twice, .n_in = 1,
+     .in = {{"w", 2, {4, 3}, 131}}, .twice = 1},
+    {.name = "embedding bad: id 5 of 5", .op = "embedding", .fn = f_emb, .ctx = &e_5, .n_in = 1,
+     .in = {{"w", 2, {5, 3}, 1}}, .error = "5"},
+    {.name = "embedding bad: id -1", .op = "embedding", .fn = f_emb, .ctx = &e_neg, .n_in = 1,
+     .in = {{"w", 2, {5, 3}, 1}}, .error = ""},
+    {.name = "embedding bad: shape [2, 4] for C 3", .op = "embedding", .fn = f_emb, .ctx = &e_shape, .n_in = 1,
+     .in = {{"w", 2, {5, 3}, 1}}, .error = ""},
+    {.name = "embedding bad: ids NULL", .op = "embedding", .fn = f_emb, .ctx = &e_null, .n_in = 1,
+     .in = {{"w", 2, {5, 3}, 1}}, .error = ""},
+    {.name = "embedding bad: w NULL", .op = "embedding", .fn = f_emb, .ctx = &e_ok, .n_in = 1, .in = {OPH_NULL},
+     .error = ""},
+    {.name = "embedding ok: ids 1, 4", .op = "embedding", .fn = f_emb, .ctx = &e_ok, .n_in = 1,
+     .in = {{"w", 2, {5, 3}, 1}}, .ref = r_emb, .exact = 1, .out = OPH_SHAPE(2, 2, 3)},
+};
 
 /* ---- the order of the scatter-add ---- */
 typedef struct sum_case { int64_t V, C, n; int distinct; } sum_case;   /* ids drawn from [0, distinct) */
@@ -178,13 +161,9 @@ static void test_grad_zero_buffer_then_add(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_forward_and_grad),
-        cmocka_unit_test(test_grad_large),
-        cmocka_unit_test(test_input_used_twice),
-        cmocka_unit_test(test_bad_args),
+    const struct CMUnitTest extra[] = {
         cmocka_unit_test(test_grad_sums_repeats_first),
         cmocka_unit_test(test_grad_zero_buffer_then_add),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return OPH_RUN("ops_embedding", table, extra);
 }
