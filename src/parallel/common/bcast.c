@@ -5,7 +5,10 @@
 #include <string.h>
 #include "common_internal.h"
 
-dt_status dt_par_bcast_buffers(dt_model *m, dt_pg *pg, float **scratch, int root) {
+dt_status dt_par_buffers_from(dt_par_buffers *b, int root) {
+    dt_model *m = b->m;
+    dt_pg *pg = b->pg;
+    float **scratch = &b->scratch;
     if (m->n_buffers == 0 || dt_pg_size(pg) < 2) return DT_OK;
     int64_t n = 0;
     for (int i = 0; i < m->n_buffers; i++) n += m->buffers[i]->value.numel;
@@ -26,6 +29,21 @@ dt_status dt_par_bcast_buffers(dt_model *m, dt_pg *pg, float **scratch, int root
         k += t->numel;
     }
     return DT_OK;
+}
+
+dt_status dt_par_buffers_bcast(dt_par_buffers *b) { return dt_par_buffers_from(b, b->root); }
+
+int dt_par_buffers_enabled(const dt_par_buffers *b, const dt_dp_opts *dp) {
+    return dp->broadcast_buffers && !dp->sync_bn && b->m->n_buffers > 0 && dt_pg_size(b->pg) > 1;
+}
+
+dt_status dt_par_buffers_sync(dt_par_buffers *b, const dt_dp_opts *dp) {
+    return dt_par_buffers_enabled(b, dp) ? dt_par_buffers_bcast(b) : DT_OK;
+}
+
+void dt_par_buffers_free(dt_par_buffers *b) {
+    free(b->scratch);
+    b->scratch = NULL;
 }
 
 /* One rank's optimizer onto every rank: the state arrays, the step count and

@@ -18,9 +18,25 @@
 #include "dtrain/pipeline.h"
 #include "dtrain/zero.h"
 
-/* The root's model buffers (BatchNorm statistics) to every rank, packed into
- * one broadcast through *scratch (allocated on first use, caller frees). */
-dt_status dt_par_bcast_buffers(dt_model *m, dt_pg *pg, float **scratch, int root);
+/* bcast.c. The model's buffers (BatchNorm statistics) kept equal across a
+ * DDP or ZeRO group: from rank `root` (0; under join the highest rank still
+ * active), packed into one broadcast through `scratch` (allocated on first
+ * use). Each strategy holds one. */
+typedef struct dt_par_buffers {
+    dt_model *m;
+    dt_pg *pg;
+    float *scratch;
+    int root;
+} dt_par_buffers;
+/* The broadcast every step, as dp says: broadcast_buffers on, sync_bn off
+ * (SyncBN's statistics are equal already), a model with buffers, > 1 rank. */
+int dt_par_buffers_enabled(const dt_par_buffers *b, const dt_dp_opts *dp);
+/* From b->root (dt_par_buffers_from: from root), always; collective. */
+dt_status dt_par_buffers_bcast(dt_par_buffers *b);
+dt_status dt_par_buffers_from(dt_par_buffers *b, int root);
+/* When enabled: dt_par_buffers_bcast. */
+dt_status dt_par_buffers_sync(dt_par_buffers *b, const dt_dp_opts *dp);
+void dt_par_buffers_free(dt_par_buffers *b);
 double dt_par_now_us(void);
 /* Sum n <= 16 doubles across the group (metrics and counts; each as three
  * floats, so one rank's value or an integer count arrives exactly). */

@@ -66,16 +66,6 @@ dt_status dt_ddp_launch_ready(dt_ddp *d) {
 
 static void graph_tick(void *user) { dt_pg_tick(((dt_ddp *)user)->pg); }
 
-dt_status dt_ddp_bcast_buffers_from(dt_ddp *d, int root) {
-    return dt_par_bcast_buffers(d->model, d->pg, &d->buf_scratch, root);
-}
-
-dt_status dt_ddp_bcast_buffers(dt_ddp *d) { return dt_ddp_bcast_buffers_from(d, d->buf_root); }
-
-int dt_ddp_bcast_buffers_enabled(const dt_ddp *d) {
-    return d->opts.dp.broadcast_buffers && !d->opts.dp.sync_bn && d->model->n_buffers > 0 && d->world > 1;
-}
-
 dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **out) {
     *out = NULL;
     dt_ddp_opts opts;
@@ -87,6 +77,7 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     d->opts = opts;
     d->model = m;
     d->pg = pg;
+    d->bufs = (dt_par_buffers){.m = m, .pg = pg};
     d->rank = dt_pg_rank(pg);
     d->world = dt_pg_size(pg);
     d->red_flags = opts.dp.deterministic ? DT_RED_DETERMINISTIC : 0;
@@ -102,7 +93,7 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     if (s == DT_OK) s = dt_ddp_share_grads(d);
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_ddp_bcast_params(d, 0);
-    if (s == DT_OK && m->n_buffers && d->world > 1) s = dt_ddp_bcast_buffers(d);
+    if (s == DT_OK) s = dt_par_buffers_bcast(&d->bufs);   /* rank 0's, whatever the options */
     if (s == DT_OK && opts.dp.sync_bn) {   /* the exchange ZeRO's sync_bn uses too (common/sync_bn.c) */
         d->bn = (dt_par_bn){.pg = pg, .red_flags = d->red_flags};
         m->bn_sync = (dt_bn_sync){dt_par_bn_sync, &d->bn};
@@ -151,7 +142,7 @@ void dt_ddp_free(dt_ddp *d) {
     free(d->ignored);
     free(d->ignored_has);
     dt_par_bn_free(&d->bn);
-    free(d->buf_scratch);
+    dt_par_buffers_free(&d->bufs);
     free(d);
 }
 
@@ -168,7 +159,7 @@ dt_status dt_ddp_before_forward(dt_ddp *d, dt_graph *g, int sync) {
         int any;
         DT_TRY(dt_ddp_join_agree(d, 1, &any));
     }
-    if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
+    DT_TRY(dt_par_buffers_sync(&d->bufs, &d->opts.dp));
     return DT_OK;
 }
 
@@ -256,7 +247,7 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
     /* Forward passes updated each rank's running statistics with its own
      * data: end the step with one rank's on every rank (eval, checkpoints):
      * rank 0's, under join the highest active rank's. */
-    if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
+    DT_TRY(dt_par_buffers_sync(&d->bufs, &d->opts.dp));
     if (unused.n && !d->opts.dp.find_unused_params) return dt_par_unused_error(&unused, "ddp");
     return DT_OK;
 }

@@ -22,14 +22,14 @@ dt_status dt_ddp_join_agree(dt_ddp *d, int active, int *any) {
     int top;
     DT_TRY(dt_par_join_agree(d->pg, active, 0.0f, &top, NULL));
     *any = top >= 0;
-    if (top >= 0) d->buf_root = top;
+    if (top >= 0) d->bufs.root = top;
     return DT_OK;
 }
 
 /* One shadowed step: zero gradients through every bucket. */
 static dt_status shadow_step(dt_ddp *d) {
     dt_model *m = d->model;
-    if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
+    DT_TRY(dt_par_buffers_sync(&d->bufs, &d->opts.dp));
     memset(m->grad_flat.data, 0, m->grad_flat.numel * sizeof(float));
     for (int i = 0; i < d->n_buckets; i++) {
         d->buckets[i].ready = 1;
@@ -51,7 +51,7 @@ static dt_status shadow_step(dt_ddp *d) {
     dt_ddp_reset_buckets(d);
     memset(m->grad_flat.data, 0, m->grad_flat.numel * sizeof(float));
     DT_TRY(s);
-    if (dt_ddp_bcast_buffers_enabled(d)) DT_TRY(dt_ddp_bcast_buffers(d));
+    DT_TRY(dt_par_buffers_sync(&d->bufs, &d->opts.dp));
     return DT_OK;
 }
 
@@ -62,8 +62,8 @@ static dt_status sync_final_model(dt_ddp *d, int64_t shadowed) {
     int any = 0;
     DT_TRY(dt_ddp_join_agree(d, shadowed == 0, &any));
     if (!any) return DT_ERR(DT_ESTATE, "ddp join: no rank joined last (internal error)");
-    DT_TRY(dt_ddp_bcast_params(d, d->buf_root));   /* ignored parameters stay each rank's own */
-    return dt_ddp_bcast_buffers_from(d, d->buf_root);
+    DT_TRY(dt_ddp_bcast_params(d, d->bufs.root));   /* ignored parameters stay each rank's own */
+    return dt_par_buffers_bcast(&d->bufs);
 }
 
 dt_status dt_ddp_join(dt_ddp *d) {

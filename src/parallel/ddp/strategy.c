@@ -41,7 +41,7 @@ static dt_status s_join(void *self, dt_run *r) {
     /* every rank now holds the model of a rank that joined last (ddp/join.c);
      * the optimizer state and step counts must be that rank's too, or a
      * checkpoint written by rank 0 pairs its model with rank 0's stale moments */
-    return r->optimizer ? dt_par_bcast_optimizer(s->pg, r->optimizer, s->ddp->buf_root) : DT_OK;
+    return r->optimizer ? dt_par_bcast_optimizer(s->pg, r->optimizer, s->ddp->bufs.root) : DT_OK;
 }
 static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_allreduce_sum(((ddp_strat *)self)->pg, x, n); }
 static dt_status s_agree(void *self, dt_agree *a) {

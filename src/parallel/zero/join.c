@@ -51,7 +51,7 @@ dt_status dt_zero_join_agree(dt_zero *z, int active, int *any) {
     DT_TRY(dt_par_join_agree(z->pg, active, z->lr, &top, &lr));
     *any = top >= 0;
     if (top >= 0) {
-        z->buf_root = top;
+        z->bufs.root = top;
         z->lr = lr;
     }
     return DT_OK;
@@ -61,7 +61,7 @@ dt_status dt_zero_join_agree(dt_zero *z, int active, int *any) {
  * finish_backward and step, with no forward and zero gradients. */
 static dt_status shadow_step(dt_zero *z) {
     dt_model *m = z->m;
-    DT_TRY(dt_zero_bcast_buffers(z));
+    DT_TRY(dt_par_buffers_sync(&z->bufs, &z->opts.dp));
     for (int i = 0; i < z->lay.nb; i++) {
         zbucket *b = &z->lay.b[i];
         /* stage 1: the flat gradient; stage 2: a buffer left by an unfinished
@@ -88,7 +88,7 @@ static dt_status finish_join(dt_zero *z, int64_t shadowed) {
     DT_TRY(dt_zero_join_agree(z, shadowed == 0, &any));
     if (!any) return DT_ERR(DT_ESTATE, "zero join: no rank joined last (internal error)");
     if (z->m->n_buffers == 0) return DT_OK;
-    return dt_par_bcast_buffers(z->m, z->pg, &z->buf_scratch, z->buf_root);
+    return dt_par_buffers_bcast(&z->bufs);
 }
 
 dt_status dt_zero_join(dt_zero *z) {

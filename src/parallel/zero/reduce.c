@@ -199,7 +199,7 @@ dt_status dt_zero_finish_backward(dt_zero *z) {
     }
     if (z->stage == 3 && s == DT_OK) s = dt_zero3_release_all(z);
     if (s != DT_OK) { dt_zero_drain(z); dt_zero_reset_buckets(z); return s; }
-    DT_TRY(dt_zero_bcast_buffers(z));
+    DT_TRY(dt_par_buffers_sync(&z->bufs, &z->opts.dp));
     if (fail_unused) {
         dt_zero_reset_buckets(z);
         return dt_par_unused_error(&unused, "zero");

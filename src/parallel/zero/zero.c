@@ -123,6 +123,7 @@ dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *c
     z->cfg = *cfg;
     z->m = m;
     z->pg = pg;
+    z->bufs = (dt_par_buffers){.m = m, .pg = pg};
     z->rank = dt_pg_rank(pg);
     z->world = dt_pg_size(pg);
     z->stage = opts.stage;
@@ -137,7 +138,7 @@ dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *c
         s = DT_ERR(DT_ENOMEM, "out of memory");
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_broadcast(pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, 0, NULL);
-    if (s == DT_OK) s = dt_par_bcast_buffers(m, pg, &z->buf_scratch, 0);
+    if (s == DT_OK) s = dt_par_buffers_bcast(&z->bufs);   /* rank 0's, whatever the options */
     if (s == DT_OK) s = init_optimizers(z);
     if (s == DT_OK) s = dt_zero_modules_setup(z);
     if (s == DT_OK) s = shard_storage(z);
@@ -194,7 +195,7 @@ void dt_zero_fini(dt_zero *z) {
     free(z->gq.live);
     dt_free(z->lay.shard_param);
     dt_free(z->lay.shard_grad);
-    free(z->buf_scratch);
+    dt_par_buffers_free(&z->bufs);
     dt_par_used_free(&z->rd.used);
     dt_free(z->zero_state);
     if (z->ag_pg) dt_pg_free(z->ag_pg);
@@ -202,14 +203,6 @@ void dt_zero_fini(dt_zero *z) {
 }
 
 void dt_zero_set_lr(dt_zero *z, float lr) { z->lr = lr; }
-
-/* Rank 0's model buffers (BatchNorm statistics; under join the highest
- * active rank's) to every rank, if enabled. SyncBatchNorm computes equal
- * statistics on every rank: nothing to broadcast (as DDP). */
-dt_status dt_zero_bcast_buffers(dt_zero *z) {
-    if (!(z->opts.dp.broadcast_buffers && !z->opts.dp.sync_bn && z->m->n_buffers > 0 && z->world > 1)) return DT_OK;
-    return dt_par_bcast_buffers(z->m, z->pg, &z->buf_scratch, z->buf_root);
-}
 
 dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync) {
     z->rd.sync = sync;
@@ -222,7 +215,7 @@ dt_status dt_zero_before_forward(dt_zero *z, dt_graph *g, int sync) {
      * joined rank (not knowing K) can shadow (zero/join.c) */
     int any;
     if (z->opts.dp.join && sync) DT_TRY(dt_zero_join_agree(z, 1, &any));
-    if (!z->opts.dp.join || sync) DT_TRY(dt_zero_bcast_buffers(z));
+    if (!z->opts.dp.join || sync) DT_TRY(dt_par_buffers_sync(&z->bufs, &z->opts.dp));
     return dt_zero_params_before_forward(z);
 }
 
@@ -232,7 +225,7 @@ dt_status dt_zero_begin_external(dt_zero *z) {
     z->rd.tick_err = DT_OK;
     z->rd.unused_checked = 1;
     z->rd.hold_steps = 0;
-    DT_TRY(dt_zero_bcast_buffers(z));
+    DT_TRY(dt_par_buffers_sync(&z->bufs, &z->opts.dp));
     return dt_zero_params_before_forward(z);
 }
 

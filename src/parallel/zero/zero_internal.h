@@ -133,9 +133,8 @@ struct dt_zero {
     zpool pool;
     zwire wire;
     float lr;                /* dt_zero_set_lr, before each step */
-    float *buf_scratch;      /* packed model buffers for their broadcast */
-    int buf_root;            /* whose buffers are broadcast: 0, under join the highest rank
-                                still active (zero/join.c) */
+    dt_par_buffers bufs;     /* the model buffers' broadcast; bufs.root: 0, under join the
+                                highest rank still active (zero/join.c) */
     dt_par_bn bn;            /* sync_bn: the model's SyncBatchNorm exchange over pg */
     dt_zero_stats stats;
     dt_trace *trace;         /* optional: shard steps as compute events */
@@ -171,7 +170,6 @@ void dt_zero_pool_put(dt_zero *z, float *buf, size_t numel);
  * dt_zero_create / dt_zero_free (zero/refresh.c re-partitions in place). */
 dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *cfg, const dt_zero_opts *o);
 void dt_zero_fini(dt_zero *z);
-dt_status dt_zero_bcast_buffers(dt_zero *z);   /* rank 0's model buffers, if enabled */
 /* The graph tick's work, for callers that run their own tapes. */
 void dt_zero_tick(dt_zero *z);
 /* For a caller that runs its own tapes (a pipeline stage): the coming
@@ -200,7 +198,7 @@ dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reade
 int dt_zero_optimizers(dt_zero *z, dt_optimizer **out);
 
 /* zero/join.c: join over the group (active or not) on every rank at the
- * same point: *any = some rank is active; buf_root = the highest active rank
+ * same point: *any = some rank is active; bufs.root = the highest active rank
  * and the LR = its LR. Active ranks first finish last step's parameter
  * all-gathers (issued by their forward; a joined rank issues them here). */
 dt_status dt_zero_join_agree(dt_zero *z, int active, int *any);
