@@ -122,6 +122,15 @@ void dt_blas_fix_core(char **argv) {
     if (dt_blas_core_decide(dt_cpu_isa_detect(), chose, getenv("OPENBLAS_CORETYPE"), &fix) != DT_BLAS_REEXEC)
         return;
     if (setenv(REEXEC_ENV, chose, 1) || setenv("OPENBLAS_CORETYPE", fix, 1)) return;
+    /* the program's own path, not /proc/self/exe: the kernel names the
+     * process after the file executed, and ps, top and pgrep should still
+     * say "dtrain" rather than "exe" */
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len > 0) {
+        self[len] = 0;
+        execv(self, argv);
+    }
     execv("/proc/self/exe", argv);
     /* exec failed: carry on with the slow kernels; dt_blas_warn_fallback says so */
     unsetenv("OPENBLAS_CORETYPE");

@@ -10,6 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 #include "dtrain/log.h"
 #include "dtrain/ops.h"
 
@@ -156,8 +162,53 @@ static void test_cli_startup_line(void **state) {
         fail_msg("fallback: '%s' (wanted '%s')", line, want);
 }
 
+/* Re-executed, the CLI keeps its name (ps, top and pgrep show "dtrain", not
+ * "exe"): start a long run with a simulated fallback, wait until the process
+ * carries the re-exec marker in its environment, read its comm. */
+static void test_reexec_keeps_name(void **state) {
+    (void)state;
+    int amd;
+    dt_isa isa = machine_isa(&amd);
+    if (!family_for(isa, amd)) skip();   /* no better family: no re-exec */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) { dup2(null, STDOUT_FILENO); dup2(null, STDERR_FILENO); }
+        unsetenv("OPENBLAS_CORETYPE");
+        unsetenv("DTRAIN_BLAS_REEXEC");
+        setenv("DTRAIN_GEMM", "openblas", 1);
+        setenv("DTRAIN_TEST_BLAS_CORE", "Prescott", 1);
+        execl(DT_CLI_PATH, "dtrain", "train", "--steps", "1000000", "--batch", "8", "--quiet", (char *)NULL);
+        _exit(127);
+    }
+    char path[64], comm[64] = "", env[65536];
+    int seen = 0;
+    for (int i = 0; i < 2000 && !seen; i++) {   /* up to 20 s; normally a few ms */
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+        int fd = open(path, O_RDONLY);
+        ssize_t n = fd >= 0 ? read(fd, env, sizeof env - 1) : -1;
+        if (fd >= 0) close(fd);
+        for (ssize_t k = 0; k + 19 <= n && !seen; k++) seen = !memcmp(env + k, "DTRAIN_BLAS_REEXEC=", 19);
+        if (!seen) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    if (seen) {
+        snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+            fclose(f);
+        }
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    if (!seen) fail_msg("the CLI never re-executed with DTRAIN_TEST_BLAS_CORE=Prescott");
+    assert_string_equal(comm, "dtrain\n");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reexec_keeps_name),
         cmocka_unit_test(test_decide_table),
         cmocka_unit_test(test_detect_matches_cpuid),
         cmocka_unit_test(test_library_warning),
