@@ -1,6 +1,7 @@
 /* dtrain train / dtrain eval: flags -> dt_train_opts -> trainer. */
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,11 @@
 typedef struct cli_flags {
     dt_train_opts o;
     const char *model, *data, *optim;
-    int hidden_n, hidden[DT_MLP_MAX_LAYERS], chan_n, chan[2];
+    /* the built-in models' flags come from the model registry (nn.h section
+     * 4b); list-valued ones are parsed here, then set through the registry */
+    char model_meta[256], model_help[64], data_help[256];
+    int n_lists, list_n[16], lists[16][DT_SETTING_INTS_MAX];
+    const dt_model_setting *list_of[16];
     int nproc;
     int nesterov;
     dt_cli_dist dist;
@@ -63,21 +68,83 @@ static int param_groups(cli_flags *f, char *err, int errlen) {
     return 0;
 }
 
-static int build_table(cli_flags *f, dt_arg *t) {
+static int has_row(const dt_arg *t, int n, const char *name) {
+    for (int k = 0; k < n; k++)
+        if (!strcmp(t[k].name, name)) return 1;
+    return 0;
+}
+
+/* printf at buf + *k, at most up to cap; *k stays <= cap - 1 */
+static void append(char *buf, size_t cap, size_t *k, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t cap, size_t *k, const char *fmt, ...) {
+    if (*k + 1 >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf + *k, cap - *k, fmt, ap);
+    va_end(ap);
+    *k = w < 0 ? *k : *k + (size_t)w < cap ? *k + (size_t)w : cap - 1;
+}
+
+/* --data's help: "(default fashion-mnist; text for gpt2)": the default
+ * model's data set, then each other one with the models that train on it
+ * when --data is not given */
+static void data_help(cli_flags *f, dt_model_kind def) {
+    char *h = f->data_help;
+    size_t cap = sizeof f->data_help, k = 0;
+    const char *first = dt_model_builtin_of(def)->data;
+    int nb = dt_model_builtin_count();
+    append(h, cap, &k, "fashion-mnist | text | shard (default %s", first);
+    for (int i = 0; i < nb; i++) {
+        const char *d = dt_model_builtin_at(i, NULL)->data;
+        int seen = !strcmp(d, first);
+        for (int j = 0; j < i && !seen; j++) seen = !strcmp(dt_model_builtin_at(j, NULL)->data, d);
+        if (seen) continue;
+        append(h, cap, &k, "; %s for", d);
+        for (int j = i, first_model = 1; j < nb; j++)
+            if (!strcmp(dt_model_builtin_at(j, NULL)->data, d)) {
+                append(h, cap, &k, "%s%s", first_model ? " " : ", ", dt_model_builtin_at(j, NULL)->name);
+                first_model = 0;
+            }
+    }
+    append(h, cap, &k, ")");
+}
+
+/* --model and every setting of a built-in that has a flag (a flag two models
+ * share is one row), from the model registry; -1 when the table is full */
+static int model_rows(cli_flags *f, dt_arg *t, int cap) {
+    dt_train_opts def;
+    dt_train_opts_default(&def);
+    dt_model_builtin_names(f->model_meta, sizeof f->model_meta, "|");
+    snprintf(f->model_help, sizeof f->model_help, "model (default %s)", dt_model_kind_name(def.model.kind));
+    data_help(f, def.model.kind);
+    int n = 0;
+    t[n++] = (dt_arg){"--model", DT_ARG_STR, &f->model, f->model_meta, f->model_help, 0, 0};
+    for (int i = 0; i < dt_model_builtin_count(); i++) {
+        const dt_model_builtin *b = dt_model_builtin_at(i, NULL);
+        for (int k = 0; k < b->n_settings; k++) {
+            const dt_model_setting *s = &b->settings[k];
+            if (!s->meta || has_row(t, n, s->flag)) continue;
+            if (n == cap || (s->type == DT_SETTING_INTS && f->n_lists == N_ARGS(f->lists))) return -1;
+            void *field = (char *)&f->o.model + s->at;
+            if (s->type == DT_SETTING_INTS) {
+                int j = f->n_lists++;
+                f->list_of[j] = s;
+                t[n++] = (dt_arg){s->flag, DT_ARG_LIST, &f->list_n[j], s->meta, s->help, f->lists[j], s->n_max};
+            } else {
+                t[n++] = (dt_arg){s->flag, s->type == DT_SETTING_INT ? DT_ARG_INT : DT_ARG_FLOAT, field, s->meta, s->help, 0, 0};
+            }
+        }
+    }
+    return n;
+}
+
+/* The flag table: --model and the models' flags (model_rows), then the rest.
+ * Returns the row count, or -1 with err set. */
+static int build_table(cli_flags *f, dt_arg *t, int cap, char *err, int errlen) {
     dt_train_opts *o = &f->o;
-    dt_model_cfg *m = &o->model;
+    int nm = model_rows(f, t, cap);
     dt_arg a[] = {
-        {"--model", DT_ARG_STR, &f->model, "mlp|cnn|gpt2", "model (default mlp)", 0, 0},
-        {"--hidden", DT_ARG_LIST, &f->hidden_n, "N,N,..", "MLP hidden sizes (default 256,256)", f->hidden, DT_MLP_MAX_LAYERS},
-        {"--channels", DT_ARG_LIST, &f->chan_n, "C1,C2", "CNN conv channels (default 32,64)", f->chan, 2},
-        {"--fc", DT_ARG_INT, &m->cnn_fc, "N", "CNN hidden fully-connected size (default 128)", 0, 0},
-        {"--layers", DT_ARG_INT, &m->n_layer, "L", "GPT-2 layers (default 4)", 0, 0},
-        {"--embd", DT_ARG_INT, &m->n_embd, "C", "GPT-2 embedding width (default 128)", 0, 0},
-        {"--heads", DT_ARG_INT, &m->n_head, "H", "GPT-2 attention heads (default 4)", 0, 0},
-        {"--vocab", DT_ARG_INT, &m->vocab, "V", "GPT-2 vocabulary (default 256: bytes)", 0, 0},
-        {"--max-t", DT_ARG_INT, &m->max_t, "T", "GPT-2 context length (default 128)", 0, 0},
-        {"--dropout", DT_ARG_FLOAT, &m->dropout, "P", "GPT-2 dropout (default 0)", 0, 0},
-        {"--data", DT_ARG_STR, &f->data, "KIND", "fashion-mnist | text | shard (default fashion-mnist; text for gpt2)", 0, 0},
+        {"--data", DT_ARG_STR, &f->data, "KIND", f->data_help, 0, 0},
         {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},
         {"--val-path", DT_ARG_STR, &o->val_path, "PATH", "LM validation file (default: last 10% of the data)", 0, 0},
         {"--batch", DT_ARG_I64, &o->batch, "B", "batch size per rank and micro-step; with --pp per replica and step, split into --microbatches (default 64)", 0, 0},
@@ -150,8 +217,17 @@ static int build_table(cli_flags *f, dt_arg *t) {
         {"--debug-collectives", DT_ARG_FLAG, &f->dist.debug_collectives, NULL, "compare every collective across ranks before it runs; fail at the first divergence (slow)", 0, 0},
         {"--save-format", DT_ARG_STR, &f->save_format, "sharded|consolidated", "ZeRO checkpoints: a directory of per-rank shards (default) or one file", 0, 0},
     };
-    memcpy(t, a, sizeof a);
-    return N_ARGS(a);
+    if (nm < 0 || nm + N_ARGS(a) > cap) {
+        snprintf(err, (size_t)errlen, "internal: more flags than the table's %d rows", cap);
+        return -1;
+    }
+    for (int k = 0; k < N_ARGS(a); k++)
+        if (has_row(t, nm, a[k].name)) {   /* a model setting must not take another flag's name */
+            snprintf(err, (size_t)errlen, "internal: flag %s is both a model setting and an option", a[k].name);
+            return -1;
+        }
+    memcpy(t + nm, a, sizeof a);
+    return nm + N_ARGS(a);
 }
 
 /* --pp P --microbatches M --batch B: micro-batches of B / M, M per step. */
@@ -267,17 +343,16 @@ static int dp_flags(cli_flags *f, char *err, int errlen) {
 
 static int finish_flags(cli_flags *f, char *err, int errlen) {
     dt_train_opts *o = &f->o;
-    if (f->model && dt_model_kind_parse(f->model, &o->model.kind)) {
-        snprintf(err, (size_t)errlen, "--model: unknown model '%s' (mlp, cnn, gpt2)", f->model);
+    if (f->model && dt_model_builtin_find(f->model, &o->model.kind) != DT_OK) {
+        snprintf(err, (size_t)errlen, "--model: %s", dt_error_message());
         return -1;
     }
-    if (f->hidden_n) {
-        o->model.mlp_n_hidden = f->hidden_n;
-        memcpy(o->model.mlp_hidden, f->hidden, sizeof f->hidden);
-    }
-    if (f->chan_n == 1) { snprintf(err, (size_t)errlen, "--channels needs two values C1,C2"); return -1; }
-    if (f->chan_n == 2) { o->model.cnn_c1 = f->chan[0]; o->model.cnn_c2 = f->chan[1]; }
-    o->data = f->data ? f->data : o->model.kind == DT_MODEL_GPT2 ? "text" : "fashion-mnist";
+    for (int j = 0; j < f->n_lists; j++)
+        if (f->list_n[j] && dt_model_setting_set_ints(f->list_of[j], &o->model, f->lists[j], f->list_n[j]) != DT_OK) {
+            snprintf(err, (size_t)errlen, "%s", dt_error_message());
+            return -1;
+        }
+    o->data = f->data ? f->data : dt_model_builtin_of(o->model.kind)->data;   /* the model's own */
     if (dt_dataset_check_name(o->data) != DT_OK) { dt_cli_flag_names(dt_error_message(), err, (size_t)errlen); return -1; }
     if (f->recompute && dt_recompute_parse(f->recompute, &o->recompute)) {
         snprintf(err, (size_t)errlen, "--recompute: unknown mode '%s' (none, blocks)", f->recompute);
@@ -357,9 +432,10 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     dt_pipe_opts_default(&f.dist.pipe);
     f.dist.pipe.virtual_stages = 0;   /* 0: not given (default by schedule) */
     pre_scan(argc, argv, &f);
-    dt_arg table[96];
-    int n = build_table(&f, table);
+    dt_arg table[128];
     char err[512];
+    int n = build_table(&f, table, N_ARGS(table), err, sizeof err);
+    if (n < 0) { fprintf(stderr, "dtrain: %s\n", err); return 2; }
     int r = dt_args_parse(table, n, argc, argv, 2, err, sizeof err);
     if (r == 1) {
         dt_args_help(table, n, eval_only

@@ -1,7 +1,8 @@
 /* dtrain/nn.h — models: named parameters, buffers, modules, flat layout.
  *
  * Sections: 1 inputs and batches, 2 building a model, 3 blocks, 4 the
- * built-in models (MLP, CNN, GPT-2, built with 2-3), 5 the model.
+ * built-in models (MLP, CNN, GPT-2, built with 2-3) and their registry
+ * (4b: how to add one), 5 the model.
  *
  * A model registers parameters in a fixed order (PyTorch's named_parameters
  * order; GPT-2 uses Hugging Face names and layouts so checkpoints are
@@ -50,6 +51,8 @@ int64_t dt_input_numel(const dt_input_spec *s);      /* elements per sample */
 size_t dt_input_bytes(const dt_input_spec *s);       /* bytes per sample */
 /* "float [1, 28, 28] (10 classes)" / "int32 [64] (vocab 256)"; returns buf. */
 const char *dt_sample_shape_str(const dt_sample_shape *s, char *buf, size_t n);
+/* The input called name of dtype, or NULL. */
+const dt_input_spec *dt_sample_input(const dt_sample_shape *s, const char *name, dt_dtype dtype);
 
 /* A batch of B samples: named input tensors [B, dims...] (views of the
  * caller's buffers) and targets y[B * T] (< 0: ignored). */
@@ -155,13 +158,15 @@ dt_tensor *dt_nn_linear(dt_graph *g, dt_module *mod, dt_tensor *x);
 dt_tensor *dt_nn_layernorm(dt_graph *g, dt_module *mod, dt_tensor *x);
 
 /* ---- 4. Built-in models ----
- * Built with sections 2-3 (src/nn/mlp.c, cnn.c, gpt2.c) from a configuration
- * the CLI fills:
+ * Built with sections 2-3 from a configuration the CLI fills; each is one
+ * file (src/nn/mlp.c, cnn.c, gpt2.c) holding its entry of the model registry
+ * (below):
  *   MLP:   input "image" (flattened), one block per linear layer (ReLU between).
  *   CNN:   input "image" [1, H, W] (default 28x28, at least 4x4); blocks conv1+bn1,
  *          conv2+bn2, fc1, fc2.
  * The trainer sizes the MLP's input and the CNN's H, W from the data's images
- * (dt_trainer_create), so either takes any image size it can.
+ * (dt_model_cfg_fit, called by dt_trainer_create), so either takes any image
+ * size it can.
  *   GPT-2: input "ids" [T]; blocks: embeddings (wte + wpe), one per
  *          transformer layer, ln_f + the lm-head tied to wte. */
 typedef enum dt_model_kind { DT_MODEL_MLP = 0, DT_MODEL_CNN = 1, DT_MODEL_GPT2 = 2,
@@ -183,11 +188,14 @@ typedef struct dt_model_cfg {
 } dt_model_cfg;
 
 /* Defaults: MLP 784-[256,256]-10; CNN 28x28 c1=32 c2=64 fc=128 classes 10;
- * GPT-2 tiny L=4 C=128 H=4 V=256 maxT=128. */
+ * GPT-2 tiny L=4 C=128 H=4 V=256 maxT=128. Every built-in's fields are set
+ * (to its defaults), so changing kind afterwards still gives a valid
+ * configuration. */
 dt_model_cfg dt_model_cfg_default(dt_model_kind kind);
 dt_status dt_model_cfg_validate(const dt_model_cfg *c);
 
-/* Parse "mlp" | "cnn" | "gpt2". */
+/* A built-in's name ("mlp" | "cnn" | "gpt2" | a registered one): 0 and *out,
+ * or -1. dt_model_kind_name: "custom" for a kind no entry has. */
 int dt_model_kind_parse(const char *s, dt_model_kind *out);
 const char *dt_model_kind_name(dt_model_kind k);
 
@@ -197,6 +205,121 @@ const char *dt_model_kind_name(dt_model_kind k);
 typedef struct dt_arch_field { const char *key, *flag; char value[192]; } dt_arch_field;
 #define DT_ARCH_FIELDS_MAX 8
 int dt_model_arch_fields(const dt_model_cfg *c, dt_arch_field *out);   /* returns the count */
+/* Every setting of c's built-in, architecture or not (key NULL), as text:
+ * what the ranks of a run must agree on. Returns the count. */
+int dt_model_settings(const dt_model_cfg *c, dt_arch_field *out);
+
+/* Sizes the configuration from the data's samples (the built-in's fit: the
+ * MLP's input width, the CNN's H x W), then validates it: DT_EINVAL with why
+ * the model cannot take them. */
+dt_status dt_model_cfg_fit(dt_model_cfg *c, const dt_sample_shape *s);
+/* A sequence model's longest sequence (GPT-2: max_t) and, in *flag
+ * (optional), the setting that sets it ("--max-t"); 0 for a model of
+ * fixed-size samples. */
+int dt_model_cfg_max_seq(const dt_model_cfg *c, const char **flag);
+
+/* ---- 4b. The model registry ----
+ * Every built-in is one dt_model_builtin entry; nothing outside the
+ * registry (src/nn/registry.c) asks which model it holds: creation,
+ * validation, checkpoint fields, sizing from the data, FLOPs, the
+ * configuration agreement and the CLI's --model names and flags all read the
+ * entry. A new built-in is one file plus one line:
+ *
+ *   // src/nn/bigram.c (new configuration fields go into dt_model_cfg; this
+ *   // model reuses GPT-2's vocab and max_t)
+ *   static void defaults(dt_model_cfg *c) { c->vocab = 256; c->max_t = 128; }
+ *   static dt_status validate(const dt_model_cfg *c) {
+ *       if (c->vocab <= 0) return DT_ERR(DT_EINVAL, "bigram: vocab %d must be positive", c->vocab);
+ *       return DT_OK;
+ *   }
+ *   static dt_status build(dt_model *m) { ... sections 2-3 from m->cfg, then dt_model_set_loss }
+ *   static const dt_model_setting settings[] = {
+ *       {.flag = "--vocab", .key = "arch.vocab", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, vocab),
+ *        .meta = "V", .help = "vocabulary (default 256)"},
+ *       {.flag = "--max-t", .key = "arch.max_t", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, max_t),
+ *        .meta = "T", .help = "context length (default 128)"},
+ *   };
+ *   const dt_model_builtin dt_builtin_bigram = {
+ *       .name = "bigram", .data = "text", .max_seq = "--max-t",
+ *       .defaults = defaults, .validate = validate, .build = build,
+ *       .settings = settings, .n_settings = 2,
+ *   };
+ *
+ *   // src/nn/registry.c: its name in the list
+ *   #define BUILTINS(X) X(mlp) X(cnn) X(gpt2) X(bigram)
+ *
+ * `dtrain train --model bigram --vocab 512` then works: the CLI makes a flag
+ * of every setting with a meta (a flag two models share, as --vocab here,
+ * must set the same field), checkpoints record "arch.vocab" and refuse a
+ * resume with another value naming "--vocab", the ranks agree on every
+ * setting, train.seq is checked against --max-t. The first three keep their
+ * kinds (DT_MODEL_MLP..GPT2); later entries get kinds 4, 5, ... by position
+ * (3 is DT_MODEL_CUSTOM): find them by name. A program may also add an entry
+ * at start-up with dt_model_register: tests/unit/test_nn_registry.c holds
+ * this model in full, registers it and trains it. */
+typedef enum dt_setting_type {
+    DT_SETTING_INT,          /* one int: "%d" */
+    DT_SETTING_FLOAT,        /* one float: "%.9g" */
+    DT_SETTING_INTS          /* consecutive ints: "32,64" (or `none` for no values) */
+} dt_setting_type;
+#define DT_SETTING_INTS_MAX 16
+
+/* One configuration field of a built-in. Its text (dt_model_settings) is
+ * what checkpoints record under key and what the ranks compare; flag names
+ * it in messages ("checkpoint X was saved with --layers 3"). */
+typedef struct dt_model_setting {
+    const char *flag;        /* "--layers"; a quantity without a flag says what it is ("MLP input size") */
+    const char *key;         /* checkpoint metadata key, "arch.<name>" (NULL: not recorded) */
+    dt_setting_type type;
+    size_t at;               /* offsetof(dt_model_cfg, field); INTS: the first int, the others follow it
+                                (an array, or adjacent fields: static_assert it) */
+    size_t count_at;         /* INTS: offsetof the int holding how many (0: always n_max) */
+    int n_min, n_max;        /* INTS: how many values, 0 <= n_min <= n_max <= DT_SETTING_INTS_MAX */
+    const char *none;        /* INTS: the text of no values ("none") */
+    const char *meta, *help; /* a CLI flag: "L", "GPT-2 layers (default 4)"; meta NULL: not a flag */
+} dt_model_setting;
+
+typedef struct dt_model_builtin {
+    const char *name;        /* --model name and checkpoint identity ("gpt2"), 1..31 characters */
+    const char *data;        /* the dataset it trains on when none is named ("fashion-mnist", "text") */
+    const char *max_seq;     /* sequence models: the flag of the INT setting bounding train.seq
+                                ("--max-t"); NULL: samples of a fixed size */
+    void (*defaults)(dt_model_cfg *c);              /* sets its fields, nothing else */
+    dt_status (*validate)(const dt_model_cfg *c);   /* DT_EINVAL naming the model and the field */
+    /* Registers into an empty model (dt_model_new(name), m->cfg set) with
+     * sections 2-3, ending with the loss head; dt_model_build follows. */
+    dt_status (*build)(dt_model *m);
+    /* Optional: size c from the data's samples (dt_model_cfg_fit; leave it
+     * alone when they do not fit: validation then says so). */
+    void (*fit)(dt_model_cfg *c, const dt_sample_shape *s);
+    /* Optional: training FLOPs per target (dt_model_flops_per_item); NULL:
+     * 6 per parameter. */
+    double (*flops)(const dt_model *m, int64_t T);
+    const dt_model_setting *settings;
+    int n_settings;          /* at most DT_ARCH_FIELDS_MAX */
+} dt_model_builtin;
+
+/* Entries in registry order (the built-ins, then registered ones): entry i
+ * and its kind (optional out), NULL past the end. */
+int dt_model_builtin_count(void);
+const dt_model_builtin *dt_model_builtin_at(int i, dt_model_kind *kind);
+/* The entry of a kind; NULL for DT_MODEL_CUSTOM and unknown kinds. */
+const dt_model_builtin *dt_model_builtin_of(dt_model_kind kind);
+/* By name: DT_OK and *kind (optional), or DT_EINVAL "unknown model 'x'
+ * (mlp, cnn, gpt2)". */
+dt_status dt_model_builtin_find(const char *name, dt_model_kind *kind);
+/* "mlp, cnn, gpt2" (sep ", ") into buf; returns buf. */
+const char *dt_model_builtin_names(char *buf, size_t n, const char *sep);
+/* DT_OK if the entry is complete and consistent (names, hooks, settings
+ * inside dt_model_cfg, a flag another entry shares has the same field, its
+ * defaults validate), else DT_EINVAL naming the entry and what is wrong. */
+dt_status dt_model_builtin_check(const dt_model_builtin *b);
+/* Adds an entry (checked; its name must be new; it must outlive its use) and
+ * gives its kind. At start-up, before other threads use the registry. */
+dt_status dt_model_register(const dt_model_builtin *b, dt_model_kind *kind);
+/* Sets an INTS setting to v[0..n): DT_EINVAL "--channels needs 2 values
+ * (C1,C2)" when n is out of its range. */
+dt_status dt_model_setting_set_ints(const dt_model_setting *s, dt_model_cfg *c, const int *v, int n);
 
 /* ---- 5. The model ----
  * Built models are used through these functions; the struct is open for
@@ -234,7 +357,8 @@ struct dt_model {
     void *impl;
 };
 
-/* A built-in model from its configuration (seeded: same seed -> same weights). */
+/* A built-in model from its configuration, built by its registry entry
+ * (section 4b; seeded: same seed -> same weights). */
 dt_status dt_model_create(const dt_model_cfg *cfg, uint64_t seed, dt_model **out);
 void dt_model_free(dt_model *m);
 /* Whole forward: every block, then the loss head. Returns the scalar mean
@@ -306,7 +430,8 @@ dt_status dt_model_set_layout(dt_model *m, const size_t *offsets, size_t total);
  * renumbered (index = new position) and laid out again (default layout). Blocks that used a dropped parameter must
  * not run any more. */
 dt_status dt_model_keep_params(dt_model *m, const unsigned char *keep);
-/* Training FLOPs per target (sample or token): 6*N (+ attention for GPT-2). */
+/* Training FLOPs per target (sample or token): the built-in's own count
+ * (GPT-2: 6*N + attention; CNN: its convolutions), else 6*N. */
 double dt_model_flops_per_item(const dt_model *m, int64_t T);
 
 #endif

@@ -3,8 +3,11 @@
  *   conv2 (c1->c2, 5x5, pad 2) + bn2 + ReLU + maxpool 2  -> [c2, H/4, W/4] (/: floor, twice)
  *   fc1 (flatten, c2*(H/4)*(W/4) -> fc) + ReLU           -> [fc]
  *   fc2 (fc -> classes)                                  -> [classes]
- * Convolutions have no bias (BatchNorm's beta plays that role). */
+ * Convolutions have no bias (BatchNorm's beta plays that role).
+ * Its registry entry (nn.h section 4b) is at the end. */
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "model_internal.h"
@@ -48,7 +51,7 @@ static dt_tensor *fc_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batc
 
 static void cnn_destroy(dt_model *m) { free(m->impl); m->impl = NULL; }
 
-dt_status dt_cnn_build(dt_model *m) {
+static dt_status cnn_build(dt_model *m) {
     const dt_model_cfg *c = &m->cfg;
     cnn_impl *im = calloc(1, sizeof *im);
     if (!im) return DT_ERR(DT_ENOMEM, "out of memory");
@@ -88,3 +91,54 @@ dt_status dt_cnn_build(dt_model *m) {
     }
     return dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, c->cnn_classes);
 }
+
+static void cnn_defaults(dt_model_cfg *c) {
+    c->cnn_c1 = 32; c->cnn_c2 = 64; c->cnn_fc = 128; c->cnn_classes = 10; c->cnn_h = c->cnn_w = 28;
+}
+
+static dt_status cnn_validate(const dt_model_cfg *c) {
+    if (c->cnn_c1 <= 0 || c->cnn_c2 <= 0 || c->cnn_fc <= 0 || c->cnn_classes <= 1)
+        return DT_ERR(DT_EINVAL, "cnn: channel, fc and class counts must be positive");
+    if (c->cnn_h < DT_CNN_MIN_SIDE || c->cnn_w < DT_CNN_MIN_SIDE || c->cnn_h > DT_CNN_MAX_SIDE || c->cnn_w > DT_CNN_MAX_SIDE)
+        return DT_ERR(DT_EINVAL, "cnn: images of %dx%d: each side must be in %d..%d (two 2x2 max-pools)", c->cnn_h,
+                      c->cnn_w, DT_CNN_MIN_SIDE, DT_CNN_MAX_SIDE);
+    if ((int64_t)c->cnn_c2 * (c->cnn_h / 4) * (c->cnn_w / 4) > INT32_MAX)
+        return DT_ERR(DT_EINVAL, "cnn: %d channels of %dx%d images make fc1's input too wide", c->cnn_c2,
+                      c->cnn_h / 4, c->cnn_w / 4);
+    return DT_OK;
+}
+
+/* H x W are the sides of the data's one-channel images */
+static void cnn_fit(dt_model_cfg *c, const dt_sample_shape *s) {
+    const dt_input_spec *img = dt_sample_input(s, "image", DT_F32);
+    if (img && img->ndim == 3 && img->dims[0] == 1 && img->dims[1] <= INT32_MAX && img->dims[2] <= INT32_MAX) {
+        c->cnn_h = (int)img->dims[1];
+        c->cnn_w = (int)img->dims[2];
+    }
+}
+
+/* training: 3 x the forward (backward: input and weight gradients), 2 flops per multiply-add */
+static double cnn_flops(const dt_model *m, int64_t T) {
+    (void)T;
+    const dt_model_cfg *c = &m->cfg;
+    double h = c->cnn_h, w = c->cnn_w, h2 = c->cnn_h / 2, w2 = c->cnn_w / 2, h4 = c->cnn_h / 4, w4 = c->cnn_w / 4;
+    double conv1 = 2.0 * c->cnn_c1 * 1 * 25 * h * w, conv2 = 2.0 * c->cnn_c2 * c->cnn_c1 * 25 * h2 * w2;
+    double fc = 2.0 * (c->cnn_c2 * h4 * w4 * c->cnn_fc + (double)c->cnn_fc * c->cnn_classes);
+    return 3.0 * (conv1 + conv2 + fc);
+}
+
+/* --channels C1,C2 is one list over two adjacent fields */
+_Static_assert(offsetof(dt_model_cfg, cnn_c2) == offsetof(dt_model_cfg, cnn_c1) + sizeof(int), "cnn_c1, cnn_c2 adjacent");
+static const dt_model_setting cnn_settings[] = {
+    {.flag = "--channels", .key = "arch.channels", .type = DT_SETTING_INTS, .at = offsetof(dt_model_cfg, cnn_c1),
+     .n_min = 2, .n_max = 2, .meta = "C1,C2", .help = "CNN conv channels (default 32,64)"},
+    {.flag = "--fc", .key = "arch.fc", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, cnn_fc), .meta = "N",
+     .help = "CNN hidden fully-connected size (default 128)"},
+    {.flag = "CNN classes", .key = "arch.classes", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, cnn_classes)},
+};
+
+const dt_model_builtin dt_builtin_cnn = {
+    .name = "cnn", .data = "fashion-mnist",
+    .defaults = cnn_defaults, .validate = cnn_validate, .build = cnn_build, .fit = cnn_fit, .flops = cnn_flops,
+    .settings = cnn_settings, .n_settings = (int)(sizeof cnn_settings / sizeof cnn_settings[0]),
+};

@@ -14,8 +14,10 @@
  * unfused ops. DTRAIN_NO_FUSE=1 in the environment when the model is built
  * selects the unfused chain (for the tests that compare the two). The other
  * residual adds feed the next block's ln_1 / ln_f across a block boundary
- * (pipeline stages and recompute cut there), so they stay unfused. */
+ * (pipeline stages and recompute cut there), so they stay unfused.
+ * Its registry entry (nn.h section 4b) is at the end. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,7 +133,7 @@ static dt_param *add(dt_model *m, dt_module *mod, const char *leaf, int ndim, in
     return dt_model_add_param(m, mod, leaf, ndim, s, in);
 }
 
-dt_status dt_gpt2_build(dt_model *m) {
+static dt_status gpt2_build(dt_model *m) {
     const dt_model_cfg *c = &m->cfg;
     int64_t C = c->n_embd;
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)c->n_layer);
@@ -172,3 +174,45 @@ dt_status dt_gpt2_build(dt_model *m) {
     DT_TRY(dt_model_add_block(m, "head", head_block, NULL, 2, act, 2, logits));
     return dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, c->vocab);
 }
+
+static void gpt2_defaults(dt_model_cfg *c) {
+    c->n_layer = 4; c->n_embd = 128; c->n_head = 4; c->vocab = 256; c->max_t = 128; c->dropout = 0.0f;
+}
+
+static dt_status gpt2_validate(const dt_model_cfg *c) {
+    if (c->n_layer <= 0 || c->n_embd <= 0 || c->n_head <= 0 || c->vocab <= 0 || c->max_t <= 0)
+        return DT_ERR(DT_EINVAL, "gpt2: L, C, H, V and maxT must be positive");
+    if (c->n_embd % c->n_head)
+        return DT_ERR(DT_EINVAL, "gpt2: n_embd %d is not divisible by n_head %d", c->n_embd, c->n_head);
+    if (c->vocab > 65536)
+        return DT_ERR(DT_EINVAL, "gpt2: vocab %d exceeds 65536 (tokens are uint16)", c->vocab);
+    if (c->dropout < 0 || c->dropout >= 1)
+        return DT_ERR(DT_EINVAL, "gpt2: dropout %g outside [0, 1)", c->dropout);
+    return DT_OK;
+}
+
+/* 6 flops per weight per token (fwd 2 + bwd 4); positional table is a lookup;
+ * attention scores and mixing: 12 * L * T * C (PaLM convention). */
+static double gpt2_flops(const dt_model *m, int64_t T) {
+    const dt_model_cfg *c = &m->cfg;
+    double n = (double)m->n_elems - (double)c->max_t * c->n_embd;
+    return 6.0 * n + 12.0 * c->n_layer * (double)T * c->n_embd;
+}
+
+#define GPT2_INT(f, k, field, m, h) \
+    {.flag = f, .key = k, .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, field), .meta = m, .help = h}
+static const dt_model_setting gpt2_settings[] = {
+    GPT2_INT("--layers", "arch.layers", n_layer, "L", "GPT-2 layers (default 4)"),
+    GPT2_INT("--embd", "arch.embd", n_embd, "C", "GPT-2 embedding width (default 128)"),
+    GPT2_INT("--heads", "arch.heads", n_head, "H", "GPT-2 attention heads (default 4)"),
+    GPT2_INT("--vocab", "arch.vocab", vocab, "V", "GPT-2 vocabulary (default 256: bytes)"),
+    GPT2_INT("--max-t", "arch.max_t", max_t, "T", "GPT-2 context length (default 128)"),
+    {.flag = "--dropout", .key = "arch.dropout", .type = DT_SETTING_FLOAT, .at = offsetof(dt_model_cfg, dropout),
+     .meta = "P", .help = "GPT-2 dropout (default 0)"},
+};
+
+const dt_model_builtin dt_builtin_gpt2 = {
+    .name = "gpt2", .data = "text", .max_seq = "--max-t",
+    .defaults = gpt2_defaults, .validate = gpt2_validate, .build = gpt2_build, .flops = gpt2_flops,
+    .settings = gpt2_settings, .n_settings = (int)(sizeof gpt2_settings / sizeof gpt2_settings[0]),
+};

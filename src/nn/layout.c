@@ -151,7 +151,7 @@ dt_status dt_model_refresh_grads(dt_model *m) {
 }
 
 size_t dt_model_grad_numel(const dt_model *m) {   /* (padding stays) */
-    return m->param_flat.numel - (dt_model_num_params(m) - dt_model_num_trainable(m));
+    return m->param_flat.numel - (m->n_elems - dt_model_num_trainable(m));
 }
 
 size_t dt_model_grad_offset(const dt_model *m, size_t offset) {

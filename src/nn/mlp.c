@@ -1,6 +1,9 @@
 /* MLP: in -> hidden... -> out, ReLU between, softmax cross-entropy.
  * Input "image" flattened to [B, in]; one block per layer fc{i}
- * ([in] -> [out], weight [out, in], bias [out]: torch.nn.Linear layout). */
+ * ([in] -> [out], weight [out, in], bias [out]: torch.nn.Linear layout).
+ * Its registry entry (nn.h section 4b) is at the end. */
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include "model_internal.h"
 
@@ -22,7 +25,7 @@ static dt_tensor *mlp_layer(dt_model *m, dt_graph *g, dt_tensor *x, const dt_bat
     return mod->index + 1 < m->n_modules ? dt_op_relu(g, x) : x;
 }
 
-dt_status dt_mlp_build(dt_model *m) {
+static dt_status mlp_build(dt_model *m) {
     const dt_model_cfg *c = &m->cfg;
     dt_input_spec in = {.name = "image", .dtype = DT_F32, .ndim = 1, .dims = {c->mlp_in}, .flat = 1};
     DT_TRY(dt_model_add_input(m, &in));
@@ -37,3 +40,39 @@ dt_status dt_mlp_build(dt_model *m) {
     }
     return dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, c->mlp_out);
 }
+
+static void mlp_defaults(dt_model_cfg *c) {
+    c->mlp_in = 28 * 28; c->mlp_out = 10;   /* in: one flattened Fashion-MNIST image */
+    c->mlp_n_hidden = 2; c->mlp_hidden[0] = 256; c->mlp_hidden[1] = 256;
+}
+
+static dt_status mlp_validate(const dt_model_cfg *c) {
+    if (c->mlp_in <= 0 || c->mlp_out <= 0)
+        return DT_ERR(DT_EINVAL, "mlp: input and output sizes must be positive");
+    if (c->mlp_n_hidden < 0 || c->mlp_n_hidden > DT_MLP_MAX_LAYERS)
+        return DT_ERR(DT_EINVAL, "mlp: 0..%d hidden layers supported, got %d", DT_MLP_MAX_LAYERS, c->mlp_n_hidden);
+    for (int i = 0; i < c->mlp_n_hidden; i++)
+        if (c->mlp_hidden[i] <= 0) return DT_ERR(DT_EINVAL, "mlp: hidden layer %d has size %d", i, c->mlp_hidden[i]);
+    return DT_OK;
+}
+
+/* the input width is the data's image's element count */
+static void mlp_fit(dt_model_cfg *c, const dt_sample_shape *s) {
+    const dt_input_spec *img = dt_sample_input(s, "image", DT_F32);
+    int64_t numel = img ? dt_input_numel(img) : 0;
+    if (numel > 0 && numel <= INT32_MAX) c->mlp_in = (int)numel;
+}
+
+static const dt_model_setting mlp_settings[] = {
+    {.flag = "MLP input size", .key = "arch.mlp_in", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, mlp_in)},
+    {.flag = "--hidden", .key = "arch.hidden", .type = DT_SETTING_INTS, .at = offsetof(dt_model_cfg, mlp_hidden),
+     .count_at = offsetof(dt_model_cfg, mlp_n_hidden), .n_min = 0, .n_max = DT_MLP_MAX_LAYERS, .none = "none",
+     .meta = "N,N,..", .help = "MLP hidden sizes (default 256,256)"},
+    {.flag = "MLP output size", .key = "arch.mlp_out", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, mlp_out)},
+};
+
+const dt_model_builtin dt_builtin_mlp = {
+    .name = "mlp", .data = "fashion-mnist",
+    .defaults = mlp_defaults, .validate = mlp_validate, .build = mlp_build, .fit = mlp_fit,
+    .settings = mlp_settings, .n_settings = (int)(sizeof mlp_settings / sizeof mlp_settings[0]),
+};

@@ -164,20 +164,6 @@ dt_status dt_model_build(dt_model *m) {
     return DT_OK;
 }
 
-dt_status dt_model_create(const dt_model_cfg *cfg, uint64_t seed, dt_model **out) {
-    *out = NULL;
-    DT_TRY(dt_model_cfg_validate(cfg));
-    dt_model *m;
-    DT_TRY(dt_model_new(dt_model_kind_name(cfg->kind), seed, &m));
-    m->cfg = *cfg;
-    dt_status s = cfg->kind == DT_MODEL_MLP ? dt_mlp_build(m)
-                : cfg->kind == DT_MODEL_CNN ? dt_cnn_build(m) : dt_gpt2_build(m);
-    if (s == DT_OK) s = dt_model_build(m);
-    if (s != DT_OK) { dt_model_free(m); return s; }
-    *out = m;
-    return DT_OK;
-}
-
 void dt_model_free(dt_model *m) {
     if (!m) return;
     if (m->destroy) m->destroy(m);
@@ -196,15 +182,4 @@ dt_param *dt_model_find_param(const dt_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
         if (!strcmp(m->params[i]->name, name)) return m->params[i];
     return NULL;
-}
-
-int dt_model_kind_parse(const char *s, dt_model_kind *out) {
-    if (!strcmp(s, "mlp")) { *out = DT_MODEL_MLP; return 0; }
-    if (!strcmp(s, "cnn")) { *out = DT_MODEL_CNN; return 0; }
-    if (!strcmp(s, "gpt2")) { *out = DT_MODEL_GPT2; return 0; }
-    return -1;
-}
-
-const char *dt_model_kind_name(dt_model_kind k) {
-    return k == DT_MODEL_MLP ? "mlp" : k == DT_MODEL_CNN ? "cnn" : k == DT_MODEL_GPT2 ? "gpt2" : "custom";
 }

@@ -4,10 +4,6 @@
 #include <stdlib.h>
 #include "dtrain/nn.h"
 
-/* The built-ins: register into an empty model whose cfg is set (model.c). */
-dt_status dt_mlp_build(dt_model *m);
-dt_status dt_cnn_build(dt_model *m);
-dt_status dt_gpt2_build(dt_model *m);
 /* Sets m->arch_crc / arch_n from the parameters and buffers (arch.c). */
 void dt_model_arch_fingerprint(dt_model *m);
 /* Blocks chain, inputs and loss head are consistent (blocks.c). */

@@ -12,6 +12,12 @@ int64_t dt_input_numel(const dt_input_spec *s) {
 
 size_t dt_input_bytes(const dt_input_spec *s) { return (size_t)dt_input_numel(s) * dt_dtype_size(s->dtype); }
 
+const dt_input_spec *dt_sample_input(const dt_sample_shape *s, const char *name, dt_dtype dtype) {
+    for (int k = 0; k < s->n_inputs; k++)
+        if (!strcmp(s->in[k].name, name) && s->in[k].dtype == dtype) return &s->in[k];
+    return NULL;
+}
+
 static const char *type_name(dt_dtype t) { return t == DT_I32 ? "int32" : "float"; }
 
 /* "float [1, 28, 28]"; model-side dims: 0 -> "*", -n -> "<=n" */

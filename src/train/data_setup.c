@@ -3,7 +3,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include "trainer_internal.h"
 
 dt_status dt_trainer_load_data(dt_trainer *t) {
@@ -34,24 +33,14 @@ dt_status dt_trainer_load_data(dt_trainer *t) {
     return DT_OK;
 }
 
-/* The built-in image models take the data's image size: the MLP's input width
- * is the image's element count, the CNN's H x W the image's sides (one
- * channel). A size the model cannot take fails here naming the data. */
+/* A built-in model takes the data's sample size where its registry entry
+ * says how (nn.h dt_model_cfg_fit: the MLP's input width is the image's
+ * element count, the CNN's H x W the image's sides). A size the model cannot
+ * take fails here naming the data. */
 dt_status dt_trainer_fit_model(dt_trainer *t) {
     dt_model_cfg *c = &t->opts.model;
     const dt_dataset *d = &t->data;
-    const dt_input_spec *img = NULL;
-    for (int k = 0; k < d->sample.n_inputs; k++)
-        if (!strcmp(d->sample.in[k].name, "image") && d->sample.in[k].dtype == DT_F32) img = &d->sample.in[k];
-    if (t->opts.build_model || !img || (c->kind != DT_MODEL_MLP && c->kind != DT_MODEL_CNN)) return DT_OK;
-    int64_t numel = dt_input_numel(img);
-    if (c->kind == DT_MODEL_MLP && numel > 0 && numel <= INT32_MAX) c->mlp_in = (int)numel;
-    if (c->kind == DT_MODEL_CNN && img->ndim == 3 && img->dims[0] == 1 && img->dims[1] <= INT32_MAX &&
-        img->dims[2] <= INT32_MAX) {
-        c->cnn_h = (int)img->dims[1];
-        c->cnn_w = (int)img->dims[2];
-    }
-    if (dt_model_cfg_validate(c) == DT_OK) return DT_OK;
+    if (t->opts.build_model || dt_model_cfg_fit(c, &d->sample) == DT_OK) return DT_OK;
     char why[512], have[128];
     snprintf(why, sizeof why, "%s", dt_error_message());
     return DT_ERR(DT_EINVAL, "%s (--data %s): samples are %s, but model %s cannot take them: %s", d->source,

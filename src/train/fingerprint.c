@@ -18,34 +18,11 @@ static void describe_model(const dt_trainer *t, dt_agree *a) {
     const dt_model_cfg *c = &t->opts.model;
     if (t->opts.build_model) {
         dt_agree_add(a, "model (build_model)", "%s", t->model->name);
-    } else {
+    } else {   /* a built-in: its registry entry's settings (nn.h section 4b) */
         dt_agree_add(a, "--model", "%s", dt_model_kind_name(c->kind));
-        switch (c->kind) {
-        case DT_MODEL_MLP: {
-            char h[16 * DT_MLP_MAX_LAYERS] = "";
-            size_t at = 0;
-            for (int i = 0; i < c->mlp_n_hidden && at < sizeof h; i++)
-                at += (size_t)snprintf(h + at, sizeof h - at, i ? ",%d" : "%d", c->mlp_hidden[i]);
-            dt_agree_add(a, "--hidden", "%s", h);
-            dt_agree_add(a, "mlp inputs, outputs", "%d, %d", c->mlp_in, c->mlp_out);
-            break;
-        }
-        case DT_MODEL_CNN:
-            dt_agree_add(a, "--channels", "%d,%d", c->cnn_c1, c->cnn_c2);
-            dt_agree_add(a, "--fc", "%d", c->cnn_fc);
-            dt_agree_add(a, "cnn classes", "%d", c->cnn_classes);
-            break;
-        case DT_MODEL_GPT2:
-            dt_agree_add(a, "--layers", "%d", c->n_layer);
-            dt_agree_add(a, "--embd", "%d", c->n_embd);
-            dt_agree_add(a, "--heads", "%d", c->n_head);
-            dt_agree_add(a, "--vocab", "%d", c->vocab);
-            dt_agree_add(a, "--max-t", "%d", c->max_t);
-            dt_agree_add(a, "--dropout", "%.9g", c->dropout);
-            break;
-        default:   /* DT_MODEL_CUSTOM: the built model below says it all */
-            break;
-        }
+        dt_arch_field f[DT_ARCH_FIELDS_MAX];
+        int n = dt_model_settings(c, f);
+        for (int i = 0; i < n; i++) dt_agree_add(a, f[i].flag, "%s", f[i].value);
     }
     /* the built model itself: catches what a config does not say (a user's
      * builder, a library difference between ranks) */
