@@ -31,8 +31,11 @@ int dt_cli_under_mpi(void);
  * Collective (world). */
 int dt_cli_report(dt_status s, int rank, int world, int clean);
 /* settings.c: library text with each setting ("dp.bucket_bytes") written as
- * the flag that sets it ("--bucket-mb"); truncated to fit n. */
-void dt_cli_flag_names(const char *in, char *out, size_t n);
+ * the flag that sets it ("--bucket-mb"), cut to fit out's n bytes; returns the
+ * whole result's length (as snprintf). dt_cli_flag_text: into buf when it
+ * fits, else into a malloc'd string the caller frees (result != buf). */
+size_t dt_cli_flag_names(const char *in, char *out, size_t n);
+char *dt_cli_flag_text(const char *in, char *buf, size_t n);
 /* Route the library's log messages to this process's stdout / stderr (output.c). */
 void dt_cli_log_install(int rank, int world);
 /* --nproc N: 1 <= N <= 8 x this machine's cores; else -1 with one line in err */

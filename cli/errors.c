@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 #include "cli.h"
@@ -35,11 +36,11 @@ static int msg_hash(const char *s) {   /* FNV-1a, 30 bits: -h fits an int */
 }
 
 static void print_error(int rank, int with_rank) {
-    char msg[2048];
-    dt_cli_flag_names(dt_error_message(), msg, sizeof msg);
+    char buf[2048], *msg = dt_cli_flag_text(dt_error_message(), buf, sizeof buf);
     if (with_rank) fprintf(stderr, "dtrain: rank %d: error: %s\n", rank, msg);
     else fprintf(stderr, "dtrain: error: %s\n", msg);
     fflush(stderr);
+    if (msg != buf) free(msg);
 }
 
 int dt_cli_report(dt_status s, int rank, int world, int clean) {

@@ -3,6 +3,7 @@
  * one line tagged like the CLI's errors ("dtrain: [rank R: ]warning: ...").
  * Settings are written as their flags (settings.c). */
 #include <stdio.h>
+#include <stdlib.h>
 #include "cli.h"
 
 typedef struct cli_log_ctx { int rank, world; } cli_log_ctx;
@@ -10,16 +11,16 @@ static cli_log_ctx g_ctx;
 
 static void cli_log(void *ctx, dt_log_level level, const char *text) {
     const cli_log_ctx *c = ctx;
-    char msg[2048];
-    dt_cli_flag_names(text, msg, sizeof msg);
+    char buf[1024], *msg = dt_cli_flag_text(text, buf, sizeof buf);   /* long lines: on the heap */
     if (level == DT_LOG_WARN) {
         if (c->world > 1) fprintf(stderr, "dtrain: rank %d: warning: %s", c->rank, msg);
         else fprintf(stderr, "dtrain: warning: %s", msg);
         fflush(stderr);
-        return;
+    } else {
+        fputs(msg, stdout);
+        fflush(stdout);
     }
-    fputs(msg, stdout);
-    fflush(stdout);
+    if (msg != buf) free(msg);
 }
 
 void dt_cli_log_install(int rank, int world) {

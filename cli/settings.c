@@ -84,24 +84,29 @@ static void sort_flags(void) {
 }
 
 /* (a progress thread may log too: the table is sorted once, then read-only) */
-void dt_cli_flag_names(const char *in, char *out, size_t n) {
+size_t dt_cli_flag_names(const char *in, char *out, size_t n) {
     pthread_once(&g_sort_once, sort_flags);
-    const setting_flag *sorted = g_sorted;
-    size_t at = 0;
-    if (!n) return;
-    while (*in && at + 1 < n) {
-        int k = 0;
-        size_t len = 0;
-        for (; k < N_FLAGS; k++) {
-            len = strlen(sorted[k].setting);
-            if (!strncmp(in, sorted[k].setting, len)) break;
+    size_t need = 0;   /* the whole result's length, written or not */
+    while (*in) {
+        const char *piece = in;
+        size_t len = 1;
+        for (int k = 0; k < N_FLAGS; k++) {
+            size_t l = strlen(g_sorted[k].setting);
+            if (!strncmp(in, g_sorted[k].setting, l)) { piece = g_sorted[k].flag; len = strlen(piece); in += l - 1; break; }
         }
-        if (k < N_FLAGS) {
-            for (const char *f = sorted[k].flag; *f && at + 1 < n;) out[at++] = *f++;
-            in += len;
-        } else {
-            out[at++] = *in++;
-        }
+        in++;
+        for (size_t i = 0; i < len; i++, need++)
+            if (need + 1 < n) out[need] = piece[i];
     }
-    out[at] = 0;
+    if (n) out[need < n ? need : n - 1] = 0;
+    return need;
+}
+
+char *dt_cli_flag_text(const char *in, char *buf, size_t n) {
+    size_t need = dt_cli_flag_names(in, buf, n);
+    if (need < n) return buf;
+    char *big = malloc(need + 1);
+    if (!big) return buf;   /* truncated beats nothing */
+    dt_cli_flag_names(in, big, need + 1);
+    return big;
 }
