@@ -1,7 +1,8 @@
 /* bench_comm — dist layer: bandwidth vs raw MPI, and compute/communication overlap.
  *
- * usage: mpiexec -n 2 bench_comm [bw] [overlap] [shm] [--mode poll|thread] [--max 64M]
+ * usage: mpiexec -n 2 bench_comm [bw] [overlap] [shm] [calls] [--mode poll|thread] [--max 64M]
  *                                [--mib 16] [--ms 200] [--t 0.3] [--tick 0.5] [--seg 4M]
+ *                                [--op allreduce] [--n 10] [--collectives flat|hierarchical]
  *   bw       per size 64 KiB .. --max: time per call and bus bandwidth of
  *            raw MPI_Allreduce, dt_allreduce (blocking / async+wait /
  *            deterministic), raw MPI_Reduce_scatter_block vs dt_reduce_scatter,
@@ -13,6 +14,11 @@
  *            calls keep the values) by raw MPI_Allreduce(MPI_IN_PLACE), by
  *            dt_allreduce on private memory, and by dt_allreduce on node-shared
  *            memory (dist.h section 6); the ratios to raw MPI (time).
+ *   calls    --n calls of one --op (allreduce | allreduce-det | reduce-scatter |
+ *            allgather) on --mib MiB of f32, after 2 warm-up calls; prints the
+ *            group's machines, path and ms per call. With --collectives
+ *            flat|hierarchical; bench/multihost.sh runs it on simulated
+ *            hosts and reads the bytes that crossed from the links' counters.
  * The progress mode is fixed at dt_dist_init: run once per mode.
  * time = max over ranks of the mean per call; busbw as nccl-tests
  * (allreduce: algbw * 2(n-1)/n, reduce-scatter: algbw * (n-1)/n).
@@ -250,15 +256,60 @@ static void bench_overlap(dt_pg *pg, size_t mib, double target_s) {
     free(x);
 }
 
+/* ---- calls: one operation repeated (bytes on the wire: bench/multihost.sh) ---- */
+
+static void bench_calls(dt_pg *pg, const char *op, size_t mib, int n) {
+    int size = dt_pg_size(pg);
+    size_t count = mib * 262144;   /* floats */
+    if (strcmp(op, "allreduce") && strcmp(op, "allreduce-det") && strcmp(op, "reduce-scatter") &&
+        strcmp(op, "allgather")) {
+        fprintf(stderr, "bench_comm: --op %s: expected allreduce, allreduce-det, reduce-scatter or allgather\n", op);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    count -= count % (size_t)size;
+    float *a = calloc(count, sizeof *a), *b = calloc(count, sizeof *b);
+    if (!a || !b) die("out of memory");
+    int64_t chunk = (int64_t)(count / (size_t)size);
+    double t = 0;
+    for (int k = -2; k < n; k++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = now();
+        if (!strcmp(op, "allreduce")) OK(dt_allreduce(pg, a, a, (int64_t)count, DT_F32, DT_RED_AVG, NULL));
+        else if (!strcmp(op, "allreduce-det"))
+            OK(dt_allreduce(pg, a, a, (int64_t)count, DT_F32, DT_RED_AVG | DT_RED_DETERMINISTIC, NULL));
+        else if (!strcmp(op, "reduce-scatter")) OK(dt_reduce_scatter(pg, a, b, chunk, DT_F32, DT_RED_AVG, NULL));
+        else OK(dt_allgather(pg, a, b, chunk, DT_F32, NULL));
+        if (k >= 0) t += now() - t0;
+    }
+    t = max_all(t / (n > 0 ? n : 1));
+    char where[96];
+    dt_pg_topo topo;
+    dt_pg_topology(pg, &topo);
+    dt_pg_topology_describe(pg, where, sizeof where);
+    if (dt_pg_rank(pg) == 0)
+        printf("calls: %s %zu MiB x %d on %s (%s): %.2f ms/call\n", op, mib, n, where,
+               topo.hierarchical ? "hierarchical" : "flat", t * 1e3);
+    free(a);
+    free(b);
+}
+
 int main(int argc, char **argv) {
     dt_dist_opts o = {0};
-    int do_bw = 0, do_ov = 0, do_shm = 0;
+    int do_bw = 0, do_ov = 0, do_shm = 0, do_calls = 0, ncalls = 10;
+    const char *op = "allreduce";
     size_t maxb = 64u << 20, mib = 16;
     double ms = 200, target = 0.3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "bw")) do_bw = 1;
         else if (!strcmp(argv[i], "overlap")) do_ov = 1;
         else if (!strcmp(argv[i], "shm")) do_shm = 1;
+        else if (!strcmp(argv[i], "calls")) do_calls = 1;
+        else if (!strcmp(argv[i], "--op") && i + 1 < argc) op = argv[++i];
+        else if (!strcmp(argv[i], "--n") && i + 1 < argc) ncalls = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--collectives") && i + 1 < argc) {
+            i++;
+            o.collectives = !strcmp(argv[i], "flat") ? DT_COLL_FLAT : DT_COLL_HIERARCHICAL;
+        }
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             i++;
             o.progress = !strcmp(argv[i], "thread") ? DT_PROGRESS_THREAD : DT_PROGRESS_POLL;
@@ -269,7 +320,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tick") && i + 1 < argc) o.tick_ms = atof(argv[++i]);
         else if (!strcmp(argv[i], "--seg") && i + 1 < argc) o.segment_bytes = parse_size(argv[++i]);
     }
-    if (!do_bw && !do_ov && !do_shm) do_bw = do_ov = do_shm = 1;
+    if (!do_bw && !do_ov && !do_shm && !do_calls) do_bw = do_ov = do_shm = 1;
     if (dt_dist_init(&argc, &argv, &o) != DT_OK) {
         fprintf(stderr, "bench_comm: %s\n", dt_error_message());
         return 1;
@@ -279,6 +330,7 @@ int main(int argc, char **argv) {
     if (do_bw) bench_bw(world, maxb, target);
     if (do_ov) bench_overlap(world, mib, ms * 1e-3);
     if (do_shm) bench_shm(world, maxb, target);
+    if (do_calls) bench_calls(world, op, mib, ncalls);
     OK(dt_pg_free(world));
     dt_dist_finalize();
     return 0;

@@ -32,7 +32,7 @@ endforeach()
 # (tests/common/mpi_check.h: t_init checks the mode matches it). Every MPI
 # test runs in POLL mode at np 2 and 4; the communication tests below run again
 # in THREAD mode at np 2 and 4 (name suffix _thread_npN).
-set(DT_MPI_THREAD_TESTS test_dist_collectives test_dist_deterministic test_dist_shm test_dist_agree
+set(DT_MPI_THREAD_TESTS test_dist_collectives test_dist_deterministic test_dist_shm test_dist_agree test_dist_hier
     test_dist_watchdog test_dist_debug_collectives
     test_ddp_equivalence test_ddp_hooks test_ddp_join test_ddp_accum test_ddp_buffers test_zero_wire)
 file(GLOB DT_MPI_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/test_*.c)

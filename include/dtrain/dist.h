@@ -213,6 +213,38 @@
  * DT_ECOMM "collectives diverge on world at collective 7 (--debug-collectives):
  * rank 1 issues broadcast #7 (512 F32, root 0), rank 0 issues allreduce #7
  * (1024 F32)". Costs one small allgather per collective: for debugging only.
+ *
+ * 10. Many machines
+ * -----------------
+ * Every group learns its machines when it is made (ranks that share memory;
+ * machines numbered by their lowest group rank): dt_pg_topology,
+ * dt_pg_topology_describe ("2 machines x 2 ranks", "2 machines (3+1 ranks)").
+ * When a group spans machines and some machine has more than one rank, an
+ * allreduce runs hierarchically, so bytes cross between machines once per
+ * machine, not once per rank:
+ *   1. inside each machine, a reduce-scatter: the buffer is cut into lanes
+ *      (R per machine of R ranks; uneven machines: see topology.c) and each
+ *      rank sums its lanes over the machine's ranks, in rank order;
+ *   2. across machines, each lane is all-reduced among its owners (one per
+ *      machine): R exchanges of S/R bytes side by side;
+ *   3. inside each machine, an allgather of the lanes.
+ * Per machine that moves 2(n-1)/n * S bytes over the network for n machines
+ * (MPI's ring), independent of R; flat, each of the R ranks would move it.
+ * Deterministic (section 5): the sum stays in rank order, ((x0 + x1) + x2) +
+ * ..., bitwise the flat deterministic result and one process adding the
+ * contributions in rank order, at any number of machines: step 2 becomes a
+ * chain that carries each lane's running float32 sum from machine to
+ * machine in machine order (each adds its ranks' values in rank order) and
+ * a broadcast of the total from the last machine. That needs machines that
+ * hold consecutive ranks (Open MPI's default --map-by slot/core fills one
+ * machine after another) and F32; otherwise the deterministic allreduce
+ * stays flat. The chain moves at most 2S per machine (S at 2 machines, like
+ * the ring), with n hops of latency.
+ * Without it, the order is: each machine in rank order, then MPI's order
+ * across machines (exact for 2 machines: a + b == b + a).
+ * dt_dist_opts.collectives = DT_COLL_FLAT (or DTRAIN_COLLECTIVES=flat) keeps
+ * every collective flat. Reduce-scatter, allgather, broadcast and reduce are
+ * flat in this version.
  */
 #ifndef DTRAIN_DIST_H
 #define DTRAIN_DIST_H
@@ -230,6 +262,12 @@ typedef enum dt_progress_mode {
     DT_PROGRESS_THREAD = 2,
 } dt_progress_mode;
 
+typedef enum dt_collectives_mode {
+    DT_COLL_DEFAULT = 0,       /* DTRAIN_COLLECTIVES=flat|hierarchical, else hierarchical */
+    DT_COLL_HIERARCHICAL = 1,  /* across machines: inside, across, inside (section 10) */
+    DT_COLL_FLAT = 2,          /* one MPI collective over every rank */
+} dt_collectives_mode;
+
 typedef struct dt_dist_opts {
     dt_progress_mode progress;
     double tick_ms;            /* dt_pg_tick poll interval; <= 0: 0.5 ms */
@@ -241,6 +279,7 @@ typedef struct dt_dist_opts {
                                   ranks that have not joined it; 0: 60 s; < 0: off */
     double collective_timeout_s;   /* a wait this long fails with that message; <= 0: off (default) */
     int debug_collectives;     /* 1: every collective's fingerprint compared across ranks first */
+    dt_collectives_mode collectives;   /* section 10 */
 } dt_dist_opts;
 
 /* opts may be NULL (defaults). Calling it twice is DT_ESTATE. */
@@ -311,6 +350,19 @@ dt_status dt_barrier(dt_pg *pg, dt_work **w);
  * group rank on r's machine (ranks that can share memory), so equal values
  * mean one machine. node has room for dt_pg_size(pg) ints. */
 dt_status dt_pg_node_of(dt_pg *pg, int *node);
+
+/* ---- machines (section 10) ---- */
+typedef struct dt_pg_topo {
+    int machines;            /* machines under the group */
+    int machine, local_rank; /* this rank's machine (0 = the one with group rank 0) and index on it */
+    int min_ranks, max_ranks;   /* ranks per machine */
+    int contiguous;          /* each machine holds consecutive group ranks */
+    int hierarchical;        /* allreduce runs inside -> across -> inside */
+    int lanes;               /* (hierarchical) slices a buffer is cut into */
+} dt_pg_topo;
+void dt_pg_topology(const dt_pg *pg, dt_pg_topo *out);
+/* "1 machine x 4 ranks", "2 machines x 2 ranks", "2 machines (3+1 ranks)" */
+void dt_pg_topology_describe(const dt_pg *pg, char *buf, size_t n);
 
 /* ---- node-shared memory (section 6) ----
  * Collective (blocking): count floats (zeroed) per rank, the same count on

@@ -21,6 +21,7 @@ const char *dt__kind_name(dt_opkind k) {
     case DT_OPK_ALLREDUCE_SHM: return "allreduce(shm)";
     case DT_OPK_REDUCE_SCATTER_SHM: return "reduce_scatter(shm)";
     case DT_OPK_ALLGATHER_SHM: return "allgather(shm)";
+    case DT_OPK_ALLREDUCE_HIER: return "allreduce(hier)";
     }
     return "?";
 }
@@ -106,7 +107,7 @@ static dt_status new_work(dt_pg *pg, dt_opkind kind, int64_t count, dt_dtype dty
     w->kind = kind;
     w->count = count;
     w->dtype = dtype;
-    w->nphase = kind == DT_OPK_ALLREDUCE_DET ? 2 : 1;
+    w->nphase = kind == DT_OPK_ALLREDUCE_DET ? 2 : kind == DT_OPK_ALLREDUCE_HIER ? 4 : 1;
     w->internal = wp == NULL;
     w->req = w->req_small;
     w->sts = w->sts_small;
@@ -164,9 +165,16 @@ dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
      * deterministic); every rank must pass the same offset (checked) */
     size_t shm_off = 0;
     dt_shm *shm = dtype == DT_F32 && in == out && count > 0 ? dt__shm_find(pg, out, nb, &shm_off) : NULL;
+    /* across machines: inside -> across -> inside (hier.c); its deterministic
+     * chain needs float32 and machines of consecutive ranks */
+    const dt_topo *t = &pg->topo;
+    int hier = !shm && t->hier && count >= t->lanes && count <= INT_MAX / 2 - 256 &&
+               (!det || (dtype == DT_F32 && t->contiguous));
     dt_work *w = NULL;
-    DT_TRY(new_work(pg, shm ? DT_OPK_ALLREDUCE_SHM : det ? DT_OPK_ALLREDUCE_DET : DT_OPK_ALLREDUCE, count, dtype,
-                    (double)nb, wp, &w));
+    DT_TRY(new_work(pg, shm ? DT_OPK_ALLREDUCE_SHM : hier ? DT_OPK_ALLREDUCE_HIER : det ? DT_OPK_ALLREDUCE_DET
+                                                                                    : DT_OPK_ALLREDUCE,
+                    count, dtype, (double)nb, wp, &w));
+    w->hier_det = hier && det;
     w->in = in;
     w->out = out;
     w->avg = avg;
@@ -378,6 +386,8 @@ int dt__op_start(dt_work *w) {
     case DT_OPK_REDUCE_SCATTER_SHM:
     case DT_OPK_ALLGATHER_SHM:
         return dt__shm_start(w);
+    case DT_OPK_ALLREDUCE_HIER:
+        return dt__hier_start(w);
     default:
         return dt__det_start(w);
     }
@@ -387,6 +397,7 @@ int dt__op_start(dt_work *w) {
 
 int dt__op_finish(dt_work *w) {
     if (dt__kind_is_det(w->kind)) return dt__det_finish(w);
+    if (w->kind == DT_OPK_ALLREDUCE_HIER) return dt__hier_finish(w);
     if (w->avg && w->out) dt__scale_div(w->out, w->count, w->dtype, w->pg->size);
     return MPI_SUCCESS;
 }
@@ -394,6 +405,7 @@ int dt__op_finish(dt_work *w) {
 int dt__op_run(dt_work *w) {
     if (dt__kind_is_det(w->kind)) return dt__det_run(w);
     if (dt__kind_is_shm(w->kind)) return dt__shm_run(w);   /* averages itself */
+    if (w->kind == DT_OPK_ALLREDUCE_HIER) return dt__hier_run(w);
     dt_pg *pg = w->pg;
     MPI_Comm c = pg->comm[0];
     MPI_Datatype t = dt__mpi_type(w->dtype);

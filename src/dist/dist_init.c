@@ -87,6 +87,8 @@ dt_status dt_dist_init(int *argc, char ***argv, const dt_dist_opts *opts) {
     if (dt__dist.initialized) return DT_ERR(DT_ESTATE, "dt_dist_init: already initialized");
     if (opts && (opts->progress < DT_PROGRESS_DEFAULT || opts->progress > DT_PROGRESS_THREAD))
         return DT_ERR(DT_EINVAL, "dt_dist_init: unknown progress mode %d", (int)opts->progress);
+    if (opts && (opts->collectives < DT_COLL_DEFAULT || opts->collectives > DT_COLL_FLAT))
+        return DT_ERR(DT_EINVAL, "dt_dist_init: unknown collectives mode %d", (int)opts->collectives);
     dt_dist_state *g = &dt__dist;
     memset(g, 0, sizeof *g);
     g->mode = resolve_mode(opts);
@@ -97,6 +99,14 @@ dt_status dt_dist_init(int *argc, char ***argv, const dt_dist_opts *opts) {
     g->stall_warn_s = opts && opts->stall_warn_s != 0 ? opts->stall_warn_s : 60.0;
     g->timeout_s = opts ? opts->collective_timeout_s : 0.0;
     g->debug = opts ? opts->debug_collectives != 0 : 0;
+    dt_collectives_mode cm = opts ? opts->collectives : DT_COLL_DEFAULT;
+    if (cm == DT_COLL_DEFAULT) {
+        const char *e = getenv("DTRAIN_COLLECTIVES");
+        if (e && *e && strcasecmp(e, "flat") && strcasecmp(e, "hierarchical"))
+            return DT_ERR(DT_EINVAL, "DTRAIN_COLLECTIVES=%s: expected flat or hierarchical", e);
+        cm = e && !strcasecmp(e, "flat") ? DT_COLL_FLAT : DT_COLL_HIERARCHICAL;
+    }
+    g->flat = cm == DT_COLL_FLAT;
 
     int already = 0, finalized = 0, provided = MPI_THREAD_SINGLE;
     MPI_Initialized(&already);

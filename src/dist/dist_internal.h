@@ -7,9 +7,12 @@
 #include <stdint.h>
 #include "dtrain/dist.h"
 
-/* Phase p of a multi-phase operation runs on comm[p]. Invariant: on every
- * comm[p], operations start in issue order on every rank (see progress.c). */
-#define DT_MAX_PHASE 2
+/* Phase p of a multi-phase operation runs on its own communicators (comm[p]
+ * for the flat kinds; topo.node/lane_*[p] for the hierarchical one).
+ * Invariant: on every communicator, operations start in issue order on every
+ * rank (see progress.c). DT_NCOMM: the full-group duplicates in comm[]. */
+#define DT_MAX_PHASE 4
+#define DT_NCOMM 2
 
 typedef enum dt_opkind {
     DT_OPK_ALLREDUCE,       /* MPI reduction, segmented; 1 phase */
@@ -25,6 +28,7 @@ typedef enum dt_opkind {
     DT_OPK_ALLREDUCE_SHM,   /* in place on node-shared memory: rank-ordered sum of a slice each */
     DT_OPK_REDUCE_SCATTER_SHM,   /* input in node-shared memory: rank r sums chunk r of every rank's input */
     DT_OPK_ALLGATHER_SHM,        /* output in node-shared memory: rank r copies every rank's chunk */
+    DT_OPK_ALLREDUCE_HIER,       /* across machines: inside -> across (per lane) -> inside; 4 phases (hier.c) */
 } dt_opkind;
 
 /* The operations that run on node-shared memory (shm.c), not through MPI. */
@@ -34,6 +38,26 @@ static inline int dt__kind_is_shm(dt_opkind k) {
 
 typedef struct dt_shm dt_shm;
 typedef struct dt_wd dt_wd;
+
+/* The machines under a group (topology.c), learned when the group is made.
+ * Machines are numbered by their lowest group rank; a buffer is cut into
+ * `lanes` near-equal slices, and local rank l of a machine with R ranks owns
+ * lanes [lane_lo(l), lane_hi(l)) = [l*lanes/R, (l+1)*lanes/R): every lane has
+ * exactly one owner per machine. Lane j's communicators hold those owners,
+ * ordered by machine. hier: collectives run hierarchically (machines > 1,
+ * some machine has > 1 rank, not DTRAIN_COLLECTIVES=flat). */
+typedef struct dt_topo {
+    int machines, machine;          /* count; this rank's machine index */
+    int local_rank, local_size;     /* inside this rank's machine */
+    int min_local, max_local;       /* ranks per machine */
+    int contiguous;                 /* machine m holds consecutive group ranks, in machine order */
+    int *machine_of;                /* [size] machine index of each group rank */
+    int *lowest;                    /* [machines] lowest group rank of each machine */
+    int hier;
+    int lanes, lane_lo, lane_hi;    /* (hier) lanes; the ones this rank owns */
+    MPI_Comm node[2];               /* (hier) this machine's ranks: [0] phase 0, [1] phase 3 */
+    MPI_Comm *lane_a, *lane_b;      /* (hier) [lanes]: NULL comm for lanes not owned */
+} dt_topo;
 
 struct dt_work {
     dt_pg *pg;
@@ -75,10 +99,11 @@ struct dt_work {
     int shm_out_staged;         /* reduce-scatter whose out overlaps a peer's chunk of this rank's
                                    input: summed into w->stage, copied to out on completion */
     uint64_t coll_idx;          /* collectives (not p2p) issued on pg before this one */
+    int hier_det;               /* DT_OPK_ALLREDUCE_HIER: rank-ordered chain across machines */
 };
 
 struct dt_pg {
-    MPI_Comm comm[DT_MAX_PHASE];
+    MPI_Comm comm[DT_NCOMM];
     MPI_Comm side;              /* out of band: configuration agreement (agree.c) */
     int rank, size;
     char name[64];
@@ -107,9 +132,24 @@ struct dt_pg {
     dt_work *running;           /* THREAD: the operation the comm thread runs (pg->mu) */
     int timed_out;              /* a wait passed the collective timeout: nothing more completes */
     char shm_why[256];          /* why the last dt_pg_alloc_shared gave NULL */
+    dt_topo topo;               /* machines under the group (topology.c) */
     /* registry of live groups */
     dt_pg *reg_next;
 };
+
+/* ---- topology.c ----
+ * create: collective over comm (the group's comm[0]), at group creation.
+ * free: with the group. lane_lo/lane_hi: local rank l's lanes on a machine
+ * of R ranks. lane_elems: element offset of lane j of count. */
+dt_status dt__topo_create(dt_pg *pg);
+void dt__topo_free(dt_topo *t);
+int dt__lane_lo(const dt_topo *t, int l, int R);
+int64_t dt__lane_off(const dt_topo *t, int64_t count, int j);
+
+/* ---- hier.c: the hierarchical allreduce (phases as in collectives.c) ---- */
+int dt__hier_start(dt_work *w);
+int dt__hier_finish(dt_work *w);
+int dt__hier_run(dt_work *w);
 
 /* ---- dist_init.c: process-wide state ---- */
 typedef struct dt_dist_state {
@@ -124,6 +164,7 @@ typedef struct dt_dist_state {
     double stall_warn_s;        /* <= 0: off */
     double timeout_s;           /* <= 0: off */
     int debug;                  /* fingerprint every collective across ranks first */
+    int flat;                   /* never hierarchical (dt_dist_opts.collectives / DTRAIN_COLLECTIVES) */
     int timed_out;              /* a group was left after a collective timeout: no MPI_Finalize */
     double last_tick;
 } dt_dist_state;

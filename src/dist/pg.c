@@ -21,7 +21,7 @@ static dt_status pg_create(MPI_Comm comm, const char *name, dt_pg **out) {
     }
     pg->comm[0] = comm;
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    for (int p = 1; p < DT_MAX_PHASE; p++) {
+    for (int p = 1; p < DT_NCOMM; p++) {
         int rc = MPI_Comm_dup(comm, &pg->comm[p]);
         if (rc != MPI_SUCCESS) {
             for (int q = 0; q < p; q++) MPI_Comm_free(&pg->comm[q]);
@@ -32,7 +32,7 @@ static dt_status pg_create(MPI_Comm comm, const char *name, dt_pg **out) {
     }
     int rc = MPI_Comm_dup(comm, &pg->side);
     if (rc != MPI_SUCCESS) {
-        for (int q = 0; q < DT_MAX_PHASE; q++) MPI_Comm_free(&pg->comm[q]);
+        for (int q = 0; q < DT_NCOMM; q++) MPI_Comm_free(&pg->comm[q]);
         free(pg);
         return dt__mpi_err(rc, "dt_pg: MPI_Comm_dup");
     }
@@ -46,12 +46,23 @@ static dt_status pg_create(MPI_Comm comm, const char *name, dt_pg **out) {
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv_work, NULL);
     pthread_cond_init(&pg->cv_done, NULL);
+    dt_status ts = dt__topo_create(pg);   /* collective: the machines under the group */
+    if (ts != DT_OK) {
+        for (int q = 0; q < DT_NCOMM; q++) MPI_Comm_free(&pg->comm[q]);
+        MPI_Comm_free(&pg->side);
+        pthread_mutex_destroy(&pg->mu);
+        pthread_cond_destroy(&pg->cv_work);
+        pthread_cond_destroy(&pg->cv_done);
+        free(pg);
+        return ts;
+    }
     dt__wd_create(pg);   /* collective, like the communicator */
     if (pg->mode == DT_PROGRESS_THREAD) {
         dt_status s = dt__pg_thread_start(pg);
         if (s != DT_OK) {
             dt__wd_free(pg);
-            for (int q = 0; q < DT_MAX_PHASE; q++) MPI_Comm_free(&pg->comm[q]);
+            dt__topo_free(&pg->topo);
+            for (int q = 0; q < DT_NCOMM; q++) MPI_Comm_free(&pg->comm[q]);
             MPI_Comm_free(&pg->side);
             free(pg);
             return s;
@@ -105,18 +116,8 @@ dt_status dt_pg_split(dt_pg *parent, int color, int key, dt_pg **out) {
 dt_status dt_pg_node_of(dt_pg *pg, int *node) {
     DT_TRY(dt__check_init("dt_pg_node_of"));
     if (!pg || !node) return DT_ERR(DT_EINVAL, "dt_pg_node_of: NULL argument");
-    DT_TRY(dt_pg_wait_all(pg));
-    if (pg->broken) return DT_ERR(DT_ECOMM, "dt_pg_node_of %s: %s", pg->name, pg->broken_msg);
-    DT_TRY(dt_barrier(pg, NULL));   /* (as dt_pg_split: nobody blocks in MPI while a peer needs it) */
-    MPI_Comm local;
-    int rc = MPI_Comm_split_type(pg->comm[0], MPI_COMM_TYPE_SHARED, pg->rank, MPI_INFO_NULL, &local);
-    if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_node_of: MPI_Comm_split_type");
-    int lowest = pg->rank;   /* key = group rank: the local leader is the lowest */
-    rc = MPI_Bcast(&lowest, 1, MPI_INT, 0, local);
-    MPI_Comm_free(&local);
-    if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_node_of: MPI_Bcast");
-    rc = MPI_Allgather(&lowest, 1, MPI_INT, node, 1, MPI_INT, pg->comm[0]);
-    return rc == MPI_SUCCESS ? DT_OK : dt__mpi_err(rc, "dt_pg_node_of: MPI_Allgather");
+    for (int r = 0; r < pg->size; r++) node[r] = pg->topo.lowest[pg->topo.machine_of[r]];
+    return DT_OK;
 }
 
 dt_status dt_pg_free(dt_pg *pg) {
@@ -142,7 +143,8 @@ dt_status dt_pg_free(dt_pg *pg) {
     while (pg->all) dt__work_free(pg->all);   /* unwaited handles become invalid */
     dt__shm_free_all(pg);                      /* collective, like the communicator */
     dt__wd_free(pg);
-    for (int p = 0; p < DT_MAX_PHASE; p++)
+    dt__topo_free(&pg->topo);
+    for (int p = 0; p < DT_NCOMM; p++)
         if (pg->comm[p] != MPI_COMM_NULL) MPI_Comm_free(&pg->comm[p]);
     if (pg->side != MPI_COMM_NULL) MPI_Comm_free(&pg->side);
     for (int i = 0; i < 4; i++) dt_free(pg->pool[i]);

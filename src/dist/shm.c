@@ -137,8 +137,9 @@ dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
                     pg->name, ~mm[1], mm[0]);
     else if (mm[3])
         st = DT_ERR(DT_ENOMEM, "dt_pg_alloc_shared on %s: out of memory", pg->name);
-    else if (nsize != pg->size)   /* the group spans machines: nothing shared */
-        snprintf(pg->shm_why, sizeof pg->shm_why, "the ranks of %s run on more than one machine", pg->name);
+    else if (nsize != pg->size || pg->topo.machines > 1)   /* the group spans machines: nothing shared */
+        snprintf(pg->shm_why, sizeof pg->shm_why, "the ranks of %s run on %d machines", pg->name,
+                 pg->topo.machines > 1 ? pg->topo.machines : 2);
     else if (mm[2])
         snprintf(pg->shm_why, sizeof pg->shm_why, "%s has %.0f MiB free, %d ranks need %.0f MiB "
                  "(set OMPI_MCA_osc_sm_backing_directory or enlarge it)", dir, avail / 1048576.0, pg->size,

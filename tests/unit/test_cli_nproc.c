@@ -95,7 +95,8 @@ static void test_no_shm_same_result(void **state) {
         int rc = sh(cmd, out, sizeof out);
         if (rc != 0) fail_msg("rc=%d output:\n%s", rc, out);
         /* the path really differs: the start-up line says which */
-        if (!strstr(out, k ? "reduced by MPI collectives: --no-shm" : "ddp gradients in shared memory"))
+        if (!strstr(out, k ? "ddp on 1 machine x 2 ranks: gradients reduced by MPI collectives: --no-shm"
+                          : "ddp on 1 machine x 2 ranks: gradients in shared memory"))
             fail_msg("start-up line does not name the %s path:\n%s", k ? "MPI" : "shared-memory", out);
         const char *v = strstr(out, "validation loss");
         if (!v) {

@@ -14,10 +14,17 @@ static dt_status s_setup(void *self, dt_run *r) {
         const char *why = s->opts.dp.shm == DT_DP_SHM_OFF ? "dp.shm off"
                         : s->opts.dp.wire == DT_BF16 ? "dp.wire bf16" : s->opts.dp.wire == DT_F16 ? "dp.wire fp16"
                         : s->opts.hook ? "a custom communication hook" : dt_pg_shared_unavailable(s->pg);
+        char where[96];
+        dt_pg_topo t;
+        dt_pg_topology(s->pg, &t);
+        dt_pg_topology_describe(s->pg, where, sizeof where);
         if (dt_ddp_uses_shared_memory(s->ddp))
-            dt_log(DT_LOG_INFO, "dtrain: ddp gradients in shared memory on this machine, summed in place (dp.shm off: MPI collectives)\n");
+            dt_log(DT_LOG_INFO, "dtrain: ddp on %s: gradients in shared memory, summed in place (dp.shm off: MPI collectives)\n", where);
+        else if (t.hierarchical && !s->opts.hook)
+            dt_log(DT_LOG_INFO, "dtrain: ddp on %s: gradients reduced hierarchically (inside each machine, then across "
+                   "machines in %d lanes)\n", where, t.lanes);
         else
-            dt_log(DT_LOG_INFO, "dtrain: ddp gradients reduced by MPI collectives%s%s\n", why[0] ? ": " : "", why);
+            dt_log(DT_LOG_INFO, "dtrain: ddp on %s: gradients reduced by MPI collectives%s%s\n", where, why[0] ? ": " : "", why);
     }
     const dt_model *m = r->model;   /* frozen parameters: no gradient, no optimizer state */
     size_t f = sizeof(float), trainable = dt_model_num_trainable(m);
