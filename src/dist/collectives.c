@@ -22,6 +22,8 @@ const char *dt__kind_name(dt_opkind k) {
     case DT_OPK_REDUCE_SCATTER_SHM: return "reduce_scatter(shm)";
     case DT_OPK_ALLGATHER_SHM: return "allgather(shm)";
     case DT_OPK_ALLREDUCE_HIER: return "allreduce(hier)";
+    case DT_OPK_REDUCE_SCATTER_HIER: return "reduce_scatter(hier)";
+    case DT_OPK_ALLGATHER_HIER: return "allgather(hier)";
     }
     return "?";
 }
@@ -107,7 +109,9 @@ static dt_status new_work(dt_pg *pg, dt_opkind kind, int64_t count, dt_dtype dty
     w->kind = kind;
     w->count = count;
     w->dtype = dtype;
-    w->nphase = kind == DT_OPK_ALLREDUCE_DET ? 2 : kind == DT_OPK_ALLREDUCE_HIER ? 4 : 1;
+    w->nphase = kind == DT_OPK_ALLREDUCE_DET ? 2
+              : kind == DT_OPK_ALLREDUCE_HIER || kind == DT_OPK_REDUCE_SCATTER_HIER || kind == DT_OPK_ALLGATHER_HIER ? 4
+              : 1;
     w->internal = wp == NULL;
     w->req = w->req_small;
     w->sts = w->sts_small;
@@ -198,8 +202,15 @@ dt_status dt_reduce_scatter(dt_pg *pg, const void *in, void *out, int64_t count,
      * chunk of the input is written only once every peer has read it. */
     size_t shm_off = 0;
     dt_shm *shm = count > 0 ? dt__shm_find(pg, in, nb, &shm_off) : NULL;
+    /* across machines (hier_shard.c): plain = each machine, then the machines
+     * in order; rank order (as flat) only deterministic, F32, consecutive */
+    const dt_topo *t = &pg->topo;
+    int det = (op & DT_RED_DETERMINISTIC) || pg->deterministic;
+    int hier = !shm && t->hier && count > 0 && nb <= INT_MAX && (!det || (dtype == DT_F32 && t->contiguous));
     dt_work *w = NULL;
-    DT_TRY(new_work(pg, shm ? DT_OPK_REDUCE_SCATTER_SHM : DT_OPK_REDUCE_SCATTER, count, dtype, (double)nb, wp, &w));
+    DT_TRY(new_work(pg, shm ? DT_OPK_REDUCE_SCATTER_SHM : hier ? DT_OPK_REDUCE_SCATTER_HIER : DT_OPK_REDUCE_SCATTER,
+                    count, dtype, (double)nb, wp, &w));
+    w->hier_det = hier && det;
     w->in = in;
     w->out = out;
     w->avg = (op & ~DT_RED_DETERMINISTIC) == DT_RED_AVG;
@@ -224,8 +235,10 @@ dt_status dt_allgather(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
      * each rank copies the others' chunks straight from their outputs */
     size_t shm_off = 0;
     dt_shm *shm = count > 0 ? dt__shm_find(pg, out, nb * (size_t)pg->size, &shm_off) : NULL;
+    int hier = !shm && pg->topo.hier && count > 0 && nb * (size_t)pg->size <= INT_MAX;   /* hier_shard.c */
     dt_work *w = NULL;
-    DT_TRY(new_work(pg, shm ? DT_OPK_ALLGATHER_SHM : DT_OPK_ALLGATHER, count, dtype, (double)nb * pg->size, wp, &w));
+    DT_TRY(new_work(pg, shm ? DT_OPK_ALLGATHER_SHM : hier ? DT_OPK_ALLGATHER_HIER : DT_OPK_ALLGATHER, count, dtype,
+                    (double)nb * pg->size, wp, &w));
     w->in = (count > 0 && in == mine) ? NULL : in;   /* NULL: in place */
     w->out = out;
     w->shm = shm;
@@ -388,6 +401,9 @@ int dt__op_start(dt_work *w) {
         return dt__shm_start(w);
     case DT_OPK_ALLREDUCE_HIER:
         return dt__hier_start(w);
+    case DT_OPK_REDUCE_SCATTER_HIER:
+    case DT_OPK_ALLGATHER_HIER:
+        return dt__hshard_start(w);
     default:
         return dt__det_start(w);
     }
@@ -398,6 +414,7 @@ int dt__op_start(dt_work *w) {
 int dt__op_finish(dt_work *w) {
     if (dt__kind_is_det(w->kind)) return dt__det_finish(w);
     if (w->kind == DT_OPK_ALLREDUCE_HIER) return dt__hier_finish(w);
+    if (w->kind == DT_OPK_REDUCE_SCATTER_HIER || w->kind == DT_OPK_ALLGATHER_HIER) return dt__hshard_finish(w);
     if (w->avg && w->out) dt__scale_div(w->out, w->count, w->dtype, w->pg->size);
     return MPI_SUCCESS;
 }
@@ -406,6 +423,7 @@ int dt__op_run(dt_work *w) {
     if (dt__kind_is_det(w->kind)) return dt__det_run(w);
     if (dt__kind_is_shm(w->kind)) return dt__shm_run(w);   /* averages itself */
     if (w->kind == DT_OPK_ALLREDUCE_HIER) return dt__hier_run(w);
+    if (w->kind == DT_OPK_REDUCE_SCATTER_HIER || w->kind == DT_OPK_ALLGATHER_HIER) return dt__hshard_run(w);
     dt_pg *pg = w->pg;
     MPI_Comm c = pg->comm[0];
     MPI_Datatype t = dt__mpi_type(w->dtype);

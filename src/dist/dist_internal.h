@@ -29,6 +29,8 @@ typedef enum dt_opkind {
     DT_OPK_REDUCE_SCATTER_SHM,   /* input in node-shared memory: rank r sums chunk r of every rank's input */
     DT_OPK_ALLGATHER_SHM,        /* output in node-shared memory: rank r copies every rank's chunk */
     DT_OPK_ALLREDUCE_HIER,       /* across machines: inside -> across (per lane) -> inside; 4 phases (hier.c) */
+    DT_OPK_REDUCE_SCATTER_HIER,  /* across machines: inside -> across (hier_shard.c); 4 phases */
+    DT_OPK_ALLGATHER_HIER,       /* across machines: across -> inside (hier_shard.c); 4 phases */
 } dt_opkind;
 
 /* The operations that run on node-shared memory (shm.c), not through MPI. */
@@ -52,11 +54,16 @@ typedef struct dt_topo {
     int min_local, max_local;       /* ranks per machine */
     int contiguous;                 /* machine m holds consecutive group ranks, in machine order */
     int *machine_of;                /* [size] machine index of each group rank */
+    int *local_of;                  /* [size] index of each group rank on its machine */
+    int *members;                   /* [size] group ranks machine by machine, ascending in each */
+    int *member_off;                /* [machines + 1] machine m's ranks: members[member_off[m] ..) */
     int *lowest;                    /* [machines] lowest group rank of each machine */
     int hier;
     int lanes, lane_lo, lane_hi;    /* (hier) lanes; the ones this rank owns */
     MPI_Comm node[2];               /* (hier) this machine's ranks: [0] phase 0, [1] phase 3 */
     MPI_Comm *lane_a, *lane_b;      /* (hier) [lanes]: NULL comm for lanes not owned */
+    MPI_Comm cross[2];              /* (hier) the whole group, for point-to-point across machines:
+                                       [0] phase 2 of reduce-scatter / allgather, [1] their chain */
 } dt_topo;
 
 struct dt_work {
@@ -145,11 +152,19 @@ dt_status dt__topo_create(dt_pg *pg);
 void dt__topo_free(dt_topo *t);
 int dt__lane_lo(const dt_topo *t, int l, int R);
 int64_t dt__lane_off(const dt_topo *t, int64_t count, int j);
+/* Group rank that handles rank k's chunk on machine m (reduce-scatter,
+ * allgather): the rank of m whose local index is k's local index mod m's
+ * rank count (k itself on k's machine). */
+int dt__chunk_handler(const dt_topo *t, int m, int k);
 
-/* ---- hier.c: the hierarchical allreduce (phases as in collectives.c) ---- */
+/* ---- hier.c, hier_shard.c: hierarchical allreduce, reduce-scatter and
+ * allgather (phases as in collectives.c) ---- */
 int dt__hier_start(dt_work *w);
 int dt__hier_finish(dt_work *w);
 int dt__hier_run(dt_work *w);
+int dt__hshard_start(dt_work *w);
+int dt__hshard_finish(dt_work *w);
+int dt__hshard_run(dt_work *w);
 
 /* ---- dist_init.c: process-wide state ---- */
 typedef struct dt_dist_state {

@@ -30,6 +30,11 @@
 int dt__lane_lo(const dt_topo *t, int l, int R) { return (int)((int64_t)l * t->lanes / R); }
 int64_t dt__lane_off(const dt_topo *t, int64_t count, int j) { return count * j / t->lanes; }
 
+int dt__chunk_handler(const dt_topo *t, int m, int k) {
+    int R = t->member_off[m + 1] - t->member_off[m];
+    return t->members[t->member_off[m] + t->local_of[k] % R];
+}
+
 static int64_t gcd64(int64_t a, int64_t b) {
     while (b) { int64_t r = a % b; a = b; b = r; }
     return a;
@@ -92,7 +97,7 @@ static dt_status make_lanes(dt_topo *t, MPI_Comm comm) {
 dt_status dt__topo_create(dt_pg *pg) {
     dt_topo *t = &pg->topo;
     memset(t, 0, sizeof *t);
-    t->node[0] = t->node[1] = MPI_COMM_NULL;
+    t->node[0] = t->node[1] = t->cross[0] = t->cross[1] = MPI_COMM_NULL;
     MPI_Comm comm = pg->comm[0], local = MPI_COMM_NULL;
     int fake = -1;
     dt_status st = test_machine(&fake);
@@ -107,12 +112,16 @@ dt_status dt__topo_create(dt_pg *pg) {
     rc = MPI_Bcast(&lowest, 1, MPI_INT, 0, local);
     int *low_of = malloc((size_t)pg->size * sizeof *low_of);
     t->machine_of = malloc((size_t)pg->size * sizeof *t->machine_of);
+    t->local_of = malloc((size_t)pg->size * sizeof *t->local_of);
+    t->members = malloc((size_t)pg->size * sizeof *t->members);
+    t->member_off = malloc((size_t)(pg->size + 1) * sizeof *t->member_off);
     t->lowest = malloc((size_t)pg->size * sizeof *t->lowest);
     if (rc == MPI_SUCCESS) {   /* every rank reaches the allgather, even without memory */
         int dummy[1];
         rc = MPI_Allgather(&lowest, 1, MPI_INT, low_of ? low_of : dummy, low_of ? 1 : 0, MPI_INT, comm);
     }
-    if (rc != MPI_SUCCESS || !low_of || !t->machine_of || !t->lowest) {
+    if (rc != MPI_SUCCESS || !low_of || !t->machine_of || !t->lowest || !t->local_of || !t->members ||
+        !t->member_off) {
         free(low_of);
         MPI_Comm_free(&local);
         dt__topo_free(t);
@@ -137,6 +146,15 @@ dt_status dt__topo_create(dt_pg *pg) {
         if (r > 0 && m != t->machine_of[r - 1] && m != t->machine_of[r - 1] + 1) t->contiguous = 0;
     }
     free(low_of);
+    /* members machine by machine (ascending inside: MPI's local order, key = rank) */
+    t->member_off[0] = 0;
+    for (int m = 0; m < t->machines; m++) t->member_off[m + 1] = t->member_off[m] + count[m];
+    for (int m = 0; m < t->machines; m++) count[m] = 0;
+    for (int r = 0; r < pg->size; r++) {
+        int m = t->machine_of[r];
+        t->local_of[r] = count[m]++;
+        t->members[t->member_off[m] + t->local_of[r]] = r;
+    }
     t->machine = t->machine_of[pg->rank];
     t->min_local = t->max_local = count[0];
     int64_t lcm = 1;
@@ -162,14 +180,25 @@ dt_status dt__topo_create(dt_pg *pg) {
         return dt__mpi_err(rc, "dt_pg: MPI_Comm_dup");
     }
     set_ret(t->node[1]);
+    for (int i = 0; i < 2; i++) {
+        rc = MPI_Comm_dup(comm, &t->cross[i]);
+        if (rc != MPI_SUCCESS) {
+            t->cross[i] = MPI_COMM_NULL;
+            dt__topo_free(t);
+            return dt__mpi_err(rc, "dt_pg: MPI_Comm_dup");
+        }
+        set_ret(t->cross[i]);
+    }
     st = make_lanes(t, comm);
     if (st != DT_OK) dt__topo_free(t);
     return st;
 }
 
 void dt__topo_free(dt_topo *t) {
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         if (t->node[i] != MPI_COMM_NULL) MPI_Comm_free(&t->node[i]);
+        if (t->cross[i] != MPI_COMM_NULL) MPI_Comm_free(&t->cross[i]);
+    }
     for (int j = 0; j < t->lanes; j++) {
         if (t->lane_a && t->lane_a[j] != MPI_COMM_NULL) MPI_Comm_free(&t->lane_a[j]);
         if (t->lane_b && t->lane_b[j] != MPI_COMM_NULL) MPI_Comm_free(&t->lane_b[j]);
@@ -177,9 +206,12 @@ void dt__topo_free(dt_topo *t) {
     free(t->lane_a);
     free(t->lane_b);
     free(t->machine_of);
+    free(t->local_of);
+    free(t->members);
+    free(t->member_off);
     free(t->lowest);
     memset(t, 0, sizeof *t);
-    t->node[0] = t->node[1] = MPI_COMM_NULL;
+    t->node[0] = t->node[1] = t->cross[0] = t->cross[1] = MPI_COMM_NULL;
 }
 
 /* ---- public ---- */

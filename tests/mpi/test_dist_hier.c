@@ -165,6 +165,48 @@ static void check_sums(const char *machines, const int *machine_of) {
     t_end();
 }
 
+/* Reduce-scatter (plain: tree order; deterministic: rank order) and
+ * allgather (exact), every dtype, in and out of place, one topology. */
+static void check_shards(const char *machines, const int *machine_of) {
+    char name[96];
+    snprintf(name, sizeof name, "hierarchical reduce-scatter / allgather on machines %s", machines);
+    t_begin(name);
+    dt_pg *pg = world_on(machines);
+    int me = dt_pg_rank(pg), n = dt_pg_size(pg);
+    const int64_t sizes[] = {1, 3, 1000, 65537};
+    const dt_dtype types[] = {DT_F32, DT_BF16, DT_F16};
+    for (int ti = 0; ti < 3; ti++)
+        for (int si = 0; si < 4; si++)
+            for (int k = 0; k < 8; k++) {
+                int avg = k & 1, det = (k >> 1) & 1, inplace = (k >> 2) & 1;
+                dt_dtype t = types[ti];
+                int64_t c = sizes[si];
+                size_t es = dt_dtype_size(t);
+                void *x = input(me, c * n, t);
+                void *y = inplace ? (char *)x + (size_t)me * (size_t)c * es : t_alloc(c, t);
+                float *e = expected(machine_of, n, c * n, t, avg, det || ti > 0);   /* 16-bit inputs: exact */
+                int op = (avg ? DT_RED_AVG : DT_RED_SUM) | (det ? DT_RED_DETERMINISTIC : 0);
+                dt_work *w = NULL;
+                T_OK(dt_reduce_scatter(pg, x, y, c, t, op, si % 2 ? &w : NULL));
+                T_OK(dt_work_wait(w));
+                T_DTYPE_EQ(y, t, e + (size_t)me * (size_t)c, c, det ? "deterministic reduce-scatter"
+                                                                     : "hierarchical reduce-scatter");
+                /* allgather the chunks back: every rank holds every rank's */
+                void *all = t_alloc(c * n, t);
+                if (inplace) memcpy((char *)all + (size_t)me * (size_t)c * es, y, (size_t)c * es);
+                T_OK(dt_allgather(pg, inplace ? (char *)all + (size_t)me * (size_t)c * es : y, all, c, t,
+                                  si % 2 ? NULL : &w));
+                T_OK(dt_work_wait(si % 2 ? NULL : w));
+                T_DTYPE_EQ(all, t, e, c * n, "hierarchical allgather");
+                free(all);
+                if (!inplace) free(y);
+                free(x);
+                free(e);
+            }
+    T_OK(dt_pg_free(pg));
+    t_end();
+}
+
 /* Several operations in flight on one group (hierarchical plain and det,
  * flat broadcast and reduce-scatter in between), waited in reverse order. */
 static void test_in_flight(void) {
@@ -208,6 +250,9 @@ int main(int argc, char **argv) {
         check_sums("0,0,1,1", m22);
         check_sums("0,0,0,1", m31);
         check_sums("0,1,0,1", m_il);
+        check_shards("0,0,1,1", m22);
+        check_shards("0,0,0,1", m31);
+        check_shards("0,1,0,1", m_il);
         test_in_flight();
         /* the checks above can fail: plain tree order differs from rank order here */
         int differ = 0;
