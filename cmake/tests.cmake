@@ -57,6 +57,20 @@ foreach(name ${DT_MPI_THREAD_TESTS})
   endif()
 endforeach()
 
+# The same equivalences on simulated machines (DTRAIN_TEST_MACHINES: the
+# library believes in 2 x 2 and 3 + 1 machines on this one), so DDP and ZeRO
+# run the hierarchical collectives (dist.h section 10) wherever ctest runs;
+# tests/scripts/test_multihost.sh runs real hosts (network namespaces).
+foreach(t test_ddp_equivalence test_zero_equivalence test_zero_stage3)
+  foreach(m "2x2;0,0,1,1" "3p1;0,0,0,1")
+    list(GET m 0 tag)
+    list(GET m 1 ids)
+    add_test(NAME ${t}_machines${tag}_np4 COMMAND ${DT_MPIEXEC} -n 4 $<TARGET_FILE:${t}>)
+    set_tests_properties(${t}_machines${tag}_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 600
+      ENVIRONMENT "OMP_NUM_THREADS=1;DTRAIN_PROGRESS=poll;DTRAIN_TEST_MACHINES=${ids}")
+  endforeach()
+endforeach()
+
 file(GLOB DT_SLOW_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/slow/test_*.c)
 foreach(src ${DT_SLOW_TESTS})
   dt_add_test_exe(${src})

@@ -133,6 +133,19 @@ dt_status dt_dist_init(int *argc, char ***argv, const dt_dist_opts *opts) {
     int *ub = NULL;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     g->tag_ub = (flag && ub) ? *ub : 32767;
+    /* host names, for messages that name where a rank runs */
+    g->hosts = calloc((size_t)g->world_size, sizeof *g->hosts);
+    char name[MPI_MAX_PROCESSOR_NAME + 1] = "";
+    int nlen = 0;
+    MPI_Get_processor_name(name, &nlen);
+    char mine[64];
+    snprintf(mine, sizeof mine, "%s", name);
+    int hrc = MPI_Allgather(mine, 64, MPI_CHAR, g->hosts ? (void *)g->hosts : (void *)mine, g->hosts ? 64 : 0,
+                            MPI_CHAR, MPI_COMM_WORLD);
+    if (hrc != MPI_SUCCESS || !g->hosts) {
+        free(g->hosts);
+        g->hosts = NULL;
+    }
     int rc = dt__half_ops_create();
     if (rc != MPI_SUCCESS) {
         if (g->we_init_mpi) MPI_Finalize();
@@ -152,6 +165,8 @@ dt_status dt_dist_finalize(void) {
         if (s != DT_OK && first == DT_OK) first = s;
     }
     dt__half_ops_free();
+    free(g->hosts);
+    g->hosts = NULL;
     int fin = 0;
     MPI_Finalized(&fin);
     if (g->timed_out) {   /* MPI_Finalize would wait for the collective that never came */

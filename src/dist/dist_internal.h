@@ -58,6 +58,7 @@ typedef struct dt_topo {
     int *members;                   /* [size] group ranks machine by machine, ascending in each */
     int *member_off;                /* [machines + 1] machine m's ranks: members[member_off[m] ..) */
     int *lowest;                    /* [machines] lowest group rank of each machine */
+    int *world_of;                  /* [size] world rank of each group rank */
     int hier;
     int lanes, lane_lo, lane_hi;    /* (hier) lanes; the ones this rank owns */
     MPI_Comm node[2];               /* (hier) this machine's ranks: [0] phase 0, [1] phase 3 */
@@ -150,6 +151,7 @@ struct dt_pg {
  * of R ranks. lane_elems: element offset of lane j of count. */
 dt_status dt__topo_create(dt_pg *pg);
 void dt__topo_free(dt_topo *t);
+const char *dt__host_of(const dt_pg *pg, int r);   /* group rank r's host name */
 int dt__lane_lo(const dt_topo *t, int l, int R);
 int64_t dt__lane_off(const dt_topo *t, int64_t count, int j);
 /* Group rank that handles rank k's chunk on machine m (reduce-scatter,
@@ -180,6 +182,7 @@ typedef struct dt_dist_state {
     double timeout_s;           /* <= 0: off */
     int debug;                  /* fingerprint every collective across ranks first */
     int flat;                   /* never hierarchical (dt_dist_opts.collectives / DTRAIN_COLLECTIVES) */
+    char (*hosts)[64];          /* [world_size] each world rank's host name (MPI_Get_processor_name) */
     int timed_out;              /* a group was left after a collective timeout: no MPI_Finalize */
     double last_tick;
 } dt_dist_state;

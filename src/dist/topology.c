@@ -116,12 +116,22 @@ dt_status dt__topo_create(dt_pg *pg) {
     t->members = malloc((size_t)pg->size * sizeof *t->members);
     t->member_off = malloc((size_t)(pg->size + 1) * sizeof *t->member_off);
     t->lowest = malloc((size_t)pg->size * sizeof *t->lowest);
+    t->world_of = malloc((size_t)pg->size * sizeof *t->world_of);
+    if (t->world_of) {
+        MPI_Group gg, wg;
+        MPI_Comm_group(comm, &gg);
+        MPI_Comm_group(MPI_COMM_WORLD, &wg);
+        for (int r = 0; r < pg->size; r++) t->world_of[r] = r;
+        MPI_Group_translate_ranks(gg, pg->size, t->world_of, wg, t->world_of);
+        MPI_Group_free(&gg);
+        MPI_Group_free(&wg);
+    }
     if (rc == MPI_SUCCESS) {   /* every rank reaches the allgather, even without memory */
         int dummy[1];
         rc = MPI_Allgather(&lowest, 1, MPI_INT, low_of ? low_of : dummy, low_of ? 1 : 0, MPI_INT, comm);
     }
     if (rc != MPI_SUCCESS || !low_of || !t->machine_of || !t->lowest || !t->local_of || !t->members ||
-        !t->member_off) {
+        !t->member_off || !t->world_of) {
         free(low_of);
         MPI_Comm_free(&local);
         dt__topo_free(t);
@@ -210,8 +220,14 @@ void dt__topo_free(dt_topo *t) {
     free(t->members);
     free(t->member_off);
     free(t->lowest);
+    free(t->world_of);
     memset(t, 0, sizeof *t);
     t->node[0] = t->node[1] = t->cross[0] = t->cross[1] = MPI_COMM_NULL;
+}
+
+const char *dt__host_of(const dt_pg *pg, int r) {
+    if (!dt__dist.hosts || !pg->topo.world_of || r < 0 || r >= pg->size) return "?";
+    return dt__dist.hosts[pg->topo.world_of[r]];
 }
 
 /* ---- public ---- */

@@ -7,8 +7,19 @@
  * still be inspected. Per collective the cost is two relaxed stores at issue
  * (count, sequence) and one per poll (heartbeat, from the clock reading
  * the poll takes anyway). Only a wait that has lasted stall_warn seconds
- * reads the other slots. Ranks on other machines have no slot here: a
- * warning counts them as unknown.
+ * reads the other slots.
+ *
+ * Across machines: when the group spans machines, local rank 0's segment also
+ * holds a table with an entry per group rank (remote). A rank whose wait has
+ * lasted half the warning time (or of the timeout) sends, every quarter of
+ * it, a snapshot of its machine's slots (collectives issued, last operation,
+ * idle time as measured there) to one rank on every other machine (the one
+ * with its local index, modulo that machine's rank count) over a duplicate of
+ * pg->side, and polls for snapshots sent to it, which it stores in its
+ * machine's remote table, so every rank of the machine sees them. A warning
+ * then reads ranks on other machines from that table, names their host, and
+ * counts as "not inspected" only ranks no snapshot has described within the
+ * last few periods (e.g. every rank of a machine stopped).
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -27,14 +38,128 @@ typedef struct wd_slot {
 } wd_slot;
 _Static_assert(sizeof(wd_slot) == 64, "one slot per cache line");
 
+/* What one machine saw of one of its ranks, as stored on another machine. */
+typedef struct wd_remote {
+    _Atomic uint64_t ncoll, last_seq1;
+    _Atomic uint64_t idle_us;     /* idle time at the sender's snapshot */
+    _Atomic uint64_t recv_us;     /* this machine's clock when it arrived; 0: never */
+} wd_remote;
+
+/* A snapshot entry on the wire. */
+typedef struct wd_msg {
+    int64_t rank;
+    uint64_t ncoll, last_seq1, idle_us;
+} wd_msg;
+
+#define WD_TAG 7
+
 struct dt_wd {
     MPI_Win win;
     MPI_Comm node;
     wd_slot **slot;   /* [pg->size]; NULL: a rank on another machine */
     wd_slot *mine;
+    /* across machines (NULL / MPI_COMM_NULL on one machine) */
+    wd_remote *remote;    /* [pg->size] in local rank 0's segment */
+    MPI_Comm x;
+    MPI_Request rreq, *sreq;   /* [machines] */
+    wd_msg *rbuf, *sbuf;       /* [max_local], [local_size] */
+    double next_pub;
 };
 
 static uint64_t to_us(double s) { return (uint64_t)(s * 1e6); }
+
+/* The side channel across machines; without memory it is simply absent. */
+static void wd_cross_create(dt_pg *pg, dt_wd *wd) {
+    MPI_Comm x = MPI_COMM_NULL;
+    if (MPI_Comm_dup(pg->side, &x) != MPI_SUCCESS) return;   /* every rank calls it */
+    const dt_topo *t = &pg->topo;
+    wd->sreq = malloc((size_t)t->machines * sizeof *wd->sreq);
+    wd->rbuf = malloc((size_t)t->max_local * sizeof *wd->rbuf);
+    wd->sbuf = malloc((size_t)t->local_size * sizeof *wd->sbuf);
+    if (!wd->sreq || !wd->rbuf || !wd->sbuf || !wd->remote) {
+        free(wd->sreq);
+        free(wd->rbuf);
+        free(wd->sbuf);
+        wd->sreq = NULL;
+        wd->rbuf = wd->sbuf = NULL;
+        MPI_Comm_free(&x);
+        return;
+    }
+    MPI_Comm_set_errhandler(x, MPI_ERRORS_RETURN);
+    for (int m = 0; m < t->machines; m++) wd->sreq[m] = MPI_REQUEST_NULL;
+    wd->x = x;
+    if (MPI_Irecv(wd->rbuf, (int)((size_t)t->max_local * sizeof *wd->rbuf), MPI_BYTE, MPI_ANY_SOURCE, WD_TAG, x,
+                  &wd->rreq) != MPI_SUCCESS)
+        wd->rreq = MPI_REQUEST_NULL;
+}
+
+static void wd_cross_free(dt_wd *wd) {
+    if (wd->x == MPI_COMM_NULL) return;
+    /* every rank passed dt_pg_free's barrier: nothing more is sent; take in what arrived */
+    int flag = 0;
+    if (wd->rreq != MPI_REQUEST_NULL) {
+        MPI_Cancel(&wd->rreq);
+        MPI_Wait(&wd->rreq, MPI_STATUS_IGNORE);
+    }
+    for (;;) {
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, WD_TAG, wd->x, &flag, &st) != MPI_SUCCESS || !flag) break;
+        int n = 0;
+        MPI_Get_count(&st, MPI_BYTE, &n);
+        char *junk = malloc(n > 0 ? (size_t)n : 1);
+        MPI_Recv(junk, n, MPI_BYTE, st.MPI_SOURCE, WD_TAG, wd->x, MPI_STATUS_IGNORE);
+        free(junk);
+    }
+    free(wd->sreq);
+    free(wd->rbuf);
+    free(wd->sbuf);
+    MPI_Comm_free(&wd->x);
+}
+
+/* Store what arrived; publish this machine's slots if due. */
+static void wd_cross(dt_pg *pg, double now, double waited) {
+    dt_wd *wd = pg->wd;
+    if (!wd || wd->x == MPI_COMM_NULL) return;
+    const dt_topo *t = &pg->topo;
+    for (int guard = 0; wd->rreq != MPI_REQUEST_NULL && guard < 64; guard++) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Test(&wd->rreq, &flag, &st) != MPI_SUCCESS || !flag) break;
+        int n = 0;
+        MPI_Get_count(&st, MPI_BYTE, &n);
+        for (int i = 0; i < n / (int)sizeof(wd_msg); i++) {
+            const wd_msg *e = &wd->rbuf[i];
+            if (e->rank < 0 || e->rank >= pg->size || t->machine_of[e->rank] == t->machine) continue;
+            wd_remote *r = &wd->remote[e->rank];
+            atomic_store_explicit(&r->ncoll, e->ncoll, memory_order_relaxed);
+            atomic_store_explicit(&r->last_seq1, e->last_seq1, memory_order_relaxed);
+            atomic_store_explicit(&r->idle_us, e->idle_us, memory_order_relaxed);
+            atomic_store_explicit(&r->recv_us, to_us(now), memory_order_relaxed);
+        }
+        if (MPI_Irecv(wd->rbuf, (int)((size_t)t->max_local * sizeof *wd->rbuf), MPI_BYTE, MPI_ANY_SOURCE, WD_TAG,
+                      wd->x, &wd->rreq) != MPI_SUCCESS)
+            wd->rreq = MPI_REQUEST_NULL;
+    }
+    double warn = dt__dist.stall_warn_s, limit = dt__dist.timeout_s;
+    double first = warn > 0 && (limit <= 0 || warn < limit) ? warn : limit;
+    if (waited < 0.5 * first || now < wd->next_pub) return;
+    int done = 0;
+    if (MPI_Testall(t->machines, wd->sreq, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || !done) return;
+    wd->next_pub = now + (0.25 * first > 0.1 ? 0.25 * first : 0.1);
+    int n = 0;
+    for (int q = 0; q < t->local_size; q++) {
+        int r = t->members[t->member_off[t->machine] + q];
+        wd_slot *sl = wd->slot[r];
+        if (!sl) continue;
+        uint64_t beat = atomic_load_explicit(&sl->beat_us, memory_order_relaxed), nu = to_us(now);
+        wd->sbuf[n++] = (wd_msg){r, atomic_load_explicit(&sl->ncoll, memory_order_relaxed),
+                                 atomic_load_explicit(&sl->last_seq1, memory_order_relaxed), nu > beat ? nu - beat : 0};
+    }
+    for (int m = 0; m < t->machines; m++)
+        if (m != t->machine)
+            MPI_Isend(wd->sbuf, n * (int)sizeof(wd_msg), MPI_BYTE, dt__chunk_handler(t, m, pg->rank), WD_TAG, wd->x,
+                      &wd->sreq[m]);
+}
 
 void dt__wd_create(dt_pg *pg) {
     MPI_Comm node;
@@ -49,15 +174,20 @@ void dt__wd_create(dt_pg *pg) {
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, node);
     wd_slot *base = NULL;
     MPI_Win win = MPI_WIN_NULL;
+    int across = pg->topo.machines > 1, lr = 0;
+    MPI_Comm_rank(node, &lr);
+    size_t seg = sizeof(wd_slot) + (across && lr == 0 ? (size_t)pg->size * sizeof(wd_remote) : 0);
     if (all_ok && MPI_Allgather(&pg->rank, 1, MPI_INT, gr, 1, MPI_INT, node) == MPI_SUCCESS &&
-        MPI_Win_allocate_shared(sizeof(wd_slot), 1, MPI_INFO_NULL, node, &base, &win) == MPI_SUCCESS) {
+        MPI_Win_allocate_shared((MPI_Aint)seg, 1, MPI_INFO_NULL, node, &base, &win) == MPI_SUCCESS) {
         for (int i = 0; i < nl; i++) {
             MPI_Aint sz;
             int du;
             void *p = NULL;
             MPI_Win_shared_query(win, i, &sz, &du, &p);
             if (gr[i] >= 0 && gr[i] < pg->size && ((uintptr_t)p & 7) == 0) slot[gr[i]] = p;
+            if (i == 0 && across && p && ((uintptr_t)p & 7) == 0) wd->remote = (wd_remote *)((char *)p + sizeof(wd_slot));
         }
+        if (lr == 0 && wd->remote) memset(wd->remote, 0, (size_t)pg->size * sizeof(wd_remote));
         wd->win = win;
         wd->node = node;
         wd->slot = slot;
@@ -69,7 +199,11 @@ void dt__wd_create(dt_pg *pg) {
         }
         MPI_Barrier(node);   /* every slot initialised before anyone reads it */
         pg->wd = wd->mine ? wd : NULL;
+        wd->x = MPI_COMM_NULL;
+        wd->rreq = MPI_REQUEST_NULL;
+        if (across) wd_cross_create(pg, wd);   /* collective over pg->side */
         if (pg->wd) { free(gr); return; }
+        wd_cross_free(wd);
         MPI_Win_free(&wd->win);
     }
     MPI_Comm_free(&node);
@@ -81,6 +215,7 @@ void dt__wd_create(dt_pg *pg) {
 void dt__wd_free(dt_pg *pg) {
     dt_wd *wd = pg->wd;
     if (!wd) return;
+    wd_cross_free(wd);
     MPI_Win_free(&wd->win);   /* collective over the machine's ranks of pg */
     MPI_Comm_free(&wd->node);
     free(wd->slot);
@@ -124,24 +259,39 @@ static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double n
     char late[400] = "", idle[400] = "";
     size_t la = 0, ia = 0;
     int nl = 0, ni = 0, unknown = 0;
+    int across = pg->topo.machines > 1;
+    double fresh = 4.0 * (dt__dist.stall_warn_s > 0 ? dt__dist.stall_warn_s : dt__dist.timeout_s);
     for (int r = 0; r < pg->size; r++) {
         if (r == pg->rank || (p2p && r != op->root)) continue;
         wd_slot *s = wd->slot[r];
-        if (!s) { unknown++; continue; }
-        uint64_t nc = atomic_load_explicit(&s->ncoll, memory_order_relaxed);
-        uint64_t last = atomic_load_explicit(&s->last_seq1, memory_order_relaxed);
-        double quiet = now - (double)atomic_load_explicit(&s->beat_us, memory_order_relaxed) * 1e-6;
+        uint64_t nc, last;
+        double quiet;
+        if (s) {
+            nc = atomic_load_explicit(&s->ncoll, memory_order_relaxed);
+            last = atomic_load_explicit(&s->last_seq1, memory_order_relaxed);
+            quiet = now - (double)atomic_load_explicit(&s->beat_us, memory_order_relaxed) * 1e-6;
+        } else {   /* another machine: its last snapshot, if recent */
+            wd_remote *e = wd->remote ? &wd->remote[r] : NULL;
+            double got = e ? (double)atomic_load_explicit(&e->recv_us, memory_order_relaxed) * 1e-6 : 0;
+            if (!e || got <= 0 || now - got > fresh) { unknown++; continue; }
+            nc = atomic_load_explicit(&e->ncoll, memory_order_relaxed);
+            last = atomic_load_explicit(&e->last_seq1, memory_order_relaxed);
+            quiet = (double)atomic_load_explicit(&e->idle_us, memory_order_relaxed) * 1e-6 + (now - got);
+        }
+        char who[96];
+        if (across) snprintf(who, sizeof who, "%d on %.60s", r, dt__host_of(pg, r));
+        else snprintf(who, sizeof who, "%d", r);
         /* quiet for most of this wait (and longer than THREAD mode's 0.25 s beat) */
         int stale = quiet >= 0.5 * waited && quiet >= 1.0;
-        char piece[96];
+        char piece[160];
         if (!p2p && nc <= op->coll_idx) {
             /* idle ~0: it drives the group, held up in an earlier operation */
-            if (last) snprintf(piece, sizeof piece, "%d (its last operation #%llu, idle %.1f s)", r,
+            if (last) snprintf(piece, sizeof piece, "%s (its last operation #%llu, idle %.1f s)", who,
                                (unsigned long long)(last - 1), quiet);
-            else snprintf(piece, sizeof piece, "%d (no operation yet, idle %.1f s)", r, quiet);
+            else snprintf(piece, sizeof piece, "%s (no operation yet, idle %.1f s)", who, quiet);
             add_rank(late, sizeof late, &la, &nl, piece);
         } else if (stale) {
-            snprintf(piece, sizeof piece, "%d (idle %.1f s)", r, quiet);
+            snprintf(piece, sizeof piece, "%s (idle %.1f s)", who, quiet);
             add_rank(idle, sizeof idle, &ia, &ni, piece);
         }
     }
@@ -153,7 +303,9 @@ static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double n
     if (ni && at < n)
         at += (size_t)snprintf(o + at, n - at, "%s %s %s %s no progress (stopped, or busy without dt_pg_tick)",
                                nl ? ";" : ":", ni == 1 ? "rank" : "ranks", idle, ni == 1 ? "shows" : "show");
-    if (!nl && !ni && !p2p && at < n) at += (size_t)snprintf(o + at, n - at, ": every rank on this machine has joined it");
+    if (!nl && !ni && !p2p && at < n)
+        at += (size_t)snprintf(o + at, n - at, unknown ? ": every rank on this machine has joined it"
+                                                       : ": every rank has joined it");
     if (unknown && at < n) snprintf(o + at, n - at, " (%d rank%s on other machines not inspected)", unknown, unknown == 1 ? "" : "s");
 }
 
@@ -162,6 +314,7 @@ int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn) {
     if ((warn <= 0 && limit <= 0) || !w) return 0;
     double now = dt__now();
     dt__wd_beat(pg, now);
+    wd_cross(pg, now, now - t0);
     int timeout = limit > 0 && now - t0 >= limit;
     if (!timeout && (warn <= 0 || now < *next_warn)) return 0;
     *next_warn = now + warn;
