@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Real simulated hosts (../shared/tools/netsim.sh: network namespaces, ranks on
+# different hosts talk TCP over a veth link, ranks on one host shared memory):
+#  - 2 hosts x 2 ranks and 3 + 1 ranks: DDP, ZeRO-1/2/3 and pp 2 x dp 2 with
+#    --deterministic train bit-identically to the same run on one machine
+#    (every tensor of the final checkpoint, tests/tools/ckpt_cmp);
+#  - the start-up line names the machines and the hierarchical path;
+#  - a SIGSTOPped rank on the other host is named, with its host, by the
+#    stall warning of the ranks that wait for it.
+# Skipped (exit 77, ctest SKIP_RETURN_CODE) where namespaces cannot be made.
+# usage: test_multihost.sh DTRAIN CKPT_CMP NETSIM
+set -uo pipefail
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+bin=$1 cmp=$2 ns=$3
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: simulated hosts need root (network namespaces)"; exit 77; }
+[ -x "$ns" ] || { echo "SKIP: $ns not found (the shared tools live beside the repository)"; exit 77; }
+probe=dtm-probe-$$
+if ! ip netns add "$probe" 2>/dev/null; then echo "SKIP: network namespaces unavailable here (ip netns add failed)"; exit 77; fi
+ip netns del "$probe"
+tmp=$(mktemp -d)
+export NETSIM_PREFIX=dtm NETSIM_SUBNET=10.213.0 NETSIM_STATE=$tmp/netsim OMP_NUM_THREADS=1
+trap '"$ns" down --kill > /dev/null 2>&1; rm -rf "$tmp"' EXIT
+if ! "$ns" up --hosts 2 --rate 10gbit > "$tmp/up.out" 2>&1; then echo "FAIL: netsim up:"; cat "$tmp/up.out"; exit 1; fi
+fail=0
+for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$tmp/corpus.txt"
+gpt2=(train --model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --data text --data-path "$tmp/corpus.txt"
+      --eval-batches 2 --threads 1 --steps 4 --batch 2 --deterministic)
+
+# one TAG PLACEMENT ARGS...: the run on simulated hosts (PLACEMENT: mpirun --host
+# list) and on this machine (--nproc 4, or REF_ARGS instead of ARGS when set);
+# checkpoints bitwise equal
+one() {
+    local tag=$1 hosts=$2; shift 2
+    local ref=(--nproc 4 "$@")
+    [ -n "${REF_ARGS:-}" ] && read -r -a ref <<< "$REF_ARGS"
+    if ! "$bin" "${gpt2[@]}" "${ref[@]}" --save "$tmp/$tag.ref" > "$tmp/$tag.ref.out" 2>&1; then
+        echo "FAIL $tag: one machine:"; tail -5 "$tmp/$tag.ref.out"; fail=1; return
+    fi
+    if ! "$ns" run -np 4 --host "$hosts" -- "$bin" "${gpt2[@]}" "$@" --save "$tmp/$tag.ck" > "$tmp/$tag.out" 2>&1; then
+        echo "FAIL $tag: simulated hosts:"; tail -5 "$tmp/$tag.out"; fail=1; return
+    fi
+    if "$cmp" "$tmp/$tag.ref" "$tmp/$tag.ck" step optim_step epoch cursor > "$tmp/cmp.out"; then
+        echo "ok   $tag ($hosts) == one machine: $(tail -1 "$tmp/cmp.out")"
+    else
+        echo "FAIL $tag ($hosts) != one machine:"; cat "$tmp/cmp.out"; fail=1
+    fi
+}
+# says TAG PATTERN: the run's output has PATTERN
+says() {
+    if grep -qE "$2" "$tmp/$1.out"; then echo "ok   $1 says: $(grep -m1 -oE "$2" "$tmp/$1.out")"
+    else echo "FAIL $1 does not say /$2/:"; head -12 "$tmp/$1.out"; fail=1; fi
+}
+
+one ddp22 dtm0:2,dtm1:2
+says ddp22 "ddp on 2 machines x 2 ranks: gradients reduced hierarchically"
+one zero1_22 dtm0:2,dtm1:2 --zero 1 --save-format consolidated
+one zero2_22 dtm0:2,dtm1:2 --zero 2 --save-format consolidated
+one zero3_22 dtm0:2,dtm1:2 --zero 3 --save-format consolidated
+# pp 2 x dp 2 == DDP at 2 ranks on the same micro-batches (as test_pipeline_bitwise.sh)
+REF_ARGS="--nproc 2 --batch 2 --accum 2" one pp2dp2 dtm0:2,dtm1:2 --pp 2 --microbatches 2 --batch 4
+one ddp31 dtm0:3,dtm1:1
+says ddp31 "ddp on 2 machines \(3\+1 ranks\): gradients reduced hierarchically \(inside each machine, then across machines in 3 lanes\)"
+one zero2_31 dtm0:3,dtm1:1 --zero 2 --save-format consolidated
+
+# the watchdog: rank 3 (on dtm1) stopped for 5 s; the ranks waiting for it name it and its host
+"$ns" run -np 4 --host dtm0:2,dtm1:2 -- "$bin" train --model mlp --hidden 32 --batch 8 --steps 100000000 --threads 1 \
+    --log-every 20 --stall-warn 2 > "$tmp/wd.out" 2> "$tmp/wd.err" < /dev/null &
+job=$!
+for _ in $(seq 300); do grep -q "^step " "$tmp/wd.out" 2>/dev/null && break; sleep 0.2; done
+victim=""
+for p in $(pgrep -f "dtrain.*--stall-warn 2"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=3" && victim=$p
+done
+if [ -z "$victim" ]; then
+    echo "FAIL watchdog: rank 3 not found"; fail=1
+else
+    sleep 1; kill -STOP "$victim"; sleep 5; kill -CONT "$victim"; sleep 1
+fi
+kill -TERM "$job" 2>/dev/null; wait "$job" 2>/dev/null
+re="rank (0|1): warning: collective stalled: .* on world has waited [0-9.]+ s: .*3 on dtm1 \((its last operation #[0-9]+, )?idle [0-9.]+ s\)"
+if grep -qE "$re" "$tmp/wd.err"; then echo "ok   watchdog across hosts: $(grep -m1 -oE "$re" "$tmp/wd.err")"
+else echo "FAIL watchdog: no warning on dtm0 naming rank 3 on dtm1:"; head -6 "$tmp/wd.err"; fail=1; fi
+
+exit $fail
