@@ -40,7 +40,30 @@ char *dt_cli_flag_text(const char *in, char *buf, size_t n);
 void dt_cli_log_install(int rank, int world);
 /* --nproc N: 1 <= N <= 8 x this machine's cores; else -1 with one line in err */
 int dt_cli_nproc_check(int nproc, char *err, int errlen);
-int dt_cli_relaunch(int argc, char **argv, int nproc, int threads);
+
+/* hosts.c: where the ranks run. n = 0 and !slurm: this machine. */
+#define DT_CLI_MAX_HOSTS 4096
+typedef struct dt_cli_hosts {
+    int n;                    /* --hosts / --hostfile entries */
+    char (*name)[256];
+    int *slots;
+    int total;                /* slots (Slurm: the allocation's tasks) */
+    const char *hostfile;     /* --hostfile, passed on to mpirun */
+    int slurm;                /* inside a Slurm allocation: mpirun reads it */
+    int slurm_per_node;       /* the most tasks on one of its nodes */
+    char desc[256];           /* "2 hosts (h0:2, h1:2)", "Slurm job 7: n[1-2] (2 nodes, 4 tasks)" */
+} dt_cli_hosts;
+/* --hosts LIST / --hostfile FILE (at most one), else SLURM_* if set; -1 with
+ * one line in err naming the host or line at fault. */
+int dt_cli_hosts_parse(const char *hosts, const char *hostfile, dt_cli_hosts *h, char *err, int errlen);
+int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen);
+int dt_cli_hosts_max_slots(const dt_cli_hosts *h);
+void dt_cli_hosts_free(dt_cli_hosts *h);
+
+/* launch.c: re-run this command under mpirun: N ranks on this machine or on
+ * h's hosts (filled machine by machine); print_only: print the command line
+ * and the environment it passes on, run nothing. Returns the exit status. */
+int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h, int print_only);
 /* signals.c: stop requests on SIGTERM / SIGINT / SIGUSR1 (this rank) */
 void dt_cli_signals_install(void);
 /* after the run: 128 + the signal that stopped it at a step boundary, 0 if none */

@@ -18,6 +18,8 @@ typedef struct cli_flags {
     int n_lists, list_n[16], lists[16][DT_SETTING_INTS_MAX];
     const dt_model_setting *list_of[16];
     int nproc;
+    const char *hosts, *hostfile;   /* where --nproc ranks run (hosts.c) */
+    int print_launch;
     int nesterov;
     dt_cli_dist dist;
     dt_dp_opts dp;       /* one set for DDP, ZeRO and a pipeline's replicas (parallel.h) */
@@ -186,7 +188,10 @@ static int build_table(cli_flags *f, dt_arg *t, int cap, char *err, int errlen) 
         {"--eval-batches", DT_ARG_I64, &o->eval_batches, "N", "LM evaluation batches (default: all)", 0, 0},
         {"--stop-after", DT_ARG_I64, &o->stop_after, "N", "stop after N steps without the final save (simulates a crash)", 0, 0},
         {"--quiet", DT_ARG_FLAG, &o->quiet, NULL, "no progress output", 0, 0},
-        {"--nproc", DT_ARG_INT, &f->nproc, "N", "data-parallel ranks on this machine, 1..8 x cores (re-launches under mpirun)", 0, 0},
+        {"--nproc", DT_ARG_INT, &f->nproc, "N", "ranks: re-launches under mpirun, on this machine (1..8 x cores), on --hosts / --hostfile, or on the Slurm allocation dtrain runs in (default there: all its tasks)", 0, 0},
+        {"--hosts", DT_ARG_STR, &f->hosts, "H:N,...", "machines and ranks per machine (e.g. node1:4,node2:4; reached by ssh; ranks fill one machine after another; --nproc defaults to the sum)", 0, 0},
+        {"--hostfile", DT_ARG_STR, &f->hostfile, "FILE", "machines as an Open MPI hostfile (\"host slots=N\" per line)", 0, 0},
+        {"--print-launch", DT_ARG_FLAG, &f->print_launch, NULL, "print the mpirun command (and the environment passed to every rank) that --nproc / --hosts would run, and exit", 0, 0},
         {"--bucket-mb", DT_ARG_FLOAT, &f->bucket_mb, "MB", "gradient bucket size, > 0 (default: DDP 1, ZeRO 4)", 0, 0},
         {"--first-bucket-mb", DT_ARG_FLOAT, &f->first_bucket_mb, "MB", "first (last layers') gradient bucket size (default 1)", 0, 0},
         {"--find-unused", DT_ARG_FLAG, &f->dp.find_unused_params, NULL, "DDP: parameters without gradient are reduced as zeros", 0, 0},
@@ -361,7 +366,9 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     if (f->nesterov) o->optim.nesterov = 1;
     o->freeze = f->freeze;
     if (param_groups(f, err, errlen)) return -1;
-    if (f->nproc != INT_MIN && dt_cli_nproc_check(f->nproc, err, errlen)) return -1;
+    if (f->nproc != INT_MIN && !f->hosts && !f->hostfile && !getenv("SLURM_JOB_ID") &&
+        dt_cli_nproc_check(f->nproc, err, errlen))
+        return -1;
     if (f->dist.zero_stage < 0 || f->dist.zero_stage > 3) {
         snprintf(err, (size_t)errlen, "--zero: stage must be 0, 1, 2 or 3 (got %d)", f->dist.zero_stage);
         return -1;
@@ -417,6 +424,29 @@ static void pre_scan(int argc, char **argv, cli_flags *f) {
     }
 }
 
+/* --nproc / --hosts / --hostfile / Slurm: where the ranks go; then mpirun. */
+static int launch(int argc, char **argv, const cli_flags *f) {
+    char err[512];
+    dt_cli_hosts h;
+    if (dt_cli_hosts_parse(f->hosts, f->hostfile, &h, err, sizeof err)) {
+        fprintf(stderr, "dtrain: %s\n", err);
+        return 2;
+    }
+    int np = f->nproc != INT_MIN ? f->nproc : h.total > 0 ? h.total : 1;
+    int rc = 0;
+    if (h.total > 0 && (np < 1 || np > h.total)) {
+        fprintf(stderr, "dtrain: --nproc %d: %s has %d slot%s\n", np, h.desc, h.total, h.total == 1 ? "" : "s");
+        rc = 2;
+    } else if (!f->print_launch && dt_cli_hosts_resolve(&h, err, sizeof err)) {
+        fprintf(stderr, "dtrain: %s\n", err);
+        rc = 2;
+    } else {
+        rc = dt_cli_relaunch(argc, argv, np, f->o.threads, &h, f->print_launch);
+    }
+    dt_cli_hosts_free(&h);
+    return rc;
+}
+
 int dt_cli_train(int argc, char **argv, int eval_only) {
     cli_flags f;
     memset(&f, 0, sizeof f);
@@ -449,7 +479,8 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
         fprintf(stderr, "dtrain: --optim: unknown optimizer '%s' (adamw, sgd)\n", f.optim);
         return 2;
     }
-    if (f.nproc != INT_MIN && f.nproc > 1 && !dt_cli_under_mpi()) return dt_cli_relaunch(argc, argv, f.nproc, f.o.threads);
+    if (!dt_cli_under_mpi() && (f.hosts || f.hostfile || f.print_launch || (f.nproc != INT_MIN && f.nproc > 1)))
+        return launch(argc, argv, &f);
     if (eval_only) {
         if (!f.o.init && !f.o.resume) { fprintf(stderr, "dtrain: eval needs --init FILE or --resume FILE\n"); return 2; }
         f.o.steps = 1;

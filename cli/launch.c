@@ -1,10 +1,16 @@
-/* --nproc N: re-launch this command under mpirun on this machine. */
+/* --nproc N [--hosts LIST | --hostfile F | inside Slurm]: re-launch this
+ * command under mpirun, on this machine or across machines. The environment
+ * that decides what every rank computes (DTRAIN_*, OPENBLAS_*, ONEDNN_*,
+ * DNNL_*, OMP_NUM_THREADS) is passed to every rank with -x, so remote hosts
+ * make the same GEMM and kernel choices as this one. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "cli.h"
+
+extern char **environ;
 
 #ifndef DT_MPIEXEC
 #define DT_MPIEXEC "mpirun"
@@ -33,33 +39,86 @@ int dt_cli_nproc_check(int nproc, char *err, int errlen) {
     return 0;
 }
 
-int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
+static int forwarded(const char *kv) {
+    static const char *const pre[] = {"DTRAIN_", "OPENBLAS_", "ONEDNN_", "DNNL_", "OMP_NUM_THREADS="};
+    for (size_t i = 0; i < sizeof pre / sizeof *pre; i++)
+        if (!strncmp(kv, pre[i], strlen(pre[i]))) return 1;
+    return 0;
+}
+
+/* 'word' for a shell, when it needs quoting */
+static void print_word(const char *w) {
+    if (*w && strspn(w, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:=,@%+") == strlen(w)) {
+        fputs(w, stdout);
+        return;
+    }
+    putchar('\'');
+    for (; *w; w++) {
+        if (*w == '\'') fputs("'\\''", stdout);
+        else putchar(*w);
+    }
+    putchar('\'');
+}
+
+int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h, int print_only) {
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) { fprintf(stderr, "dtrain: cannot find own executable for --nproc\n"); return 1; }
     self[n] = 0;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int per_rank = threads > 0 ? threads : (int)(cores / nproc > 0 ? cores / nproc : 1);
+    if (cores < 1) cores = 1;
+    int local = h->n == 0 && !h->slurm;
+    /* threads per rank: this machine's cores over the ranks on the fullest
+     * machine (remote machines are assumed to have as many cores) */
+    int per_host = local ? nproc : h->n ? dt_cli_hosts_max_slots(h) : 1;
+    if (h->slurm) {
+        const char *c = getenv("SLURM_CPUS_ON_NODE");
+        long cpus = c ? strtol(c, NULL, 10) : cores;
+        if (cpus > 0) cores = cpus;
+        per_host = h->slurm_per_node;
+    }
+    int per_rank = threads > 0 ? threads : (int)(cores / per_host > 0 ? cores / per_host : 1);
     char np[16], th[16];
     snprintf(np, sizeof np, "%d", nproc);
     snprintf(th, sizeof th, "%d", per_rank);
     setenv("OMP_NUM_THREADS", th, 1);
     setenv("DTRAIN_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
-    char **av = calloc((size_t)argc + 24, sizeof *av);
-    if (!av) return 1;
+    size_t nenv = 0;
+    for (char **e = environ; *e; e++) nenv += forwarded(*e);
+    char **av = calloc((size_t)argc + 32 + 2 * nenv, sizeof *av);
+    char **names = calloc(nenv + 1, sizeof *names);
+    char *hostlist = NULL;
+    if (!av || !names) { free(av); free(names); return 1; }
     int k = 0;
     av[k++] = DT_MPIEXEC;
     av[k++] = "-np";
     av[k++] = np;
-    if (nproc > cores) av[k++] = "--oversubscribe";
+    if (local && nproc > cores) av[k++] = "--oversubscribe";
     if (geteuid() == 0) av[k++] = "--allow-run-as-root";
-    /* the GEMM kernel family dt_blas_fix_core chose (or the user's) reaches every rank */
-    if (getenv("OPENBLAS_CORETYPE")) { av[k++] = "-x"; av[k++] = "OPENBLAS_CORETYPE"; }
-    if (getenv("DTRAIN_BLAS_REEXEC")) { av[k++] = "-x"; av[k++] = "DTRAIN_BLAS_REEXEC"; }
-    /* ... and so does the GEMM library choice: every rank must make the same one */
-    static const char *const gemm_env[] = {"DTRAIN_GEMM", "ONEDNN_MAX_CPU_ISA", "DTRAIN_CONV"};
-    for (size_t e = 0; e < sizeof gemm_env / sizeof *gemm_env; e++)
-        if (getenv(gemm_env[e])) { av[k++] = "-x"; av[k++] = (char *)gemm_env[e]; }
+    if (h->hostfile) {
+        av[k++] = "--hostfile";
+        av[k++] = (char *)h->hostfile;
+    } else if (h->n) {
+        size_t len = 1;
+        for (int i = 0; i < h->n; i++) len += strlen(h->name[i]) + 16;
+        hostlist = malloc(len);
+        if (!hostlist) { free(av); free(names); return 1; }
+        size_t o = 0;
+        for (int i = 0; i < h->n; i++) o += (size_t)snprintf(hostlist + o, len - o, "%s%s:%d", i ? "," : "", h->name[i], h->slots[i]);
+        av[k++] = "--host";
+        av[k++] = hostlist;
+    }
+    if (!local) { av[k++] = "--map-by"; av[k++] = "slot"; }   /* machine by machine: consecutive ranks share one */
+    /* what every rank must decide alike (GEMM library and kernels, threads) */
+    size_t ne = 0;
+    for (char **e = environ; *e; e++) {
+        if (!forwarded(*e)) continue;
+        size_t nl = strcspn(*e, "=");
+        names[ne] = strndup(*e, nl);
+        if (!names[ne]) break;
+        av[k++] = "-x";
+        av[k++] = names[ne++];
+    }
     av[k++] = "--bind-to";
     av[k++] = "none";
     /* the ranks report errors and stops themselves (one line per job, exit
@@ -69,12 +128,29 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
     av[k++] = "--stdin";
     av[k++] = "none";
     av[k++] = self;
+    static const char *const ours[] = {"--nproc", "--hosts", "--hostfile"};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--nproc")) { i++; continue; }
-        if (!strncmp(argv[i], "--nproc=", 8)) continue;
-        av[k++] = argv[i];
+        int skip = 0;
+        for (size_t j = 0; j < sizeof ours / sizeof *ours && !skip; j++) {
+            size_t l = strlen(ours[j]);
+            if (!strcmp(argv[i], ours[j])) skip = 2;
+            else if (!strncmp(argv[i], ours[j], l) && argv[i][l] == '=') skip = 1;
+        }
+        if (!strcmp(argv[i], "--print-launch")) skip = 1;
+        if (skip == 2) i++;
+        if (!skip) av[k++] = argv[i];
     }
     av[k] = NULL;
+    if (print_only) {
+        for (char **e = environ; *e; e++)
+            if (forwarded(*e)) { print_word(*e); putchar(' '); }
+        for (int i = 0; av[i]; i++) { print_word(av[i]); putchar(av[i + 1] ? ' ' : '\n'); }
+        for (size_t i = 0; i < ne; i++) free(names[i]);
+        free(names);
+        free(hostlist);
+        free(av);
+        return 0;
+    }
     fflush(NULL);
     sigset_t stop, old;   /* held until the handlers know mpirun's pid */
     sigemptyset(&stop);
@@ -90,6 +166,9 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads) {
         fprintf(stderr, "dtrain: --nproc: cannot run %s: is Open MPI installed (openmpi-bin)?\n", av[0]);
         _exit(127);
     }
+    for (size_t i = 0; i < ne; i++) free(names[i]);
+    free(names);
+    free(hostlist);
     free(av);
     if (child < 0) { perror("dtrain: --nproc: fork"); sigprocmask(SIG_SETMASK, &old, NULL); return 1; }
     int rc = dt_cli_launch_wait((int)child, &old);

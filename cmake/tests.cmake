@@ -203,3 +203,9 @@ add_test(NAME test_multihost
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_multihost.sh $<TARGET_FILE:dtrain_cli>
                  $<TARGET_FILE:ckpt_cmp> ${CMAKE_SOURCE_DIR}/../shared/tools/netsim.sh)
 set_tests_properties(test_multihost PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 600 SKIP_RETURN_CODE 77)
+
+# The multi-machine launcher: --hosts / --hostfile / Slurm to an mpirun
+# command (--print-launch) and the refusals of bad input.
+add_test(NAME test_launch_hosts
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_launch_hosts.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_launch_hosts PROPERTIES LABELS unit TIMEOUT 120)

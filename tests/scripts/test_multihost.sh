@@ -62,6 +62,18 @@ one ddp31 dtm0:3,dtm1:1
 says ddp31 "ddp on 2 machines \(3\+1 ranks\): gradients reduced hierarchically \(inside each machine, then across machines in 3 lanes\)"
 one zero2_31 dtm0:3,dtm1:1 --zero 2 --save-format consolidated
 
+# the launcher: dtrain --hosts starts the ranks itself (through netsim's ssh
+# stand-in, as mpirun would through ssh) and trains across both hosts
+if ip netns exec dtm0 env SHELL=/bin/sh OMPI_MCA_plm_rsh_agent="$NETSIM_STATE/agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
+       OMPI_MCA_oob_tcp_if_include="$NETSIM_SUBNET.0/24" OMPI_MCA_btl_tcp_if_include="$NETSIM_SUBNET.0/24" \
+       "$bin" "${gpt2[@]}" --hosts dtm0:2,dtm1:2 --save "$tmp/hosts.ck" > "$tmp/hosts.out" 2>&1 &&
+   "$cmp" "$tmp/ddp22.ck" "$tmp/hosts.ck" step optim_step epoch cursor > "$tmp/cmp.out"; then
+    echo "ok   --hosts dtm0:2,dtm1:2 == the same run under netsim's mpirun: $(tail -1 "$tmp/cmp.out")"
+    says hosts "ddp on 2 machines x 2 ranks"
+else
+    echo "FAIL --hosts dtm0:2,dtm1:2:"; tail -5 "$tmp/hosts.out"; cat "$tmp/cmp.out" 2>/dev/null; fail=1
+fi
+
 # the watchdog: rank 3 (on dtm1) stopped for 5 s; the ranks waiting for it name it and its host
 "$ns" run -np 4 --host dtm0:2,dtm1:2 -- "$bin" train --model mlp --hidden 32 --batch 8 --steps 100000000 --threads 1 \
     --log-every 20 --stall-warn 2 > "$tmp/wd.out" 2> "$tmp/wd.err" < /dev/null &

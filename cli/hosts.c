@@ -1,0 +1,225 @@
+/* Where --nproc ranks run: this machine, a --hosts list, a --hostfile, or the
+ * Slurm allocation dtrain runs inside (mpirun then reads the allocation
+ * itself: Debian's Open MPI has Slurm support). Checked before anything is
+ * launched, with messages that name the host or line at fault. */
+#include <ctype.h>
+#include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli.h"
+
+static int add_host(dt_cli_hosts *h, const char *name, size_t len, long slots, const char *where, char *err,
+                    int errlen) {
+    if (len == 0 || len > 255) {
+        snprintf(err, (size_t)errlen, "%s: a host name of %zu characters (1..255)", where, len);
+        return -1;
+    }
+    for (size_t i = 0; i < len; i++)
+        if (!isalnum((unsigned char)name[i]) && name[i] != '.' && name[i] != '-' && name[i] != '_') {
+            snprintf(err, (size_t)errlen, "%s: host '%.*s' has a '%c' (letters, digits, '.', '-', '_')", where,
+                     (int)len, name, name[i]);
+            return -1;
+        }
+    if (slots < 1 || slots > 4096) {
+        snprintf(err, (size_t)errlen, "%s: host '%.*s' with %ld slots (1..4096)", where, (int)len, name, slots);
+        return -1;
+    }
+    for (int i = 0; i < h->n; i++)
+        if (strlen(h->name[i]) == len && !strncmp(h->name[i], name, len)) {
+            snprintf(err, (size_t)errlen, "%s: host '%.*s' listed twice", where, (int)len, name);
+            return -1;
+        }
+    if (h->n == DT_CLI_MAX_HOSTS) {
+        snprintf(err, (size_t)errlen, "%s: more than %d hosts", where, DT_CLI_MAX_HOSTS);
+        return -1;
+    }
+    char (*nn)[256] = realloc(h->name, (size_t)(h->n + 1) * sizeof *nn);
+    if (nn) h->name = nn;
+    int *ns = nn ? realloc(h->slots, (size_t)(h->n + 1) * sizeof *ns) : NULL;
+    if (ns) h->slots = ns;
+    if (!nn || !ns) {
+        snprintf(err, (size_t)errlen, "%s: out of memory", where);
+        return -1;
+    }
+    memcpy(h->name[h->n], name, len);
+    h->name[h->n][len] = 0;
+    h->slots[h->n++] = (int)slots;
+    h->total += (int)slots;
+    return 0;
+}
+
+/* "h0:2,h1:2" (":N" optional: 1 slot) */
+static int parse_list(const char *s, dt_cli_hosts *h, char *err, int errlen) {
+    const char *p = s;
+    for (;;) {
+        size_t len = strcspn(p, ":,");
+        long slots = 1;
+        const char *q = p + len;
+        if (*q == ':') {
+            char *end;
+            errno = 0;
+            slots = strtol(q + 1, &end, 10);
+            if (end == q + 1 || errno || (*end && *end != ',')) {
+                snprintf(err, (size_t)errlen, "--hosts %s: after '%.*s:' a slot count (e.g. h0:2,h1:2)", s, (int)len, p);
+                return -1;
+            }
+            q = end;
+        }
+        if (add_host(h, p, len, slots, "--hosts", err, errlen)) return -1;
+        if (!*q) return 0;
+        p = q + 1;
+    }
+}
+
+/* Open MPI's format: "host [slots=N]" per line, '#' comments. */
+static int parse_file(const char *path, dt_cli_hosts *h, char *err, int errlen) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, (size_t)errlen, "--hostfile %s: %s", path, strerror(errno));
+        return -1;
+    }
+    char line[1024], where[600];
+    int ln = 0, rc = 0;
+    while (!rc && fgets(line, sizeof line, f)) {
+        ln++;
+        snprintf(where, sizeof where, "--hostfile %.500s line %d", path, ln);
+        line[strcspn(line, "#\n")] = 0;
+        char *p = line;
+        while (isspace((unsigned char)*p)) p++;
+        if (!*p) continue;
+        size_t len = strcspn(p, " \t");
+        char *rest = p + len;
+        long slots = 1;
+        while (isspace((unsigned char)*rest)) rest++;
+        if (*rest) {
+            char *end;
+            if (strncmp(rest, "slots=", 6)) {
+                snprintf(err, (size_t)errlen, "%s: '%s' (expected \"host slots=N\")", where, rest);
+                rc = -1;
+                break;
+            }
+            errno = 0;
+            slots = strtol(rest + 6, &end, 10);
+            while (isspace((unsigned char)*end)) end++;
+            if (end == rest + 6 || errno || *end) {
+                snprintf(err, (size_t)errlen, "%s: '%s' (expected \"host slots=N\")", where, rest);
+                rc = -1;
+                break;
+            }
+        }
+        rc = add_host(h, p, len, slots, where, err, errlen);
+    }
+    fclose(f);
+    if (!rc && h->n == 0) {
+        snprintf(err, (size_t)errlen, "--hostfile %s: no hosts in it", path);
+        rc = -1;
+    }
+    return rc;
+}
+
+/* SLURM_TASKS_PER_NODE: "2(x3),1" = 2 + 2 + 2 + 1 */
+static long slurm_tasks(const char *s) {
+    long total = 0;
+    while (s && *s) {
+        char *end;
+        long n = strtol(s, &end, 10), rep = 1;
+        if (end == s || n < 0) return -1;
+        if (!strncmp(end, "(x", 2)) {
+            rep = strtol(end + 2, &end, 10);
+            if (*end != ')' || rep < 1) return -1;
+            end++;
+        }
+        total += n * rep;
+        if (*end == ',') end++;
+        else if (*end) return -1;
+        s = end;
+    }
+    return total;
+}
+
+void dt_cli_hosts_free(dt_cli_hosts *h) {
+    free(h->name);
+    free(h->slots);
+    h->name = NULL;
+    h->slots = NULL;
+    h->n = 0;
+}
+
+/* the most tasks on one node: "2(x3),1" -> 2 */
+static int slurm_max(const char *s) {
+    long best = 0;
+    while (s && *s) {
+        char *end;
+        long n = strtol(s, &end, 10);
+        if (end == s) break;
+        if (n > best) best = n;
+        end += strcspn(end, ",");
+        s = *end ? end + 1 : end;
+    }
+    return best > 0 ? (int)best : 1;
+}
+
+int dt_cli_hosts_parse(const char *hosts, const char *hostfile, dt_cli_hosts *h, char *err, int errlen) {
+    memset(h, 0, sizeof *h);
+    if (hosts && hostfile) {
+        snprintf(err, (size_t)errlen, "--hosts and --hostfile: give one of them");
+        return -1;
+    }
+    if (hosts) {
+        if (parse_list(hosts, h, err, errlen)) return -1;
+    } else if (hostfile) {
+        if (parse_file(hostfile, h, err, errlen)) return -1;
+        h->hostfile = hostfile;
+    } else if (getenv("SLURM_JOB_ID") && getenv("SLURM_JOB_NODELIST")) {
+        const char *tpn = getenv("SLURM_TASKS_PER_NODE"), *nt = getenv("SLURM_NTASKS");
+        long total = nt ? strtol(nt, NULL, 10) : slurm_tasks(tpn);
+        const char *nn = getenv("SLURM_JOB_NUM_NODES");
+        if (total < 1) {
+            snprintf(err, (size_t)errlen, "inside Slurm job %s: cannot read its task count (SLURM_NTASKS=%s, "
+                     "SLURM_TASKS_PER_NODE=%s)", getenv("SLURM_JOB_ID"), nt ? nt : "unset", tpn ? tpn : "unset");
+            return -1;
+        }
+        h->slurm = 1;
+        h->total = (int)total;
+        h->slurm_per_node = slurm_max(tpn);
+        if (nn) snprintf(h->desc, sizeof h->desc, "Slurm job %.40s: %.60s (%.12s node%s, %ld tasks)", getenv("SLURM_JOB_ID"),
+                         getenv("SLURM_JOB_NODELIST"), nn, !strcmp(nn, "1") ? "" : "s", total);
+        else snprintf(h->desc, sizeof h->desc, "Slurm job %.40s: %.60s (%ld tasks)", getenv("SLURM_JOB_ID"),
+                      getenv("SLURM_JOB_NODELIST"), total);
+        return 0;
+    } else {
+        return 0;   /* this machine */
+    }
+    size_t o = (size_t)snprintf(h->desc, sizeof h->desc, "%d host%s (", h->n, h->n == 1 ? "" : "s");
+    for (int i = 0; i < h->n && o < sizeof h->desc; i++)
+        o += (size_t)snprintf(h->desc + o, sizeof h->desc - o, "%s%s:%d", i ? ", " : "", h->name[i], h->slots[i]);
+    if (o < sizeof h->desc) snprintf(h->desc + o, sizeof h->desc - o, ")");
+    return 0;
+}
+
+/* Host names must resolve, unless the user launches through an agent of
+ * their own (OMPI_MCA_plm_rsh_agent: e.g. containers, namespaces), which
+ * gives names its own meaning. */
+int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen) {
+    const char *agent = getenv("OMPI_MCA_plm_rsh_agent");
+    if (agent && *agent) return 0;
+    for (int i = 0; i < h->n; i++) {
+        struct addrinfo *ai = NULL, hint = {.ai_socktype = SOCK_STREAM};
+        int rc = getaddrinfo(h->name[i], NULL, &hint, &ai);
+        if (rc) {
+            snprintf(err, (size_t)errlen, "host '%s' (%s): cannot resolve its name: %s", h->name[i],
+                     h->hostfile ? "--hostfile" : "--hosts", gai_strerror(rc));
+            return -1;
+        }
+        freeaddrinfo(ai);
+    }
+    return 0;
+}
+
+int dt_cli_hosts_max_slots(const dt_cli_hosts *h) {
+    int m = 0;
+    for (int i = 0; i < h->n; i++) m = h->slots[i] > m ? h->slots[i] : m;
+    return m;
+}

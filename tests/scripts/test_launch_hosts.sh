@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The multi-machine launcher (cli/hosts.c, cli/launch.c) without machines:
+# --print-launch shows the mpirun command --hosts / --hostfile / a Slurm
+# allocation give (hosts, rank count, placement machine by machine, the
+# environment passed to every rank), and bad input is refused before anything
+# runs with one line naming the host or line at fault.
+# (test_multihost.sh launches across simulated hosts for real.)
+# usage: test_launch_hosts.sh DTRAIN
+set -uo pipefail
+bin=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+unset SLURM_JOB_ID SLURM_JOB_NODELIST SLURM_TASKS_PER_NODE SLURM_NTASKS SLURM_JOB_NUM_NODES
+
+# has NAME PATTERN CMD...: CMD's output (stdout+stderr) matches PATTERN
+has() {
+    local name=$1 pat=$2; shift 2
+    local out
+    out=$("$@" 2>&1)
+    if grep -qE -- "$pat" <<< "$out"; then echo "ok   $name"
+    else echo "FAIL $name: /$pat/ not in:"; echo "$out" | head -5; fail=1; fi
+}
+# refuses NAME PATTERN CMD...: CMD exits 2 with one line matching PATTERN
+refuses() {
+    local name=$1 pat=$2; shift 2
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    if [ "$rc" -eq 2 ] && [ "$(wc -l <<< "$out")" -eq 1 ] && grep -qE -- "$pat" <<< "$out"; then echo "ok   $name"
+    else echo "FAIL $name (rc $rc): /$pat/ expected as the one line of:"; echo "$out" | head -5; fail=1; fi
+}
+
+has "hosts: host list, rank count = slots, machine by machine" \
+    " -np 4 .*--host a:2,b:2 --map-by slot .* train --model mlp$" "$bin" train --hosts a:2,b:2 --print-launch --model mlp
+has "hosts: --nproc below the slots" " -np 3 .*--host a:2,b:2" "$bin" train --hosts a:2,b:2 --nproc 3 --print-launch
+has "hosts: a host without :N has one slot" " -np 3 .*--host a:1,b:2" "$bin" train --hosts a,b:2 --print-launch
+has "hosts: the GEMM and kernel choices reach every rank" \
+    "-x DTRAIN_GEMM .*-x OPENBLAS_CORETYPE|-x OPENBLAS_CORETYPE .*-x DTRAIN_GEMM" \
+    env DTRAIN_GEMM=openblas OPENBLAS_CORETYPE=SkylakeX "$bin" train --hosts a:2,b:2 --print-launch
+has "hosts: threads per rank reach every rank" "^OMP_NUM_THREADS=3 .*-x OMP_NUM_THREADS" \
+    "$bin" train --hosts a:2,b:2 --threads 3 --print-launch
+printf '# two machines\nn1 slots=2\nn2   slots=3  # more\n\n' > "$tmp/hosts"
+has "hostfile: passed on, ranks = its slots" " -np 5 .*--hostfile $tmp/hosts --map-by slot" \
+    "$bin" train --hostfile "$tmp/hosts" --print-launch
+has "Slurm: the allocation's tasks, mpirun reads its nodes" " -np 6 --allow-run-as-root --map-by slot|-np 6 --map-by slot" \
+    env SLURM_JOB_ID=7 SLURM_JOB_NODELIST='n[1-3]' SLURM_TASKS_PER_NODE='2(x3)' "$bin" train --print-launch
+has "this machine: --nproc as before" " -np 2 .*--bind-to none" "$bin" train --nproc 2 --print-launch
+
+refuses "bad host name" "--hosts: host 'b!' has a '!'" "$bin" train --hosts 'a:2,b!:2'
+refuses "zero slots" "--hosts: host 'a' with 0 slots" "$bin" train --hosts a:0
+refuses "bad slot count" "--hosts a:x: after 'a:' a slot count" "$bin" train --hosts a:x
+refuses "host twice" "--hosts: host 'a' listed twice" "$bin" train --hosts a:1,a:2
+refuses "more ranks than slots" "--nproc 5: 2 hosts \(a:2, b:2\) has 4 slots" "$bin" train --hosts a:2,b:2 --nproc 5
+refuses "hosts and hostfile" "--hosts and --hostfile: give one of them" "$bin" train --hosts a:2 --hostfile "$tmp/hosts"
+printf 'n1 slot=2\n' > "$tmp/bad"
+refuses "hostfile: bad line named" "--hostfile $tmp/bad line 1: 'slot=2'" "$bin" train --hostfile "$tmp/bad"
+refuses "hostfile: missing" "--hostfile $tmp/none: No such file" "$bin" train --hostfile "$tmp/none"
+: > "$tmp/empty"
+refuses "hostfile: empty" "--hostfile $tmp/empty: no hosts in it" "$bin" train --hostfile "$tmp/empty"
+refuses "unresolvable host named" "host 'nosuch\.invalid' \(--hosts\): cannot resolve its name" \
+    "$bin" train --hosts nosuch.invalid:2
+refuses "Slurm: more ranks than tasks" "--nproc 8: Slurm job 7: n\[1-3\] \(6 tasks\) has 6 slots" \
+    env SLURM_JOB_ID=7 SLURM_JOB_NODELIST='n[1-3]' SLURM_TASKS_PER_NODE='2(x3)' "$bin" train --nproc 8
+exit $fail
