@@ -124,9 +124,10 @@
  * rank order (and for AVG dividing by (float)size). It runs as an all-to-all
  * exchange of chunks, a local rank-ordered sum, and an allgather: the same
  * bytes on the wire as a ring allreduce.
- * dt_reduce_scatter is ALWAYS deterministic in this sense (it is implemented
- * as that exchange + local sum, which is also faster than Open MPI's
- * reduce-scatter on both shared memory and TCP here).
+ * dt_reduce_scatter is ALWAYS deterministic in this sense on one machine (it
+ * is implemented as that exchange + local sum, which is also faster than Open
+ * MPI's reduce-scatter on both shared memory and TCP here); across machines
+ * only when asked for (section 10).
  *
  * 6. Node-shared memory
  * ----------------------
@@ -242,9 +243,17 @@
  * the ring), with n hops of latency.
  * Without it, the order is: each machine in rank order, then MPI's order
  * across machines (exact for 2 machines: a + b == b + a).
+ * Reduce-scatter and allgather likewise (src/dist/hier_shard.c): rank k's
+ * chunk is summed inside a machine by the rank with k's local index (mod the
+ * machine's rank count) and crosses into or out of each machine once:
+ * (n-1)/n * S per machine, where flat every rank's copy crosses. Plain
+ * reduce-scatter then sums each machine in rank order, then the machines in
+ * machine order (reproducible, but not section 5's rank order); with
+ * DT_RED_DETERMINISTIC (or a deterministic group) it keeps rank order through
+ * the same chain as the allreduce (F32, consecutive machines; else flat).
+ * Broadcast, reduce and point-to-point stay flat.
  * dt_dist_opts.collectives = DT_COLL_FLAT (or DTRAIN_COLLECTIVES=flat) keeps
- * every collective flat. Reduce-scatter, allgather, broadcast and reduce are
- * flat in this version.
+ * every collective flat.
  */
 #ifndef DTRAIN_DIST_H
 #define DTRAIN_DIST_H
@@ -323,7 +332,7 @@ dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
                        int op, dt_work **w);
 /* in: size * count elements (chunk r goes to rank r); out: count elements.
  * out may point anywhere, including inside in (e.g. out = in + rank * count).
- * Always summed in rank order (see 5). */
+ * Summed in rank order (see 5) on one machine; across machines see 10. */
 dt_status dt_reduce_scatter(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtype dtype,
                             int op, dt_work **w);
 /* in: count elements; out: size * count, rank r's chunk at r * count.

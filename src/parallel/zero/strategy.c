@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include "parallel/common/common_internal.h"
 #include "zero_internal.h"
+#include "util/log_internal.h"
 
 typedef struct zero_strat {
     dt_pg *pg;
@@ -16,6 +17,14 @@ static dt_status s_setup(void *self, dt_run *r) {
     zero_strat *s = self;
     s->opts.clip = r->clip;
     DT_TRY(dt_zero_create(r->model, s->pg, r->optim, &s->opts, &s->z));
+    dt_pg_topo t;
+    dt_pg_topology(s->pg, &t);
+    if (!r->quiet && dt_pg_rank(s->pg) == 0 && t.machines > 1) {
+        char where[96];
+        dt_pg_topology_describe(s->pg, where, sizeof where);
+        dt_log(DT_LOG_INFO, "dtrain: %s on %s: gradients reduce-scattered and parameters gathered %s\n", s->name, where,
+               t.hierarchical ? "hierarchically (each chunk crosses into a machine once)" : "by MPI collectives");
+    }
     dt_zero_memory mem = dt_zero_get_memory(s->z);
     return dt_par_memory_report(s->pg, s->name, mem.param_bytes, mem.grad_bytes, mem.optim_bytes, !r->quiet);
 }
