@@ -17,7 +17,7 @@ static int resolve_model(cli_flags *f, char *err, int errlen) {
     dt_args_overlay(f->table, f->n_table, f->given, &f->model_flags, sizeof f->model_flags, &c);
     for (int j = 0; j < f->n_lists; j++)   /* a list given has at least one value */
         if (f->list_n[j] && dt_model_setting_set_ints(f->list_of[j], &c, f->lists[j], f->list_n[j]) != DT_OK) {
-            snprintf(err, (size_t)errlen, "%s", dt_error_message());
+            dt_cli_flag_names(dt_error_message(), err, (size_t)errlen);   /* arch.channels: --channels */
             return -1;
         }
     f->o.model = c;

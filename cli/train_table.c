@@ -1,6 +1,6 @@
-/* The flag table of dtrain train / eval: --model and every setting of a
- * built-in model that has a flag (from the model registry, nn.h section 4b),
- * then the other flags. The same rows parse argv and print --help (args.h).
+/* The flag table of dtrain train / eval: --model and every settable setting
+ * of a built-in model (from the model registry, nn.h section 4b: the library
+ * names it "arch.max_t", the flag is --max-t), then the other flags. The same rows parse argv and print --help (args.h).
  * Flags whose defaults depend on another flag point into cli_flags' staging
  * copies (optim_flags, model_flags); train_defaults.c resolves them. */
 #include <stdarg.h>
@@ -51,9 +51,10 @@ static void data_help(cli_flags *f, dt_model_kind def) {
     append(h, cap, &k, ")");
 }
 
-/* --model and every setting of a built-in that has a flag (a flag two models
- * share is one row), from the model registry; -1 when the table is full */
-static int model_rows(cli_flags *f, dt_arg *t, int cap) {
+/* --model and every setting of a built-in with a meta (settable), from the
+ * model registry: its flag is spelled from its name ("arch.max_t": --max-t;
+ * a setting two models share is one row); -1 with err */
+static int model_rows(cli_flags *f, dt_arg *t, int cap, char *err, int errlen) {
     dt_train_opts def;
     dt_train_opts_default(&def);
     dt_model_builtin_names(f->model_meta, sizeof f->model_meta, "|");
@@ -65,15 +66,24 @@ static int model_rows(cli_flags *f, dt_arg *t, int cap) {
         const dt_model_builtin *b = dt_model_builtin_at(i, NULL);
         for (int k = 0; k < b->n_settings; k++) {
             const dt_model_setting *s = &b->settings[k];
-            if (!s->meta || has_row(t, n, s->flag)) continue;
-            if (n == cap || (s->type == DT_SETTING_INTS && f->n_lists == N_ARGS(f->lists))) return -1;
+            if (!s->meta) continue;
+            if (n == cap || (s->type == DT_SETTING_INTS && f->n_lists == N_ARGS(f->lists))) {
+                snprintf(err, (size_t)errlen, "internal: more flags than the table's %d rows", cap);
+                return -1;
+            }
+            char *flag = f->flag_names[n];   /* row n's, if it becomes one */
+            if (dt_cli_model_flag(s->key, flag, sizeof f->flag_names[n])) {
+                snprintf(err, (size_t)errlen, "internal: model %s's setting '%s' makes no flag", b->name, s->key);
+                return -1;
+            }
+            if (has_row(t, n, flag)) continue;
             void *field = (char *)&f->model_flags + s->at;   /* laid over the chosen model's defaults */
             if (s->type == DT_SETTING_INTS) {
                 int j = f->n_lists++;
                 f->list_of[j] = s;
-                t[n++] = (dt_arg){s->flag, DT_ARG_LIST, &f->list_n[j], s->meta, s->help, f->lists[j], s->n_max};
+                t[n++] = (dt_arg){flag, DT_ARG_LIST, &f->list_n[j], s->meta, s->help, f->lists[j], s->n_max};
             } else {
-                t[n++] = (dt_arg){s->flag, s->type == DT_SETTING_INT ? DT_ARG_INT : DT_ARG_FLOAT, field, s->meta, s->help, 0, 0};
+                t[n++] = (dt_arg){flag, s->type == DT_SETTING_INT ? DT_ARG_INT : DT_ARG_FLOAT, field, s->meta, s->help, 0, 0};
             }
         }
     }
@@ -85,7 +95,8 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
     dt_optim_cfg *opt = &f->optim_flags;   /* laid over the chosen optimizer's defaults */
     dt_arg *t = f->table;
     int cap = N_ARGS(f->table);
-    int nm = model_rows(f, t, cap);
+    int nm = model_rows(f, t, cap, err, errlen);
+    if (nm < 0) return -1;
     dt_arg a[] = {
         {"--data", DT_ARG_STR, &f->data, "KIND", f->data_help, 0, 0},
         {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},
@@ -160,7 +171,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--debug-collectives", DT_ARG_FLAG, &f->dist.debug_collectives, NULL, "compare every collective across ranks before it runs; fail at the first divergence (slow)", 0, 0},
         {"--save-format", DT_ARG_STR, &f->save_format, "sharded|consolidated", "ZeRO checkpoints: a directory of per-rank shards (default) or one file", 0, 0},
     };
-    if (nm < 0 || nm + N_ARGS(a) > cap) {
+    if (nm + N_ARGS(a) > cap) {
         snprintf(err, (size_t)errlen, "internal: more flags than the table's %d rows", cap);
         return -1;
     }

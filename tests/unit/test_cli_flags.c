@@ -1,7 +1,9 @@
 /* dtrain train's flags are parsed once (cli/train_flags.h): the defaults that
  * depend on another flag -- the optimizer's lr and weight decay, the model's
  * settings -- are resolved after the parse, and a flag given is never
- * overridden by them, wherever it stands on the command line. */
+ * overridden by them, wherever it stands on the command line. The models'
+ * flags are the CLI's: spelled from the library's setting names
+ * ("arch.max_t": --max-t), which the CLI's messages write as those flags. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,8 +23,8 @@ static dt_status tiny_validate(const dt_model_cfg *c) {
 }
 static dt_status tiny_build(dt_model *m) { (void)m; return DT_ERR(DT_EINVAL, "tiny: not built in this test"); }
 static const dt_model_setting tiny_settings[] = {
-    {.flag = "--layers", .key = "arch.layers", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, n_layer),
-     .meta = "L", .help = "tiny layers (default 2)"},
+    {.key = "arch.layers", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, n_layer), .meta = "L",
+     .help = "tiny layers (default 2)"},
 };
 static const dt_model_builtin tiny = {
     .name = "tiny", .data = "text", .defaults = tiny_defaults, .validate = tiny_validate, .build = tiny_build,
@@ -129,6 +131,64 @@ static void test_model_flags_given_win(void **state) {
     assert_non_null(strstr(err, "--channels needs 2 values (C1,C2)"));
 }
 
+/* the rule, and every settable setting of every model a row of that name and its help */
+static void test_model_flags_from_setting_names(void **state) {
+    (void)state;
+    char flag[40];
+    assert_int_equal(dt_cli_model_flag("arch.max_t", flag, sizeof flag), 0);
+    assert_string_equal(flag, "--max-t");
+    assert_int_equal(dt_cli_model_flag("arch.layers", flag, sizeof flag), 0);
+    assert_string_equal(flag, "--layers");
+    assert_int_equal(dt_cli_model_flag("train.seq", flag, sizeof flag), -1);
+    assert_int_equal(dt_cli_model_flag("arch.max_t", flag, 7), -1);   /* "--max-t" needs 8 bytes */
+    assert_int_equal(dt_cli_model_flag("arch.max_t", flag, 8), 0);
+    parse_ok("");
+    /* the built-ins' flags in --help order, as before the library named settings by key */
+    const char *want[] = {"--model", "--hidden", "--channels", "--fc", "--layers", "--embd", "--heads", "--vocab",
+                          "--max-t", "--dropout", "--data"};
+    for (int k = 0; k < 11; k++)
+        if (strcmp(f.table[k].name, want[k])) fail_msg("row %d is %s, wanted %s", k, f.table[k].name, want[k]);
+    for (int i = 0; i < dt_model_builtin_count(); i++) {
+        const dt_model_builtin *b = dt_model_builtin_at(i, NULL);
+        for (int k = 0; k < b->n_settings; k++) {
+            const dt_model_setting *s = &b->settings[k];
+            assert_int_equal(dt_cli_model_flag(s->key, flag, sizeof flag), 0);
+            const dt_arg *row = NULL;
+            for (int r = 0; r < f.n_table && !row; r++)
+                if (!strcmp(f.table[r].name, flag)) row = &f.table[r];
+            if (!s->meta) {   /* set by the library: no flag */
+                if (row) fail_msg("%s %s: not settable, but a row %s", b->name, s->key, flag);
+                continue;
+            }
+            if (!row) fail_msg("%s %s: no row %s", b->name, s->key, flag);
+            assert_string_equal(row->meta, s->meta);
+            if (strcmp(b->name, "tiny")) assert_string_equal(row->help, s->help);   /* tiny shares GPT-2's row */
+        }
+    }
+}
+
+/* library text names settings; the CLI writes the models' as their flags,
+ * or what they are when they have none */
+static void test_setting_names_in_messages(void **state) {
+    (void)state;
+    static const struct { const char *in, *out; } cases[] = {
+        {"checkpoint x was saved with arch.layers 3, this run has 2", "checkpoint x was saved with --layers 3, this run has 2"},
+        {"--seq 200 must be in 1..128 (the model's arch.max_t)", "--seq 200 must be in 1..128 (the model's --max-t)"},
+        {"arch.channels needs 2 values (C1,C2)", "--channels needs 2 values (C1,C2)"},
+        {"arch.hidden, arch.dropout.", "--hidden, --dropout."},
+        {"saved with arch.mlp_in 784", "saved with MLP input size 784"},
+        {"arch.classes: rank 1 has 5", "CNN classes: rank 1 has 5"},
+        {"arch.params, arch.layersx, arch.", "arch.params, arch.layersx, arch."},   /* not settings */
+        {"train.steps and arch.max_t", "--steps and --max-t"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[256];
+        size_t need = dt_cli_flag_names(cases[i].in, out, sizeof out);
+        assert_string_equal(out, cases[i].out);
+        assert_int_equal(need, strlen(cases[i].out));
+    }
+}
+
 static void test_help(void **state) {
     (void)state;
     assert_int_equal(parse("--model gpt2 --help"), 1);
@@ -175,6 +235,8 @@ int main(void) {
         cmocka_unit_test(test_optimizer_flags_given_win),
         cmocka_unit_test(test_model_defaults),
         cmocka_unit_test(test_model_flags_given_win),
+        cmocka_unit_test(test_model_flags_from_setting_names),
+        cmocka_unit_test(test_setting_names_in_messages),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_binary_uses_resolved_defaults),
     };
