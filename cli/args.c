@@ -69,7 +69,9 @@ bad:
     return -1;
 }
 
-int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, char *err, int errlen) {
+int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, unsigned char *given, char *err,
+                  int errlen) {
+    if (given) memset(given, 0, (size_t)n);
     for (int i = from; i < argc; i++) {
         const char *s = argv[i];
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) return 1;
@@ -82,6 +84,7 @@ int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, c
             snprintf(err, (size_t)errlen, "unknown option '%s' (see --help)", s);
             return -1;
         }
+        if (given) given[a - table] = 1;
         if (a->type == DT_ARG_FLAG) {
             if (eq) { snprintf(err, (size_t)errlen, "%s takes no value", a->name); return -1; }
             *(int *)a->dst = 1;
@@ -92,6 +95,28 @@ int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, c
         if (parse_value(a, v, err, errlen)) return -1;
     }
     return 0;
+}
+
+static size_t value_size(dt_arg_type t) {
+    switch (t) {
+    case DT_ARG_I64: return sizeof(int64_t);
+    case DT_ARG_U64: return sizeof(uint64_t);
+    case DT_ARG_FLOAT: return sizeof(float);
+    case DT_ARG_STR: return sizeof(const char *);
+    case DT_ARG_INT: case DT_ARG_FLAG: return sizeof(int);
+    case DT_ARG_LIST: case DT_ARG_STRS: break;
+    }
+    return 0;
+}
+
+void dt_args_overlay(const dt_arg *table, int n, const unsigned char *given, const void *staged, size_t size, void *out) {
+    uintptr_t lo = (uintptr_t)staged;
+    for (int k = 0; k < n; k++) {
+        uintptr_t at = (uintptr_t)table[k].dst;
+        size_t bytes = value_size(table[k].type);
+        if (!given[k] || !bytes || at < lo || at - lo > size || bytes > size - (at - lo)) continue;
+        memcpy((char *)out + (at - lo), table[k].dst, bytes);
+    }
 }
 
 void dt_args_help(const dt_arg *table, int n, const char *usage, const char *footer) {

@@ -36,6 +36,10 @@ int dt_cli_report(dt_status s, int rank, int world, int clean);
  * fits, else into a malloc'd string the caller frees (result != buf). */
 size_t dt_cli_flag_names(const char *in, char *out, size_t n);
 char *dt_cli_flag_text(const char *in, char *buf, size_t n);
+/* settings.c: a model setting's flag, from its name: "arch." dropped, '_' as
+ * '-' ("arch.max_t" -> "--max-t"); -1 when key is not "arch.<name>" or the
+ * flag does not fit n bytes */
+int dt_cli_model_flag(const char *key, char *buf, size_t n);
 /* Route the library's log messages to this process's stdout / stderr (output.c). */
 void dt_cli_log_install(int rank, int world);
 /* --nproc N: 1 <= N <= 8 x this machine's cores; else -1 with one line in err */

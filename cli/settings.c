@@ -8,8 +8,14 @@
  * never matches inside a longer one ("train.save" inside "train.save_every").
  * A setting with its value comes first where the flag says both ("dp.shm off"
  * is --no-shm). A setting a flag sets must be here, or CLI users read the
- * field's name. */
+ * field's name.
+ *
+ * The built-in models' settings ("arch.max_t", nn.h section 4b) are not in
+ * the table: their flags follow from their names by one rule (dt_cli_model_flag:
+ * "arch.max_t" is --max-t), and a setting without a flag (the library sizes
+ * it from the data) is written as what it is, its help ("MLP input size"). */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
@@ -83,18 +89,50 @@ static void sort_flags(void) {
     qsort(g_sorted, N_FLAGS, sizeof g_sorted[0], longer_first);
 }
 
-/* (a progress thread may log too: the table is sorted once, then read-only) */
+int dt_cli_model_flag(const char *key, char *buf, size_t n) {
+    if (strncmp(key, "arch.", 5) || n < 3 || strlen(key + 5) > n - 3) return -1;
+    size_t k = 0;
+    buf[k++] = '-';
+    buf[k++] = '-';
+    for (const char *p = key + 5; *p; p++) buf[k++] = *p == '_' ? '-' : *p;
+    buf[k] = 0;
+    return 0;
+}
+
+#define ARCH_NAME "abcdefghijklmnopqrstuvwxyz0123456789_"
+
+/* "arch.<name>" at in, a setting of some built-in: its length, and in buf
+ * its flag or what it is; 0 otherwise */
+static size_t model_setting(const char *in, char *buf, size_t n) {
+    if (strncmp(in, "arch.", 5)) return 0;
+    size_t len = 5 + strspn(in + 5, ARCH_NAME);
+    for (int i = 0; i < dt_model_builtin_count(); i++) {
+        const dt_model_builtin *b = dt_model_builtin_at(i, NULL);
+        for (int k = 0; k < b->n_settings; k++) {
+            const dt_model_setting *s = &b->settings[k];
+            if (strlen(s->key) != len || strncmp(s->key, in, len)) continue;
+            if (s->meta && !dt_cli_model_flag(s->key, buf, n)) return len;
+            if (!s->meta && s->help) { snprintf(buf, n, "%s", s->help); return len; }
+        }
+    }
+    return 0;
+}
+
+/* (a progress thread may log too: the table is sorted once, then read-only;
+ * so is the model registry once running) */
 size_t dt_cli_flag_names(const char *in, char *out, size_t n) {
     pthread_once(&g_sort_once, sort_flags);
     size_t need = 0;   /* the whole result's length, written or not */
+    char model[256];
     while (*in) {
         const char *piece = in;
-        size_t len = 1;
-        for (int k = 0; k < N_FLAGS; k++) {
+        size_t len = 1, skip = model_setting(in, model, sizeof model);   /* characters of in replaced */
+        if (skip) { piece = model; len = strlen(model); }
+        for (int k = 0; k < N_FLAGS && !skip; k++) {
             size_t l = strlen(g_sorted[k].setting);
-            if (!strncmp(in, g_sorted[k].setting, l)) { piece = g_sorted[k].flag; len = strlen(piece); in += l - 1; break; }
+            if (!strncmp(in, g_sorted[k].setting, l)) { piece = g_sorted[k].flag; len = strlen(piece); skip = l; }
         }
-        in++;
+        in += skip ? skip : 1;
         for (size_t i = 0; i < len; i++, need++)
             if (need + 1 < n) out[need] = piece[i];
     }

@@ -28,6 +28,9 @@ foreach(src ${DT_UNIT_TESTS})
   set_tests_properties(${DT_LAST_TEST} PROPERTIES LABELS unit ENVIRONMENT "OMP_NUM_THREADS=2" TIMEOUT 900)
 endforeach()
 
+# The CLI's flag parsing, tested in process: it links the CLI's code.
+target_link_libraries(test_cli_flags PRIVATE dtrain_cli_lib)
+
 # The progress mode comes from DTRAIN_PROGRESS, which dt_dist_init honours
 # (tests/common/mpi_check.h: t_init checks the mode matches it). Every MPI
 # test runs in POLL mode at np 2 and 4; the communication tests below run again

@@ -200,12 +200,13 @@ int dt_model_kind_parse(const char *s, dt_model_kind *out);
 const char *dt_model_kind_name(dt_model_kind k);
 
 /* What defines a model's architecture, as checkpoints record it. A built-in's
- * configuration fields as text ("arch.layers" = "3"), each with the flag or
- * quantity that sets it ("--layers"); a user-built model has none. */
-typedef struct dt_arch_field { const char *key, *flag; char value[192]; } dt_arch_field;
+ * configuration fields as text ("arch.layers" = "3"), each named by its
+ * setting (the key: what messages name, "saved with arch.layers 3"); a
+ * user-built model has none. */
+typedef struct dt_arch_field { const char *key; char value[192]; } dt_arch_field;
 #define DT_ARCH_FIELDS_MAX 8
 int dt_model_arch_fields(const dt_model_cfg *c, dt_arch_field *out);   /* returns the count */
-/* Every setting of c's built-in, architecture or not (key NULL), as text:
+/* Every setting of c's built-in, recorded in checkpoints or not (unrecorded), as text:
  * what the ranks of a run must agree on. Returns the count. */
 int dt_model_settings(const dt_model_cfg *c, dt_arch_field *out);
 
@@ -213,10 +214,10 @@ int dt_model_settings(const dt_model_cfg *c, dt_arch_field *out);
  * MLP's input width, the CNN's H x W), then validates it: DT_EINVAL with why
  * the model cannot take them. */
 dt_status dt_model_cfg_fit(dt_model_cfg *c, const dt_sample_shape *s);
-/* A sequence model's longest sequence (GPT-2: max_t) and, in *flag
- * (optional), the setting that sets it ("--max-t"); 0 for a model of
+/* A sequence model's longest sequence (GPT-2: max_t) and, in *key
+ * (optional), the setting that sets it ("arch.max_t"); 0 for a model of
  * fixed-size samples. */
-int dt_model_cfg_max_seq(const dt_model_cfg *c, const char **flag);
+int dt_model_cfg_max_seq(const dt_model_cfg *c, const char **key);
 
 /* ---- 4b. The model registry ----
  * Every built-in is one dt_model_builtin entry; nothing outside the
@@ -234,13 +235,13 @@ int dt_model_cfg_max_seq(const dt_model_cfg *c, const char **flag);
  *   }
  *   static dt_status build(dt_model *m) { ... sections 2-3 from m->cfg, then dt_model_set_loss }
  *   static const dt_model_setting settings[] = {
- *       {.flag = "--vocab", .key = "arch.vocab", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, vocab),
+ *       {.key = "arch.vocab", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, vocab),
  *        .meta = "V", .help = "vocabulary (default 256)"},
- *       {.flag = "--max-t", .key = "arch.max_t", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, max_t),
+ *       {.key = "arch.max_t", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, max_t),
  *        .meta = "T", .help = "context length (default 128)"},
  *   };
  *   const dt_model_builtin dt_builtin_bigram = {
- *       .name = "bigram", .data = "text", .max_seq = "--max-t",
+ *       .name = "bigram", .data = "text", .max_seq = "arch.max_t",
  *       .defaults = defaults, .validate = validate, .build = build,
  *       .settings = settings, .n_settings = 2,
  *   };
@@ -249,10 +250,12 @@ int dt_model_cfg_max_seq(const dt_model_cfg *c, const char **flag);
  *   #define BUILTINS(X) X(mlp) X(cnn) X(gpt2) X(bigram)
  *
  * `dtrain train --model bigram --vocab 512` then works: the CLI makes a flag
- * of every setting with a meta (a flag two models share, as --vocab here,
- * must set the same field), checkpoints record "arch.vocab" and refuse a
- * resume with another value naming "--vocab", the ranks agree on every
- * setting, train.seq is checked against --max-t. The first three keep their
+ * of every setting with a meta, spelled from its name (arch.max_t: --max-t;
+ * a setting two models share, as arch.vocab here, is one flag and must set
+ * the same field), checkpoints record "arch.vocab" and refuse a resume with
+ * another value naming arch.vocab (the CLI writes --vocab), the ranks agree
+ * on every setting, train.seq is checked against arch.max_t. The library
+ * names a setting by its key only; flags are the CLI's. The first three keep their
  * kinds (DT_MODEL_MLP..GPT2); later entries get kinds 4, 5, ... by position
  * (3 is DT_MODEL_CUSTOM): find them by name. A program may also add an entry
  * at start-up with dt_model_register: tests/unit/test_nn_registry.c holds
@@ -263,27 +266,30 @@ typedef enum dt_setting_type {
     DT_SETTING_INTS          /* consecutive ints: "32,64" (or `none` for no values) */
 } dt_setting_type;
 #define DT_SETTING_INTS_MAX 16
+#define DT_SETTING_NAME_MAX 31   /* the <name> of "arch.<name>" */
 
 /* One configuration field of a built-in. Its text (dt_model_settings) is
- * what checkpoints record under key and what the ranks compare; flag names
- * it in messages ("checkpoint X was saved with --layers 3"). */
+ * what checkpoints record under key and what the ranks compare; the key
+ * names it in messages ("checkpoint X was saved with arch.layers 3"). */
 typedef struct dt_model_setting {
-    const char *flag;        /* "--layers"; a quantity without a flag says what it is ("MLP input size") */
-    const char *key;         /* checkpoint metadata key, "arch.<name>" (NULL: not recorded) */
+    const char *key;         /* its name and checkpoint metadata key: "arch.<name>", <name> of a-z, 0-9, _ */
     dt_setting_type type;
     size_t at;               /* offsetof(dt_model_cfg, field); INTS: the first int, the others follow it
                                 (an array, or adjacent fields: static_assert it) */
     size_t count_at;         /* INTS: offsetof the int holding how many (0: always n_max) */
     int n_min, n_max;        /* INTS: how many values, 0 <= n_min <= n_max <= DT_SETTING_INTS_MAX */
     const char *none;        /* INTS: the text of no values ("none") */
-    const char *meta, *help; /* a CLI flag: "L", "GPT-2 layers (default 4)"; meta NULL: not a flag */
+    const char *meta, *help; /* settable by a user (the CLI's flag): "L", "GPT-2 layers (default 4)";
+                                meta NULL: set by the library (sized from the data), help (optional)
+                                says what it is ("MLP input size") */
+    int unrecorded;          /* 1: not in checkpoints (dt_model_arch_fields); the ranks still agree on it */
 } dt_model_setting;
 
 typedef struct dt_model_builtin {
     const char *name;        /* --model name and checkpoint identity ("gpt2"), 1..31 characters */
     const char *data;        /* the dataset it trains on when none is named ("fashion-mnist", "text") */
-    const char *max_seq;     /* sequence models: the flag of the INT setting bounding train.seq
-                                ("--max-t"); NULL: samples of a fixed size */
+    const char *max_seq;     /* sequence models: the key of the INT setting bounding train.seq
+                                ("arch.max_t"); NULL: samples of a fixed size */
     void (*defaults)(dt_model_cfg *c);              /* sets its fields, nothing else */
     dt_status (*validate)(const dt_model_cfg *c);   /* DT_EINVAL naming the model and the field */
     /* Registers into an empty model (dt_model_new(name), m->cfg set) with
@@ -311,13 +317,13 @@ dt_status dt_model_builtin_find(const char *name, dt_model_kind *kind);
 /* "mlp, cnn, gpt2" (sep ", ") into buf; returns buf. */
 const char *dt_model_builtin_names(char *buf, size_t n, const char *sep);
 /* DT_OK if the entry is complete and consistent (names, hooks, settings
- * inside dt_model_cfg, a flag another entry shares has the same field, its
+ * inside dt_model_cfg, a setting another entry shares has the same field, its
  * defaults validate), else DT_EINVAL naming the entry and what is wrong. */
 dt_status dt_model_builtin_check(const dt_model_builtin *b);
 /* Adds an entry (checked; its name must be new; it must outlive its use) and
  * gives its kind. At start-up, before other threads use the registry. */
 dt_status dt_model_register(const dt_model_builtin *b, dt_model_kind *kind);
-/* Sets an INTS setting to v[0..n): DT_EINVAL "--channels needs 2 values
+/* Sets an INTS setting to v[0..n): DT_EINVAL "arch.channels needs 2 values
  * (C1,C2)" when n is out of its range. */
 dt_status dt_model_setting_set_ints(const dt_model_setting *s, dt_model_cfg *c, const int *v, int n);
 

@@ -164,7 +164,7 @@ void dt_checkpoint_meta(const dt_run *run, const char *strategy, int64_t optim_s
 typedef const char *(*dt_ckpt_meta_get)(const void *src, const char *key);
 /* Only the identity part (format, model kind, optimizer, architecture: each
  * arch.* key present must equal this run's, "checkpoint X was saved with
- * --layers 3, this run has 2"; checkpoints without them are not checked):
+ * arch.layers 3, this run has 2"; checkpoints without them are not checked):
  * call it before reading tensors so a wrong checkpoint is named, not a shape
  * mismatch. */
 dt_status dt_checkpoint_check_identity(const dt_run *run, dt_ckpt_meta_get get, const void *src, const char *what);

@@ -127,14 +127,14 @@ static double cnn_flops(const dt_model *m, int64_t T) {
     return 3.0 * (conv1 + conv2 + fc);
 }
 
-/* --channels C1,C2 is one list over two adjacent fields */
+/* arch.channels (C1,C2) is one list over two adjacent fields */
 _Static_assert(offsetof(dt_model_cfg, cnn_c2) == offsetof(dt_model_cfg, cnn_c1) + sizeof(int), "cnn_c1, cnn_c2 adjacent");
 static const dt_model_setting cnn_settings[] = {
-    {.flag = "--channels", .key = "arch.channels", .type = DT_SETTING_INTS, .at = offsetof(dt_model_cfg, cnn_c1),
+    {.key = "arch.channels", .type = DT_SETTING_INTS, .at = offsetof(dt_model_cfg, cnn_c1),
      .n_min = 2, .n_max = 2, .meta = "C1,C2", .help = "CNN conv channels (default 32,64)"},
-    {.flag = "--fc", .key = "arch.fc", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, cnn_fc), .meta = "N",
+    {.key = "arch.fc", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, cnn_fc), .meta = "N",
      .help = "CNN hidden fully-connected size (default 128)"},
-    {.flag = "CNN classes", .key = "arch.classes", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, cnn_classes)},
+    {.key = "arch.classes", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, cnn_classes), .help = "CNN classes"},
 };
 
 const dt_model_builtin dt_builtin_cnn = {

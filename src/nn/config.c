@@ -29,12 +29,12 @@ dt_status dt_model_cfg_fit(dt_model_cfg *c, const dt_sample_shape *s) {
     return dt_model_cfg_validate(c);
 }
 
-int dt_model_cfg_max_seq(const dt_model_cfg *c, const char **flag) {
+int dt_model_cfg_max_seq(const dt_model_cfg *c, const char **key) {
     const dt_model_builtin *b = dt_model_builtin_of(c->kind);
     for (int k = 0; b && b->max_seq && k < b->n_settings; k++) {
         const dt_model_setting *s = &b->settings[k];
-        if (s->type != DT_SETTING_INT || strcmp(s->flag, b->max_seq)) continue;
-        if (flag) *flag = s->flag;
+        if (s->type != DT_SETTING_INT || strcmp(s->key, b->max_seq)) continue;
+        if (key) *key = s->key;
         int v;
         memcpy(&v, (const char *)c + s->at, sizeof v);
         return v;

@@ -199,20 +199,19 @@ static double gpt2_flops(const dt_model *m, int64_t T) {
     return 6.0 * n + 12.0 * c->n_layer * (double)T * c->n_embd;
 }
 
-#define GPT2_INT(f, k, field, m, h) \
-    {.flag = f, .key = k, .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, field), .meta = m, .help = h}
+#define GPT2_INT(k, field, m, h) {.key = k, .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, field), .meta = m, .help = h}
 static const dt_model_setting gpt2_settings[] = {
-    GPT2_INT("--layers", "arch.layers", n_layer, "L", "GPT-2 layers (default 4)"),
-    GPT2_INT("--embd", "arch.embd", n_embd, "C", "GPT-2 embedding width (default 128)"),
-    GPT2_INT("--heads", "arch.heads", n_head, "H", "GPT-2 attention heads (default 4)"),
-    GPT2_INT("--vocab", "arch.vocab", vocab, "V", "GPT-2 vocabulary (default 256: bytes)"),
-    GPT2_INT("--max-t", "arch.max_t", max_t, "T", "GPT-2 context length (default 128)"),
-    {.flag = "--dropout", .key = "arch.dropout", .type = DT_SETTING_FLOAT, .at = offsetof(dt_model_cfg, dropout),
-     .meta = "P", .help = "GPT-2 dropout (default 0)"},
+    GPT2_INT("arch.layers", n_layer, "L", "GPT-2 layers (default 4)"),
+    GPT2_INT("arch.embd", n_embd, "C", "GPT-2 embedding width (default 128)"),
+    GPT2_INT("arch.heads", n_head, "H", "GPT-2 attention heads (default 4)"),
+    GPT2_INT("arch.vocab", vocab, "V", "GPT-2 vocabulary (default 256: bytes)"),
+    GPT2_INT("arch.max_t", max_t, "T", "GPT-2 context length (default 128)"),
+    {.key = "arch.dropout", .type = DT_SETTING_FLOAT, .at = offsetof(dt_model_cfg, dropout), .meta = "P",
+     .help = "GPT-2 dropout (default 0)"},
 };
 
 const dt_model_builtin dt_builtin_gpt2 = {
-    .name = "gpt2", .data = "text", .max_seq = "--max-t",
+    .name = "gpt2", .data = "text", .max_seq = "arch.max_t",
     .defaults = gpt2_defaults, .validate = gpt2_validate, .build = gpt2_build, .flops = gpt2_flops,
     .settings = gpt2_settings, .n_settings = (int)(sizeof gpt2_settings / sizeof gpt2_settings[0]),
 };

@@ -64,11 +64,11 @@ static void mlp_fit(dt_model_cfg *c, const dt_sample_shape *s) {
 }
 
 static const dt_model_setting mlp_settings[] = {
-    {.flag = "MLP input size", .key = "arch.mlp_in", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, mlp_in)},
-    {.flag = "--hidden", .key = "arch.hidden", .type = DT_SETTING_INTS, .at = offsetof(dt_model_cfg, mlp_hidden),
+    {.key = "arch.mlp_in", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, mlp_in), .help = "MLP input size"},
+    {.key = "arch.hidden", .type = DT_SETTING_INTS, .at = offsetof(dt_model_cfg, mlp_hidden),
      .count_at = offsetof(dt_model_cfg, mlp_n_hidden), .n_min = 0, .n_max = DT_MLP_MAX_LAYERS, .none = "none",
      .meta = "N,N,..", .help = "MLP hidden sizes (default 256,256)"},
-    {.flag = "MLP output size", .key = "arch.mlp_out", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, mlp_out)},
+    {.key = "arch.mlp_out", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, mlp_out), .help = "MLP output size"},
 };
 
 const dt_model_builtin dt_builtin_mlp = {

@@ -83,10 +83,20 @@ static size_t setting_bytes(const dt_model_setting *s) {
                                                         : (size_t)s->n_max * sizeof(int);
 }
 
+/* "arch.<name>", name 1..DT_SETTING_NAME_MAX of a-z, 0-9, _ (so a front end
+ * can spell it as it likes: the CLI's --max-t for arch.max_t) */
+static int key_ok(const char *key) {
+    if (!key || strncmp(key, "arch.", 5)) return 0;
+    size_t n = strspn(key + 5, "abcdefghijklmnopqrstuvwxyz0123456789_");
+    return n >= 1 && n <= DT_SETTING_NAME_MAX && !key[5 + n];
+}
+
 static dt_status check_setting(const dt_model_builtin *b, const dt_model_setting *s) {
-    const char *f = s->flag ? s->flag : "(no flag)";
+    const char *f = s->key ? s->key : "(no key)";
     size_t cfg = sizeof(dt_model_cfg), first = sizeof(dt_model_kind);   /* c->kind is not a setting */
-    if (!s->flag || !*s->flag) return DT_ERR(DT_EINVAL, "model %s: a setting has no flag (name)", b->name);
+    if (!key_ok(s->key))
+        return DT_ERR(DT_EINVAL, "model %s: setting '%s' must be named arch.<name>, name of 1..%d characters a-z, 0-9, _",
+                      b->name, f, DT_SETTING_NAME_MAX);
     if ((unsigned)s->type > DT_SETTING_INTS) return DT_ERR(DT_EINVAL, "model %s: %s: unknown type %d", b->name, f, (int)s->type);
     if (s->type == DT_SETTING_INTS &&
         (s->n_min < 0 || s->n_max < 1 || s->n_min > s->n_max || s->n_max > DT_SETTING_INTS_MAX))
@@ -97,24 +107,22 @@ static dt_status check_setting(const dt_model_builtin *b, const dt_model_setting
     if (s->type == DT_SETTING_INTS && s->count_at &&
         (s->count_at < first || s->count_at > cfg - sizeof(int) || s->count_at % sizeof(int)))
         return DT_ERR(DT_EINVAL, "model %s: %s: count offset %zu is not a field of dt_model_cfg", b->name, f, s->count_at);
-    if (s->key && strncmp(s->key, "arch.", 5))
-        return DT_ERR(DT_EINVAL, "model %s: %s: checkpoint key '%s' must start with 'arch.'", b->name, f, s->key);
-    if (s->meta && (!s->help || strncmp(s->flag, "--", 2)))
-        return DT_ERR(DT_EINVAL, "model %s: %s: a flag needs a help text and a name starting with --", b->name, f);
+    if (s->meta && !s->help)
+        return DT_ERR(DT_EINVAL, "model %s: %s: a setting with a meta (settable) needs a help text", b->name, f);
     return DT_OK;
 }
 
-/* a flag another entry also has must set the same field */
+/* a setting another entry also has (one CLI flag) must set the same field */
 static dt_status check_shared(const dt_model_builtin *b, const dt_model_setting *s) {
     for (int i = 0; i < dt_model_builtin_count(); i++) {
         const dt_model_builtin *o = dt_model_builtin_at(i, NULL);
         for (int k = 0; o != b && k < o->n_settings; k++) {
             const dt_model_setting *t = &o->settings[k];
-            if (strcmp(t->flag, s->flag)) continue;
+            if (strcmp(t->key, s->key)) continue;
             if (t->type != s->type || t->at != s->at || t->count_at != s->count_at || t->n_max != s->n_max ||
                 t->n_min != s->n_min || !t->meta != !s->meta)
                 return DT_ERR(DT_EINVAL, "model %s: %s is also a setting of model %s, of another field or type",
-                              b->name, s->flag, o->name);
+                              b->name, s->key, o->name);
         }
     }
     return DT_OK;
@@ -136,9 +144,8 @@ dt_status dt_model_builtin_check(const dt_model_builtin *b) {
         DT_TRY(check_setting(b, s));
         DT_TRY(check_shared(b, s));
         for (int j = 0; j < k; j++)
-            if (!strcmp(b->settings[j].flag, s->flag) || (s->key && b->settings[j].key && !strcmp(b->settings[j].key, s->key)))
-                return DT_ERR(DT_EINVAL, "model %s: two settings named %s or keyed %s", b->name, s->flag, s->key ? s->key : "-");
-        seq |= !strcmp(s->flag, b->max_seq ? b->max_seq : "") && s->type == DT_SETTING_INT;
+            if (!strcmp(b->settings[j].key, s->key)) return DT_ERR(DT_EINVAL, "model %s: two settings named %s", b->name, s->key);
+        seq |= !strcmp(s->key, b->max_seq ? b->max_seq : "") && s->type == DT_SETTING_INT;
     }
     if (!seq) return DT_ERR(DT_EINVAL, "model %s: max_seq '%s' is not one of its int settings", b->name, b->max_seq);
     dt_model_cfg c;

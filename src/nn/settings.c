@@ -1,5 +1,5 @@
 /* A built-in's settings as text (nn.h section 4b): what checkpoints record
- * ("arch.layers" = "3", with the flag that sets it for messages) and what the
+ * ("arch.layers" = "3"; messages name the setting by that key) and what the
  * ranks of a run compare. Formats are fixed: checkpoints written before
  * compare these strings byte for byte. */
 #include <stdio.h>
@@ -31,16 +31,15 @@ static void format(const dt_model_setting *s, const dt_model_cfg *c, char *buf, 
         k += (size_t)snprintf(buf + k, n - k, "%s%d", i ? "," : "", get_int(c, s->at + (size_t)i * sizeof(int)));
 }
 
-/* settings with a checkpoint key only (arch), or all */
+/* the settings checkpoints record (arch), or all */
 static int texts(const dt_model_cfg *c, dt_arch_field *out, int arch) {
     const dt_model_builtin *b = dt_model_builtin_of(c->kind);
     int n = 0;
     for (int k = 0; b && k < b->n_settings && n < DT_ARCH_FIELDS_MAX; k++) {
         const dt_model_setting *s = &b->settings[k];
-        if (arch && !s->key) continue;
+        if (arch && s->unrecorded) continue;
         dt_arch_field *f = &out[n++];
         f->key = s->key;
-        f->flag = s->flag;
         format(s, c, f->value, sizeof f->value);
     }
     return n;
@@ -50,11 +49,11 @@ int dt_model_arch_fields(const dt_model_cfg *c, dt_arch_field *out) { return tex
 int dt_model_settings(const dt_model_cfg *c, dt_arch_field *out) { return texts(c, out, 0); }
 
 dt_status dt_model_setting_set_ints(const dt_model_setting *s, dt_model_cfg *c, const int *v, int n) {
-    if (s->type != DT_SETTING_INTS) return DT_ERR(DT_EINVAL, "%s takes one value, not a list", s->flag);
+    if (s->type != DT_SETTING_INTS) return DT_ERR(DT_EINVAL, "%s takes one value, not a list", s->key);
     if (n < s->n_min || n > s->n_max) {
         const char *meta = s->meta ? s->meta : "values";
-        if (s->n_min == s->n_max) return DT_ERR(DT_EINVAL, "%s needs %d values (%s)", s->flag, s->n_min, meta);
-        return DT_ERR(DT_EINVAL, "%s takes %d to %d values (%s), got %d", s->flag, s->n_min, s->n_max, meta, n);
+        if (s->n_min == s->n_max) return DT_ERR(DT_EINVAL, "%s needs %d values (%s)", s->key, s->n_min, meta);
+        return DT_ERR(DT_EINVAL, "%s takes %d to %d values (%s), got %d", s->key, s->n_min, s->n_max, meta, n);
     }
     if (s->count_at) memcpy((char *)c + s->count_at, &n, sizeof n);
     for (int i = 0; i < n; i++) memcpy((char *)c + s->at + (size_t)i * sizeof(int), &v[i], sizeof(int));

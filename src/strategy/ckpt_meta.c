@@ -54,7 +54,7 @@ static dt_status meta_u64(dt_ckpt_meta_get get, const void *src, const char *wha
     return DT_OK;
 }
 
-/* Architecture: the config fields first (they name a flag), then the
+/* Architecture: the config fields first (they name a setting), then the
  * parameter fingerprint (a user's model; anything the fields miss). Keys a
  * checkpoint lacks (written before they existed) are not checked. */
 static dt_status check_arch(const dt_model *m, dt_ckpt_meta_get get, const void *src, const char *what) {
@@ -63,7 +63,7 @@ static dt_status check_arch(const dt_model *m, dt_ckpt_meta_get get, const void 
     for (int i = 0; i < n; i++) {
         const char *v = get(src, f[i].key);
         if (v && strcmp(v, f[i].value))
-            return DT_ERR(DT_EINVAL, "checkpoint %s was saved with %s %s, this run has %s", what, f[i].flag, v,
+            return DT_ERR(DT_EINVAL, "checkpoint %s was saved with %s %s, this run has %s", what, f[i].key, v,
                           f[i].value);
     }
     const char *v = get(src, "arch.params");

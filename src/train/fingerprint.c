@@ -22,7 +22,7 @@ static void describe_model(const dt_trainer *t, dt_agree *a) {
         dt_agree_add(a, "--model", "%s", dt_model_kind_name(c->kind));
         dt_arch_field f[DT_ARCH_FIELDS_MAX];
         int n = dt_model_settings(c, f);
-        for (int i = 0; i < n; i++) dt_agree_add(a, f[i].flag, "%s", f[i].value);
+        for (int i = 0; i < n; i++) dt_agree_add(a, f[i].key, "%s", f[i].value);
     }
     /* the built model itself: catches what a config does not say (a user's
      * builder, a library difference between ranks) */

@@ -34,11 +34,11 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     DT_TRY(dt_dataset_check_name(o->data));
     DT_TRY(dt_gemm_backend_check());   /* DTRAIN_GEMM, read from the environment like DTRAIN_CONV */
     if ((unsigned)o->recompute > DT_RECOMPUTE_BLOCKS) return DT_ERR(DT_EINVAL, "--recompute: unknown mode %d", (int)o->recompute);
-    const char *seq_flag = "";   /* a sequence model's longest sequence, and what sets it (nn.h) */
-    int max_seq = o->build_model ? 0 : dt_model_cfg_max_seq(&o->model, &seq_flag), lm = max_seq > 0;
+    const char *seq_key = "";   /* a sequence model's longest sequence, and the setting that sets it (nn.h) */
+    int max_seq = o->build_model ? 0 : dt_model_cfg_max_seq(&o->model, &seq_key), lm = max_seq > 0;
     if (o->batch <= 0) return DT_ERR(DT_EINVAL, "--batch must be positive, got %lld", (long long)o->batch);
     if (lm && (o->seq <= 0 || o->seq > max_seq))
-        return DT_ERR(DT_EINVAL, "--seq %lld must be in 1..%d (the model's %s)", (long long)o->seq, max_seq, seq_flag);
+        return DT_ERR(DT_EINVAL, "--seq %lld must be in 1..%d (the model's %s)", (long long)o->seq, max_seq, seq_key);
     if (o->steps < 0) return DT_ERR(DT_EINVAL, "--steps must be >= 0");
     if (o->steps == 0 && o->epochs <= 0) return DT_ERR(DT_EINVAL, "give --steps or a positive --epochs");
     if (o->accum <= 0) return DT_ERR(DT_EINVAL, "--accum must be >= 1");

@@ -39,6 +39,9 @@ static void test_bad_flags(void **state) {
     expect_error("train --recompute layers", "--recompute: unknown mode 'layers' (none, blocks)");
     expect_error("train --model resnet", "unknown model 'resnet'");
     expect_error("train --model gpt2 --data fashion-mnist", "takes 'ids' int32");
+    /* the library names the models' settings (arch.max_t); the CLI writes their flags */
+    expect_error("train --model gpt2 --seq 200 --steps 1", "--seq 200 must be in 1..128 (the model's --max-t)");
+    expect_error("train --model cnn --channels 3", "--channels needs 2 values (C1,C2)");
     expect_error("train --data imagenet", "unknown dataset 'imagenet' (fashion-mnist, text, shard)");
     expect_error("train --optim lion", "unknown optimizer 'lion'");
     expect_error("frobnicate", "unknown command");

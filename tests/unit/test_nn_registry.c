@@ -51,20 +51,30 @@ static dt_status bigram_validate(const dt_model_cfg *c) {
     return DT_OK;
 }
 
-/* --vocab and --max-t are GPT-2's flags too: the same fields, so one CLI row */
+/* arch.vocab and arch.max_t are GPT-2's settings too: the same fields, so one CLI flag each */
 static const dt_model_setting bigram_settings[] = {
-    {.flag = "--vocab", .key = "arch.vocab", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, vocab),
-     .meta = "V", .help = "vocabulary"},
-    {.flag = "--max-t", .key = "arch.max_t", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, max_t),
-     .meta = "T", .help = "context length"},
+    {.key = "arch.vocab", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, vocab), .meta = "V", .help = "vocabulary"},
+    {.key = "arch.max_t", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, max_t), .meta = "T", .help = "context length"},
 };
 
 static const dt_model_builtin bigram = {
-    .name = "bigram", .data = "text", .max_seq = "--max-t",
+    .name = "bigram", .data = "text", .max_seq = "arch.max_t",
     .defaults = bigram_defaults, .validate = bigram_validate, .build = bigram_build,
     .settings = bigram_settings, .n_settings = 2,
 };
 static dt_model_kind bigram_kind;
+
+/* the same model with a setting the ranks agree on but checkpoints do not record */
+static const dt_model_setting bigram_settings_unrecorded[] = {
+    bigram_settings[0], bigram_settings[1],
+    {.key = "arch.dropout", .type = DT_SETTING_FLOAT, .at = offsetof(dt_model_cfg, dropout), .meta = "P", .help = "dropout",
+     .unrecorded = 1},
+};
+static const dt_model_builtin bigram_unrecorded = {
+    .name = "bigram_u", .data = "text", .max_seq = "arch.max_t",
+    .defaults = bigram_defaults, .validate = bigram_validate, .build = bigram_build,
+    .settings = bigram_settings_unrecorded, .n_settings = 3,
+};
 
 /* ---- the built-ins ---- */
 
@@ -133,7 +143,15 @@ static void test_defaults_validate_and_build(void **state) {
 
 /* ---- checkpoint fields: the text is what checkpoints written before hold ---- */
 
-typedef struct want_field { const char *key, *flag, *value; } want_field;
+/* a setting's key, what it is to a user (a settable one: its help), its text */
+typedef struct want_field { const char *key, *help, *value; } want_field;
+
+static const dt_model_setting *setting_of(const dt_model_cfg *c, const char *key) {
+    const dt_model_builtin *b = dt_model_builtin_of(c->kind);
+    for (int k = 0; b && k < b->n_settings; k++)
+        if (!strcmp(b->settings[k].key, key)) return &b->settings[k];
+    return NULL;
+}
 
 static void expect_fields(const dt_model_cfg *c, const want_field *w, int n) {
     dt_arch_field f[DT_ARCH_FIELDS_MAX], all[DT_ARCH_FIELDS_MAX];
@@ -141,7 +159,9 @@ static void expect_fields(const dt_model_cfg *c, const want_field *w, int n) {
     assert_int_equal(dt_model_settings(c, all), n);   /* every built-in setting is recorded */
     for (int i = 0; i < n; i++) {
         assert_string_equal(f[i].key, w[i].key);
-        assert_string_equal(f[i].flag, w[i].flag);
+        const dt_model_setting *s = setting_of(c, f[i].key);
+        assert_non_null(s);
+        assert_string_equal(s->help, w[i].help);
         assert_string_equal(f[i].value, w[i].value);
         assert_string_equal(all[i].value, w[i].value);
     }
@@ -150,7 +170,7 @@ static void expect_fields(const dt_model_cfg *c, const want_field *w, int n) {
 static void test_arch_fields_as_before(void **state) {
     (void)state;
     dt_model_cfg c = dt_model_cfg_default(DT_MODEL_MLP);
-    want_field mlp[] = {{"arch.mlp_in", "MLP input size", "784"}, {"arch.hidden", "--hidden", "256,256"},
+    want_field mlp[] = {{"arch.mlp_in", "MLP input size", "784"}, {"arch.hidden", "MLP hidden sizes (default 256,256)", "256,256"},
                         {"arch.mlp_out", "MLP output size", "10"}};
     expect_fields(&c, mlp, 3);
     c.mlp_n_hidden = 0;
@@ -162,12 +182,15 @@ static void test_arch_fields_as_before(void **state) {
 
     c = dt_model_cfg_default(DT_MODEL_CNN);
     c.cnn_c1 = 2; c.cnn_c2 = 4; c.cnn_fc = 8;
-    want_field cnn[] = {{"arch.channels", "--channels", "2,4"}, {"arch.fc", "--fc", "8"}, {"arch.classes", "CNN classes", "10"}};
+    want_field cnn[] = {{"arch.channels", "CNN conv channels (default 32,64)", "2,4"},
+                        {"arch.fc", "CNN hidden fully-connected size (default 128)", "8"}, {"arch.classes", "CNN classes", "10"}};
     expect_fields(&c, cnn, 3);
 
     c = dt_model_cfg_default(DT_MODEL_GPT2);
-    want_field gpt[] = {{"arch.layers", "--layers", "4"}, {"arch.embd", "--embd", "128"}, {"arch.heads", "--heads", "4"},
-                        {"arch.vocab", "--vocab", "256"}, {"arch.max_t", "--max-t", "128"}, {"arch.dropout", "--dropout", "0"}};
+    want_field gpt[] = {{"arch.layers", "GPT-2 layers (default 4)", "4"}, {"arch.embd", "GPT-2 embedding width (default 128)", "128"},
+                        {"arch.heads", "GPT-2 attention heads (default 4)", "4"},
+                        {"arch.vocab", "GPT-2 vocabulary (default 256: bytes)", "256"},
+                        {"arch.max_t", "GPT-2 context length (default 128)", "128"}, {"arch.dropout", "GPT-2 dropout (default 0)", "0"}};
     expect_fields(&c, gpt, 6);
     c.dropout = 0.1f;
     gpt[5].value = "0.100000001";   /* %.9g of the float */
@@ -227,7 +250,7 @@ static void test_settings_round_trip(void **state) {
         assert_int_equal(dt_model_settings(&back, g), n);
         for (int j = 0; j < n; j++) {
             if (strcmp(f[j].value, g[j].value))
-                fail_msg("%s %s: '%s' read back as '%s'", b->name, f[j].flag, f[j].value, g[j].value);
+                fail_msg("%s %s: '%s' read back as '%s'", b->name, f[j].key, f[j].value, g[j].value);
             if (b->settings[j].type == DT_SETTING_INTS) assert_non_null(strchr(f[j].value, ','));
         }
     }
@@ -238,10 +261,10 @@ static void test_set_ints(void **state) {
     const dt_model_builtin *cnn = dt_model_builtin_of(DT_MODEL_CNN), *mlp = dt_model_builtin_of(DT_MODEL_MLP);
     dt_model_cfg c = dt_model_cfg_default(DT_MODEL_CNN);
     assert_int_equal(dt_model_setting_set_ints(&cnn->settings[0], &c, (int[]){3}, 1), DT_EINVAL);
-    assert_string_equal(dt_error_message(), "--channels needs 2 values (C1,C2)");
+    assert_string_equal(dt_error_message(), "arch.channels needs 2 values (C1,C2)");
     assert_int_equal(dt_model_setting_set_ints(&cnn->settings[0], &c, (int[]){3, 5}, 2), DT_OK);
     assert_true(c.cnn_c1 == 3 && c.cnn_c2 == 5 && c.cnn_fc == 128);
-    assert_int_equal(dt_model_setting_set_ints(&cnn->settings[1], &c, (int[]){3}, 1), DT_EINVAL);   /* --fc: one int */
+    assert_int_equal(dt_model_setting_set_ints(&cnn->settings[1], &c, (int[]){3}, 1), DT_EINVAL);   /* arch.fc: one int */
     assert_int_equal(dt_model_setting_set_ints(&mlp->settings[1], &c, (int[]){9, 8, 7}, 3), DT_OK);
     assert_true(c.mlp_n_hidden == 3 && c.mlp_hidden[0] == 9 && c.mlp_hidden[2] == 7);
 }
@@ -273,9 +296,9 @@ static void test_fit_to_samples(void **state) {
     assert_memory_equal(&c, &before, sizeof c);
     assert_ptr_equal(dt_sample_input(&ids, "ids", DT_I32), &ids.in[0]);
     assert_null(dt_sample_input(&ids, "ids", DT_F32));
-    const char *flag = NULL;
-    assert_int_equal(dt_model_cfg_max_seq(&c, &flag), 128);
-    assert_string_equal(flag, "--max-t");
+    const char *key = NULL;
+    assert_int_equal(dt_model_cfg_max_seq(&c, &key), 128);
+    assert_string_equal(key, "arch.max_t");
     c = dt_model_cfg_default(DT_MODEL_MLP);
     assert_int_equal(dt_model_cfg_max_seq(&c, NULL), 0);
 }
@@ -298,24 +321,49 @@ static void test_bad_entries(void **state) {
     dup.name = "gpt2";
     assert_int_equal(dt_model_register(&dup, NULL), DT_EINVAL);
     assert_msg_has("a model 'gpt2' is already registered");
-    dt_model_setting s = {.flag = "--vocab", .key = "arch.vocab", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, n_embd),
+    dt_model_setting s = {.key = "arch.vocab", .type = DT_SETTING_INT, .at = offsetof(dt_model_cfg, n_embd),
                           .meta = "V", .help = "vocabulary"};
     b.settings = &s;
     b.n_settings = 1;
-    assert_int_equal(dt_model_builtin_check(&b), DT_EINVAL);   /* GPT-2's --vocab is another field */
-    assert_msg_has("--vocab is also a setting of model gpt2");
-    s.flag = "--width";
+    assert_int_equal(dt_model_builtin_check(&b), DT_EINVAL);   /* GPT-2's arch.vocab is another field */
+    assert_msg_has("arch.vocab is also a setting of model gpt2");
+    s.key = "arch.width";
     s.at = sizeof(dt_model_cfg);
     assert_int_equal(dt_model_builtin_check(&b), DT_EINVAL);
+    assert_msg_has("arch.width: offset");
     assert_msg_has("is not a field of dt_model_cfg");
     s.at = offsetof(dt_model_cfg, n_embd);
-    s.key = "width";
+    /* a setting's name is arch.<name>: a front end spells its flag from it */
+    const char *bad_keys[] = {"width", "--width", "arch.", "arch.Width", "arch.max-t", "arch.a.b",
+                              "arch.abcdefghijklmnopqrstuvwxyz012345"   /* 32 */};
+    for (int i = 0; i < 7; i++) {
+        s.key = bad_keys[i];
+        if (dt_model_builtin_check(&b) != DT_EINVAL) fail_msg("key '%s' accepted", bad_keys[i]);
+        assert_msg_has("must be named arch.<name>, name of 1..31 characters a-z, 0-9, _");
+    }
+    s.key = NULL;
     assert_int_equal(dt_model_builtin_check(&b), DT_EINVAL);
-    assert_msg_has("must start with 'arch.'");
+    assert_msg_has("setting '(no key)' must be named arch.<name>");
+    s.key = "arch.abcdefghijklmnopqrstuvwxyz_1234"   /* 31: the longest */;
+    assert_int_equal(dt_model_builtin_check(&b), DT_OK);
     s.key = "arch.width";
-    b.max_seq = "--max-t";   /* not one of its settings */
+    s.help = NULL;   /* settable: needs a help */
     assert_int_equal(dt_model_builtin_check(&b), DT_EINVAL);
-    assert_msg_has("max_seq '--max-t'");
+    assert_msg_has("arch.width: a setting with a meta (settable) needs a help text");
+    s.meta = NULL;   /* set by the model itself: the help is optional */
+    assert_int_equal(dt_model_builtin_check(&b), DT_OK);
+    s.meta = "W";
+    s.help = "width";
+    dt_model_setting two[2] = {s, s};
+    b.settings = two;
+    b.n_settings = 2;
+    assert_int_equal(dt_model_builtin_check(&b), DT_EINVAL);
+    assert_msg_has("two settings named arch.width");
+    b.settings = &s;
+    b.n_settings = 1;
+    b.max_seq = "arch.max_t";   /* not one of its settings */
+    assert_int_equal(dt_model_builtin_check(&b), DT_EINVAL);
+    assert_msg_has("max_seq 'arch.max_t'");
     b.max_seq = NULL;
     b.validate = never_ok;
     assert_int_equal(dt_model_builtin_check(&b), DT_EINVAL);
@@ -339,9 +387,17 @@ static void test_registered_model(void **state) {
     assert_int_equal(dt_model_register(&bigram, NULL), DT_EINVAL);   /* once */
     dt_model_cfg c = dt_model_cfg_default(bigram_kind);
     assert_true(c.vocab == 256 && c.max_t == 32 && c.n_layer == 4);
-    want_field w[] = {{"arch.vocab", "--vocab", "256"}, {"arch.max_t", "--max-t", "32"}};
+    want_field w[] = {{"arch.vocab", "vocabulary", "256"}, {"arch.max_t", "context length", "32"}};
     expect_fields(&c, w, 2);
     assert_int_equal(dt_model_cfg_max_seq(&c, NULL), 32);
+    dt_model_cfg u = dt_model_cfg_default(bigram_kind);
+    assert_int_equal(dt_model_builtin_find("bigram_u", &u.kind), DT_OK);
+    dt_arch_field f[DT_ARCH_FIELDS_MAX];
+    assert_int_equal(dt_model_arch_fields(&u, f), 2);   /* arch.dropout is not recorded */
+    assert_string_equal(f[1].key, "arch.max_t");
+    assert_int_equal(dt_model_settings(&u, f), 3);      /* but the ranks agree on it */
+    assert_string_equal(f[2].key, "arch.dropout");
+    assert_string_equal(f[2].value, "0");
     c.vocab = 1;
     assert_int_equal(dt_model_cfg_validate(&c), DT_EINVAL);
     assert_msg_has("bigram: vocab 1");
@@ -382,8 +438,8 @@ static void test_registered_model_trains(void **state) {
     o.batch = 8; o.seq = 64; o.steps = 6; o.quiet = 1;
     o.optim.lr = 0.05f;
     dt_trainer *t;
-    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);   /* --seq beyond the model's --max-t */
-    assert_string_equal(dt_error_message(), "--seq 64 must be in 1..32 (the model's --max-t)");
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);   /* --seq beyond the model's arch.max_t */
+    assert_string_equal(dt_error_message(), "--seq 64 must be in 1..32 (the model's arch.max_t)");
     o.seq = 16;
     assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
     double first = 0, last = 0;
@@ -397,7 +453,7 @@ static void test_registered_model_trains(void **state) {
     o.resume = ck;
     o.steps = 8;
     assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);
-    assert_msg_has("was saved with --max-t 32, this run has 24");
+    assert_msg_has("was saved with arch.max_t 32, this run has 24");
     o.model.max_t = 32;
     assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
     assert_int_equal(dt_trainer_step(t, NULL), DT_OK);
@@ -406,7 +462,7 @@ static void test_registered_model_trains(void **state) {
 }
 
 int main(void) {
-    if (dt_model_register(&bigram, &bigram_kind) != DT_OK) {
+    if (dt_model_register(&bigram_unrecorded, NULL) != DT_OK || dt_model_register(&bigram, &bigram_kind) != DT_OK) {
         fprintf(stderr, "registering the bigram model: %s\n", dt_error_message());
         return 1;
     }

@@ -1,7 +1,7 @@
 /* The architecture a checkpoint records (strategy.h, dt_checkpoint_meta) and
  * its check on load (dt_checkpoint_check_identity), for a user-built model
  * (name + parameter names and shapes) and a built-in (config fields named by
- * flag). Metadata goes through a plain key -> value table here, as a file's
+ * setting, arch.layers). Metadata goes through a plain key -> value table here, as a file's
  * __metadata__ would. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -99,7 +99,7 @@ static void test_builtin_fields(void **state) {
     assert_string_equal(get(&t, "arch.heads"), "2");
     dt_run r2 = run_of(m2, &o);
     assert_int_equal(dt_checkpoint_check_identity(&r2, get, &t, "ck.st"), DT_EINVAL);
-    assert_string_equal(dt_error_message(), "checkpoint ck.st was saved with --layers 3, this run has 2");
+    assert_string_equal(dt_error_message(), "checkpoint ck.st was saved with arch.layers 3, this run has 2");
     dt_model_free(m3);
     dt_model_free(m2);
     dt_sampler_free(&smp);

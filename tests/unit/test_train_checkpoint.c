@@ -118,12 +118,12 @@ static void test_round_trip_and_corruption(void **state) {
     ob.resume = bad;
     assert_int_not_equal(dt_trainer_create(&ob, NULL, &t), DT_OK);
     assert_non_null(strstr(dt_error_message(), "bad.safetensors"));
-    /* a checkpoint from a different model config: message names the flag and both values */
+    /* a checkpoint from a different model config: message names the setting and both values */
     dt_train_opts oc = o;
     oc.model.n_embd = 32;
     oc.resume = ck;
     assert_int_not_equal(dt_trainer_create(&oc, NULL, &t), DT_OK);
-    assert_non_null(strstr(dt_error_message(), "--embd"));
+    assert_non_null(strstr(dt_error_message(), "saved with arch.embd 16"));
     assert_non_null(strstr(dt_error_message(), "this run has 32"));
     /* a checkpoint for another optimizer */
     dt_train_opts os = o;

@@ -17,29 +17,29 @@
 
 dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr) {
     dt_model *m = p->m;
-    p->n_global = m->n_params;
-    p->gname = calloc((size_t)(m->n_params + 1), sizeof *p->gname);
-    p->gshape = calloc((size_t)(m->n_params + 1), sizeof *p->gshape);
-    p->buffer_mine = calloc((size_t)(m->n_buffers + 1), 1);
-    if (!p->gname || !p->gshape || !p->buffer_mine) return DT_ERR(DT_ENOMEM, "out of memory");
+    p->ck.n_global = m->n_params;
+    p->ck.gname = calloc((size_t)(m->n_params + 1), sizeof *p->ck.gname);
+    p->ck.gshape = calloc((size_t)(m->n_params + 1), sizeof *p->ck.gshape);
+    p->ck.buffer_mine = calloc((size_t)(m->n_buffers + 1), 1);
+    if (!p->ck.gname || !p->ck.gshape || !p->ck.buffer_mine) return DT_ERR(DT_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_params; i++) {
-        snprintf(p->gname[i], sizeof p->gname[i], "%s", m->params[i]->name);
-        p->gshape[i] = (dt_ckpt_shape){.name = p->gname[i], .ndim = m->params[i]->value.ndim};
-        memcpy(p->gshape[i].shape, m->params[i]->value.shape, sizeof p->gshape[i].shape);
+        snprintf(p->ck.gname[i], sizeof p->ck.gname[i], "%s", m->params[i]->name);
+        p->ck.gshape[i] = (dt_ckpt_shape){.name = p->ck.gname[i], .ndim = m->params[i]->value.ndim};
+        memcpy(p->ck.gshape[i].shape, m->params[i]->value.shape, sizeof p->ck.gshape[i].shape);
     }
     for (int i = 0; i < m->n_buffers; i++)
-        p->buffer_mine[i] = (unsigned char)(dt_pipe_buffer_owner(p, pr, m, m->buffers[i]->name) == p->stage);
+        p->ck.buffer_mine[i] = (unsigned char)(dt_pipe_buffer_owner(p, pr, m, m->buffers[i]->name) == p->lay.stage);
     return DT_OK;
 }
 
 void dt_pipe_ckpt_free(dt_pipe *p) {
-    free(p->gname); free(p->gshape); free(p->buffer_mine);
-    p->gname = NULL; p->gshape = NULL; p->buffer_mine = NULL;
+    free(p->ck.gname); free(p->ck.gshape); free(p->ck.buffer_mine);
+    p->ck.gname = NULL; p->ck.gshape = NULL; p->ck.buffer_mine = NULL;
 }
 
 static int saver_of(const dt_pipe *p, int i) {
-    int t = p->tie_of[i];
-    return p->replica == 0 && (t < 0 || p->ties[t].is_authority);
+    int t = p->ties.of[i];
+    return p->lay.replica == 0 && (t < 0 || p->ties.list[t].is_authority);
 }
 
 static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const char *set) {
@@ -52,31 +52,31 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
     /* a frozen parameter has no state (compact optimizer): the index lists
      * every parameter's, so it is written as zeros */
     size_t zn = 0;
-    for (int i = 0; i < np && !p->zero; i++)
-        if (!dt_optimizer_state_of(&p->optim, 0, m->offsets[i]) && (size_t)m->params[i]->value.numel > zn)
+    for (int i = 0; i < np && !p->dp.zero; i++)
+        if (!dt_optimizer_state_of(&p->upd.optim, 0, m->offsets[i]) && (size_t)m->params[i]->value.numel > zn)
             zn = (size_t)m->params[i]->value.numel;
     float *zeros = zn ? calloc(zn, sizeof *zeros) : NULL;
     if (zn && !zeros) { free(pc); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
     int n = 0;
-    if (p->zero) {   /* every replica: its owned ranges of the states (a tied copy: on its authority only) */
-        n = dt_zero_state_pieces(p->zero, r, p->norm_skip, pc, sname);
+    if (p->dp.zero) {   /* every replica: its owned ranges of the states (a tied copy: on its authority only) */
+        n = dt_zero_state_pieces(p->dp.zero, r, p->upd.norm_skip, pc, sname);
         if (n < 0) { free(pc); free(sname); free(zeros); return dt_error_code() ? dt_error_code() : DT_ENOMEM; }
     }
     for (int i = 0; i < np; i++) {
         if (!saver_of(p, i)) continue;
         dt_param *q = m->params[i];
         pc[n++] = (dt_ckpt_piece){q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)};
-        for (int k = 0; k < ns && !p->zero; k++) {
+        for (int k = 0; k < ns && !p->dp.zero; k++) {
             snprintf(sname[k * np + i], sizeof sname[0], "optim.%s.%s", dt_checkpoint_state_name(cfg, k), q->name);
-            float *st = dt_optimizer_state_of(&p->optim, k, m->offsets[i]);
+            float *st = dt_optimizer_state_of(&p->upd.optim, k, m->offsets[i]);
             pc[n++] = (dt_ckpt_piece){sname[k * np + i], 0, (size_t)q->value.numel, st ? st : zeros};
         }
     }
-    for (int i = 0; p->replica == 0 && i < m->n_buffers; i++)
-        if (p->buffer_mine[i])
+    for (int i = 0; p->lay.replica == 0 && i < m->n_buffers; i++)
+        if (p->ck.buffer_mine[i])
             pc[n++] = (dt_ckpt_piece){m->buffers[i]->name, 0, (size_t)m->buffers[i]->value.numel,
                                       dt_f32(&m->buffers[i]->value)};
-    dt_status s = dt_ckpt_write_shard(dir, set, dt_pg_rank(p->world), dt_pg_size(p->world), pc, n);
+    dt_status s = dt_ckpt_write_shard(dir, set, dt_pg_rank(p->comm.world), dt_pg_size(p->comm.world), pc, n);
     free(pc);
     free(sname);
     free(zeros);
@@ -85,32 +85,33 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
 
 static dt_status write_index(dt_pipe *p, dt_run *r, const char *dir, const char *set) {
     dt_model *m = p->m;
-    int ns = dt_optim_state_per_elem(r->optim), np = p->n_global, k = 0;
+    int ns = dt_optim_state_per_elem(r->optim), np = p->ck.n_global, k = 0;
     dt_ckpt_shape *sh = calloc((size_t)((1 + ns) * np + m->n_buffers + 1), sizeof *sh);
     char (*sname)[192] = calloc((size_t)(ns * np + 1), sizeof *sname);
     if (!sh || !sname) { free(sh); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
-    for (int i = 0; i < np; i++) sh[k++] = p->gshape[i];
+    for (int i = 0; i < np; i++) sh[k++] = p->ck.gshape[i];
     for (int i = 0; i < m->n_buffers; i++) {
         sh[k] = (dt_ckpt_shape){.name = m->buffers[i]->name, .ndim = m->buffers[i]->value.ndim};
         memcpy(sh[k++].shape, m->buffers[i]->value.shape, sizeof sh[0].shape);
     }
     for (int s = 0; s < ns; s++)
         for (int i = 0; i < np; i++) {
-            snprintf(sname[s * np + i], sizeof sname[0], "optim.%s.%s", dt_checkpoint_state_name(r->optim, s), p->gname[i]);
-            sh[k] = p->gshape[i];
+            snprintf(sname[s * np + i], sizeof sname[0], "optim.%s.%s", dt_checkpoint_state_name(r->optim, s), p->ck.gname[i]);
+            sh[k] = p->ck.gshape[i];
             sh[k++].name = sname[s * np + i];
         }
     dt_ckpt_meta meta;
-    dt_checkpoint_meta(r, p->zero ? "pipeline+zero" : "pipeline", p->zero ? dt_zero_optim_step(p->zero) : p->optim.step, &meta);
-    dt_status s = dt_ckpt_write_index(dir, set, dt_pg_size(p->world), 0, sh, k, meta.m, meta.n);
+    dt_checkpoint_meta(r, p->dp.zero ? "pipeline+zero" : "pipeline",
+                       p->dp.zero ? dt_zero_optim_step(p->dp.zero) : p->upd.optim.step, &meta);
+    dt_status s = dt_ckpt_write_index(dir, set, dt_pg_size(p->comm.world), 0, sh, k, meta.m, meta.n);
     free(sh);
     free(sname);
     return s;
 }
 
 dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
-    int me = dt_pg_rank(p->world);
-    DT_TRY(dt_par_agree(p->world, dt_pipe_dp_sync(p), dir));   /* ZeRO: no gather in flight */
+    int me = dt_pg_rank(p->comm.world);
+    DT_TRY(dt_par_agree(p->comm.world, dt_pipe_dp_sync(p), dir));   /* ZeRO: no gather in flight */
     uint32_t nonce = 0;
     dt_status s0 = DT_OK;
     if (me == 0) {
@@ -119,14 +120,14 @@ dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
     }
     /* rank 0's outcome and the set id (two 16-bit halves) to everyone */
     float v[3] = {s0 != DT_OK ? 1.0f : 0.0f, (float)(nonce >> 16), (float)(nonce & 0xffffu)};
-    DT_TRY(dt_broadcast(p->world, v, 3, DT_F32, 0, NULL));
+    DT_TRY(dt_broadcast(p->comm.world, v, 3, DT_F32, 0, NULL));
     if (me == 0 && s0 != DT_OK) return s0;
     if (v[0] != 0.0f) return DT_ERR(DT_EIO, "%s: failed on rank 0 (see its error)", dir);
     nonce = ((uint32_t)v[1] << 16) | (uint32_t)v[2];
     char set[DT_CKPT_SET_MAX];
     dt_ckpt_set_id(*r->step, nonce, set);
-    DT_TRY(dt_par_agree(p->world, write_my_shard(p, r, dir, set), dir));
-    return dt_par_agree(p->world, me == 0 ? write_index(p, r, dir, set) : DT_OK, dir);
+    DT_TRY(dt_par_agree(p->comm.world, write_my_shard(p, r, dir, set), dir));
+    return dt_par_agree(p->comm.world, me == 0 ? write_index(p, r, dir, set) : DT_OK, dir);
 }
 
 static const char *ckpt_get(const void *src, const char *key) { return dt_ckpt_get_meta(src, key); }
@@ -140,11 +141,11 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
         dt_param *q = m->params[i];
         DT_TRY(dt_ckpt_expect(ck, q->name, q->value.ndim, q->value.shape));
         DT_TRY(dt_ckpt_read(ck, q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)));
-        for (int k = 0; k < ns && !p->zero; k++) {
+        for (int k = 0; k < ns && !p->dp.zero; k++) {
             char nm[192];
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(r->optim, k), q->name);
             DT_TRY(dt_ckpt_expect(ck, nm, q->value.ndim, q->value.shape));
-            float *st = dt_optimizer_state_of(&p->optim, k, m->offsets[i]);
+            float *st = dt_optimizer_state_of(&p->upd.optim, k, m->offsets[i]);
             if (st) DT_TRY(dt_ckpt_read(ck, nm, 0, (size_t)q->value.numel, st));   /* frozen: none */
         }
     }
@@ -153,8 +154,8 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
         DT_TRY(dt_ckpt_expect(ck, m->buffers[i]->name, b->ndim, b->shape));
         DT_TRY(dt_ckpt_read(ck, m->buffers[i]->name, 0, (size_t)b->numel, dt_f32(b)));
     }
-    if (p->zero) return dt_zero_read_states(p->zero, r, ck, ostep);   /* owned ranges; values read whole above */
-    p->optim.step = ostep;
+    if (p->dp.zero) return dt_zero_read_states(p->dp.zero, r, ck, ostep);   /* owned ranges; values read whole above */
+    p->upd.optim.step = ostep;
     return DT_OK;
 }
 
@@ -164,5 +165,5 @@ dt_status dt_pipe_load(dt_pipe *p, dt_run *r, const char *path) {
     if (s == DT_OK) s = dt_ckpt_open(path, &ck);
     if (s == DT_OK) s = load_local(p, r, ck);
     dt_ckpt_close(ck);
-    return dt_par_agree(p->world, s, path);
+    return dt_par_agree(p->comm.world, s, path);
 }

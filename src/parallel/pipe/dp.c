@@ -29,7 +29,7 @@ static dt_status hold_tied(dt_param *q, void *user) {
     return DT_OK;   /* fired by dt_pipe_dp_finish */
 }
 
-int dt_pipe_dp_active(const dt_pipe *p) { return p->ddp || p->zero; }
+int dt_pipe_dp_active(const dt_pipe *p) { return p->dp.ddp || p->dp.zero; }
 
 dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r) {
     dt_model *m = p->m;
@@ -43,43 +43,45 @@ dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r) {
         if (r->clip > 0 && zo.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
             return DT_ERR(DT_EINVAL, "pipeline: gradient clipping needs the global norm before any shard is stepped, "
                           "so it cannot be combined with ZeRO's interleaved step overlap (use after-backward or off)");
-        DT_TRY(dt_zero_create(m, p->dp, r->optim, &zo, &p->zero));
-        p->zero->trace = r->trace;
-    } else if (p->D > 1) {
-        DT_TRY(dt_ddp_create(m, p->dp, &p->o.ddp, &p->ddp));
-        p->ddp->trace = r->trace;
+        DT_TRY(dt_zero_create(m, p->dp.pg, r->optim, &zo, &p->dp.zero));
+        p->dp.zero->trace = r->trace;
+    } else if (p->lay.D > 1) {
+        DT_TRY(dt_ddp_create(m, p->dp.pg, &p->o.ddp, &p->dp.ddp));
+        p->dp.ddp->trace = r->trace;
     } else {
         return DT_OK;
     }
-    for (int t = 0; t < p->n_ties; t++) {
-        dt_param *q = p->ties[t].p;
-        p->ties[t].ready_fn = q->on_grad_ready;
+    for (int t = 0; t < p->ties.n; t++) {
+        dt_param *q = p->ties.list[t].p;
+        p->ties.list[t].ready_fn = q->on_grad_ready;
         if (q->on_grad_ready) q->on_grad_ready = hold_tied;
     }
     return DT_OK;
 }
 
 void dt_pipe_dp_free(dt_pipe *p) {
-    if (p->dp) dt_pg_set_trace(p->dp, NULL);
-    for (int t = 0; t < p->n_ties; t++)
-        if (p->ties[t].ready_fn && p->ties[t].p->on_grad_ready == hold_tied) p->ties[t].p->on_grad_ready = p->ties[t].ready_fn;
-    if (p->zero) dt_zero_free(p->zero);
-    if (p->ddp) dt_ddp_free(p->ddp);
-    p->zero = NULL;
-    p->ddp = NULL;
+    if (p->dp.pg) dt_pg_set_trace(p->dp.pg, NULL);
+    for (int t = 0; t < p->ties.n; t++) {
+        dt_pipe_tie *e = &p->ties.list[t];
+        if (e->ready_fn && e->p->on_grad_ready == hold_tied) e->p->on_grad_ready = e->ready_fn;
+    }
+    if (p->dp.zero) dt_zero_free(p->dp.zero);
+    if (p->dp.ddp) dt_ddp_free(p->dp.ddp);
+    p->dp.zero = NULL;
+    p->dp.ddp = NULL;
 }
 
 dt_status dt_pipe_dp_begin(dt_pipe *p, dt_run *r) {
-    if (r->trace && dt_pipe_dp_active(p)) dt_pg_set_trace(p->dp, r->trace);   /* reductions on the trace's comm row */
-    if (p->zero) {
-        p->zero->trace = r->trace;
-        dt_zero_set_lr(p->zero, r->lr);
-        DT_TRY(dt_zero_begin_external(p->zero));
+    if (r->trace && dt_pipe_dp_active(p)) dt_pg_set_trace(p->dp.pg, r->trace);   /* reductions on the trace's comm row */
+    if (p->dp.zero) {
+        p->dp.zero->trace = r->trace;
+        dt_zero_set_lr(p->dp.zero, r->lr);
+        DT_TRY(dt_zero_begin_external(p->dp.zero));
         /* a bucket whose owning module runs on another stage (the lm-head's
          * use of wte) is waited here, not by a module hook */
-        for (int t = 0; t < p->n_ties; t++) {
-            dt_param *q = p->ties[t].p;
-            DT_TRY(dt_zero_wait_gather(p->zero, p->zero->lay.param_bucket[q->index]));
+        for (int t = 0; t < p->ties.n; t++) {
+            dt_param *q = p->ties.list[t].p;
+            DT_TRY(dt_zero_wait_gather(p->dp.zero, p->dp.zero->lay.param_bucket[q->index]));
             /* stage 2: the tied gradient's bucket buffer exists from now to its
              * reduction, so a holder's redirect around B (pipe/tie.c) is never
              * undone by the bucket being acquired inside that B */
@@ -87,42 +89,42 @@ dt_status dt_pipe_dp_begin(dt_pipe *p, dt_run *r) {
         }
         return DT_OK;
     }
-    if (p->ddp) {
-        p->ddp->trace = r->trace;
-        return dt_ddp_begin_external(p->ddp);
+    if (p->dp.ddp) {
+        p->dp.ddp->trace = r->trace;
+        return dt_ddp_begin_external(p->dp.ddp);
     }
     return DT_OK;
 }
 
 void dt_pipe_dp_tick(dt_pipe *p) {
-    if (p->zero) dt_zero_tick(p->zero);
+    if (p->dp.zero) dt_zero_tick(p->dp.zero);
 }
 
 dt_status dt_pipe_dp_finish(dt_pipe *p) {
     if (!dt_pipe_dp_active(p)) return DT_OK;
     dt_status s = DT_OK;
-    for (int t = 0; t < p->n_ties && s == DT_OK; t++) {
-        dt_param *q = p->ties[t].p;
-        if (p->ties[t].ready_fn) s = p->ties[t].ready_fn(q, q->on_grad_ready_user);
+    for (int t = 0; t < p->ties.n && s == DT_OK; t++) {
+        dt_param *q = p->ties.list[t].p;
+        if (p->ties.list[t].ready_fn) s = p->ties.list[t].ready_fn(q, q->on_grad_ready_user);
     }
     /* finish on every rank even after a failure: the replicas wait for it */
-    dt_status f = p->zero ? dt_zero_finish_backward(p->zero) : dt_ddp_finish_backward(p->ddp);
+    dt_status f = p->dp.zero ? dt_zero_finish_backward(p->dp.zero) : dt_ddp_finish_backward(p->dp.ddp);
     return s != DT_OK ? s : f;
 }
 
 double dt_pipe_dp_sumsq(dt_pipe *p, const unsigned char *skip) {
-    return dt_zero_owned_sumsq(p->zero, skip);
+    return dt_zero_owned_sumsq(p->dp.zero, skip);
 }
 
 dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale) {
-    dt_zero_set_lr(p->zero, lr);
-    return dt_zero_step_scaled(p->zero, scale);
+    dt_zero_set_lr(p->dp.zero, lr);
+    return dt_zero_step_scaled(p->dp.zero, scale);
 }
 
-dt_status dt_pipe_dp_sync(dt_pipe *p) { return p->zero ? dt_zero_sync_params(p->zero) : DT_OK; }
+dt_status dt_pipe_dp_sync(dt_pipe *p) { return p->dp.zero ? dt_zero_sync_params(p->dp.zero) : DT_OK; }
 
 void dt_pipe_dp_memory(const dt_pipe *p, size_t *param, size_t *grad, size_t *optim) {
-    dt_zero_memory mem = dt_zero_get_memory(p->zero);
+    dt_zero_memory mem = dt_zero_get_memory(p->dp.zero);
     *param = mem.param_bytes;
     *grad = mem.grad_bytes;
     *optim = mem.optim_bytes;

@@ -36,8 +36,8 @@
 #include <string.h>
 #include "pipe_internal.h"
 
-#define TAG_ACT(p, v, j) (DT_PIPE_TAG_ACT + (v) * (p)->M + (j))
-#define TAG_GRAD(p, v, j) (DT_PIPE_TAG_GRAD + (v) * (p)->M + (j))
+#define TAG_ACT(p, v, j) (DT_PIPE_TAG_ACT + (v) * (p)->step.M + (j))
+#define TAG_GRAD(p, v, j) (DT_PIPE_TAG_GRAD + (v) * (p)->step.M + (j))
 
 /* Abort notices: 4 floats, stage, micro-batch, chunk, world rank (of the
  * first failure; stage -1: closing at teardown, -1 elsewhere: not in an
@@ -62,94 +62,94 @@ static void tick(void *user) {
 
 static int defer_pred(const dt_param *q, void *user) {
     const dt_pipe *p = user;
-    return q->index >= 0 && q->index < p->m->n_params && p->m->params[q->index] == q && p->defer[q->index];
+    return q->index >= 0 && q->index < p->m->n_params && p->m->params[q->index] == q && p->tapes.defer[q->index];
 }
 
 /* ---- tapes ---- */
 static dt_status pool_get(dt_pipe *p, dt_graph **out) {
     dt_graph *g;
-    if (p->n_free) {
-        g = p->free_list[--p->n_free];
+    if (p->tapes.n_free) {
+        g = p->tapes.free_list[--p->tapes.n_free];
     } else {
-        dt_graph **pool = realloc(p->pool, (size_t)(p->n_pool + 1) * sizeof *pool);
-        if (pool) p->pool = pool;
-        dt_graph **fl = pool ? realloc(p->free_list, (size_t)(p->n_pool + 1) * sizeof *fl) : NULL;
-        if (fl) p->free_list = fl;
+        dt_graph **pool = realloc(p->tapes.pool, (size_t)(p->tapes.n_pool + 1) * sizeof *pool);
+        if (pool) p->tapes.pool = pool;
+        dt_graph **fl = pool ? realloc(p->tapes.free_list, (size_t)(p->tapes.n_pool + 1) * sizeof *fl) : NULL;
+        if (fl) p->tapes.free_list = fl;
         if (!pool || !fl || !(g = dt_graph_create())) return DT_ERR(DT_ENOMEM, "pipeline: out of memory for a tape");
-        p->pool[p->n_pool++] = g;
+        p->tapes.pool[p->tapes.n_pool++] = g;
     }
     dt_graph_reset(g);
     dt_graph_set_grad_enabled(g, 1);
     dt_graph_set_training(g, 1);
     dt_graph_set_tick(g, tick, p);
     dt_graph_defer_weights(g, defer_pred, p);
-    if (++p->graphs_live > p->graphs_peak) p->graphs_peak = p->graphs_live;
+    if (++p->tapes.live > p->tapes.peak) p->tapes.peak = p->tapes.live;
     *out = g;
     return DT_OK;
 }
 
 static void pool_put(dt_pipe *p, dt_graph *g) {
     dt_graph_reset(g);
-    p->free_list[p->n_free++] = g;
-    p->graphs_live--;
+    p->tapes.free_list[p->tapes.n_free++] = g;
+    p->tapes.live--;
 }
 
 /* ---- abort notices ---- */
 static dt_status notice_post(dt_pipe *p) {
-    if (p->notice || p->P < 2) return DT_OK;
+    if (p->comm.notice || p->lay.P < 2) return DT_OK;
     dt_pipe_notice *n = calloc(1, sizeof *n);
     if (!n) return DT_ERR(DT_ENOMEM, "pipeline: out of memory");
     n->c = n->j = -1;
-    p->notice = n;
-    for (int q = 0; q < p->P; q++)
-        if (q != p->stage) DT_TRY(dt_recv(p->pp, n->in[q], 4, DT_F32, q, DT_PIPE_TAG_NOTICE, &n->recv[q]));
+    p->comm.notice = n;
+    for (int q = 0; q < p->lay.P; q++)
+        if (q != p->lay.stage) DT_TRY(dt_recv(p->comm.pp, n->in[q], 4, DT_F32, q, DT_PIPE_TAG_NOTICE, &n->recv[q]));
     return DT_OK;
 }
 
 static void at(dt_pipe *p, int c, int j) {
-    if (p->notice) { p->notice->c = c; p->notice->j = j; }
+    if (p->comm.notice) { p->comm.notice->c = c; p->comm.notice->j = j; }
 }
 
 /* A peer's notice has come: this rank fails too, naming the first failure. */
 static dt_status peer_failed(dt_pipe *p, int q) {
-    dt_pipe_notice *n = p->notice;
+    dt_pipe_notice *n = p->comm.notice;
     dt_status s = dt_work_wait(n->recv[q]);
     n->recv[q] = NULL;
     n->stopped = 1;
-    int me = dt_pg_rank(p->world);
+    int me = dt_pg_rank(p->comm.world);
     char here[64] = "";
     if (n->j >= 0) snprintf(here, sizeof here, ", micro-batch %d", n->j);
     if (s != DT_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", dt_error_message());
-        return DT_ERR(s, "pipeline stage %d (rank %d)%s: abort notice from stage %d: %s", p->stage, me, here, q, why);
+        return DT_ERR(s, "pipeline stage %d (rank %d)%s: abort notice from stage %d: %s", p->lay.stage, me, here, q, why);
     }
     const float *f = n->in[q];
     if (f[0] < 0)
         return DT_ERR(DT_ECOMM, "pipeline stage %d (rank %d)%s: stage %d (rank %d) left the pipeline mid-step",
-                      p->stage, me, here, q, (int)f[3]);
+                      p->lay.stage, me, here, q, (int)f[3]);
     memcpy(n->out, f, sizeof n->out);
     n->relay = 1;
     char there[64] = "";
-    if (f[1] >= 0 && p->V > 1) snprintf(there, sizeof there, " at micro-batch %d, chunk %d", (int)f[1], (int)f[2]);
+    if (f[1] >= 0 && p->lay.V > 1) snprintf(there, sizeof there, " at micro-batch %d, chunk %d", (int)f[1], (int)f[2]);
     else if (f[1] >= 0) snprintf(there, sizeof there, " at micro-batch %d", (int)f[1]);
-    return DT_ERR(DT_ECOMM, "pipeline stage %d (rank %d)%s: stage %d (rank %d) failed%s (see its error)", p->stage, me,
+    return DT_ERR(DT_ECOMM, "pipeline stage %d (rank %d)%s: stage %d (rank %d) failed%s (see its error)", p->lay.stage, me,
                   here, (int)f[0], (int)f[3], there);
 }
 
 static int notice_in(dt_pipe *p, int q) {
     int done = 0;
-    return p->notice->recv[q] && dt_work_test(p->notice->recv[q], &done) == DT_OK && done;
+    return p->comm.notice->recv[q] && dt_work_test(p->comm.notice->recv[q], &done) == DT_OK && done;
 }
 
 /* One turn of a wait: DT_OK, or this rank's error once a peer's notice has
  * come (after the first, at once, keeping the first's message). One peer per
  * turn, so a turn costs two polls (the awaited request's, this) at any P. */
 static dt_status watch(dt_pipe *p, int *idle) {
-    dt_pipe_notice *n = p->notice;
+    dt_pipe_notice *n = p->comm.notice;
     if (n->stopped) return DT_ECOMM;
     int q = n->next;
-    n->next = (q + 1) % p->P;
+    n->next = (q + 1) % p->lay.P;
     if (notice_in(p, q)) return peer_failed(p, q);
     if (++*idle > 64) sched_yield();   /* as dt_work_wait: ranks may outnumber cores */
     return DT_OK;
@@ -161,24 +161,24 @@ static dt_status watch(dt_pipe *p, int *idle) {
  * blocked on this stage should have stopped and be reporting by then. A peer
  * outside the engine (its step done) never answers: hence the bound. */
 static void notify(dt_pipe *p) {
-    dt_pipe_notice *n = p->notice;
+    dt_pipe_notice *n = p->comm.notice;
     if (!n || n->sent) return;
     n->sent = 1;
     if (!n->relay) {
-        n->out[0] = (float)p->stage;
+        n->out[0] = (float)p->lay.stage;
         n->out[1] = (float)n->j;
         n->out[2] = (float)n->c;
-        n->out[3] = (float)dt_pg_rank(p->world);
+        n->out[3] = (float)dt_pg_rank(p->comm.world);
     }
     dt_status code = dt_error_code();
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", dt_error_message());
     int lost = 0;
-    for (int q = 0; q < p->P; q++)
-        if (q != p->stage) lost |= dt_send(p->pp, n->out, 4, DT_F32, q, DT_PIPE_TAG_NOTICE, &n->send[q]) != DT_OK;
+    for (int q = 0; q < p->lay.P; q++)
+        if (q != p->lay.stage) lost |= dt_send(p->comm.pp, n->out, 4, DT_F32, q, DT_PIPE_TAG_NOTICE, &n->send[q]) != DT_OK;
     if (lost) dt_error_set(code, __FILE__, __LINE__, "%s", msg);   /* the step's error stays the message */
     double t0 = dt_par_now_us();
-    for (int q = 0; q < p->P && dt_par_now_us() - t0 < 1e6;) {
+    for (int q = 0; q < p->lay.P && dt_par_now_us() - t0 < 1e6;) {
         int done = 1;
         if (n->send[q]) dt_work_test(n->send[q], &done);
         if (done && n->recv[q]) dt_work_test(n->recv[q], &done);
@@ -191,19 +191,19 @@ static void notify(dt_pipe *p) {
 /* Teardown of a pipeline whose steps went well: a closing notice to every
  * peer completes the receives (every rank of the pipeline tears down). */
 static void notice_close(dt_pipe *p) {
-    dt_pipe_notice *n = p->notice;
+    dt_pipe_notice *n = p->comm.notice;
     if (!n) return;
     n->out[0] = -1.0f;
     n->out[1] = n->out[2] = -1.0f;
-    n->out[3] = (float)dt_pg_rank(p->world);
-    for (int q = 0; q < p->P; q++)
-        if (q != p->stage && !n->sent) dt_send(p->pp, n->out, 4, DT_F32, q, DT_PIPE_TAG_NOTICE, &n->send[q]);
-    for (int q = 0; q < p->P; q++) {
+    n->out[3] = (float)dt_pg_rank(p->comm.world);
+    for (int q = 0; q < p->lay.P; q++)
+        if (q != p->lay.stage && !n->sent) dt_send(p->comm.pp, n->out, 4, DT_F32, q, DT_PIPE_TAG_NOTICE, &n->send[q]);
+    for (int q = 0; q < p->lay.P; q++) {
         dt_work_wait(n->recv[q]);
         dt_work_wait(n->send[q]);
     }
     free(n);
-    p->notice = NULL;
+    p->comm.notice = NULL;
 }
 
 /* Test hook (file comment): an error when this rank reaches action op of
@@ -235,7 +235,7 @@ static dt_status fault_hook(const dt_pipe *p, char op, int j) {
         return DT_ERR(DT_EINVAL, "DTRAIN_PIPE_FAULT=\"%s\": expected RANK:MB[:F|B] (world rank, micro-batch, op; a test "
                       "hook)", getenv("DTRAIN_PIPE_FAULT") ? getenv("DTRAIN_PIPE_FAULT") : "");
     }
-    if (state == 1 && op == fop && j == mb && dt_pg_rank(p->world) == rank)
+    if (state == 1 && op == fop && j == mb && dt_pg_rank(p->comm.world) == rank)
         return DT_ERR(DT_EINVAL, "injected fault (DTRAIN_PIPE_FAULT=%d:%d:%c)", rank, mb, fop);
     return DT_OK;
 }
@@ -245,7 +245,7 @@ static dt_status fault_hook(const dt_pipe *p, char op, int j) {
 static dt_status wait_timed(dt_pipe *p, dt_work **w) {
     double t0 = dt_par_now_us();
     dt_status s = DT_OK;
-    for (int idle = 0, done = 0; *w && p->notice && s == DT_OK;) {
+    for (int idle = 0, done = 0; *w && p->comm.notice && s == DT_OK;) {
         if (dt_work_test(*w, &done) != DT_OK || done) break;
         s = watch(p, &idle);
     }
@@ -253,7 +253,7 @@ static dt_status wait_timed(dt_pipe *p, dt_work **w) {
         s = dt_work_wait(*w);
         *w = NULL;
     }
-    p->wait_us += dt_par_now_us() - t0;
+    p->metrics.wait_us += dt_par_now_us() - t0;
     return s;
 }
 
@@ -266,18 +266,18 @@ static dt_status release(dt_pipe *p, dt_pipe_slot *s) {
 }
 
 void dt_pipe_engine_free(dt_pipe *p) {
-    if (p->broken) return;   /* (pipe/pipe_internal.h: messages may still use slots, tapes and notices) */
+    if (p->comm.broken) return;   /* (pipe/pipe_internal.h: messages may still use slots, tapes and notices) */
     notice_close(p);
-    for (int i = 0; i < p->slots_cap; i++) {
-        dt_pipe_slot *s = &p->slots[i];
+    for (int i = 0; i < p->step.slots_cap; i++) {
+        dt_pipe_slot *s = &p->step.slots[i];
         dt_work_wait(s->recv_act); dt_work_wait(s->recv_grad); dt_work_wait(s->send_act); dt_work_wait(s->send_grad);
         free(s->act); free(s->grad);
     }
-    free(p->slots);
-    for (int i = 0; i < p->n_pool; i++) dt_graph_free(p->pool[i]);
-    free(p->pool); free(p->free_list);
-    p->slots = NULL; p->pool = p->free_list = NULL;
-    p->slots_cap = p->n_pool = p->n_free = 0;
+    free(p->step.slots);
+    for (int i = 0; i < p->tapes.n_pool; i++) dt_graph_free(p->tapes.pool[i]);
+    free(p->tapes.pool); free(p->tapes.free_list);
+    p->step.slots = NULL; p->tapes.pool = p->tapes.free_list = NULL;
+    p->step.slots_cap = p->tapes.n_pool = p->tapes.n_free = 0;
 }
 
 /* ---- per-step set-up ---- */
@@ -297,37 +297,37 @@ static dt_status grow(float **buf, int64_t *have, int64_t need) {
 }
 
 static dt_status prepare_slots(dt_pipe *p, const dt_batch *mb, int M) {
-    int n = p->V * M;
-    if (n > p->slots_cap) {
-        dt_pipe_slot *s = realloc(p->slots, (size_t)n * sizeof *s);
+    int n = p->lay.V * M;
+    if (n > p->step.slots_cap) {
+        dt_pipe_slot *s = realloc(p->step.slots, (size_t)n * sizeof *s);
         if (!s) return DT_ERR(DT_ENOMEM, "pipeline: out of memory");
-        memset(s + p->slots_cap, 0, (size_t)(n - p->slots_cap) * sizeof *s);
-        p->slots = s;
-        p->slots_cap = n;
+        memset(s + p->step.slots_cap, 0, (size_t)(n - p->step.slots_cap) * sizeof *s);
+        p->step.slots = s;
+        p->step.slots_cap = n;
     }
-    for (int c = 0; c < p->V; c++) {
+    for (int c = 0; c < p->lay.V; c++) {
         int v = dt_pipe_vstage(p, c);
         for (int j = 0; j < M; j++) {
-            dt_pipe_slot *s = &p->slots[c * M + j];
+            dt_pipe_slot *s = &p->step.slots[c * M + j];
             s->x = s->out = NULL;
             s->b_done = 0;
-            if (v > 0) DT_TRY(grow(&s->act, &s->act_n, act_numel(p, p->vfirst[v], 1, &mb[j])));
-            if (v + 1 < p->S) DT_TRY(grow(&s->grad, &s->grad_n, act_numel(p, p->vfirst[v + 1] - 1, 0, &mb[j])));
+            if (v > 0) DT_TRY(grow(&s->act, &s->act_n, act_numel(p, p->lay.vfirst[v], 1, &mb[j])));
+            if (v + 1 < p->lay.S) DT_TRY(grow(&s->grad, &s->grad_n, act_numel(p, p->lay.vfirst[v + 1] - 1, 0, &mb[j])));
         }
     }
     return DT_OK;
 }
 
 static dt_status post_receives(dt_pipe *p, const dt_batch *mb, int M) {
-    for (int c = 0; c < p->V; c++) {
+    for (int c = 0; c < p->lay.V; c++) {
         int v = dt_pipe_vstage(p, c);
         for (int j = 0; j < M; j++) {
-            dt_pipe_slot *s = &p->slots[c * M + j];
+            dt_pipe_slot *s = &p->step.slots[c * M + j];
             if (v > 0)
-                DT_TRY(dt_recv(p->pp, s->act, act_numel(p, p->vfirst[v], 1, &mb[j]), DT_F32, dt_pipe_rank_of(p, v - 1),
+                DT_TRY(dt_recv(p->comm.pp, s->act, act_numel(p, p->lay.vfirst[v], 1, &mb[j]), DT_F32, dt_pipe_rank_of(p, v - 1),
                                TAG_ACT(p, v, j), &s->recv_act));
-            if (v + 1 < p->S)
-                DT_TRY(dt_recv(p->pp, s->grad, act_numel(p, p->vfirst[v + 1] - 1, 0, &mb[j]), DT_F32,
+            if (v + 1 < p->lay.S)
+                DT_TRY(dt_recv(p->comm.pp, s->grad, act_numel(p, p->lay.vfirst[v + 1] - 1, 0, &mb[j]), DT_F32,
                                dt_pipe_rank_of(p, v + 1), TAG_GRAD(p, v, j), &s->recv_grad));
         }
     }
@@ -338,124 +338,124 @@ static dt_status post_receives(dt_pipe *p, const dt_batch *mb, int M) {
  * tied ones (sent right after B); else only the authority's tied ones. */
 static void set_deferral(dt_pipe *p) {
     for (int i = 0; i < p->m->n_params; i++) {
-        int t = p->tie_of[i];
-        p->defer[i] = (unsigned char)(p->sched.split_w ? (t < 0 || p->ties[t].is_authority) : (t >= 0 && p->ties[t].is_authority));
+        int t = p->ties.of[i], auth = t >= 0 && p->ties.list[t].is_authority;
+        p->tapes.defer[i] = (unsigned char)(p->step.sched.split_w ? (t < 0 || auth) : auth);
     }
 }
 
 static dt_status fail(dt_pipe *p, const char *what, int c, int j) {
-    if (p->notice && p->notice->stopped) return dt_error_code() ? dt_error_code() : DT_ECOMM;   /* said it */
+    if (p->comm.notice && p->comm.notice->stopped) return dt_error_code() ? dt_error_code() : DT_ECOMM;   /* said it */
     at(p, c, j);
     dt_status code = dt_error_code() ? dt_error_code() : DT_EINVAL;
     char msg[768];
     snprintf(msg, sizeof msg, "%s", dt_error_message());
-    return DT_ERR(code, "pipeline stage %d (rank %d), micro-batch %d, chunk %d: %s: %s", p->stage,
-                  dt_pg_rank(p->world), j, c, what, msg);
+    return DT_ERR(code, "pipeline stage %d (rank %d), micro-batch %d, chunk %d: %s: %s", p->lay.stage,
+                  dt_pg_rank(p->comm.world), j, c, what, msg);
 }
 
 static void trace_action(dt_pipe *p, char op, int c, int j, double t0) {
-    if (!p->trace) return;
+    if (!p->metrics.trace) return;
     char name[32];
-    if (p->V > 1) snprintf(name, sizeof name, "%c%d.%d", op, j, c);
+    if (p->lay.V > 1) snprintf(name, sizeof name, "%c%d.%d", op, j, c);
     else snprintf(name, sizeof name, "%c%d", op, j);
-    dt_trace_event(p->trace, name, op == 'F' ? "forward" : op == 'B' ? "backward" : "weights", 0, t0,
-                   dt_trace_now_us(p->trace));
+    dt_trace_event(p->metrics.trace, name, op == 'F' ? "forward" : op == 'B' ? "backward" : "weights", 0, t0,
+                   dt_trace_now_us(p->metrics.trace));
 }
 
 /* ---- the actions ---- */
 static dt_status do_forward(dt_pipe *p, int c, int j) {
     int v = dt_pipe_vstage(p, c);
-    dt_pipe_slot *s = &p->slots[c * p->M + j];
-    const dt_batch *b = &p->mb[j];
+    dt_pipe_slot *s = &p->step.slots[c * p->step.M + j];
+    const dt_batch *b = &p->step.mb[j];
     at(p, c, j);
     if (fault_hook(p, 'F', j) != DT_OK) return fail(p, "forward", c, j);
     DT_TRY(pool_get(p, &s->g));
     /* the chunk's last micro-batch completes its gradients: its tape's
      * grad-ready hooks drive the data-parallel buckets */
-    dt_graph_set_final(s->g, j == p->M - 1);
+    dt_graph_set_final(s->g, j == p->step.M - 1);
     if (v > 0) {
         if (wait_timed(p, &s->recv_act) != DT_OK) return fail(p, "receiving the activation", c, j);
         int64_t sh[DT_MAX_DIMS];
-        int nd = dt_model_block_shape(p->m, p->vfirst[v], 1, b, sh);
+        int nd = dt_model_block_shape(p->m, p->lay.vfirst[v], 1, b, sh);
         if (!(s->x = dt_graph_input(s->g, nd, sh, s->act, 1))) return fail(p, "activation input", c, j);
     }
-    double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->trace);
-    dt_tensor *y = dt_model_run_blocks(p->m, s->g, b, p->vfirst[v], p->vfirst[v + 1], s->x);
+    double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->metrics.trace);
+    dt_tensor *y = dt_model_run_blocks(p->m, s->g, b, p->lay.vfirst[v], p->lay.vfirst[v + 1], s->x);
     if (!y) return fail(p, "forward", c, j);
-    if (v + 1 == p->S) {
+    if (v + 1 == p->lay.S) {
         if (!(y = dt_model_loss(p->m, s->g, b, y, NULL))) return fail(p, "loss", c, j);
-        p->loss_sum += dt_f32(y)[0];
+        p->step.loss_sum += dt_f32(y)[0];
     }
     s->out = y;
-    p->compute_us += dt_par_now_us() - t0;
+    p->metrics.compute_us += dt_par_now_us() - t0;
     trace_action(p, 'F', c, j, tt);
-    if (v + 1 < p->S &&
-        dt_send(p->pp, y->data, y->numel, DT_F32, dt_pipe_rank_of(p, v + 1), TAG_ACT(p, v + 1, j), &s->send_act) != DT_OK)
+    if (v + 1 < p->lay.S &&
+        dt_send(p->comm.pp, y->data, y->numel, DT_F32, dt_pipe_rank_of(p, v + 1), TAG_ACT(p, v + 1, j), &s->send_act) != DT_OK)
         return fail(p, "sending the activation", c, j);
     return DT_OK;
 }
 
 static dt_status do_backward(dt_pipe *p, int c, int j) {
     int v = dt_pipe_vstage(p, c);
-    dt_pipe_slot *s = &p->slots[c * p->M + j];
+    dt_pipe_slot *s = &p->step.slots[c * p->step.M + j];
     at(p, c, j);
     if (fault_hook(p, 'B', j) != DT_OK) return fail(p, "backward", c, j);
-    if (!s->g || !s->out) return DT_ERR(DT_ESTATE, "pipeline stage %d: B of micro-batch %d before its F", p->stage, j);
-    if (v + 1 < p->S && wait_timed(p, &s->recv_grad) != DT_OK) return fail(p, "receiving the gradient", c, j);
-    double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->trace);
+    if (!s->g || !s->out) return DT_ERR(DT_ESTATE, "pipeline stage %d: B of micro-batch %d before its F", p->lay.stage, j);
+    if (v + 1 < p->lay.S && wait_timed(p, &s->recv_grad) != DT_OK) return fail(p, "receiving the gradient", c, j);
+    double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->metrics.trace);
     dt_pipe_ties_redirect(p, c);
-    dt_status st = v + 1 == p->S ? dt_graph_backward_scaled(s->g, s->out, p->loss_scale)
+    dt_status st = v + 1 == p->lay.S ? dt_graph_backward_scaled(s->g, s->out, p->step.loss_scale)
                                  : dt_graph_backward_from(s->g, s->out, s->grad);
     if (st != DT_OK) return fail(p, "backward", c, j);
-    p->compute_us += dt_par_now_us() - t0;
+    p->metrics.compute_us += dt_par_now_us() - t0;
     trace_action(p, 'B', c, j, tt);
     if (v > 0) {
         const float *gx = dt_graph_grad(s->g, s->x);
-        if (!gx || dt_send(p->pp, gx, s->x->numel, DT_F32, dt_pipe_rank_of(p, v - 1), TAG_GRAD(p, v - 1, j),
+        if (!gx || dt_send(p->comm.pp, gx, s->x->numel, DT_F32, dt_pipe_rank_of(p, v - 1), TAG_GRAD(p, v - 1, j),
                            &s->send_grad) != DT_OK)
             return fail(p, "sending the input gradient", c, j);
     }
     if (dt_pipe_ties_export(p, c, j) != DT_OK) return fail(p, "sending tied-parameter rows", c, j);
     s->b_done = 1;
     /* the tape waits for its W: split schedules, or the authority's tied use */
-    if (p->sched.split_w || (c == p->tie_auth_chunk)) return DT_OK;
+    if (p->step.sched.split_w || (c == p->ties.auth_chunk)) return DT_OK;
     return release(p, s);
 }
 
 static dt_status run_weights(dt_pipe *p, int c, int j) {
-    dt_pipe_slot *s = &p->slots[c * p->M + j];
+    dt_pipe_slot *s = &p->step.slots[c * p->step.M + j];
     at(p, c, j);
-    double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->trace);
+    double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->metrics.trace);
     if (dt_graph_backward_weights(s->g) != DT_OK) return fail(p, "weight gradients", c, j);
-    p->compute_us += dt_par_now_us() - t0;
+    p->metrics.compute_us += dt_par_now_us() - t0;
     trace_action(p, 'W', c, j, tt);
-    if (c == p->tie_auth_chunk) p->tie_next_w = j + 1;
+    if (c == p->ties.auth_chunk) p->ties.next_w = j + 1;
     return release(p, s);
 }
 
-/* Folds the holders' rows of micro-batch tie_next_fold (waits). */
+/* Folds the holders' rows of micro-batch ties.next_fold (waits). */
 static dt_status fold_next(dt_pipe *p) {
     double t0 = dt_par_now_us();
     dt_status s = DT_OK;
-    for (int idle = 0; p->notice && s == DT_OK && !dt_pipe_ties_arrived(p);) s = watch(p, &idle);
-    if (s == DT_OK) s = dt_pipe_ties_fold(p, p->tie_next_fold);
-    p->wait_us += dt_par_now_us() - t0;
+    for (int idle = 0; p->comm.notice && s == DT_OK && !dt_pipe_ties_arrived(p);) s = watch(p, &idle);
+    if (s == DT_OK) s = dt_pipe_ties_fold(p, p->ties.next_fold);
+    p->metrics.wait_us += dt_par_now_us() - t0;
     if (s != DT_OK) return s;
-    if (++p->tie_next_fold < p->M) DT_TRY(dt_pipe_ties_post(p, p->tie_next_fold));
+    if (++p->ties.next_fold < p->step.M) DT_TRY(dt_pipe_ties_post(p, p->ties.next_fold));
     return DT_OK;
 }
 
 /* Authority: advance own-W(j), fold(j), own-W(j+1), ... as far as possible
  * (block: to the end of the step). */
 static dt_status tie_pump(dt_pipe *p, int block) {
-    if (p->tie_auth_chunk < 0) return DT_OK;
+    if (p->ties.auth_chunk < 0) return DT_OK;
     for (;;) {
-        if (p->tie_next_fold < p->tie_next_w) {
+        if (p->ties.next_fold < p->ties.next_w) {
             if (!block && !dt_pipe_ties_arrived(p)) return DT_OK;
             DT_TRY(fold_next(p));
-        } else if (!p->sched.split_w && p->tie_next_w < p->M &&
-                   p->slots[p->tie_auth_chunk * p->M + p->tie_next_w].b_done) {
-            DT_TRY(run_weights(p, p->tie_auth_chunk, p->tie_next_w));
+        } else if (!p->step.sched.split_w && p->ties.next_w < p->step.M &&
+                   p->step.slots[p->ties.auth_chunk * p->step.M + p->ties.next_w].b_done) {
+            DT_TRY(run_weights(p, p->ties.auth_chunk, p->ties.next_w));
         } else {
             return DT_OK;
         }
@@ -463,18 +463,18 @@ static dt_status tie_pump(dt_pipe *p, int block) {
 }
 
 static dt_status do_weights(dt_pipe *p, int c, int j) {
-    if (c == p->tie_auth_chunk)   /* own W(j) comes after fold(j - 1) */
-        while (p->tie_next_fold < j) DT_TRY(fold_next(p));
+    if (c == p->ties.auth_chunk)   /* own W(j) comes after fold(j - 1) */
+        while (p->ties.next_fold < j) DT_TRY(fold_next(p));
     return run_weights(p, c, j);
 }
 
 static dt_status ensure_schedule(dt_pipe *p, int M) {
-    if (M == p->M && p->sched.n) return DT_OK;
-    dt_pipe_schedule_free(&p->sched);
-    p->M = M;
-    if (p->S * M >= DT_PIPE_TAG_GRAD - DT_PIPE_TAG_ACT)
-        return DT_ERR(DT_EINVAL, "pipeline: %d virtual stages x %d micro-batches is too many (< 10000)", p->S, M);
-    return dt_pipe_schedule_build(p->o.schedule, p->P, M, p->V, p->o.max_outstanding, &p->sched);
+    if (M == p->step.M && p->step.sched.n) return DT_OK;
+    dt_pipe_schedule_free(&p->step.sched);
+    p->step.M = M;
+    if (p->lay.S * M >= DT_PIPE_TAG_GRAD - DT_PIPE_TAG_ACT)
+        return DT_ERR(DT_EINVAL, "pipeline: %d virtual stages x %d micro-batches is too many (< 10000)", p->lay.S, M);
+    return dt_pipe_schedule_build(p->o.schedule, p->lay.P, M, p->lay.V, p->o.max_outstanding, &p->step.sched);
 }
 
 static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum) {
@@ -484,45 +484,46 @@ static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_su
     DT_TRY(fault_hook(p, 0, -1));
     DT_TRY(ensure_schedule(p, M));
     DT_TRY(prepare_slots(p, mb, M));
-    p->mb = mb;
-    p->loss_sum = 0;
-    p->loss_scale = 1.0f / (float)M;
-    p->compute_us = p->wait_us = 0;
-    p->graphs_peak = p->graphs_live;
+    p->step.mb = mb;
+    p->step.loss_sum = 0;
+    p->step.loss_scale = 1.0f / (float)M;
+    p->metrics.compute_us = p->metrics.wait_us = 0;
+    p->tapes.peak = p->tapes.live;
     set_deferral(p);
     DT_TRY(post_receives(p, mb, M));
-    p->tie_next_w = p->tie_next_fold = 0;
-    if (p->tie_auth_chunk >= 0) DT_TRY(dt_pipe_ties_post(p, 0));
-    const dt_pipe_action *a = p->sched.act[p->stage];
-    for (int i = 0; i < p->sched.n[p->stage]; i++) {
+    p->ties.next_w = p->ties.next_fold = 0;
+    if (p->ties.auth_chunk >= 0) DT_TRY(dt_pipe_ties_post(p, 0));
+    const dt_pipe_action *a = p->step.sched.act[p->lay.stage];
+    for (int i = 0; i < p->step.sched.n[p->lay.stage]; i++) {
         int c = a[i].chunk, j = a[i].mb;
         DT_TRY(a[i].op == DT_PIPE_F ? do_forward(p, c, j) : a[i].op == DT_PIPE_B ? do_backward(p, c, j)
                                                                                  : do_weights(p, c, j));
         DT_TRY(tie_pump(p, 0));
     }
     DT_TRY(tie_pump(p, 1));
-    for (int i = 0; i < p->V * M; i++)
-        if (p->slots[i].g) return DT_ERR(DT_ESTATE, "pipeline stage %d: micro-batch %d unfinished after the schedule",
-                                         p->stage, i % M);
-    for (int q = 0; p->notice && q < p->P; q++)   /* a peer failed after this rank's last wait */
+    for (int i = 0; i < p->lay.V * M; i++)
+        if (p->step.slots[i].g) return DT_ERR(DT_ESTATE, "pipeline stage %d: micro-batch %d unfinished after the schedule",
+                                         p->lay.stage, i % M);
+    for (int q = 0; p->comm.notice && q < p->lay.P; q++)   /* a peer failed after this rank's last wait */
         if (notice_in(p, q)) return peer_failed(p, q);
-    *loss_sum = p->loss_sum;
-    p->stats.schedule_us = dt_par_now_us() - start;
-    p->stats.bubble = p->stats.schedule_us > 0 ? 1.0 - p->compute_us / p->stats.schedule_us : 0;
-    p->stats.compute_us = p->compute_us;
-    p->stats.wait_us = p->wait_us;
-    p->stats.graphs = p->graphs_peak;
+    *loss_sum = p->step.loss_sum;
+    dt_pipe_stats *st = &p->metrics.stats;
+    st->schedule_us = dt_par_now_us() - start;
+    st->bubble = st->schedule_us > 0 ? 1.0 - p->metrics.compute_us / st->schedule_us : 0;
+    st->compute_us = p->metrics.compute_us;
+    st->wait_us = p->metrics.wait_us;
+    st->graphs = p->tapes.peak;
     size_t arena = 0;
-    for (int i = 0; i < p->n_pool; i++) arena += dt_graph_arena_bytes(p->pool[i]);
-    p->stats.arena_bytes = arena;
+    for (int i = 0; i < p->tapes.n_pool; i++) arena += dt_graph_arena_bytes(p->tapes.pool[i]);
+    st->arena_bytes = arena;
     return DT_OK;
 }
 
 dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum) {
-    dt_status s = p->broken ? DT_ERR(DT_ESTATE, "pipeline stage %d: an earlier step failed midway", p->stage)
+    dt_status s = p->comm.broken ? DT_ERR(DT_ESTATE, "pipeline stage %d: an earlier step failed midway", p->lay.stage)
                             : run_step(p, mb, M, loss_sum);
     if (s != DT_OK) {
-        p->broken = 1;
+        p->comm.broken = 1;
         notify(p);
     }
     return s;
@@ -541,13 +542,13 @@ static dt_status eval_one(dt_pipe *p, const dt_batch *b, int c, float *act, dt_w
     if (v > 0) {
         DT_TRY(wait_timed(p, recv));
         int64_t sh[DT_MAX_DIMS];
-        int nd = dt_model_block_shape(p->m, p->vfirst[v], 1, b, sh);
+        int nd = dt_model_block_shape(p->m, p->lay.vfirst[v], 1, b, sh);
         if (!(x = dt_graph_input(it->g, nd, sh, act, 0))) return dt_error_code();
     }
-    dt_tensor *y = dt_model_run_blocks(p->m, it->g, b, p->vfirst[v], p->vfirst[v + 1], x);
+    dt_tensor *y = dt_model_run_blocks(p->m, it->g, b, p->lay.vfirst[v], p->lay.vfirst[v + 1], x);
     if (!y) return dt_error_code() ? dt_error_code() : DT_EINVAL;
-    if (v + 1 < p->S)
-        return dt_send(p->pp, y->data, y->numel, DT_F32, dt_pipe_rank_of(p, v + 1), TAG_ACT(p, v + 1, 0), &it->send);
+    if (v + 1 < p->lay.S)
+        return dt_send(p->comm.pp, y->data, y->numel, DT_F32, dt_pipe_rank_of(p, v + 1), TAG_ACT(p, v + 1, 0), &it->send);
     dt_tensor *logits = NULL, *loss = dt_model_loss(p->m, it->g, b, y, &logits);
     if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;
     double rows = (double)(b->B * b->T);
@@ -562,27 +563,27 @@ dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3])
      * order on one tag per link, matched in posting order */
     int64_t per = 0;
     for (int i = 0; i < n; i++)
-        for (int c = 0; c < p->V; c++) {
+        for (int c = 0; c < p->lay.V; c++) {
             int v = dt_pipe_vstage(p, c);
-            int64_t k = v > 0 ? act_numel(p, p->vfirst[v], 1, &b[i]) : 0;
+            int64_t k = v > 0 ? act_numel(p, p->lay.vfirst[v], 1, &b[i]) : 0;
             if (k > per) per = k;
         }
-    float *act = malloc((size_t)(per ? per : 1) * (size_t)n * (size_t)p->V * sizeof(float));
-    dt_work **recv = calloc((size_t)n * (size_t)p->V, sizeof *recv);
+    float *act = malloc((size_t)(per ? per : 1) * (size_t)n * (size_t)p->lay.V * sizeof(float));
+    dt_work **recv = calloc((size_t)n * (size_t)p->lay.V, sizeof *recv);
     eval_item prev = {0}, cur = {0};
     dt_status s = act && recv ? notice_post(p) : DT_ERR(DT_ENOMEM, "pipeline eval: out of memory");
     at(p, -1, -1);
     for (int i = 0; i < n && s == DT_OK; i++)
-        for (int c = 0; c < p->V && s == DT_OK; c++) {
+        for (int c = 0; c < p->lay.V && s == DT_OK; c++) {
             int v = dt_pipe_vstage(p, c);
             if (v > 0)
-                s = dt_recv(p->pp, act + ((size_t)i * (size_t)p->V + (size_t)c) * (size_t)per,
-                            act_numel(p, p->vfirst[v], 1, &b[i]), DT_F32, dt_pipe_rank_of(p, v - 1), TAG_ACT(p, v, 0),
-                            &recv[i * p->V + c]);
+                s = dt_recv(p->comm.pp, act + ((size_t)i * (size_t)p->lay.V + (size_t)c) * (size_t)per,
+                            act_numel(p, p->lay.vfirst[v], 1, &b[i]), DT_F32, dt_pipe_rank_of(p, v - 1), TAG_ACT(p, v, 0),
+                            &recv[i * p->lay.V + c]);
         }
     for (int i = 0; i < n && s == DT_OK; i++)
-        for (int c = 0; c < p->V && s == DT_OK; c++) {
-            s = eval_one(p, &b[i], c, act + ((size_t)i * (size_t)p->V + (size_t)c) * (size_t)per, &recv[i * p->V + c],
+        for (int c = 0; c < p->lay.V && s == DT_OK; c++) {
+            s = eval_one(p, &b[i], c, act + ((size_t)i * (size_t)p->lay.V + (size_t)c) * (size_t)per, &recv[i * p->lay.V + c],
                          &cur, sums);
             /* the previous item's output is sent by now or soon: its tape can go
              * (after a failure it may never be: the tape stays, unused) */
@@ -597,7 +598,7 @@ dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3])
     if (prev.g) pool_put(p, prev.g);
     if (cur.g) { dt_work_wait(cur.send); pool_put(p, cur.g); }
     if (s != DT_OK) {   /* receives may still be pending: leave act and recv to MPI */
-        p->broken = 1;
+        p->comm.broken = 1;
         s = fail(p, "evaluation", 0, 0);
         at(p, -1, -1);   /* peers: "failed (see its error)" */
         notify(p);

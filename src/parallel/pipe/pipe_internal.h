@@ -2,7 +2,8 @@
 #define DT_PIPE_INTERNAL_H
 /* The pipeline's pieces: probe + partition (pipe/probe.c), tied parameters
  * (pipe/tie.c), the schedule runner (pipe/engine.c), the strategy glue
- * (pipe/strategy.c). */
+ * (pipe/strategy.c); the state they share is struct dt_pipe, in named parts
+ * (below, after the engine's types). */
 #include "dtrain/optim.h"
 #include "dtrain/pipeline.h"
 #include "parallel/common/common_internal.h"
@@ -119,7 +120,7 @@ dt_status dt_pipe_schedule_check(const dt_pipe_schedule *s);
 
 /* ==== the engine and the strategy ==== */
 
-/* Message tags on the pipeline group (dt_pipe.pp), one range per kind of
+/* Message tags on the pipeline group (dt_pipe.comm.pp), one range per kind of
  * message. v: the receiving virtual stage, j: the micro-batch, M micro-batches
  * per step, t: a tie id (0..n-1 over n ties). The engine refuses S*M >= 10000
  * and tie.c n*M >= 10000 or n > 1000, so no two ranges overlap. */
@@ -217,56 +218,134 @@ typedef struct dt_pipe_slot {
     int b_done;               /* its B ran (the authority's tied W waits for it) */
 } dt_pipe_slot;
 
-struct dt_pipe {
-    dt_pipe_opts o;
-    dt_pg *world, *pp, *dp;   /* pp: this replica's pipeline (rank = stage); dp: this stage's replicas */
-    int P, D, stage, replica, V, S;
-    int dp_local;             /* every stage's replicas share a machine (pipe/strategy.c) */
-    int vfirst[DT_PIPE_MAX_VSTAGES + 1];   /* virtual stage v = blocks [vfirst[v], vfirst[v+1]) */
-    dt_model *m;
-    /* schedule for the current M */
-    dt_pipe_schedule sched;
-    int M;
-    /* per step: slots[c * M + j] */
-    dt_pipe_slot *slots;
-    int slots_cap;
-    const dt_batch *mb;
-    float loss_scale;
-    double loss_sum;
-    /* tapes: a pool reused across micro-batches and steps */
-    dt_graph **pool; int n_pool, n_free; dt_graph **free_list;
-    int graphs_live, graphs_peak;
-    /* weight-gradient deferral predicate state: defer[local param index] */
-    unsigned char *defer;
-    /* tied parameters */
-    dt_pipe_tie *ties; int n_ties;
-    int *tie_of;              /* local param index -> tie or -1 */
-    int tie_auth_chunk;       /* authority of some tie: the chunk whose tape defers them (-1: none) */
-    int tie_next_w, tie_next_fold;   /* authority: next micro-batch whose own tied W / holders' rows come */
-    /* optimizer over this stage's flat buffer (without ZeRO) */
-    dt_optimizer optim;
-    int optim_ready;
-    /* data parallel across this stage's replicas (pipe/dp.c): at most one */
-    struct dt_ddp *ddp;
-    struct dt_zero *zero;
-    unsigned char *norm_skip; /* per local parameter: a tied copy whose authority is another rank */
-    /* checkpoints: every parameter of the whole model (for the index) and the
-     * buffers this rank writes */
-    int n_global;
-    char (*gname)[128];
-    dt_ckpt_shape *gshape;
-    unsigned char *buffer_mine;
-    dt_trace *trace;
-    dt_pipe_stats stats;
-    double compute_us, wait_us;
+/* ---- the pipeline's state, in named parts ----
+ * o and m are set at create / setup; each part below says who writes it. */
+
+/* Where this rank sits and which blocks it runs. Set at create and setup
+ * (pipe/strategy.c: make_groups, s_setup, cut_blocks), read-only after.
+ * W = P x D world ranks: P pipeline stages (1..DT_PIPE_MAX_STAGES), each run
+ * by D data-parallel replicas; this rank is (stage, replica), placed by
+ * dt_pipe_place. The model's blocks are cut into S = P x V virtual stages
+ * (S <= DT_PIPE_MAX_VSTAGES); virtual stage v = blocks [vfirst[v], vfirst[v+1])
+ * (vfirst[0] = 0, vfirst[S] = n_blocks of the whole model, none empty) is
+ * chunk v / P of pipeline rank v % P (dt_pipe_rank_of, dt_pipe_vstage). */
+typedef struct dt_pipe_layout {
+    int P, D, V, S;
+    int stage, replica;       /* 0 <= stage < P (its rank in comm.pp), 0 <= replica < D (its rank in dp.pg) */
+    int vfirst[DT_PIPE_MAX_VSTAGES + 1];
+} dt_pipe_layout;
+
+/* The pipeline's messages. world is the caller's group; pp (this replica's
+ * pipeline, rank = stage, split at create and owned) carries every message,
+ * tagged by enum dt_pipe_tag; the ones of a step are posted and waited by
+ * the engine through the slots (dt_pipe_step). */
+typedef struct dt_pipe_comm {
+    dt_pg *world, *pp;
+    /* pipe/engine.c: abort notices between the stages of a step that failed
+     * midway (one receive per peer stays posted on pp from the first step or
+     * evaluation to dt_pipe_engine_free); NULL before, and when P = 1 */
+    struct dt_pipe_notice *notice;
     /* a step or evaluation failed midway: its messages may never complete, so
      * teardown neither waits for them nor frees their buffers (MPI may still
      * write into them) */
     int broken;
-    /* pipe/engine.c: abort notices between the stages of a step that failed
-     * midway (one receive per peer stays posted on pp from the first step or
-     * evaluation to dt_pipe_engine_free) */
-    struct dt_pipe_notice *notice;
+} dt_pipe_comm;
+
+/* The current step (pipe/engine.c). sched is the schedule for M micro-batches
+ * (rebuilt when a step brings another M; sched.act[stage] is this rank's
+ * list); mb[0..M) the step's micro-batches (the caller's, valid during the
+ * step). slots[c * M + j]: micro-batch j on chunk c < V, each with its tape,
+ * receive buffers and the sends / receives in flight; slots_cap >= V x M of
+ * them allocated. After a step that completed no slot holds a tape. */
+typedef struct dt_pipe_step {
+    dt_pipe_schedule sched;
+    int M;
+    const dt_batch *mb;
+    dt_pipe_slot *slots;
+    int slots_cap;
+    float loss_scale;         /* 1 / M: the last virtual stage's backward seed */
+    double loss_sum;          /* the step's summed micro-batch losses (last stage only) */
+} dt_pipe_step;
+
+/* Tapes, reused across micro-batches and steps (pipe/engine.c): pool[0..n_pool)
+ * every tape made, free_list[0..n_free) those in no slot; live = n_pool - n_free
+ * are in slots, peak the most at once this step (the schedule's in-flight
+ * count). defer[local parameter index] = 1: its weight gradient waits for a
+ * W action (set per step: zb-h1, every parameter but a holder's tied copies;
+ * other schedules, the ties this rank is the authority of). */
+typedef struct dt_pipe_tapes {
+    dt_graph **pool; int n_pool;
+    dt_graph **free_list; int n_free;
+    int live, peak;
+    unsigned char *defer;
+} dt_pipe_tapes;
+
+/* Tied parameters (pipe/tie.c): list[0..n), one per tied parameter this
+ * rank holds; of[local parameter index] = its index in list, or -1. The ties
+ * a rank is the authority of all sit in its chunk auth_chunk (-1: it is the
+ * authority of none), whose tape defers their weight gradients; during a
+ * step (pipe/engine.c) the authority folds the holders' rows and runs its
+ * own tied W in micro-batch order: next_w, next_fold are the next
+ * micro-batch of each (next_fold <= next_w <= M). */
+typedef struct dt_pipe_tie_set {
+    dt_pipe_tie *list; int n;
+    int *of;
+    int auth_chunk;
+    int next_w, next_fold;
+} dt_pipe_tie_set;
+
+/* Data parallel across this stage's D replicas (pipe/dp.c): pg (split at
+ * create, owned, rank = replica) and at most one reducer over it, DDP or
+ * ZeRO-1/2 of the stage's parameters; none when D = 1 without ZeRO. */
+typedef struct dt_pipe_dp {
+    dt_pg *pg;
+    int local;                /* every stage's replicas share a machine (dt_pipe_place_local) */
+    struct dt_ddp *ddp;
+    struct dt_zero *zero;     /* owns the optimizer state when set */
+} dt_pipe_dp;
+
+/* The stage's update (pipe/strategy.c): without ZeRO, optim steps this
+ * stage's whole flat buffer (ready: initialised). norm_skip[local parameter
+ * index]: a tied copy whose authority is another rank, left out of the clip
+ * norm (and of the ZeRO states this rank saves) so a tied gradient counts
+ * once. */
+typedef struct dt_pipe_update {
+    dt_optimizer optim;
+    int ready;
+    unsigned char *norm_skip;
+} dt_pipe_update;
+
+/* Checkpoints (pipe/ckpt.c): every parameter of the whole model, captured
+ * before the stage dropped the others' (n_global names and shapes, for the
+ * index), and buffer_mine[buffer index]: the buffers this rank writes. */
+typedef struct dt_pipe_ckpt {
+    int n_global;
+    char (*gname)[128];
+    dt_ckpt_shape *gshape;
+    unsigned char *buffer_mine;
+} dt_pipe_ckpt;
+
+/* What the last step measured (dt_pipe_strategy_stats): compute_us, wait_us
+ * are the running step's timers, copied into stats at its end; trace (the
+ * run's, optional) gets the actions as events. */
+typedef struct dt_pipe_metrics {
+    dt_pipe_stats stats;
+    double compute_us, wait_us;
+    dt_trace *trace;
+} dt_pipe_metrics;
+
+struct dt_pipe {
+    dt_pipe_opts o;
+    dt_model *m;              /* the run's model; after setup only this stage's parameters */
+    dt_pipe_layout lay;
+    dt_pipe_comm comm;
+    dt_pipe_step step;
+    dt_pipe_tapes tapes;
+    dt_pipe_tie_set ties;
+    dt_pipe_dp dp;
+    dt_pipe_update upd;
+    dt_pipe_ckpt ck;
+    dt_pipe_metrics metrics;
 };
 
 /* pipe/engine.c: one step's forward + backward over mb[0..M) / evaluation. */
@@ -274,8 +353,8 @@ dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_s
 dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3]);
 void dt_pipe_engine_free(dt_pipe *p);
 /* rank (in pp) and chunk of virtual stage v */
-static inline int dt_pipe_rank_of(const dt_pipe *p, int v) { return v % p->P; }
-static inline int dt_pipe_vstage(const dt_pipe *p, int chunk) { return chunk * p->P + p->stage; }
+static inline int dt_pipe_rank_of(const dt_pipe *p, int v) { return v % p->lay.P; }
+static inline int dt_pipe_vstage(const dt_pipe *p, int chunk) { return chunk * p->lay.P + p->lay.stage; }
 
 /* pipe/dp.c: data parallel across the replicas of this stage (DDP or ZeRO-1/2
  * over the stage's parameters); the tapes' tick calls dt_pipe_dp_tick. */

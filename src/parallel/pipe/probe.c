@@ -118,19 +118,19 @@ static int block_uses(const dt_pipe_probe *pr, int k, int i) {
 }
 
 int dt_pipe_chunk_uses(const dt_pipe *p, const dt_pipe_probe *pr, int k, int v) {
-    for (int i = p->vfirst[v]; i < p->vfirst[v + 1]; i++)
+    for (int i = p->lay.vfirst[v]; i < p->lay.vfirst[v + 1]; i++)
         if (block_uses(pr, k, i)) return 1;
     return 0;
 }
 
 int dt_pipe_rank_uses(const dt_pipe *p, const dt_pipe_probe *pr, int k, int rank) {
-    for (int v = rank; v < p->S; v += p->P)
+    for (int v = rank; v < p->lay.S; v += p->lay.P)
         if (dt_pipe_chunk_uses(p, pr, k, v)) return 1;
     return 0;
 }
 
 int dt_pipe_last_user(const dt_pipe *p, const dt_pipe_probe *pr, int k) {
-    for (int v = p->S - 1; v >= 0; v--)
+    for (int v = p->lay.S - 1; v >= 0; v--)
         if (dt_pipe_chunk_uses(p, pr, k, v)) return v;
     return -1;
 }
@@ -146,7 +146,7 @@ int dt_pipe_buffer_owner(const dt_pipe *p, const dt_pipe_probe *pr, const dt_mod
         }
     }
     if (block < 0) return 0;
-    for (int v = 0; v < p->S; v++)
-        if (block >= p->vfirst[v] && block < p->vfirst[v + 1]) return dt_pipe_rank_of(p, v);
+    for (int v = 0; v < p->lay.S; v++)
+        if (block >= p->lay.vfirst[v] && block < p->lay.vfirst[v + 1]) return dt_pipe_rank_of(p, v);
     return 0;
 }

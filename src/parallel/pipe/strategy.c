@@ -19,77 +19,78 @@ void dt_pipe_opts_default(dt_pipe_opts *o) {
 }
 
 static dt_status make_groups(dt_pipe *p) {
-    int W = dt_pg_size(p->world), r = dt_pg_rank(p->world);
+    int W = dt_pg_size(p->comm.world), r = dt_pg_rank(p->comm.world);
     if (p->o.stages < 1 || W % p->o.stages)
         return DT_ERR(DT_EINVAL, "pipeline: %d ranks cannot form %d stages (the world size must be a multiple of pipe.stages)", W,
                       p->o.stages);
     if (p->o.stages > DT_PIPE_MAX_STAGES)
         return DT_ERR(DT_EINVAL, "pipeline: at most %d stages (got pipe.stages %d)", DT_PIPE_MAX_STAGES, p->o.stages);
-    p->P = p->o.stages;
-    p->D = W / p->P;
+    p->lay.P = p->o.stages;
+    p->lay.D = W / p->lay.P;
     /* data-parallel groups on one machine where the counts allow (dt_pipe_place, below) */
     int *node = malloc((size_t)W * sizeof *node), *pos = calloc((size_t)W, sizeof *pos);
-    dt_status s = node && pos ? dt_pg_node_of(p->world, node) : DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status s = node && pos ? dt_pg_node_of(p->comm.world, node) : DT_ERR(DT_ENOMEM, "out of memory");
     if (s == DT_OK) {
         dt_pipe_place(node, W, pos);
-        p->stage = pos[r] / p->D;
-        p->replica = pos[r] % p->D;
-        p->dp_local = dt_pipe_place_local(node, pos, W, p->D);
+        p->lay.stage = pos[r] / p->lay.D;
+        p->lay.replica = pos[r] % p->lay.D;
+        p->dp.local = dt_pipe_place_local(node, pos, W, p->lay.D);
     }
     free(node);
     free(pos);
     DT_TRY(s);
-    DT_TRY(dt_pg_split(p->world, p->replica, p->stage, &p->pp));
-    return dt_pg_split(p->world, p->stage, p->replica, &p->dp);
+    DT_TRY(dt_pg_split(p->comm.world, p->lay.replica, p->lay.stage, &p->comm.pp));
+    return dt_pg_split(p->comm.world, p->lay.stage, p->lay.replica, &p->dp.pg);
 }
 
 /* The cut: explicit, or balanced by rank 0's probe costs. */
 static dt_status cut_blocks(dt_pipe *p, dt_pipe_probe *pr) {
-    int n = p->m->n_blocks, S = p->S;
+    int n = p->m->n_blocks, S = p->lay.S;
     if (S > n)
         return DT_ERR(DT_EINVAL, "pipeline: %d virtual stages (pipe.stages %d x pipe.virtual_stages %d) but model %s has only %d "
-                      "blocks", S, p->P, p->V, p->m->name, n);
+                      "blocks", S, p->lay.P, p->lay.V, p->m->name, n);
     if (p->o.n_split) {
         if (p->o.n_split != S)
             return DT_ERR(DT_EINVAL, "pipe.split has %d entries, the pipeline has %d virtual stages", p->o.n_split, S);
         int sum = 0;
         for (int v = 0; v < S; v++) {
             if (p->o.split[v] < 1) return DT_ERR(DT_EINVAL, "pipe.split: stage %d gets %d blocks (>= 1)", v, p->o.split[v]);
-            p->vfirst[v] = sum;
+            p->lay.vfirst[v] = sum;
             sum += p->o.split[v];
         }
         if (sum != n) return DT_ERR(DT_EINVAL, "pipe.split adds up to %d blocks, model %s has %d", sum, p->m->name, n);
-        p->vfirst[S] = n;
+        p->lay.vfirst[S] = n;
         return DT_OK;
     }
     float *c = malloc((size_t)n * sizeof *c);
     if (!c) return DT_ERR(DT_ENOMEM, "out of memory");
     for (int i = 0; i < n; i++) c[i] = (float)pr->cost[i];
-    dt_status s = dt_broadcast(p->world, c, n, DT_F32, 0, NULL);   /* one timing for all: the same cut */
+    dt_status s = dt_broadcast(p->comm.world, c, n, DT_F32, 0, NULL);   /* one timing for all: the same cut */
     for (int i = 0; i < n; i++) pr->cost[i] = c[i];
     free(c);
-    return s == DT_OK ? dt_pipe_balance_ranks(dt_pipe_snap_costs(pr->cost, n), n, p->P, p->V, p->vfirst) : s;
+    return s == DT_OK ? dt_pipe_balance_ranks(dt_pipe_snap_costs(pr->cost, n), n, p->lay.P, p->lay.V, p->lay.vfirst) : s;
 }
 
 /* Rank 0 prints the cut: blocks and parameters per stage, the bubble. */
 static void print_partition(const dt_pipe *p, const dt_pipe_probe *pr, const dt_model *full) {
     char line[2048];
-    int at = snprintf(line, sizeof line, "dtrain: pipeline %d stages x %d replicas, %s", p->P, p->D,
+    int at = snprintf(line, sizeof line, "dtrain: pipeline %d stages x %d replicas, %s", p->lay.P, p->lay.D,
                       dt_pipe_kind_name(p->o.schedule));
-    if (p->V > 1) at += snprintf(line + at, sizeof line - (size_t)at, " (%d chunks per rank)", p->V);
-    at += snprintf(line + at, sizeof line - (size_t)at, ", %d micro-batches: theoretical bubble %.1f%%\n", p->M,
-                   100.0 * dt_pipe_bubble_formula(p->o.schedule, p->P, p->M, p->V));
-    if (p->D > 1)
+    if (p->lay.V > 1) at += snprintf(line + at, sizeof line - (size_t)at, " (%d chunks per rank)", p->lay.V);
+    at += snprintf(line + at, sizeof line - (size_t)at, ", %d micro-batches: theoretical bubble %.1f%%\n", p->step.M,
+                   100.0 * dt_pipe_bubble_formula(p->o.schedule, p->lay.P, p->step.M, p->lay.V));
+    if (p->lay.D > 1)
         at += snprintf(line + at, sizeof line - (size_t)at, "  data-parallel groups: %s\n",
-                       p->dp_local ? "each on one machine" : "span machines (ranks per machine not a multiple of the replicas)");
+                       p->dp.local ? "each on one machine" : "span machines (ranks per machine not a multiple of the replicas)");
     dt_log(DT_LOG_INFO, "%s", line);
-    for (int s = 0; s < p->P; s++) {
+    for (int s = 0; s < p->lay.P; s++) {
         size_t n = 0;
         for (int k = 0; k < full->n_params; k++)
-            if (dt_pipe_rank_uses(p, pr, k, s) || (s == 0 && dt_pipe_last_user(p, pr, k) < 0)) n += (size_t)full->params[k]->value.numel;
+            if (dt_pipe_rank_uses(p, pr, k, s) || (s == 0 && dt_pipe_last_user(p, pr, k) < 0))
+                n += (size_t)full->params[k]->value.numel;
         at = snprintf(line, sizeof line, "  stage %d: %zu parameters, blocks", s, n);
-        for (int v = s; v < p->S && at < (int)sizeof line - 160; v += p->P) {
-            int a = p->vfirst[v], b = p->vfirst[v + 1] - 1;
+        for (int v = s; v < p->lay.S && at < (int)sizeof line - 160; v += p->lay.P) {
+            int a = p->lay.vfirst[v], b = p->lay.vfirst[v + 1] - 1;
             at += snprintf(line + at, sizeof line - (size_t)at, " %s%s%s", full->blocks[a].name, a < b ? ".." : "",
                            a < b ? full->blocks[b].name : "");
         }
@@ -107,15 +108,16 @@ static dt_status take_stage(dt_pipe *p, const dt_pipe_probe *pr) {
     int n = 0;
     dt_status s = DT_OK;
     for (int k = 0; k < np; k++) {
-        keep[k] = (unsigned char)(dt_pipe_rank_uses(p, pr, k, p->stage) || (p->stage == 0 && dt_pipe_last_user(p, pr, k) < 0));
+        keep[k] = (unsigned char)(dt_pipe_rank_uses(p, pr, k, p->lay.stage) ||
+                                  (p->lay.stage == 0 && dt_pipe_last_user(p, pr, k) < 0));
         if (keep[k]) global[n++] = k;
         /* a reducer's grad-ready fires once per final tape: one chunk per parameter */
         int chunks = 0;
-        for (int c = 0; c < p->V; c++) chunks += dt_pipe_chunk_uses(p, pr, k, dt_pipe_vstage(p, c));
-        if (s == DT_OK && chunks > 1 && (p->D > 1 || p->o.zero_stage))
+        for (int c = 0; c < p->lay.V; c++) chunks += dt_pipe_chunk_uses(p, pr, k, dt_pipe_vstage(p, c));
+        if (s == DT_OK && chunks > 1 && (p->lay.D > 1 || p->o.zero_stage))
             s = DT_ERR(DT_EINVAL, "pipeline: parameter %s is used by %d chunks of rank %d; data parallel across stages "
                        "needs each parameter in one chunk per rank (choose another pipe.split)", m->params[k]->name,
-                       chunks, p->stage);
+                       chunks, p->lay.stage);
     }
     if (s == DT_OK) s = dt_pipe_ckpt_capture(p, pr);
     if (s == DT_OK) s = dt_model_keep_params(m, keep);
@@ -133,32 +135,34 @@ static dt_status check_shapes(dt_pipe *p, const dt_batch *ex) {
     dt_work *w[2 * DT_PIPE_MAX_VSTAGES];
     int nw = 0;
     dt_status s = DT_OK;
-    for (int c = 0; c < p->V; c++) {
+    for (int c = 0; c < p->lay.V; c++) {
         int v = dt_pipe_vstage(p, c);
         int64_t sh[DT_MAX_DIMS];
-        if (v + 1 < p->S) {
-            int nd = dt_model_block_shape(p->m, p->vfirst[v + 1] - 1, 0, ex, sh);
+        if (v + 1 < p->lay.S) {
+            int nd = dt_model_block_shape(p->m, p->lay.vfirst[v + 1] - 1, 0, ex, sh);
             mine[c][0] = (float)nd;
             for (int d = 0; d < DT_MAX_DIMS; d++) mine[c][d + 1] = d < nd ? (float)sh[d] : 0.f;
-            if (s == DT_OK) s = dt_send(p->pp, mine[c], 8, DT_F32, dt_pipe_rank_of(p, v + 1), DT_PIPE_TAG_SHAPES + c, &w[nw++]);
+            if (s == DT_OK)
+                s = dt_send(p->comm.pp, mine[c], 8, DT_F32, dt_pipe_rank_of(p, v + 1), DT_PIPE_TAG_SHAPES + c, &w[nw++]);
         }
         if (v > 0 && s == DT_OK)
-            s = dt_recv(p->pp, theirs[c], 8, DT_F32, dt_pipe_rank_of(p, v - 1), DT_PIPE_TAG_SHAPES + (v - 1) / p->P, &w[nw++]);
+            s = dt_recv(p->comm.pp, theirs[c], 8, DT_F32, dt_pipe_rank_of(p, v - 1), DT_PIPE_TAG_SHAPES + (v - 1) / p->lay.P,
+                        &w[nw++]);
     }
     for (int i = 0; i < nw; i++) {
         dt_status e = dt_work_wait(w[i]);
         if (s == DT_OK) s = e;
     }
-    for (int c = 0; c < p->V && s == DT_OK; c++) {
+    for (int c = 0; c < p->lay.V && s == DT_OK; c++) {
         int v = dt_pipe_vstage(p, c);
         if (v == 0) continue;
         int64_t sh[DT_MAX_DIMS];
-        int nd = dt_model_block_shape(p->m, p->vfirst[v], 1, ex, sh), same = theirs[c][0] == (float)nd;
+        int nd = dt_model_block_shape(p->m, p->lay.vfirst[v], 1, ex, sh), same = theirs[c][0] == (float)nd;
         for (int d = 0; d < nd && same; d++) same = theirs[c][d + 1] == (float)sh[d];
         if (!same)
             s = DT_ERR(DT_EINVAL, "pipeline stage %d (rank %d): block %s takes a [%d-dim] activation of other shape than "
-                       "stage %d sends (ranks disagree on the model?)", p->stage, dt_pg_rank(p->world),
-                       p->m->blocks[p->vfirst[v]].name, nd, dt_pipe_rank_of(p, v - 1));
+                       "stage %d sends (ranks disagree on the model?)", p->lay.stage, dt_pg_rank(p->comm.world),
+                       p->m->blocks[p->lay.vfirst[v]].name, nd, dt_pipe_rank_of(p, v - 1));
     }
     return s;
 }
@@ -166,49 +170,50 @@ static dt_status check_shapes(dt_pipe *p, const dt_batch *ex) {
 static dt_status s_setup(void *self, dt_run *r) {
     dt_pipe *p = self;
     p->m = r->model;
-    p->M = r->accum;
-    p->V = p->o.virtual_stages > 0 ? p->o.virtual_stages : 1;
-    p->S = p->P * p->V;
-    if (p->S > DT_PIPE_MAX_VSTAGES)
-        return DT_ERR(DT_EINVAL, "pipeline: at most %d virtual stages (pipe.stages x pipe.virtual_stages = %d)", DT_PIPE_MAX_VSTAGES, p->S);
+    p->step.M = r->accum;
+    p->lay.V = p->o.virtual_stages > 0 ? p->o.virtual_stages : 1;
+    p->lay.S = p->lay.P * p->lay.V;
+    if (p->lay.S > DT_PIPE_MAX_VSTAGES)
+        return DT_ERR(DT_EINVAL, "pipeline: at most %d virtual stages (pipe.stages x pipe.virtual_stages = %d)", DT_PIPE_MAX_VSTAGES,
+                      p->lay.S);
     /* the schedule first: a bad (P, M, V) is the same error on every rank */
-    DT_TRY(dt_pipe_schedule_build(p->o.schedule, p->P, p->M, p->V, p->o.max_outstanding, &p->sched));
+    DT_TRY(dt_pipe_schedule_build(p->o.schedule, p->lay.P, p->step.M, p->lay.V, p->o.max_outstanding, &p->step.sched));
     dt_pipe_probe pr;
     dt_status s = dt_pipe_probe_run(p->m, &r->example, &pr);
-    s = dt_par_agree(p->world, s, "pipeline probe");
+    s = dt_par_agree(p->comm.world, s, "pipeline probe");
     if (s != DT_OK) return s;
     s = cut_blocks(p, &pr);
-    if (s == DT_OK && !r->quiet && dt_pg_rank(p->world) == 0) print_partition(p, &pr, p->m);
+    if (s == DT_OK && !r->quiet && dt_pg_rank(p->comm.world) == 0) print_partition(p, &pr, p->m);
     if (s == DT_OK) s = take_stage(p, &pr);
     dt_pipe_probe_free(&pr);
-    s = dt_par_agree(p->world, s, "pipeline partition");
-    if (s == DT_OK) s = dt_par_agree(p->world, check_shapes(p, &r->example), "pipeline shape check");
+    s = dt_par_agree(p->comm.world, s, "pipeline partition");
+    if (s == DT_OK) s = dt_par_agree(p->comm.world, check_shapes(p, &r->example), "pipeline shape check");
     /* the reducer over the stage's replicas (creation is collective over them) */
-    if (s == DT_OK) s = dt_par_agree(p->world, dt_pipe_dp_setup(p, r), "pipeline data parallel");
-    if (s == DT_OK && !p->zero) p->optim_ready = (s = dt_optimizer_init_model(&p->optim, r->optim, p->m)) == DT_OK;
+    if (s == DT_OK) s = dt_par_agree(p->comm.world, dt_pipe_dp_setup(p, r), "pipeline data parallel");
+    if (s == DT_OK && !p->dp.zero) p->upd.ready = (s = dt_optimizer_init_model(&p->upd.optim, r->optim, p->m)) == DT_OK;
     if (s != DT_OK) return s;
-    p->defer = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
-    p->norm_skip = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
-    if (!p->defer || !p->norm_skip) return DT_ERR(DT_ENOMEM, "out of memory");
+    p->tapes.defer = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
+    p->upd.norm_skip = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
+    if (!p->tapes.defer || !p->upd.norm_skip) return DT_ERR(DT_ENOMEM, "out of memory");
     for (int i = 0; i < p->m->n_params; i++)   /* a tied gradient counts once: on its authority */
-        p->norm_skip[i] = (unsigned char)(p->tie_of[i] >= 0 && !p->ties[p->tie_of[i]].is_authority);
+        p->upd.norm_skip[i] = (unsigned char)(p->ties.of[i] >= 0 && !p->ties.list[p->ties.of[i]].is_authority);
     size_t f = sizeof(float), pb = p->m->param_flat.numel * f, gb = p->m->grad_flat.numel * f,
            ob = (size_t)dt_optim_state_per_elem(r->optim) * dt_model_num_trainable(p->m) * f;   /* (frozen: none) */
-    if (p->zero) dt_pipe_dp_memory(p, &pb, &gb, &ob);
-    p->stats.param_bytes = pb;
+    if (p->dp.zero) dt_pipe_dp_memory(p, &pb, &gb, &ob);
+    p->metrics.stats.param_bytes = pb;
     char label[32];
-    snprintf(label, sizeof label, p->zero ? "pipeline+zero-%d" : "pipeline", p->o.zero_stage);
-    if (!r->quiet && dt_pg_rank(p->world) == 0 && p->ddp)
-        dt_log(DT_LOG_INFO, "dtrain: pipeline stages x %d replicas: ddp gradients %s\n", p->D,
-               dt_ddp_uses_shared_memory(p->ddp) ? "in shared memory, summed in place" : "reduced by MPI collectives");
-    return dt_par_memory_report(p->world, label, pb, gb, ob, !r->quiet);
+    snprintf(label, sizeof label, p->dp.zero ? "pipeline+zero-%d" : "pipeline", p->o.zero_stage);
+    if (!r->quiet && dt_pg_rank(p->comm.world) == 0 && p->dp.ddp)
+        dt_log(DT_LOG_INFO, "dtrain: pipeline stages x %d replicas: ddp gradients %s\n", p->lay.D,
+               dt_ddp_uses_shared_memory(p->dp.ddp) ? "in shared memory, summed in place" : "reduced by MPI collectives");
+    return dt_par_memory_report(p->comm.world, label, pb, gb, ob, !r->quiet);
 }
 
 static dt_status s_forward_backward(void *self, dt_run *r, const dt_batch *mb, int n, double *loss_sum) {
     dt_pipe *p = self;
-    p->trace = r->trace;
-    if (r->trace) dt_pg_set_trace(p->pp, r->trace);
-    p->stats.step_us = dt_par_now_us();
+    p->metrics.trace = r->trace;
+    if (r->trace) dt_pg_set_trace(p->comm.pp, r->trace);
+    p->metrics.stats.step_us = dt_par_now_us();
     DT_TRY(dt_pipe_dp_begin(p, r));
     return dt_pipe_run_step(p, mb, n, loss_sum);
 }
@@ -219,7 +224,7 @@ static double local_sumsq(const dt_pipe *p) {
     double ss = 0;
     for (int i = 0; i < p->m->n_params; i++) {
         dt_param *q = p->m->params[i];
-        if (!q->grad.data || p->norm_skip[i]) continue;
+        if (!q->grad.data || p->upd.norm_skip[i]) continue;
         ss += dt_sumsq(dt_f32(&q->grad), (size_t)q->grad.numel);
     }
     return ss;
@@ -238,19 +243,19 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
     if (r->clip > 0) {
         /* ZeRO: the owned shards are disjoint over the whole world; else the
          * replicas hold equal gradients: one pipeline's sum */
-        double ss = p->zero ? dt_pipe_dp_sumsq(p, p->norm_skip) : local_sumsq(p);
-        DT_TRY(dt_par_allreduce_sum(p->zero ? p->world : p->pp, &ss, 1));
+        double ss = p->dp.zero ? dt_pipe_dp_sumsq(p, p->upd.norm_skip) : local_sumsq(p);
+        DT_TRY(dt_par_allreduce_sum(p->dp.zero ? p->comm.world : p->comm.pp, &ss, 1));
         scale = dt_clip_scale(sqrt(ss), r->clip);
     }
-    if (p->zero) {
+    if (p->dp.zero) {
         DT_TRY(dt_pipe_dp_step(p, lr, scale));
     } else {
-        DT_TRY(dt_optimizer_step_range(&p->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));
-        dt_optimizer_finish_step(&p->optim);
+        DT_TRY(dt_optimizer_step_range(&p->upd.optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));
+        dt_optimizer_finish_step(&p->upd.optim);
         dt_model_zero_grad(m);
     }
     double now = dt_par_now_us();
-    p->stats.step_us = now - p->stats.step_us;
+    p->metrics.stats.step_us = now - p->metrics.stats.step_us;
     return DT_OK;
 }
 
@@ -267,34 +272,36 @@ static dt_status s_forward_only(void *self, dt_run *r, const dt_batch *b, int n,
 static dt_status s_save(void *self, dt_run *r, const char *path) { return dt_pipe_save(self, r, path); }
 static dt_status s_load(void *self, dt_run *r, const char *path) { return dt_pipe_load(self, r, path); }
 
-static dt_status s_allreduce_sum(void *self, double *x, int n) { return dt_par_allreduce_sum(((dt_pipe *)self)->world, x, n); }
+static dt_status s_allreduce_sum(void *self, double *x, int n) {
+    return dt_par_allreduce_sum(((dt_pipe *)self)->comm.world, x, n);
+}
 
 static void s_destroy(void *self) {
     dt_pipe *p = self;
-    if (p->pp) dt_pg_set_trace(p->pp, NULL);
+    if (p->comm.pp) dt_pg_set_trace(p->comm.pp, NULL);
     dt_pipe_engine_free(p);
     dt_pipe_dp_free(p);
     dt_pipe_ties_free(p);
-    dt_pipe_schedule_free(&p->sched);
+    dt_pipe_schedule_free(&p->step.sched);
     dt_pipe_ckpt_free(p);
-    if (p->optim_ready) dt_optimizer_free(&p->optim);
-    free(p->defer);
-    free(p->norm_skip);
-    dt_pg_free(p->pp);
-    dt_pg_free(p->dp);
+    if (p->upd.ready) dt_optimizer_free(&p->upd.optim);
+    free(p->tapes.defer);
+    free(p->upd.norm_skip);
+    dt_pg_free(p->comm.pp);
+    dt_pg_free(p->dp.pg);
     free(p);
 }
 
 dt_status dt_pipe_strategy_stats(const dt_strategy *s, dt_pipe_stats *out) {
     if (!s || !s->name || strcmp(s->name, "pipeline")) return DT_ERR(DT_EINVAL, "pipeline stats: not a pipeline strategy");
-    *out = ((const dt_pipe *)s->self)->stats;
+    *out = ((const dt_pipe *)s->self)->metrics.stats;
     return DT_OK;
 }
 
 static dt_status s_agree(void *self, dt_agree *a) {
     dt_pipe *p = self;
     dt_par_describe_pipe(&p->o, a);
-    return dt_pg_agree(p->world, a);
+    return dt_pg_agree(p->comm.world, a);
 }
 
 /* Before the groups (the first collectives): every rank runs a pipeline with
@@ -305,7 +312,7 @@ static dt_status agree_options(dt_pipe *p) {
     dt_agree_init(&a);
     dt_agree_add(&a, "strategy", "pipeline");
     dt_par_describe_pipe(&p->o, &a);
-    dt_status s = dt_pg_agree(p->world, &a);
+    dt_status s = dt_pg_agree(p->comm.world, &a);
     dt_agree_free(&a);
     return s;
 }
@@ -315,15 +322,15 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
     if (!p) return DT_ERR(DT_ENOMEM, "out of memory");
     if (o) p->o = *o;
     else dt_pipe_opts_default(&p->o);
-    p->world = world;
+    p->comm.world = world;
     dt_status s = agree_options(p);
     if (s == DT_OK) s = make_groups(p);
-    if (s != DT_OK) { dt_pg_free(p->pp); dt_pg_free(p->dp); free(p); return s; }
+    if (s != DT_OK) { dt_pg_free(p->comm.pp); dt_pg_free(p->dp.pg); free(p); return s; }
     *out = (dt_strategy){.name = "pipeline", .rank = dt_pg_rank(world), .world = dt_pg_size(world), .self = p,
                          .setup = s_setup, .forward_backward = s_forward_backward, .forward_only = s_forward_only,
                          .allreduce_sum = s_allreduce_sum, .destroy = s_destroy, .owns_optimizer = 1,
                          .step = s_step, .save = s_save, .load = s_load, .sync_params = s_sync,
-                         .data_rank = p->replica, .data_world = p->D, .save_is_dir = 1, .agree = s_agree};
+                         .data_rank = p->lay.replica, .data_world = p->lay.D, .save_is_dir = 1, .agree = s_agree};
     return DT_OK;
 }
 

@@ -21,26 +21,26 @@
 #include "pipe_internal.h"
 
 void dt_pipe_ties_free(dt_pipe *p) {
-    for (int t = 0; t < p->n_ties; t++) {
-        dt_pipe_tie *e = &p->ties[t];
+    for (int t = 0; t < p->ties.n; t++) {
+        dt_pipe_tie *e = &p->ties.list[t];
         if (e->saved_grad) e->p->grad.data = e->saved_grad;
-        if (p->broken) continue;   /* (pipe/pipe_internal.h: its messages may never complete) */
+        if (p->comm.broken) continue;   /* (pipe/pipe_internal.h: its messages may never complete) */
         for (int h = 0; h < DT_PIPE_MAX_STAGES; h++) dt_work_wait(e->work[h]);
         free(e->e);
         free(e->msg);
     }
-    free(p->ties);
-    free(p->tie_of);
-    p->ties = NULL;
-    p->tie_of = NULL;
-    p->n_ties = 0;
+    free(p->ties.list);
+    free(p->ties.of);
+    p->ties.list = NULL;
+    p->ties.of = NULL;
+    p->ties.n = 0;
 }
 
 /* Holders of global parameter k other than the authority, by descending
  * virtual stage (each rank once, at its last use). */
 static int find_holders(const dt_pipe *p, const dt_pipe_probe *pr, int k, int auth, int *out) {
     int n = 0;
-    for (int v = p->S - 1; v >= 0; v--) {
+    for (int v = p->lay.S - 1; v >= 0; v--) {
         int r = dt_pipe_rank_of(p, v);
         if (r == auth || !dt_pipe_chunk_uses(p, pr, k, v)) continue;
         int seen = 0;
@@ -53,11 +53,11 @@ static int find_holders(const dt_pipe *p, const dt_pipe_probe *pr, int k, int au
 /* The chunk of this rank using k; two chunks of one rank are not supported. */
 static dt_status my_chunk(const dt_pipe *p, const dt_pipe_probe *pr, int k, const char *name, int *chunk) {
     *chunk = -1;
-    for (int c = 0; c < p->V; c++) {
+    for (int c = 0; c < p->lay.V; c++) {
         if (!dt_pipe_chunk_uses(p, pr, k, dt_pipe_vstage(p, c))) continue;
         if (*chunk >= 0)
             return DT_ERR(DT_EINVAL, "pipeline: parameter %s is used by two chunks of rank %d (virtual stages %d and %d); "
-                          "tied parameters must sit in one chunk per rank (choose another pipe.split)", name, p->stage,
+                          "tied parameters must sit in one chunk per rank (choose another pipe.split)", name, p->lay.stage,
                           dt_pipe_vstage(p, *chunk), dt_pipe_vstage(p, c));
         *chunk = c;
     }
@@ -69,7 +69,7 @@ static dt_status setup_one(dt_pipe *p, const dt_pipe_probe *pr, dt_param *q, int
     memset(t, 0, sizeof *t);
     t->p = q;
     t->authority = dt_pipe_rank_of(p, last);
-    t->is_authority = t->authority == p->stage;
+    t->is_authority = t->authority == p->lay.stage;
     DT_TRY(my_chunk(p, pr, k, q->name, &t->chunk));
     if (t->is_authority) {
         t->n_holders = find_holders(p, pr, k, t->authority, t->holders);
@@ -88,41 +88,41 @@ static dt_status setup_one(dt_pipe *p, const dt_pipe_probe *pr, dt_param *q, int
 
 static int tied(const dt_pipe *p, const dt_pipe_probe *pr, int k) {
     int users = 0;
-    for (int r = 0; r < p->P; r++) users += dt_pipe_rank_uses(p, pr, k, r);
+    for (int r = 0; r < p->lay.P; r++) users += dt_pipe_rank_uses(p, pr, k, r);
     return users >= 2;
 }
 
 dt_status dt_pipe_ties_setup(dt_pipe *p, const dt_pipe_probe *pr, const int *global_index_of) {
     dt_model *m = p->m;
-    p->tie_of = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *p->tie_of);
-    p->ties = calloc((size_t)(m->n_params ? m->n_params : 1), sizeof *p->ties);
-    if (!p->tie_of || !p->ties) return DT_ERR(DT_ENOMEM, "out of memory");
-    p->tie_auth_chunk = -1;
+    p->ties.of = malloc((size_t)(m->n_params ? m->n_params : 1) * sizeof *p->ties.of);
+    p->ties.list = calloc((size_t)(m->n_params ? m->n_params : 1), sizeof *p->ties.list);
+    if (!p->ties.of || !p->ties.list) return DT_ERR(DT_ENOMEM, "out of memory");
+    p->ties.auth_chunk = -1;
     int id = 0, next_global = 0;
     for (int i = 0; i < m->n_params; i++) {
         int k = global_index_of[i];
-        p->tie_of[i] = -1;
+        p->ties.of[i] = -1;
         for (; next_global < k; next_global++) id += tied(p, pr, next_global);   /* ids count every rank's ties */
         if (!tied(p, pr, k) || !m->params[i]->requires_grad) continue;
-        dt_pipe_tie *t = &p->ties[p->n_ties];
+        dt_pipe_tie *t = &p->ties.list[p->ties.n];
         DT_TRY(setup_one(p, pr, m->params[i], k, t));
         t->id = id;
         if (t->is_authority) {
-            if (p->tie_auth_chunk >= 0 && p->tie_auth_chunk != t->chunk)
-                return DT_ERR(DT_EINVAL, "pipeline: tied parameters of rank %d sit in two of its chunks", p->stage);
-            p->tie_auth_chunk = t->chunk;
+            if (p->ties.auth_chunk >= 0 && p->ties.auth_chunk != t->chunk)
+                return DT_ERR(DT_EINVAL, "pipeline: tied parameters of rank %d sit in two of its chunks", p->lay.stage);
+            p->ties.auth_chunk = t->chunk;
         }
-        p->tie_of[i] = p->n_ties++;
+        p->ties.of[i] = p->ties.n++;
     }
     for (; next_global < pr->n_params; next_global++) id += tied(p, pr, next_global);
-    if (id * p->M >= DT_PIPE_TAG_SHAPES - DT_PIPE_TAG_TIE_ROWS || id > DT_PIPE_TAG_NOTICE - DT_PIPE_TAG_TIE_TOTAL)
-        return DT_ERR(DT_EINVAL, "pipeline: %d tied parameters x %d micro-batches is too many messages", id, p->M);
+    if (id * p->step.M >= DT_PIPE_TAG_SHAPES - DT_PIPE_TAG_TIE_ROWS || id > DT_PIPE_TAG_NOTICE - DT_PIPE_TAG_TIE_TOTAL)
+        return DT_ERR(DT_EINVAL, "pipeline: %d tied parameters x %d micro-batches is too many messages", id, p->step.M);
     return DT_OK;
 }
 
 void dt_pipe_ties_redirect(dt_pipe *p, int c) {
-    for (int t = 0; t < p->n_ties; t++) {
-        dt_pipe_tie *e = &p->ties[t];
+    for (int t = 0; t < p->ties.n; t++) {
+        dt_pipe_tie *e = &p->ties.list[t];
         if (e->is_authority || e->chunk != c) continue;
         e->saved_grad = e->p->grad.data;
         e->p->grad.data = e->e;
@@ -153,33 +153,34 @@ static size_t pack_rows(dt_pipe_tie *e) {
 }
 
 dt_status dt_pipe_ties_export(dt_pipe *p, int c, int j) {
-    for (int t = 0; t < p->n_ties; t++) {
-        dt_pipe_tie *e = &p->ties[t];
+    for (int t = 0; t < p->ties.n; t++) {
+        dt_pipe_tie *e = &p->ties.list[t];
         if (e->is_authority || e->chunk != c) continue;
         e->p->grad.data = e->saved_grad;
         e->saved_grad = NULL;
         DT_TRY(dt_work_wait(e->work[0]));   /* the previous micro-batch's rows are out of msg */
         e->work[0] = NULL;
         size_t len = pack_rows(e);
-        DT_TRY(dt_send(p->pp, e->msg, (int64_t)len, DT_F32, e->authority, DT_PIPE_TAG_TIE_ROWS + e->id * p->M + j, &e->work[0]));
+        DT_TRY(dt_send(p->comm.pp, e->msg, (int64_t)len, DT_F32, e->authority, DT_PIPE_TAG_TIE_ROWS + e->id * p->step.M + j,
+                       &e->work[0]));
     }
     return DT_OK;
 }
 
 dt_status dt_pipe_ties_post(dt_pipe *p, int j) {
-    for (int t = 0; t < p->n_ties; t++) {
-        dt_pipe_tie *e = &p->ties[t];
+    for (int t = 0; t < p->ties.n; t++) {
+        dt_pipe_tie *e = &p->ties.list[t];
         if (!e->is_authority) continue;
         for (int h = 0; h < e->n_holders; h++)
-            DT_TRY(dt_recv(p->pp, e->msg + (size_t)h * e->msg_len, (int64_t)e->msg_len, DT_F32, e->holders[h],
-                           DT_PIPE_TAG_TIE_ROWS + e->id * p->M + j, &e->work[h]));
+            DT_TRY(dt_recv(p->comm.pp, e->msg + (size_t)h * e->msg_len, (int64_t)e->msg_len, DT_F32, e->holders[h],
+                           DT_PIPE_TAG_TIE_ROWS + e->id * p->step.M + j, &e->work[h]));
     }
     return DT_OK;
 }
 
 int dt_pipe_ties_arrived(dt_pipe *p) {
-    for (int t = 0; t < p->n_ties; t++) {
-        dt_pipe_tie *e = &p->ties[t];
+    for (int t = 0; t < p->ties.n; t++) {
+        dt_pipe_tie *e = &p->ties.list[t];
         if (!e->is_authority) continue;
         for (int h = 0; h < e->n_holders; h++) {
             int done = 1;
@@ -200,8 +201,8 @@ static dt_status grad_buffer(dt_param *q) {
 }
 
 dt_status dt_pipe_ties_fold(dt_pipe *p, int j) {
-    for (int t = 0; t < p->n_ties; t++) {
-        dt_pipe_tie *e = &p->ties[t];
+    for (int t = 0; t < p->ties.n; t++) {
+        dt_pipe_tie *e = &p->ties.list[t];
         if (!e->is_authority) continue;
         DT_TRY(grad_buffer(e->p));
         float *g = dt_f32(&e->p->grad);
@@ -232,19 +233,19 @@ dt_status dt_pipe_ties_fold(dt_pipe *p, int j) {
 
 dt_status dt_pipe_ties_share(dt_pipe *p) {
     dt_status s = DT_OK;
-    for (int t = 0; t < p->n_ties; t++) {
-        dt_pipe_tie *e = &p->ties[t];
+    for (int t = 0; t < p->ties.n; t++) {
+        dt_pipe_tie *e = &p->ties.list[t];
         if (s == DT_OK) s = grad_buffer(e->p);
         if (s != DT_OK) break;
         float *g = dt_f32(&e->p->grad);
         if (e->is_authority) {
             for (int h = 0; h < e->n_holders && s == DT_OK; h++)
-                s = dt_send(p->pp, g, e->p->grad.numel, DT_F32, e->holders[h], DT_PIPE_TAG_TIE_TOTAL + e->id, NULL);
+                s = dt_send(p->comm.pp, g, e->p->grad.numel, DT_F32, e->holders[h], DT_PIPE_TAG_TIE_TOTAL + e->id, NULL);
         } else {
             dt_status w = dt_work_wait(e->work[0]);
             e->work[0] = NULL;
             if (s == DT_OK) s = w;
-            if (s == DT_OK) s = dt_recv(p->pp, g, e->p->grad.numel, DT_F32, e->authority, DT_PIPE_TAG_TIE_TOTAL + e->id, NULL);
+            if (s == DT_OK) s = dt_recv(p->comm.pp, g, e->p->grad.numel, DT_F32, e->authority, DT_PIPE_TAG_TIE_TOTAL + e->id, NULL);
         }
     }
     return s;
