@@ -14,8 +14,8 @@
  *            calls keep the values) by raw MPI_Allreduce(MPI_IN_PLACE), by
  *            dt_allreduce on private memory, and by dt_allreduce on node-shared
  *            memory (dist.h section 6); the ratios to raw MPI (time).
- *   calls    --n calls of one --op (allreduce | allreduce-det | reduce-scatter |
- *            allgather) on --mib MiB of f32, after 2 warm-up calls; prints the
+ *   calls    --n calls of one --op (allreduce | allreduce-det |
+ *            allreduce-cross-bf16 | reduce-scatter | allgather) on --mib MiB of f32, after 2 warm-up calls; prints the
  *            group's machines, path and ms per call. With --collectives
  *            flat|hierarchical; bench/multihost.sh runs it on simulated
  *            hosts and reads the bytes that crossed from the links' counters.
@@ -261,9 +261,10 @@ static void bench_overlap(dt_pg *pg, size_t mib, double target_s) {
 static void bench_calls(dt_pg *pg, const char *op, size_t mib, int n) {
     int size = dt_pg_size(pg);
     size_t count = mib * 262144;   /* floats */
-    if (strcmp(op, "allreduce") && strcmp(op, "allreduce-det") && strcmp(op, "reduce-scatter") &&
-        strcmp(op, "allgather")) {
-        fprintf(stderr, "bench_comm: --op %s: expected allreduce, allreduce-det, reduce-scatter or allgather\n", op);
+    if (strcmp(op, "allreduce") && strcmp(op, "allreduce-det") && strcmp(op, "allreduce-cross-bf16") &&
+        strcmp(op, "reduce-scatter") && strcmp(op, "allgather")) {
+        fprintf(stderr, "bench_comm: --op %s: expected allreduce, allreduce-det, allreduce-cross-bf16, reduce-scatter "
+                        "or allgather\n", op);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     count -= count % (size_t)size;
@@ -275,6 +276,8 @@ static void bench_calls(dt_pg *pg, const char *op, size_t mib, int n) {
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = now();
         if (!strcmp(op, "allreduce")) OK(dt_allreduce(pg, a, a, (int64_t)count, DT_F32, DT_RED_AVG, NULL));
+        else if (!strcmp(op, "allreduce-cross-bf16"))
+            OK(dt_allreduce(pg, a, a, (int64_t)count, DT_F32, DT_RED_AVG | DT_RED_CROSS_BF16, NULL));
         else if (!strcmp(op, "allreduce-det"))
             OK(dt_allreduce(pg, a, a, (int64_t)count, DT_F32, DT_RED_AVG | DT_RED_DETERMINISTIC, NULL));
         else if (!strcmp(op, "reduce-scatter")) OK(dt_reduce_scatter(pg, a, b, chunk, DT_F32, DT_RED_AVG, NULL));

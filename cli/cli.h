@@ -58,7 +58,7 @@ typedef struct dt_cli_hosts {
     char desc[256];           /* "2 hosts (h0:2, h1:2)", "Slurm job 7: n[1-2] (2 nodes, 4 tasks)" */
 } dt_cli_hosts;
 /* --hosts LIST / --hostfile FILE (at most one), else SLURM_* if set; -1 with
- * one line in err naming the host or line at fault. */
+ * one line in err naming the host or line at fault. Free h either way. */
 int dt_cli_hosts_parse(const char *hosts, const char *hostfile, dt_cli_hosts *h, char *err, int errlen);
 int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen);
 int dt_cli_hosts_max_slots(const dt_cli_hosts *h);

@@ -240,6 +240,7 @@ static int launch(int argc, char **argv, const cli_flags *f) {
     dt_cli_hosts h;
     if (dt_cli_hosts_parse(f->hosts, f->hostfile, &h, err, sizeof err)) {
         fprintf(stderr, "dtrain: %s\n", err);
+        dt_cli_hosts_free(&h);   /* (what was parsed before the fault) */
         return 2;
     }
     int np = f->nproc != INT_MIN ? f->nproc : h.total > 0 ? h.total : 1;

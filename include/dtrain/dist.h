@@ -252,6 +252,11 @@
  * DT_RED_DETERMINISTIC (or a deterministic group) it keeps rank order through
  * the same chain as the allreduce (F32, consecutive machines; else flat).
  * Broadcast, reduce and point-to-point stay flat.
+ * DT_RED_CROSS_BF16 / DT_RED_CROSS_F16 on an F32 allreduce: each machine's
+ * float32 lane sum is rounded once to 16 bits, summed across machines by MPI's
+ * 16-bit sum, widened back (then / size for AVG): the bytes between machines
+ * halve and the sums inside machines lose nothing (DDP's --compress does this
+ * on groups that span machines).
  * dt_dist_opts.collectives = DT_COLL_FLAT (or DTRAIN_COLLECTIVES=flat) keeps
  * every collective flat.
  */
@@ -323,6 +328,12 @@ typedef enum dt_redop {
     DT_RED_SUM = 0,
     DT_RED_AVG = 1,
     DT_RED_DETERMINISTIC = 0x100,
+    /* dt_allreduce of F32 where it runs hierarchically (section 10): the sums
+     * cross between machines as bf16 / fp16 (half the bytes on the network);
+     * inside each machine they stay float32. No effect where the allreduce is
+     * not hierarchical; not with DT_RED_DETERMINISTIC. */
+    DT_RED_CROSS_BF16 = 0x200,
+    DT_RED_CROSS_F16 = 0x400,
 } dt_redop;
 
 typedef struct dt_work dt_work;

@@ -108,7 +108,9 @@ dt_status dt_dp_opts_validate(const dt_dp_opts *o, const char *who);
 
 typedef struct dt_ddp_opts {
     dt_dp_opts dp;               /* buckets, wire, shared memory, ... (above). DDP's wire: bf16 / fp16
-                                 * compression by the built-in hook; exclusive with hook and with
+                                 * compression by the built-in hook; on a group whose allreduce is
+                                 * hierarchical (dist.h section 10) only between machines, float32
+                                 * inside each (DT_RED_CROSS_*); exclusive with hook and with
                                  * deterministic */
     int no_overlap;              /* 1: reduce only after backward (for measurement) */
     const dt_ddp_comm_hook *hook;   /* custom reduction; exclusive with a 16-bit wire */

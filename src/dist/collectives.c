@@ -77,7 +77,12 @@ static dt_status check_buf(const dt_pg *pg, const char *fn, const char *what, co
 }
 
 static dt_status check_op(const dt_pg *pg, const char *fn, int op) {
-    int base = op & ~DT_RED_DETERMINISTIC;
+    int cross = op & (DT_RED_CROSS_BF16 | DT_RED_CROSS_F16);
+    if (cross == (DT_RED_CROSS_BF16 | DT_RED_CROSS_F16) || (cross && (op & DT_RED_DETERMINISTIC)))
+        return DT_ERR(DT_EINVAL, "%s on %s: reduction op 0x%x combines %s", fn, pg->name, (unsigned)op,
+                      cross == (DT_RED_CROSS_BF16 | DT_RED_CROSS_F16) ? "two cross-machine wire types"
+                                                                      : "a 16-bit cross-machine wire with deterministic sums");
+    int base = op & ~(DT_RED_DETERMINISTIC | DT_RED_CROSS_BF16 | DT_RED_CROSS_F16);
     if (base != DT_RED_SUM && base != DT_RED_AVG)
         return DT_ERR(DT_EINVAL, "%s on %s: unknown reduction op 0x%x", fn, pg->name, (unsigned)op);
     return DT_OK;
@@ -148,7 +153,8 @@ static dt_status issue(dt_work *w, dt_work **wp) {
  * (a + b == b + a), except 16-bit AVG, where MPI would round the sum before
  * dividing. */
 static int wants_det(const dt_pg *pg, int op, dt_dtype dtype, int *avg) {
-    *avg = (op & ~DT_RED_DETERMINISTIC) == DT_RED_AVG;
+    *avg = (op & ~(DT_RED_DETERMINISTIC | DT_RED_CROSS_BF16 | DT_RED_CROSS_F16)) == DT_RED_AVG;
+    if (op & (DT_RED_CROSS_BF16 | DT_RED_CROSS_F16)) return 0;   /* (exclusive: check_op) */
     int det = (op & DT_RED_DETERMINISTIC) || pg->deterministic;
     return det && !(pg->size <= 2 && (dtype == DT_F32 || !*avg));
 }
@@ -179,6 +185,8 @@ dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
                                                                                     : DT_OPK_ALLREDUCE,
                     count, dtype, (double)nb, wp, &w));
     w->hier_det = hier && det;
+    if (hier && dtype == DT_F32 && (op & (DT_RED_CROSS_BF16 | DT_RED_CROSS_F16)))
+        w->cross_dt = op & DT_RED_CROSS_BF16 ? DT_BF16 : DT_F16;
     w->in = in;
     w->out = out;
     w->avg = avg;
@@ -213,7 +221,7 @@ dt_status dt_reduce_scatter(dt_pg *pg, const void *in, void *out, int64_t count,
     w->hier_det = hier && det;
     w->in = in;
     w->out = out;
-    w->avg = (op & ~DT_RED_DETERMINISTIC) == DT_RED_AVG;
+    w->avg = (op & 0xff) == DT_RED_AVG;
     w->shm = shm;
     w->shm_off = shm_off;
     w->shm_out_staged = shm && (const char *)out != (const char *)in + (size_t)pg->rank * cb && overlaps(out, cb, in, nb);

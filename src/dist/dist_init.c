@@ -139,7 +139,7 @@ dt_status dt_dist_init(int *argc, char ***argv, const dt_dist_opts *opts) {
     int nlen = 0;
     MPI_Get_processor_name(name, &nlen);
     char mine[64];
-    snprintf(mine, sizeof mine, "%s", name);
+    snprintf(mine, sizeof mine, "%.63s", name);
     int hrc = MPI_Allgather(mine, 64, MPI_CHAR, g->hosts ? (void *)g->hosts : (void *)mine, g->hosts ? 64 : 0,
                             MPI_CHAR, MPI_COMM_WORLD);
     if (hrc != MPI_SUCCESS || !g->hosts) {

@@ -108,6 +108,7 @@ struct dt_work {
                                    input: summed into w->stage, copied to out on completion */
     uint64_t coll_idx;          /* collectives (not p2p) issued on pg before this one */
     int hier_det;               /* DT_OPK_ALLREDUCE_HIER: rank-ordered chain across machines */
+    dt_dtype cross_dt;          /* DT_OPK_ALLREDUCE_HIER of F32: 16-bit across machines; 0 (F32): off */
 };
 
 struct dt_pg {

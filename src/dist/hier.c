@@ -12,6 +12,8 @@
  *                        sum, send it on (lane_b[j]) unless last, and take the
  *                        total from a broadcast by the last machine
  *   phase 3  node[1]     allgatherv: every local rank's range into out
+ * With w->cross_dt (F32 payload, DT_RED_CROSS_*), phase 2 converts the own
+ * range to 16 bits in stage row R, all-reduces that, and widens it back.
  *
  * Every op has the 4 phases (an unused phase issues nothing) so phase p
  * always runs on the same communicators: with the engine's rule that phase p
@@ -137,10 +139,18 @@ static int hier_phase(dt_work *w, int blocking) {
                 continue;
             }
             w->fn = "MPI_Iallreduce";
+            dt_dtype wt = w->dtype;
+            size_t wes = es;
+            if (w->cross_dt != DT_F32) {   /* 16 bits across: row R holds the own range, converted */
+                wt = w->cross_dt;
+                wes = dt_dtype_size(wt);
+                o = row(w, R, mn) + (size_t)(a - mo) * wes;
+                dt_convert(o, wt, (char *)w->out + (size_t)a * es, DT_F32, (size_t)n);
+            }
             for (int64_t s = 0; s < n; s += seg_elems(w)) {
                 int k = (int)(n - s < seg_elems(w) ? n - s : seg_elems(w));
-                CHECK(MPI_Iallreduce(MPI_IN_PLACE, o + (size_t)s * es, k, ty, dt__mpi_sum(w->dtype), t->lane_a[j],
-                                     &w->req[w->nreq++]), w->fn);
+                CHECK(MPI_Iallreduce(MPI_IN_PLACE, o + (size_t)s * wes, k, dt__mpi_type(wt), dt__mpi_sum(wt),
+                                     t->lane_a[j], &w->req[w->nreq++]), w->fn);
             }
         }
         break;
@@ -183,8 +193,9 @@ int dt__hier_finish(dt_work *w) {
         int last = t->machine + 1 == t->machines;
         dt__sum_ptrs(last ? mine : row(w, R, mn), src, mn, n, w->dtype, last && w->avg ? w->pg->size : 0);
         free(src);
-    } else if (w->phase == 2 && !w->hier_det && w->avg) {
-        dt__scale_div(mine, mn, w->dtype, w->pg->size);
+    } else if (w->phase == 2 && !w->hier_det) {
+        if (w->cross_dt != DT_F32) dt_convert(mine, DT_F32, row(w, R, mn), w->cross_dt, (size_t)mn);
+        if (w->avg) dt__scale_div(mine, mn, w->dtype, w->pg->size);
     }
     return MPI_SUCCESS;
 }

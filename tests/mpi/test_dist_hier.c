@@ -165,6 +165,54 @@ static void check_sums(const char *machines, const int *machine_of) {
     t_end();
 }
 
+/* DT_RED_CROSS_BF16 / F16: float32 inside each machine, each machine's sum
+ * rounded once to 16 bits, MPI's 16-bit sum across (2 machines: one rounding),
+ * widened back, / n for AVG. On one machine the flag changes nothing. */
+static void test_cross_wire(void) {
+    t_begin("16-bit only between machines (DT_RED_CROSS_*)");
+    static const int mo[4] = {0, 0, 1, 1};
+    const int64_t c = 100003;
+    for (int w16 = 0; w16 < 2; w16++)
+        for (int avg = 0; avg < 2; avg++)
+            for (int one = 0; one < 2; one++) {
+                dt_pg *pg = world_on(one ? NULL : "0,0,1,1");
+                int me = dt_pg_rank(pg), n = dt_pg_size(pg);
+                dt_dtype wt = w16 ? DT_F16 : DT_BF16;
+                float *x = input(me, c, DT_F32), *e = malloc((size_t)c * sizeof *e);
+                float *plain = expected(mo, n, c, DT_F32, avg, 0);
+                for (int64_t i = 0; i < c; i++) {
+                    float p0 = val(0, i, DT_F32) + val(1, i, DT_F32), p1 = val(2, i, DT_F32) + val(3, i, DT_F32);
+                    float s = t_round(t_round(p0, wt) + t_round(p1, wt), wt);
+                    e[i] = avg ? s / (float)n : s;
+                }
+                int op = (avg ? DT_RED_AVG : DT_RED_SUM) | (w16 ? DT_RED_CROSS_F16 : DT_RED_CROSS_BF16);
+                T_OK(dt_allreduce(pg, x, x, c, DT_F32, op, NULL));
+                if (one) {   /* one machine: float32 throughout (MPI's order: compare loosely) */
+                    float *ref = malloc((size_t)c * sizeof *ref);
+                    for (int64_t i = 0; i < c; i++) {
+                        float s = val(0, i, DT_F32);
+                        for (int r = 1; r < n; r++) s += val(r, i, DT_F32);
+                        ref[i] = avg ? s / (float)n : s;
+                    }
+                    T_NEAR(x, ref, (size_t)c, 1e-6, "one machine: the flag is ignored");
+                    free(ref);
+                } else {
+                    T_BITWISE(x, e, (size_t)c, "16-bit across machines");
+                    T_CHECK(t_differs(x, plain, (size_t)c));   /* really rounded: not the float32 result */
+                }
+                free(x);
+                free(e);
+                free(plain);
+                T_OK(dt_pg_free(pg));
+            }
+    dt_pg *pg = world_on(NULL);
+    float f[4] = {0};
+    T_EXPECT(dt_allreduce(pg, f, f, 4, DT_F32, DT_RED_SUM | DT_RED_CROSS_BF16 | DT_RED_DETERMINISTIC, NULL), DT_EINVAL);
+    T_CHECK(strstr(dt_error_message(), "deterministic") != NULL);
+    T_OK(dt_pg_free(pg));
+    t_end();
+}
+
 /* Reduce-scatter (plain: tree order; deterministic: rank order) and
  * allgather (exact), every dtype, in and out of place, one topology. */
 static void check_shards(const char *machines, const int *machine_of) {
@@ -254,6 +302,7 @@ int main(int argc, char **argv) {
         check_shards("0,0,0,1", m31);
         check_shards("0,1,0,1", m_il);
         test_in_flight();
+        test_cross_wire();
         /* the checks above can fail: plain tree order differs from rank order here */
         int differ = 0;
         for (int64_t i = 0; i < 1000; i++) {

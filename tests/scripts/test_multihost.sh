@@ -62,6 +62,15 @@ one ddp31 dtm0:3,dtm1:1
 says ddp31 "ddp on 2 machines \(3\+1 ranks\): gradients reduced hierarchically \(inside each machine, then across machines in 3 lanes\)"
 one zero2_31 dtm0:3,dtm1:1 --zero 2 --save-format consolidated
 
+# --compress bf16 across machines: float32 inside each, bf16 between them
+if "$ns" run -np 4 --host dtm0:2,dtm1:2 -- "$bin" train --model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 \
+       --data text --data-path "$tmp/corpus.txt" --eval-batches 2 --threads 1 --steps 4 --batch 2 --compress bf16 \
+       > "$tmp/bf16.out" 2>&1; then
+    says bf16 "ddp on 2 machines x 2 ranks: gradients reduced hierarchically \(inside each machine, then across machines in 2 lanes, as bf16\)"
+else
+    echo "FAIL --compress bf16 across machines:"; tail -5 "$tmp/bf16.out"; fail=1
+fi
+
 # the launcher: dtrain --hosts starts the ranks itself (through netsim's ssh
 # stand-in, as mpirun would through ssh) and trains across both hosts
 if ip netns exec dtm0 env SHELL=/bin/sh OMPI_MCA_plm_rsh_agent="$NETSIM_STATE/agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \

@@ -82,9 +82,14 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     d->world = dt_pg_size(pg);
     d->red_flags = opts.dp.deterministic ? DT_RED_DETERMINISTIC : 0;
     d->wire_bytes = opts.hook ? sizeof(float) : dt_dtype_size(opts.dp.wire);
+    dt_pg_topo topo;
+    dt_pg_topology(pg, &topo);
     if (opts.hook) d->hook = *opts.hook;
     else if (opts.dp.wire == DT_F32) dt_ddp_hook_allreduce(d, &d->hook);
-    else dt_ddp_hook_compress(d, &d->hook, opts.dp.wire);
+    else if (topo.hierarchical) {   /* float32 inside each machine, 16 bits only between machines */
+        dt_ddp_hook_allreduce(d, &d->hook);
+        d->red_flags |= opts.dp.wire == DT_BF16 ? DT_RED_CROSS_BF16 : DT_RED_CROSS_F16;
+    } else dt_ddp_hook_compress(d, &d->hook, opts.dp.wire);
     dt_status s = dt_ddp_match_ignored(d);
     if (s == DT_OK) s = dt_model_refresh_grads(m);   /* parameters frozen since: no gradient memory */
     if (s == DT_OK) s = dt_ddp_build_buckets(d);

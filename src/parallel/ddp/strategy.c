@@ -22,7 +22,8 @@ static dt_status s_setup(void *self, dt_run *r) {
             dt_log(DT_LOG_INFO, "dtrain: ddp on %s: gradients in shared memory, summed in place (dp.shm off: MPI collectives)\n", where);
         else if (t.hierarchical && !s->opts.hook)
             dt_log(DT_LOG_INFO, "dtrain: ddp on %s: gradients reduced hierarchically (inside each machine, then across "
-                   "machines in %d lanes)\n", where, t.lanes);
+                   "machines in %d lanes%s)\n", where, t.lanes,
+                   s->opts.dp.wire == DT_BF16 ? ", as bf16" : s->opts.dp.wire == DT_F16 ? ", as fp16" : "");
         else
             dt_log(DT_LOG_INFO, "dtrain: ddp on %s: gradients reduced by MPI collectives%s%s\n", where, why[0] ? ": " : "", why);
     }
