@@ -212,3 +212,13 @@ set_tests_properties(test_multihost PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 6
 add_test(NAME test_launch_hosts
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_launch_hosts.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_launch_hosts PROPERTIES LABELS unit TIMEOUT 120)
+
+# Install and link it: cmake --install into a temporary prefix, examples/
+# built out of tree with pkg-config (shared and static) and find_package,
+# run at 2 ranks. (Not in sanitizer builds: the installed library would need
+# the consumer built with the same sanitizers.)
+if(NOT DTRAIN_SANITIZE AND NOT DTRAIN_TSAN AND NOT DTRAIN_FUZZ)
+  add_test(NAME test_install
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_install.sh ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR} ${DT_MPIEXEC})
+  set_tests_properties(test_install PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
+endif()

@@ -8,6 +8,7 @@
  * through all of them. */
 #ifndef DTRAIN_H
 #define DTRAIN_H
+#include "dtrain/version.h"
 #include "dtrain/error.h"
 #include "dtrain/log.h"
 #include "dtrain/tensor.h"
