@@ -383,6 +383,8 @@ typedef struct dt_pg_topo {
 void dt_pg_topology(const dt_pg *pg, dt_pg_topo *out);
 /* "1 machine x 4 ranks", "2 machines x 2 ranks", "2 machines (3+1 ranks)" */
 void dt_pg_topology_describe(const dt_pg *pg, char *buf, size_t n);
+/* Group rank r's host name (MPI_Get_processor_name at dt_dist_init); "?" if unknown. */
+const char *dt_pg_host_name(const dt_pg *pg, int r);
 
 /* ---- node-shared memory (section 6) ----
  * Collective (blocking): count floats (zeroed) per rank, the same count on

@@ -232,6 +232,8 @@ const char *dt__host_of(const dt_pg *pg, int r) {
 
 /* ---- public ---- */
 
+const char *dt_pg_host_name(const dt_pg *pg, int r) { return pg ? dt__host_of(pg, r) : "?"; }
+
 void dt_pg_topology(const dt_pg *pg, dt_pg_topo *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);

@@ -53,6 +53,7 @@ says() {
 
 one ddp22 dtm0:2,dtm1:2
 says ddp22 "ddp on 2 machines x 2 ranks: gradients reduced hierarchically"
+says ddp22 "machine dtm1 \(2 ranks\): [0-9.]+ / [0-9.]+ / [0-9.]+ / [0-9.]+"
 one zero1_22 dtm0:2,dtm1:2 --zero 1 --save-format consolidated
 one zero2_22 dtm0:2,dtm1:2 --zero 2 --save-format consolidated
 one zero3_22 dtm0:2,dtm1:2 --zero 3 --save-format consolidated

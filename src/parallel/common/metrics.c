@@ -46,6 +46,24 @@ dt_status dt_par_memory_report(dt_pg *pg, const char *label, size_t param_bytes,
         for (int r = 0; r < world; r++)
             dt_log(DT_LOG_INFO, "  rank %d: %.2f / %.2f / %.2f / %.1f\n", r, all[4 * r] / MiB, all[4 * r + 1] / MiB,
                    all[4 * r + 2] / MiB, all[4 * r + 3] / MiB);
+        /* across machines: what each machine holds (its ranks share its DRAM) */
+        dt_pg_topo t;
+        dt_pg_topology(pg, &t);
+        int *node = t.machines > 1 ? malloc((size_t)world * sizeof *node) : NULL;
+        if (node && dt_pg_node_of(pg, node) == DT_OK)
+            for (int m = 0; m < world; m++) {
+                if (node[m] != m) continue;   /* m: a machine's lowest rank */
+                double sum[4] = {0};
+                int n = 0;
+                for (int r = 0; r < world; r++)
+                    if (node[r] == m) {
+                        n++;
+                        for (int k = 0; k < 4; k++) sum[k] += all[4 * r + k];
+                    }
+                dt_log(DT_LOG_INFO, "  machine %s (%d rank%s): %.2f / %.2f / %.2f / %.1f\n", dt_pg_host_name(pg, m), n,
+                       n == 1 ? "" : "s", sum[0] / MiB, sum[1] / MiB, sum[2] / MiB, sum[3] / MiB);
+            }
+        free(node);
     }
     free(all);
     return st;
