@@ -62,6 +62,10 @@
  *              float32, so only a single rank's element beyond ±65504 (fp16's
  *              range) overflows, to ±inf, and the update with it; bf16 has
  *              float32's range. Values below 2^-24 flush to 0 in fp16.
+ *              Across machines (dist.h section 10) each machine's float32
+ *              sum of its ranks is rounded to 16 bits once more before the
+ *              machines' partial sums are added (the bytes between machines
+ *              stay 16-bit).
  *   parameters after a shard step the owner sends round16(its float32 shard).
  *              Afterwards every rank holds, for each bucket: its OWN shard
  *              exactly (float32, never rounded: stages 1/2 step it in place,
