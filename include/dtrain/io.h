@@ -140,7 +140,11 @@ dt_status dt_write_file_atomic(const char *path, const void *bytes, size_t n);
 
 /* ---- metrics JSONL: one JSON object per line, flushed ---- */
 typedef struct dt_jsonl { FILE *f; char path[1024]; /* for messages */ } dt_jsonl;
-dt_status dt_jsonl_open(dt_jsonl *j, const char *path);   /* append mode */
+/* Append mode. A final symbolic link that another user planted in a sticky,
+ * world-writable directory (/tmp) is refused (DT_EINVAL naming it). */
+dt_status dt_jsonl_open(dt_jsonl *j, const char *path);
+/* Would dt_jsonl_open succeed? (Creates nothing; a missing file is DT_OK.) */
+dt_status dt_jsonl_check(const char *path);
 /* fields as alternating key / double value pairs, e.g. ("step", 3.0, "loss", 2.1). */
 dt_status dt_jsonl_write(dt_jsonl *j, int n_fields, const char *const *keys, const double *values);
 dt_status dt_jsonl_close(dt_jsonl *j);   /* the close's result (buffered data is written); idempotent */

@@ -1,5 +1,15 @@
-/* Metrics JSONL: one compact JSON object per line, appended and flushed. */
+/* Metrics JSONL: one compact JSON object per line, appended and flushed.
+ *
+ * The file is appended to in place (a run that resumes continues it), so it
+ * cannot be written to a temporary file and renamed like checkpoints. A final
+ * symbolic link is followed only when the kernel's protected_symlinks rule
+ * would follow it: not when it sits in a sticky, world-writable directory
+ * (/tmp) and belongs neither to that directory's owner nor to us -- else a
+ * local user's planted link makes a root job append to any file. */
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,13 +17,62 @@
 #include <cjson/cJSON.h>
 #include "dtrain/io.h"
 
+#ifndef S_ISVTX   /* (XSI; not declared under plain POSIX) */
+#define S_ISVTX 01000
+#endif
+
+/* open(2) for appending, following a final symbolic link only under the rule
+ * above; -1 with errno, or -2 when the link is refused (msg set). */
+static int open_append(const char *path, int create, char *msg, size_t n) {
+    int fl = O_WRONLY | O_APPEND | O_CLOEXEC | (create ? O_CREAT : 0);
+    int fd = open(path, fl | O_NOFOLLOW, 0666);
+    if (fd >= 0 || (errno != ELOOP && errno != EACCES)) return fd;
+    int e = errno;
+    struct stat ls, ds;
+    if (lstat(path, &ls) != 0 || !S_ISLNK(ls.st_mode)) {   /* EACCES on a plain file: that is the answer */
+        errno = e;
+        return -1;
+    }
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    if (stat(dir, &ds) == 0 && (ds.st_mode & S_ISVTX) && (ds.st_mode & S_IWOTH) && ls.st_uid != ds.st_uid &&
+        ls.st_uid != geteuid()) {
+        snprintf(msg, n, "%s: a symbolic link owned by uid %u in the shared directory %s; metrics are not written "
+                 "through another user's link (give a path in a directory of your own)", path, (unsigned)ls.st_uid, dir);
+        return -2;
+    }
+    return open(path, fl, 0666);
+}
+
 dt_status dt_jsonl_open(dt_jsonl *j, const char *path) {
     if (!j) return DT_ERR(DT_EINVAL, "dt_jsonl_open: NULL handle");
     j->f = NULL;
     if (!path || !*path) return DT_ERR(DT_EINVAL, "dt_jsonl_open: empty path");
-    j->f = fopen(path, "a");
-    if (!j->f) return DT_ERR(DT_EIO, "%s: cannot open for appending: %s", path, strerror(errno));
+    char msg[1400];
+    int fd = open_append(path, 1, msg, sizeof msg);
+    if (fd == -2) return DT_ERR(DT_EINVAL, "%s", msg);
+    j->f = fd >= 0 ? fdopen(fd, "a") : NULL;
+    if (!j->f) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return DT_ERR(DT_EIO, "%s: cannot open for appending: %s", path, strerror(e));
+    }
     snprintf(j->path, sizeof j->path, "%s", path);
+    return DT_OK;
+}
+
+dt_status dt_jsonl_check(const char *path) {
+    if (!path || !*path) return DT_ERR(DT_EINVAL, "dt_jsonl_check: empty path");
+    char msg[1400];
+    int fd = open_append(path, 0, msg, sizeof msg);
+    if (fd == -2) return DT_ERR(DT_EINVAL, "%s", msg);
+    if (fd < 0 && errno == ENOENT) return DT_OK;   /* created by dt_jsonl_open */
+    if (fd < 0) return DT_ERR(DT_EIO, "%s: cannot open for appending: %s", path, strerror(errno));
+    close(fd);
     return DT_OK;
 }
 
