@@ -173,11 +173,11 @@
  *
  *   dt_agree a;
  *   dt_agree_init(&a);
- *   dt_agree_add(&a, "--layers", "%d", n_layer);
- *   dt_agree_add(&a, "--batch", "%lld", (long long)batch);
+ *   dt_agree_add(&a, "arch.layers", "%d", n_layer);
+ *   dt_agree_add(&a, "train.batch", "%lld", (long long)batch);
  *   dt_status s = dt_pg_agree(pg, &a);   // collective
  *   dt_agree_free(&a);
- *   // "configuration differs between ranks: --layers: rank 1 has 3, rank 0 has 2"
+ *   // "configuration differs between ranks: arch.layers: rank 1 has 3, rank 0 has 2"
  *
  * Call it before any other collective that depends on those settings (the
  * trainer does, before a strategy's set-up; strategy.h). It is safe whatever

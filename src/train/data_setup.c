@@ -21,7 +21,7 @@ dt_status dt_trainer_load_data(dt_trainer *t) {
     for (int k = 0; k < d->sample.n_inputs; k++)
         too_big |= dt_input_bytes(&d->sample.in[k]) > 0 && (size_t)B > SIZE_MAX / dt_input_bytes(&d->sample.in[k]);
     if (too_big)
-        return DT_ERR(DT_EINVAL, "--batch %lld: the batch buffers for samples of %s (--data %s) exceed the address space",
+        return DT_ERR(DT_EINVAL, "train.batch %lld: the batch buffers for samples of %s (train.data %s) exceed the address space",
                       (long long)o->batch, d->source, d->name);
     t->idx = malloc((size_t)B * sizeof *t->idx);
     t->y = malloc((size_t)B * (size_t)d->sample.targets * sizeof *t->y);
@@ -43,7 +43,7 @@ dt_status dt_trainer_fit_model(dt_trainer *t) {
     if (t->opts.build_model || dt_model_cfg_fit(c, &d->sample) == DT_OK) return DT_OK;
     char why[512], have[128];
     snprintf(why, sizeof why, "%s", dt_error_message());
-    return DT_ERR(DT_EINVAL, "%s (--data %s): samples are %s, but model %s cannot take them: %s", d->source,
+    return DT_ERR(DT_EINVAL, "%s (train.data %s): samples are %s, but model %s cannot take them: %s", d->source,
                   d->name, dt_sample_shape_str(&d->sample, have, sizeof have), dt_model_kind_name(c->kind), why);
 }
 
@@ -52,7 +52,7 @@ dt_status dt_trainer_check_data(dt_trainer *t) {
     if (dt_model_check_sample(t->model, &d->sample) == DT_OK) return DT_OK;
     char want[512], have[128];
     snprintf(want, sizeof want, "%s", dt_error_message());
-    return DT_ERR(DT_EINVAL, "%s (--data %s): samples are %s, but %s", d->source, d->name,
+    return DT_ERR(DT_EINVAL, "%s (train.data %s): samples are %s, but %s", d->source, d->name,
                   dt_sample_shape_str(&d->sample, have, sizeof have), want);
 }
 

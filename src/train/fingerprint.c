@@ -19,7 +19,7 @@ static void describe_model(const dt_trainer *t, dt_agree *a) {
     if (t->opts.build_model) {
         dt_agree_add(a, "model (build_model)", "%s", t->model->name);
     } else {   /* a built-in: its registry entry's settings (nn.h section 4b) */
-        dt_agree_add(a, "--model", "%s", dt_model_kind_name(c->kind));
+        dt_agree_add(a, "train.model.kind", "%s", dt_model_kind_name(c->kind));
         dt_arch_field f[DT_ARCH_FIELDS_MAX];
         int n = dt_model_settings(c, f);
         for (int i = 0; i < n; i++) dt_agree_add(a, f[i].key, "%s", f[i].value);
@@ -46,44 +46,44 @@ static void describe_model(const dt_trainer *t, dt_agree *a) {
 static void describe_run(const dt_trainer *t, dt_agree *a) {
     const dt_train_opts *o = &t->opts;
     const dt_optim_cfg *q = &o->optim;
-    dt_agree_add(a, "--unfreeze-at", "%lld", (long long)o->unfreeze_at);
-    dt_agree_add(a, "--recompute", "%s", o->recompute == DT_RECOMPUTE_BLOCKS ? "blocks" : "none");
-    dt_agree_add(a, "--data", "%s", o->data);
-    dt_agree_add(a, "--data-path", "%s", o->data_path ? o->data_path : "(default)");
-    dt_agree_add(a, "--val-path", "%s", o->val_path ? o->val_path : "(none)");
-    dt_agree_add(a, "--uneven", "%d", o->uneven != 0);
+    dt_agree_add(a, "train.unfreeze_at", "%lld", (long long)o->unfreeze_at);
+    dt_agree_add(a, "train.recompute", "%s", o->recompute == DT_RECOMPUTE_BLOCKS ? "blocks" : "none");
+    dt_agree_add(a, "train.data", "%s", o->data);
+    dt_agree_add(a, "train.data_path", "%s", o->data_path ? o->data_path : "(default)");
+    dt_agree_add(a, "train.val_path", "%s", o->val_path ? o->val_path : "(none)");
+    dt_agree_add(a, "train.uneven", "%d", o->uneven != 0);
     if (o->uneven)   /* each rank trains on its own files: only the eval split is shared */
         dt_agree_add(a, "data set size (eval samples)", "%lld", (long long)t->data.size[DT_SPLIT_EVAL]);
     else
         dt_agree_add(a, "data set size (train, eval samples)", "%lld, %lld", (long long)t->data.size[DT_SPLIT_TRAIN],
                      (long long)t->data.size[DT_SPLIT_EVAL]);
-    dt_agree_add(a, "--batch", "%lld", (long long)o->batch);
-    dt_agree_add(a, "--seq", "%lld", (long long)o->seq);
-    dt_agree_add(a, "--steps", "%lld", (long long)o->steps);
-    dt_agree_add(a, "--epochs", "%d", o->epochs);
-    dt_agree_add(a, "--accum", "%d", o->accum);
-    dt_agree_add(a, "--optim", "%s", q->kind == DT_OPTIM_SGD ? "sgd" : "adamw");
-    dt_agree_add(a, "--lr", "%.9g", q->lr);
-    dt_agree_add(a, "--wd", "%.9g", q->weight_decay);
+    dt_agree_add(a, "train.batch", "%lld", (long long)o->batch);
+    dt_agree_add(a, "train.seq", "%lld", (long long)o->seq);
+    dt_agree_add(a, "train.steps", "%lld", (long long)o->steps);
+    dt_agree_add(a, "train.epochs", "%d", o->epochs);
+    dt_agree_add(a, "train.accum", "%d", o->accum);
+    dt_agree_add(a, "train.optim.kind", "%s", q->kind == DT_OPTIM_SGD ? "sgd" : "adamw");
+    dt_agree_add(a, "train.optim.lr", "%.9g", q->lr);
+    dt_agree_add(a, "train.optim.weight_decay", "%.9g", q->weight_decay);
     if (q->kind == DT_OPTIM_SGD) {
-        dt_agree_add(a, "--momentum", "%.9g", q->momentum);
-        dt_agree_add(a, "--nesterov", "%d", q->nesterov != 0);
+        dt_agree_add(a, "train.optim.momentum", "%.9g", q->momentum);
+        dt_agree_add(a, "train.optim.nesterov", "%d", q->nesterov != 0);
     } else {
-        dt_agree_add(a, "--beta1", "%.9g", q->beta1);
-        dt_agree_add(a, "--beta2", "%.9g", q->beta2);
-        dt_agree_add(a, "--eps", "%.9g", q->eps);
+        dt_agree_add(a, "train.optim.beta1", "%.9g", q->beta1);
+        dt_agree_add(a, "train.optim.beta2", "%.9g", q->beta2);
+        dt_agree_add(a, "train.optim.eps", "%.9g", q->eps);
     }
-    dt_agree_add(a, "--min-lr", "%.9g", o->min_lr);
-    dt_agree_add(a, "--warmup", "%lld", (long long)o->warmup);
-    dt_agree_add(a, "--clip", "%.9g", o->clip);
-    dt_agree_add(a, "--seed", "%llu", (unsigned long long)o->seed);
-    dt_agree_add(a, "--keep-denormals", "%d", o->keep_denormals != 0);
-    dt_agree_add(a, "--init", "%s", o->init ? o->init : "(none)");
-    dt_agree_add(a, "--resume", "%s", o->resume ? o->resume : "(none)");
-    dt_agree_add(a, "--save", "%s", o->save ? o->save : "(none)");
-    dt_agree_add(a, "--save-every", "%lld", (long long)o->save_every);
-    dt_agree_add(a, "--eval-batches", "%lld", (long long)o->eval_batches);
-    dt_agree_add(a, "--stop-after", "%lld", (long long)o->stop_after);
+    dt_agree_add(a, "train.min_lr", "%.9g", o->min_lr);
+    dt_agree_add(a, "train.warmup", "%lld", (long long)o->warmup);
+    dt_agree_add(a, "train.clip", "%.9g", o->clip);
+    dt_agree_add(a, "train.seed", "%llu", (unsigned long long)o->seed);
+    dt_agree_add(a, "train.keep_denormals", "%d", o->keep_denormals != 0);
+    dt_agree_add(a, "train.init", "%s", o->init ? o->init : "(none)");
+    dt_agree_add(a, "train.resume", "%s", o->resume ? o->resume : "(none)");
+    dt_agree_add(a, "train.save", "%s", o->save ? o->save : "(none)");
+    dt_agree_add(a, "train.save_every", "%lld", (long long)o->save_every);
+    dt_agree_add(a, "train.eval_batches", "%lld", (long long)o->eval_batches);
+    dt_agree_add(a, "train.stop_after", "%lld", (long long)o->stop_after);
 }
 
 dt_status dt_trainer_agree(dt_trainer *t) {

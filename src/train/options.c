@@ -33,50 +33,50 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     DT_TRY(dt_optim_cfg_validate(&o->optim));
     DT_TRY(dt_dataset_check_name(o->data));
     DT_TRY(dt_gemm_backend_check());   /* DTRAIN_GEMM, read from the environment like DTRAIN_CONV */
-    if ((unsigned)o->recompute > DT_RECOMPUTE_BLOCKS) return DT_ERR(DT_EINVAL, "--recompute: unknown mode %d", (int)o->recompute);
+    if ((unsigned)o->recompute > DT_RECOMPUTE_BLOCKS) return DT_ERR(DT_EINVAL, "train.recompute: unknown mode %d", (int)o->recompute);
     const char *seq_key = "";   /* a sequence model's longest sequence, and the setting that sets it (nn.h) */
     int max_seq = o->build_model ? 0 : dt_model_cfg_max_seq(&o->model, &seq_key), lm = max_seq > 0;
-    if (o->batch <= 0) return DT_ERR(DT_EINVAL, "--batch must be positive, got %lld", (long long)o->batch);
+    if (o->batch <= 0) return DT_ERR(DT_EINVAL, "train.batch must be positive, got %lld", (long long)o->batch);
     if (lm && (o->seq <= 0 || o->seq > max_seq))
-        return DT_ERR(DT_EINVAL, "--seq %lld must be in 1..%d (the model's %s)", (long long)o->seq, max_seq, seq_key);
-    if (o->steps < 0) return DT_ERR(DT_EINVAL, "--steps must be >= 0");
-    if (o->steps == 0 && o->epochs <= 0) return DT_ERR(DT_EINVAL, "give --steps or a positive --epochs");
-    if (o->accum <= 0) return DT_ERR(DT_EINVAL, "--accum must be >= 1");
+        return DT_ERR(DT_EINVAL, "train.seq %lld must be in 1..%d (the model's %s)", (long long)o->seq, max_seq, seq_key);
+    if (o->steps < 0) return DT_ERR(DT_EINVAL, "train.steps must be >= 0");
+    if (o->steps == 0 && o->epochs <= 0) return DT_ERR(DT_EINVAL, "give train.steps or a positive train.epochs");
+    if (o->accum <= 0) return DT_ERR(DT_EINVAL, "train.accum must be >= 1");
     int64_t per_step = bounded_mul(o->batch, o->accum);
     if (per_step < 0 && !lm)
-        return DT_ERR(DT_EINVAL, "--batch %lld x --accum %d is too large (at most 2^40 samples per rank and step)",
+        return DT_ERR(DT_EINVAL, "train.batch %lld x train.accum %d is too large (at most 2^40 samples per rank and step)",
                       (long long)o->batch, o->accum);
     if (lm && (per_step < 0 || bounded_mul(per_step, o->seq) < 0))
-        return DT_ERR(DT_EINVAL, "--batch %lld x --accum %d x --seq %lld is too large (at most 2^40 tokens per rank and step)",
+        return DT_ERR(DT_EINVAL, "train.batch %lld x train.accum %d x train.seq %lld is too large (at most 2^40 tokens per rank and step)",
                       (long long)o->batch, o->accum, (long long)o->seq);
-    if (o->eval_batches < 0) return DT_ERR(DT_EINVAL, "--eval-batches must be >= 0 (0: all), got %lld", (long long)o->eval_batches);
+    if (o->eval_batches < 0) return DT_ERR(DT_EINVAL, "train.eval_batches must be >= 0 (0: all), got %lld", (long long)o->eval_batches);
     if (o->eval_batches > 0 && bounded_mul(o->eval_batches, o->batch) < 0)
-        return DT_ERR(DT_EINVAL, "--eval-batches %lld x --batch %lld is too large (use 0 for all)", (long long)o->eval_batches,
+        return DT_ERR(DT_EINVAL, "train.eval_batches %lld x train.batch %lld is too large (use 0 for all)", (long long)o->eval_batches,
                       (long long)o->batch);
-    if (o->log_every < 0) return DT_ERR(DT_EINVAL, "--log-every must be >= 0 (0: about 20 lines a run), got %lld", (long long)o->log_every);
-    if (o->stop_after < 0) return DT_ERR(DT_EINVAL, "--stop-after must be >= 0, got %lld", (long long)o->stop_after);
-    if (o->clip < 0) return DT_ERR(DT_EINVAL, "--clip must be >= 0");
-    if (o->min_lr < 0 || o->min_lr > o->optim.lr) return DT_ERR(DT_EINVAL, "--min-lr must be in [0, --lr]");
-    if (o->warmup < 0) return DT_ERR(DT_EINVAL, "--warmup must be >= 0");
-    if (o->threads < 0) return DT_ERR(DT_EINVAL, "--threads must be >= 0");
+    if (o->log_every < 0) return DT_ERR(DT_EINVAL, "train.log_every must be >= 0 (0: about 20 lines a run), got %lld", (long long)o->log_every);
+    if (o->stop_after < 0) return DT_ERR(DT_EINVAL, "train.stop_after must be >= 0, got %lld", (long long)o->stop_after);
+    if (o->clip < 0) return DT_ERR(DT_EINVAL, "train.clip must be >= 0");
+    if (o->min_lr < 0 || o->min_lr > o->optim.lr) return DT_ERR(DT_EINVAL, "train.min_lr must be in [0, train.optim.lr]");
+    if (o->warmup < 0) return DT_ERR(DT_EINVAL, "train.warmup must be >= 0");
+    if (o->threads < 0) return DT_ERR(DT_EINVAL, "train.threads must be >= 0");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     if (o->threads > MAX_THREADS_PER_CORE * cores)
-        return DT_ERR(DT_EINVAL, "--threads %d: at most %ld (%d x the %ld cores of this machine)", o->threads,
+        return DT_ERR(DT_EINVAL, "train.threads %d: at most %ld (%d x the %ld cores of this machine)", o->threads,
                       MAX_THREADS_PER_CORE * cores, MAX_THREADS_PER_CORE, cores);
-    if (o->save_every < 0) return DT_ERR(DT_EINVAL, "--save-every must be >= 0");
-    if (o->save_every > 0 && !o->save) return DT_ERR(DT_EINVAL, "--save-every needs --save PATH");
-    if (o->n_freeze < 0 || (o->n_freeze > 0 && !o->freeze)) return DT_ERR(DT_EINVAL, "--freeze: %d patterns without a list", o->n_freeze);
+    if (o->save_every < 0) return DT_ERR(DT_EINVAL, "train.save_every must be >= 0");
+    if (o->save_every > 0 && !o->save) return DT_ERR(DT_EINVAL, "train.save_every needs train.save PATH");
+    if (o->n_freeze < 0 || (o->n_freeze > 0 && !o->freeze)) return DT_ERR(DT_EINVAL, "train.freeze: %d patterns without a list", o->n_freeze);
     for (int k = 0; k < o->n_freeze; k++)
-        if (!o->freeze[k] || !o->freeze[k][0]) return DT_ERR(DT_EINVAL, "--freeze: pattern %d is empty", k + 1);
-    if (o->unfreeze_at < 0) return DT_ERR(DT_EINVAL, "--unfreeze-at must be >= 0 (0: never)");
-    if (o->unfreeze_at > 0 && o->n_freeze == 0) return DT_ERR(DT_EINVAL, "--unfreeze-at needs --freeze PATTERN (what to unfreeze)");
+        if (!o->freeze[k] || !o->freeze[k][0]) return DT_ERR(DT_EINVAL, "train.freeze: pattern %d is empty", k + 1);
+    if (o->unfreeze_at < 0) return DT_ERR(DT_EINVAL, "train.unfreeze_at must be >= 0 (0: never)");
+    if (o->unfreeze_at > 0 && o->n_freeze == 0) return DT_ERR(DT_EINVAL, "train.unfreeze_at needs train.freeze PATTERN (what to unfreeze)");
     if (o->n_groups < 0 || (o->n_groups > 0 && !o->groups))
         return DT_ERR(DT_EINVAL, "parameter groups: %d groups without a table", o->n_groups);
-    if (o->init && o->resume) return DT_ERR(DT_EINVAL, "--init and --resume are exclusive (a checkpoint already holds the weights)");
+    if (o->init && o->resume) return DT_ERR(DT_EINVAL, "train.init and train.resume are exclusive (a checkpoint already holds the weights)");
     if (o->uneven) {   /* each rank's data position is its own: nothing a checkpoint records */
-        const char *bad = o->resume ? "--resume" : o->save_every ? "--save-every" : o->stop_after ? "--stop-after" : NULL;
-        if (bad) return DT_ERR(DT_EINVAL, "--uneven does not combine with %s (ranks stop at different steps)", bad);
+        const char *bad = o->resume ? "train.resume" : o->save_every ? "train.save_every" : o->stop_after ? "train.stop_after" : NULL;
+        if (bad) return DT_ERR(DT_EINVAL, "train.uneven does not combine with %s (ranks stop at different steps)", bad);
     }
     return DT_OK;
 }

@@ -39,8 +39,8 @@ int main(int argc, char **argv) {
 
     t_begin("equal lists agree");
     dt_agree_init(&a);
-    dt_agree_add(&a, "--layers", "%d", 2);
-    dt_agree_add(&a, "--batch", "%d", 8);
+    dt_agree_add(&a, "arch.layers", "%d", 2);
+    dt_agree_add(&a, "train.batch", "%d", 8);
     T_CHECK(agree_same_everywhere(w, &a, msg, sizeof msg) == DT_OK);
     dt_agree_free(&a);
     check_group_usable(w);
@@ -53,12 +53,12 @@ int main(int argc, char **argv) {
 
     t_begin("one odd rank: named first, the others after");
     dt_agree_init(&a);
-    dt_agree_add(&a, "--model", "gpt2");
-    dt_agree_add(&a, "--layers", "%d", rank == odd ? 3 : 2);
-    dt_agree_add(&a, "--heads", "%d", rank == odd ? 8 : 4);   /* second difference: not the one named */
+    dt_agree_add(&a, "train.model.kind", "gpt2");
+    dt_agree_add(&a, "arch.layers", "%d", rank == odd ? 3 : 2);
+    dt_agree_add(&a, "arch.heads", "%d", rank == odd ? 8 : 4);   /* second difference: not the one named */
     T_CHECK(agree_same_everywhere(w, &a, msg, sizeof msg) == DT_EINVAL);
-    if (size == 2) snprintf(want, sizeof want, "configuration differs between ranks: --layers: rank 1 has 3, rank 0 has 2");
-    else snprintf(want, sizeof want, "configuration differs between ranks: --layers: rank %d has 3, ranks 0-%d have 2", odd,
+    if (size == 2) snprintf(want, sizeof want, "configuration differs between ranks: arch.layers: rank 1 has 3, rank 0 has 2");
+    else snprintf(want, sizeof want, "configuration differs between ranks: arch.layers: rank %d has 3, ranks 0-%d have 2", odd,
                   odd - 1);
     if (strcmp(msg, want)) fprintf(stderr, "got  '%s'\nwant '%s'\n", msg, want);
     T_CHECK(!strcmp(msg, want));
@@ -68,11 +68,11 @@ int main(int argc, char **argv) {
 
     t_begin("every rank different, lists of different lengths");
     dt_agree_init(&a);
-    dt_agree_add(&a, "--steps", "%d", 100 * (rank + 1));
+    dt_agree_add(&a, "train.steps", "%d", 100 * (rank + 1));
     for (int i = 0; i < 50 * rank; i++) dt_agree_add(&a, "param", "h.%d.weight %dx%d", i, i, rank);
     T_CHECK(agree_same_everywhere(w, &a, msg, sizeof msg) == DT_EINVAL);
-    if (size == 2) snprintf(want, sizeof want, "configuration differs between ranks: --steps: rank 1 has 200, rank 0 has 100");
-    else snprintf(want, sizeof want, "configuration differs between ranks: --steps: rank 1 has 200, rank 2 has 300, "
+    if (size == 2) snprintf(want, sizeof want, "configuration differs between ranks: train.steps: rank 1 has 200, rank 0 has 100");
+    else snprintf(want, sizeof want, "configuration differs between ranks: train.steps: rank 1 has 200, rank 2 has 300, "
                   "rank 3 has 400, rank 0 has 100");
     if (strcmp(msg, want)) fprintf(stderr, "got  '%s'\nwant '%s'\n", msg, want);
     T_CHECK(!strcmp(msg, want));
@@ -83,9 +83,9 @@ int main(int argc, char **argv) {
     t_begin("a setting only rank 0 lacks is named with (not set)");
     dt_agree_init(&a);
     dt_agree_add(&a, "strategy", "ddp");
-    if (rank) dt_agree_add(&a, "--compress", "bf16");
+    if (rank) dt_agree_add(&a, "dp.wire", "bf16");
     T_CHECK(agree_same_everywhere(w, &a, msg, sizeof msg) == DT_EINVAL);
-    snprintf(want, sizeof want, "configuration differs between ranks: --compress: %s bf16, rank 0 has (not set)",
+    snprintf(want, sizeof want, "configuration differs between ranks: dp.wire: %s bf16, rank 0 has (not set)",
              size == 2 ? "rank 1 has" : "ranks 1-3 have");
     if (strcmp(msg, want)) fprintf(stderr, "got  '%s'\nwant '%s'\n", msg, want);
     T_CHECK(!strcmp(msg, want));
@@ -97,9 +97,9 @@ int main(int argc, char **argv) {
     char big[4000];
     memset(big, 'a' + rank, sizeof big - 1);
     big[sizeof big - 1] = 0;
-    dt_agree_add(&a, "--init", "%s", big);
+    dt_agree_add(&a, "train.init", "%s", big);
     T_CHECK(agree_same_everywhere(w, &a, msg, sizeof msg) == DT_EINVAL);
-    T_CHECK(strstr(msg, "--init: rank 1 has bbbb") != NULL && strstr(msg, "...") != NULL && strlen(msg) < 900);
+    T_CHECK(strstr(msg, "train.init: rank 1 has bbbb") != NULL && strstr(msg, "...") != NULL && strlen(msg) < 900);
     dt_agree_free(&a);
     check_group_usable(w);
     t_end();

@@ -173,13 +173,21 @@ static void test_setting_names_in_messages(void **state) {
     (void)state;
     static const struct { const char *in, *out; } cases[] = {
         {"checkpoint x was saved with arch.layers 3, this run has 2", "checkpoint x was saved with --layers 3, this run has 2"},
-        {"--seq 200 must be in 1..128 (the model's arch.max_t)", "--seq 200 must be in 1..128 (the model's --max-t)"},
+        {"train.seq 200 must be in 1..128 (the model's arch.max_t)", "--seq 200 must be in 1..128 (the model's --max-t)"},
         {"arch.channels needs 2 values (C1,C2)", "--channels needs 2 values (C1,C2)"},
         {"arch.hidden, arch.dropout.", "--hidden, --dropout."},
         {"saved with arch.mlp_in 784", "saved with MLP input size 784"},
         {"arch.classes: rank 1 has 5", "CNN classes: rank 1 has 5"},
         {"arch.params, arch.layersx, arch.", "arch.params, arch.layersx, arch."},   /* not settings */
         {"train.steps and arch.max_t", "--steps and --max-t"},
+        /* the trainer's settings (train.h dt_train_opts), longest name first */
+        {"train.save_every needs train.save PATH", "--save-every needs --save PATH"},
+        {"train.min_lr must be in [0, train.optim.lr]", "--min-lr must be in [0, --lr]"},
+        {"train.init and train.resume are exclusive", "--init and --resume are exclusive"},
+        {"train.eval_batches 3 x train.batch 64", "--eval-batches 3 x --batch 64"},
+        {"/d (train.data text): samples", "/d (--data text): samples"},
+        {"train.log_every, train.stop_after, train.threads, train.clip, train.warmup, train.recompute",
+         "--log-every, --stop-after, --threads, --clip, --warmup, --recompute"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[256];
@@ -187,6 +195,68 @@ static void test_setting_names_in_messages(void **state) {
         assert_string_equal(out, cases[i].out);
         assert_int_equal(need, strlen(cases[i].out));
     }
+}
+
+/* The trainer's configuration agreement, captured by a strategy that only
+ * agrees: every setting it names is written as a flag of this table (a
+ * built-in's setting without one as what it is); the other entries are
+ * descriptions the rewriting leaves alone. Both optimizers' lists. */
+static char g_names[64][128];
+static int g_n_names;
+
+static dt_status capture_agree(void *self, dt_agree *a) {
+    (void)self;
+    const char *p = a->buf;
+    g_n_names = 0;
+    for (int i = 0; i < a->n && g_n_names < 64; i++) {
+        snprintf(g_names[g_n_names++], sizeof g_names[0], "%s", p);
+        p += strlen(p) + 1;   /* the name */
+        p += strlen(p) + 1;   /* its value */
+    }
+    return DT_ERR(DT_EINVAL, "captured");
+}
+
+static int is_row(const char *flag) {
+    for (int r = 0; r < f.n_table; r++)
+        if (!strcmp(f.table[r].name, flag)) return 1;
+    return 0;
+}
+
+static void expect_agreement_flags(const char *args, const char *must) {
+    parse_ok(args);
+    dt_strategy s = {.name = "capture", .rank = 0, .world = 1, .agree = capture_agree};
+    dt_trainer *t = NULL;
+    g_n_names = 0;
+    assert_int_equal(dt_trainer_create(&f.o, &s, &t), DT_EINVAL);
+    assert_string_equal(dt_error_message(), "captured");
+    int settings = 0, seen_must = 0;
+    for (int i = 0; i < g_n_names; i++) {
+        const char *name = g_names[i];
+        char out[256];
+        dt_cli_flag_names(name, out, sizeof out);
+        if (!strncmp(name, "--", 2)) fail_msg("'%s': the library names a flag", name);
+        if (!strncmp(name, "train.", 6)) {
+            settings++;
+            if (!is_row(out)) fail_msg("'%s' is written '%s', not a flag of dtrain train", name, out);
+            seen_must |= !strcmp(out, must);
+        } else if (!strncmp(name, "arch.", 5)) {
+            if (!strncmp(out, "arch.", 5)) fail_msg("'%s' is not written as a flag or what it is", name);
+        } else if (strcmp(name, "strategy") && strcmp(name, "model parameters, buffers, blocks") &&
+                   strncmp(name, "parameter ", 10) && strncmp(name, "buffer ", 7) && strncmp(name, "data set size", 13)) {
+            fail_msg("'%s': neither a setting nor a known description", name);
+        } else if (strcmp(out, name)) {
+            fail_msg("description '%s' is rewritten to '%s'", name, out);
+        }
+    }
+    if (settings < 25) fail_msg("'%s': only %d settings agreed on", args, settings);
+    if (!seen_must) fail_msg("'%s': no setting written %s", args, must);
+}
+
+static void test_agreement_names_flags(void **state) {
+    (void)state;
+    expect_agreement_flags("--model mlp --hidden 16 --data fashion-mnist --optim sgd", "--nesterov");
+    expect_agreement_flags("--model mlp --hidden 16 --data fashion-mnist", "--beta2");
+    expect_agreement_flags("--model mlp --hidden 16", "--model");
 }
 
 static void test_help(void **state) {
@@ -237,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_model_flags_given_win),
         cmocka_unit_test(test_model_flags_from_setting_names),
         cmocka_unit_test(test_setting_names_in_messages),
+        cmocka_unit_test(test_agreement_names_flags),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_binary_uses_resolved_defaults),
     };

@@ -438,8 +438,8 @@ static void test_registered_model_trains(void **state) {
     o.batch = 8; o.seq = 64; o.steps = 6; o.quiet = 1;
     o.optim.lr = 0.05f;
     dt_trainer *t;
-    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);   /* --seq beyond the model's arch.max_t */
-    assert_string_equal(dt_error_message(), "--seq 64 must be in 1..32 (the model's arch.max_t)");
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_EINVAL);   /* train.seq beyond the model's arch.max_t */
+    assert_string_equal(dt_error_message(), "train.seq 64 must be in 1..32 (the model's arch.max_t)");
     o.seq = 16;
     assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
     double first = 0, last = 0;
