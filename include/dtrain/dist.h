@@ -366,9 +366,10 @@ dt_status dt_recv(dt_pg *pg, void *buf, int64_t count, dt_dtype dtype, int peer,
                   dt_work **w);
 dt_status dt_barrier(dt_pg *pg, dt_work **w);
 
-/* Collective (blocking): node[r] for every rank r of the group = the lowest
- * group rank on r's machine (ranks that can share memory), so equal values
- * mean one machine. node has room for dt_pg_size(pg) ints. */
+/* node[r] for every rank r of the group = the lowest group rank on r's
+ * machine (ranks that can share memory), so equal values mean one machine.
+ * Local (the group learnt its machines when it was made: section 10). node
+ * has room for dt_pg_size(pg) ints. */
 dt_status dt_pg_node_of(dt_pg *pg, int *node);
 
 /* ---- machines (section 10) ---- */

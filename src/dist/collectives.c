@@ -427,11 +427,27 @@ int dt__op_finish(dt_work *w) {
     return MPI_SUCCESS;
 }
 
+/* THREAD mode, multi-phase kinds without blocking forms of their own: every
+ * phase started, waited for and finished in turn. */
+static int run_phases(dt_work *w) {
+    for (w->phase = 0; w->phase < w->nphase; w->phase++) {
+        int rc = dt__op_start(w);
+        if (rc == MPI_SUCCESS && w->nreq) {
+            rc = MPI_Waitall(w->nreq, w->req, w->sts);
+            w->nreq = 0;
+            if (rc != MPI_SUCCESS) { dt__work_fail(w, rc, w->fn); return rc; }
+        }
+        if (rc == MPI_SUCCESS) rc = dt__op_finish(w);
+        if (rc != MPI_SUCCESS) return rc;
+    }
+    return MPI_SUCCESS;
+}
+
 int dt__op_run(dt_work *w) {
     if (dt__kind_is_det(w->kind)) return dt__det_run(w);
     if (dt__kind_is_shm(w->kind)) return dt__shm_run(w);   /* averages itself */
-    if (w->kind == DT_OPK_ALLREDUCE_HIER) return dt__hier_run(w);
-    if (w->kind == DT_OPK_REDUCE_SCATTER_HIER || w->kind == DT_OPK_ALLGATHER_HIER) return dt__hshard_run(w);
+    if (w->kind == DT_OPK_ALLREDUCE_HIER || w->kind == DT_OPK_REDUCE_SCATTER_HIER || w->kind == DT_OPK_ALLGATHER_HIER)
+        return run_phases(w);
     dt_pg *pg = w->pg;
     MPI_Comm c = pg->comm[0];
     MPI_Datatype t = dt__mpi_type(w->dtype);

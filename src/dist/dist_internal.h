@@ -63,6 +63,9 @@ typedef struct dt_topo {
     int lanes, lane_lo, lane_hi;    /* (hier) lanes; the ones this rank owns */
     MPI_Comm node[2];               /* (hier) this machine's ranks: [0] phase 0, [1] phase 3 */
     MPI_Comm *lane_a, *lane_b;      /* (hier) [lanes]: NULL comm for lanes not owned */
+    int *hand, *hand_off;           /* (hier) the chunks this machine's local rank q handles (reduce-
+                                       scatter, allgather): hand[hand_off[q] .. hand_off[q + 1]),
+                                       ascending; hand_off has local_size + 1 entries */
     MPI_Comm cross[2];              /* (hier) the whole group, for point-to-point across machines:
                                        [0] phase 2 of reduce-scatter / allgather, [1] their chain */
 } dt_topo;
@@ -164,10 +167,8 @@ int dt__chunk_handler(const dt_topo *t, int m, int k);
  * allgather (phases as in collectives.c) ---- */
 int dt__hier_start(dt_work *w);
 int dt__hier_finish(dt_work *w);
-int dt__hier_run(dt_work *w);
 int dt__hshard_start(dt_work *w);
 int dt__hshard_finish(dt_work *w);
-int dt__hshard_run(dt_work *w);
 
 /* ---- dist_init.c: process-wide state ---- */
 typedef struct dt_dist_state {

@@ -90,8 +90,8 @@ static int phase_requests(const dt_work *w, int p) {
     return n > 0 ? n : 1;
 }
 
-/* Issue phase w->phase; blocking: wait for its requests too. */
-static int hier_phase(dt_work *w, int blocking) {
+/* Issue phase w->phase. */
+static int hier_phase(dt_work *w) {
     dt_pg *pg = w->pg;
     const dt_topo *t = &pg->topo;
     MPI_Datatype ty = dt__mpi_type(w->dtype);
@@ -161,15 +161,10 @@ static int hier_phase(dt_work *w, int blocking) {
         break;
     }
     }
-    if (blocking && w->nreq) {
-        int rc = MPI_Waitall(w->nreq, w->req, MPI_STATUSES_IGNORE);
-        w->nreq = 0;
-        CHECK(rc, w->fn);
-    }
     return MPI_SUCCESS;
 }
 
-int dt__hier_start(dt_work *w) { return hier_phase(w, 0); }
+int dt__hier_start(dt_work *w) { return hier_phase(w); }
 
 int dt__hier_finish(dt_work *w) {
     const dt_topo *t = &w->pg->topo;
@@ -196,16 +191,6 @@ int dt__hier_finish(dt_work *w) {
     } else if (w->phase == 2 && !w->hier_det) {
         if (w->cross_dt != DT_F32) dt_convert(mine, DT_F32, row(w, R, mn), w->cross_dt, (size_t)mn);
         if (w->avg) dt__scale_div(mine, mn, w->dtype, w->pg->size);
-    }
-    return MPI_SUCCESS;
-}
-
-int dt__hier_run(dt_work *w) {
-    for (w->phase = 0; w->phase < w->nphase; w->phase++) {
-        int rc = hier_phase(w, 1);
-        if (rc != MPI_SUCCESS) return rc;
-        rc = dt__hier_finish(w);
-        if (rc != MPI_SUCCESS) return rc;
     }
     return MPI_SUCCESS;
 }

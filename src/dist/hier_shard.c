@@ -38,11 +38,10 @@
 typedef struct shard_ctx {
     const dt_topo *t;
     int size, me, R, nh;   /* group size, rank, ranks here, |H(me)| */
+    const int *mine;        /* H(me): t->hand + t->hand_off[local rank] */
     size_t cb;              /* chunk bytes */
     char *pack, *rows, *acc;
 } shard_ctx;
-
-static int handles(const dt_topo *t, int m, int k, int r) { return dt__chunk_handler(t, m, k) == r; }
 
 static void ctx_of(dt_work *w, shard_ctx *c) {
     dt_pg *pg = w->pg;
@@ -50,14 +49,12 @@ static void ctx_of(dt_work *w, shard_ctx *c) {
     c->size = pg->size;
     c->me = pg->rank;
     c->R = c->t->local_size;
-    c->nh = 0;
-    for (int k = 0; k < c->size; k++) c->nh += handles(c->t, c->t->machine, k, c->me);
+    c->mine = c->t->hand + c->t->hand_off[c->t->local_rank];
+    c->nh = c->t->hand_off[c->t->local_rank + 1] - c->t->hand_off[c->t->local_rank];
     c->cb = (size_t)w->count * dt_dtype_size(w->dtype);
-    int nacc = c->nh > c->t->machines ? c->nh : c->t->machines;
     c->pack = w->stage;
     c->rows = c->pack ? c->pack + (size_t)c->size * c->cb : NULL;
     c->acc = c->rows ? c->rows + (size_t)c->R * (size_t)c->nh * c->cb : NULL;
-    (void)nacc;
 }
 
 static size_t stage_bytes(const shard_ctx *c) {
@@ -65,27 +62,17 @@ static size_t stage_bytes(const shard_ctx *c) {
     return ((size_t)c->size + (size_t)c->R * (size_t)c->nh + (size_t)nacc) * c->cb;
 }
 
-/* The i-th chunk this rank handles (ascending). */
-static int handled(const shard_ctx *c, int i) {
-    for (int k = 0, n = 0; k < c->size; k++)
-        if (handles(c->t, c->t->machine, k, c->me) && n++ == i) return k;
-    return -1;
-}
-
-static int counts(dt_work *w, const shard_ctx *c, int *len, int *off, int per_local_rank_recv) {
-    (void)w;
-    int o = 0, mine = per_local_rank_recv;
+/* Byte counts and offsets per local rank q: each rank's handled chunks,
+ * packed in local rank order (recv < 0), or recv bytes from every q. */
+static void counts(const shard_ctx *c, int *len, int *off, int recv) {
+    const int *ho = c->t->hand_off;
     for (int q = 0; q < c->R; q++) {
-        int g = c->t->members[c->t->member_off[c->t->machine] + q], n = 0;
-        for (int k = 0; k < c->size; k++) n += handles(c->t, c->t->machine, k, g);
-        len[q] = mine >= 0 ? mine : (int)((size_t)n * c->cb);
-        off[q] = mine >= 0 ? q * mine : o;
-        o += len[q];
+        len[q] = recv >= 0 ? recv : (int)((size_t)(ho[q + 1] - ho[q]) * c->cb);
+        off[q] = recv >= 0 ? q * recv : (int)((size_t)ho[q] * c->cb);
     }
-    return o;
 }
 
-static int shard_phase(dt_work *w, int blocking) {
+static int shard_phase(dt_work *w) {
     const dt_topo *t = &w->pg->topo;
     int rs = w->kind == DT_OPK_REDUCE_SCATTER_HIER, det = w->hier_det;
     shard_ctx c;
@@ -117,13 +104,9 @@ static int shard_phase(dt_work *w, int blocking) {
     switch (w->phase) {
     case 0: {
         if (!rs) break;
-        counts(w, &c, len, off, -1);   /* what each local rank handles, packed in its order */
-        for (int q = 0, p = 0; q < c.R; q++) {
-            int g = t->members[t->member_off[m] + q];
-            for (int k = 0; k < c.size; k++)
-                if (handles(t, m, k, g)) memcpy(c.pack + (size_t)(p++) * c.cb, in + (size_t)k * c.cb, c.cb);
-        }
-        counts(w, &c, rl, ro, (int)((size_t)c.nh * c.cb));
+        counts(&c, len, off, -1);   /* what each local rank handles, packed in its order */
+        for (int p = 0; p < c.size; p++) memcpy(c.pack + (size_t)p * c.cb, in + (size_t)t->hand[p] * c.cb, c.cb);
+        counts(&c, rl, ro, (int)((size_t)c.nh * c.cb));
         w->fn = "MPI_Ialltoallv";
         CHECK(MPI_Ialltoallv(c.pack, len, off, MPI_BYTE, c.rows, rl, ro, MPI_BYTE, t->node[0], &w->req[w->nreq++]),
               w->fn);
@@ -133,7 +116,7 @@ static int shard_phase(dt_work *w, int blocking) {
         if (!rs || !det || m == 0) break;
         w->fn = "MPI_Irecv";
         for (int i = 0; i < c.nh; i++) {
-            int k = handled(&c, i);
+            int k = c.mine[i];
             CHECK(MPI_Irecv(c.acc + (size_t)i * c.cb, (int)c.cb, MPI_BYTE, dt__chunk_handler(t, m - 1, k), 0,
                             t->cross[1], &w->req[w->nreq++]), w->fn);
         }
@@ -141,7 +124,7 @@ static int shard_phase(dt_work *w, int blocking) {
     case 2:
         if (rs && det) {
             for (int i = 0; i < c.nh; i++) {
-                int k = handled(&c, i);
+                int k = c.mine[i];
                 if (!last) {
                     w->fn = "MPI_Isend";
                     CHECK(MPI_Isend(c.acc + (size_t)i * c.cb, (int)c.cb, MPI_BYTE, dt__chunk_handler(t, m + 1, k), 0,
@@ -160,7 +143,7 @@ static int shard_phase(dt_work *w, int blocking) {
         } else if (rs) {
             /* machine sums to their owners; the owner's from every other machine */
             for (int i = 0; i < c.nh; i++) {
-                int k = handled(&c, i);
+                int k = c.mine[i];
                 if (k == c.me) continue;
                 w->fn = "MPI_Isend";
                 CHECK(MPI_Isend(c.rows + (size_t)i * c.cb, (int)c.cb, MPI_BYTE, k, 0, t->cross[0], &w->req[w->nreq++]),
@@ -181,8 +164,9 @@ static int shard_phase(dt_work *w, int blocking) {
                 CHECK(MPI_Isend(mine, (int)c.cb, MPI_BYTE, dt__chunk_handler(t, mm, c.me), 0, t->cross[0],
                                 &w->req[w->nreq++]), w->fn);
             }
-            for (int k = 0; k < c.size; k++) {
-                if (t->machine_of[k] == m || !handles(t, m, k, c.me)) continue;
+            for (int i = 0; i < c.nh; i++) {
+                int k = c.mine[i];
+                if (t->machine_of[k] == m) continue;
                 w->fn = "MPI_Irecv";
                 CHECK(MPI_Irecv(out + (size_t)k * c.cb, (int)c.cb, MPI_BYTE, k, 0, t->cross[0], &w->req[w->nreq++]),
                       w->fn);
@@ -192,23 +176,18 @@ static int shard_phase(dt_work *w, int blocking) {
     default: {
         if (rs) break;
         /* allgather inside: every local rank's handled chunks, packed */
-        for (int i = 0; i < c.nh; i++) memcpy(c.acc + (size_t)i * c.cb, out + (size_t)handled(&c, i) * c.cb, c.cb);
-        counts(w, &c, len, off, -1);
+        for (int i = 0; i < c.nh; i++) memcpy(c.acc + (size_t)i * c.cb, out + (size_t)c.mine[i] * c.cb, c.cb);
+        counts(&c, len, off, -1);
         w->fn = "MPI_Iallgatherv";
         CHECK(MPI_Iallgatherv(c.acc, (int)((size_t)c.nh * c.cb), MPI_BYTE, c.pack, len, off, MPI_BYTE, t->node[1],
                               &w->req[w->nreq++]), w->fn);
         break;
     }
     }
-    if (blocking && w->nreq) {
-        int rc = MPI_Waitall(w->nreq, w->req, MPI_STATUSES_IGNORE);
-        w->nreq = 0;
-        CHECK(rc, w->fn);
-    }
     return MPI_SUCCESS;
 }
 
-int dt__hshard_start(dt_work *w) { return shard_phase(w, 0); }
+int dt__hshard_start(dt_work *w) { return shard_phase(w); }
 
 int dt__hshard_finish(dt_work *w) {
     const dt_topo *t = &w->pg->topo;
@@ -240,37 +219,22 @@ int dt__hshard_finish(dt_work *w) {
         if (det) {
             if (last)
                 for (int i = 0; i < c.nh; i++)
-                    if (handled(&c, i) == c.me) memcpy(w->out, c.acc + (size_t)i * c.cb, c.cb);
+                    if (c.mine[i] == c.me) memcpy(w->out, c.acc + (size_t)i * c.cb, c.cb);
         } else {
             /* the machines' sums of the own chunk, in machine order */
             int own = 0;
-            while (handled(&c, own) != c.me) own++;
+            while (c.mine[own] != c.me) own++;
             for (int mm = 0; mm < t->machines; mm++)
                 src[mm] = mm == m ? (const void *)(c.rows + (size_t)own * c.cb) : (const void *)(c.acc + (size_t)mm * c.cb);
             dt__sum_ptrs(w->out, src, n, t->machines, w->dtype, w->avg ? c.size : 0);
         }
     } else if (!rs && w->phase == 3) {
         /* unpack every other local rank's handled chunks */
-        int p = 0;
-        for (int q = 0; q < c.R; q++) {
-            int g = t->members[t->member_off[m] + q];
-            for (int k = 0; k < c.size; k++) {
-                if (!handles(t, m, k, g)) continue;
-                if (g != c.me) memcpy((char *)w->out + (size_t)k * c.cb, c.pack + (size_t)p * c.cb, c.cb);
-                p++;
-            }
-        }
+        const int *ho = t->hand_off;
+        for (int p = 0; p < c.size; p++)
+            if (p < ho[t->local_rank] || p >= ho[t->local_rank + 1])
+                memcpy((char *)w->out + (size_t)t->hand[p] * c.cb, c.pack + (size_t)p * c.cb, c.cb);
     }
     free(src);
-    return MPI_SUCCESS;
-}
-
-int dt__hshard_run(dt_work *w) {
-    for (w->phase = 0; w->phase < w->nphase; w->phase++) {
-        int rc = shard_phase(w, 1);
-        if (rc != MPI_SUCCESS) return rc;
-        rc = dt__hshard_finish(w);
-        if (rc != MPI_SUCCESS) return rc;
-    }
     return MPI_SUCCESS;
 }

@@ -119,16 +119,11 @@ dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
         s->src = calloc((size_t)pg->size, sizeof *s->src);
     }
     int ok = s && s->ctl && s->data && s->src;
-    MPI_Comm c = pg->comm[0], node;
-    int rc = MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    if (rc != MPI_SUCCESS) { shm_struct_free(s); return dt__mpi_err(rc, "dt_pg_alloc_shared: MPI_Comm_split_type"); }
-    int nsize = 0;
-    MPI_Comm_size(node, &nsize);
-    MPI_Comm_free(&node);
+    MPI_Comm c = pg->comm[0];
     /* the same count on every rank (a mismatch fails everywhere); all ranks
      * agree whether the window fits and whether anyone is out of memory */
     unsigned long long mm[4] = {count, ~(unsigned long long)count, (unsigned long long)!fits, (unsigned long long)!ok};
-    rc = MPI_Allreduce(MPI_IN_PLACE, mm, 4, MPI_UNSIGNED_LONG_LONG, MPI_MAX, c);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, mm, 4, MPI_UNSIGNED_LONG_LONG, MPI_MAX, c);
     dt_status st = DT_OK;
     if (rc != MPI_SUCCESS)
         st = dt__mpi_err(rc, "dt_pg_alloc_shared: MPI_Allreduce");
@@ -137,9 +132,8 @@ dt_status dt_pg_alloc_shared(dt_pg *pg, size_t count, float **out) {
                     pg->name, ~mm[1], mm[0]);
     else if (mm[3])
         st = DT_ERR(DT_ENOMEM, "dt_pg_alloc_shared on %s: out of memory", pg->name);
-    else if (nsize != pg->size || pg->topo.machines > 1)   /* the group spans machines: nothing shared */
-        snprintf(pg->shm_why, sizeof pg->shm_why, "the ranks of %s run on %d machines", pg->name,
-                 pg->topo.machines > 1 ? pg->topo.machines : 2);
+    else if (pg->topo.machines > 1)   /* the group spans machines (topology.c): nothing shared */
+        snprintf(pg->shm_why, sizeof pg->shm_why, "the ranks of %s run on %d machines", pg->name, pg->topo.machines);
     else if (mm[2])
         snprintf(pg->shm_why, sizeof pg->shm_why, "%s has %.0f MiB free, %d ranks need %.0f MiB "
                  "(set OMPI_MCA_osc_sm_backing_directory or enlarge it)", dir, avail / 1048576.0, pg->size,

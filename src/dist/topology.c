@@ -199,7 +199,21 @@ dt_status dt__topo_create(dt_pg *pg) {
         }
         set_ret(t->cross[i]);
     }
-    st = make_lanes(t, comm);
+    /* the chunks each local rank handles, grouped by local rank (hier_shard.c) */
+    int R = t->local_size;
+    int *at = malloc((size_t)R * sizeof *at);
+    t->hand = malloc((size_t)pg->size * sizeof *t->hand);
+    t->hand_off = calloc((size_t)R + 1, sizeof *t->hand_off);
+    if (at && t->hand && t->hand_off) {
+        for (int k = 0; k < pg->size; k++) t->hand_off[t->local_of[dt__chunk_handler(t, t->machine, k)] + 1]++;
+        for (int q = 0; q < R; q++) t->hand_off[q + 1] += t->hand_off[q];
+        memcpy(at, t->hand_off, (size_t)R * sizeof *at);
+        for (int k = 0; k < pg->size; k++) t->hand[at[t->local_of[dt__chunk_handler(t, t->machine, k)]]++] = k;
+    }
+    st = make_lanes(t, comm);   /* (collective: every rank makes it, with or without memory) */
+    if (st == DT_OK && (!at || !t->hand || !t->hand_off))
+        st = DT_ERR(DT_ENOMEM, "dt_pg: out of memory for %d ranks", pg->size);
+    free(at);
     if (st != DT_OK) dt__topo_free(t);
     return st;
 }
@@ -221,6 +235,8 @@ void dt__topo_free(dt_topo *t) {
     free(t->member_off);
     free(t->lowest);
     free(t->world_of);
+    free(t->hand);
+    free(t->hand_off);
     memset(t, 0, sizeof *t);
     t->node[0] = t->node[1] = t->cross[0] = t->cross[1] = MPI_COMM_NULL;
 }
