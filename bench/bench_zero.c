@@ -4,6 +4,7 @@
  *   mpiexec -n 2 --bind-to core -x OMP_NUM_THREADS=1 bench_zero W1 --stage 2
  *   mpiexec -n 4 --oversubscribe -x OMP_NUM_THREADS=1 bench_zero W2 --stage 3 --steps 2
  *   options: --stage 0..3  --overlap off|after-backward|interleaved  --steps N
+ *            --node-params 1 (ZeRO: one parameter copy per machine)
  *            --bucket-mb F  --prefetch N
  *
  * Prints, per rank (the maximum over ranks): MiB held for parameters,
@@ -40,7 +41,7 @@ int main(int argc, char **argv) {
     dt_blas_fix_core(argv);   /* the GEMM kernel family the CPU supports (ops.h) */
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: bench_zero W1|W2|W3 [--stage 0..3] [--overlap off|after-backward|interleaved] "
-                        "[--steps N] [--bucket-mb F] [--prefetch N]\n");
+                        "[--steps N] [--bucket-mb F] [--prefetch N] [--node-params 0|1]\n");
         return 2;
     }
     const char *w = argv[1];
@@ -57,6 +58,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--stage")) stage = atoi(v);
         else if (!strcmp(a, "--steps")) steps = atoi(v);
         else if (!strcmp(a, "--prefetch")) zo.prefetch = atoi(v);
+        else if (!strcmp(a, "--node-params")) zo.node_params = atoi(v);
         else if (!strcmp(a, "--bucket-mb")) zo.dp.bucket_bytes = dopts.dp.bucket_bytes = (size_t)(atof(v) * MIB);
         else if (!strcmp(a, "--overlap")) {
             ov = v;
@@ -159,9 +161,10 @@ int main(int argc, char **argv) {
                mx[7] / MIB);
         printf("  ms/step %.1f  blocked: reductions %.1f, param gathers %.1f (rank 0)\n", mx[8], wait_ms, gwait_ms);
         printf("RESULT workload=%s ranks=%d stage=%d overlap=%s ms=%.2f params_mib=%.2f grads_mib=%.2f optim_mib=%.2f "
-               "grad_window_mib=%.2f param_window_mib=%.2f rss_setup_mib=%.0f rss_train_mib=%.0f wait_ms=%.2f gather_ms=%.2f\n",
+               "grad_window_mib=%.2f param_window_mib=%.2f rss_setup_mib=%.0f rss_train_mib=%.0f wait_ms=%.2f gather_ms=%.2f "
+               "node_params=%d\n",
                w, world, stage, stage ? ov : "ddp", mx[8], mx[0] / MIB, mx[1] / MIB, mx[2] / MIB, mx[3] / MIB, mx[4] / MIB,
-               mx[5] / MIB, mx[6] / MIB, wait_ms, gwait_ms);
+               mx[5] / MIB, mx[6] / MIB, wait_ms, gwait_ms, z ? dt_zero_node_params(z, NULL) : 0);
     }
     dt_zero_free(z);
     dt_ddp_free(ddp);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # multihost.sh — ../shared/WORKLOADS.md M1/M2: DDP, ZeRO-2 and ZeRO-3 on
 # simulated hosts (2 hosts x 2 ranks, netsim.sh), flat vs hierarchical
-# collectives, run alternately in one session. Per configuration: ms/step and
+# collectives vs (ZeRO) hierarchical with node-shared parameters, run
+# alternately in one session. Per configuration: ms/step and
 # the time blocked on reductions / parameter gathers (bench_zero, max over
 # ranks), and the bytes each host sent per training step, read from the
 # namespaces' interface counters (a run of 1 step subtracted from a run of
@@ -31,16 +32,20 @@ export NETSIM_PREFIX=dtb NETSIM_SUBNET=10.214.0 NETSIM_STATE=/run/netsim-dtrain-
 trap '"$ns" down --kill > /dev/null 2>&1' EXIT
 tx() { "$ns" exec "dtb$1" cat /sys/class/net/nsim0/statistics/tx_bytes; }
 
-# run STEPS STAGE W MODE: prints "ms wait gather tx0 tx1"
+# run STEPS STAGE W MODE: prints "ms wait gather params_mib tx0 tx1"; MODE flat,
+# hierarchical or node (hierarchical with --node-params 1: ZeRO's parameters
+# once per host)
 run() {
-    local a0 a1 out
+    local a0 a1 out coll=$4 node=0
+    [ "$4" = node ] && { coll=hierarchical; node=1; }
     a0=$(tx 0); a1=$(tx 1)
-    out=$("$ns" run -np 4 -x DTRAIN_COLLECTIVES="$4" -- "$build/bench_zero" "$3" --stage "$2" --steps "$1" | grep '^RESULT')
-    echo "$(sed -E 's/.* ms=([0-9.]+) .* wait_ms=([0-9.]+) gather_ms=([0-9.]+).*/\1 \2 \3/' <<< "$out") $(( $(tx 0) - a0 )) $(( $(tx 1) - a1 ))"
+    out=$("$ns" run -np 4 -x DTRAIN_COLLECTIVES="$coll" -- "$build/bench_zero" "$3" --stage "$2" --steps "$1" \
+              --node-params "$node" | grep '^RESULT')
+    echo "$(sed -E 's/.* ms=([0-9.]+) params_mib=([0-9.]+) .* wait_ms=([0-9.]+) gather_ms=([0-9.]+).*/\1 \3 \4 \2/' <<< "$out") $(( $(tx 0) - a0 )) $(( $(tx 1) - a1 ))"
 }
 
-echo "| workload | strategy | link | collectives | ms/step | blocked ms (reduce + gather) | MiB sent per host per step (h0 / h1) |"
-echo "|---|---|---|---|---|---|---|"
+echo "| workload | strategy | link | collectives | ms/step | blocked ms (reduce + gather) | param MiB per rank | MiB sent per host per step (h0 / h1) |"
+echo "|---|---|---|---|---|---|---|---|"
 IFS=, read -r -a R <<< "$rates"
 IFS=, read -r -a W <<< "$workloads"
 IFS=, read -r -a S <<< "$stages"
@@ -48,13 +53,15 @@ for rate in "${R[@]}"; do
     "$ns" up --hosts 2 --rate "$rate" > /dev/null
     for w in "${W[@]}"; do
         for st in "${S[@]}"; do
-            for mode in flat hierarchical; do   # alternately, per configuration
-                read -r _ _ _ s0 s1 <<< "$(run 1 "$st" "$w" "$mode")"
-                read -r ms wt gt b0 b1 <<< "$(run "$steps" "$st" "$w" "$mode")"
+            modes="flat hierarchical"
+            [ "$st" != 0 ] && modes="$modes node"
+            for mode in $modes; do   # alternately, per configuration
+                read -r _ _ _ _ s0 s1 <<< "$(run 1 "$st" "$w" "$mode")"
+                read -r ms wt gt pm b0 b1 <<< "$(run "$steps" "$st" "$w" "$mode")"
                 name=$([ "$st" = 0 ] && echo DDP || echo "ZeRO-$st")
                 awk -v w="$w" -v n="$name" -v r="$rate" -v m="$mode" -v ms="$ms" -v wt="$wt" -v gt="$gt" \
-                    -v b0="$b0" -v s0="$s0" -v b1="$b1" -v s1="$s1" -v k="$((steps - 1))" 'BEGIN {
-                    printf "| %s | %s | %s | %s | %.0f | %.0f + %.0f | %.1f / %.1f |\n", w, n, r, m, ms, wt, gt,
+                    -v b0="$b0" -v s0="$s0" -v b1="$b1" -v s1="$s1" -v k="$((steps - 1))" -v pm="$pm" 'BEGIN {
+                    printf "| %s | %s | %s | %s | %.0f | %.0f + %.0f | %.1f | %.1f / %.1f |\n", w, n, r, m, ms, wt, gt, pm,
                            (b0 - s0) / k / 1048576, (b1 - s1) / k / 1048576 }'
             done
         done

@@ -188,6 +188,10 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         snprintf(err, (size_t)errlen, "%s applies to ZeRO only (add --zero 1, 2 or 3)", f->overlap_step ? "--overlap-step" : "--save-format");
         return -1;
     }
+    if (z->node_params && !f->dist.zero_stage) {
+        snprintf(err, (size_t)errlen, "--node-params applies to ZeRO (add --zero 1, 2 or 3)");
+        return -1;
+    }
     if (f->zero_prefetch != INT_MIN) {
         if (f->dist.zero_stage != 3) { snprintf(err, (size_t)errlen, "--zero-prefetch applies to ZeRO stage 3 only (add --zero 3)"); return -1; }
         if (f->zero_prefetch < 0) { snprintf(err, (size_t)errlen, "--zero-prefetch must be >= 0 (got %d)", f->zero_prefetch); return -1; }

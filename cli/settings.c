@@ -44,6 +44,7 @@ static const setting_flag k_flags[] = {
     {"zero.stage", "--zero"},
     {"zero.overlap_step", "--overlap-step"},
     {"zero.prefetch", "--zero-prefetch"},
+    {"zero.node_params", "--node-params"},
     {"zero.save_format", "--save-format"},
     {"pipe.stages", "--pp"},
     {"pipe.schedule", "--schedule"},

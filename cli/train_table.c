@@ -162,6 +162,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
         {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default); with --pp: per stage, 1 or 2", 0, 0},
         {"--overlap-step", DT_ARG_STR, &f->overlap_step, "MODE", "ZeRO: interleaved | after-backward (default) | off: when shards are stepped", 0, 0},
+        {"--node-params", DT_ARG_FLAG, &f->dist.zero.node_params, NULL, "ZeRO: parameters once per machine in memory its ranks share; shards gathered into each machine once per step (stage 3 keeps them whole, as stage 2)", 0, 0},
         {"--zero-prefetch", DT_ARG_INT, &f->zero_prefetch, "N", "ZeRO-3: modules whose parameters are gathered ahead (default 2; 0 = none)", 0, 0},
         {"--pp", DT_ARG_INT, &f->dist.pipe.stages, "P", "pipeline stages: the model's blocks cut into P stages on P ranks (--nproc = P x data-parallel replicas; default 1)", 0, 0},
         {"--microbatches", DT_ARG_INT, &f->microbatches, "M", "pipeline: --batch splits into M micro-batches streamed through the stages (default P)", 0, 0},

@@ -37,7 +37,8 @@ target_link_libraries(test_cli_flags PRIVATE dtrain_cli_lib)
 # in THREAD mode at np 2 and 4 (name suffix _thread_npN).
 set(DT_MPI_THREAD_TESTS test_dist_collectives test_dist_deterministic test_dist_shm test_dist_agree test_dist_hier
     test_dist_watchdog test_dist_debug_collectives
-    test_ddp_equivalence test_ddp_hooks test_ddp_join test_ddp_accum test_ddp_buffers test_zero_wire)
+    test_ddp_equivalence test_ddp_hooks test_ddp_join test_ddp_accum test_ddp_buffers test_zero_wire
+    test_dist_machine test_zero_node_params)
 file(GLOB DT_MPI_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/test_*.c)
 foreach(src ${DT_MPI_TESTS})
   dt_add_test_exe(${src})
@@ -64,7 +65,7 @@ endforeach()
 # library believes in 2 x 2 and 3 + 1 machines on this one), so DDP and ZeRO
 # run the hierarchical collectives (dist.h section 10) wherever ctest runs;
 # tests/scripts/test_multihost.sh runs real hosts (network namespaces).
-foreach(t test_ddp_equivalence test_zero_equivalence test_zero_stage3)
+foreach(t test_ddp_equivalence test_zero_equivalence test_zero_stage3 test_dist_machine test_zero_node_params)
   foreach(m "2x2;0,0,1,1" "3p1;0,0,0,1")
     list(GET m 0 tag)
     list(GET m 1 ids)
@@ -127,6 +128,12 @@ foreach(np 2 4)
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_faults.sh $<TARGET_FILE:dtrain_cli> ${np})
   set_tests_properties(test_pipeline_faults_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()
+
+# --node-params through the CLI on simulated machines (DTRAIN_TEST_MACHINES):
+# bitwise the private-parameter runs, resumable, refused without --zero.
+add_test(NAME test_node_params_cli
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_node_params_cli.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_node_params_cli PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 600)
 
 # --zero with --compress bf16|fp16 (and --no-shm) trains GPT-2 through the
 # CLI (--nproc 2); a bad --compress value is refused.

@@ -259,6 +259,19 @@
  * on groups that span machines).
  * dt_dist_opts.collectives = DT_COLL_FLAT (or DTRAIN_COLLECTIVES=flat) keeps
  * every collective flat.
+ *
+ * One buffer per machine: dt_pg_alloc_machine gives the ranks of each
+ * machine of a group one shared buffer (the same bytes at the same address
+ * range in each of them; each machine has its own). dt_allgather_machine
+ * fills it: rank k has written its chunk k itself; each chunk crosses into
+ * every other machine once (to the rank handling it there, which writes it
+ * into that machine's buffer), then the machine's ranks meet in a barrier,
+ * so on completion every rank may read every chunk. (n-1)/n * S per machine
+ * and one copy per machine, where a plain allgather keeps R copies. A rank
+ * must not write its chunk while the previous fill of that range may still
+ * be read by a rank of its machine: callers order that (ZeRO writes a
+ * parameter shard only after the gradient reduce-scatter of its bucket,
+ * which every rank joins after its last read of it).
  */
 #ifndef DTRAIN_DIST_H
 #define DTRAIN_DIST_H
@@ -377,6 +390,7 @@ typedef struct dt_pg_topo {
     int machines;            /* machines under the group */
     int machine, local_rank; /* this rank's machine (0 = the one with group rank 0) and index on it */
     int min_ranks, max_ranks;   /* ranks per machine */
+    int local_size;          /* ranks on this rank's machine */
     int contiguous;          /* each machine holds consecutive group ranks */
     int hierarchical;        /* allreduce runs inside -> across -> inside */
     int lanes;               /* (hierarchical) slices a buffer is cut into */
@@ -386,6 +400,20 @@ void dt_pg_topology(const dt_pg *pg, dt_pg_topo *out);
 void dt_pg_topology_describe(const dt_pg *pg, char *buf, size_t n);
 /* Group rank r's host name (MPI_Get_processor_name at dt_dist_init); "?" if unknown. */
 const char *dt_pg_host_name(const dt_pg *pg, int r);
+/* One buffer of count floats per machine of the group (section 10),
+ * collective (blocking). init (may be NULL: zeros): the values, which the
+ * machine's lowest rank copies in (every rank passes the same values).
+ * *out = NULL (and DT_OK) when it cannot be shared: the machines' ranks are
+ * not known to share memory the hierarchical way (DTRAIN_COLLECTIVES=flat
+ * with several ranks on a machine) or the backing directory (/dev/shm) is too
+ * small; dt_pg_shared_unavailable says which. */
+dt_status dt_pg_alloc_machine(dt_pg *pg, size_t count, const float *init, float **out);
+/* Collective: waits for the group's in-flight work, then frees. NULL: no-op. */
+dt_status dt_pg_free_machine(dt_pg *pg, float *p);
+/* Fill buf (in a dt_pg_alloc_machine buffer of pg, the same offset on every
+ * rank) with every rank's chunk of count elements; chunk k lies at
+ * buf + k * count and rank k has written its own before the call. */
+dt_status dt_allgather_machine(dt_pg *pg, void *buf, int64_t count, dt_dtype dtype, dt_work **w);
 
 /* ---- node-shared memory (section 6) ----
  * Collective (blocking): count floats (zeroed) per rank, the same count on

@@ -423,6 +423,12 @@ size_t dt_model_grad_numel(const dt_model *m);
  * refresh (dt_model_refresh_grads) that needs more than buf holds moves them
  * into a private allocation. */
 dt_status dt_model_set_grad_buffer(dt_model *m, float *buf);
+/* Move the parameter values into buf, owned by the caller (param_flat.numel
+ * floats at the current layout; filled: buf holds them already, e.g.
+ * node-shared memory one rank filled), or back into a private allocation
+ * (buf NULL, values copied). The caller moves them out again before freeing
+ * buf. ZeRO's node-shared parameters use it (zero.h). */
+dt_status dt_model_set_param_buffer(dt_model *m, float *buf, int filled);
 dt_param *dt_model_find_param(const dt_model *m, const char *name);
 /* Re-point values and grads into new flat buffers: values in `total`
  * elements where params[i] starts at offsets[i], gradients at the gradient

@@ -114,6 +114,16 @@ typedef struct dt_zero_opts {
     dt_zero_overlap overlap_step;   /* default AFTER_BACKWARD */
     float clip;                  /* max global grad norm; 0 = off */
     int prefetch;                /* stage 3: modules gathered ahead (default 2; 0 = none) */
+    int node_params;             /* 1: the parameters live once per machine, in memory its ranks share
+                                    (dt_pg_alloc_machine, dist.h section 10): each rank steps its shard
+                                    in place and the post-step all-gather brings every other shard into
+                                    each machine once, copying nothing inside it. Stage 3 then keeps
+                                    its parameters as stage 2 does (one whole copy per machine,
+                                    gathered once per step instead of per module): per rank 1/R of
+                                    the parameters on a machine of R ranks. Where the machines cannot
+                                    share (DTRAIN_COLLECTIVES=flat, a full /dev/shm) the parameters
+                                    stay private, at the requested stage: dt_zero_node_params says.
+                                    float32 wire only; not with dp.join. Default 0. */
 } dt_zero_opts;
 
 typedef struct dt_zero_bucket {
@@ -130,6 +140,9 @@ typedef struct dt_zero_bucket {
 } dt_zero_bucket;
 
 void dt_zero_opts_default(dt_zero_opts *o);
+/* node_params in effect: 1 with the machine's shared copy, 0 otherwise;
+ * why (may be NULL) gets the reason it was refused ("" when not asked). */
+int dt_zero_node_params(const dt_zero *z, const char **why);
 /* Re-lays out the model, creates the sharded optimizer for cfg, broadcasts
  * rank 0's parameters and buffers, installs hooks. Contradictory options
  * (clip with INTERLEAVED, stage outside 1..3, ...) fail with a message. */

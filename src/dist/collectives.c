@@ -254,6 +254,36 @@ dt_status dt_allgather(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
     return issue(w, wp);
 }
 
+/* Into a machine buffer (machine_buf.c): the hierarchical allgather with a
+ * barrier in place of its copy inside the machine; one machine: only the
+ * barrier; one rank per machine: a plain allgather in place. */
+dt_status dt_allgather_machine(dt_pg *pg, void *buf, int64_t count, dt_dtype dtype, dt_work **wp) {
+    if (wp) *wp = NULL;
+    const char *fn = "dt_allgather_machine";
+    DT_TRY(check_common(pg, fn, count, dtype));
+    DT_TRY(check_buf(pg, fn, "buffer", buf, count));
+    size_t nb = (size_t)count * dt_dtype_size(dtype);
+    if (count > 0 && !dt__mbuf_holds(pg, buf, nb * (size_t)pg->size))
+        return DT_ERR(DT_EINVAL, "%s on %s: the buffer is not (all) in a dt_pg_alloc_machine buffer of this group", fn,
+                      pg->name);
+    const dt_topo *t = &pg->topo;
+    dt_opkind kind = t->machines == 1 || count == 0 ? DT_OPK_BARRIER
+                   : t->hier ? DT_OPK_ALLGATHER_HIER
+                   : DT_OPK_ALLGATHER;
+    if (kind == DT_OPK_ALLGATHER && t->max_local > 1)   /* dt_pg_alloc_machine gave no buffer then */
+        return DT_ERR(DT_EINVAL, "%s on %s: flat collectives cannot fill a buffer shared by a machine's ranks", fn,
+                      pg->name);
+    if (kind == DT_OPK_ALLGATHER_HIER && nb * (size_t)pg->size > INT_MAX)
+        return DT_ERR(DT_EINVAL, "%s on %s: %zu bytes exceed the 2 GiB of one operation", fn, pg->name,
+                      nb * (size_t)pg->size);
+    dt_work *w = NULL;
+    DT_TRY(new_work(pg, kind, kind == DT_OPK_BARRIER ? 0 : count, dtype, (double)nb * pg->size, wp, &w));
+    w->in = NULL;   /* in place: each rank's chunk is already there */
+    w->out = kind == DT_OPK_BARRIER ? NULL : buf;
+    w->machine_out = kind == DT_OPK_ALLGATHER_HIER;
+    return issue(w, wp);
+}
+
 dt_status dt_broadcast(dt_pg *pg, void *buf, int64_t count, dt_dtype dtype, int root, dt_work **wp) {
     if (wp) *wp = NULL;
     const char *fn = "dt_broadcast";

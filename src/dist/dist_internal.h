@@ -112,6 +112,8 @@ struct dt_work {
     uint64_t coll_idx;          /* collectives (not p2p) issued on pg before this one */
     int hier_det;               /* DT_OPK_ALLREDUCE_HIER: rank-ordered chain across machines */
     dt_dtype cross_dt;          /* DT_OPK_ALLREDUCE_HIER of F32: 16-bit across machines; 0 (F32): off */
+    int machine_out;            /* DT_OPK_ALLGATHER_HIER into a machine buffer (machine_buf.c): phase 3
+                                   is a barrier of the machine's ranks, nothing copied */
 };
 
 struct dt_pg {
@@ -139,6 +141,7 @@ struct dt_pg {
     pthread_t thread;
     int thread_on, quit;
     dt_shm *shm;                /* node-shared allocations (shm.c) */
+    struct dt_mbuf *mbuf;       /* one-per-machine buffers (machine_buf.c) */
     dt_wd *wd;                  /* watchdog: every rank's progress on this machine (watchdog.c) */
     uint64_t ncoll;             /* collectives issued (p2p not counted) */
     dt_work *running;           /* THREAD: the operation the comm thread runs (pg->mu) */
@@ -242,6 +245,12 @@ int dt__shm_start(dt_work *w);
 int dt__shm_advance(dt_work *w);
 int dt__shm_run(dt_work *w);
 void dt__shm_free_all(dt_pg *pg);
+
+/* ---- machine_buf.c: one buffer per machine (dt_pg_alloc_machine) ----
+ * find: 1 if [p, p + bytes) lies in one of pg's machine buffers.
+ * free_all: dt_pg_free (collective). */
+int dt__mbuf_holds(const dt_pg *pg, const void *p, size_t bytes);
+void dt__mbuf_free_all(dt_pg *pg);
 
 /* ---- watchdog.c: stalled waits (dist.h section 9) ----
  * create/free: collective with the group's creation / dt_pg_free (a group

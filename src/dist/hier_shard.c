@@ -22,6 +22,8 @@
  *                      handled chunks from their owners, into out
  *   phase 3  node[1]   allgatherv of the handled chunks (packed), unpacked
  *                      into out
+ * Into a machine buffer (machine_buf.c), phase 3 is a barrier of node[1]:
+ * the handlers wrote the chunks into the one buffer of their machine.
  * The phases a kind does not use issue nothing. Messages between one pair on
  * one communicator go in ascending chunk order on both sides, so they match.
  *
@@ -175,6 +177,11 @@ static int shard_phase(dt_work *w) {
         break;
     default: {
         if (rs) break;
+        if (w->machine_out) {   /* one buffer per machine: every chunk is in it once all have landed */
+            w->fn = "MPI_Ibarrier";
+            CHECK(MPI_Ibarrier(t->node[1], &w->req[w->nreq++]), w->fn);
+            break;
+        }
         /* allgather inside: every local rank's handled chunks, packed */
         for (int i = 0; i < c.nh; i++) memcpy(c.acc + (size_t)i * c.cb, out + (size_t)c.mine[i] * c.cb, c.cb);
         counts(&c, len, off, -1);
@@ -228,7 +235,7 @@ int dt__hshard_finish(dt_work *w) {
                 src[mm] = mm == m ? (const void *)(c.rows + (size_t)own * c.cb) : (const void *)(c.acc + (size_t)mm * c.cb);
             dt__sum_ptrs(w->out, src, n, t->machines, w->dtype, w->avg ? c.size : 0);
         }
-    } else if (!rs && w->phase == 3) {
+    } else if (!rs && w->phase == 3 && !w->machine_out) {
         /* unpack every other local rank's handled chunks */
         const int *ho = t->hand_off;
         for (int p = 0; p < c.size; p++)

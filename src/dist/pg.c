@@ -130,7 +130,7 @@ dt_status dt_pg_free(dt_pg *pg) {
         dt__pg_broken(pg, msg, sizeof msg);
         return DT_ERR(DT_ECOMM, "dt_pg_free %s: left in place after a collective timeout (abort the job): %s", pg->name, msg);
     }
-    if (st == DT_OK && (pg->shm || pg->wd) && !dt__pg_broken(pg, NULL, 0))
+    if (st == DT_OK && (pg->shm || pg->mbuf || pg->wd) && !dt__pg_broken(pg, NULL, 0))
         st = dt_barrier(pg, NULL);   /* before MPI_Win_free blocks */
     if (pg->thread_on) {
         pthread_mutex_lock(&pg->mu);
@@ -142,6 +142,7 @@ dt_status dt_pg_free(dt_pg *pg) {
     }
     while (pg->all) dt__work_free(pg->all);   /* unwaited handles become invalid */
     dt__shm_free_all(pg);                      /* collective, like the communicator */
+    dt__mbuf_free_all(pg);
     dt__wd_free(pg);
     dt__topo_free(&pg->topo);
     for (int p = 0; p < DT_NCOMM; p++)

@@ -254,7 +254,7 @@ void dt_pg_topology(const dt_pg *pg, dt_pg_topo *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
     if (!pg) {
-        out->machines = out->min_ranks = out->max_ranks = 1;
+        out->machines = out->min_ranks = out->max_ranks = out->local_size = 1;
         return;
     }
     const dt_topo *t = &pg->topo;
@@ -263,6 +263,7 @@ void dt_pg_topology(const dt_pg *pg, dt_pg_topo *out) {
     out->local_rank = t->local_rank;
     out->min_ranks = t->min_local;
     out->max_ranks = t->max_local;
+    out->local_size = t->local_size;
     out->hierarchical = t->hier;
     out->lanes = t->lanes;
     out->contiguous = t->contiguous;

@@ -135,6 +135,17 @@ dt_status dt_model_alloc_grads(dt_model *m) {   /* zeros: whatever grads point a
     return m->grad_flat.data ? DT_OK : relayout_grads(m, NULL, 0);
 }
 
+dt_status dt_model_set_param_buffer(dt_model *m, float *buf, int filled) {
+    dt_flat pf = {buf, m->param_flat.numel, 1};
+    if (!buf && dt_flat_alloc(&pf, m->param_flat.numel) != DT_OK)
+        return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element parameter buffer", m->param_flat.numel);
+    if (!buf || !filled) memcpy(pf.data, m->param_flat.data, m->param_flat.numel * sizeof(float));
+    for (int i = 0; i < m->n_params; i++) m->params[i]->value.data = pf.data + m->offsets[i];
+    dt_flat_free(&m->param_flat);   /* (a borrowed buffer stays its owner's) */
+    m->param_flat = pf;
+    return DT_OK;
+}
+
 dt_status dt_model_set_grad_buffer(dt_model *m, float *buf) {
     return relayout_grads(m, buf, 1);
 }

@@ -262,7 +262,8 @@ void dtz_net_init(dtz_net *n, const dtz_spec *s, uint64_t seed, dt_pg *pg, const
     n->g = dt_graph_create();
     T_CHECK(n->g != NULL);
     T_OK(dt_zero_create(n->m, pg, &s->oc, o, &n->z));
-    T_CHECK(dt_zero_stage(n->z) == o->stage);
+    /* node-shared parameters keep stage 3's parameters whole, as stage 2 (zero.h) */
+    T_CHECK(dt_zero_stage(n->z) == (o->stage == 3 && dt_zero_node_params(n->z, NULL) ? 2 : o->stage));
 }
 
 void dtz_net_free(dtz_net *n) {
@@ -323,7 +324,7 @@ void dtz_zero_run(const dtz_spec *s, dt_pg *pg, const dt_zero_opts *o, dtz_resul
     dtz_expect_padding_zero(n.z, lay, "padding of the gathered parameter layout");
     out->params = dtz_params(n.m, lay);
     out->n_params = dtz_param_count(n.m);
-    if (o->stage < 3) {
+    if (dt_zero_stage(n.z) < 3) {
         /* full parameters in the model == the shards every rank stepped */
         float *full = dtz_params(n.m, NULL);
         dtz_expect_params(n.m, full, out->params, 0, "model parameters after sync_params vs gathered shards");

@@ -4,6 +4,8 @@
 #  - 2 hosts x 2 ranks and 3 + 1 ranks: DDP, ZeRO-1/2/3 and pp 2 x dp 2 with
 #    --deterministic train bit-identically to the same run on one machine
 #    (every tensor of the final checkpoint, tests/tools/ckpt_cmp);
+#  - ZeRO with --node-params (one parameter copy per host) equals private
+#    parameters on one machine, 2 x 2 and 3 + 1;
 #  - the start-up line names the machines and the hierarchical path;
 #  - a SIGSTOPped rank on the other host is named, with its host, by the
 #    stall warning of the ranks that wait for it.
@@ -59,6 +61,10 @@ one zero2_22 dtm0:2,dtm1:2 --zero 2 --save-format consolidated
 one zero3_22 dtm0:2,dtm1:2 --zero 3 --save-format consolidated
 # pp 2 x dp 2 == DDP at 2 ranks on the same micro-batches (as test_pipeline_bitwise.sh)
 REF_ARGS="--nproc 2 --batch 2 --accum 2" one pp2dp2 dtm0:2,dtm1:2 --pp 2 --microbatches 2 --batch 4
+# node-shared parameters: one copy per real host, equal to private parameters on one machine
+REF_ARGS="--nproc 4 --zero 3 --save-format consolidated" one zero3np_22 dtm0:2,dtm1:2 --zero 3 --node-params --save-format consolidated
+says zero3np_22 "zero-3: parameters once per machine in shared memory"
+REF_ARGS="--nproc 4 --zero 2 --save-format consolidated" one zero2np_31 dtm0:3,dtm1:1 --zero 2 --node-params --save-format consolidated
 one ddp31 dtm0:3,dtm1:1
 says ddp31 "ddp on 2 machines \(3\+1 ranks\): gradients reduced hierarchically \(inside each machine, then across machines in 3 lanes\)"
 one zero2_31 dtm0:3,dtm1:1 --zero 2 --save-format consolidated

@@ -39,6 +39,7 @@ void dt_par_describe_zero(const dt_zero_opts *o, dt_agree *a) {
     dt_par_describe_dp(&o->dp, a);
     dt_agree_add(a, "zero.overlap_step", "%s", (unsigned)o->overlap_step < 3 ? ov[o->overlap_step] : "?");
     dt_agree_add(a, "zero.prefetch", "%d", o->prefetch);
+    dt_agree_add(a, "zero.node_params", "%d", o->node_params);
 }
 
 void dt_par_describe_pipe(const dt_pipe_opts *o, dt_agree *a) {

@@ -19,6 +19,8 @@
  * rank, exactly (float32: after a checkpoint load). */
 static dt_status allgather_bucket(dt_zero *z, int i, dt_work **w) {
     const dt_zero_bucket *b = &z->lay.b[i].pub;
+    if (z->wire.mparams)   /* the own shard is in place in the machine's copy */
+        return dt_allgather_machine(z->ag_pg, z->m->param_flat.data + b->begin, (int64_t)b->shard, DT_F32, w);
     return dt_allgather(z->ag_pg, dt_zero_shard_param_ptr(z, i), z->m->param_flat.data + b->begin, (int64_t)b->shard,
                         DT_F32, w);
 }

@@ -25,6 +25,18 @@ static dt_status s_setup(void *self, dt_run *r) {
         dt_log(DT_LOG_INFO, "dtrain: %s on %s: gradients reduce-scattered and parameters gathered %s\n", s->name, where,
                t.hierarchical ? "hierarchically (each chunk crosses into a machine once)" : "by MPI collectives");
     }
+    const char *why = NULL;
+    int node = dt_zero_node_params(s->z, &why);
+    if (!r->quiet && dt_pg_rank(s->pg) == 0 && s->opts.node_params) {
+        if (node)
+            dt_log(DT_LOG_INFO, "dtrain: %s: parameters once per machine in shared memory (%.1f MiB per machine), "
+                   "each shard gathered into every other machine once per step%s\n", s->name,
+                   (double)dt_model_num_params(r->model) * sizeof(float) / 1048576.0,
+                   s->opts.stage == 3 ? "; stage 3 keeps them whole like stage 2 (no per-module gathers)" : "");
+        else
+            dt_log(DT_LOG_INFO, "dtrain: %s: node-shared parameters unavailable (%s); parameters stay per rank\n",
+                   s->name, why && *why ? why : "?");
+    }
     dt_zero_memory mem = dt_zero_get_memory(s->z);
     return dt_par_memory_report(s->pg, s->name, mem.param_bytes, mem.grad_bytes, mem.optim_bytes, !r->quiet);
 }

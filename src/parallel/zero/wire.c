@@ -17,6 +17,7 @@
  * master shard, the other chunks are the owners' values through the wire.
  * Padding is 0 and stays 0 through any rounding. */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include "zero_internal.h"
 
@@ -46,6 +47,7 @@ dt_status dt_zero_wire_setup(dt_zero *z) {
         W->rs_win = win;
         if (win) W->shm_bytes += wire_floats(z, z->lay.total) * sizeof(float);
     }
+    if (W->mparams) return DT_OK;   /* gathers land in the machine's parameters themselves */
     float *win = NULL;
     DT_TRY(dt_pg_alloc_shared(z->ag_pg, wire_floats(z, z->lay.total), &win));
     W->ag_win = win;
@@ -53,8 +55,35 @@ dt_status dt_zero_wire_setup(dt_zero *z) {
     return DT_OK;
 }
 
+/* The model's parameters move into one copy per machine. The values are
+ * equal on every rank (broadcast at create): the machine's lowest rank
+ * copies them in. Stage 3 then keeps whole parameters like stage 2: the
+ * copy is already there, per machine. */
+dt_status dt_zero_wire_node_params(dt_zero *z) {
+    zwire *W = &z->wire;
+    float *buf = NULL;
+    DT_TRY(dt_pg_alloc_machine(z->ag_pg, z->lay.total ? z->lay.total : 1, z->m->param_flat.data, &buf));
+    if (!buf) {
+        snprintf(W->mparams_why, sizeof W->mparams_why, "%s", dt_pg_shared_unavailable(z->ag_pg));
+        return DT_OK;
+    }
+    dt_status s = dt_model_set_param_buffer(z->m, buf, 1);
+    if (s != DT_OK) {
+        if (dt_pg_free_machine(z->ag_pg, buf) != DT_OK) dt_error_clear();
+        return s;
+    }
+    W->mparams = buf;
+    if (z->stage == 3) z->stage = 2;
+    return DT_OK;
+}
+
 void dt_zero_wire_free(dt_zero *z) {
     zwire *W = &z->wire;
+    if (W->mparams) {   /* parameters back into private memory before the machine's copy goes */
+        if (z->m->param_flat.data == W->mparams && dt_model_set_param_buffer(z->m, NULL, 0) != DT_OK) dt_error_clear();
+        if (dt_pg_free_machine(z->ag_pg, W->mparams) != DT_OK) dt_error_clear();
+        W->mparams = NULL;
+    }
     if (W->shm_grads) {   /* gradients back into private memory before the window goes */
         if (z->m->grad_flat.data == W->shm_grads && dt_model_set_grad_buffer(z->m, NULL) != DT_OK) dt_error_clear();
         dt_zero_point_full_grads(z);
@@ -118,6 +147,8 @@ dt_status dt_zero_wire_gather(dt_zero *z, int i, float *dest, dt_work **w) {
     const float *shard = dt_zero_shard_param_ptr(z, i);
     float *own = dest + (size_t)z->rank * S;
     z->stats.bytes_gathered += n * z->wire.es;
+    if (z->wire.mparams)   /* dest is in the machine's copy; the own shard is in place there */
+        return dt_allgather_machine(z->ag_pg, dest, (int64_t)S, DT_F32, w);
     if (own != shard) memcpy(own, shard, S * sizeof(float));   /* stage 3: the exact master values */
     if (z->wire.dt == DT_F32 && !z->wire.ag_win)   /* in place in dest */
         return dt_allgather(z->ag_pg, own, dest, (int64_t)S, DT_F32, w);

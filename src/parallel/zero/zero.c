@@ -33,6 +33,11 @@ static dt_status validate(const dt_zero_opts *o) {
         return DT_ERR(DT_EINVAL, "zero: gradient clipping needs the global norm before any shard is stepped, "
                       "so it cannot be combined with the interleaved step overlap (use after-backward or off)");
     if (o->prefetch < 0) return DT_ERR(DT_EINVAL, "zero: prefetch must be >= 0 (got %d)", o->prefetch);
+    if (o->node_params && o->dp.wire != DT_F32)
+        return DT_ERR(DT_EINVAL, "zero: node_params shares float32 parameters; a %s wire would round the other "
+                      "shards each step (use the float32 wire)", dt_dtype_name(o->dp.wire));
+    if (o->node_params && o->dp.join)
+        return DT_ERR(DT_EINVAL, "zero: node_params does not combine with dp.join");
     if (o->dp.join && o->stage == 3)
         return DT_ERR(DT_EINVAL, "zero: dp.join supports stages 1 and 2 only (stage 3 gathers parameters from "
                       "module hooks, which a rank without data does not run)");
@@ -139,6 +144,7 @@ dt_status dt_zero_init(dt_zero *z, dt_model *m, dt_pg *pg, const dt_optim_cfg *c
     /* same model on every rank: rank 0's parameters and buffers */
     if (s == DT_OK) s = dt_broadcast(pg, m->param_flat.data, (int64_t)m->param_flat.numel, DT_F32, 0, NULL);
     if (s == DT_OK) s = dt_par_buffers_bcast(&z->bufs);   /* rank 0's, whatever the options */
+    if (s == DT_OK && opts.node_params) s = dt_zero_wire_node_params(z);   /* may make stage 3 stage 2 */
     if (s == DT_OK) s = init_optimizers(z);
     if (s == DT_OK) s = dt_zero_modules_setup(z);
     if (s == DT_OK) s = shard_storage(z);
@@ -231,6 +237,10 @@ dt_status dt_zero_begin_external(dt_zero *z) {
 
 /* ---- introspection ---- */
 int dt_zero_stage(const dt_zero *z) { return z->stage; }
+int dt_zero_node_params(const dt_zero *z, const char **why) {
+    if (why) *why = z->wire.mparams_why;
+    return z->wire.mparams != NULL;
+}
 int dt_zero_num_buckets(const dt_zero *z) { return z->lay.nb; }
 const dt_zero_bucket *dt_zero_bucket_at(const dt_zero *z, int i) { return i >= 0 && i < z->lay.nb ? &z->lay.b[i].pub : NULL; }
 dt_param *const *dt_zero_param_order(const dt_zero *z) { return z->lay.order; }
@@ -256,8 +266,11 @@ dt_pg *dt_zero_pg(const dt_zero *z) { return z->pg; }
 dt_zero_memory dt_zero_get_memory(const dt_zero *z) {
     size_t f = sizeof(float), full = z->lay.total * f, shard = z->lay.shard_total * f, stateful = 0;
     for (int i = 0; i < z->lay.nb; i++) stateful += z->lay.b[i].pub.trainable ? z->lay.b[i].pub.shard : 0;
+    dt_pg_topo t;
+    dt_pg_topology(z->ag_pg, &t);
+    size_t mine = z->wire.mparams ? full / (size_t)(t.local_size > 0 ? t.local_size : 1) : full;   /* its share */
     dt_zero_memory r = {   /* gradients: trainable parameters only (frozen ones have none) */
-        .param_bytes = z->stage == 3 ? shard : full,
+        .param_bytes = z->stage == 3 ? shard : mine,
         .grad_bytes = z->stage == 1 ? z->m->grad_flat.numel * f : z->lay.gshard_total * f,
         .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * stateful * f + (z->zero_state ? z->zero_state_n * f : 0),
         .grad_window_peak = z->pool.grad_peak * f,

@@ -37,6 +37,9 @@ typedef struct zwire {
     void *rs_win;            /* stage 1, 16-bit wire: node-shared reduce-scatter inputs (layout x es) */
     void *ag_win;            /* stages 1/2: node-shared all-gather buffers (layout x es), on ag_pg */
     size_t shm_bytes;        /* rs_win + ag_win */
+    float *mparams;          /* node_params: the machine's parameters (on ag_pg), = the model's
+                                param_flat; NULL: private parameters */
+    char mparams_why[256];   /* node_params asked and not in effect: why */
 } zwire;
 
 /* Buckets and owned shards. Written at create (zero/layout.c, shard storage
@@ -212,6 +215,9 @@ dt_status dt_zero_join_agree(dt_zero *z, int active, int *any);
  * gathered: after completion, dest filled (the own chunk is exact float32).
  * The *_f32 gather is the exact float32 gather used outside training steps. */
 dt_status dt_zero_wire_setup(dt_zero *z);
+/* node_params (collective, before the shard storage): the parameters into
+ * the machine's shared copy; stage 3 becomes stage 2 when it succeeds. */
+dt_status dt_zero_wire_node_params(dt_zero *z);
 void dt_zero_wire_free(dt_zero *z);
 dt_status dt_zero_wire_reduce(dt_zero *z, int i, dt_work **w);
 void dt_zero_wire_reduced(dt_zero *z, int i);
