@@ -83,6 +83,7 @@ static const setting_flag k_flags[] = {
     {"train.keep_denormals", "--keep-denormals"},
     {"train.init", "--init"},
     {"train.save_every", "--save-every"},
+    {"train.save_sync", "--save-sync"},
     {"train.save", "--save"},
     {"train.resume", "--resume"},
     {"train.metrics", "--metrics"},

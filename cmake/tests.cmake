@@ -135,6 +135,12 @@ add_test(NAME test_node_params_cli
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_node_params_cli.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
 set_tests_properties(test_node_params_cli PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 600)
 
+# Background checkpoints: the same bytes as --save-sync (DDP, ZeRO consolidated),
+# sharded and pipeline sets committed and resumable.
+add_test(NAME test_save_background
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_save_background.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_save_background PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
+
 # --zero with --compress bf16|fp16 (and --no-shm) trains GPT-2 through the
 # CLI (--nproc 2); a bad --compress value is refused.
 add_test(NAME test_zero_wire_cli

@@ -135,6 +135,32 @@ dt_status dt_ckpt_write_index(const char *dir, const char *set, int world, int s
                               const dt_ckpt_shape *tensors, int n_tensors,
                               const dt_st_meta *meta, int n_meta);
 
+/* ---- background writes ----
+ * A writer thread that takes checkpoint files off the training loop. While a
+ * thread captures into it, that thread's dt_safetensors_write, dt_st_writer
+ * and dt_ckpt_write_index check their arguments, copy what they would write
+ * into memory and return; the writer thread writes the same bytes (checksums,
+ * temp file + rename) in the order queued. A sharded set's index waits until
+ * every rank's shard file of the set is visible in the directory, so the set
+ * commits once all ranks' writes are done and never before (ranks on other
+ * machines need a shared directory, as for any sharded set). The thread
+ * blocks every signal and never calls MPI.
+ *   dt_bg_writer_capture(w) ... save ... dt_bg_writer_capture(NULL);
+ *   ... training goes on ...
+ *   dt_bg_writer_wait(w, 0)   this rank's files written (first error since
+ *                             the last wait); the caller agrees across ranks,
+ *                             then (all ok) waits with_index = 1, else
+ *                             cancels the index (the set is not committed). */
+typedef struct dt_bg_writer dt_bg_writer;
+dt_status dt_bg_writer_create(dt_bg_writer **out);
+void dt_bg_writer_capture(dt_bg_writer *w);   /* the calling thread's writes; NULL: write directly */
+dt_status dt_bg_writer_wait(dt_bg_writer *w, int with_index);
+void dt_bg_writer_cancel_index(dt_bg_writer *w);   /* pending indexes give up; returns when they have */
+int dt_bg_writer_busy(dt_bg_writer *w);              /* jobs queued or running */
+size_t dt_bg_writer_peak_bytes(dt_bg_writer *w);     /* most copy bytes held at once */
+/* Files still queued are written; an index still waiting for shards gives up. */
+void dt_bg_writer_free(dt_bg_writer *w);
+
 /* ---- atomic whole-file write helper ---- */
 dt_status dt_write_file_atomic(const char *path, const void *bytes, size_t n);
 

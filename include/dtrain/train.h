@@ -43,6 +43,10 @@ typedef struct dt_train_opts {
     const char *init;              /* safetensors with parameters to start from */
     const char *save;              /* checkpoint path written at the end (and every save_every) */
     int64_t save_every;
+    int save_sync;                 /* 1: every save is written before training goes on. 0 (default):
+                                      the state is copied into host memory and written by a background
+                                      thread (io.h, background writes) while training (or the final
+                                      evaluation) goes on; the next save first waits for it */
     const char *resume;            /* checkpoint to continue from */
     const char *metrics;           /* JSONL path */
     const char *trace;             /* Chrome trace path (per rank: suffix .rankN) */
@@ -101,6 +105,11 @@ struct dt_trainer {
      * prints progress (0; with uneven the lowest of the ranks running the most steps) */
     int64_t own_steps, common_steps;
     int lead_rank;
+    /* background checkpoints (save_bg.c): the writer (NULL: saves are synchronous) and the
+     * save it is writing: its step (-1: none), when it was queued, how long the copy took */
+    dt_bg_writer *bg;
+    int64_t bg_step;
+    double bg_t0, bg_copy_s;
 };
 
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out);
@@ -123,6 +132,14 @@ dt_status dt_trainer_refresh_trainable(dt_trainer *t);
 dt_status dt_trainer_run(dt_trainer *t);
 /* Checkpoint through the strategy's save() if it has one, else dt_checkpoint_save. */
 dt_status dt_trainer_save(dt_trainer *t, const char *path);
+/* The same, in the background unless opts.save_sync: collective; first
+ * settles the save still in flight, then copies this step's state and
+ * returns while a thread writes it (same files, same bytes). */
+dt_status dt_trainer_save_background(dt_trainer *t, const char *path);
+/* Waits for the background save in flight, if any (collective): every rank's
+ * files written, agreed over ranks, the set committed; one line on the lead
+ * rank unless quiet. An error names the step, the path and the failing rank. */
+dt_status dt_trainer_save_settle(dt_trainer *t);
 /* Loss and accuracy (fraction of targets predicted right) on the dataset's
  * eval split: all of it, or --eval-batches batches where the dataset allows. */
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);

@@ -86,6 +86,20 @@
  * MPI. Stage 2 gradients and stage 3 are not moved: full-size shared buffers
  * would cost the memory those stages exist to save. dt_zero_memory.shm_bytes
  * reports the node-shared bytes per rank.
+ *
+ * Node-shared parameters (opts.node_params; any number of machines; dist.h
+ * section 10): the model's parameters live once per machine in memory its
+ * ranks share. A rank steps its shard in place there (nobody else writes it:
+ * each element has one owner) and the post-step all-gather sends it to one
+ * rank of every other machine, which writes it into that machine's copy;
+ * nothing is copied inside a machine. Safe without more locking because a
+ * rank steps bucket b only after b's reduce-scatter, which each rank joins
+ * after its last read of b in the step, and reads b in the next forward only
+ * after b's all-gather, which ends with a barrier of its machine. Stage 3
+ * keeps its parameters whole like this too (no gathers per module):
+ * per machine one copy, per rank 1/R of it, where stage 3 privately holds
+ * 1/N plus the buckets in use on every rank. Results are bitwise those of
+ * private parameters.
  */
 #ifndef DTRAIN_ZERO_H
 #define DTRAIN_ZERO_H

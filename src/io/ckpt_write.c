@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
+#include "bg_internal.h"
 #include "ckpt_internal.h"
 
 #define SHARD_PREFIX "shard-"
@@ -32,6 +33,7 @@ uint32_t dt_ckpt_nonce(void) {
 static int shard_name(char *buf, size_t cap, const char *set, int rank) {
     return snprintf(buf, cap, SHARD_PREFIX "%s-r%d.safetensors", set, rank) < (int)cap;
 }
+int dt__ckpt_shard_name(char *buf, size_t cap, const char *set, int rank) { return shard_name(buf, cap, set, rank); }
 
 dt_status dt_ckpt_prepare_dir(const char *dir) {
     if (!dir || !*dir) return DT_ERR(DT_EINVAL, "sharded checkpoint: empty directory path");
@@ -141,6 +143,8 @@ dt_status dt_ckpt_write_index(const char *dir, const char *set, int world, int s
     char *json = NULL, path[4096];
     if (snprintf(path, sizeof path, "%s/%s", dir, DT_CKPT_INDEX_NAME) >= (int)sizeof path)
         return DT_ERR(DT_EINVAL, "sharded checkpoint %s: path too long", dir);
+    dt_bg_writer *bg = dt__bg_capturing();   /* in the background, once every shard is there */
+    if (bg) return dt__bg_queue_index(bg, dir, set, world, stage, tensors, n_tensors, meta, n_meta);
     DT_TRY(build_index(dir, set, world, stage, tensors, n_tensors, meta, n_meta, &json));
     dt_status s = dt_write_file_atomic(path, json, strlen(json));
     cJSON_free(json);

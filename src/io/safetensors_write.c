@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cjson/cJSON.h>
+#include "bg_internal.h"
 #include "st_internal.h"
 #include "util/atomic_file.h"
 
@@ -24,6 +25,13 @@ struct dt_st_writer {
     uint64_t *crc_at;     /* file offset of entry i's checksum placeholder */
     uint32_t *crc;        /* entry i's CRC-32 (complete once written passes ends[i]) */
     int cur;              /* entry the next appended byte belongs to */
+    /* captured (bg_write.c): bytes go to snap; the file is queued at commit */
+    dt_bg_writer *bg;
+    char *snap;
+    char *path;           /* (captured) */
+    dt_st_entry *e;       /* (captured) names point into `names` */
+    dt_st_meta *meta; int n_meta;   /* (captured) strings in meta_strs */
+    char **meta_strs;
 };
 
 #define CRC_HEX 8   /* placeholder and value length */
@@ -267,6 +275,14 @@ dt_status dt_safetensors_write(const char *path, const dt_st_entry *entries, int
     uint64_t *ends, total;
     char *hdr;
     size_t hdr_len;
+    dt_bg_writer *bg = dt__bg_capturing();
+    if (bg) {   /* checked now, copied, written by the background thread */
+        ends = calloc((size_t)(n_entries > 0 ? n_entries : 1), sizeof *ends);
+        if (!ends) return DT_ERR(DT_ENOMEM, "%s: out of memory", path_or(path));
+        dt_status s = validate(path, entries, n_entries, meta, n_meta, 1, ends, &total);
+        free(ends);
+        return s != DT_OK ? s : dt__bg_queue_copy(bg, path, entries, n_entries, meta, n_meta);
+    }
     DT_TRY(prepare(path, entries, n_entries, meta, n_meta, 1, &ends, &total, &hdr, &hdr_len));
     dt_atomic_file af;
     dt_status s = dt_atomic_open(&af, path);
@@ -287,6 +303,12 @@ dt_status dt_safetensors_write(const char *path, const dt_st_entry *entries, int
 
 static void writer_free(dt_st_writer *w) {
     for (int i = 0; i < w->n_entries; i++) free(w->names[i]);
+    for (int i = 0; w->meta_strs && i < 2 * w->n_meta; i++) free(w->meta_strs[i]);
+    free(w->meta_strs);
+    free(w->meta);
+    free(w->e);
+    free(w->path);
+    free(w->snap);
     free(w->names);
     free(w->ends);
     free(w->crc_at);
@@ -328,6 +350,34 @@ dt_status dt_st_writer_open(dt_st_writer **wp, const char *path, const dt_st_ent
         memcpy(w->names[i], entries[i].name, len);
     }
     w->n_entries = n_entries;
+    dt_bg_writer *bg = dt__bg_capturing();
+    if (bg) {   /* appends fill a copy; commit queues it for the background thread */
+        free(hdr);
+        w->bg = bg;
+        w->snap = malloc(w->total ? (size_t)w->total : 1);
+        w->path = strdup(path);
+        w->e = calloc((size_t)(n_entries > 0 ? n_entries : 1), sizeof *w->e);
+        w->meta = calloc((size_t)(n_meta > 0 ? n_meta : 1), sizeof *w->meta);
+        w->meta_strs = calloc((size_t)(n_meta > 0 ? 2 * n_meta : 1), sizeof *w->meta_strs);
+        uint64_t total = w->total;
+        int ok = w->snap && w->path && w->e && w->meta && w->meta_strs;
+        w->n_meta = w->meta_strs ? n_meta : 0;
+        for (int i = 0; ok && i < n_meta; i++) {
+            ok = (w->meta_strs[2 * i] = strdup(meta[i].key)) && (w->meta_strs[2 * i + 1] = strdup(meta[i].value));
+            if (ok) w->meta[i] = (dt_st_meta){w->meta_strs[2 * i], w->meta_strs[2 * i + 1]};
+        }
+        if (!ok) {
+            writer_free(w);
+            return DT_ERR(DT_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte background checkpoint copy", path, total);
+        }
+        for (int i = 0; i < n_entries; i++) {
+            w->e[i] = entries[i];
+            w->e[i].name = w->names[i];
+            w->e[i].data = NULL;
+        }
+        *wp = w;
+        return DT_OK;
+    }
     /* Placeholder i is the last ':"#<i>"' of the header: metadata values are
      * the only strings after a ':', and the checksums come after meta's. */
     for (int i = 0; i < n_entries; i++) {
@@ -376,6 +426,11 @@ dt_status dt_st_writer_append(dt_st_writer *w, const void *bytes, size_t n) {
                       " exceeds the declared data size %" PRIu64,
                       w->af.path, n, w->written, w->total);
     }
+    if (w->bg) {   /* captured: the background thread sums and writes */
+        memcpy(w->snap + w->written, bytes, n);
+        w->written += n;
+        return DT_OK;
+    }
     dt_status s = dt_atomic_write(&w->af, bytes, n);
     if (s != DT_OK) {
         w->failed = 1;
@@ -397,6 +452,18 @@ dt_status dt_st_writer_append(dt_st_writer *w, const void *bytes, size_t n) {
 dt_status dt_st_writer_commit(dt_st_writer *w) {
     if (!w) return DT_ERR(DT_EINVAL, "dt_st_writer_commit: NULL writer");
     dt_status s;
+    if (w->bg) {   /* captured: nothing on disk yet; complete, it is queued */
+        if (w->failed) s = DT_ERR(DT_ESTATE, "%s: commit after a failed append; file not written", w->path);
+        else if (w->written != w->total)
+            s = DT_ERR(DT_ESTATE, "%s: commit after %" PRIu64 " of %" PRIu64 " declared data bytes (tensor '%s' "
+                       "incomplete); file not written", w->path, w->written, w->total, entry_at(w, w->written));
+        else {
+            s = dt__bg_queue_owned(w->bg, w->path, w->e, w->n_entries, w->meta, w->n_meta, w->snap, (size_t)w->total);
+            w->snap = NULL;   /* the job's now (freed by it on failure too) */
+        }
+        writer_free(w);
+        return s;
+    }
     if (w->failed) {
         s = DT_ERR(DT_ESTATE, "%s: commit after a failed append; file not written", w->af.path);
         dt_atomic_discard(&w->af);
@@ -422,6 +489,6 @@ dt_status dt_st_writer_commit(dt_st_writer *w) {
 
 void dt_st_writer_abort(dt_st_writer *w) {
     if (!w) return;
-    dt_atomic_discard(&w->af);
+    if (!w->bg) dt_atomic_discard(&w->af);   /* (captured: nothing was opened) */
     writer_free(w);
 }

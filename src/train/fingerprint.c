@@ -82,6 +82,7 @@ static void describe_run(const dt_trainer *t, dt_agree *a) {
     dt_agree_add(a, "train.resume", "%s", o->resume ? o->resume : "(none)");
     dt_agree_add(a, "train.save", "%s", o->save ? o->save : "(none)");
     dt_agree_add(a, "train.save_every", "%lld", (long long)o->save_every);
+    dt_agree_add(a, "train.save_sync", "%d", o->save_sync);
     dt_agree_add(a, "train.eval_batches", "%lld", (long long)o->eval_batches);
     dt_agree_add(a, "train.stop_after", "%lld", (long long)o->stop_after);
 }

@@ -99,6 +99,9 @@ dt_status dt_trainer_check_outputs(const dt_trainer *t) {
 
 dt_status dt_trainer_finish(dt_trainer *t) {
     dt_status s = DT_OK;
+    dt_bg_writer_free(t->bg);   /* (settled on success; else queued files are written, no set commits
+                                    unless every shard of it is complete) */
+    t->bg = NULL;
     if (t->strat.destroy) t->strat.destroy(t->strat.self);   /* strategies hold the trace */
     t->strat.destroy = NULL;
     if (t->trace) {

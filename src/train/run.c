@@ -54,7 +54,8 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
             double vals[4] = {(double)t->step, loss, dt_lr_at(&t->sched, t->step - 1), dt * 1e3};
             DT_TRY(dt_jsonl_write(&t->metrics, 4, keys, vals));
         }
-        if (o->save && o->save_every > 0 && t->step % o->save_every == 0 && !*code) DT_TRY(dt_trainer_save(t, o->save));
+        if (o->save && o->save_every > 0 && t->step % o->save_every == 0 && !*code)
+            DT_TRY(dt_trainer_save_background(t, o->save));
         if (*code) {   /* agreed: every rank stops after this step (unless it was the last) */
             if (t->step >= t->total_steps) *code = 0;
             return DT_OK;
@@ -71,7 +72,8 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
 /* Stopped by a request (signal) after step t->step: checkpoint, say so once. */
 static dt_status stop_early(dt_trainer *t, int code) {
     const char *save = t->opts.save;
-    if (save) DT_TRY(dt_trainer_save(t, save));
+    if (save) DT_TRY(dt_trainer_save_background(t, save));
+    DT_TRY(dt_trainer_save_settle(t));
     dt_stop_set_stopped(code);
     if (t->strat.rank == 0) {
         if (save) dt_log(DT_LOG_INFO, "interrupted at step %lld, saved to %s\n", (long long)t->step, save);
@@ -106,6 +108,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
     dt_status s = dt_stop_sync_init(stop, t->strat.world);
     if (s != DT_OK) { free(stop); return s; }
     int code = 0;
+    int64_t start_step = t->step;
     s = train_steps(t, stop, tty, lead, log_every, &code);
     if (s == DT_OK) {
         dt_stop_sync_free(stop);
@@ -114,11 +117,15 @@ dt_status dt_trainer_run(dt_trainer *t) {
         dt_stop_sync_abandon(stop);   /* peers may be waiting elsewhere: no collective teardown */
     }
     if (tty) dt_log(DT_LOG_PROGRESS, "\n");
+    if (s == DT_OK && code < 0) s = dt_trainer_save_settle(t);   /* what a --stop-after run saved is on disk */
     if (s != DT_OK || code < 0) return s;   /* code < 0: --stop-after */
     if (code) return stop_early(t, code);
-    if (o->save) DT_TRY(dt_trainer_save(t, o->save));
+    /* (the loop's --save-every may have saved this very step already) */
+    int saved = o->save_every > 0 && t->step % o->save_every == 0 && t->step > start_step;
+    if (o->save && !saved) DT_TRY(dt_trainer_save_background(t, o->save));   /* written while evaluation runs */
     double loss, acc;
     DT_TRY(dt_trainer_evaluate(t, &loss, &acc));
+    DT_TRY(dt_trainer_save_settle(t));
     if (lead) {
         if (d->headline_loss)   /* "validation loss: 1.2345  (token accuracy 0.4567)" */
             dt_log(DT_LOG_INFO, "%s loss: %.4f  (%s %.4f)\n", d->eval_name, loss, d->metric, acc);

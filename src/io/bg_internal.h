@@ -1,0 +1,23 @@
+/* Internal to src/io: the writer a thread captures into (bg_write.c), and
+ * the queueing the capturing write calls use instead of writing. */
+#ifndef DT_IO_BG_INTERNAL_H
+#define DT_IO_BG_INTERNAL_H
+
+#include "dtrain/io.h"
+
+/* The calling thread's capture (dt_bg_writer_capture), or NULL. */
+dt_bg_writer *dt__bg_capturing(void);
+/* A file of these entries, their bytes copied now. */
+dt_status dt__bg_queue_copy(dt_bg_writer *w, const char *path, const dt_st_entry *e, int n, const dt_st_meta *meta,
+                            int n_meta);
+/* The same, the bytes already in data (entries back to back, data_bytes in
+ * all; taken over, freed also on failure). */
+dt_status dt__bg_queue_owned(dt_bg_writer *w, const char *path, const dt_st_entry *e, int n, const dt_st_meta *meta,
+                             int n_meta, void *data, size_t data_bytes);
+/* dt_ckpt_write_index's arguments, copied; run once the set's shards are all visible. */
+dt_status dt__bg_queue_index(dt_bg_writer *w, const char *dir, const char *set, int world, int stage,
+                             const dt_ckpt_shape *tensors, int n_tensors, const dt_st_meta *meta, int n_meta);
+/* ckpt_write.c: rank's shard file name of set; 0 if it does not fit. */
+int dt__ckpt_shard_name(char *buf, size_t cap, const char *set, int rank);
+
+#endif

@@ -1,0 +1,88 @@
+/* Background checkpoints: a save copies this step's state into host memory
+ * (the strategy's own save, captured by the io layer's writer: io.h,
+ * background writes) and returns; a thread writes the files while training
+ * goes on. At most one save is in flight: the next one, the end of the run
+ * and a stop first settle it.
+ *
+ * Settling is collective over the strategy: each rank waits for its own
+ * files, the ranks agree (one small sum), and only then does rank 0 wait for
+ * the set's index, which commits it. Whatever happens, a set is committed
+ * only when every rank's shard is complete on disk (the index waits for
+ * them), so a failure or a kill leaves the previous checkpoint the one that
+ * loads. */
+#include <stdio.h>
+#include <time.h>
+#include "trainer_internal.h"
+#include "util/log_internal.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Sum of x over ranks (DT_OK alone without a strategy sum: one process). */
+static dt_status sum_ranks(dt_trainer *t, double *x, int n) {
+    return t->strat.allreduce_sum && t->strat.world > 1 ? t->strat.allreduce_sum(t->strat.self, x, n) : DT_OK;
+}
+
+/* s on this rank -> the same outcome on every rank: a local failure keeps its
+ * message, the others name the first failing rank. */
+static dt_status agree(dt_trainer *t, dt_status s, const char *what) {
+    double v[2] = {s != DT_OK ? 1.0 : 0.0, s != DT_OK ? (double)(t->strat.rank + 1) : 0.0};
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", s != DT_OK ? dt_error_message() : "");
+    dt_status c = sum_ranks(t, v, 2);
+    if (c != DT_OK) return c;
+    if (s != DT_OK) return DT_ERR(s, "%s", keep);
+    if (v[0] == 0) return DT_OK;
+    if (v[0] == 1) return DT_ERR(DT_EIO, "%s failed on rank %d (see its error)", what, (int)v[1] - 1);
+    return DT_ERR(DT_EIO, "%s failed on %d ranks (see their errors)", what, (int)v[0]);
+}
+
+dt_status dt_trainer_save_settle(dt_trainer *t) {
+    if (!t->bg || t->bg_step < 0) return DT_OK;
+    char what[1200];
+    snprintf(what, sizeof what, "background checkpoint of step %lld to %s", (long long)t->bg_step,
+             t->opts.save ? t->opts.save : "?");
+    int64_t step = t->bg_step;
+    t->bg_step = -1;
+    dt_status s = dt_bg_writer_wait(t->bg, 0);   /* this rank's files */
+    s = agree(t, s, what);
+    if (s != DT_OK) {
+        dt_bg_writer_cancel_index(t->bg);   /* not every shard: the set is not committed */
+        return s;
+    }
+    s = agree(t, dt_bg_writer_wait(t->bg, 1), what);   /* rank 0's index: the commit */
+    if (s == DT_OK && t->strat.rank == t->lead_rank && !t->opts.quiet)
+        dt_log(DT_LOG_INFO, "dtrain: checkpoint of step %lld written to %s in the background (%.1f s; training "
+               "paused %.0f ms for the copy, %.1f MiB held on rank %d)\n", (long long)step, t->opts.save,
+               now_s() - t->bg_t0, t->bg_copy_s * 1e3, (double)dt_bg_writer_peak_bytes(t->bg) / 1048576.0,
+               t->strat.rank);
+    return s;
+}
+
+dt_status dt_trainer_save_background(dt_trainer *t, const char *path) {
+    if (t->opts.save_sync) return dt_trainer_save(t, path);
+    DT_TRY(dt_trainer_save_settle(t));
+    if (!t->bg) {
+        t->bg_step = -1;
+        DT_TRY(dt_bg_writer_create(&t->bg));
+    }
+    double t0 = now_s();
+    dt_bg_writer_capture(t->bg);
+    dt_status s = dt_trainer_save(t, path);   /* collective parts run now; files are queued */
+    dt_bg_writer_capture(NULL);
+    t->bg_copy_s = now_s() - t0;
+    t->bg_t0 = t0;
+    t->bg_step = t->step;
+    if (s != DT_OK) {   /* queued pieces of a failed save must not commit a set */
+        char keep[1024];
+        snprintf(keep, sizeof keep, "%s", dt_error_message());
+        dt_bg_writer_cancel_index(t->bg);
+        if (dt_bg_writer_wait(t->bg, 1) != DT_OK) dt_error_clear();
+        t->bg_step = -1;
+        return DT_ERR(s, "%s", keep);
+    }
+    return DT_OK;
+}
