@@ -275,6 +275,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     if (eval_only) {
         if (!f.o.init && !f.o.resume) { fprintf(stderr, "dtrain: eval needs --init FILE or --resume FILE\n"); return 2; }
         f.o.steps = 1;
+        f.o.eval_only = 1;   /* a checkpoint past step 1 evaluates too */
     }
     return dt_cli_run(&f.o, &f.dist, eval_only);
 }
