@@ -228,3 +228,10 @@ endif()
 add_test(NAME test_metrics_symlink
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_metrics_symlink.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_metrics_symlink PROPERTIES LABELS unit TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# Checkpoints drive the CLI (issue 27): eval --init / --resume of MLP, CNN and
+# GPT-2 files, ZeRO-3 and pipeline sets without model flags equals eval with
+# them; a flag contradicting the file is refused naming both values.
+add_test(NAME test_eval_checkpoint
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_eval_checkpoint.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_eval_checkpoint PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
