@@ -26,10 +26,11 @@ static const char *ckpt_path(const cli_flags *f) { return f->o.resume ? f->o.res
 int dt_cli_ckpt_read(cli_flags *f, char *err, int errlen) {
     memset(&f->ckpt, 0, sizeof f->ckpt);
     const char *path = ckpt_path(f);
-    if (!path) return 0;
-    if (dt_checkpoint_read_model(path, &f->ckpt) != DT_OK) {
-        dt_cli_flag_names(dt_error_message(), err, (size_t)errlen);
-        return -1;
+    /* both: the library refuses the pair; a file that cannot be read: the
+     * trainer says why on every rank, as for any checkpoint error */
+    if (!path || (f->o.resume && f->o.init) || dt_checkpoint_read_model(path, &f->ckpt) != DT_OK) {
+        memset(&f->ckpt, 0, sizeof f->ckpt);
+        return 0;
     }
     if (f->ckpt.builtin && f->model && strcmp(f->model, f->ckpt.name)) {
         snprintf(err, (size_t)errlen, "--model %s contradicts %s, a checkpoint of --model %s (leave --model out: "

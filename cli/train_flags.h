@@ -60,8 +60,9 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen);
  * (an unknown model, a list of the wrong length). */
 int dt_cli_train_defaults(cli_flags *f, char *err, int errlen);
 /* ckpt_model.c: the model and optimizer --resume / --init FILE records.
- * dt_cli_ckpt_read: into f->ckpt (nothing without either flag); -1 with err
- * when the file cannot be read or --model contradicts it.
+ * dt_cli_ckpt_read: into f->ckpt (nothing without either flag, with both,
+ * or when the file cannot be read: the trainer reports that); -1 with err
+ * when --model contradicts it.
  * dt_cli_ckpt_check: -1 with err naming the flag, its value and the file's
  * when a model flag given contradicts a setting the file records (c: the
  * file's model with the flags given laid over it).
