@@ -235,3 +235,11 @@ set_tests_properties(test_metrics_symlink PROPERTIES LABELS unit TIMEOUT 120 SKI
 add_test(NAME test_eval_checkpoint
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_eval_checkpoint.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_eval_checkpoint PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
+
+# Impossible combinations are refused before step 1, with no progress line
+# and no checkpoint (issue 27 item 6): pipeline + --unfreeze-at, an empty
+# validation split, a batch beyond the training split, --pp with
+# --save-format consolidated.
+add_test(NAME test_refuse_upfront
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_refuse_upfront.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_refuse_upfront PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)

@@ -32,6 +32,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     }
     if (o->threads > 0) omp_set_num_threads(o->threads);
     dt_status s = dt_cpu_set_flush_denormal(!o->keep_denormals);
+    if (s == DT_OK) s = dt_trainer_check_unfreeze(t);
     if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_trainer_fit_model(t);
@@ -50,6 +51,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     /* uneven: the data already holds only this rank's files, sampled whole */
     if (s == DT_OK) s = dt_sampler_init(&t->sampler, t->data.size[DT_SPLIT_TRAIN], o->seed, 1,
                                         o->uneven ? 0 : t->strat.data_rank, o->uneven ? 1 : t->strat.data_world, 0);
+    if (s == DT_OK) s = dt_trainer_check_sizes(t);   /* the same on every rank: before uneven's collective */
     if (s == DT_OK) {
         int64_t per_step = o->batch * o->accum;
         int64_t steps_per_epoch = t->sampler.per_rank / per_step;
