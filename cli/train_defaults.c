@@ -1,7 +1,8 @@
 /* Defaults that depend on other flags, resolved after the one parse of argv:
  * the model's settings take --model's defaults (its registry entry, nn.h
- * section 4b), the optimizer's take --optim's (optim.h: lr and weight decay
- * differ between adamw and sgd). A flag given keeps its value, wherever it
+ * section 4b) or, with --resume / --init of a dtrain checkpoint, the model
+ * the file records (ckpt_model.c), the optimizer's take --optim's (optim.h:
+ * lr and weight decay differ between adamw and sgd; --resume's file names it). A flag given keeps its value, wherever it
  * stands on the command line ("--lr 0.5 --optim sgd" trains at 0.5). */
 #include <stdio.h>
 #include <string.h>
