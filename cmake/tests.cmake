@@ -234,7 +234,7 @@ set_tests_properties(test_metrics_symlink PROPERTIES LABELS unit TIMEOUT 120 SKI
 # them; a flag contradicting the file is refused naming both values.
 add_test(NAME test_eval_checkpoint
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_eval_checkpoint.sh $<TARGET_FILE:dtrain_cli>)
-set_tests_properties(test_eval_checkpoint PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
+set_tests_properties(test_eval_checkpoint PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 900)
 
 # Impossible combinations are refused before step 1, with no progress line
 # and no checkpoint (issue 27 item 6): pipeline + --unfreeze-at, an empty
