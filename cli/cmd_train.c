@@ -82,6 +82,11 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
                  "that a stage's part of the model does not all run); use --zero 1 or 2");
         return -1;
     }
+    if (f->save_format && f->dist.save_format == DT_ZERO_CKPT_CONSOLIDATED) {   /* else ignored: saved as a set */
+        snprintf(err, (size_t)errlen, "--save-format consolidated does not combine with --pp: a pipeline saves a "
+                 "sharded set (any layout, ZeRO or one process resumes it)");
+        return -1;
+    }
     /* data parallel across each stage's replicas: DDP or ZeRO 1/2 with the same options */
     p->zero_stage = f->dist.zero_stage;
     p->ddp = f->dist.ddp;
@@ -268,7 +273,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     int r = dt_cli_train_flags(&f, argc, argv, err, sizeof err);
     if (r == 1) {
         dt_args_help(f.table, f.n_table, eval_only
-            ? "usage: dtrain eval --model KIND --init FILE [options]\n\nEvaluate a model (weights from --init or --resume) on the test/validation split."
+            ? "usage: dtrain eval --init FILE|DIR [options]\n       dtrain eval --resume FILE|DIR [options]\n\nEvaluate a model (weights from --init or --resume: a file or a ZeRO / pipeline set) on the test/validation split.\nA dtrain checkpoint names its model and settings: give no model flags (one that contradicts the file is refused);\nweights without them (Hugging Face) need --model and its flags."
             : "usage: dtrain train [options]\n       mpirun -np N dtrain train [options]\n\nTrain a model; prints a progress line per step and the test accuracy (images) or validation loss (text) at the end.",
             "data: fashion-mnist (IDX, gzip) | text (bytes of a file or a directory of files) | shard (llm.c .bin tokens)\n");
         return 0;
@@ -279,6 +284,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     if (eval_only) {
         if (!f.o.init && !f.o.resume) { fprintf(stderr, "dtrain: eval needs --init FILE or --resume FILE\n"); return 2; }
         f.o.steps = 1;
+        f.o.eval_only = 1;   /* a checkpoint past step 1 evaluates too */
     }
     return dt_cli_run(&f.o, &f.dist, eval_only);
 }

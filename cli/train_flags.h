@@ -44,6 +44,7 @@ typedef struct cli_flags {
     dt_arg table[DT_CLI_MAX_ROWS];
     unsigned char given[DT_CLI_MAX_ROWS];
     int n_table;
+    dt_ckpt_model ckpt;  /* the model --resume / --init records (ckpt_model.c); .builtin 0: none */
 } cli_flags;
 
 /* cmd_train.c: argv[2..argc) into f (argv[1] is the command): 0, 1 when
@@ -58,4 +59,18 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen);
  * flags given laid over them, into f->o.model and f->o.optim; -1 with err
  * (an unknown model, a list of the wrong length). */
 int dt_cli_train_defaults(cli_flags *f, char *err, int errlen);
+/* ckpt_model.c: the model and optimizer --resume / --init FILE records.
+ * dt_cli_ckpt_read: into f->ckpt (nothing without either flag, with both,
+ * or when the file cannot be read: the trainer reports that); -1 with err
+ * when --model contradicts it.
+ * dt_cli_ckpt_check: -1 with err naming the flag, its value and the file's
+ * when a model flag given contradicts a setting the file records (c: the
+ * file's model with the flags given laid over it).
+ * dt_cli_ckpt_optim: --resume's optimizer into *kind when the file records
+ * one; -1 with err when --optim names the other. */
+int dt_cli_ckpt_read(cli_flags *f, char *err, int errlen);
+int dt_cli_ckpt_check(const cli_flags *f, const dt_model_cfg *c, char *err, int errlen);
+int dt_cli_ckpt_optim(const cli_flags *f, dt_optim_kind *kind, char *err, int errlen);
+/* the row of flag ("--seq") was given on the command line */
+int dt_cli_flag_given(const cli_flags *f, const char *flag);
 #endif

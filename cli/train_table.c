@@ -102,7 +102,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},
         {"--val-path", DT_ARG_STR, &o->val_path, "PATH", "LM validation file (default: last 10% of the data)", 0, 0},
         {"--batch", DT_ARG_I64, &o->batch, "B", "batch size per rank and micro-step; with --pp per replica and step, split into --microbatches (default 64)", 0, 0},
-        {"--seq", DT_ARG_I64, &o->seq, "T", "LM sequence length (default 64)", 0, 0},
+        {"--seq", DT_ARG_I64, &o->seq, "T", "LM sequence length (default 64, at most the model's --max-t)", 0, 0},
         {"--steps", DT_ARG_I64, &o->steps, "N", "optimizer steps (overrides --epochs)", 0, 0},
         {"--epochs", DT_ARG_INT, &o->epochs, "N", "epochs when --steps is not given (default 1)", 0, 0},
         {"--recompute", DT_ARG_STR, &f->recompute, "none|blocks", "activation recompute: blocks keeps only the input of every block but the last and re-runs its forward in backward (less memory, ~1/3 more compute; default none)", 0, 0},
@@ -120,7 +120,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--freeze", DT_ARG_STRS, &o->n_freeze, "PATTERN", "freeze the parameters whose names match a glob (repeatable; e.g. 'fc1.*'): "
          "not trained, their values kept exactly; a pattern matching none is an error", f->freeze, 64},
         {"--unfreeze-at", DT_ARG_I64, &o->unfreeze_at, "STEP", "the --freeze parameters train from this step on, with "
-         "fresh optimizer state (DDP re-cuts buckets, ZeRO re-partitions; default 0: never)", 0, 0},
+         "fresh optimizer state (DDP re-cuts buckets, ZeRO re-partitions; not with --pp; default 0: never)", 0, 0},
         {"--no-decay", DT_ARG_STRS, &f->n_no_decay, "PATTERN", "no weight decay for the parameters matching a glob (repeatable; "
          "e.g. '*.bias'). By default matrices decay, vectors (biases, norms) do not", f->no_decay, 64},
         {"--lr-scale", DT_ARG_STRS, &f->n_lr_scale, "PATTERN=F", "multiply the learning rate of the parameters matching a glob "
@@ -130,11 +130,13 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--threads", DT_ARG_INT, &o->threads, "N", "OpenMP/OpenBLAS threads per rank (default: cores / ranks)", 0, 0},
         {"--keep-denormals", DT_ARG_FLAG, &o->keep_denormals, NULL,
          "IEEE denormals (default: flush to zero; denormal arithmetic is many times slower)", 0, 0},
-        {"--init", DT_ARG_STR, &o->init, "FILE", "start from parameters in a safetensors file (e.g. HF GPT-2)", 0, 0},
+        {"--init", DT_ARG_STR, &o->init, "FILE|DIR", "start from parameters in a safetensors file or checkpoint set (e.g. HF GPT-2); "
+         "a dtrain checkpoint names the model: model flags are not needed, one that contradicts it is refused", 0, 0},
         {"--save", DT_ARG_STR, &o->save, "FILE", "write a checkpoint at the end (atomically; the path is checked writable at start-up)", 0, 0},
         {"--save-every", DT_ARG_I64, &o->save_every, "N", "also checkpoint every N steps (written in the background while training goes on)", 0, 0},
         {"--save-sync", DT_ARG_FLAG, &o->save_sync, NULL, "write every checkpoint before training goes on (no background writer)", 0, 0},
-        {"--resume", DT_ARG_STR, &o->resume, "FILE", "continue from a checkpoint (bit-for-bit; the model flags must match the checkpoint's and --steps be at least its step)", 0, 0},
+        {"--resume", DT_ARG_STR, &o->resume, "FILE|DIR", "continue from a checkpoint file or set (bit-for-bit; the model, its settings and --optim come from it: "
+         "a flag that contradicts it is refused; --steps must be at least its step)", 0, 0},
         {"--metrics", DT_ARG_STR, &o->metrics, "FILE", "append one JSON line per step (checked writable at start-up)", 0, 0},
         {"--trace", DT_ARG_STR, &o->trace, "FILE", "write a Chrome/Perfetto trace (per rank: FILE.rankN)", 0, 0},
         {"--log-every", DT_ARG_I64, &o->log_every, "N", "progress line interval when not on a terminal", 0, 0},
@@ -174,7 +176,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--stall-warn", DT_ARG_FLOAT, &f->dist.stall_warn, "S", "warn when a collective waits S seconds, naming it and the ranks not joined (default 60; 0 = off)", 0, 0},
         {"--collective-timeout", DT_ARG_FLOAT, &f->dist.collective_timeout, "S", "fail when a collective waits S seconds (default: off)", 0, 0},
         {"--debug-collectives", DT_ARG_FLAG, &f->dist.debug_collectives, NULL, "compare every collective across ranks before it runs; fail at the first divergence (slow)", 0, 0},
-        {"--save-format", DT_ARG_STR, &f->save_format, "sharded|consolidated", "ZeRO checkpoints: a directory of per-rank shards (default) or one file", 0, 0},
+        {"--save-format", DT_ARG_STR, &f->save_format, "sharded|consolidated", "ZeRO checkpoints: a directory of per-rank shards (default) or one file (not with --pp: a pipeline saves shards)", 0, 0},
     };
     if (nm + N_ARGS(a) > cap) {
         snprintf(err, (size_t)errlen, "internal: more flags than the table's %d rows", cap);

@@ -241,3 +241,20 @@ endif()
 add_test(NAME test_metrics_symlink
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_metrics_symlink.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_metrics_symlink PROPERTIES LABELS unit TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# Checkpoints drive the CLI (issue 27): eval --init / --resume of MLP, CNN and
+# GPT-2 files, ZeRO-3 and pipeline sets without model flags equals eval with
+# them; a flag contradicting the file is refused naming both values.
+add_test(NAME test_eval_checkpoint
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_eval_checkpoint.sh $<TARGET_FILE:dtrain_cli>)
+# label slow: about 24 full Fashion-MNIST evaluations (15-40 s here, 276 s under
+# ASan): the sanitizer pass (-LE slow) leaves it to the Release run
+set_tests_properties(test_eval_checkpoint PROPERTIES LABELS "mpi;slow" PROCESSORS 2 TIMEOUT 900)
+
+# Impossible combinations are refused before step 1, with no progress line
+# and no checkpoint (issue 27 item 6): pipeline + --unfreeze-at, an empty
+# validation split, a batch beyond the training split, --pp with
+# --save-format consolidated.
+add_test(NAME test_refuse_upfront
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_refuse_upfront.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_refuse_upfront PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)

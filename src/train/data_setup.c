@@ -75,3 +75,21 @@ void dt_trainer_free_data(dt_trainer *t) {
     free(t->y); free(t->idx);
     t->y = NULL; t->idx = NULL;
 }
+
+/* Known once the data is open, refused before step 1 rather than at it (a
+ * batch no epoch can fill) or after the last one (the final evaluation). */
+dt_status dt_trainer_check_sizes(const dt_trainer *t) {
+    const dt_train_opts *o = &t->opts;
+    const dt_dataset *d = &t->data;
+    if (d->size[DT_SPLIT_EVAL] <= 0)
+        return DT_ERR(DT_EINVAL, "the %s split of %s (train.data %s) holds no sample (token data: none of train.seq %lld "
+                      "+ 1 tokens); a run ends by evaluating on it", d->eval_name, d->source, d->name, (long long)o->seq);
+    /* (uneven: a rank with less than a batch joins; eval_only draws no training batch) */
+    if (!o->uneven && !o->eval_only && t->sampler.per_rank < o->batch)
+        return t->strat.data_world > 1
+            ? DT_ERR(DT_EINVAL, "train.batch %lld is more than the %lld training samples of %s per data rank (%d ranks "
+                     "share them)", (long long)o->batch, (long long)t->sampler.per_rank, d->source, t->strat.data_world)
+            : DT_ERR(DT_EINVAL, "train.batch %lld is more than the %lld training samples of %s", (long long)o->batch,
+                     (long long)t->sampler.per_rank, d->source);
+    return DT_OK;
+}

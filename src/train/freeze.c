@@ -26,9 +26,21 @@ dt_status dt_trainer_unfreeze(dt_trainer *t) {
     return dt_trainer_refresh_trainable(t);
 }
 
+/* the strategy has its own refresh, or there is none to do (one process) */
+static int can_refresh(const dt_trainer *t) {
+    return t->strat.refresh_trainable || !(t->strat.owns_optimizer || t->strat.world > 1);
+}
+
+dt_status dt_trainer_check_unfreeze(const dt_trainer *t) {
+    if (t->opts.unfreeze_at <= 0 || t->opts.eval_only || can_refresh(t)) return DT_OK;
+    return DT_ERR(DT_EINVAL, "train.unfreeze_at %lld: strategy %s cannot change the trainable parameters during a run "
+                  "(DDP, ZeRO and one process can); train without train.unfreeze_at, or save before that step and "
+                  "resume without train.freeze", (long long)t->opts.unfreeze_at, t->strat.name);
+}
+
 dt_status dt_trainer_refresh_trainable(dt_trainer *t) {
     if (t->strat.refresh_trainable) DT_TRY(t->strat.refresh_trainable(t->strat.self, &t->run));
-    else if (t->strat.owns_optimizer || t->strat.world > 1)
+    else if (!can_refresh(t))
         return DT_ERR(DT_EINVAL, "strategy %s cannot change the trainable parameters during a run (train.unfreeze_at, "
                       "dt_trainer_refresh_trainable): DDP, ZeRO and one process can", t->strat.name);
     else DT_TRY(dt_model_refresh_grads(t->model));   /* one process (the strategies do their own) */

@@ -32,6 +32,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     }
     if (o->threads > 0) omp_set_num_threads(o->threads);
     dt_status s = dt_cpu_set_flush_denormal(!o->keep_denormals);
+    if (s == DT_OK) s = dt_trainer_check_unfreeze(t);
     if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_trainer_fit_model(t);
@@ -50,6 +51,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     /* uneven: the data already holds only this rank's files, sampled whole */
     if (s == DT_OK) s = dt_sampler_init(&t->sampler, t->data.size[DT_SPLIT_TRAIN], o->seed, 1,
                                         o->uneven ? 0 : t->strat.data_rank, o->uneven ? 1 : t->strat.data_world, 0);
+    if (s == DT_OK) s = dt_trainer_check_sizes(t);   /* the same on every rank: before uneven's collective */
     if (s == DT_OK) {
         int64_t per_step = o->batch * o->accum;
         int64_t steps_per_epoch = t->sampler.per_rank / per_step;
@@ -73,12 +75,12 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK && t->strat.setup) s = t->strat.setup(t->strat.self, &t->run);
     t->run.example = (dt_batch){0};   /* setup only: the buffers are reused for training */
     if (s == DT_OK && o->resume && t->strat.load) s = t->strat.load(t->strat.self, &t->run, o->resume);
-    if (s == DT_OK && o->resume && t->step > t->total_steps)   /* a run that would train "-N steps" */
+    if (s == DT_OK && o->resume && !o->eval_only && t->step > t->total_steps)   /* a run that would train "-N steps" */
         s = o->steps ? DT_ERR(DT_EINVAL, "train.steps %lld is below step %lld of checkpoint %s", (long long)o->steps,
                               (long long)t->step, o->resume)
                      : DT_ERR(DT_EINVAL, "train.epochs %d (%lld steps) end before step %lld of checkpoint %s", o->epochs,
                               (long long)t->total_steps, (long long)t->step, o->resume);
-    if (s == DT_OK && o->resume && o->unfreeze_at > 0 && t->step >= o->unfreeze_at)
+    if (s == DT_OK && o->resume && !o->eval_only && o->unfreeze_at > 0 && t->step >= o->unfreeze_at)
         s = DT_ERR(DT_EINVAL, "checkpoint %s is at step %lld, not before train.unfreeze_at %lld: its train.freeze parameters "
                    "already train, so resume it without train.freeze and train.unfreeze_at", o->resume, (long long)t->step,
                    (long long)o->unfreeze_at);

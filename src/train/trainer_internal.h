@@ -6,6 +6,13 @@
 dt_status dt_trainer_freeze(dt_trainer *t);
 /* --unfreeze-at: the frozen parameters become trainable (before that step) */
 dt_status dt_trainer_unfreeze(dt_trainer *t);
+/* train.unfreeze_at with a strategy that cannot refresh the trainable set
+ * (a pipeline): refused at creation, not after training up to that step */
+dt_status dt_trainer_check_unfreeze(const dt_trainer *t);
+/* what the data makes impossible, known once it is open (data_setup.c): a
+ * batch larger than a rank's share of the training split, an empty
+ * evaluation split (every run ends evaluating) */
+dt_status dt_trainer_check_sizes(const dt_trainer *t);
 /* dataset + batch buffers (data_setup.c) */
 dt_status dt_trainer_load_data(dt_trainer *t);
 /* sizes the built-in image models' input from the data's images (t->opts.model) */
