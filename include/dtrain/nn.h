@@ -326,6 +326,10 @@ dt_status dt_model_register(const dt_model_builtin *b, dt_model_kind *kind);
 /* Sets an INTS setting to v[0..n): DT_EINVAL "arch.channels needs 2 values
  * (C1,C2)" when n is out of its range. */
 dt_status dt_model_setting_set_ints(const dt_model_setting *s, dt_model_cfg *c, const int *v, int n);
+/* Sets s in c from its text as dt_model_settings writes it and checkpoints
+ * record it ("3", "0.1", "32,64", or the setting's `none`): DT_EINVAL naming
+ * the key and the text when it is not one. */
+dt_status dt_model_setting_parse(const dt_model_setting *s, dt_model_cfg *c, const char *text);
 
 /* ---- 5. The model ----
  * Built models are used through these functions; the struct is open for

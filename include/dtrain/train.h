@@ -154,6 +154,24 @@ dt_status dt_checkpoint_load(dt_trainer *t, const char *path);
 /* Parameters only (e.g. Hugging Face GPT-2 weights); extra tensors are ignored,
  * missing or mis-shaped ones are errors. */
 dt_status dt_model_load_params(dt_model *m, const char *path);
+
+/* The model a checkpoint (a file or a sharded set) records, so that it can be
+ * built again without being described: the built-in's name ("model") and the
+ * settings it was saved with (arch.*, nn.h section 4b) laid over that model's
+ * defaults, and the optimizer. A file that names no built-in (a Hugging Face
+ * file, a user's model) gives builtin = 0 and nothing else. Errors: the file
+ * cannot be read, or a recorded setting is malformed (naming file, key and
+ * text). */
+typedef struct dt_ckpt_model {
+    int builtin;                   /* 1: kind, cfg and fields are set */
+    char name[32];                 /* "model" as recorded ("" when absent) */
+    dt_model_kind kind;
+    dt_model_cfg cfg;              /* the defaults of kind with every recorded setting */
+    int n_fields;                  /* the settings the file records, as recorded */
+    dt_arch_field fields[DT_ARCH_FIELDS_MAX];
+    char optimizer[16];            /* "adamw" | "sgd"; "" when not recorded */
+} dt_ckpt_model;
+dt_status dt_checkpoint_read_model(const char *path, dt_ckpt_model *out);
 dt_status dt_model_save_params(const dt_model *m, const char *path);
 
 #endif

@@ -2,7 +2,11 @@
  * ("arch.layers" = "3"; messages name the setting by that key) and what the
  * ranks of a run compare. Formats are fixed: checkpoints written before
  * compare these strings byte for byte. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "model_internal.h"
 
@@ -58,4 +62,43 @@ dt_status dt_model_setting_set_ints(const dt_model_setting *s, dt_model_cfg *c, 
     if (s->count_at) memcpy((char *)c + s->count_at, &n, sizeof n);
     for (int i = 0; i < n; i++) memcpy((char *)c + s->at + (size_t)i * sizeof(int), &v[i], sizeof(int));
     return DT_OK;
+}
+
+/* one int of text at *p (advanced past it): 0, or -1 */
+static int parse_int(const char **p, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(*p, &end, 10);
+    if (end == *p || errno || v < INT_MIN || v > INT_MAX) return -1;
+    *out = (int)v;
+    *p = end;
+    return 0;
+}
+
+dt_status dt_model_setting_parse(const dt_model_setting *s, dt_model_cfg *c, const char *text) {
+    const char *p = text;
+    if (s->type == DT_SETTING_INT) {
+        int v;
+        if (parse_int(&p, &v) || *p) return DT_ERR(DT_EINVAL, "%s: '%s' is not an integer", s->key, text);
+        memcpy((char *)c + s->at, &v, sizeof v);
+        return DT_OK;
+    }
+    if (s->type == DT_SETTING_FLOAT) {
+        char *end;
+        errno = 0;
+        float v = strtof(text, &end);
+        if (end == text || *end || errno || !isfinite(v)) return DT_ERR(DT_EINVAL, "%s: '%s' is not a number", s->key, text);
+        memcpy((char *)c + s->at, &v, sizeof v);
+        return DT_OK;
+    }
+    int v[DT_SETTING_INTS_MAX], n = 0;
+    if (*text && !(s->none && !strcmp(text, s->none)))   /* "": no values (a list without `none`) */
+        for (;;) {
+            if (n == DT_SETTING_INTS_MAX || parse_int(&p, &v[n]))
+                return DT_ERR(DT_EINVAL, "%s: '%s' is not a list of integers (N,N,..)", s->key, text);
+            n++;
+            if (!*p) break;
+            if (*p++ != ',') return DT_ERR(DT_EINVAL, "%s: '%s' is not a list of integers (N,N,..)", s->key, text);
+        }
+    return dt_model_setting_set_ints(s, c, v, n);
 }

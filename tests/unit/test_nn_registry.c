@@ -201,24 +201,34 @@ static void test_arch_fields_as_before(void **state) {
     assert_int_equal(dt_model_arch_fields(&c, f), 0);
 }
 
-/* parse a setting's text back through its descriptor */
+/* parse a setting's text back through the library (what reads checkpoints) */
 static void parse_into(const dt_model_setting *s, dt_model_cfg *c, const char *text) {
-    if (s->type == DT_SETTING_INT) {
-        int v = (int)strtol(text, NULL, 10);
-        memcpy((char *)c + s->at, &v, sizeof v);
-    } else if (s->type == DT_SETTING_FLOAT) {
-        float v = strtof(text, NULL);
-        memcpy((char *)c + s->at, &v, sizeof v);
-    } else {
-        int v[DT_SETTING_INTS_MAX], n = 0;
-        const char *p = s->none && !strcmp(text, s->none) ? "" : text;   /* "none": no values */
-        while (*p && n < DT_SETTING_INTS_MAX) {
-            char *end;
-            v[n++] = (int)strtol(p, &end, 10);
-            p = *end == ',' ? end + 1 : end;
-        }
-        assert_int_equal(dt_model_setting_set_ints(s, c, v, n), DT_OK);
+    if (dt_model_setting_parse(s, c, text) != DT_OK) fail_msg("%s '%s': %s", s->key, text, dt_error_message());
+}
+
+/* texts that are no value of the setting are refused naming key and text;
+ * a list's `none` is no values */
+static void test_setting_parse_refuses(void **state) {
+    (void)state;
+    const dt_model_builtin *cnn = dt_model_builtin_of(DT_MODEL_CNN), *mlp = dt_model_builtin_of(DT_MODEL_MLP);
+    const dt_model_builtin *gpt = dt_model_builtin_of(DT_MODEL_GPT2);
+    dt_model_cfg c = dt_model_cfg_default(DT_MODEL_GPT2);
+    const char *bad_int[] = {"", "3x", "x", "99999999999", "3 "};
+    for (size_t i = 0; i < sizeof bad_int / sizeof bad_int[0]; i++) {
+        assert_int_equal(dt_model_setting_parse(&gpt->settings[0], &c, bad_int[i]), DT_EINVAL);
+        assert_msg_has("arch.layers");
     }
+    assert_int_equal(dt_model_setting_parse(&gpt->settings[5], &c, "nan"), DT_EINVAL);   /* arch.dropout */
+    assert_msg_has("arch.dropout: 'nan'");
+    assert_int_equal(c.n_layer, dt_model_cfg_default(DT_MODEL_GPT2).n_layer);   /* unchanged by a refusal */
+    c = dt_model_cfg_default(DT_MODEL_CNN);
+    assert_int_equal(dt_model_setting_parse(&cnn->settings[0], &c, "3"), DT_EINVAL);   /* needs 2 values */
+    assert_int_equal(dt_model_setting_parse(&cnn->settings[0], &c, "3,,5"), DT_EINVAL);
+    assert_msg_has("arch.channels: '3,,5'");
+    assert_int_equal(dt_model_setting_parse(&cnn->settings[0], &c, "3,5"), DT_OK);
+    assert_true(c.cnn_c1 == 3 && c.cnn_c2 == 5);
+    assert_int_equal(dt_model_setting_parse(&mlp->settings[1], &c, "none"), DT_OK);   /* arch.hidden */
+    assert_int_equal(c.mlp_n_hidden, 0);
 }
 
 static void test_settings_round_trip(void **state) {
@@ -471,6 +481,7 @@ int main(void) {
         cmocka_unit_test(test_defaults_validate_and_build),
         cmocka_unit_test(test_arch_fields_as_before),
         cmocka_unit_test(test_settings_round_trip),
+        cmocka_unit_test(test_setting_parse_refuses),
         cmocka_unit_test(test_set_ints),
         cmocka_unit_test(test_fit_to_samples),
         cmocka_unit_test(test_bad_entries),
