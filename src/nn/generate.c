@@ -3,8 +3,10 @@
  *
  * The cache's forward uses the same ops as gpt2.c's blocks (LayerNorm,
  * linear, linear+GELU, residual adds) on a no-grad tape, except attention:
- * the new rows' keys and values are appended to per-layer buffers
- * k, v [L][H][maxT][hs], and each new row attends to positions 0..its own.
+ * the new rows' keys and values are appended to per-layer buffers (keys
+ * transposed, k [L][H][hs][maxT], so a row's scores over all positions are
+ * one vectorised pass per dimension; values v [L][H][maxT][hs]), and each new
+ * row attends to positions 0..its own.
  * Its arithmetic follows dt_op_attention (q pre-scaled by 1/sqrt(hs), fmaf
  * accumulation in position order), so the logits agree with a forward over
  * the whole prefix to rounding (GEMMs over 1 row instead of T). */
@@ -22,7 +24,7 @@ typedef struct kv_layer {
 struct dt_kv_cache {
     dt_model *m;
     int L, C, H, hs, V, T, len;
-    float *k, *v;                 /* [L][H][T][hs] */
+    float *k, *v;                 /* k [L][H][hs][T] (transposed), v [L][H][T][hs] */
     dt_graph *g;                  /* no-grad tape: its arena holds one forward's activations */
     dt_tensor *wte, *wpe, *lnf_w, *lnf_b;
     kv_layer *ly;
@@ -126,7 +128,8 @@ static dt_status attend(dt_kv_cache *c, int l, const float *qkv, int n, float *y
     float *K = c->k + (size_t)l * H * T * hs, *Vc = c->v + (size_t)l * H * T * hs;
     for (int i = 0; i < n; i++)
         for (int h = 0; h < H; h++) {
-            memcpy(K + ((size_t)h * T + len + i) * hs, qkv + (size_t)i * 3 * C + C + h * hs, (size_t)hs * sizeof(float));
+            const float *kr = qkv + (size_t)i * 3 * C + C + h * hs;
+            for (int d = 0; d < hs; d++) K[((size_t)h * hs + d) * T + len + i] = kr[d];
             memcpy(Vc + ((size_t)h * T + len + i) * hs, qkv + (size_t)i * 3 * C + 2 * C + h * hs,
                    (size_t)hs * sizeof(float));
         }
@@ -141,16 +144,17 @@ static dt_status attend(dt_kv_cache *c, int l, const float *qkv, int n, float *y
                 if (!s || !q) continue;
                 const int p = len + i;   /* this row's position: it sees 0..p */
                 const float *qr = qkv + (size_t)i * 3 * C + h * hs;
-                const float *Kh = K + (size_t)h * T * hs, *Vh = Vc + (size_t)h * T * hs;
+                const float *Kh = K + (size_t)h * hs * T, *Vh = Vc + (size_t)h * T * hs;
                 for (int d = 0; d < hs; d++) q[d] = scale * qr[d];
-                float mx = -INFINITY;
-                for (int j = 0; j <= p; j++) {
-                    const float *kj = Kh + (size_t)j * hs;
-                    float acc = 0.0f;
-                    for (int d = 0; d < hs; d++) acc = fmaf(q[d], kj[d], acc);
-                    s[j] = acc;
-                    mx = acc > mx ? acc : mx;
+                /* s[j] = sum over d, in order, of fmaf(q[d], k[j][d], .): independent over j */
+                for (int j = 0; j <= p; j++) s[j] = 0.0f;
+                for (int d = 0; d < hs; d++) {
+                    const float qd = q[d], *kd = Kh + (size_t)d * T;
+#pragma omp simd
+                    for (int j = 0; j <= p; j++) s[j] = fmaf(qd, kd[j], s[j]);
                 }
+                float mx = -INFINITY;
+                for (int j = 0; j <= p; j++) mx = s[j] > mx ? s[j] : mx;
                 float sum = 0.0f;
                 for (int j = 0; j <= p; j++) {
                     s[j] = expf(s[j] - mx);
