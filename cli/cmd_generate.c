@@ -78,7 +78,7 @@ int dt_cli_generate(int argc, char **argv) {
         {"--ids", DT_ARG_FLAG, &f.ids, NULL, "print token ids even for a byte vocabulary", 0, 0},
         {"--no-cache", DT_ARG_FLAG, &f.no_cache, NULL, "recompute the whole prefix for every token instead of "
                                                       "the KV cache (same tokens, quadratic time)", 0, 0},
-        {"--threads", DT_ARG_INT, &f.threads, "N", "OpenMP/OpenBLAS threads (default: all cores)", 0, 0},
+        {"--threads", DT_ARG_INT, &f.threads, "N", "OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS, else all cores)", 0, 0},
     };
     char err[512];
     int r = dt_args_parse(table, (int)(sizeof table / sizeof table[0]), argc, argv, 2, NULL, err, sizeof err);
