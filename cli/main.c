@@ -6,8 +6,10 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: dtrain <command> [options]\n\n"
                "commands:\n"
-               "  train   train a model (dtrain train --help)\n"
-               "  eval    evaluate saved weights (dtrain eval --help)\n");
+               "  train     train a model (dtrain train --help)\n"
+               "  eval      evaluate saved weights (dtrain eval --help)\n"
+               "  generate  sample text from a GPT-2 checkpoint (dtrain generate --help)\n"
+               "  inspect   describe a checkpoint and verify its checksums (dtrain inspect --help)\n");
 }
 
 int main(int argc, char **argv) {
@@ -16,6 +18,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
     if (!strcmp(argv[1], "train")) return dt_cli_train(argc, argv, 0);
     if (!strcmp(argv[1], "eval")) return dt_cli_train(argc, argv, 1);
-    fprintf(stderr, "dtrain: unknown command '%s' (train, eval)\n", argv[1]);
+    if (!strcmp(argv[1], "generate")) return dt_cli_generate(argc, argv);
+    if (!strcmp(argv[1], "inspect")) return dt_cli_inspect(argc, argv);
+    fprintf(stderr, "dtrain: unknown command '%s' (train, eval, generate, inspect)\n", argv[1]);
     return 2;
 }

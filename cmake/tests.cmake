@@ -258,3 +258,17 @@ set_tests_properties(test_eval_checkpoint PROPERTIES LABELS "mpi;slow" PROCESSOR
 add_test(NAME test_refuse_upfront
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_refuse_upfront.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_refuse_upfront PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
+
+# dtrain generate (issue 27 item 3): a tiny GPT-2 trained on a repetitive
+# text continues it; the KV cache equals the whole-prefix recompute; same
+# seed same text; ids for other vocabularies; refusals name the flag.
+add_test(NAME test_generate_cli
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_generate_cli.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_generate_cli PROPERTIES LABELS unit TIMEOUT 300)
+
+# dtrain inspect (issue 27 item 4) on every checkpoint kind (one process,
+# DDP, ZeRO-2 set, ZeRO-1 consolidated, pipeline set; --nproc 2): a flipped
+# bit names the tensor (exit 1), a truncated file or shard is one error line.
+add_test(NAME test_inspect_cli_np2
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_inspect_cli.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_inspect_cli_np2 PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)

@@ -26,7 +26,7 @@ for i in "${!layers[@]}"; do rank[${layers[$i]}]=$i; done
 
 # public header -> layer
 declare -A header=(
-  [error.h]=util [log.h]=util [version.h]=util [tensor.h]=tensor [autograd.h]=autograd [ops.h]=ops [nn.h]=nn
+  [error.h]=util [log.h]=util [version.h]=util [tensor.h]=tensor [autograd.h]=autograd [ops.h]=ops [nn.h]=nn [generate.h]=nn
   [optim.h]=optim [data.h]=data [io.h]=io [trace.h]=io [dist.h]=dist
   [strategy.h]=strategy [parallel.h]=parallel [zero.h]=parallel [pipeline.h]=parallel [train.h]=train
   [dtrain.h]=cli

@@ -15,6 +15,7 @@
 #include "dtrain/autograd.h"
 #include "dtrain/ops.h"
 #include "dtrain/nn.h"
+#include "dtrain/generate.h"
 #include "dtrain/optim.h"
 #include "dtrain/data.h"
 #include "dtrain/trace.h"

@@ -110,6 +110,36 @@ dt_status dt_ckpt_expect(const dt_ckpt *c, const char *name, int ndim, const int
 /* Elements [start, start + n) of the flattened F32 tensor into dst. */
 dt_status dt_ckpt_read(const dt_ckpt *c, const char *name, size_t start, size_t n, float *dst);
 
+/* ---- inspecting a checkpoint (dtrain inspect) ----
+ * Everything dt_ckpt_open read, by position: metadata in the file's (or
+ * index's) order, tensors in name order, a set's files in rank order; and
+ * the recorded checksums checked against the bytes on disk, tensor by tensor
+ * (every piece of a sharded tensor), so every bad tensor can be named. */
+int dt_ckpt_meta_count(const dt_ckpt *c);
+/* Key of metadata entry i (NULL past the end), its value into *value. A
+ * single file's "crc32.<tensor>" keys are listed too. */
+const char *dt_ckpt_meta_at(const dt_ckpt *c, int i, const char **value);
+typedef struct dt_ckpt_info {
+    const char *name;            /* the whole tensor's name (valid while c is open) */
+    dt_dtype dtype;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+    uint64_t bytes;              /* numel * dtype size */
+    int pieces;                  /* where it is stored: 1 for a file, the pieces of a sharded set */
+    int checksummed;             /* pieces whose CRC-32 is recorded */
+    uint64_t offset;             /* a file: absolute offset of its first byte (0 for a sharded set) */
+} dt_ckpt_info;
+int dt_ckpt_tensor_count(const dt_ckpt *c);
+dt_status dt_ckpt_tensor_at(const dt_ckpt *c, int i, dt_ckpt_info *out);   /* DT_EINVAL past the end */
+int dt_ckpt_file_count(const dt_ckpt *c);   /* 1 for a file; a set's shard files */
+/* Path and size of file i (NULL past the end). */
+const char *dt_ckpt_file_at(const dt_ckpt *c, int i, uint64_t *bytes);
+/* Tensor i's recorded checksums against its bytes on disk (each piece read
+ * once): DT_OK when all match or none is recorded (*checked: how many pieces
+ * had one), DT_EFORMAT naming the file, the tensor (piece) and both CRCs on
+ * the first mismatch; DT_EIO when its bytes cannot be read. */
+dt_status dt_ckpt_verify_tensor(dt_ckpt *c, int i, int *checked);
+
 /* ---- writing a sharded set (the caller synchronises the ranks) ----
  *   rank 0: dt_ckpt_set_id, dt_ckpt_prepare_dir;  share the id;  barrier
  *   every rank: dt_ckpt_write_shard;  agree that all succeeded

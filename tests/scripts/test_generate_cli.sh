@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# dtrain generate end to end: a tiny GPT-2 trained on a very repetitive text
+# ("abcdefghij" over and over) continues a prompt with that text, greedy;
+# the KV cache gives the tokens the whole-prefix recompute gives, also past
+# the context (arch.max_t 32, refilled); sampling is the same for a seed and
+# differs for another; a vocabulary that is not bytes prints ids and takes
+# --prompt-ids; bad input is refused naming the flag.
+# usage: test_generate_cli.sh DTRAIN_BINARY
+set -uo pipefail
+bin=$1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+for i in $(seq 1 400); do printf 'abcdefghij'; done > "$tmp/rep.txt"
+model=(--model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --batch 8 --data text
+       --data-path "$tmp/rep.txt" --lr 1e-2 --threads 1 --quiet)
+fail=0
+ok()  { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fail=1; }
+
+if ! "$bin" train "${model[@]}" --steps 100 --save "$tmp/rep.st" > "$tmp/train.out" 2>&1; then
+    echo "FAIL training: $(cat "$tmp/train.out")"; exit 1
+fi
+"$bin" train "${model[@]}" --steps 2 --save "$tmp/early.st" > /dev/null 2>&1 || bad "training 2 steps"
+gen() { "$bin" generate --threads 1 "$@" 2>&1; }
+
+# greedy: the prompt, then the text it was trained on (60 tokens: past the context of 32)
+want="abc$(for i in 1 2 3 4 5 6 7; do printf 'defghijabc'; done)"
+want=${want:0:63}
+out=$(gen --init "$tmp/rep.st" --prompt abc --tokens 60 --temperature 0)
+[ "$out" = "$want" ] && ok "greedy continues the repetitive text: $out" || bad "greedy: want $want, got: $out"
+out2=$(gen --init "$tmp/rep.st" --prompt abc --tokens 60 --temperature 0 --no-cache)
+[ "$out2" = "$out" ] && ok "--no-cache (whole prefix per token) gives the KV cache's tokens" || bad "--no-cache: got: $out2"
+out=$(gen --resume "$tmp/rep.st" --prompt fgh --tokens 12 --temperature 0.8 --seed 4)
+[ "$out" = "fghijabcdefghij" ] && ok "sampled at 0.8 from the trained model: $out" || bad "sampled: got: $out"
+
+# sampling: the same seed gives the same text, another seed other text (a barely trained model)
+a=$(gen --init "$tmp/early.st" --prompt abc --tokens 80 --temperature 1 --top-k 0 --seed 7)
+b=$(gen --init "$tmp/early.st" --prompt abc --tokens 80 --temperature 1 --top-k 0 --seed 7)
+c=$(gen --init "$tmp/early.st" --prompt abc --tokens 80 --temperature 1 --top-k 0 --seed 8)
+d=$(gen --init "$tmp/early.st" --prompt abc --tokens 80 --temperature 1 --top-k 0 --seed 7 --no-cache)
+[ "$a" = "$b" ] && [ "$a" = "$d" ] && ok "seed 7 twice (and without the cache): the same text" || bad "seed 7: '$a' vs '$b' vs '$d'"
+[ "$a" != "$c" ] && ok "seed 8: other text" || bad "seed 8 gave seed 7's text: $a"
+ids=$(gen --init "$tmp/rep.st" --prompt abc --tokens 5 --temperature 0 --ids)
+[ "$ids" = "100,101,102,103,104" ] && ok "--ids: $ids" || bad "--ids: got: $ids"
+
+# a vocabulary that is not bytes: ids in, ids out
+"$bin" train "${model[@]}" --vocab 300 --steps 2 --save "$tmp/v300.st" > /dev/null 2>&1 || bad "training --vocab 300"
+out=$(gen --init "$tmp/v300.st" --prompt-ids 0,299,7 --tokens 6 --seed 2)
+if [[ "$out" =~ ^[0-9]+(,[0-9]+){5}$ ]]; then ok "vocab 300 prints ids: $out"; else bad "vocab 300: got: $out"; fi
+out=$(gen --init "$tmp/v300.st" --prompt hi); rc=$?
+[ $rc -ne 0 ] && grep -q -- "--prompt-ids" <<< "$out" && ok "--prompt on vocab 300 refused: $out" || bad "--prompt on vocab 300: exit $rc: $out"
+out=$(gen --init "$tmp/v300.st" --prompt-ids 300); rc=$?
+[ $rc -ne 0 ] && grep -q "id 300" <<< "$out" && ok "id outside the vocabulary refused: $out" || bad "id 300: exit $rc: $out"
+
+# refusals name the flag
+while IFS='|' read -r what args want; do
+    # shellcheck disable=SC2086
+    out=$(gen $args); rc=$?
+    [ $rc -ne 0 ] && grep -q -- "$want" <<< "$out" && ok "$what: $out" || bad "$what: exit $rc: $out"
+done <<CASES
+no checkpoint|--prompt abc|needs --init
+missing file|--init $tmp/none.st|cannot open
+negative temperature|--init $tmp/rep.st --temperature -1|--temperature
+bad id list|--init $tmp/rep.st --prompt-ids 1,,2|--prompt-ids: invalid list
+both prompts|--init $tmp/rep.st --prompt a --prompt-ids 1|exclusive
+CASES
+help=$("$bin" generate --help)
+for f in --init --resume --prompt --prompt-ids --tokens --temperature --top-k --seed --ids --no-cache --threads; do
+    grep -q -- "^  $f " <<< "$help" || bad "--help lacks $f"
+done
+exit $fail
