@@ -41,8 +41,10 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
         if (eval_only) {
             double loss, acc;
             s = dt_trainer_evaluate(t, &loss, &acc);
-            if (s == DT_OK && rank == 0)
-                printf("%s loss: %.4f  accuracy: %.4f\n", t->data.eval_name, loss, acc);
+            if (s == DT_OK && rank == 0) {
+                if (dt_train_stopped()) printf("interrupted during evaluation\n");
+                else printf("%s loss: %.4f  accuracy: %.4f\n", t->data.eval_name, loss, acc);
+            }
         } else {
             s = dt_trainer_run(t);
         }
