@@ -101,6 +101,8 @@ struct dt_trainer {
      * prints progress (0; with uneven the lowest of the ranks running the most steps) */
     int64_t own_steps, common_steps;
     int lead_rank;
+    int save_lock;                 /* rank 0: descriptor holding a sharded train.save directory's
+                                      lock for the trainer's life (io.h dt_ckpt_lock_dir); -1: none */
 };
 
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out);

@@ -23,6 +23,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     dt_trainer *t = calloc(1, sizeof *t);
     if (!t) return DT_ERR(DT_ENOMEM, "out of memory");
     t->opts = *o;
+    t->save_lock = -1;
     if (strat) t->strat = *strat;
     else t->strat = (dt_strategy){.name = "single", .rank = 0, .world = 1};
     if (t->strat.data_world <= 0) { t->strat.data_rank = t->strat.rank; t->strat.data_world = t->strat.world; }
@@ -34,6 +35,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (o->threads > 0) omp_set_num_threads(o->threads);
     dt_status s = dt_cpu_set_flush_denormal(!o->keep_denormals);
     if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
+    s = dt_trainer_claim_outputs(t, s);   /* every rank: the save directory's lock, rank 0's verdict */
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_trainer_fit_model(t);
     if (s == DT_OK) s = o->build_model ? o->build_model(o->build_user, o->seed, &t->model)
@@ -108,6 +110,7 @@ void dt_trainer_free(dt_trainer *t) {
     dt_optimizer_free(&t->optim);
     dt_sampler_free(&t->sampler);
     dt_trainer_free_data(t);
+    dt_ckpt_unlock_dir(t->save_lock);
     free(t);
 }
 
