@@ -2,9 +2,9 @@
  * and then fails to write its result: --save, --trace and --metrics must be
  * writable on the ranks that write them. Checking leaves nothing behind: a
  * probe file is created where the output will go and removed at once. A
- * sharded --save DIR is then claimed: rank 0 creates it if missing and holds
- * its lock file for the trainer's life (one writer per directory), refusing
- * to start when another job holds it. */
+ * sharded --save DIR is claimed after the configuration agreement: rank 0
+ * creates it if missing and holds its lock file for the trainer's life (one
+ * writer per directory), refusing to start when another job holds it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -103,15 +103,14 @@ dt_status dt_trainer_check_outputs(const dt_trainer *t) {
 /* rank 0's status and message, one float per byte */
 #define VERDICT_LEN 1024
 
-dt_status dt_trainer_claim_outputs(dt_trainer *t, dt_status s) {
+dt_status dt_trainer_claim_outputs(dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
+    if (!o->save || !t->strat.save_is_dir) return DT_OK;   /* (alike on every rank: agreed) */
     dt_pg *pg = NULL;
-    if (t->strat.world > 1 && dt_dist_initialized() && t->strat.world == dt_dist_world_size()) {
-        dt_status p = dt_pg_world(&pg);
-        if (p != DT_OK) return s != DT_OK ? s : p;
-    }
+    if (t->strat.world > 1 && dt_dist_initialized() && t->strat.world == dt_dist_world_size()) DT_TRY(dt_pg_world(&pg));
     int root = pg ? dt_pg_rank(pg) == 0 : t->strat.rank == 0;
-    if (s == DT_OK && root && o->save && t->strat.save_is_dir) {
+    dt_status s = DT_OK;
+    if (root) {
         dt_status l = dt_ckpt_lock_dir(o->save, &t->save_lock);
         if (l != DT_OK) s = DT_ERR(l, "train.save: %s", dt_error_message());
     }

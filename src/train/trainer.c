@@ -35,7 +35,6 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (o->threads > 0) omp_set_num_threads(o->threads);
     dt_status s = dt_cpu_set_flush_denormal(!o->keep_denormals);
     if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
-    s = dt_trainer_claim_outputs(t, s);   /* every rank: the save directory's lock, rank 0's verdict */
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_trainer_fit_model(t);
     if (s == DT_OK) s = o->build_model ? o->build_model(o->build_user, o->seed, &t->model)
@@ -45,6 +44,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK) s = dt_trainer_check_data(t);
     if (s == DT_OK) s = dt_trainer_freeze(t);   /* before the agreement lists "frozen" and any strategy sees it */
     if (s == DT_OK) s = dt_trainer_agree(t);   /* before the strategy's first collective */
+    if (s == DT_OK) s = dt_trainer_claim_outputs(t);   /* the save directory's lock (rank 0), before step 1 */
     /* a mode only when asked: none must not unmark blocks a user's builder marked */
     if (s == DT_OK && o->recompute != DT_RECOMPUTE_NONE) dt_model_set_recompute(t->model, o->recompute);
     if (s == DT_OK && o->init) s = dt_model_load_params(t->model, o->init);
