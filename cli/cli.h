@@ -76,6 +76,15 @@ void dt_cli_signals_install(void);
 /* after the run: 128 + the signal that stopped it at a step boundary, 0 if none */
 int dt_cli_stop_status(void);
 /* launcher: waits for mpirun (pid child), passing our signals on (held in
- * the signal mask until then; *unblock is the mask to restore); its status */
-int dt_cli_launch_wait(int child, const sigset_t *unblock);
+ * the signal mask until then; *unblock is the mask to restore); its status.
+ * dir: the launch directory shared with the nproc ranks on this machine
+ * (NULL: ranks elsewhere, signals go through mpirun); see signals.c */
+int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int nproc);
+/* rank: in the launch directory (DTRAIN_LAUNCH_DIR, if set) say this rank
+ * handles stop signals now, and take up a stop the launcher got before.
+ * Call right after dt_cli_signals_install. */
+#define DT_CLI_LAUNCH_DIR_ENV "DTRAIN_LAUNCH_DIR"
+void dt_cli_launch_ready(void);
+/* launcher: the directory and its files, after mpirun exited */
+void dt_cli_launch_dir_remove(const char *dir);
 #endif

@@ -3,6 +3,7 @@
  * that decides what every rank computes (DTRAIN_*, OPENBLAS_*, ONEDNN_*,
  * DNNL_*, OMP_NUM_THREADS) is passed to every rank with -x, so remote hosts
  * make the same GEMM and kernel choices as this one. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,12 +84,25 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
     snprintf(th, sizeof th, "%d", per_rank);
     setenv("OMP_NUM_THREADS", th, 1);
     setenv("DTRAIN_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
+    /* on this machine the launcher and its ranks share a directory for stop
+     * requests (signals.c); it reaches them with the environment (DTRAIN_*) */
+    char dir[4096] = "";
+    unsetenv(DT_CLI_LAUNCH_DIR_ENV);
+    if (local && !print_only) {
+        const char *tmpdir = getenv("TMPDIR");
+        if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
+        if (snprintf(dir, sizeof dir, "%s/dtrain-launch.XXXXXX", tmpdir) >= (int)sizeof dir || !mkdtemp(dir)) {
+            fprintf(stderr, "dtrain: --nproc: cannot create a directory in %s: %s\n", tmpdir, strerror(errno));
+            return 1;
+        }
+        setenv(DT_CLI_LAUNCH_DIR_ENV, dir, 1);
+    }
     size_t nenv = 0;
     for (char **e = environ; *e; e++) nenv += forwarded(*e);
     char **av = calloc((size_t)argc + 32 + 2 * nenv, sizeof *av);
     char **names = calloc(nenv + 1, sizeof *names);
     char *hostlist = NULL;
-    if (!av || !names) { free(av); free(names); return 1; }
+    if (!av || !names) { free(av); free(names); dt_cli_launch_dir_remove(*dir ? dir : NULL); return 1; }
     int k = 0;
     av[k++] = DT_MPIEXEC;
     av[k++] = "-np";
@@ -102,7 +116,7 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
         size_t len = 1;
         for (int i = 0; i < h->n; i++) len += strlen(h->name[i]) + 16;
         hostlist = malloc(len);
-        if (!hostlist) { free(av); free(names); return 1; }
+        if (!hostlist) { free(av); free(names); dt_cli_launch_dir_remove(*dir ? dir : NULL); return 1; }
         size_t o = 0;
         for (int i = 0; i < h->n; i++) o += (size_t)snprintf(hostlist + o, len - o, "%s%s:%d", i ? "," : "", h->name[i], h->slots[i]);
         av[k++] = "--host";
@@ -170,7 +184,13 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
     free(names);
     free(hostlist);
     free(av);
-    if (child < 0) { perror("dtrain: --nproc: fork"); sigprocmask(SIG_SETMASK, &old, NULL); return 1; }
-    int rc = dt_cli_launch_wait((int)child, &old);
+    if (child < 0) {
+        perror("dtrain: --nproc: fork");
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        dt_cli_launch_dir_remove(*dir ? dir : NULL);
+        return 1;
+    }
+    int rc = dt_cli_launch_wait((int)child, &old, *dir ? dir : NULL, nproc);
+    dt_cli_launch_dir_remove(*dir ? dir : NULL);
     return rc;
 }

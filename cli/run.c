@@ -10,6 +10,10 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
     dt_strategy strat, *sp = NULL;
     int rank = 0, size = 1;
     dt_status s = DT_OK;
+    /* a stop may come at once (a scheduler's cancel): handled from here on,
+     * also while MPI starts and the job loads (signals.c) */
+    dt_cli_signals_install();
+    dt_cli_launch_ready();
     if (under_mpi) {
         dt_dist_opts dopts = {.progress = dist->progress, .deterministic = dist->ddp.dp.deterministic,
                               .stall_warn_s = dist->stall_warn > 0 ? dist->stall_warn : -1.0,
@@ -33,7 +37,7 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
         }
     }
     dt_cli_log_install(rank, size);
-    dt_cli_signals_install();   /* SIGTERM / SIGINT: stop at a step boundary, save */
+    dt_cli_signals_install();   /* again: MPI_Init may have set handlers of its own */
     dt_trainer *t = NULL;
     if (s == DT_OK) s = dt_trainer_create(o, sp, &t);
     else if (sp && sp->destroy) sp->destroy(sp->self);
@@ -41,8 +45,10 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
         if (eval_only) {
             double loss, acc;
             s = dt_trainer_evaluate(t, &loss, &acc);
-            if (s == DT_OK && rank == 0)
-                printf("%s loss: %.4f  accuracy: %.4f\n", t->data.eval_name, loss, acc);
+            if (s == DT_OK && rank == 0) {
+                if (dt_train_stopped()) printf("interrupted during evaluation\n");
+                else printf("%s loss: %.4f  accuracy: %.4f\n", t->data.eval_name, loss, acc);
+            }
         } else {
             s = dt_trainer_run(t);
         }

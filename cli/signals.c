@@ -4,26 +4,57 @@
  * restores the default action and re-raises it: the process dies at once.
  *
  * The --nproc launcher (launch.c) runs mpirun as a child in a process group of
- * its own and turns its first SIGTERM / SIGINT into a SIGUSR1 for mpirun, which
- * Open MPI forwards to every rank at once (ess_base_forward_signals). mpirun's
- * own SIGTERM / SIGINT handling would instead SIGCONT the ranks, SIGTERM them
+ * its own, so a terminal's Ctrl-C reaches only the launcher, and passes the
+ * stop on itself. A signal may come at any moment, also before mpirun has
+ * started a rank or before a rank could handle it (its default action would
+ * kill it; a rank killed while Open MPI starts can leave mpirun hanging), so
+ * on this machine the launcher never lets mpirun forward it:
+ *   - it shares a private directory with its ranks (DTRAIN_LAUNCH_DIR, made
+ *     with mkdtemp): a rank, once its handlers are installed (first thing in
+ *     dt_cli_run, before MPI_Init), creates ready.<pid> there, then reads the
+ *     file "stop" if it exists and requests that stop itself;
+ *   - on its first signal the launcher writes "stop" (the signal's number),
+ *     then sends the signal to every rank whose ready file it sees. A rank
+ *     ready before that listing gets the signal; one ready after it finds
+ *     the file. Either way every rank has the request, whenever it started,
+ *     and stops before or after its current step (src/train/run.c).
+ * The launcher waits with bounded patience: when every rank has exited but
+ * mpirun has not after RANKS_GONE_S, or a stop is pending and no further rank
+ * has become ready for STUCK_START_S, or after a second signal (sent on to
+ * the ranks, which die at once, and to mpirun as SIGTERM, its abort), it
+ * SIGTERMs mpirun, and TERM_GRACE_S later SIGKILLs mpirun's process group
+ * and every rank it knows. Its exit status is then 128 + the first signal.
+ *
+ * With --hosts / --hostfile / Slurm the ranks on other machines cannot see
+ * the directory: the first signal goes to mpirun as SIGUSR1, which Open MPI
+ * forwards to every rank it has started (ess_base_forward_signals), the
+ * second as SIGTERM; the same bounded escalation applies. mpirun's own
+ * SIGTERM / SIGINT handling would instead SIGCONT the ranks, SIGTERM them
  * odls_base_sigkill_timeout (default 1) s later and SIGKILL them after as
- * long again: too short for a checkpoint but for small models. A second
- * signal is passed on to mpirun as SIGTERM (its abort: the ranks die).
+ * long again: too short for a checkpoint but for small models.
  * Under a plain `mpirun`, send mpirun SIGUSR1 to stop the job this way, or
  * give the ranks more time with --mca odls_base_sigkill_timeout S (mpirun
  * then takes 2 S to exit). */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include "cli.h"
 
+#define RANKS_GONE_S 10.0    /* every rank exited, mpirun still running */
+#define STUCK_START_S 20.0   /* a stop pending, no new rank ready */
+#define TERM_GRACE_S 5.0     /* mpirun SIGTERMed: then SIGKILL */
+
 static volatile sig_atomic_t g_seen;    /* signals received (ranks and launcher) */
 static volatile sig_atomic_t g_first;   /* the first one's number */
-static volatile sig_atomic_t g_child;   /* launcher: mpirun's pid */
+static volatile sig_atomic_t g_last;    /* launcher: the latest one's */
 
 static void die_now(int sig) {
     signal(sig, SIG_DFL);
@@ -39,9 +70,11 @@ static void on_rank_signal(int sig) {
     dt_train_request_stop(sig);
 }
 
+/* the launcher only counts: its wait loop acts (kill, files) */
 static void on_launcher_signal(int sig) {
-    if (!g_seen++) g_first = sig;
-    if (g_child > 0) kill((pid_t)g_child, g_seen == 1 ? SIGUSR1 : SIGTERM);
+    if (!g_seen) g_first = sig;
+    g_last = sig;
+    g_seen++;
 }
 
 static void install(void (*fn)(int)) {
@@ -51,6 +84,7 @@ static void install(void (*fn)(int)) {
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     const int sigs[] = {SIGTERM, SIGINT, SIGUSR1};
+    for (int i = 0; i < 3; i++) sigaddset(&sa.sa_mask, sigs[i]);   /* one handler at a time */
     for (int i = 0; i < 3; i++) sigaction(sigs[i], &sa, NULL);
 }
 
@@ -61,17 +95,164 @@ int dt_cli_stop_status(void) {
     return code ? 128 + code : 0;
 }
 
-int dt_cli_launch_wait(int child, const sigset_t *unblock) {
-    g_child = child;
+/* ---- rank side of the launch directory ---- */
+
+void dt_cli_launch_ready(void) {
+    const char *dir = getenv(DT_CLI_LAUNCH_DIR_ENV);
+    char path[4096];
+    if (!dir || !*dir || snprintf(path, sizeof path, "%s/ready.%ld", dir, (long)getpid()) >= (int)sizeof path) return;
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return;   /* (not this machine's launcher: it signals through mpirun) */
+    close(fd);
+    snprintf(path, sizeof path, "%s/stop", dir);
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return;
+    char buf[16] = {0};
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    int code = n > 0 ? atoi(buf) : 0;
+    if (code < 1 || code > 31) return;
+    signal(SIGPIPE, SIG_IGN);   /* as on_rank_signal */
+    dt_train_request_stop(code);
+}
+
+/* ---- launcher side ---- */
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct launch_watch {
+    const char *dir;   /* NULL: ranks on other machines */
+    int nproc;
+    pid_t *pid;        /* ranks seen ready, n of them */
+    int n;
+} launch_watch;
+
+/* adds the ranks that became ready since; 1 if any */
+static int scan_ready(launch_watch *w) {
+    if (!w->dir || w->n >= w->nproc) return 0;
+    DIR *d = opendir(w->dir);
+    if (!d) return 0;
+    int added = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && w->n < w->nproc) {
+        char *end = NULL;
+        if (strncmp(e->d_name, "ready.", 6)) continue;
+        long p = strtol(e->d_name + 6, &end, 10);
+        if (p <= 0 || !end || *end) continue;
+        int known = 0;
+        for (int i = 0; i < w->n && !known; i++) known = w->pid[i] == (pid_t)p;
+        if (!known) { w->pid[w->n++] = (pid_t)p; added = 1; }
+    }
+    closedir(d);
+    return added;
+}
+
+/* running: neither gone nor a zombie waiting for mpirun to reap it */
+static int running(pid_t p) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)p);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')');   /* "pid (comm) S ..." */
+    return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+static void signal_ranks(const launch_watch *w, int sig) {
+    for (int i = 0; i < w->n; i++) kill(w->pid[i], sig);
+}
+
+/* "stop" in the directory, whole or not at all (temp file, rename) */
+static void write_stop(const char *dir, int code) {
+    char tmp[4096], path[4096], buf[16];
+    if (snprintf(tmp, sizeof tmp, "%s/stop.tmp", dir) >= (int)sizeof tmp) return;
+    snprintf(path, sizeof path, "%s/stop", dir);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return;
+    int len = snprintf(buf, sizeof buf, "%d\n", code);
+    ssize_t wr = write(fd, buf, (size_t)len);
+    close(fd);
+    if (wr == len) rename(tmp, path);
+}
+
+void dt_cli_launch_dir_remove(const char *dir) {
+    if (!dir) return;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(dirfd(d), e->d_name, 0);
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int nproc) {
+    launch_watch w = {.dir = dir, .nproc = nproc};
+    if (dir && !(w.pid = calloc((size_t)(nproc > 0 ? nproc : 1), sizeof *w.pid))) w.dir = NULL;
     install(on_launcher_signal);
     sigprocmask(SIG_SETMASK, unblock, NULL);   /* signals held since the fork arrive now */
-    int st;
-    pid_t r;
-    if (child <= 0) return 1;
-    while ((r = waitpid((pid_t)child, &st, 0)) < 0 && errno == EINTR) {}
-    if (r < 0) return 1;
-    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    /* the ranks stopped on the SIGUSR1 we sent: report the signal we got */
-    if (g_seen && rc == 128 + SIGUSR1) rc = 128 + g_first;
+    if (child <= 0) { free(w.pid); return 1; }
+    int st = 0, acted = 0, killed = 0, rc;
+    double last_ready = mono_s(), gone_since = 0, term_at = 0;
+    for (;;) {
+        pid_t r = waitpid((pid_t)child, &st, WNOHANG);
+        if (r == (pid_t)child) break;
+        if (r < 0 && errno != EINTR) { st = -1; break; }
+        double now = mono_s();
+        if (scan_ready(&w)) last_ready = now;
+        int seen = g_seen;
+        if (seen > acted) {
+            if (!acted) {   /* the first: a stop at the next step boundary */
+                if (w.dir) {
+                    write_stop(w.dir, g_first);
+                    scan_ready(&w);   /* after the file: a rank not listed now reads it */
+                    signal_ranks(&w, g_first);
+                } else {
+                    kill((pid_t)child, SIGUSR1);
+                }
+                last_ready = now;
+            } else {        /* a second: at once */
+                signal_ranks(&w, g_last);
+                if (!term_at) { kill((pid_t)child, SIGTERM); term_at = now; }
+            }
+            acted = seen;
+        }
+        if (w.dir && !term_at) {
+            int alive = 0;
+            for (int i = 0; i < w.n; i++) alive += running(w.pid[i]);
+            if (w.n == w.nproc && !alive) {
+                if (!gone_since) gone_since = now;
+            } else {
+                gone_since = 0;
+            }
+            int stuck = (gone_since && now - gone_since > RANKS_GONE_S) ||
+                        (acted && w.n < w.nproc && now - last_ready > STUCK_START_S);
+            if (stuck) {
+                fprintf(stderr, "dtrain: mpirun %s: terminating it\n",
+                        gone_since ? "does not exit after its ranks did" : "has not started every rank");
+                kill((pid_t)child, SIGTERM);
+                term_at = now;
+            }
+        }
+        if (term_at && !killed && now - term_at > TERM_GRACE_S) {
+            kill(-(pid_t)child, SIGKILL);   /* mpirun's process group (launch.c) */
+            kill((pid_t)child, SIGKILL);
+            signal_ranks(&w, SIGKILL);      /* ranks have process groups of their own */
+            killed = 1;
+        }
+        nanosleep(&(struct timespec){0, 20000000}, NULL);   /* a signal cuts it short */
+    }
+    free(w.pid);
+    if (st < 0) return 1;
+    rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    /* stopped on the SIGUSR1 we sent, or ended by us: report the signal we got */
+    if (g_seen && (rc == 128 + SIGUSR1 || term_at)) rc = 128 + g_first;
     return rc;
 }

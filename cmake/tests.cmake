@@ -272,3 +272,24 @@ set_tests_properties(test_generate_cli PROPERTIES LABELS unit TIMEOUT 300)
 add_test(NAME test_inspect_cli_np2
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_inspect_cli.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_inspect_cli_np2 PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
+
+# Issue 31: a stop is honoured at every moment, one writer per checkpoint
+# directory. SIGTERM 0-150 ms after `dtrain train --nproc N` starts: exit 143,
+# nothing left, never a hang; SIGTERM during the final evaluation: exit 143
+# within seconds (one process, the launcher, one rank under mpiexec); a second
+# job saving into a sharded directory in use is refused at start naming the
+# holder, which goes on unharmed.
+foreach(np 2 4)
+  add_test(NAME test_stop_at_launch_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_stop_at_launch.sh $<TARGET_FILE:dtrain_cli> ${np})
+  set_tests_properties(test_stop_at_launch_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
+  add_test(NAME test_ckpt_dir_lock_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_ckpt_dir_lock.sh $<TARGET_FILE:dtrain_cli> ${np})
+  set_tests_properties(test_ckpt_dir_lock_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
+endforeach()
+foreach(np 1 2 4)
+  add_test(NAME test_stop_eval_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_stop_eval.sh $<TARGET_FILE:dtrain_cli> ${np} ${DT_MPIEXEC})
+  set_tests_properties(test_stop_eval_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
+endforeach()
+set_tests_properties(test_stop_eval_np1 PROPERTIES LABELS unit)

@@ -156,6 +156,14 @@ void dt_ckpt_set_id(int64_t step, uint32_t nonce, char *out);
 uint32_t dt_ckpt_nonce(void);    /* from the clock and pid; differs between saves */
 /* Creates dir if missing; an existing non-directory is an error. */
 dt_status dt_ckpt_prepare_dir(const char *dir);
+/* One writer per directory: creates dir if missing and locks its lock file
+ * (DT_CKPT_LOCK_NAME, fcntl write lock) for as long as *fd stays open; the
+ * file records "pid <pid> host <host>". Held by another process: DT_ESTATE
+ * naming the directory and the holder's pid and host. Unlock: close (or
+ * dt_ckpt_unlock_dir); a process that dies releases it. */
+#define DT_CKPT_LOCK_NAME ".dtrain.lock"
+dt_status dt_ckpt_lock_dir(const char *dir, int *fd);
+void dt_ckpt_unlock_dir(int fd);
 /* Rank's file of the set, written atomically. Zero-length pieces are skipped. */
 dt_status dt_ckpt_write_shard(const char *dir, const char *set, int rank, int world,
                               const dt_ckpt_piece *pieces, int n_pieces);

@@ -113,6 +113,8 @@ struct dt_trainer {
     dt_bg_writer *bg;
     int64_t bg_step;
     double bg_t0, bg_copy_s;
+    int save_lock;                 /* rank 0: descriptor holding a sharded train.save directory's
+                                      lock for the trainer's life (io.h dt_ckpt_lock_dir); -1: none */
 };
 
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out);
@@ -144,7 +146,8 @@ dt_status dt_trainer_save_background(dt_trainer *t, const char *path);
  * rank unless quiet. An error names the step, the path and the failing rank. */
 dt_status dt_trainer_save_settle(dt_trainer *t);
 /* Loss and accuracy (fraction of targets predicted right) on the dataset's
- * eval split: all of it, or --eval-batches batches where the dataset allows. */
+ * eval split: all of it, or --eval-batches batches where the dataset allows.
+ * Collective; stops between batches on an agreed stop request (see below). */
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);
 
 /* ---- stopping at a step boundary (preemption: SIGTERM, SIGINT) ----
@@ -156,12 +159,17 @@ dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);
  * completes it when the step ends, so a request that reached only some ranks
  * stops all of them after the same step — then writes the checkpoint to
  * opts.save if set, logs "interrupted at step N, saved to PATH" (rank 0) and
- * returns DT_OK without the final evaluation. Several codes: the highest wins. */
+ * returns DT_OK without the final evaluation. Several codes: the highest wins.
+ * dt_trainer_evaluate agrees the same way between its batches: a request
+ * during evaluation (or the final save before it) ends it with DT_OK, NaN
+ * loss and accuracy and dt_train_stopped() set; dt_trainer_run then logs
+ * "interrupted at step N during evaluation, saved to PATH". */
 void dt_train_request_stop(int code);
 int dt_train_stop_requested(void);   /* this process's pending request (0: none) */
-/* After dt_trainer_run: the agreed code that stopped it early; 0 = it ran to
- * the end. dt_trainer_run clears it when it starts; a stop consumes the
- * request (a request made before dt_trainer_run stops it after its first step). */
+/* After dt_trainer_run or dt_trainer_evaluate: the agreed code that stopped
+ * it early; 0 = it ran to the end. Both clear it when they start; a stop
+ * consumes the request (a request made before dt_trainer_run stops it before
+ * its first step, at step 0, saving as any stop does). */
 int dt_train_stopped(void);
 
 /* ---- checkpoints (safetensors) ----

@@ -1,11 +1,14 @@
 /* Output paths, checked before training so that a run never trains to the end
  * and then fails to write its result: --save, --trace and --metrics must be
  * writable on the ranks that write them. Checking leaves nothing behind: a
- * probe file is created where the output will go and removed at once (a
- * sharded --save DIR is not created until the first save). */
+ * probe file is created where the output will go and removed at once. A
+ * sharded --save DIR is claimed after the configuration agreement: rank 0
+ * creates it if missing and holds its lock file for the trainer's life (one
+ * writer per directory), refusing to start when another job holds it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -95,6 +98,44 @@ dt_status dt_trainer_check_outputs(const dt_trainer *t) {
         DT_TRY(check_file("train.trace", path, 0));
     }
     return DT_OK;
+}
+
+/* rank 0's status and message, one float per byte */
+#define VERDICT_LEN 1024
+
+dt_status dt_trainer_claim_outputs(dt_trainer *t) {
+    const dt_train_opts *o = &t->opts;
+    if (!o->save || !t->strat.save_is_dir) return DT_OK;   /* (alike on every rank: agreed) */
+    dt_pg *pg = NULL;
+    if (t->strat.world > 1 && dt_dist_initialized() && t->strat.world == dt_dist_world_size()) DT_TRY(dt_pg_world(&pg));
+    int root = pg ? dt_pg_rank(pg) == 0 : t->strat.rank == 0;
+    dt_status s = DT_OK;
+    if (root) {
+        dt_status l = dt_ckpt_lock_dir(o->save, &t->save_lock);
+        if (l != DT_OK) s = DT_ERR(l, "train.save: %s", dt_error_message());
+    }
+    if (!pg) return s;
+    float *v = calloc(1 + VERDICT_LEN, sizeof *v);
+    if (!v) { (void)dt_pg_free(pg); return DT_ERR(DT_ENOMEM, "out of memory"); }
+    if (root && s != DT_OK) {
+        const char *msg = dt_error_message();
+        v[0] = (float)s;
+        for (int i = 0; i < VERDICT_LEN - 1 && msg[i]; i++) v[1 + i] = (float)(unsigned char)msg[i];
+    }
+    dt_work *w = NULL;
+    dt_status b = dt_broadcast(pg, v, 1 + VERDICT_LEN, DT_F32, 0, &w);
+    if (b == DT_OK) b = dt_work_wait(w);
+    dt_status f = dt_pg_free(pg);
+    if (b == DT_OK) b = f;
+    if (s == DT_OK && b == DT_OK && v[0] != 0.0f) {   /* rank 0 refused: so does every rank, alike */
+        char msg[VERDICT_LEN];
+        int i = 0;
+        for (; i < VERDICT_LEN - 1 && v[1 + i] != 0.0f; i++) msg[i] = (char)(unsigned char)v[1 + i];
+        msg[i] = 0;
+        s = DT_ERR((dt_status)v[0], "%s", msg);
+    }
+    free(v);
+    return s != DT_OK ? s : b;
 }
 
 dt_status dt_trainer_finish(dt_trainer *t) {

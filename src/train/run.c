@@ -30,6 +30,13 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
     int64_t first = t->step;
     /* uneven: this rank's own steps, then join (uneven.c) */
     int64_t end = o->uneven ? t->own_steps : t->total_steps;
+    /* a request that came while the job started (loading data, a checkpoint,
+     * the model) stops it before its first step, agreed like any other */
+    if (t->step < end && dt_trainer_all_ranks_step(t, t->step)) {
+        DT_TRY(dt_stop_sync_begin(stop));
+        DT_TRY(dt_stop_sync_end(stop, code));
+        if (*code) return DT_OK;
+    }
     while (t->step < end) {
         double loss;
         /* only while every rank runs steps: a joined rank answers no other collective */
@@ -69,15 +76,17 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
     return DT_OK;
 }
 
-/* Stopped by a request (signal) after step t->step: checkpoint, say so once. */
-static dt_status stop_early(dt_trainer *t, int code) {
+/* Stopped by a request (signal) after step t->step: checkpoint (unless the
+ * final one was written already, before evaluation), say so once. */
+static dt_status stop_early(dt_trainer *t, int code, int in_eval) {
     const char *save = t->opts.save;
-    if (save) DT_TRY(dt_trainer_save_background(t, save));
-    DT_TRY(dt_trainer_save_settle(t));
+    if (save && !in_eval) DT_TRY(dt_trainer_save_background(t, save));
+    DT_TRY(dt_trainer_save_settle(t));   /* (in evaluation: the final save, started before it) */
     dt_stop_set_stopped(code);
     if (t->strat.rank == 0) {
-        if (save) dt_log(DT_LOG_INFO, "interrupted at step %lld, saved to %s\n", (long long)t->step, save);
-        else dt_log(DT_LOG_INFO, "interrupted at step %lld, not saved (no train.save)\n", (long long)t->step);
+        const char *when = in_eval ? " during evaluation" : "";
+        if (save) dt_log(DT_LOG_INFO, "interrupted at step %lld%s, saved to %s\n", (long long)t->step, when, save);
+        else dt_log(DT_LOG_INFO, "interrupted at step %lld%s, not saved (no train.save)\n", (long long)t->step, when);
     }
     return DT_OK;
 }
@@ -119,12 +128,14 @@ dt_status dt_trainer_run(dt_trainer *t) {
     if (tty) dt_log(DT_LOG_PROGRESS, "\n");
     if (s == DT_OK && code < 0) s = dt_trainer_save_settle(t);   /* what a --stop-after run saved is on disk */
     if (s != DT_OK || code < 0) return s;   /* code < 0: --stop-after */
-    if (code) return stop_early(t, code);
-    /* (the loop's --save-every may have saved this very step already) */
+    if (code) return stop_early(t, code, 0);
+    /* the loop's --save-every may have saved this very step already; a
+     * request during the final save is agreed in evaluation's first round */
     int saved = o->save_every > 0 && t->step % o->save_every == 0 && t->step > start_step;
     if (o->save && !saved) DT_TRY(dt_trainer_save_background(t, o->save));   /* written while evaluation runs */
     double loss, acc;
     DT_TRY(dt_trainer_evaluate(t, &loss, &acc));
+    if ((code = dt_train_stopped()) != 0) return stop_early(t, code, 1);
     DT_TRY(dt_trainer_save_settle(t));
     if (lead) {
         if (d->headline_loss)   /* "validation loss: 1.2345  (token accuracy 0.4567)" */

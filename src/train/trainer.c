@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "stop_internal.h"
 #include "trainer_internal.h"
 
 /* run.example: the first `batch` training samples (fewer if the set is smaller). */
@@ -22,6 +23,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     dt_trainer *t = calloc(1, sizeof *t);
     if (!t) return DT_ERR(DT_ENOMEM, "out of memory");
     t->opts = *o;
+    t->save_lock = -1;
     if (strat) t->strat = *strat;
     else t->strat = (dt_strategy){.name = "single", .rank = 0, .world = 1};
     if (t->strat.data_world <= 0) { t->strat.data_rank = t->strat.rank; t->strat.data_world = t->strat.world; }
@@ -43,6 +45,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK) s = dt_trainer_check_data(t);
     if (s == DT_OK) s = dt_trainer_freeze(t);   /* before the agreement lists "frozen" and any strategy sees it */
     if (s == DT_OK) s = dt_trainer_agree(t);   /* before the strategy's first collective */
+    if (s == DT_OK) s = dt_trainer_claim_outputs(t);   /* the save directory's lock (rank 0), before step 1 */
     /* a mode only when asked: none must not unmark blocks a user's builder marked */
     if (s == DT_OK && o->recompute != DT_RECOMPUTE_NONE) dt_model_set_recompute(t->model, o->recompute);
     if (s == DT_OK && o->init) s = dt_model_load_params(t->model, o->init);
@@ -109,6 +112,7 @@ void dt_trainer_free(dt_trainer *t) {
     dt_optimizer_free(&t->optim);
     dt_sampler_free(&t->sampler);
     dt_trainer_free_data(t);
+    dt_ckpt_unlock_dir(t->save_lock);
     free(t);
 }
 
@@ -201,55 +205,84 @@ static dt_status eval_flush(dt_trainer *t, eval_group *q, double *sums) {
     return s;
 }
 
+/* One round of evaluation: this rank's batch at `start` (counted when below
+ * limit), queued for a scheduling strategy or run at once. */
+static dt_status eval_round(dt_trainer *t, eval_group *q, int slots, int64_t start, int64_t limit, double *sums) {
+    const dt_dataset *d = &t->data;
+    int64_t B = t->opts.batch;
+    int counted = start < limit;
+    int64_t s0 = counted ? start : 0;
+    int64_t n = limit - s0 < B ? limit - s0 : B;
+    if (q) {   /* a scheduling strategy: all ranks of a replica see the same batches */
+        if (!counted) return DT_OK;
+        for (int64_t i = 0; i < n; i++) t->idx[q->n * B + i] = s0 + i;
+        q->b[q->n] = dt_trainer_batch_in(t, q->n, DT_SPLIT_EVAL, n);
+        return ++q->n == slots ? eval_flush(t, q, sums) : DT_OK;
+    }
+    /* without collective forwards a rank past the end has nothing to run */
+    if (!counted && !t->strat.collective_forward) return DT_OK;
+    for (int64_t i = 0; i < n; i++) t->idx[i] = s0 + i;
+    dt_batch b = dt_trainer_batch(t, DT_SPLIT_EVAL, n);
+    dt_graph_reset(t->graph);
+    dt_tensor *logits = NULL, *loss = dt_model_forward(t->model, t->graph, &b, &logits);
+    if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;
+    if (!counted) return DT_OK;
+    int64_t rows = n * d->sample.targets;
+    sums[0] += dt_f32(loss)[0] * (double)rows;
+    sums[1] += (double)dt_count_correct(logits, b.y);
+    sums[2] += (double)rows;
+    return DT_OK;
+}
+
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) {
     const dt_dataset *d = &t->data;
     int64_t B = t->opts.batch;
     int64_t n_items = d->size[DT_SPLIT_EVAL];
     int64_t limit = d->eval_limited && t->opts.eval_batches ? t->opts.eval_batches * B : n_items;
     if (limit > n_items) limit = n_items;
+    if (loss_out) *loss_out = NAN;
+    if (acc_out) *acc_out = NAN;
+    dt_stop_set_stopped(0);
     if (t->strat.sync_params) DT_TRY(t->strat.sync_params(t->strat.self, &t->run));
+    dt_stop_sync *stop = calloc(1, sizeof *stop);   /* heap: see dt_stop_sync_abandon */
+    if (!stop) return DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status st = dt_stop_sync_init(stop, t->strat.world);
+    if (st != DT_OK) { free(stop); return st; }
     int prev_grad = dt_graph_set_grad_enabled(t->graph, 0);
     dt_graph_set_training(t->graph, 0);
     double sums[3] = {0, 0, 0};   /* loss * rows, correct, rows */
     eval_group *q = NULL;
     int slots = dt_trainer_batch_slots(t);
-    if (t->strat.forward_only && !(q = calloc(1, sizeof *q))) return DT_ERR(DT_ENOMEM, "out of memory");
+    if (t->strat.forward_only && !(q = calloc(1, sizeof *q))) st = DT_ERR(DT_ENOMEM, "out of memory");
     if (slots > (int)(sizeof q->b / sizeof q->b[0])) slots = (int)(sizeof q->b / sizeof q->b[0]);
-    dt_status st = DT_OK;
     /* replicas evaluate interleaved blocks of the fixed (unshuffled) set; with
      * collective forwards every rank runs as many (a rank past the end
-     * repeats block 0 and counts nothing) */
+     * repeats block 0 and counts nothing). Every rank goes through the same
+     * rounds: a stop request is agreed over the ranks in each, as at a
+     * training step (stop.c), so all of them leave after the same round. */
     int64_t stride = (int64_t)t->strat.data_world * B;
-    int64_t rounds = t->strat.collective_forward ? (limit + stride - 1) / stride : -1;
-    for (int64_t k = 0, start = (int64_t)t->strat.data_rank * B;
-         st == DT_OK && (rounds >= 0 ? k < rounds : start < limit); k++, start += stride) {
-        int counted = start < limit;
-        int64_t s0 = counted ? start : 0;
-        int64_t n = limit - s0 < B ? limit - s0 : B;
-        if (q) {   /* a scheduling strategy: all ranks of a replica see the same batches */
-            if (!counted) continue;
-            for (int64_t i = 0; i < n; i++) t->idx[q->n * B + i] = s0 + i;
-            q->b[q->n] = dt_trainer_batch_in(t, q->n, DT_SPLIT_EVAL, n);
-            if (++q->n == slots) st = eval_flush(t, q, sums);
-            continue;
-        }
-        for (int64_t i = 0; i < n; i++) t->idx[i] = s0 + i;
-        dt_batch b = dt_trainer_batch(t, DT_SPLIT_EVAL, n);
-        dt_graph_reset(t->graph);
-        dt_tensor *logits = NULL, *loss = dt_model_forward(t->model, t->graph, &b, &logits);
-        if (!loss) { st = dt_error_code() ? dt_error_code() : DT_EINVAL; break; }
-        if (!counted) continue;
-        int64_t rows = n * d->sample.targets;
-        sums[0] += dt_f32(loss)[0] * (double)rows;
-        sums[1] += (double)dt_count_correct(logits, b.y);
-        sums[2] += (double)rows;
+    int64_t rounds = (limit + stride - 1) / stride;
+    int code = 0;
+    for (int64_t k = 0, start = (int64_t)t->strat.data_rank * B; st == DT_OK && !code && k < rounds; k++, start += stride) {
+        st = dt_stop_sync_begin(stop);
+        if (st == DT_OK) st = eval_round(t, q, slots, start, limit, sums);
+        if (st == DT_OK) st = dt_stop_sync_end(stop, &code);
     }
-    if (q && st == DT_OK) st = eval_flush(t, q, sums);
+    if (q && st == DT_OK && !code) st = eval_flush(t, q, sums);
     free(q);
     dt_graph_reset(t->graph);
     dt_graph_set_grad_enabled(t->graph, prev_grad);
     dt_graph_set_training(t->graph, 1);
-    DT_TRY(st);
+    if (st != DT_OK) {
+        dt_stop_sync_abandon(stop);   /* peers may be waiting elsewhere: no collective teardown */
+        return st;
+    }
+    dt_stop_sync_free(stop);
+    free(stop);
+    if (code) {   /* every rank stopped after the same round: no result */
+        dt_stop_set_stopped(code);
+        return DT_OK;
+    }
     if (t->strat.allreduce_sum) DT_TRY(t->strat.allreduce_sum(t->strat.self, sums, 3));
     if (sums[2] <= 0) return DT_ERR(DT_EINVAL, "evaluation set is empty");
     if (loss_out) *loss_out = sums[0] / sums[2];

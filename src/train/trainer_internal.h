@@ -29,6 +29,11 @@ dt_batch dt_trainer_batch_in(dt_trainer *t, int slot, dt_split split, int64_t n)
 void dt_trainer_free_data(dt_trainer *t);
 /* --save, --trace, --metrics writable on the ranks that write them (outputs.c) */
 dt_status dt_trainer_check_outputs(const dt_trainer *t);
+/* After the configuration agreement (the first collective), on every rank:
+ * rank 0 locks a sharded train.save directory (one writer per directory)
+ * and its verdict reaches every rank, so a refusal is the same error
+ * everywhere (collective over the world when the trainer's ranks are all of it). */
+dt_status dt_trainer_claim_outputs(dt_trainer *t);
 /* this rank's trace file: --trace, or FILE.rankN when world > 1 */
 void dt_trainer_trace_path(const dt_trainer *t, char *buf, size_t n);
 /* fingerprint.c: the configuration agreement through the strategy (collective;
