@@ -11,6 +11,8 @@
  *     DDP   hierarchical 2(n-1)/n S         flat (ring) 2(N-1)/N S
  *     ZeRO-3 hierarchical 3(n-1)/n S        flat 3 R (n-1)/n S
  *       (a reduce-scatter and two parameter all-gathers per step)
+ *     ZeRO-3 --node-params 2(n-1)/n S (one all-gather per step, into each
+ *       machine's one copy; nothing copied inside for it; flat: n/a)
  *   T_comm = bytes / (link-eff x line rate) + hops x alpha
  *            (+ hierarchical: the copies inside the machine, 2 (R-1)/R S per
  *            rank at mem-gbs, the measured shared-memory allreduce rate)
@@ -35,8 +37,10 @@ typedef struct workload { const char *name; double params, compute_ms; } workloa
  * 2 x 1 ~1420 ms/step; W2 ~2 x its 2-thread 1080 ms) */
 static const workload k_work[] = {{"W1", 10.84e6, 1420}, {"W2", 124.5e6, 2160}};
 
+/* zero3: 1 ZeRO-3, 2 ZeRO-3 with node-shared parameters (hierarchical only) */
 static double bytes_per_machine(int zero3, int hier, int n, int R, double S) {
     double N = (double)n * R;
+    if (zero3 == 2) return 2.0 * (n - 1) / n * S;
     if (zero3) return hier ? 3.0 * (n - 1) / n * S : 3.0 * R * (n - 1) / n * S;
     return hier ? 2.0 * (n - 1) / n * S : 2.0 * (N - 1) / N * S;
 }
@@ -55,6 +59,7 @@ int main(int argc, char **argv) {
     if (check) {
         int n, R, stage, h;
         double mib;
+        /* stage 4: ZeRO-3 with --node-params */
         if (sscanf(check, "%d,%d,%d,%d,%lf", &n, &R, &stage, &h, &mib) != 5 || n < 1 || R < 1) {
             fprintf(stderr, "scale_projection: --check n,R,stage,hier,MiB\n");
             return 2;
@@ -62,10 +67,11 @@ int main(int argc, char **argv) {
         /* W3: 14.2M params = 54.2 MiB; stage 2 moves what DDP does (a
          * reduce-scatter and one all-gather), stage 3 one all-gather more */
         double S = 14.2e6 * 4 / 1048576.0;
-        double model = bytes_per_machine(stage == 3, h, n, R, S);
+        double model = bytes_per_machine(stage == 4 ? 2 : stage == 3, h, n, R, S);
         if (stage == 2) model = h ? 2.0 * (n - 1) / n * S : 2.0 * R * (n - 1) / n * S;
         printf("W3 n=%d R=%d %s %s: model %.1f MiB per machine and step, measured %.1f (%+.1f%%)\n", n, R,
-               stage ? (stage == 3 ? "ZeRO-3" : "ZeRO-2") : "DDP", h ? "hierarchical" : "flat", model, mib,
+               stage == 4 ? "ZeRO-3 --node-params" : stage ? (stage == 3 ? "ZeRO-3" : "ZeRO-2") : "DDP",
+               h ? "hierarchical" : "flat", model, mib,
                100 * (mib - model) / model);
         return 0;
     }
@@ -76,7 +82,7 @@ int main(int argc, char **argv) {
     printf("|---|---|---|---|---|---|---|\n");
     const int ns[] = {8, 64, 256}, Rs[] = {2, 32};
     for (size_t w = 0; w < sizeof k_work / sizeof *k_work; w++)
-        for (int z = 0; z < 2; z++)
+        for (int z = 0; z < 3; z++)
             for (int ri = 0; ri < 2; ri++)
                 for (int ni = 0; ni < 3; ni++) {
                     int n = ns[ni], R = Rs[ri];
@@ -85,14 +91,18 @@ int main(int argc, char **argv) {
                         double b = bytes_per_machine(z, h, n, R, S);
                         int parties = h ? n : n * R;
                         double t = b / Bps + 8.0 * 2 * (parties - 1) * alpha;
-                        if (h) t += (z ? 1.5 : 2.0) * (R - 1) / R * S / (mem_gbs * 1e9);
+                        if (h) t += (z == 1 ? 1.5 : z == 2 ? 0.5 : 2.0) * (R - 1) / R * S / (mem_gbs * 1e9);
                         double exposed = t - (z ? 1.0 : 2.0 / 3.0) * C;
                         step[h] = C + (exposed > 0 ? exposed : 0);
                         gb[h] = b / 1e9;
                     }
-                    printf("| %s | %s | %d | %d | %.2f (%.2f) | %.0f (%.0f) | %.0f%% (%.0f%%) |\n", k_work[w].name,
-                           z ? "ZeRO-3" : "DDP", n, R, gb[1], gb[0], step[1] * 1e3, step[0] * 1e3,
-                           100 * C / step[1], 100 * C / step[0]);
+                    if (z == 2)
+                        printf("| %s | ZeRO-3 --node-params | %d | %d | %.2f (n/a) | %.0f (n/a) | %.0f%% (n/a) |\n",
+                               k_work[w].name, n, R, gb[1], step[1] * 1e3, 100 * C / step[1]);
+                    else
+                        printf("| %s | %s | %d | %d | %.2f (%.2f) | %.0f (%.0f) | %.0f%% (%.0f%%) |\n", k_work[w].name,
+                               z ? "ZeRO-3" : "DDP", n, R, gb[1], gb[0], step[1] * 1e3, step[0] * 1e3,
+                               100 * C / step[1], 100 * C / step[0]);
                 }
     return 0;
 }

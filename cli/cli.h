@@ -71,6 +71,13 @@ void dt_cli_hosts_free(dt_cli_hosts *h);
  * h's hosts (filled machine by machine); print_only: print the command line
  * and the environment it passes on, run nothing. Returns the exit status. */
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h, int print_only);
+/* restart.c: dt_cli_relaunch, and after a failure again from the newest
+ * complete checkpoint at save, at most max_restarts times; a summary line. */
+#define DT_CLI_PROGRESS_ENV "DTRAIN_PROGRESS_FILE"
+int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h, int max_restarts,
+                               const char *save);
+/* signals.c, launcher: a stop signal reached this process (do not restart) */
+int dt_cli_launcher_signalled(void);
 /* signals.c: stop requests on SIGTERM / SIGINT / SIGUSR1 (this rank) */
 void dt_cli_signals_install(void);
 /* after the run: 128 + the signal that stopped it at a step boundary, 0 if none */

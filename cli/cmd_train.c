@@ -261,7 +261,9 @@ static int launch(int argc, char **argv, const cli_flags *f) {
         fprintf(stderr, "dtrain: %s\n", err);
         rc = 2;
     } else {
-        rc = dt_cli_relaunch(argc, argv, np, f->o.threads, &h, f->print_launch);
+        rc = f->max_restarts > 0 && !f->print_launch
+                 ? dt_cli_relaunch_restarting(argc, argv, np, f->o.threads, &h, f->max_restarts, f->o.save)
+                 : dt_cli_relaunch(argc, argv, np, f->o.threads, &h, f->print_launch);
     }
     dt_cli_hosts_free(&h);
     return rc;
@@ -279,8 +281,18 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
         return 0;
     }
     if (r < 0) { fprintf(stderr, "dtrain: %s\n", err); return 2; }
-    if (!dt_cli_under_mpi() && (f.hosts || f.hostfile || f.print_launch || (f.nproc != INT_MIN && f.nproc > 1)))
-        return launch(argc, argv, &f);
+    int launching = f.hosts || f.hostfile || f.print_launch || (f.nproc != INT_MIN && f.nproc > 1);
+    if (f.max_restarts) {
+        const char *bad = f.max_restarts < 0 ? "must be >= 0"
+                        : eval_only ? "applies to dtrain train"
+                        : !f.o.save ? "needs --save PATH (each restart resumes from it)"
+                        : f.o.uneven ? "does not combine with --uneven (which cannot resume)"
+                        : !launching ? "needs a job dtrain launches (--nproc N > 1, --hosts or --hostfile)"
+                        : NULL;
+        if (bad) { fprintf(stderr, "dtrain: --max-restarts %d %s\n", f.max_restarts, bad); return 2; }
+    }
+    if (!dt_cli_under_mpi() && launching) return launch(argc, argv, &f);
+    f.o.progress_file = getenv(DT_CLI_PROGRESS_ENV);   /* set by a restarting launcher */
     if (eval_only) {
         if (!f.o.init && !f.o.resume) { fprintf(stderr, "dtrain: eval needs --init FILE or --resume FILE\n"); return 2; }
         f.o.steps = 1;

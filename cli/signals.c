@@ -256,3 +256,5 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
     if (g_seen && (rc == 128 + SIGUSR1 || term_at)) rc = 128 + g_first;
     return rc;
 }
+
+int dt_cli_launcher_signalled(void) { return g_seen != 0; }

@@ -24,6 +24,7 @@ typedef struct cli_flags {
     int n_lists, list_n[16], lists[16][DT_SETTING_INTS_MAX];
     const dt_model_setting *list_of[16];
     int nproc;
+    int max_restarts;               /* --max-restarts (launcher); 0: none */
     const char *hosts, *hostfile;   /* where --nproc ranks run (hosts.c) */
     int print_launch;
     int nesterov;

@@ -141,6 +141,16 @@ add_test(NAME test_save_background
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_save_background.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
 set_tests_properties(test_save_background PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
 
+# --max-restarts (issue 28): a rank killed at random steps 5 times in one run,
+# DDP, ZeRO-2, pipeline, at 2 and 4 ranks: completes, final checkpoint bitwise
+# the uninterrupted run's, metrics without repeats. Label slow (a few minutes:
+# 6 launches per strategy); the sanitizer pass leaves it to the Release run.
+foreach(np 2 4)
+  add_test(NAME test_restart_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_restart.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp> ${np})
+  set_tests_properties(test_restart_np${np} PROPERTIES LABELS "mpi;slow" PROCESSORS ${np} TIMEOUT 900)
+endforeach()
+
 # --zero with --compress bf16|fp16 (and --no-shm) trains GPT-2 through the
 # CLI (--nproc 2); a bad --compress value is refused.
 add_test(NAME test_zero_wire_cli

@@ -48,7 +48,10 @@ typedef struct dt_train_opts {
                                       thread (io.h, background writes) while training (or the final
                                       evaluation) goes on; the next save first waits for it */
     const char *resume;            /* checkpoint to continue from */
-    const char *metrics;           /* JSONL path */
+    const char *metrics;           /* JSONL path (a resumed run drops the lines of steps after its
+                                      checkpoint, then appends: no step twice) */
+    const char *progress_file;     /* rank 0 rewrites it with the completed step count after every
+                                      step (a launcher that restarts jobs reads it); NULL: none */
     const char *trace;             /* Chrome trace path (per rank: suffix .rankN) */
     int64_t log_every;             /* non-terminal progress interval (0 = auto) */
     int64_t eval_batches;          /* LM eval: number of batches (0 = auto) */

@@ -124,3 +124,31 @@ dt_status dt_jsonl_close(dt_jsonl *j) {
     if (bad) return DT_ERR(DT_EIO, "%s: metrics close failed: %s", j->path, strerror(e));
     return DT_OK;
 }
+
+/* A resumed run recomputes the steps after its checkpoint: their lines go
+ * (steps only grow along the file, so everything from the first line past
+ * `step` on). Opened for writing under the same link rule as appending. */
+dt_status dt_jsonl_drop_after(const char *path, int64_t step) {
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT ? DT_OK : DT_ERR(DT_EIO, "metrics file %s: %s", path, strerror(errno));
+    char line[4096];
+    long cut = -1, at = 0;
+    while (cut < 0 && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *st = o ? cJSON_GetObjectItemCaseSensitive(o, "step") : NULL;
+        if (cJSON_IsNumber(st) && st->valuedouble > (double)step) cut = at;
+        cJSON_Delete(o);
+        at = ftell(f);
+    }
+    fclose(f);
+    if (cut < 0) return DT_OK;
+    char msg[512] = "";
+    int fd = open_append(path, 0, msg, sizeof msg);
+    if (fd == -2) return DT_ERR(DT_EINVAL, "%s", msg);
+    if (fd < 0) return DT_ERR(DT_EIO, "metrics file %s: %s", path, strerror(errno));
+    int rc = ftruncate(fd, (off_t)cut);
+    int e = errno;
+    close(fd);
+    if (rc != 0) return DT_ERR(DT_EIO, "metrics file %s: cannot drop the lines past step %lld: %s", path, (long long)step, strerror(e));
+    return DT_OK;
+}

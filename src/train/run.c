@@ -1,4 +1,5 @@
 /* dt_trainer_run: the step loop with progress line, metrics, checkpoints, final evaluation. */
+#include <fcntl.h>
 #include <stdio.h>   /* snprintf */
 #include <stdlib.h>
 #include <time.h>
@@ -20,6 +21,17 @@ static void fmt_eta(double s, char *buf, size_t n) {
 
 static int64_t items_per_step(const dt_trainer *t) {   /* targets (samples or tokens), all ranks */
     return t->opts.batch * t->opts.accum * t->strat.data_world * t->data.sample.targets;
+}
+
+/* progress_file: the completed step count, rewritten in place (best effort:
+ * only a launcher's summary reads it) */
+static void write_progress(const char *path, int64_t step) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    char b[32];
+    int n = snprintf(b, sizeof b, "%lld\n", (long long)step);
+    if (write(fd, b, (size_t)n) != n) { /* nothing to do: best effort */ }
+    close(fd);
 }
 
 /* The step loop; *code = the agreed stop code (0: ran to total_steps, -1: --stop-after). */
@@ -61,6 +73,7 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
             double vals[4] = {(double)t->step, loss, dt_lr_at(&t->sched, t->step - 1), dt * 1e3};
             DT_TRY(dt_jsonl_write(&t->metrics, 4, keys, vals));
         }
+        if (o->progress_file && t->strat.rank == 0) write_progress(o->progress_file, t->step);
         if (o->save && o->save_every > 0 && t->step % o->save_every == 0 && !*code)
             DT_TRY(dt_trainer_save_background(t, o->save));
         if (*code) {   /* agreed: every rank stops after this step (unless it was the last) */

@@ -87,6 +87,9 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
         s = DT_ERR(DT_EINVAL, "checkpoint %s is at step %lld, not before train.unfreeze_at %lld: its train.freeze parameters "
                    "already train, so resume it without train.freeze and train.unfreeze_at", o->resume, (long long)t->step,
                    (long long)o->unfreeze_at);
+    /* resumed: the steps after the checkpoint are logged again, not twice */
+    if (s == DT_OK && o->metrics && o->resume && !o->eval_only && t->strat.rank == 0)
+        s = dt_jsonl_drop_after(o->metrics, t->step);
     if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
     if (s == DT_OK && o->trace) {
         char path[4096];

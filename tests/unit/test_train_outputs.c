@@ -104,8 +104,9 @@ static void test_no_files_left_behind(void **state) {
 }
 
 /* A strategy that saves a directory: an existing file there is refused, a
- * directory not yet there is fine (its parent takes it) and is not created by
- * the check; a directory that exists must take files. */
+ * directory not yet there is fine (its parent takes it): it is made at start
+ * and holds the job's lock (one writer per directory) until the trainer is
+ * freed; a directory that exists must take files. */
 static void test_sharded_save_dir(void **state) {
     (void)state;
     dt_strategy sharded = {.name = "sharded", .rank = 0, .world = 1, .save_is_dir = 1};
@@ -127,8 +128,11 @@ static void test_sharded_save_dir(void **state) {
     o.save = dir;
     assert_int_equal(dt_trainer_create(&o, &sharded, &t), DT_OK);
     struct stat sb;
-    assert_int_not_equal(stat(dir, &sb), 0);   /* created by the first save, not by the check */
+    char lock[700];
+    snprintf(lock, sizeof lock, "%s/.dtrain.lock", dir);
+    assert_int_equal(stat(lock, &sb), 0);   /* made and locked at start (a second job: test_ckpt_dir_lock.sh) */
     dt_trainer_free(t);
+    dt_test_rm_rf(dir);
 
     snprintf(deep, sizeof deep, "%s/missing/shards", g_dir);
     o.save = deep;

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# --max-restarts (issue 28): a rank killed with SIGKILL at a random step, 5
+# times in one run (--max-restarts 5 --save-every 2, background saves), for
+# DDP, ZeRO-2 and a pipeline: every time the launcher says what failed and
+# restarts from the newest complete checkpoint; the run completes, says how
+# many restarts and recomputed steps, its final checkpoint equals an
+# uninterrupted run's bit for bit, and its metrics hold every step once.
+# Also: a failure with no restarts left ends the job (non-zero), --max-restarts
+# without --save or without a launch is refused.
+# usage: test_restart.sh DTRAIN CKPT_CMP NP [SEED]
+set -uo pipefail
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+bin=$1 cmp=$2 np=$3
+seed=${4:-$$}
+RANDOM=$seed
+echo "seed $seed (test_restart.sh ... $np $seed repeats this run)"
+tmp=$(mktemp -d); trap 'pkill -9 -f "$tmp/" 2>/dev/null; rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1
+for i in $(seq 1 400); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$tmp/corpus.txt"
+steps=160
+base=(train --model gpt2 --layers 2 --embd 64 --heads 2 --max-t 64 --seq 64 --data text --data-path "$tmp/corpus.txt"
+      --eval-batches 2 --threads 1 --steps $steps --deterministic --log-every 1000)
+fail=0
+
+last_step() { tail -n 1 "$1" 2>/dev/null | grep -oE '"step":[0-9]+' | cut -d: -f2; }
+
+# faulty TAG REF_ARGS -- ARGS: the uninterrupted reference (REF_ARGS), then the
+# same run with 5 kills (ARGS); checkpoints compared
+faulty() {
+    local tag=$1; shift
+    local ref=() args=()
+    while [ "$1" != -- ]; do ref+=("$1"); shift; done
+    shift; args=("$@")
+    if ! "$bin" "${base[@]}" "${ref[@]}" --save "$tmp/$tag.ref" > "$tmp/$tag.ref.out" 2>&1; then
+        echo "FAIL $tag: reference run:"; tail -5 "$tmp/$tag.ref.out"; fail=1; return
+    fi
+    "$bin" "${base[@]}" --nproc "$np" "${args[@]}" --save-every 2 --max-restarts 5 --save "$tmp/$tag.ck" \
+        --metrics "$tmp/$tag.jsonl" < /dev/null > "$tmp/$tag.out" 2> "$tmp/$tag.err" &
+    local job=$! kills=0 at=0
+    while [ $kills -lt 5 ] && kill -0 $job 2>/dev/null; do
+        local target=$((at + 3 + RANDOM % 18)) s
+        while kill -0 $job 2>/dev/null; do
+            s=$(last_step "$tmp/$tag.jsonl"); [ -n "$s" ] && [ "$s" -ge "$target" ] && break
+            sleep 0.02
+        done
+        local victims=() p
+        for p in $(pgrep -f -- "--save $tmp/$tag.ck"); do
+            tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=' && victims+=("$p")
+        done
+        [ ${#victims[@]} -eq 0 ] && continue
+        local v=${victims[$((RANDOM % ${#victims[@]}))]}
+        kill -9 "$v" 2>/dev/null && kills=$((kills + 1))
+        at=${s:-$target}
+        # wait for the restart to run a step past the checkpoint it resumed
+        while kill -0 $job 2>/dev/null && [ "$(grep -c 'restart .* of 5' "$tmp/$tag.err")" -lt $kills ]; do sleep 0.05; done
+    done
+    wait $job; local rc=$?
+    if [ $rc -ne 0 ] || [ $kills -ne 5 ]; then
+        echo "FAIL $tag: exit $rc after $kills kills:"; tail -8 "$tmp/$tag.err"; fail=1; return
+    fi
+    local summary; summary=$(grep -E "^dtrain: 5 restarts" "$tmp/$tag.err")
+    if [ -z "$summary" ]; then echo "FAIL $tag: no summary:"; tail -8 "$tmp/$tag.err"; fail=1; fi
+    if "$cmp" "$tmp/$tag.ref" "$tmp/$tag.ck" step optim_step epoch cursor > "$tmp/cmp.out" 2>&1; then
+        echo "ok   $tag: 5 kills, $summary; final checkpoint == uninterrupted: $(tail -1 "$tmp/cmp.out")"
+    else echo "FAIL $tag: final checkpoint differs from the uninterrupted run:"; cat "$tmp/cmp.out"; fail=1; fi
+    local logged; logged=$(grep -oE '"step":[0-9]+,"loss"' "$tmp/$tag.jsonl" | cut -d: -f2 | cut -d, -f1 | tr '\n' ' ')
+    if [ "$logged" = "$(seq -s ' ' 1 $steps) " ]; then echo "ok   $tag: metrics hold steps 1..$steps once each"
+    else echo "FAIL $tag: metrics steps: $(echo "$logged" | head -c 300)"; fail=1; fi
+}
+
+faulty ddp --nproc "$np" --
+faulty zero2 --nproc "$np" --zero 2 --save-format consolidated -- --zero 2
+if [ "$np" = 2 ]; then
+    faulty pp --nproc 1 --batch 2 --accum 2 -- --pp 2 --microbatches 2 --batch 4
+else
+    faulty pp --nproc 2 --batch 2 --accum 2 -- --pp 2 --microbatches 2 --batch 4
+fi
+
+# no restarts left: the failure ends the job
+"$bin" "${base[@]}" --nproc "$np" --save-every 2 --max-restarts 1 --save "$tmp/last.ck" --metrics "$tmp/last.jsonl" \
+    < /dev/null > "$tmp/last.out" 2> "$tmp/last.err" &
+job=$!
+for k in 1 2; do
+    while kill -0 $job 2>/dev/null; do s=$(last_step "$tmp/last.jsonl"); [ -n "$s" ] && [ "$s" -ge $((k * 10)) ] && break; sleep 0.02; done
+    for p in $(pgrep -f -- "--save $tmp/last.ck"); do
+        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$' && kill -9 "$p"
+    done
+    while [ $k = 1 ] && kill -0 $job 2>/dev/null && ! grep -q 'restart 1 of 1' "$tmp/last.err"; do sleep 0.05; done
+done
+wait $job; rc=$?
+if [ $rc -ne 0 ] && grep -q "1 restart .*the job failed" "$tmp/last.err"; then echo "ok   no restarts left: exit $rc, $(grep -m1 '1 restart' "$tmp/last.err")"
+else echo "FAIL no restarts left: exit $rc"; tail -5 "$tmp/last.err"; fail=1; fi
+
+for bad in "--max-restarts 2 --nproc $np|needs --save PATH" "--max-restarts 2 --save $tmp/x.st|needs a job dtrain launches"; do
+    IFS='|' read -r flags want <<< "$bad"
+    # shellcheck disable=SC2086
+    out=$("$bin" "${base[@]}" $flags < /dev/null 2>&1); rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "$want" <<< "$out"; then echo "ok   refused: $out"
+    else echo "FAIL $flags: exit $rc: $out"; fail=1; fi
+done
+exit $fail
