@@ -11,9 +11,12 @@ dt_bg_writer *dt__bg_capturing(void);
 dt_status dt__bg_queue_copy(dt_bg_writer *w, const char *path, const dt_st_entry *e, int n, const dt_st_meta *meta,
                             int n_meta);
 /* The same, the bytes already in data (entries back to back, data_bytes in
- * all; taken over, freed also on failure). */
+ * all, from dt__bg_alloc with capacity data_cap; taken over, freed also on
+ * failure). */
 dt_status dt__bg_queue_owned(dt_bg_writer *w, const char *path, const dt_st_entry *e, int n, const dt_st_meta *meta,
-                             int n_meta, void *data, size_t data_bytes);
+                             int n_meta, void *data, size_t data_bytes, size_t data_cap);
+/* A copy buffer of at least bytes (*cap: its size): a finished job's, else new. */
+void *dt__bg_alloc(dt_bg_writer *w, size_t bytes, size_t *cap);
 /* dt_ckpt_write_index's arguments, copied; run once the set's shards are all visible. */
 dt_status dt__bg_queue_index(dt_bg_writer *w, const char *dir, const char *set, int world, int stage,
                              const dt_ckpt_shape *tensors, int n_tensors, const dt_st_meta *meta, int n_meta);

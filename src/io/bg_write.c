@@ -36,7 +36,7 @@ typedef struct bg_job {
     char *path;                 /* file path, or the set's directory */
     dt_st_entry *e; int n;      /* file: entries (data into `data`) */
     dt_st_meta *meta; int n_meta;
-    void *data; size_t data_bytes;
+    void *data; size_t data_bytes, data_cap;
     char *strs;                 /* names, keys, values (and set) copied */
     char *set; int world, stage;          /* index */
     dt_ckpt_shape *shapes; int n_shapes;  /* index */
@@ -53,7 +53,41 @@ struct dt_bg_writer {
     size_t held, peak;                    /* snapshot bytes queued or being written */
     dt_status err;                        /* first failure since the last wait */
     char msg[1024];
+    /* copy buffers of finished jobs, kept for the next save: a fresh 1 GB
+     * allocation costs a page fault per page on the training thread */
+    void *cache[2]; size_t cache_cap[2];
 };
+
+void *dt__bg_alloc(dt_bg_writer *w, size_t bytes, size_t *cap) {
+    pthread_mutex_lock(&w->mu);
+    int best = -1;
+    for (int i = 0; i < 2; i++)
+        if (w->cache[i] && w->cache_cap[i] >= bytes && (best < 0 || w->cache_cap[i] < w->cache_cap[best])) best = i;
+    void *p = NULL;
+    if (best >= 0) {
+        p = w->cache[best];
+        *cap = w->cache_cap[best];
+        w->cache[best] = NULL;
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (!p) {
+        p = malloc(bytes ? bytes : 1);
+        *cap = bytes;
+    }
+    return p;
+}
+
+/* w->mu held: keep p (the two largest buffers), free what drops out */
+static void cache_put(dt_bg_writer *w, void *p, size_t cap) {
+    int slot = !w->cache[0] ? 0 : !w->cache[1] ? 1 : w->cache_cap[0] < w->cache_cap[1] ? 0 : 1;
+    if (w->cache[slot] && w->cache_cap[slot] >= cap) {
+        free(p);
+        return;
+    }
+    free(w->cache[slot]);
+    w->cache[slot] = p;
+    w->cache_cap[slot] = cap;
+}
 
 static _Thread_local dt_bg_writer *tl_capture;
 
@@ -142,6 +176,8 @@ static void *writer_main(void *arg) {
         if (j->index) w->index_pending--;
         else w->files_pending--;
         w->held -= j->data_bytes;
+        if (j->data) cache_put(w, j->data, j->data_cap);
+        j->data = NULL;
         pthread_cond_broadcast(&w->cv_done);
         pthread_mutex_unlock(&w->mu);
         job_free(j);
@@ -192,7 +228,7 @@ static void enqueue(dt_bg_writer *w, bg_job *j) {
 /* A file job with copies of entries' names/shapes and meta; data: the
  * caller's snapshot (owned from now on), entries' data pointed into it. */
 static dt_status file_job(const char *path, const dt_st_entry *e, int n, const dt_st_meta *meta, int n_meta,
-                          void *data, size_t data_bytes, bg_job **out) {
+                          void *data, size_t data_bytes, size_t data_cap, bg_job **out) {
     *out = NULL;
     bg_job *j = calloc(1, sizeof *j);
     int ns = n + 2 * n_meta + 1;
@@ -222,6 +258,7 @@ static dt_status file_job(const char *path, const dt_st_entry *e, int n, const d
     if (!(j->path = strdup(dst[ns - 1]))) goto oom;
     j->data = data;
     j->data_bytes = data_bytes;
+    j->data_cap = data_cap;
     free(src);
     free(dst);
     *out = j;
@@ -238,7 +275,8 @@ dt_status dt__bg_queue_copy(dt_bg_writer *w, const char *path, const dt_st_entry
                             int n_meta) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += entry_bytes(&e[i]);
-    char *data = malloc(total ? total : 1);
+    size_t cap = 0;
+    char *data = dt__bg_alloc(w, total, &cap);
     if (!data) return DT_ERR(DT_ENOMEM, "%s: out of memory for a %zu-byte background checkpoint copy", path, total);
     size_t at = 0;
     for (int i = 0; i < n; i++) {
@@ -247,15 +285,15 @@ dt_status dt__bg_queue_copy(dt_bg_writer *w, const char *path, const dt_st_entry
         at += b;
     }
     bg_job *j;
-    DT_TRY(file_job(path, e, n, meta, n_meta, data, total, &j));
+    DT_TRY(file_job(path, e, n, meta, n_meta, data, total, cap, &j));
     enqueue(w, j);
     return DT_OK;
 }
 
 dt_status dt__bg_queue_owned(dt_bg_writer *w, const char *path, const dt_st_entry *e, int n, const dt_st_meta *meta,
-                             int n_meta, void *data, size_t data_bytes) {
+                             int n_meta, void *data, size_t data_bytes, size_t data_cap) {
     bg_job *j;
-    DT_TRY(file_job(path, e, n, meta, n_meta, data, data_bytes, &j));
+    DT_TRY(file_job(path, e, n, meta, n_meta, data, data_bytes, data_cap, &j));
     enqueue(w, j);
     return DT_OK;
 }
@@ -352,6 +390,8 @@ void dt_bg_writer_free(dt_bg_writer *w) {
         w->head = j->next;
         job_free(j);
     }
+    free(w->cache[0]);
+    free(w->cache[1]);
     pthread_cond_destroy(&w->cv_done);
     pthread_cond_destroy(&w->cv_job);
     pthread_mutex_destroy(&w->mu);

@@ -27,7 +27,7 @@ struct dt_st_writer {
     int cur;              /* entry the next appended byte belongs to */
     /* captured (bg_write.c): bytes go to snap; the file is queued at commit */
     dt_bg_writer *bg;
-    char *snap;
+    char *snap; size_t snap_cap;
     char *path;           /* (captured) */
     dt_st_entry *e;       /* (captured) names point into `names` */
     dt_st_meta *meta; int n_meta;   /* (captured) strings in meta_strs */
@@ -354,7 +354,7 @@ dt_status dt_st_writer_open(dt_st_writer **wp, const char *path, const dt_st_ent
     if (bg) {   /* appends fill a copy; commit queues it for the background thread */
         free(hdr);
         w->bg = bg;
-        w->snap = malloc(w->total ? (size_t)w->total : 1);
+        w->snap = dt__bg_alloc(bg, (size_t)w->total, &w->snap_cap);
         w->path = strdup(path);
         w->e = calloc((size_t)(n_entries > 0 ? n_entries : 1), sizeof *w->e);
         w->meta = calloc((size_t)(n_meta > 0 ? n_meta : 1), sizeof *w->meta);
@@ -458,7 +458,8 @@ dt_status dt_st_writer_commit(dt_st_writer *w) {
             s = DT_ERR(DT_ESTATE, "%s: commit after %" PRIu64 " of %" PRIu64 " declared data bytes (tensor '%s' "
                        "incomplete); file not written", w->path, w->written, w->total, entry_at(w, w->written));
         else {
-            s = dt__bg_queue_owned(w->bg, w->path, w->e, w->n_entries, w->meta, w->n_meta, w->snap, (size_t)w->total);
+            s = dt__bg_queue_owned(w->bg, w->path, w->e, w->n_entries, w->meta, w->n_meta, w->snap, (size_t)w->total,
+                                   w->snap_cap);
             w->snap = NULL;   /* the job's now (freed by it on failure too) */
         }
         writer_free(w);
