@@ -69,7 +69,7 @@ static void remove_stale_temps(const char *path) {
             if (!pid || pid == (long)getpid() || pid != (long)(pid_t)pid) continue;
             if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
             if (unlinkat(dirfd(d), e->d_name, 0) == 0)
-                dt_log(DT_LOG_WARN, "%s: removed %s/%s, left by writer %ld which no longer runs (a killed save)",
+                dt_log(DT_LOG_WARN, "%s: removed %s/%s, left by writer %ld which no longer runs (a killed save)\n",
                        path, dir, e->d_name, pid);
         }
         closedir(d);

@@ -58,7 +58,7 @@ faulty() {
     if [ $rc -ne 0 ] || [ $kills -ne 5 ]; then
         echo "FAIL $tag: exit $rc after $kills kills:"; tail -8 "$tmp/$tag.err"; fail=1; return
     fi
-    local summary; summary=$(grep -E "^dtrain: 5 restarts" "$tmp/$tag.err")
+    local summary; summary=$(grep -oE "dtrain: 5 restarts .*" "$tmp/$tag.err")
     if [ -z "$summary" ]; then echo "FAIL $tag: no summary:"; tail -8 "$tmp/$tag.err"; fail=1; fi
     if "$cmp" "$tmp/$tag.ref" "$tmp/$tag.ck" step optim_step epoch cursor > "$tmp/cmp.out" 2>&1; then
         echo "ok   $tag: 5 kills, $summary; final checkpoint == uninterrupted: $(tail -1 "$tmp/cmp.out")"
