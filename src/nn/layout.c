@@ -136,7 +136,7 @@ dt_status dt_model_alloc_grads(dt_model *m) {   /* zeros: whatever grads point a
 }
 
 dt_status dt_model_set_param_buffer(dt_model *m, float *buf, int filled) {
-    dt_flat pf = {buf, m->param_flat.numel, 1};
+    dt_flat pf = {buf, m->param_flat.numel, buf != NULL};   /* borrowed: the caller's */
     if (!buf && dt_flat_alloc(&pf, m->param_flat.numel) != DT_OK)
         return DT_ERR(DT_ENOMEM, "out of memory allocating a %zu-element parameter buffer", m->param_flat.numel);
     if (!buf || !filled) memcpy(pf.data, m->param_flat.data, m->param_flat.numel * sizeof(float));
