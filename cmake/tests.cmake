@@ -303,3 +303,13 @@ foreach(np 1 2 4)
   set_tests_properties(test_stop_eval_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()
 set_tests_properties(test_stop_eval_np1 PROPERTIES LABELS unit)
+
+# The sanitizer pass (ctest -LE slow) runs these at np 2 only: their np 4 twins
+# exercise the same code under ASan for 40-55 s each; Release runs both.
+foreach(t test_freeze_np4 test_param_groups_np4 test_output_paths_np4 test_collective_watchdog_np4
+          test_signal_stop_np4)
+  if(NOT TEST ${t})
+    message(FATAL_ERROR "cmake/tests.cmake: ${t} is not a test")
+  endif()
+  set_tests_properties(${t} PROPERTIES LABELS "mpi;slow")
+endforeach()
