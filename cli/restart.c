@@ -79,7 +79,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
         int k = 0;
         char **use = argv;
         int n = argc;
-        if (restarts > 0) {   /* the original flags, --resume SAVE instead of --resume / --init */
+        if (restarts > 0 && resumed[restarts - 1] >= 0) {   /* the flags, --resume SAVE for --resume / --init */
             av[k++] = argv[0];
             av[k++] = argv[1];
             for (int i = 2; i < argc; i++) {
@@ -87,10 +87,8 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
                 if (r == 2) i++;
                 else if (!r) av[k++] = argv[i];
             }
-            if (resumed[restarts - 1] >= 0) {
-                av[k++] = "--resume";
-                av[k++] = (char *)save;
-            }
+            av[k++] = "--resume";
+            av[k++] = (char *)save;
             av[k] = NULL;
             use = av;
             n = k;
@@ -108,7 +106,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
                     reached >= 0 ? "" : " before its first step", restarts, max_restarts, save, from);
         else
             fprintf(stderr, "dtrain: the job failed (exit %d) with no complete checkpoint at %s yet; restart %d of %d "
-                    "from the start\n", rc, save, restarts, max_restarts);
+                    "as first launched\n", rc, save, restarts, max_restarts);
         fflush(stderr);
     }
     if (restarts > 0) {
