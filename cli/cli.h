@@ -71,11 +71,41 @@ void dt_cli_hosts_free(dt_cli_hosts *h);
  * h's hosts (filled machine by machine); print_only: print the command line
  * and the environment it passes on, run nothing. Returns the exit status. */
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h, int print_only);
+/* hosts_probe.c: which hosts of h answer (alive[i] = 1; this machine always
+ * does): each runs one process through mpirun, all at once, within
+ * timeout_s. Returns how many answer, -1 when out of memory.
+ * dt_cli_probe_timeout: DTRAIN_HOST_PROBE_TIMEOUT seconds, default 30. */
+#define DT_CLI_PROBE_TIMEOUT_ENV "DTRAIN_HOST_PROBE_TIMEOUT"
+int dt_cli_hosts_probe(const dt_cli_hosts *h, int *alive, double timeout_s);
+double dt_cli_probe_timeout(void);
+
+/* elastic.c: the world of a restart on the slots that answer. The job as
+ * launched: nproc ranks = stages x replicas, accum micro-steps per replica
+ * and step. Returns the largest world W in [min_nproc, min(nproc, slots)]
+ * that splits into the stages and keeps the global batch, with the new
+ * micro-steps per replica in *accum; 0 when there is none. */
+typedef struct dt_cli_elastic {
+    int nproc, min_nproc, stages, accum;
+} dt_cli_elastic;
+int dt_cli_elastic_world(const dt_cli_elastic *e, int slots, int *accum);
+/* out: the hosts of h with keep[i] (a --host list, no hostfile); -1 when out
+ * of memory. Free with dt_cli_hosts_free. */
+int dt_cli_hosts_subset(const dt_cli_hosts *h, const int *keep, dt_cli_hosts *out);
+
 /* restart.c: dt_cli_relaunch, and after a failure again from the newest
- * complete checkpoint at save, at most max_restarts times; a summary line. */
+ * complete checkpoint at save, at most max_restarts times; a summary line.
+ * With a host list, the hosts are probed before each restart and the job
+ * goes to those that answer (elastic.c; --min-nproc: the fewest ranks it may
+ * continue on). batch: per micro-step (a pipeline: per micro-batch). */
 #define DT_CLI_PROGRESS_ENV "DTRAIN_PROGRESS_FILE"
-int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h, int max_restarts,
-                               const char *save);
+typedef struct dt_cli_restart {
+    int max_restarts, min_nproc;   /* min_nproc 0: the job's own world */
+    int stages, accum;             /* --pp; micro-steps per replica and step */
+    long long batch;
+    const char *save;
+} dt_cli_restart;
+int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h,
+                               const dt_cli_restart *r);
 /* signals.c, launcher: a stop signal reached this process (do not restart) */
 int dt_cli_launcher_signalled(void);
 /* signals.c: stop requests on SIGTERM / SIGINT / SIGUSR1 (this rank) */

@@ -257,12 +257,17 @@ static int launch(int argc, char **argv, const cli_flags *f) {
     if (h.total > 0 && (np < 1 || np > h.total)) {
         fprintf(stderr, "dtrain: --nproc %d: %s has %d slot%s\n", np, h.desc, h.total, h.total == 1 ? "" : "s");
         rc = 2;
+    } else if (f->min_nproc > np) {
+        fprintf(stderr, "dtrain: --min-nproc %d is more than the job's %d ranks\n", f->min_nproc, np);
+        rc = 2;
     } else if (!f->print_launch && dt_cli_hosts_resolve(&h, err, sizeof err)) {
         fprintf(stderr, "dtrain: %s\n", err);
         rc = 2;
     } else {
+        dt_cli_restart rs = {.max_restarts = f->max_restarts, .min_nproc = f->min_nproc, .save = f->o.save,
+                             .stages = f->dist.pipe.stages, .accum = f->o.accum, .batch = f->o.batch};
         rc = f->max_restarts > 0 && !f->print_launch
-                 ? dt_cli_relaunch_restarting(argc, argv, np, f->o.threads, &h, f->max_restarts, f->o.save)
+                 ? dt_cli_relaunch_restarting(argc, argv, np, f->o.threads, &h, &rs)
                  : dt_cli_relaunch(argc, argv, np, f->o.threads, &h, f->print_launch);
     }
     dt_cli_hosts_free(&h);
@@ -290,6 +295,14 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
                         : !launching ? "needs a job dtrain launches (--nproc N > 1, --hosts or --hostfile)"
                         : NULL;
         if (bad) { fprintf(stderr, "dtrain: --max-restarts %d %s\n", f.max_restarts, bad); return 2; }
+    }
+    if (f.min_nproc) {   /* elastic: continue on the machines that are left (restart.c) */
+        const char *bad = f.min_nproc < 0 ? "must be >= 1"
+                        : !f.max_restarts ? "needs --max-restarts K (it applies when the job restarts)"
+                        : !f.hosts && !f.hostfile ? "needs a host list (--hosts or --hostfile): on one machine the "
+                                                    "ranks restart where they were"
+                        : NULL;
+        if (bad) { fprintf(stderr, "dtrain: --min-nproc %d %s\n", f.min_nproc, bad); return 2; }
     }
     if (!dt_cli_under_mpi() && launching) return launch(argc, argv, &f);
     f.o.progress_file = getenv(DT_CLI_PROGRESS_ENV);   /* set by a restarting launcher */

@@ -142,7 +142,7 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
     av[k++] = "--stdin";
     av[k++] = "none";
     av[k++] = self;
-    static const char *const ours[] = {"--nproc", "--hosts", "--hostfile", "--max-restarts"};
+    static const char *const ours[] = {"--nproc", "--hosts", "--hostfile", "--max-restarts", "--min-nproc"};
     for (int i = 1; i < argc; i++) {
         int skip = 0;
         for (size_t j = 0; j < sizeof ours / sizeof *ours && !skip; j++) {

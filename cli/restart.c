@@ -41,10 +41,15 @@ static long long progress_step(const char *file) {
     return v;
 }
 
-/* flag (and its value) that a restart replaces: 2 = "--flag VALUE", 1 = "--flag=VALUE", 0 */
-static int replaced(char **argv, int i) {
-    static const char *const drop[] = {"--resume", "--init", "--max-restarts"};
+/* flag (and its value) that a restart replaces: 2 = "--flag VALUE", 1 =
+ * "--flag=VALUE", 0. resize: the world changes, and with it the micro-steps
+ * (--accum; a pipeline's --batch and --microbatches) */
+static int replaced(char **argv, int i, int ckpt, int resize, int piped) {
+    static const char *const drop[] = {"--max-restarts", "--min-nproc", "--resume", "--init",
+                                       "--accum", "--batch", "--microbatches"};
     for (size_t j = 0; j < sizeof drop / sizeof *drop; j++) {
+        if ((j == 2 || j == 3) && !ckpt) continue;               /* no checkpoint yet: the job's own */
+        if (j >= 4 && (!resize || (j == 4) == piped)) continue;  /* --accum, or a pipeline's two */
         size_t l = strlen(drop[j]);
         if (!strcmp(argv[i], drop[j])) return 2;
         if (!strncmp(argv[i], drop[j], l) && argv[i][l] == '=') return 1;
@@ -52,8 +57,18 @@ static int replaced(char **argv, int i) {
     return 0;
 }
 
-int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h, int max_restarts,
-                               const char *save) {
+/* the hosts that did not answer, "b, c" */
+static void lost_list(const dt_cli_hosts *h, const int *alive, char *out, size_t len) {
+    size_t o = 0;
+    out[0] = 0;
+    for (int i = 0; i < h->n && o < len; i++)
+        if (!alive[i]) o += (size_t)snprintf(out + o, len - o, "%s%s", o ? ", " : "", h->name[i]);
+}
+
+int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h,
+                               const dt_cli_restart *r) {
+    const char *save = r->save;
+    int max_restarts = r->max_restarts;
     char prog[4096];
     const char *tmpdir = getenv("TMPDIR");
     if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
@@ -65,62 +80,134 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     }
     close(fd);
     setenv(DT_CLI_PROGRESS_ENV, prog, 1);
-    char **av = calloc((size_t)argc + 3, sizeof *av);
+    char **av = calloc((size_t)argc + 7, sizeof *av);
     long long *resumed = calloc((size_t)max_restarts + 1, sizeof *resumed);
-    if (!av || !resumed) {
+    int *worlds = calloc((size_t)max_restarts + 1, sizeof *worlds);
+    int *alive = calloc((size_t)(h->n > 0 ? h->n : 1), sizeof *alive);
+    if (!av || !resumed || !worlds || !alive) {
         free(av);
         free(resumed);
+        free(worlds);
+        free(alive);
         unlink(prog);
         return 1;
     }
+    int piped = r->stages > 1;
+    dt_cli_elastic el = {.nproc = nproc, .min_nproc = r->min_nproc > 0 ? r->min_nproc : nproc,
+                         .stages = piped ? r->stages : 1, .accum = r->accum};
+    dt_cli_hosts sub = {0};
+    const dt_cli_hosts *where = h;
+    int world = nproc, accum = r->accum;
+    char v_accum[24], v_batch[24];
     int rc = 0, restarts = 0;
     long long recomputed = 0;
     for (;;) {
         int k = 0;
         char **use = argv;
         int n = argc;
-        if (restarts > 0 && resumed[restarts - 1] >= 0) {   /* the flags, --resume SAVE for --resume / --init */
+        if (restarts > 0) {   /* the flags, --resume SAVE for --resume / --init, the micro-steps of this world */
+            int resize = world != nproc, ckpt = resumed[restarts - 1] >= 0;
             av[k++] = argv[0];
             av[k++] = argv[1];
             for (int i = 2; i < argc; i++) {
-                int r = replaced(argv, i);
-                if (r == 2) i++;
-                else if (!r) av[k++] = argv[i];
+                int rp = replaced(argv, i, ckpt, resize, piped);
+                if (rp == 2) i++;
+                else if (!rp) av[k++] = argv[i];
             }
-            av[k++] = "--resume";
-            av[k++] = (char *)save;
+            if (resize) {
+                snprintf(v_accum, sizeof v_accum, "%d", accum);
+                snprintf(v_batch, sizeof v_batch, "%lld", r->batch * accum);
+                if (piped) {
+                    av[k++] = "--batch";
+                    av[k++] = v_batch;
+                    av[k++] = "--microbatches";
+                } else {
+                    av[k++] = "--accum";
+                }
+                av[k++] = v_accum;
+            }
+            if (ckpt) {
+                av[k++] = "--resume";
+                av[k++] = (char *)save;
+            }
             av[k] = NULL;
             use = av;
             n = k;
         }
         FILE *pf = fopen(prog, "w");   /* no step yet in this attempt */
         if (pf) fclose(pf);
-        rc = dt_cli_relaunch(n, use, nproc, threads, h, 0);
+        rc = dt_cli_relaunch(n, use, world, threads, where, 0);
         if (rc == 0 || rc == 2 || dt_cli_launcher_signalled() || restarts == max_restarts) break;
         long long reached = progress_step(prog), from = ckpt_step(save);
-        resumed[restarts] = from;
         if (reached >= 0 && from < reached) recomputed += reached - (from > 0 ? from : 0);   /* run again */
+        char why[160];
+        snprintf(why, sizeof why, "the job failed (exit %d)%s", rc, reached >= 0 ? "" : " before its first step");
+        /* where the next attempt runs: the hosts that answer */
+        char on[400] = "";
+        if (h->n > 0) {
+            double t = dt_cli_probe_timeout();
+            if (dt_cli_hosts_probe(h, alive, t) < 0) break;
+            if (dt_cli_launcher_signalled()) break;
+            int slots = 0, all = 1;
+            for (int i = 0; i < h->n; i++) {
+                slots += alive[i] ? h->slots[i] : 0;
+                all &= alive[i];
+            }
+            char lost[300];
+            lost_list(h, alive, lost, sizeof lost);
+            int acc = 0, W = dt_cli_elastic_world(&el, slots, &acc);
+            if (!W) {
+                fprintf(stderr, "dtrain: %s; %s did not answer within %.0f s: %d slot%s left, %s; not restarting\n",
+                        why, lost, t, slots, slots == 1 ? "" : "s",
+                        slots >= el.min_nproc ? "no world among them splits the global batch evenly"
+                        : el.min_nproc == nproc ? "fewer than the job's ranks (--min-nproc M lets it continue on fewer)"
+                                               : "fewer than --min-nproc");
+                break;
+            }
+            dt_cli_hosts_free(&sub);
+            where = h;
+            if (!all) {
+                if (dt_cli_hosts_subset(h, alive, &sub)) break;
+                where = &sub;
+                snprintf(why + strlen(why), sizeof why - strlen(why), "; %s did not answer within %.0f s", lost, t);
+            }
+            if (W != world || !all)
+                snprintf(on, sizeof on, " on %d rank%s (%s)", W, W == 1 ? "" : "s", where->desc);
+            if (acc != accum)
+                snprintf(on + strlen(on), sizeof on - strlen(on), ", %s %d keeps the global batch",
+                         piped ? "--microbatches" : "--accum", acc);
+            world = W;
+            accum = acc;
+        }
+        resumed[restarts] = from;
+        worlds[restarts] = world;
         restarts++;
         if (from >= 0)
-            fprintf(stderr, "dtrain: the job failed (exit %d)%s; restart %d of %d from %s (step %lld)\n", rc,
-                    reached >= 0 ? "" : " before its first step", restarts, max_restarts, save, from);
+            fprintf(stderr, "dtrain: %s; restart %d of %d from %s (step %lld)%s\n", why, restarts, max_restarts, save,
+                    from, on);
         else
-            fprintf(stderr, "dtrain: the job failed (exit %d) with no complete checkpoint at %s yet; restart %d of %d "
-                    "as first launched\n", rc, save, restarts, max_restarts);
+            fprintf(stderr, "dtrain: %s with no complete checkpoint at %s yet; restart %d of %d as first launched%s\n",
+                    why, save, restarts, max_restarts, on);
         fflush(stderr);
     }
     if (restarts > 0) {
-        char list[512] = "";
+        char list[640] = "";
         size_t o = 0;
-        for (int i = 0; i < restarts && o < sizeof list; i++)
+        for (int i = 0; i < restarts && o < sizeof list; i++) {
             o += (size_t)snprintf(list + o, sizeof list - o, "%s%lld", i ? ", " : "", resumed[i] < 0 ? 0 : resumed[i]);
+            if (o < sizeof list && worlds[i] != (i ? worlds[i - 1] : nproc))
+                o += (size_t)snprintf(list + o, sizeof list - o, " on %d rank%s", worlds[i], worlds[i] == 1 ? "" : "s");
+        }
         fprintf(stderr, "dtrain: %d restart%s (resumed at step %s); %lld step%s computed again; %s\n", restarts,
                 restarts == 1 ? "" : "s", list, recomputed, recomputed == 1 ? "" : "s",
                 rc == 0 ? "the job completed" : "the job failed");
     }
+    dt_cli_hosts_free(&sub);
     unsetenv(DT_CLI_PROGRESS_ENV);
     unlink(prog);
     free(av);
     free(resumed);
+    free(worlds);
+    free(alive);
     return rc;
 }

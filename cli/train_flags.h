@@ -25,6 +25,7 @@ typedef struct cli_flags {
     const dt_model_setting *list_of[16];
     int nproc;
     int max_restarts;               /* --max-restarts (launcher); 0: none */
+    int min_nproc;                  /* --min-nproc (elastic restarts); 0: the job's own world */
     const char *hosts, *hostfile;   /* where --nproc ranks run (hosts.c) */
     int print_launch;
     int nesterov;

@@ -30,6 +30,7 @@ endforeach()
 
 # The CLI's flag parsing, tested in process: it links the CLI's code.
 target_link_libraries(test_cli_flags PRIVATE dtrain_cli_lib)
+target_link_libraries(test_cli_elastic PRIVATE dtrain_cli_lib)
 
 # The progress mode comes from DTRAIN_PROGRESS, which dt_dist_init honours
 # (tests/common/mpi_check.h: t_init checks the mode matches it). Every MPI
@@ -229,6 +230,12 @@ add_test(NAME test_multihost
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_multihost.sh $<TARGET_FILE:dtrain_cli>
                  $<TARGET_FILE:ckpt_cmp> ${CMAKE_SOURCE_DIR}/../shared/tools/netsim.sh)
 set_tests_properties(test_multihost PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 600 SKIP_RETURN_CODE 77)
+# Elastic restarts on simulated hosts: a machine lost mid-run, the job goes on
+# with the ranks left (--min-nproc; global batch kept) or on a spare machine.
+add_test(NAME test_elastic
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_elastic.sh $<TARGET_FILE:dtrain_cli>
+                 ${CMAKE_SOURCE_DIR}/../shared/tools/netsim.sh)
+set_tests_properties(test_elastic PROPERTIES LABELS "mpi;slow" PROCESSORS 4 TIMEOUT 600 SKIP_RETURN_CODE 77)
 
 # The multi-machine launcher: --hosts / --hostfile / Slurm to an mpirun
 # command (--print-launch) and the refusals of bad input.

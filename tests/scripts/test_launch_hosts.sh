@@ -61,4 +61,13 @@ refuses "unresolvable host named" "host 'nosuch\.invalid' \(--hosts\): cannot re
     "$bin" train --hosts nosuch.invalid:2
 refuses "Slurm: more ranks than tasks" "--nproc 8: Slurm job 7: n\[1-3\] \(6 tasks\) has 6 slots" \
     env SLURM_JOB_ID=7 SLURM_JOB_NODELIST='n[1-3]' SLURM_TASKS_PER_NODE='2(x3)' "$bin" train --nproc 8
+# --min-nproc (elastic restarts): only where machines can be lost, and not above the job
+refuses "min-nproc without restarts" "--min-nproc 2 needs --max-restarts K" \
+    "$bin" train --hosts a:2,b:2 --min-nproc 2 --save "$tmp/ck"
+refuses "min-nproc on one machine" "--min-nproc 1 needs a host list \(--hosts or --hostfile\)" \
+    "$bin" train --nproc 2 --max-restarts 1 --min-nproc 1 --save "$tmp/ck"
+refuses "min-nproc above the job" "--min-nproc 5 is more than the job's 4 ranks" \
+    "$bin" train --hosts localhost:2,a:2 --max-restarts 1 --min-nproc 5 --save "$tmp/ck"
+has "min-nproc is the launcher's, not the ranks'" " -np 4 .* train --model mlp --save [^ ]+$" \
+    "$bin" train --hosts a:2,b:2 --print-launch --model mlp --max-restarts 1 --min-nproc 2 --save "$tmp/ck"
 exit $fail

@@ -1,0 +1,90 @@
+/* Elastic restarts (cli/elastic.c): the world a job continues on when some
+ * of its machines no longer answer. Expected worlds are worked out by hand
+ * from the rule: the largest W <= min(N, slots), W >= --min-nproc, that the
+ * pipeline's stages divide and whose replicas divide the job's micro-steps
+ * per step (A x D), so the global batch is kept. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <string.h>
+#include "cli.h"
+
+static int world(int nproc, int min_nproc, int stages, int accum, int slots, int *acc) {
+    dt_cli_elastic e = {.nproc = nproc, .min_nproc = min_nproc, .stages = stages, .accum = accum};
+    *acc = -1;
+    return dt_cli_elastic_world(&e, slots, acc);
+}
+
+static void test_all_answer_keeps_the_world(void **st) {
+    (void)st;
+    int acc;
+    assert_int_equal(world(4, 2, 1, 1, 4, &acc), 4);
+    assert_int_equal(acc, 1);
+    /* spare slots never grow the job */
+    assert_int_equal(world(4, 4, 1, 3, 6, &acc), 4);
+    assert_int_equal(acc, 3);
+}
+
+static void test_shrink_keeps_the_global_batch(void **st) {
+    (void)st;
+    int acc;
+    /* DDP 4 ranks x accum 1, a machine of 2 lost: 2 ranks x accum 2 */
+    assert_int_equal(world(4, 2, 1, 1, 2, &acc), 2);
+    assert_int_equal(acc, 2);
+    /* 4 ranks x accum 1 on 3 slots: 3 does not divide 4 micro-steps, so 2 */
+    assert_int_equal(world(4, 1, 1, 1, 3, &acc), 2);
+    assert_int_equal(acc, 2);
+    /* 6 ranks x accum 2 (12 micro-steps) on 5 slots: 5 does not divide 12, 4 does (3 each) */
+    assert_int_equal(world(6, 1, 1, 2, 5, &acc), 4);
+    assert_int_equal(acc, 3);
+}
+
+static void test_pipeline_stages_divide_the_world(void **st) {
+    (void)st;
+    int acc;
+    /* pp 2 x dp 2, 2 micro-batches each (4 per step): pp 2 x dp 1, 4 micro-batches */
+    assert_int_equal(world(4, 2, 2, 2, 3, &acc), 2);
+    assert_int_equal(acc, 4);
+    /* pp 4 on 3 slots: no world splits into 4 stages */
+    assert_int_equal(world(4, 1, 4, 2, 3, &acc), 0);
+}
+
+static void test_min_nproc_is_a_floor(void **st) {
+    (void)st;
+    int acc;
+    assert_int_equal(world(4, 3, 1, 1, 2, &acc), 0);   /* 2 left, 3 required */
+    assert_int_equal(world(4, 4, 1, 1, 3, &acc), 0);   /* default floor: the job's own world */
+    assert_int_equal(world(8, 3, 1, 1, 7, &acc), 4);   /* 7, 6, 5 do not divide 8 micro-steps */
+    assert_int_equal(acc, 2);
+    assert_int_equal(world(8, 5, 1, 1, 7, &acc), 0);   /* ... and 4 is below the floor */
+}
+
+static void test_subset_keeps_the_answering_hosts_in_order(void **st) {
+    (void)st;
+    char names[3][256] = {"a", "b", "c"};
+    int slots[3] = {2, 2, 1}, keep[3] = {1, 0, 1};
+    dt_cli_hosts h = {.n = 3, .name = names, .slots = slots, .total = 5, .hostfile = "hosts.txt"};
+    dt_cli_hosts s;
+    assert_int_equal(dt_cli_hosts_subset(&h, keep, &s), 0);
+    assert_int_equal(s.n, 2);
+    assert_int_equal(s.total, 3);
+    assert_string_equal(s.name[0], "a");
+    assert_string_equal(s.name[1], "c");
+    assert_int_equal(s.slots[1], 1);
+    assert_null(s.hostfile);   /* the hosts left go to mpirun as a list */
+    assert_string_equal(s.desc, "a:2,c:1");
+    dt_cli_hosts_free(&s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_all_answer_keeps_the_world),
+        cmocka_unit_test(test_shrink_keeps_the_global_batch),
+        cmocka_unit_test(test_pipeline_stages_divide_the_world),
+        cmocka_unit_test(test_min_nproc_is_a_floor),
+        cmocka_unit_test(test_subset_keeps_the_answering_hosts_in_order),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
