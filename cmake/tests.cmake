@@ -141,6 +141,10 @@ set_tests_properties(test_node_params_cli PROPERTIES LABELS mpi PROCESSORS 4 TIM
 add_test(NAME test_save_background
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_save_background.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
 set_tests_properties(test_save_background PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
+# A kill -9 mid-write of a background save, 20 times (single file, ZeRO-2
+# sharded set): the previous checkpoint loads, the partial one is ignored.
+add_test(NAME test_save_kill COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_save_kill.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_save_kill PROPERTIES LABELS "mpi;slow" PROCESSORS 2 TIMEOUT 600)
 
 # --max-restarts (issue 28): a rank killed at random steps 5 times in one run,
 # DDP, ZeRO-2, pipeline, at 2 and 4 ranks: completes, final checkpoint bitwise
