@@ -252,6 +252,14 @@ add_test(NAME test_metrics_symlink
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_metrics_symlink.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_metrics_symlink PROPERTIES LABELS unit TIMEOUT 120 SKIP_RETURN_CODE 77)
 
+# A sharded --save refuses another user's planted link (sticky directory),
+# another user's directory and a world-writable one, naming path, uid and
+# why; a single-file --save replaces a planted link, never its target (issue
+# 31 item 5); needs root for setpriv, else skipped (77).
+add_test(NAME test_save_dir_owner
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_save_dir_owner.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_save_dir_owner PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300 SKIP_RETURN_CODE 77)
+
 # Checkpoints drive the CLI (issue 27): eval --init / --resume of MLP, CNN and
 # GPT-2 files, ZeRO-3 and pipeline sets without model flags equals eval with
 # them; a flag contradicting the file is refused naming both values.

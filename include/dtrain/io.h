@@ -154,8 +154,17 @@ typedef struct dt_ckpt_shape { const char *name; int ndim; int64_t shape[DT_MAX_
 /* "<step>-<nonce as 8 hex digits>" into out[DT_CKPT_SET_MAX]. */
 void dt_ckpt_set_id(int64_t step, uint32_t nonce, char *out);
 uint32_t dt_ckpt_nonce(void);    /* from the clock and pid; differs between saves */
-/* Creates dir if missing; an existing non-directory is an error. */
+/* A directory a checkpoint may be written into (missing is fine): DT_EINVAL
+ * naming the path, the owner's uid and why, when it is a symbolic link owned
+ * by another user (not this one, not root), a directory owned by another
+ * user, or one every user can write (o+w without the sticky bit). */
+dt_status dt_ckpt_check_dir(const char *dir);
+/* dt_ckpt_check_dir, then creates dir if missing (mode 0775 & ~umask: never
+ * o+w); an existing non-directory is an error. */
 dt_status dt_ckpt_prepare_dir(const char *dir);
+/* Removes rank's shard file of set (a save the ranks agreed failed: its set
+ * never commits); a file already gone is not an error. */
+dt_status dt_ckpt_discard_shard(const char *dir, const char *set, int rank);
 /* One writer per directory: creates dir if missing and locks its lock file
  * (DT_CKPT_LOCK_NAME, fcntl write lock) for as long as *fd stays open; the
  * file records "pid <pid> host <host>". Held by another process: DT_ESTATE
