@@ -109,11 +109,46 @@ dt_status dt_ckpt_prepare_dir(const char *dir) {
     return DT_OK;
 }
 
+/* dir/index.json commits set (read whole: it is small) */
+static int committed_set(const char *dir, const char *set) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/%s", dir, DT_CKPT_INDEX_NAME) >= (int)sizeof path) return 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            size_t want = cap ? 2 * cap : 65536;
+            char *b = realloc(buf, want);
+            if (!b) break;
+            buf = b;
+            cap = want;
+        }
+        size_t k = fread(buf + n, 1, cap - n - 1, f);
+        n += k;
+        if (k == 0) break;
+    }
+    fclose(f);
+    int yes = 0;
+    if (buf) {
+        buf[n] = 0;
+        cJSON *root = cJSON_Parse(buf);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "set");
+        yes = cJSON_IsString(id) && !strcmp(id->valuestring, set);
+        cJSON_Delete(root);
+    }
+    free(buf);
+    return yes;
+}
+
 dt_status dt_ckpt_discard_shard(const char *dir, const char *set, int rank) {
     char path[4096], name[128];
     if (!dir || !set || !shard_name(name, sizeof name, set, rank) ||
         snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
         return DT_ERR(DT_EINVAL, "dt_ckpt_discard_shard: bad arguments");
+    if (dt__bg_capturing()) return DT_OK;   /* queued, not written: dt_bg_writer_abandon removes it */
+    if (committed_set(dir, set)) return DT_OK;   /* (a failure after the commit: the set is the one that loads) */
     if (unlink(path) != 0 && errno != ENOENT)
         return DT_ERR(DT_EIO, "sharded checkpoint %s: cannot remove %s of an uncommitted set: %s", dir, name,
                       strerror(errno));
@@ -146,7 +181,9 @@ dt_status dt_ckpt_write_shard(const char *dir, const char *set, int rank, int wo
     snprintf(vr, sizeof vr, "%d", rank);
     snprintf(vw, sizeof vw, "%d", world);
     dt_st_meta meta[3] = {{"set", set}, {"rank", vr}, {"world", vw}};
+    dt__bg_next_is_shard(1);   /* (captured: an abandoned save removes it) */
     dt_status s = dt_safetensors_write(path, e, n, meta, 3);
+    dt__bg_next_is_shard(0);
     free(e);
     free(names);
     return s;
