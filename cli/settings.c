@@ -84,6 +84,7 @@ static const setting_flag k_flags[] = {
     {"train.init", "--init"},
     {"train.save_every", "--save-every"},
     {"train.save_sync", "--save-sync"},
+    {"train.no_memory_check", "--no-memory-check"},
     {"train.save", "--save"},
     {"train.resume", "--resume"},
     {"train.metrics", "--metrics"},

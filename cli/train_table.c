@@ -143,6 +143,9 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--eval-batches", DT_ARG_I64, &o->eval_batches, "N", "LM evaluation batches (default: all)", 0, 0},
         {"--stop-after", DT_ARG_I64, &o->stop_after, "N", "stop after N steps without the final save (simulates a crash)", 0, 0},
         {"--quiet", DT_ARG_FLAG, &o->quiet, NULL, "no progress output", 0, 0},
+        {"--no-memory-check", DT_ARG_FLAG, &o->no_memory_check, NULL, "start even when the estimated memory per rank "
+         "(parameters, gradients, optimizer state, activations) exceeds what the machine or the job's cgroup has free "
+         "for its ranks (default: refused before allocating)", 0, 0},
         {"--max-restarts", DT_ARG_INT, &f->max_restarts, "K", "with --nproc / --hosts / --hostfile: when the job fails (a rank dies or hangs, a machine is lost), start it again from the newest complete checkpoint at --save, at most K times (default 0)", 0, 0},
         {"--min-nproc", DT_ARG_INT, &f->min_nproc, "M", "with --max-restarts and --hosts / --hostfile: before a restart the hosts are probed (DTRAIN_HOST_PROBE_TIMEOUT s, default 30); the job continues on those that answer, spare hosts first, down to M ranks, keeping the global batch (more --accum, or --microbatches with --pp). Default: the job's own --nproc (spare hosts only)", 0, 0},
         {"--nproc", DT_ARG_INT, &f->nproc, "N", "ranks: re-launches under mpirun, on this machine (1..8 x cores), on --hosts / --hostfile, or on the Slurm allocation dtrain runs in (default there: all its tasks)", 0, 0},

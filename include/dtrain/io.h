@@ -154,8 +154,19 @@ typedef struct dt_ckpt_shape { const char *name; int ndim; int64_t shape[DT_MAX_
 /* "<step>-<nonce as 8 hex digits>" into out[DT_CKPT_SET_MAX]. */
 void dt_ckpt_set_id(int64_t step, uint32_t nonce, char *out);
 uint32_t dt_ckpt_nonce(void);    /* from the clock and pid; differs between saves */
-/* Creates dir if missing; an existing non-directory is an error. */
+/* A directory a checkpoint may be written into (missing is fine): DT_EINVAL
+ * naming the path, the owner's uid and why, when it is a symbolic link owned
+ * by another user (not this one, not root), a directory owned by another
+ * user, or one every user can write (o+w without the sticky bit). */
+dt_status dt_ckpt_check_dir(const char *dir);
+/* dt_ckpt_check_dir, then creates dir if missing (mode 0775 & ~umask: never
+ * o+w); an existing non-directory is an error. */
 dt_status dt_ckpt_prepare_dir(const char *dir);
+/* Removes rank's shard file of set (a save the ranks agreed failed); a file
+ * already gone is not an error, and a set dir/index.json commits is kept.
+ * While capturing (background writes) it does nothing: the writer removes
+ * what it wrote (dt_bg_writer_abandon). */
+dt_status dt_ckpt_discard_shard(const char *dir, const char *set, int rank);
 /* One writer per directory: creates dir if missing and locks its lock file
  * (DT_CKPT_LOCK_NAME, fcntl write lock) for as long as *fd stays open; the
  * file records "pid <pid> host <host>". Held by another process: DT_ESTATE
@@ -194,6 +205,11 @@ dt_status dt_bg_writer_create(dt_bg_writer **out);
 void dt_bg_writer_capture(dt_bg_writer *w);   /* the calling thread's writes; NULL: write directly */
 dt_status dt_bg_writer_wait(dt_bg_writer *w, int with_index);
 void dt_bg_writer_cancel_index(dt_bg_writer *w);   /* pending indexes give up; returns when they have */
+/* A save the ranks agreed failed: pending indexes give up, queued files are
+ * written, then every shard file of a sharded set this writer wrote since
+ * the capture began is removed (its set never commits) and the writer's
+ * error is cleared. Returns when done. */
+void dt_bg_writer_abandon(dt_bg_writer *w);
 int dt_bg_writer_busy(dt_bg_writer *w);              /* jobs queued or running */
 size_t dt_bg_writer_peak_bytes(dt_bg_writer *w);     /* most copy bytes held at once */
 /* Files still queued are written; an index still waiting for shards gives up. */

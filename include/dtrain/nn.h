@@ -214,6 +214,13 @@ int dt_model_settings(const dt_model_cfg *c, dt_arch_field *out);
  * MLP's input width, the CNN's H x W), then validates it: DT_EINVAL with why
  * the model cannot take them. */
 dt_status dt_model_cfg_fit(dt_model_cfg *c, const dt_sample_shape *s);
+/* A built-in's size without building it (the trainer's memory check, before
+ * anything is allocated): its parameter elements, and the bytes one sample's
+ * training forward keeps for backward (seq tokens for a sequence model;
+ * recompute: every block but the last keeps only its input) -- a rough
+ * floor, float32. 0 for a kind without a formula (a registered model). */
+size_t dt_model_cfg_num_params(const dt_model_cfg *c);
+double dt_model_cfg_act_bytes(const dt_model_cfg *c, int64_t seq, int recompute);
 /* A sequence model's longest sequence (GPT-2: max_t) and, in *key
  * (optional), the setting that sets it ("arch.max_t"); 0 for a model of
  * fixed-size samples. */

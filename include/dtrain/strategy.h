@@ -105,6 +105,11 @@ typedef struct dt_strategy {
      * and this rank reads replica data_rank's share. 0/0: rank/world (every
      * rank a replica). A pipeline's stages of one replica read the same data. */
     int data_rank, data_world;
+    /* Optional: one rank holds 1/mem_div[k] of the whole model's parameters
+     * (k = 0), gradients (1), optimizer state (2) and of a step's activations
+     * (3); 0 counts as 1 (all of it, DDP). The trainer's memory check before
+     * the model exists (train.no_memory_check). */
+    int mem_div[4];
     /* Optional (every multi-rank strategy sets it): the configuration
      * agreement (dist.h section 8). The trainer lists what must match on
      * every rank -- "strategy" (the name) first, then model, data, batch,

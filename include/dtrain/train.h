@@ -77,6 +77,9 @@ typedef struct dt_train_opts {
                                       whose data ran out joins (dt_strategy.join) until every rank has,
                                       and every rank ends at the same final step (the largest count).
                                       Exclusive with --resume, --save-every and --stop-after. */
+    int no_memory_check;           /* 1: skip the memory check before allocating (dt_train_memory_estimate
+                                      against dt_memory_available: a run that would not fit is refused
+                                      before its model exists, naming both figures) */
 } dt_train_opts;
 
 void dt_train_opts_default(dt_train_opts *o);
@@ -119,6 +122,23 @@ struct dt_trainer {
     int save_lock;                 /* rank 0: descriptor holding a sharded train.save directory's
                                       lock for the trainer's life (io.h dt_ckpt_lock_dir); -1: none */
 };
+
+/* The memory check dt_trainer_create runs before the model exists (unless
+ * train.no_memory_check): a rank's bytes, estimated from the configuration
+ * (dt_model_cfg_num_params, dt_model_cfg_act_bytes) and the strategy's
+ * shares (dt_strategy.mem_div): float32 parameters, gradients (none when
+ * evaluating, nor with train.freeze: a floor), optimizer state, one
+ * micro-batch's activations and, with background saves, the checkpoint copy.
+ * total 0: no estimate (a user's build_model, a registered built-in). */
+typedef struct dt_mem_estimate { double params, grads, optim, acts, copy, total; } dt_mem_estimate;
+void dt_train_memory_estimate(const dt_train_opts *o, const dt_strategy *strat, dt_mem_estimate *out);
+/* What this process may still allocate: the smallest of its memory cgroup's
+ * limit minus usage (v2 memory.max - memory.current, over its cgroup and each
+ * ancestor; v1 memory.limit_in_bytes - memory.usage_in_bytes) and
+ * MemAvailable; source says which and its figures. root prefixes /proc and
+ * /sys/fs/cgroup (tests; NULL: the system's). DT_EIO when none is readable. */
+typedef struct dt_mem_avail { double bytes; char source[320]; } dt_mem_avail;
+dt_status dt_memory_available(const char *root, dt_mem_avail *out);
 
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out);
 void dt_trainer_free(dt_trainer *t);

@@ -20,6 +20,10 @@ void *dt__bg_alloc(dt_bg_writer *w, size_t bytes, size_t *cap);
 /* dt_ckpt_write_index's arguments, copied; run once the set's shards are all visible. */
 dt_status dt__bg_queue_index(dt_bg_writer *w, const char *dir, const char *set, int world, int stage,
                              const dt_ckpt_shape *tensors, int n_tensors, const dt_st_meta *meta, int n_meta);
+/* The calling thread's next queued file is a shard of a sharded set (on) or
+ * not: a shard written since the capture began is removed by
+ * dt_bg_writer_abandon. */
+void dt__bg_next_is_shard(int on);
 /* ckpt_write.c: rank's shard file name of set; 0 if it does not fit. */
 int dt__ckpt_shard_name(char *buf, size_t cap, const char *set, int rank);
 

@@ -19,7 +19,9 @@
  * Invariants: a job owns copies of everything it writes (the caller's memory
  * may change the moment the call returns); jobs finish in queue order; the
  * first failure since the last wait is kept (message copied: errors are
- * per thread). */
+ * per thread). The shard files written since the last capture began are
+ * remembered, so that a save the ranks agree failed removes them
+ * (dt_bg_writer_abandon): a set that never commits leaves nothing behind. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -28,11 +30,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include "bg_internal.h"
 #include "ckpt_internal.h"
 
 typedef struct bg_job {
     int index;                  /* 0: a file; 1: a set's index.json */
+    int shard;                  /* a file: a shard of a sharded set */
     char *path;                 /* file path, or the set's directory */
     dt_st_entry *e; int n;      /* file: entries (data into `data`) */
     dt_st_meta *meta; int n_meta;
@@ -56,6 +60,7 @@ struct dt_bg_writer {
     /* copy buffers of finished jobs, kept for the next save: a fresh 1 GB
      * allocation costs a page fault per page on the training thread */
     void *cache[2]; size_t cache_cap[2];
+    char **shards; int n_shards, cap_shards;   /* shard files written since the capture began */
 };
 
 void *dt__bg_alloc(dt_bg_writer *w, size_t bytes, size_t *cap) {
@@ -90,9 +95,39 @@ static void cache_put(dt_bg_writer *w, void *p, size_t cap) {
 }
 
 static _Thread_local dt_bg_writer *tl_capture;
+static _Thread_local int tl_shard;
 
 dt_bg_writer *dt__bg_capturing(void) { return tl_capture; }
-void dt_bg_writer_capture(dt_bg_writer *w) { tl_capture = w; }
+void dt__bg_next_is_shard(int on) { tl_shard = on; }
+
+/* w->mu held */
+static void forget_shards(dt_bg_writer *w) {
+    for (int i = 0; i < w->n_shards; i++) free(w->shards[i]);
+    w->n_shards = 0;
+}
+
+void dt_bg_writer_capture(dt_bg_writer *w) {
+    if (w) {   /* a new save: the previous one was settled (committed) or abandoned */
+        pthread_mutex_lock(&w->mu);
+        forget_shards(w);
+        pthread_mutex_unlock(&w->mu);
+    }
+    tl_capture = w;
+}
+
+/* w->mu held: remember j's file (best effort: without memory it stays, as
+ * any file of an uncommitted set did before) */
+static void remember_shard(dt_bg_writer *w, const bg_job *j) {
+    if (w->n_shards == w->cap_shards) {
+        int cap = w->cap_shards ? 2 * w->cap_shards : 4;
+        char **p = realloc(w->shards, (size_t)cap * sizeof *p);
+        if (!p) return;
+        w->shards = p;
+        w->cap_shards = cap;
+    }
+    char *path = strdup(j->path);
+    if (path) w->shards[w->n_shards++] = path;
+}
 
 static void job_free(bg_job *j) {
     if (!j) return;
@@ -171,6 +206,7 @@ static void *writer_main(void *arg) {
         dt_status s = run_job(w, j);
         pthread_mutex_lock(&w->mu);
         fail_into(w, s);
+        if (s == DT_OK && j->shard) remember_shard(w, j);
         w->head = j->next;
         if (!w->head) w->tail = NULL;
         if (j->index) w->index_pending--;
@@ -255,6 +291,7 @@ static dt_status file_job(const char *path, const dt_st_entry *e, int n, const d
     for (int i = 0; i < n_meta; i++) j->meta[i] = (dt_st_meta){dst[n + 2 * i], dst[n + 2 * i + 1]};
     j->n = n;
     j->n_meta = n_meta;
+    j->shard = tl_shard;
     if (!(j->path = strdup(dst[ns - 1]))) goto oom;
     j->data = data;
     j->data_bytes = data_bytes;
@@ -361,6 +398,19 @@ void dt_bg_writer_cancel_index(dt_bg_writer *w) {
     pthread_mutex_unlock(&w->mu);
 }
 
+void dt_bg_writer_abandon(dt_bg_writer *w) {
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->cancel = 1;   /* an index waiting for shards gives up; files queued are written, then removed */
+    while (w->files_pending > 0 || w->index_pending > 0) pthread_cond_wait(&w->cv_done, &w->mu);
+    w->cancel = 0;
+    for (int i = 0; i < w->n_shards; i++) unlink(w->shards[i]);
+    forget_shards(w);
+    w->err = DT_OK;   /* (the caller reported the failure) */
+    w->msg[0] = 0;
+    pthread_mutex_unlock(&w->mu);
+}
+
 int dt_bg_writer_busy(dt_bg_writer *w) {
     if (!w) return 0;
     pthread_mutex_lock(&w->mu);
@@ -392,6 +442,8 @@ void dt_bg_writer_free(dt_bg_writer *w) {
     }
     free(w->cache[0]);
     free(w->cache[1]);
+    forget_shards(w);
+    free(w->shards);
     pthread_cond_destroy(&w->cv_done);
     pthread_cond_destroy(&w->cv_job);
     pthread_mutex_destroy(&w->mu);

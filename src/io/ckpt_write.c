@@ -15,6 +15,10 @@
 
 #define SHARD_PREFIX "shard-"
 
+#ifndef S_ISVTX   /* (XSI; not declared under plain POSIX) */
+#define S_ISVTX 01000
+#endif
+
 void dt_ckpt_set_id(int64_t step, uint32_t nonce, char *out) {
     snprintf(out, DT_CKPT_SET_MAX, "%lld-%08x", (long long)step, (unsigned)nonce);
 }
@@ -35,16 +39,119 @@ static int shard_name(char *buf, size_t cap, const char *set, int rank) {
 }
 int dt__ckpt_shard_name(char *buf, size_t cap, const char *set, int rank) { return shard_name(buf, cap, set, rank); }
 
-dt_status dt_ckpt_prepare_dir(const char *dir) {
+/* "a/b/c/" -> "a/b", "c" -> ".", "/c" -> "/" (trailing slashes dropped first) */
+static void parent_dir(const char *path, char *buf, size_t n) {
+    snprintf(buf, n, "%s", path);
+    size_t len = strlen(buf);
+    while (len > 1 && buf[len - 1] == '/') buf[--len] = 0;
+    char *slash = strrchr(buf, '/');
+    if (!slash) snprintf(buf, n, ".");
+    else if (slash == buf) buf[1] = 0;
+    else *slash = 0;
+}
+
+/* Whoever can change a checkpoint directory's entries can swap the shards or
+ * the index a resume loads, and a link another user planted points the save
+ * (which creates, replaces and deletes files there) wherever they like. So a
+ * directory is written only when it is this user's or root's, no symbolic
+ * link to it is another user's, and others cannot write it (o+w without the
+ * sticky bit). */
+dt_status dt_ckpt_check_dir(const char *dir) {
     if (!dir || !*dir) return DT_ERR(DT_EINVAL, "sharded checkpoint: empty directory path");
+    char path[4096], parent[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return DT_ERR(DT_EINVAL, "sharded checkpoint %s: path too long", dir);
+    for (size_t len = strlen(path); len > 1 && path[len - 1] == '/';) path[--len] = 0;   /* lstat the link itself */
+    unsigned me = (unsigned)geteuid();
+    struct stat ls, sb;
+    if (lstat(path, &ls) != 0) {
+        if (errno == ENOENT) return DT_OK;   /* created by us */
+        return DT_ERR(DT_EIO, "sharded checkpoint %s: %s", dir, strerror(errno));
+    }
+    if (S_ISLNK(ls.st_mode) && ls.st_uid != me && ls.st_uid != 0) {
+        struct stat ps;
+        parent_dir(path, parent, sizeof parent);
+        int shared = stat(parent, &ps) == 0 && (ps.st_mode & S_IWOTH) && (ps.st_mode & S_ISVTX);
+        return DT_ERR(DT_EINVAL, "sharded checkpoint %s: a symbolic link owned by uid %u (this job runs as uid %u)%s%s; "
+                      "a checkpoint is not written through another user's link: they could point it at any "
+                      "directory, whose files a save replaces and deletes (give a directory of your own)", dir,
+                      (unsigned)ls.st_uid, me, shared ? " in the shared directory " : "", shared ? parent : "");
+    }
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT && S_ISLNK(ls.st_mode)) return DT_ERR(DT_EINVAL, "sharded checkpoint %s: a dangling "
+                                                                  "symbolic link", dir);
+        return DT_ERR(DT_EIO, "sharded checkpoint %s: %s", dir, strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode)) return DT_OK;   /* (refused by the caller, which knows what it expected) */
+    if (sb.st_uid != me && sb.st_uid != 0)
+        return DT_ERR(DT_EINVAL, "sharded checkpoint %s: the directory is owned by uid %u (this job runs as uid %u); "
+                      "its owner could swap the shards or the index a resume loads (use a directory of your own)",
+                      dir, (unsigned)sb.st_uid, me);
+    if ((sb.st_mode & S_IWOTH) && !(sb.st_mode & S_ISVTX))
+        return DT_ERR(DT_EINVAL, "sharded checkpoint %s: the directory (owner uid %u) is writable by every user "
+                      "(mode %04o, no sticky bit); anyone could swap the shards or the index a resume loads "
+                      "(chmod o-w it, or use another directory)", dir, (unsigned)sb.st_uid,
+                      (unsigned)(sb.st_mode & 07777));
+    return DT_OK;
+}
+
+dt_status dt_ckpt_prepare_dir(const char *dir) {
+    DT_TRY(dt_ckpt_check_dir(dir));
     struct stat sb;
     if (stat(dir, &sb) == 0) {
         if (S_ISDIR(sb.st_mode)) return DT_OK;
         return DT_ERR(DT_EINVAL, "sharded checkpoint %s: exists and is not a directory (a consolidated "
                       "checkpoint? use another path or the consolidated format)", dir);
     }
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    /* never writable by others, whatever the umask (dt_ckpt_check_dir would refuse it next time) */
+    if (mkdir(dir, 0775) != 0 && errno != EEXIST)
         return DT_ERR(DT_EIO, "sharded checkpoint %s: cannot create directory: %s", dir, strerror(errno));
+    return DT_OK;
+}
+
+/* dir/index.json commits set (read whole: it is small) */
+static int committed_set(const char *dir, const char *set) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/%s", dir, DT_CKPT_INDEX_NAME) >= (int)sizeof path) return 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            size_t want = cap ? 2 * cap : 65536;
+            char *b = realloc(buf, want);
+            if (!b) break;
+            buf = b;
+            cap = want;
+        }
+        size_t k = fread(buf + n, 1, cap - n - 1, f);
+        n += k;
+        if (k == 0) break;
+    }
+    fclose(f);
+    int yes = 0;
+    if (buf) {
+        buf[n] = 0;
+        cJSON *root = cJSON_Parse(buf);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "set");
+        yes = cJSON_IsString(id) && !strcmp(id->valuestring, set);
+        cJSON_Delete(root);
+    }
+    free(buf);
+    return yes;
+}
+
+dt_status dt_ckpt_discard_shard(const char *dir, const char *set, int rank) {
+    char path[4096], name[128];
+    if (!dir || !set || !shard_name(name, sizeof name, set, rank) ||
+        snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return DT_ERR(DT_EINVAL, "dt_ckpt_discard_shard: bad arguments");
+    if (dt__bg_capturing()) return DT_OK;   /* queued, not written: dt_bg_writer_abandon removes it */
+    if (committed_set(dir, set)) return DT_OK;   /* (a failure after the commit: the set is the one that loads) */
+    if (unlink(path) != 0 && errno != ENOENT)
+        return DT_ERR(DT_EIO, "sharded checkpoint %s: cannot remove %s of an uncommitted set: %s", dir, name,
+                      strerror(errno));
     return DT_OK;
 }
 
@@ -74,7 +181,9 @@ dt_status dt_ckpt_write_shard(const char *dir, const char *set, int rank, int wo
     snprintf(vr, sizeof vr, "%d", rank);
     snprintf(vw, sizeof vw, "%d", world);
     dt_st_meta meta[3] = {{"set", set}, {"rank", vr}, {"world", vw}};
+    dt__bg_next_is_shard(1);   /* (captured: an abandoned save removes it) */
     dt_status s = dt_safetensors_write(path, e, n, meta, 3);
+    dt__bg_next_is_shard(0);
     free(e);
     free(names);
     return s;

@@ -2,9 +2,11 @@
  * and then fails to write its result: --save, --trace and --metrics must be
  * writable on the ranks that write them. Checking leaves nothing behind: a
  * probe file is created where the output will go and removed at once. A
- * sharded --save DIR is claimed after the configuration agreement: rank 0
- * creates it if missing and holds its lock file for the trainer's life (one
- * writer per directory), refusing to start when another job holds it. */
+ * sharded --save DIR must not be another user's directory or link, nor
+ * writable by every user (dt_ckpt_check_dir). It is claimed after the
+ * configuration agreement: rank 0 creates it if missing and holds its lock
+ * file for the trainer's life (one writer per directory), refusing to start
+ * when another job holds it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -68,6 +70,8 @@ static dt_status check_file(const char *setting, const char *path, int append) {
  * parent must take the new directory. */
 static dt_status check_dir(const char *setting, const char *path) {
     if (!*path) return DT_ERR(DT_EINVAL, "%s: empty path", setting);
+    dt_status c = dt_ckpt_check_dir(path);   /* another user's link or directory: not even a probe */
+    if (c != DT_OK) return DT_ERR(c, "%s: %s", setting, dt_error_message());
     struct stat sb;
     if (stat(path, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode))

@@ -9,7 +9,8 @@
  * the set's index, which commits it. Whatever happens, a set is committed
  * only when every rank's shard is complete on disk (the index waits for
  * them), so a failure or a kill leaves the previous checkpoint the one that
- * loads. */
+ * loads; after a failure the ranks agree on, every rank removes the shard
+ * files it wrote for the set (dt_bg_writer_abandon). */
 #include <stdio.h>
 #include <time.h>
 #include "trainer_internal.h"
@@ -36,8 +37,19 @@ static dt_status agree(dt_trainer *t, dt_status s, const char *what) {
     if (c != DT_OK) return c;
     if (s != DT_OK) return DT_ERR(s, "%s", keep);
     if (v[0] == 0) return DT_OK;
-    if (v[0] == 1) return DT_ERR(DT_EIO, "%s failed on rank %d (see its error)", what, (int)v[1] - 1);
-    return DT_ERR(DT_EIO, "%s failed on %d ranks (see their errors)", what, (int)v[0]);
+    /* DT_ECOMM: another rank's failure seen from here (its own line is the one the CLI prints) */
+    if (v[0] == 1) return DT_ERR(DT_ECOMM, "%s failed on rank %d (see its error)", what, (int)v[1] - 1);
+    return DT_ERR(DT_ECOMM, "%s failed on %d ranks (see their errors)", what, (int)v[0]);
+}
+
+/* The error of a sharded save the ranks agreed failed (each removed its new
+ * files): what is left says so. */
+static dt_status save_failed(const dt_trainer *t, dt_status s, int64_t step) {
+    if (!t->strat.save_is_dir || s == DT_OK) return s;
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", dt_error_message());
+    return DT_ERR(s, "%s (checkpoint of step %lld not saved: every rank removed its new files; the previous one in "
+                  "%s is unchanged)", keep, (long long)step, t->opts.save ? t->opts.save : "?");
 }
 
 dt_status dt_trainer_save_settle(dt_trainer *t) {
@@ -49,11 +61,13 @@ dt_status dt_trainer_save_settle(dt_trainer *t) {
     t->bg_step = -1;
     dt_status s = dt_bg_writer_wait(t->bg, 0);   /* this rank's files */
     s = agree(t, s, what);
-    if (s != DT_OK) {
-        dt_bg_writer_cancel_index(t->bg);   /* not every shard: the set is not committed */
-        return s;
+    if (s == DT_OK) s = agree(t, dt_bg_writer_wait(t->bg, 1), what);   /* rank 0's index: the commit */
+    if (s != DT_OK) {   /* not committed: every rank removes its shard of the set (the previous set stays) */
+        char keep[1024];
+        snprintf(keep, sizeof keep, "%s", dt_error_message());
+        dt_bg_writer_abandon(t->bg);
+        return save_failed(t, DT_ERR(s, "%s", keep), step);
     }
-    s = agree(t, dt_bg_writer_wait(t->bg, 1), what);   /* rank 0's index: the commit */
     if (s == DT_OK && t->strat.rank == t->lead_rank && !t->opts.quiet)
         dt_log(DT_LOG_INFO, "dtrain: checkpoint of step %lld written to %s in the background (%.1f s; training "
                "paused %.0f ms for the copy, %.1f MiB held on rank %d)\n", (long long)step, t->opts.save,
@@ -63,7 +77,7 @@ dt_status dt_trainer_save_settle(dt_trainer *t) {
 }
 
 dt_status dt_trainer_save_background(dt_trainer *t, const char *path) {
-    if (t->opts.save_sync) return dt_trainer_save(t, path);
+    if (t->opts.save_sync) return save_failed(t, dt_trainer_save(t, path), t->step);
     DT_TRY(dt_trainer_save_settle(t));
     if (!t->bg) {
         t->bg_step = -1;
@@ -79,10 +93,9 @@ dt_status dt_trainer_save_background(dt_trainer *t, const char *path) {
     if (s != DT_OK) {   /* queued pieces of a failed save must not commit a set */
         char keep[1024];
         snprintf(keep, sizeof keep, "%s", dt_error_message());
-        dt_bg_writer_cancel_index(t->bg);
-        if (dt_bg_writer_wait(t->bg, 1) != DT_OK) dt_error_clear();
+        dt_bg_writer_abandon(t->bg);   /* (its shards too: the ranks agreed inside the save) */
         t->bg_step = -1;
-        return DT_ERR(s, "%s", keep);
+        return save_failed(t, DT_ERR(s, "%s", keep), t->step);
     }
     return DT_OK;
 }

@@ -34,6 +34,10 @@ dt_status dt_trainer_check_outputs(const dt_trainer *t);
  * and its verdict reaches every rank, so a refusal is the same error
  * everywhere (collective over the world when the trainer's ranks are all of it). */
 dt_status dt_trainer_claim_outputs(dt_trainer *t);
+/* memcheck.c: refuses (collectively, alike on every rank) a run whose
+ * estimate exceeds the memory available to a rank on its machine; before
+ * the model is created. */
+dt_status dt_trainer_check_memory(dt_trainer *t);
 /* this rank's trace file: --trace, or FILE.rankN when world > 1 */
 void dt_trainer_trace_path(const dt_trainer *t, char *buf, size_t n);
 /* fingerprint.c: the configuration agreement through the strategy (collective;

@@ -92,7 +92,9 @@ dt_status dt_atomic_open(dt_atomic_file *af, const char *path) {
     for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
         unsigned n = atomic_fetch_add(&tmp_counter, 1u);
         snprintf(af->tmp_path, cap, "%s.tmp.%ld.%u", path, (long)getpid(), n);
-        fd = open(af->tmp_path, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        /* O_EXCL: never an existing file, nor a final symbolic link planted
+         * under the temp name (O_NOFOLLOW says so for any reader) */
+        fd = open(af->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
         if (fd < 0 && errno != EEXIST) break;
     }
     if (fd < 0) {

@@ -126,8 +126,14 @@ dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
     nonce = ((uint32_t)v[1] << 16) | (uint32_t)v[2];
     char set[DT_CKPT_SET_MAX];
     dt_ckpt_set_id(*r->step, nonce, set);
-    DT_TRY(dt_par_agree(p->comm.world, write_my_shard(p, r, dir, set), dir));
-    return dt_par_agree(p->comm.world, me == 0 ? write_index(p, r, dir, set) : DT_OK, dir);
+    dt_status s = dt_par_agree(p->comm.world, write_my_shard(p, r, dir, set), dir);
+    if (s == DT_OK) s = dt_par_agree(p->comm.world, me == 0 ? write_index(p, r, dir, set) : DT_OK, dir);
+    if (s == DT_OK) return s;
+    /* the set did not commit: each rank removes its own shard of it (the previous set stays) */
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", dt_error_message());
+    (void)dt_ckpt_discard_shard(dir, set, me);
+    return DT_ERR(s, "%s", keep);
 }
 
 static const char *ckpt_get(const void *src, const char *key) { return dt_ckpt_get_meta(src, key); }

@@ -187,9 +187,14 @@ static dt_status save_sharded(const zc *c, const char *dir) {
     nonce = ((uint32_t)half[0] << 16) | (uint32_t)half[1];
     char set[DT_CKPT_SET_MAX];
     dt_ckpt_set_id(*c->r->step, nonce, set);
-    DT_TRY(dt_par_agree(c->pg, write_my_shard(c, dir, set), dir));
-    s0 = c->rank == 0 ? write_index(c, dir, set) : DT_OK;
-    return zc_from_root(c, s0, NULL, 0, dir);
+    dt_status s = dt_par_agree(c->pg, write_my_shard(c, dir, set), dir);
+    if (s == DT_OK) s = zc_from_root(c, c->rank == 0 ? write_index(c, dir, set) : DT_OK, NULL, 0, dir);
+    if (s == DT_OK) return s;
+    /* the set did not commit: each rank removes its own shard of it (the previous set stays) */
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", dt_error_message());
+    (void)dt_ckpt_discard_shard(dir, set, c->rank);
+    return DT_ERR(s, "%s", keep);
 }
 
 /* ---- consolidated ---- */

@@ -112,5 +112,9 @@ dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format
                          .load = s_load, .sync_params = s_sync, .save_is_dir = fmt != DT_ZERO_CKPT_CONSOLIDATED,
                          .agree = s_agree, .refresh_trainable = s_refresh,
                          .join = s->opts.dp.join ? s_join : NULL};
+    int n = dt_pg_size(pg), st = s->opts.stage;   /* stage 1 shards the optimizer, 2 also gradients, 3 parameters */
+    out->mem_div[0] = st >= 3 ? n : 1;
+    out->mem_div[1] = st >= 2 ? n : 1;
+    out->mem_div[2] = n;
     return DT_OK;
 }

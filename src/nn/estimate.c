@@ -1,0 +1,57 @@
+/* A built-in's size without building it: what the trainer's memory check
+ * (src/train/memcheck.c) needs before anything is allocated. Counted from the
+ * same shapes the builders register (tests/unit/test_mem_estimate.c checks
+ * the parameter counts against built models); the activation figure is a
+ * rough floor -- the main tensors a training forward keeps for backward, in
+ * float32 -- not a measurement. */
+#include "dtrain/nn.h"
+
+size_t dt_model_cfg_num_params(const dt_model_cfg *c) {
+    if (!c) return 0;
+    switch (c->kind) {
+    case DT_MODEL_MLP: {
+        size_t n = 0, in = (size_t)c->mlp_in;
+        for (int i = 0; i <= c->mlp_n_hidden; i++) {
+            size_t out = i < c->mlp_n_hidden ? (size_t)c->mlp_hidden[i] : (size_t)c->mlp_out;
+            n += in * out + out;   /* weight, bias */
+            in = out;
+        }
+        return n;
+    }
+    case DT_MODEL_CNN: {
+        size_t c1 = (size_t)c->cnn_c1, c2 = (size_t)c->cnn_c2, fc = (size_t)c->cnn_fc;
+        size_t flat = c2 * (size_t)(c->cnn_h / 4) * (size_t)(c->cnn_w / 4);
+        return c1 * 25 + 2 * c1 + c2 * c1 * 25 + 2 * c2   /* convs (no bias) + batch norms */
+               + flat * fc + fc + fc * (size_t)c->cnn_classes + (size_t)c->cnn_classes;
+    }
+    case DT_MODEL_GPT2: {
+        size_t C = (size_t)c->n_embd;
+        return (size_t)c->vocab * C + (size_t)c->max_t * C             /* wte (tied head), wpe */
+               + (size_t)c->n_layer * (12 * C * C + 13 * C) + 2 * C;   /* blocks, ln_f */
+    }
+    default: return 0;
+    }
+}
+
+double dt_model_cfg_act_bytes(const dt_model_cfg *c, int64_t seq, int recompute) {
+    if (!c) return 0;
+    switch (c->kind) {
+    case DT_MODEL_MLP: {
+        double n = 0;
+        for (int i = 0; i < c->mlp_n_hidden; i++) n += 2.0 * c->mlp_hidden[i];   /* pre-activation, ReLU */
+        return 4.0 * (n + c->mlp_in + c->mlp_out);
+    }
+    case DT_MODEL_CNN: {
+        double hw = (double)c->cnn_h * c->cnn_w;
+        return 4.0 * (3.0 * c->cnn_c1 * hw + c->cnn_c1 * hw / 4 + 3.0 * c->cnn_c2 * hw / 4 + c->cnn_c2 * hw / 16 +
+                      2.0 * c->cnn_fc + c->cnn_classes);   /* conv, BN, ReLU, pool; fc */
+    }
+    case DT_MODEL_GPT2: {
+        double T = (double)(seq > 0 && seq < c->max_t ? seq : c->max_t), C = c->n_embd, H = c->n_head;
+        double layer = T * (16.0 * C + H * T);   /* ln, qkv, attention scores, MLP in and out, residuals */
+        double layers = recompute ? (c->n_layer - 1) * T * C + layer : c->n_layer * layer;   /* recompute: inputs only */
+        return 4.0 * (layers + T * C + 2.0 * T * c->vocab);   /* + embedding, logits and their gradient */
+    }
+    default: return 0;
+    }
+}
