@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A kill -9 while a background save is being written (issue 28): 20 kills,
 # each as soon as a checkpoint's temp file shows that a write is under way
-# (plus a random 0-30 ms), 10 of a one-process run writing a single file and
+# (plus a random 0-9 ms), 10 of a one-process run writing a single file and
 # 10 of a 2-rank ZeRO-2 run writing a sharded set. After every kill:
 #  - the checkpoint at --save loads and every checksum is good (dtrain
 #    inspect), at a step no earlier than the last one seen — the partial
@@ -46,7 +46,7 @@ kills() {
         while kill -0 $job 2>/dev/null && [ "$(temps "$dir")" -eq 0 ] && [ $waited -lt 6000 ]; do
             sleep 0.005; waited=$((waited + 1))
         done
-        sleep "0.0$((RANDOM % 30 + 10))"
+        sleep "0.00$((RANDOM % 10))"
         local before; before=$(temps "$dir")
         {
             pkill -9 -f -- "--save $ck"
