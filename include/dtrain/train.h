@@ -118,7 +118,7 @@ struct dt_trainer {
      * save it is writing: its step (-1: none), when it was queued, how long the copy took */
     dt_bg_writer *bg;
     int64_t bg_step;
-    double bg_t0, bg_copy_s;
+    double bg_t0, bg_copy_s, bg_wait_s;   /* the save in flight: started, copy, wait for the one before */
     int save_lock;                 /* rank 0: descriptor holding a sharded train.save directory's
                                       lock for the trainer's life (io.h dt_ckpt_lock_dir); -1: none */
 };

@@ -15,6 +15,8 @@ dt_status dt__bg_queue_copy(dt_bg_writer *w, const char *path, const dt_st_entry
  * failure). */
 dt_status dt__bg_queue_owned(dt_bg_writer *w, const char *path, const dt_st_entry *e, int n, const dt_st_meta *meta,
                              int n_meta, void *data, size_t data_bytes, size_t data_cap);
+/* memcpy, on every OpenMP thread when large */
+void dt__bg_copy(void *dst, const void *src, size_t n);
 /* A copy buffer of at least bytes (*cap: its size): a finished job's, else new. */
 void *dt__bg_alloc(dt_bg_writer *w, size_t bytes, size_t *cap);
 /* dt_ckpt_write_index's arguments, copied; run once the set's shards are all visible. */

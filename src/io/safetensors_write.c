@@ -427,7 +427,7 @@ dt_status dt_st_writer_append(dt_st_writer *w, const void *bytes, size_t n) {
                       w->af.path, n, w->written, w->total);
     }
     if (w->bg) {   /* captured: the background thread sums and writes */
-        memcpy(w->snap + w->written, bytes, n);
+        dt__bg_copy(w->snap + w->written, bytes, n);
         w->written += n;
         return DT_OK;
     }

@@ -70,15 +70,25 @@ dt_status dt_trainer_save_settle(dt_trainer *t) {
     }
     if (s == DT_OK && t->strat.rank == t->lead_rank && !t->opts.quiet)
         dt_log(DT_LOG_INFO, "dtrain: checkpoint of step %lld written to %s in the background (%.1f s; training "
-               "paused %.0f ms for the copy, %.1f MiB held on rank %d)\n", (long long)step, t->opts.save,
-               now_s() - t->bg_t0, t->bg_copy_s * 1e3, (double)dt_bg_writer_peak_bytes(t->bg) / 1048576.0,
+               "paused %.0f ms: %.0f for the copy, %.0f waiting for the previous save; %.1f MiB held on rank %d)\n",
+               (long long)step, t->opts.save, now_s() - t->bg_t0, (t->bg_copy_s + t->bg_wait_s) * 1e3,
+               t->bg_copy_s * 1e3, t->bg_wait_s * 1e3, (double)dt_bg_writer_peak_bytes(t->bg) / 1048576.0,
                t->strat.rank);
     return s;
 }
 
 dt_status dt_trainer_save_background(dt_trainer *t, const char *path) {
-    if (t->opts.save_sync) return save_failed(t, dt_trainer_save(t, path), t->step);
+    if (t->opts.save_sync) {
+        double t0 = now_s();
+        DT_TRY(save_failed(t, dt_trainer_save(t, path), t->step));
+        if (t->strat.rank == t->lead_rank && !t->opts.quiet)
+            dt_log(DT_LOG_INFO, "dtrain: checkpoint of step %lld written to %s (%.1f s; training paused for the "
+                   "whole write, --save-sync)\n", (long long)t->step, path, now_s() - t0);
+        return DT_OK;
+    }
+    double w0 = now_s();
     DT_TRY(dt_trainer_save_settle(t));
+    double waited = now_s() - w0;
     if (!t->bg) {
         t->bg_step = -1;
         DT_TRY(dt_bg_writer_create(&t->bg));
@@ -88,6 +98,7 @@ dt_status dt_trainer_save_background(dt_trainer *t, const char *path) {
     dt_status s = dt_trainer_save(t, path);   /* collective parts run now; files are queued */
     dt_bg_writer_capture(NULL);
     t->bg_copy_s = now_s() - t0;
+    t->bg_wait_s = waited;
     t->bg_t0 = t0;
     t->bg_step = t->step;
     if (s != DT_OK) {   /* queued pieces of a failed save must not commit a set */
