@@ -141,6 +141,9 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--trace", DT_ARG_STR, &o->trace, "FILE", "write a Chrome/Perfetto trace (per rank: FILE.rankN)", 0, 0},
         {"--log-every", DT_ARG_I64, &o->log_every, "N", "progress line interval when not on a terminal", 0, 0},
         {"--eval-batches", DT_ARG_I64, &o->eval_batches, "N", "LM evaluation batches (default: all)", 0, 0},
+        {"--sample-every", DT_ARG_I64, &o->sample_every, "K", "GPT-2: every K steps print a sample from the model "
+         "(--sample-tokens after the validation split's first 8 tokens; temperature 0.8, top-k 40; one process or DDP)", 0, 0},
+        {"--sample-tokens", DT_ARG_INT, &o->sample_tokens, "N", "tokens per --sample-every sample (default 64)", 0, 0},
         {"--stop-after", DT_ARG_I64, &o->stop_after, "N", "stop after N steps without the final save (simulates a crash)", 0, 0},
         {"--quiet", DT_ARG_FLAG, &o->quiet, NULL, "no progress output", 0, 0},
         {"--max-restarts", DT_ARG_INT, &f->max_restarts, "K", "with --nproc / --hosts / --hostfile: when the job fails (a rank dies or hangs, a machine is lost), start it again from the newest complete checkpoint at --save, at most K times (default 0)", 0, 0},

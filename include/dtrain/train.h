@@ -79,6 +79,10 @@ typedef struct dt_train_opts {
                                       whose data ran out joins (dt_strategy.join) until every rank has,
                                       and every rank ends at the same final step (the largest count).
                                       Exclusive with --resume, --save-every and --stop-after. */
+    int64_t sample_every;          /* --sample-every K: every K steps the reporting rank logs a sample from
+                                      the model (GPT-2; one process or DDP): sample_tokens tokens after the
+                                      validation split's first 8, temperature 0.8, top-k 40; 0 = off */
+    int sample_tokens;             /* --sample-tokens N (0: 64) */
 } dt_train_opts;
 
 void dt_train_opts_default(dt_train_opts *o);
