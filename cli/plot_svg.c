@@ -191,7 +191,10 @@ static void draw_lines(sbuf *b, int top, const char *title, const char *ylabel, 
             yl = fmin(yl, ls[i].s->y[k]);
             yh = fmax(yh, ls[i].s->y[k]);
         }
-    if (log_y && !(yl > 0)) log_y = 0;   /* a value <= 0 has no logarithm: linear */
+    if (log_y && !(yl > 0)) {   /* a value <= 0 has no logarithm: linear, and the title says so */
+        log_y = 0;
+        title = "loss (linear: a value is <= 0)";
+    }
     axis ax = make_axis(xl, xh, 0), ay = make_axis(yl, yh, log_y);
     put(b, "<g class=\"panel\" data-panel=\"");
     esc(b, title);
