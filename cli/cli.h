@@ -24,6 +24,8 @@ int dt_cli_train(int argc, char **argv, int eval_only);
 /* cmd_generate.c, cmd_inspect.c: dtrain generate / inspect (one process, no MPI) */
 int dt_cli_generate(int argc, char **argv);
 int dt_cli_inspect(int argc, char **argv);
+/* cmd_plot.c: dtrain plot (metrics and traces to SVG; one process, no MPI) */
+int dt_cli_plot(int argc, char **argv);
 /* Initialises MPI, picks the strategy (single process, DDP or ZeRO), runs, and
  * reports errors as one line tagged with the rank. */
 int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only);

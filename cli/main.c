@@ -9,7 +9,8 @@ static void usage(FILE *f) {
                "  train     train a model (dtrain train --help)\n"
                "  eval      evaluate saved weights (dtrain eval --help)\n"
                "  generate  sample text from a GPT-2 checkpoint (dtrain generate --help)\n"
-               "  inspect   describe a checkpoint and verify its checksums (dtrain inspect --help)\n");
+               "  inspect   describe a checkpoint and verify its checksums (dtrain inspect --help)\n"
+               "  plot      draw loss, learning rate, ms/step and per-rank time as SVG (dtrain plot --help)\n");
 }
 
 int main(int argc, char **argv) {
@@ -20,6 +21,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "eval")) return dt_cli_train(argc, argv, 1);
     if (!strcmp(argv[1], "generate")) return dt_cli_generate(argc, argv);
     if (!strcmp(argv[1], "inspect")) return dt_cli_inspect(argc, argv);
-    fprintf(stderr, "dtrain: unknown command '%s' (train, eval, generate, inspect)\n", argv[1]);
+    if (!strcmp(argv[1], "plot")) return dt_cli_plot(argc, argv);
+    fprintf(stderr, "dtrain: unknown command '%s' (train, eval, generate, inspect, plot)\n", argv[1]);
     return 2;
 }

@@ -95,6 +95,8 @@ static const setting_flag k_flags[] = {
     {"train.freeze", "--freeze"},
     {"train.unfreeze_at", "--unfreeze-at"},
     {"train.uneven", "--uneven"},
+    {"train.sample_every", "--sample-every"},
+    {"train.sample_tokens", "--sample-tokens"},
 };
 #define N_FLAGS ((int)(sizeof k_flags / sizeof k_flags[0]))
 

@@ -99,7 +99,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
     if (nm < 0) return -1;
     dt_arg a[] = {
         {"--data", DT_ARG_STR, &f->data, "KIND", f->data_help, 0, 0},
-        {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},
+        {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file; shard: a .bin file or a directory of them (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},
         {"--val-path", DT_ARG_STR, &o->val_path, "PATH", "LM validation file (default: last 10% of the data)", 0, 0},
         {"--batch", DT_ARG_I64, &o->batch, "B", "batch size per rank and micro-step; with --pp per replica and step, split into --microbatches (default 64)", 0, 0},
         {"--seq", DT_ARG_I64, &o->seq, "T", "LM sequence length (default 64, at most the model's --max-t)", 0, 0},
@@ -141,6 +141,9 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--trace", DT_ARG_STR, &o->trace, "FILE", "write a Chrome/Perfetto trace (per rank: FILE.rankN)", 0, 0},
         {"--log-every", DT_ARG_I64, &o->log_every, "N", "progress line interval when not on a terminal", 0, 0},
         {"--eval-batches", DT_ARG_I64, &o->eval_batches, "N", "LM evaluation batches (default: all)", 0, 0},
+        {"--sample-every", DT_ARG_I64, &o->sample_every, "K", "GPT-2: every K steps print a sample from the model "
+         "(--sample-tokens after the validation split's first 8 tokens; temperature 0.8, top-k 40; one process or DDP)", 0, 0},
+        {"--sample-tokens", DT_ARG_INT, &o->sample_tokens, "N", "tokens per --sample-every sample (default 64)", 0, 0},
         {"--stop-after", DT_ARG_I64, &o->stop_after, "N", "stop after N steps without the final save (simulates a crash)", 0, 0},
         {"--quiet", DT_ARG_FLAG, &o->quiet, NULL, "no progress output", 0, 0},
         {"--no-memory-check", DT_ARG_FLAG, &o->no_memory_check, NULL, "start even when the estimated memory per rank "
@@ -157,9 +160,10 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--find-unused", DT_ARG_FLAG, &f->dp.find_unused_params, NULL, "DDP: parameters without gradient are reduced as zeros", 0, 0},
         {"--no-broadcast-buffers", DT_ARG_FLAG, &f->no_bcast, NULL, "DDP: do not broadcast rank 0's buffers before each forward", 0, 0},
         {"--sync-bn", DT_ARG_FLAG, &f->dp.sync_bn, NULL, "DDP or ZeRO: SyncBatchNorm (batch statistics over all ranks)", 0, 0},
-        {"--uneven", DT_ARG_FLAG, &f->o.uneven, NULL, "--data text from a directory: rank r trains only on the files k with "
-         "k mod ranks = r (name order), so ranks hold different numbers of batches; each makes --epochs passes over its "
-         "own files (at most --steps steps) and a rank whose data runs out joins (DDP, --zero 1 or 2) until all have: "
+        {"--uneven", DT_ARG_FLAG, &f->o.uneven, NULL, "each rank trains on its own part of the data, so ranks hold "
+         "different numbers of batches: from a directory (--data text, or shard: *.bin files) rank r takes the files k "
+         "with k mod ranks = r (name order); from one file and fashion-mnist a contiguous range in proportion to r + 1 "
+         "(2 ranks: 1/3 and 2/3; 4 ranks: 1/10 .. 4/10). Each makes --epochs passes over its own part (at most --steps steps) and a rank whose data runs out joins (DDP, --zero 1 or 2) until all have: "
          "every rank ends at the largest step count. The loss is averaged over ranks while all train, then it is the "
          "reporting rank's own; the validation split is shared. Not with --pp, --zero 3, --sync-bn, --resume, "
          "--save-every, --stop-after; a stop signal after the first rank ran out is not agreed", 0, 0},

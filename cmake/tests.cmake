@@ -348,3 +348,17 @@ foreach(t test_freeze_np4 test_param_groups_np4 test_output_paths_np4 test_colle
   endif()
   set_tests_properties(${t} PROPERTIES LABELS "mpi;slow")
 endforeach()
+
+# dtrain plot (issue 27 item 5): two tiny runs' --metrics and a 2-rank
+# --trace drawn into one SVG, read back as XML (xmllint): every series' points
+# are the JSONL's, every rank's split the trace's own sums; bad input refused.
+add_test(NAME test_plot_cli
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_plot_cli.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_plot_cli PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
+
+# Re-executed to fix OpenBLAS's kernel family (forced: DTRAIN_TEST_BLAS_CORE),
+# dtrain keeps its name: comm and `pgrep -x dtrain`, argv[0], and a link's
+# name (issue 27). Skipped (77) on a CPU where no re-exec can happen.
+add_test(NAME test_process_name
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_process_name.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_process_name PROPERTIES LABELS unit TIMEOUT 120 SKIP_RETURN_CODE 77)

@@ -82,11 +82,14 @@ typedef struct dt_dataset_opts {
     const char *path;        /* file or directory; NULL: the dataset's default */
     const char *val_path;    /* token data: held-out file; NULL: the last 10% of path */
     int64_t seq;             /* token data: tokens per sample T */
-    /* Uneven split (text directories only; part_world <= 1: no split): the
-     * training split keeps the files (sorted by name) k with
-     * k % part_world == part_rank, each clipped to the training tokens; the
-     * eval split is the same on every part. Every part must hold at least
-     * one window, else every part fails naming the short one. */
+    /* Uneven split (part_world <= 1: no split) of the training split; the
+     * eval split stays the same on every part. Token data from a directory
+     * (text files, *.bin shards) keeps the files (sorted by name) k with
+     * k % part_world == part_rank, each clipped to the training tokens; token
+     * data from one file and Fashion-MNIST keep a contiguous range sized in
+     * proportion to part_rank + 1 (2 parts: the first third, then the other
+     * two thirds; 4 parts: 1/10, 2/10, 3/10, 4/10). Every part must hold at
+     * least one window (one image), else every part fails naming the short one. */
     int part_rank, part_world;
 } dt_dataset_opts;
 

@@ -70,9 +70,11 @@ typedef struct dt_train_opts {
     const dt_optim_group *groups;  /* parameter groups (optim.h), applied in order before the
                                       strategy's setup: --no-decay, --lr-scale */
     int n_groups;
-    int uneven;                    /* --uneven (text directories; needs a strategy with join when there
-                                      are several data ranks): data rank r trains on the files k with
-                                      k % ranks == r (name order), for --epochs passes over them (at most
+    int uneven;                    /* --uneven (needs a strategy with join when there are several data
+                                      ranks): data rank r trains on its own part of the training split
+                                      (data.h, dt_dataset_opts.part_rank: from a directory the files k with
+                                      k % ranks == r, from one file or Fashion-MNIST a contiguous range
+                                      sized in proportion to r + 1), for --epochs passes over it (at most
                                       --steps steps), so ranks run different numbers of steps; a rank
                                       whose data ran out joins (dt_strategy.join) until every rank has,
                                       and every rank ends at the same final step (the largest count).
@@ -80,6 +82,10 @@ typedef struct dt_train_opts {
     int no_memory_check;           /* 1: skip the memory check before allocating (dt_train_memory_estimate
                                       against dt_memory_available: a run that would not fit is refused
                                       before its model exists, naming both figures) */
+    int64_t sample_every;          /* --sample-every K: every K steps the reporting rank logs a sample from
+                                      the model (GPT-2; one process or DDP): sample_tokens tokens after the
+                                      validation split's first 8, temperature 0.8, top-k 40; 0 = off */
+    int sample_tokens;             /* --sample-tokens N (0: 64) */
 } dt_train_opts;
 
 void dt_train_opts_default(dt_train_opts *o);

@@ -21,8 +21,6 @@ static void fm_destroy(void *self) {
 
 dt_status dt_dataset_open_fashion_mnist(const dt_dataset_opts *o, dt_dataset *out) {
     const char *dir = o->path ? o->path : DT_FASHION_MNIST_DIR;
-    if (o->part_world > 1)
-        return DT_ERR(DT_EINVAL, "%s: an uneven split needs text data from a directory of files (train.data text)", dir);
     if (o->val_path)
         return DT_ERR(DT_EINVAL, "train.val_path %s: fashion-mnist evaluates on its own test split (t10k-* in %s)",
                       o->val_path, dir);
@@ -34,6 +32,22 @@ dt_status dt_dataset_open_fashion_mnist(const dt_dataset_opts *o, dt_dataset *ou
     if (s == DT_OK && (tr->rows != te->rows || tr->cols != te->cols))   /* the batch buffers hold one shape */
         s = DT_ERR(DT_EFORMAT, "%s: test images (t10k-images-idx3-ubyte) are %dx%d but training images are %dx%d",
                    dir, te->rows, te->cols, tr->rows, tr->cols);
+    if (s == DT_OK && o->part_world > 1) {   /* uneven: this rank's contiguous share (part.c); test split whole */
+        dt_image_dataset *t = &f->split[DT_SPLIT_TRAIN];
+        int64_t a, b, px = (int64_t)t->rows * t->cols;
+        for (int r = 0; r < o->part_world && s == DT_OK; r++) {   /* every part checked on every part */
+            dt_part_range(t->count, r, o->part_world, &a, &b);
+            if (b <= a)
+                s = DT_ERR(DT_EINVAL, "%s: uneven split: rank %d's share of the %lld training images is empty", dir, r,
+                           (long long)t->count);
+        }
+        dt_part_range(t->count, o->part_rank, o->part_world, &a, &b);
+        if (s == DT_OK) {
+            memmove(t->images, t->images + a * px, (size_t)((b - a) * px) * sizeof *t->images);
+            memmove(t->labels, t->labels + a, (size_t)(b - a) * sizeof *t->labels);
+            t->count = b - a;
+        }
+    }
     if (s != DT_OK) { fm_destroy(f); return s; }
     snprintf(out->source, sizeof out->source, "%s", dir);
     out->sample = (dt_sample_shape){.n_inputs = 1, .targets = 1, .classes = tr->n_classes};

@@ -22,11 +22,23 @@ dt_status dt_text_load_files(const char *dir, dt_token_dataset *out, dt_text_fil
 dt_status dt_tokens_keep_part(dt_token_dataset *tr, const dt_text_files *f, int rank, int world, int T,
                               const char *path);
 
+/* part.c: part `rank` of `world` of n items in one sequence, [*a, *b):
+ * contiguous, sized in proportion to rank + 1 (data.h's uneven split). */
+void dt_part_range(int64_t n, int rank, int world, int64_t *a, int64_t *b);
+/* token_part.c: keeps in tr (the training tokens of one file) part `rank`
+ * of `world` by dt_part_range; fails on every part alike, naming the part,
+ * when some part would get fewer than T + 1 tokens. */
+dt_status dt_tokens_keep_range(dt_token_dataset *tr, int rank, int world, int T, const char *path);
+/* shard_dir.c: llm.c shards from a file or a directory of *.bin shards (name
+ * order, concatenated); _files also returns where each shard ends. */
+dt_status dt_token_shard_load_path(const char *path, dt_token_dataset *out);
+dt_status dt_token_shard_load_files(const char *dir, dt_token_dataset *out, dt_text_files *files);
+
 /* Token-window datasets (text, shard): reads path (and o->val_path) with
  * load, holds out the last 10% when there is no val_path, and checks there is
  * at least one training window of o->seq + 1 tokens. With o->part_world > 1
- * the training split is cut by file (load_files; NULL: the data cannot be
- * split, an error naming the flag). */
+ * the training split of a directory is cut by file (load_files), that of one
+ * file into ranges (dt_tokens_keep_range). */
 typedef dt_status (*dt_token_load_fn)(const char *path, dt_token_dataset *out);
 typedef dt_status (*dt_token_load_files_fn)(const char *path, dt_token_dataset *out, dt_text_files *files);
 dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_load_fn load,

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "dataset_internal.h"
 
 typedef struct tokens { dt_token_dataset split[2]; int T; } tokens;   /* [DT_SPLIT_TRAIN], [DT_SPLIT_EVAL] */
@@ -41,22 +42,24 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
     if (o->seq <= 0 || o->seq > INT_MAX)
         return DT_ERR(DT_EINVAL, "train.seq %lld: token data needs a positive sequence length", (long long)o->seq);
     int split = o->part_world > 1;
-    if (split && !load_files)
-        return DT_ERR(DT_EINVAL, "%s: an uneven split needs text data from a directory of files (train.data text)", path);
+    struct stat sb;
+    int by_file = split && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);   /* else one file: ranges */
     tokens *t = calloc(1, sizeof *t);
     if (!t) return DT_ERR(DT_ENOMEM, "out of memory");
     t->T = (int)o->seq;
     dt_token_dataset all = {0};
     dt_text_files files = {0};
-    dt_status s = split ? load_files(path, &all, &files) : load(path, &all);
+    dt_status s = by_file ? load_files(path, &all, &files) : load(path, &all);
     if (s == DT_OK && o->val_path) {
         t->split[DT_SPLIT_TRAIN] = all;
         s = load(o->val_path, &t->split[DT_SPLIT_EVAL]);
     } else if (s == DT_OK) {
         s = split_tail(&all, t);
     }
-    if (s == DT_OK && split)   /* the eval split stays whole: the same on every rank */
+    if (s == DT_OK && by_file)   /* the eval split stays whole: the same on every rank */
         s = dt_tokens_keep_part(&t->split[DT_SPLIT_TRAIN], &files, o->part_rank, o->part_world, t->T, path);
+    else if (s == DT_OK && split)
+        s = dt_tokens_keep_range(&t->split[DT_SPLIT_TRAIN], o->part_rank, o->part_world, t->T, path);
     dt_text_files_free(&files);
     const dt_token_dataset *tr = &t->split[DT_SPLIT_TRAIN], *va = &t->split[DT_SPLIT_EVAL];
     if (s == DT_OK && dt_token_windows(tr, t->T) < 1)

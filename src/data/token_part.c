@@ -55,3 +55,21 @@ dt_status dt_tokens_keep_part(dt_token_dataset *tr, const dt_text_files *f, int 
     tr->n_tokens = mine;
     return DT_OK;
 }
+
+dt_status dt_tokens_keep_range(dt_token_dataset *tr, int rank, int world, int T, const char *path) {
+    if (world < 1 || rank < 0 || rank >= world)
+        return DT_ERR(DT_EINVAL, "%s: uneven split: part %d of %d out of range", path, rank, world);
+    const int64_t n_tr = tr->n_tokens;
+    int64_t a, b;
+    for (int r = 0; r < world; r++) {   /* every part's size, checked on every part */
+        dt_part_range(n_tr, r, world, &a, &b);
+        if (b - a < (int64_t)T + 1)
+            return DT_ERR(DT_EINVAL, "%s: uneven split: rank %d's range (%d/%lld of the %lld training tokens) holds "
+                          "%lld, fewer than one window of train.seq %d + 1", path, r, r + 1,
+                          (long long)world * (world + 1) / 2, (long long)n_tr, (long long)(b - a), T);
+    }
+    dt_part_range(n_tr, rank, world, &a, &b);
+    memmove(tr->tokens, tr->tokens + a, (size_t)(b - a) * sizeof *tr->tokens);
+    tr->n_tokens = b - a;
+    return DT_OK;
+}

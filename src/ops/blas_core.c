@@ -16,6 +16,9 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include "dtrain/ops.h"
 #include "util/log_internal.h"
 
@@ -116,15 +119,40 @@ void dt_blas_describe(const dt_blas_info *b, char *buf, size_t n) {
              dt_isa_name(b->cpu.isa), why);
 }
 
+/* The re-executed process's name (comm: what top and pgrep show) is the
+ * basename of the file executed -- "dtrain" when the real path could be
+ * read, "exe" when exec had to fall back to /proc/self/exe (a binary replaced
+ * or deleted since it started), and the link's target, not the link, when the
+ * program was started through a symbolic link. Setting it back to the
+ * basename of argv[0] gives the name the program was started as in every
+ * case (at most 15 bytes, as the kernel keeps). */
+static void keep_name(const char *argv0) {
+#ifdef __linux__
+    if (!argv0 || !*argv0) return;
+    const char *b = strrchr(argv0, '/');
+    b = b && b[1] ? b + 1 : argv0;
+    char name[16];
+    snprintf(name, sizeof name, "%s", b);
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+#else
+    (void)argv0;
+#endif
+}
+
 void dt_blas_fix_core(char **argv) {
-    if (getenv(REEXEC_ENV)) return;   /* already re-executed once */
+    if (getenv(REEXEC_ENV)) {   /* already re-executed once */
+        keep_name(argv ? argv[0] : NULL);
+        return;
+    }
     const char *fix, *chose = reported_core();
     if (dt_blas_core_decide(dt_cpu_isa_detect(), chose, getenv("OPENBLAS_CORETYPE"), &fix) != DT_BLAS_REEXEC)
         return;
     if (setenv(REEXEC_ENV, chose, 1) || setenv("OPENBLAS_CORETYPE", fix, 1)) return;
     /* the program's own path, not /proc/self/exe: the kernel names the
      * process after the file executed, and ps, top and pgrep should still
-     * say "dtrain" rather than "exe" */
+     * say "dtrain" rather than "exe" (keep_name then restores argv[0]'s
+     * basename in the new image, whichever file was executed); argv is
+     * passed unchanged, so ps's command line keeps the original argv[0] */
     char self[4096];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len > 0) {

@@ -70,6 +70,9 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     for (int k = 0; k < o->n_freeze; k++)
         if (!o->freeze[k] || !o->freeze[k][0]) return DT_ERR(DT_EINVAL, "train.freeze: pattern %d is empty", k + 1);
     if (o->unfreeze_at < 0) return DT_ERR(DT_EINVAL, "train.unfreeze_at must be >= 0 (0: never)");
+    if (o->sample_every < 0) return DT_ERR(DT_EINVAL, "train.sample_every must be >= 0 (0: off), got %lld", (long long)o->sample_every);
+    if (o->sample_tokens < 0 || o->sample_tokens > 1000000)
+        return DT_ERR(DT_EINVAL, "train.sample_tokens must be in [1, 1000000] (0: 64), got %d", o->sample_tokens);
     if (o->unfreeze_at > 0 && o->n_freeze == 0) return DT_ERR(DT_EINVAL, "train.unfreeze_at needs train.freeze PATTERN (what to unfreeze)");
     if (o->n_groups < 0 || (o->n_groups > 0 && !o->groups))
         return DT_ERR(DT_EINVAL, "parameter groups: %d groups without a table", o->n_groups);

@@ -73,6 +73,8 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
             double vals[4] = {(double)t->step, loss, dt_lr_at(&t->sched, t->step - 1), dt * 1e3};
             DT_TRY(dt_jsonl_write(&t->metrics, 4, keys, vals));
         }
+        if (o->sample_every > 0 && t->step % o->sample_every == 0 && t->strat.rank == t->lead_rank)
+            DT_TRY(dt_trainer_sample(t, tty));
         if (o->progress_file && t->strat.rank == 0) write_progress(o->progress_file, t->step);
         if (o->save && o->save_every > 0 && t->step % o->save_every == 0 && !*code)
             DT_TRY(dt_trainer_save_background(t, o->save));

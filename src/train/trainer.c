@@ -44,6 +44,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK && !t->model) s = DT_ERR(DT_EINVAL, "build_model returned no model");
     if (s == DT_OK && !t->model->built) s = DT_ERR(DT_EINVAL, "model %s: build_model must end with dt_model_build", t->model->name);
     if (s == DT_OK) s = dt_trainer_check_data(t);
+    if (s == DT_OK) s = dt_trainer_check_sample(t);   /* the same on every rank */
     if (s == DT_OK) s = dt_trainer_freeze(t);   /* before the agreement lists "frozen" and any strategy sees it */
     if (s == DT_OK) s = dt_trainer_agree(t);   /* before the strategy's first collective */
     if (s == DT_OK) s = dt_trainer_claim_outputs(t);   /* the save directory's lock (rank 0), before step 1 */

@@ -47,6 +47,10 @@ dt_status dt_trainer_agree(dt_trainer *t);
  * count from its own steps per epoch; sets own_steps, common_steps,
  * total_steps (the largest count) and lead_rank; fails on every rank alike,
  * naming the rank, when one would run no step. */
+/* sample.c: train.sample_every refused up front where it cannot run (not
+ * GPT-2, a strategy without the whole model on a rank); a sample logged */
+dt_status dt_trainer_check_sample(const dt_trainer *t);
+dt_status dt_trainer_sample(dt_trainer *t, int tty);
 dt_status dt_trainer_uneven_steps(dt_trainer *t, int64_t steps_per_epoch);
 /* Every rank runs step `step` (0-based): always, unless uneven past common_steps. */
 int dt_trainer_all_ranks_step(const dt_trainer *t, int64_t step);

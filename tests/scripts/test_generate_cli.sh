@@ -4,7 +4,8 @@
 # the KV cache gives the tokens the whole-prefix recompute gives, also past
 # the context (arch.max_t 32, refilled); sampling is the same for a seed and
 # differs for another; a vocabulary that is not bytes prints ids and takes
-# --prompt-ids; bad input is refused naming the flag.
+# --prompt-ids; bad input is refused naming the flag. dtrain train
+# --sample-every prints samples while training that continue the text.
 # usage: test_generate_cli.sh DTRAIN_BINARY
 set -uo pipefail
 bin=$1
@@ -63,6 +64,24 @@ negative temperature|--init $tmp/rep.st --temperature -1|--temperature
 bad id list|--init $tmp/rep.st --prompt-ids 1,,2|--prompt-ids: invalid list
 both prompts|--init $tmp/rep.st --prompt a --prompt-ids 1|exclusive
 CASES
+# --sample-every during training: samples at steps 50 and 100 after the validation split's
+# first 8 tokens (the held-out last 10% of rep.txt starts at token 3600: "abcdefgh"); by
+# step 100 they continue the repetitive text (at temperature 0.8: 90% of the characters
+# at least); a second run prints the same samples; a model without a KV cache is refused
+"$bin" train "${model[@]}" --steps 100 --sample-every 50 --sample-tokens 30 > "$tmp/s1.out" 2>&1 || bad "--sample-every run failed"
+"$bin" train "${model[@]}" --steps 100 --sample-every 50 --sample-tokens 30 > "$tmp/s2.out" 2>&1
+steps=$(grep -o '^--- sample at step [0-9]*' "$tmp/s1.out" | awk '{print $5}' | tr '\n' ' ')
+[ "$steps" = "50 100 " ] && ok "--sample-every 50: samples at steps $steps" || bad "--sample-every 50: samples at '$steps'"
+s100=$(awk '/^--- sample at step 100 /{getline; print; exit}' "$tmp/s1.out")
+want=$(for i in 1 2 3 4; do printf 'abcdefghij'; done); want=${want:0:38}
+same=$(awk -v a="$s100" -v b="$want" 'BEGIN {n = 0; for (i = 1; i <= length(b); i++) n += substr(a, i, 1) == substr(b, i, 1); print n}')
+[ ${#s100} -eq 38 ] && [ "$same" -ge 34 ] && ok "the step-100 sample continues the text: $s100" ||
+    bad "step-100 sample: '$s100' ($same of 38 match $want)"
+cmp -s "$tmp/s1.out" "$tmp/s2.out" && ok "the same samples in a second run" || bad "samples differ between runs"
+out=$("$bin" train --model mlp --steps 2 --sample-every 1 --quiet 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q -- "--sample-every" <<< "$out" && ok "--sample-every with an MLP refused: $out" ||
+    bad "--sample-every with an MLP: exit $rc: $out"
+
 help=$("$bin" generate --help)
 for f in --init --resume --prompt --prompt-ids --tokens --temperature --top-k --seed --ids --no-cache --threads; do
     grep -q -- "^  $f " <<< "$help" || bad "--help lacks $f"

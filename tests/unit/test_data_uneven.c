@@ -1,8 +1,9 @@
-/* The uneven split of a text directory (dt_dataset_opts.part_rank /
- * part_world): file k (name order) goes to part k % parts, clipped to the
- * training tokens (the first 90% of the stream); the eval split is the
- * held-out tail on every part; a part too short fails on every part, naming
- * it; data that cannot be split by file is refused. Expected contents are
+/* The uneven split (dt_dataset_opts.part_rank / part_world): from a
+ * directory (text, token shards) file k (name order) goes to part k % parts,
+ * clipped to the training tokens (the first 90% of the stream); the eval
+ * split is the held-out tail on every part; a part too short fails on every
+ * part, naming it. One file (text, shard) and Fashion-MNIST are cut into
+ * contiguous ranges in proportion to rank + 1. Expected contents are
  * written out from the file layout below, not derived from the code. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dtrain/data.h"
 #include "tmpdir.h"
@@ -104,11 +106,137 @@ static void test_refused(void **state) {
     /* seq 40: part 1 (30 tokens) is too short; part 0 says so too */
     expect_refused(0, 2, 40, g_dir, "text", "rank 1's files");
     expect_refused(1, 2, 40, g_dir, "text", "rank 1's files");
+    /* one file, ranges: a.txt's 90 training tokens, rank 0's third (30) is less than 40 + 1 */
     char file[512];
     snprintf(file, sizeof file, "%s/a.txt", g_dir);
-    expect_refused(0, 2, 10, file, "text", "not a directory");
-    expect_refused(0, 2, 10, file, "shard", "directory of files");
-    expect_refused(0, 2, 10, g_dir, "fashion-mnist", "directory of files");
+    expect_refused(1, 2, 40, file, "text", "rank 0's range");
+}
+
+/* One file: contiguous ranges of the training tokens in proportion to
+ * rank + 1. one/ab.txt is 60 x 'a' then 140 x 'b': 180 training tokens, of
+ * which rank 0 of 2 gets the first third -- exactly the a's -- and rank 1
+ * the 120 b's after them. (A subdirectory: the text directory ignores it.) */
+static void test_one_file_ranges(void **state) {
+    (void)state;
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/one", g_dir);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    snprintf(path, sizeof path, "%s/ab.txt", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (int k = 0; k < 200; k++) fputc(k < 60 ? 'a' : 'b', f);
+    fclose(f);
+    dt_dataset d;
+    dt_dataset_opts o = {.path = path, .seq = 10, .part_rank = 0, .part_world = 2};
+    assert_int_equal(dt_dataset_open("text", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 5);   /* (60 - 1) / 10 */
+    expect_sample(&d, DT_SPLIT_TRAIN, 4, 'a', 'a');
+    dt_dataset_close(&d);
+    o.part_rank = 1;
+    assert_int_equal(dt_dataset_open("text", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 11);   /* (120 - 1) / 10 */
+    expect_sample(&d, DT_SPLIT_TRAIN, 0, 'b', 'b');
+    expect_sample(&d, DT_SPLIT_TRAIN, 10, 'b', 'b');
+    dt_dataset_close(&d);
+}
+
+/* Token shards: a directory of *.bin is split by file like text; one shard
+ * into ranges. shards/: s0 = 100 x 1, s1 = 30 x 2, s2 = 50 x 3, s3 = 20 x 4
+ * (the text layout above): rank 0 holds s0 + s2, rank 1 s1. */
+static void test_shards(void **state) {
+    (void)state;
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/shards", g_dir);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    const int sizes[4] = {100, 30, 50, 20};
+    uint16_t tok[100];
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k < sizes[i]; k++) tok[k] = (uint16_t)(i + 1);
+        snprintf(path, sizeof path, "%s/s%d.bin", dir, i);
+        assert_int_equal(dt_token_shard_write(path, tok, sizes[i]), DT_OK);
+    }
+    dt_dataset d;
+    dt_dataset_opts o = {.path = dir, .seq = 10, .part_rank = 0, .part_world = 2};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 14);   /* 150 tokens */
+    assert_int_equal(d.size[DT_SPLIT_EVAL], 1);     /* s3's 20 */
+    expect_sample(&d, DT_SPLIT_TRAIN, 9, 1, 3);
+    expect_sample(&d, DT_SPLIT_EVAL, 0, 4, 4);
+    dt_dataset_close(&d);
+    o.part_rank = 1;
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 2);   /* 30 tokens */
+    expect_sample(&d, DT_SPLIT_TRAIN, 1, 2, 2);
+    dt_dataset_close(&d);
+    o.part_world = 0;   /* no split: the directory's shards in name order, as one stream */
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 17);
+    dt_dataset_close(&d);
+    /* one shard of 60 x 7 then 140 x 8: ranks 0 and 1 of 2 get the 7s and the first 120 8s */
+    snprintf(path, sizeof path, "%s/one/ab.bin", g_dir);
+    uint16_t all[200];
+    for (int k = 0; k < 200; k++) all[k] = k < 60 ? 7 : 8;
+    assert_int_equal(dt_token_shard_write(path, all, 200), DT_OK);
+    o = (dt_dataset_opts){.path = path, .seq = 10, .part_rank = 0, .part_world = 2};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 5);
+    expect_sample(&d, DT_SPLIT_TRAIN, 4, 7, 7);
+    dt_dataset_close(&d);
+    o.part_rank = 1;
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 11);
+    expect_sample(&d, DT_SPLIT_TRAIN, 0, 8, 8);
+    dt_dataset_close(&d);
+}
+
+/* Fashion-MNIST: image i has label i % 10; 12 training images over 3 ranks
+ * in proportion 1 : 2 : 3 are images 0-1, 2-5 and 6-11; the test split
+ * (4 images) is whole on every rank. Raw IDX files (the loader also reads them). */
+static void write_be32(FILE *f, uint32_t v) {
+    fputc((int)(v >> 24), f); fputc((int)(v >> 16 & 255), f); fputc((int)(v >> 8 & 255), f); fputc((int)(v & 255), f);
+}
+
+static void write_fm(const char *dir, const char *prefix, uint32_t n) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", dir, prefix);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputc(0, f); fputc(0, f); fputc(8, f); fputc(3, f);
+    write_be32(f, n); write_be32(f, 2); write_be32(f, 2);
+    for (uint32_t i = 0; i < n * 4; i++) fputc((int)(i / 4), f);   /* every pixel of image i is i */
+    fclose(f);
+    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte", dir, prefix);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fputc(0, f); fputc(0, f); fputc(8, f); fputc(1, f);
+    write_be32(f, n);
+    for (uint32_t i = 0; i < n; i++) fputc((int)(i % 10), f);
+    fclose(f);
+}
+
+static void test_fashion_mnist(void **state) {
+    (void)state;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/fm", g_dir);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    write_fm(dir, "train", 12);
+    write_fm(dir, "t10k", 4);
+    const int64_t first[3] = {0, 2, 6}, count[3] = {2, 4, 6};
+    for (int r = 0; r < 3; r++) {
+        dt_dataset d;
+        dt_dataset_opts o = {.path = dir, .part_rank = r, .part_world = 3};
+        assert_int_equal(dt_dataset_open("fashion-mnist", &o, &d), DT_OK);
+        assert_int_equal(d.size[DT_SPLIT_TRAIN], count[r]);
+        assert_int_equal(d.size[DT_SPLIT_EVAL], 4);
+        for (int64_t i = 0; i < count[r]; i++) {
+            float x[4];
+            int32_t y;
+            void *xs[1] = {x};
+            dt_dataset_batch(&d, DT_SPLIT_TRAIN, &i, 1, xs, &y);
+            assert_int_equal(y, (first[r] + i) % 10);
+        }
+        dt_dataset_close(&d);
+    }
 }
 
 int main(void) {
@@ -116,6 +244,9 @@ int main(void) {
         cmocka_unit_test(test_parts_of_two),
         cmocka_unit_test(test_parts_of_three),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_one_file_ranges),
+        cmocka_unit_test(test_shards),
+        cmocka_unit_test(test_fashion_mnist),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,0 +1,271 @@
+/* dtrain plot's input: metrics JSONL (--metrics: one object per line, keys
+ * step, loss, lr, ms; eval_loss at evaluation) and Chrome traces (--trace:
+ * {"traceEvents":[...]}, pid = rank, tid 0 the compute thread, tid 1 the
+ * communication lane; src/io/trace.c writes them). */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cjson/cJSON.h>
+#include "plot.h"
+
+const char *const dt_plot_keys[DT_PLOT_NSERIES] = {"loss", "eval_loss", "lr", "ms"};
+
+static int push(dt_plot_series *s, double x, double y) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 256;
+        double *nx = realloc(s->x, cap * sizeof *nx);
+        if (!nx) return -1;
+        s->x = nx;
+        double *ny = realloc(s->y, cap * sizeof *ny);
+        if (!ny) return -1;
+        s->y = ny;
+        s->cap = cap;
+    }
+    s->x[s->n] = x;
+    s->y[s->n] = y;
+    s->n++;
+    return 0;
+}
+
+int dt_plot_is_trace(const char *path, char *err, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, n, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    char head[256];
+    size_t got = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    head[got] = 0;
+    const char *p = head;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p++ != '{') return 0;
+    while (isspace((unsigned char)*p)) p++;
+    return !strncmp(p, "\"traceEvents\"", 13);
+}
+
+static dt_plot_run *new_run(dt_plot_data *d, const char *path) {
+    dt_plot_run *r = realloc(d->runs, (size_t)(d->nruns + 1) * sizeof *r);
+    if (!r) return NULL;
+    d->runs = r;
+    r = &d->runs[d->nruns++];
+    memset(r, 0, sizeof *r);
+    r->path = path;
+    return r;
+}
+
+int dt_plot_read_metrics(dt_plot_data *d, const char *path, char *err, size_t n) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, n, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    dt_plot_run *run = new_run(d, path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long lineno = 0, objects = 0;
+    int rc = run ? 0 : -1;
+    if (!run) snprintf(err, n, "%s: out of memory", path);
+    while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        const char *p = line;
+        while (isspace((unsigned char)*p)) p++;
+        if (!*p) continue;   /* blank lines (a trailing newline) carry nothing */
+        cJSON *o = cJSON_ParseWithLength(line, (size_t)len);
+        if (!cJSON_IsObject(o)) {
+            snprintf(err, n, "%s:%ld: not a JSON object (a metrics file holds one per line, as --metrics writes)",
+                     path, lineno);
+            cJSON_Delete(o);
+            rc = -1;
+            break;
+        }
+        objects++;
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "step");
+        double x = cJSON_IsNumber(st) ? st->valuedouble : (double)objects;
+        for (int k = 0; k < DT_PLOT_NSERIES && rc == 0; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, dt_plot_keys[k]);
+            if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) continue;   /* null: NaN or infinite */
+            if (push(&run->s[k], x, v->valuedouble)) {
+                snprintf(err, n, "%s: out of memory", path);
+                rc = -1;
+            }
+        }
+        cJSON_Delete(o);
+    }
+    if (rc == 0 && ferror(f)) {
+        snprintf(err, n, "%s: read error: %s", path, strerror(errno));
+        rc = -1;
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* ---- traces ---- */
+
+typedef struct ivals { double *a; size_t n, cap; } ivals;   /* pairs begin, end */
+
+static int iv_push(ivals *v, double b, double e) {
+    if (v->n + 2 > v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 512;
+        double *a = realloc(v->a, cap * sizeof *a);
+        if (!a) return -1;
+        v->a = a;
+        v->cap = cap;
+    }
+    v->a[v->n++] = b;
+    v->a[v->n++] = e;
+    return 0;
+}
+
+static int cmp_begin(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* length of the union of the intervals (sorts them) */
+static double iv_union(ivals *v) {
+    size_t k = v->n / 2;
+    qsort(v->a, k, 2 * sizeof(double), cmp_begin);
+    double total = 0, b = 0, e = 0;
+    for (size_t i = 0; i < k; i++) {
+        double bi = v->a[2 * i], ei = v->a[2 * i + 1];
+        if (i == 0 || bi > e) {
+            total += e - b;
+            b = bi;
+            e = ei;
+        } else if (ei > e) {
+            e = ei;
+        }
+    }
+    return k ? total + (e - b) : 0;
+}
+
+static char *read_all(const char *path, size_t *len, char *err, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, n, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, got = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        got += fread(buf + got, 1, cap - got, f);
+        if (got < cap) break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) { free(buf); buf = NULL; break; }
+        buf = nb;
+        cap *= 2;
+    }
+    if (!buf) snprintf(err, n, "%s: out of memory", path);
+    else if (ferror(f)) {
+        snprintf(err, n, "%s: read error: %s", path, strerror(errno));
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    *len = got;
+    return buf;
+}
+
+static int num(const cJSON *o, const char *k, double *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) return 0;
+    *v = x->valuedouble;
+    return 1;
+}
+
+/* one rank's split: the compute thread (tid 0) computing, blocked on
+ * communication, or neither; the communication lane (tid 1) apart */
+static int split_rank(const cJSON *evs, int pid, dt_plot_rank *r) {
+    ivals comp = {0}, both = {0}, bg = {0};
+    double lo = INFINITY, hi = -INFINITY;
+    int bad = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, evs) {
+        const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph");
+        double p, tid, ts, dur;
+        if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !num(e, "pid", &p) || (int)p != pid ||
+            !num(e, "tid", &tid) || !num(e, "ts", &ts) || !num(e, "dur", &dur) || dur < 0)
+            continue;
+        if (ts < lo) lo = ts;
+        if (ts + dur > hi) hi = ts + dur;
+        const cJSON *cat = cJSON_GetObjectItemCaseSensitive(e, "cat");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+        int comm = cJSON_IsString(cat) && !strcmp(cat->valuestring, "comm");
+        int envelope = cJSON_IsString(name) && !strcmp(name->valuestring, "step");   /* holds the others */
+        if (tid == 0 && !comm && !envelope) bad |= iv_push(&comp, ts, ts + dur) | iv_push(&both, ts, ts + dur);
+        else if (tid == 0 && comm) bad |= iv_push(&both, ts, ts + dur);
+        else if (tid != 0) bad |= iv_push(&bg, ts, ts + dur);
+    }
+    if (!bad) {
+        r->rank = pid;
+        r->span_us = hi > lo ? hi - lo : 0;
+        r->compute_us = iv_union(&comp);
+        double busy = iv_union(&both);
+        r->comm_us = busy - r->compute_us;
+        r->idle_us = r->span_us - busy;
+        if (r->idle_us < 0) r->idle_us = 0;
+        r->overlapped_us = iv_union(&bg);
+    }
+    free(comp.a);
+    free(both.a);
+    free(bg.a);
+    return bad ? -1 : 0;
+}
+
+int dt_plot_read_trace(dt_plot_data *d, const char *path, char *err, size_t n) {
+    size_t len;
+    char *text = read_all(path, &len, err, n);
+    if (!text) return -1;
+    cJSON *doc = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *evs = cJSON_GetObjectItemCaseSensitive(doc, "traceEvents");
+    if (!cJSON_IsArray(evs)) {
+        snprintf(err, n, "%s: not a Chrome trace (expected a JSON object with a traceEvents array, as --trace writes)",
+                 path);
+        cJSON_Delete(doc);
+        return -1;
+    }
+    int rc = 0, found = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, evs) {   /* each pid with complete events, once */
+        const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph");
+        double p;
+        if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !num(e, "pid", &p)) continue;
+        int pid = (int)p, seen = 0;
+        for (int i = 0; i < d->nranks && !seen; i++) seen = d->ranks[i].path == path && d->ranks[i].rank == pid;
+        if (seen) continue;
+        dt_plot_rank *r = realloc(d->ranks, (size_t)(d->nranks + 1) * sizeof *r);
+        if (!r) { rc = -1; break; }
+        d->ranks = r;
+        r = &d->ranks[d->nranks];
+        memset(r, 0, sizeof *r);
+        r->path = path;
+        if (split_rank(evs, pid, r)) { rc = -1; break; }
+        d->nranks++;
+        found++;
+    }
+    if (rc) snprintf(err, n, "%s: out of memory", path);
+    else if (!found) {
+        snprintf(err, n, "%s: a trace without complete events (\"ph\":\"X\"): nothing to plot", path);
+        rc = -1;
+    }
+    cJSON_Delete(doc);
+    return rc;
+}
+
+void dt_plot_data_free(dt_plot_data *d) {
+    for (int i = 0; i < d->nruns; i++)
+        for (int k = 0; k < DT_PLOT_NSERIES; k++) {
+            free(d->runs[i].s[k].x);
+            free(d->runs[i].s[k].y);
+        }
+    free(d->runs);
+    free(d->ranks);
+    memset(d, 0, sizeof *d);
+}
