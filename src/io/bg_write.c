@@ -86,7 +86,7 @@ void *dt__bg_alloc(dt_bg_writer *w, size_t bytes, size_t *cap) {
 /* memcpy on every OpenMP thread for a large copy: the copy runs while the
  * training thread waits, so its threads are idle (twice one thread's rate on
  * the 2-core machines measured, bench_memcpy). */
-#define BG_PARALLEL_COPY (8u << 20)
+#define BG_PARALLEL_COPY (4u << 20)
 void dt__bg_copy(void *dst, const void *src, size_t n) {
     if (n < BG_PARALLEL_COPY || omp_get_max_threads() < 2 || omp_in_parallel()) {
         memcpy(dst, src, n);
@@ -333,11 +333,25 @@ dt_status dt__bg_queue_copy(dt_bg_writer *w, const char *path, const dt_st_entry
     size_t cap = 0;
     char *data = dt__bg_alloc(w, total, &cap);
     if (!data) return DT_ERR(DT_ENOMEM, "%s: out of memory for a %zu-byte background checkpoint copy", path, total);
-    size_t at = 0;
-    for (int i = 0; i < n; i++) {
-        size_t b = entry_bytes(&e[i]);
-        if (b) dt__bg_copy(data + at, e[i].data, b);
-        at += b;
+    if (total < BG_PARALLEL_COPY || omp_get_max_threads() < 2 || omp_in_parallel()) {
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+            size_t b = entry_bytes(&e[i]);
+            if (b) memcpy(data + at, e[i].data, b);
+            at += b;
+        }
+    } else {   /* one parallel region: thread t copies bytes [lo, hi) of the file's data, across entries */
+#pragma omp parallel
+        {
+            size_t k = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+            size_t per = (total / k + 4095) & ~(size_t)4095, lo = per * t, hi = lo + per < total ? lo + per : total;
+            size_t at = 0;
+            for (int i = 0; i < n && at < hi; i++) {
+                size_t b = entry_bytes(&e[i]), a = at > lo ? at : lo, z = at + b < hi ? at + b : hi;
+                if (a < z) memcpy(data + a, (const char *)e[i].data + (a - at), z - a);
+                at += b;
+            }
+        }
     }
     bg_job *j;
     DT_TRY(file_job(path, e, n, meta, n_meta, data, total, cap, &j));
