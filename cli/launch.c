@@ -123,6 +123,16 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
         av[k++] = hostlist;
     }
     if (!local) { av[k++] = "--map-by"; av[k++] = "slot"; }   /* machine by machine: consecutive ranks share one */
+    /* a machine that goes silent (power, network) sends no reset: mpirun
+     * notices its daemon is gone only by TCP keepalives on their control
+     * connection, after 300 + 9 x 20 s by default; here after about 20 s, so
+     * the job ends (and --max-restarts restarts it) instead of hanging.
+     * OMPI_MCA_oob_tcp_keepalive_* set by the user win. */
+    if (!local && !getenv("OMPI_MCA_oob_tcp_keepalive_time")) {
+        static char *const keep[] = {"--mca", "oob_tcp_keepalive_time", "10", "--mca", "oob_tcp_keepalive_intvl", "2",
+                                     "--mca", "oob_tcp_keepalive_probes", "5"};
+        for (size_t i = 0; i < sizeof keep / sizeof *keep; i++) av[k++] = keep[i];
+    }
     /* what every rank must decide alike (GEMM library and kernels, threads) */
     size_t ne = 0;
     for (char **e = environ; *e; e++) {

@@ -13,7 +13,9 @@
 #  - spare hosts: --hosts with 3 machines for 4 ranks, one lost: the job
 #    continues at 4 ranks on the two left, its losses those of the
 #    uninterrupted run.
-#  - no machine enough: without --min-nproc a lost machine ends the job.
+#  - no machine enough: without --min-nproc a lost machine ends the job —
+#    here one that goes silent (link down first: no connection reset), which
+#    mpirun notices by TCP keepalives the launcher sets (about 20 s).
 # Skipped (exit 77) where namespaces cannot be made.
 # usage: test_elastic.sh DTRAIN NETSIM [SEED]
 set -uo pipefail
@@ -46,9 +48,12 @@ exec "\$@"
 EOF
 
 last_step() { tail -n 1 "$1" 2>/dev/null | grep -oE '"step":[0-9]+' | cut -d: -f2; }
-# lose HOST: the machine crashes (its processes die, its link goes down)
+# lose HOST: the machine crashes (its processes die, its link goes down);
+# SILENT=1: the link goes first, so no connection is reset (a power loss):
+# only TCP keepalives tell mpirun its daemon there is gone
 lose() {
     local p
+    [ -n "${SILENT:-}" ] && ip -n "$1" link set nsim0 down && sleep 0.2
     for p in $(ip netns pids "$1"); do kill -9 "$p" 2>/dev/null; done
     sleep 0.3
     ip -n "$1" link set nsim0 down
@@ -84,12 +89,17 @@ elastic() {
         s=$(last_step "$tmp/$tag.jsonl"); [ -n "$s" ] && [ "$s" -ge "$target" ] && break
         sleep 0.02
     done
+    local t0=$SECONDS
     lose "$victim"
-    wait $job; local rc=$?
+    # a job still running 120 s after the loss hangs: killed, and a failure
+    ( sleep 120; kill -0 $job 2>/dev/null && { echo "FAIL $tag: still running 120 s after losing $victim"; pkill -9 -f -- "--save $tmp/$tag.ck"; } ) &
+    local guard=$!
+    wait $job; local rc=$? t_lost=$((SECONDS - t0))
+    kill $guard 2>/dev/null; wait $guard 2>/dev/null
     ip -n "$victim" link set nsim0 up
     if [ "$want" = 0 ]; then   # not enough left: the job ends, saying why
         if [ $rc -ne 0 ] && grep -q "$victim did not answer within 5 s: 2 slots left, fewer than the job's ranks" "$tmp/$tag.err"; then
-            echo "ok   $tag: machine lost, no --min-nproc: ends (exit $rc): $(grep -m1 -o 'did not answer.*' "$tmp/$tag.err")"
+            echo "ok   $tag: machine lost${SILENT:+ silently}, no --min-nproc: ends (exit $rc, ${t_lost}s after the loss): $(grep -m1 -o 'did not answer.*' "$tmp/$tag.err")"
         else
             echo "FAIL $tag: exit $rc:"; tail -5 "$tmp/$tag.err"; fail=1
         fi
@@ -124,5 +134,5 @@ elastic ddp dte0:2,dte1:2 dte1 2 2 --nproc 2 --batch 2 --accum 2 -- --batch 2
 elastic pp dte0:2,dte1:2 dte1 2 2 --nproc 2 --pp 2 --batch 8 --microbatches 4 -- --pp 2 --batch 4 --microbatches 2
 # spares: 4 ranks continue on the two machines left, as if nothing happened
 elastic spare dte0:2,dte1:2,dte2:2 dte1 - 4 --nproc 4 --batch 2 -- --batch 2
-elastic short dte0:2,dte1:2 dte1 - 0 -- --batch 2
+SILENT=1 elastic short dte0:2,dte1:2 dte1 - 0 -- --batch 2
 exit $fail

@@ -61,6 +61,15 @@ refuses "unresolvable host named" "host 'nosuch\.invalid' \(--hosts\): cannot re
     "$bin" train --hosts nosuch.invalid:2
 refuses "Slurm: more ranks than tasks" "--nproc 8: Slurm job 7: n\[1-3\] \(6 tasks\) has 6 slots" \
     env SLURM_JOB_ID=7 SLURM_JOB_NODELIST='n[1-3]' SLURM_TASKS_PER_NODE='2(x3)' "$bin" train --nproc 8
+# a silent machine is noticed within ~20 s (TCP keepalives on mpirun's control connections), unless the user set them
+has "hosts: keepalives on the daemons' connections" "--mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 5" \
+    "$bin" train --hosts a:2,b:2 --print-launch
+out=$(OMPI_MCA_oob_tcp_keepalive_time=60 "$bin" train --hosts a:2,b:2 --print-launch 2>&1)
+if grep -q "keepalive_time 10" <<< "$out"; then echo "FAIL hosts: the user's OMPI_MCA_oob_tcp_keepalive_time is overridden"; fail=1
+else echo "ok   hosts: the user's keepalive setting wins"; fi
+out=$("$bin" train --nproc 2 --print-launch 2>&1)
+if grep -q "keepalive" <<< "$out"; then echo "FAIL this machine: keepalives set without daemons"; fail=1
+else echo "ok   this machine: no keepalive settings"; fi
 # --min-nproc (elastic restarts): only where machines can be lost, and not above the job
 refuses "min-nproc without restarts" "--min-nproc 2 needs --max-restarts K" \
     "$bin" train --hosts a:2,b:2 --min-nproc 2 --save "$tmp/ck"
