@@ -110,6 +110,12 @@ set_tests_properties(test_recompute_bitwise PROPERTIES LABELS mpi PROCESSORS 2 T
 add_executable(ckpt_cmp ${CMAKE_SOURCE_DIR}/tests/tools/ckpt_cmp.c)
 target_link_libraries(ckpt_cmp PRIVATE dtrain)
 
+# GPT-2 with dropout: one process == --accum == DDP == ZeRO-1 == --pp 2 ==
+# recompute bit for bit (masks keyed by sample position, not a generator).
+add_test(NAME test_dropout_bitwise
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_dropout_bitwise.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_dropout_bitwise PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
+
 # Pipeline parallelism equals one process (and DDP) bit for bit, every
 # schedule, checkpoints across layouts (launches dtrain --nproc itself).
 foreach(np 2 4)

@@ -182,7 +182,8 @@ size_t dt_graph_arena_bytes(const dt_graph *g);
  * one checkpoint node stay on the tape. Parameter uses are counted as usual,
  * so grad-ready fires once, after all uses (a weight used inside and outside
  * a checkpoint fires after both), in the order a plain backward would.
- * rng (may be NULL) is the generator fn draws from (dropout): the replay
+ * rng (may be NULL) is a generator fn draws from (dtrain's dropout draws
+ * from none: it is keyed by position, ops.h; a user's own random op): the replay
  * starts from the state the first pass started from, and the state after
  * the replay is restored, so masks match and the stream is undisturbed.
  * fn must run the same ops both times (else backward fails naming the

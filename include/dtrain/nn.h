@@ -55,13 +55,19 @@ const char *dt_sample_shape_str(const dt_sample_shape *s, char *buf, size_t n);
 const dt_input_spec *dt_sample_input(const dt_sample_shape *s, const char *name, dt_dtype dtype);
 
 /* A batch of B samples: named input tensors [B, dims...] (views of the
- * caller's buffers) and targets y[B * T] (< 0: ignored). */
+ * caller's buffers) and targets y[B * T] (< 0: ignored).
+ * row_keys[B] (the caller's, may be NULL): one dropout key per sample, what
+ * every random op of the forward draws from (ops.h dt_op_dropout). The
+ * trainer sets them for training batches from (seed, step, the sample's
+ * position in the epoch's global order): dt_dropout_row_key. A model that
+ * trains with dropout fails on a training batch without them. */
 typedef struct dt_batch {
     int64_t B, T;            /* T: targets per sample (1 for images) */
     int n_inputs;
     const char *names[DT_MAX_INPUTS];
     dt_tensor in[DT_MAX_INPUTS];
     const int32_t *y;
+    const uint64_t *row_keys;
 } dt_batch;
 /* B samples of shape s: x[k] holds B samples of input k, y B * s->targets. */
 dt_batch dt_batch_of(const dt_sample_shape *s, int64_t B, void *const *x, const int32_t *y);
@@ -357,7 +363,7 @@ struct dt_model {
                                         (see dt_model_grad_offset); NULL without a grad_flat */
     size_t n_elems;                  /* sum of param numel (no padding) */
     dt_rng init_rng;                 /* initialisers, in registration order */
-    dt_rng dropout_rng;              /* dropout masks (checkpointed) */
+    uint64_t dropout_seed;           /* dt_model_new's seed: the trainer's row keys use it (checkpointed) */
     dt_bn_sync bn_sync;              /* SyncBatchNorm reducer; fn NULL = local stats */
     dt_status build_err;             /* first failed add_*; reported by dt_model_build */
     int built;

@@ -170,9 +170,37 @@ dt_tensor *dt_op_batchnorm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tenso
                            dt_tensor *running_mean, dt_tensor *running_var,
                            float momentum, float eps, const dt_bn_sync *sync);
 
-/* Inverted dropout with probability p; identity when !training or p == 0.
- * Mask drawn from rng (seeded -> reproducible). */
-dt_tensor *dt_op_dropout(dt_graph *g, dt_tensor *x, float p, dt_rng *rng);
+/* Inverted dropout keyed by position: y = x * keep / (1 - p).
+ * x[R, ...] (any rank >= 1): R rows (samples), E = numel / R elements each
+ * (GPT-2's [B, T, C]: element (t, c) of row b is e = t * C + c).
+ * row_keys[R]: one key per row, normally dt_dropout_row_key(seed, step,
+ * sample); site: which dropout of the model this is, dt_dropout_site
+ * (GPT-2: (layer, 0) after attention, (layer, 1) after the MLP, (-1, 0) on
+ * the embedding).
+ * Element e of row b is kept iff h(row_keys[b], site, e) >= p * 2^32, where h
+ * is dt_dropout_hash: the mask is a pure function of (row key, site, e) -
+ * not of a generator's state, the thread count, the batch the row is in or
+ * its place there - so one process, --accum, DDP, ZeRO, pipeline stages and
+ * a recompute's replay all draw the same mask for the same sample.
+ * Identity (returns x, nothing recorded) when !training or p == 0; then
+ * row_keys may be NULL. Errors (DT_EINVAL): p outside [0, 1), x not F32,
+ * row_keys NULL in training, E >= 2^32. The mask (uint8 [numel]) is saved for
+ * backward: dx += dy * keep * (1 / (1 - p)), the forward's float scale. */
+dt_tensor *dt_op_dropout(dt_graph *g, dt_tensor *x, float p, const uint64_t *row_keys, uint64_t site);
+/* Row key of a sample: splitmix64-mixed (seed, step, sample), every input
+ * bit reaching every output bit; distinct inputs collide with probability
+ * ~2^-64. step: the optimizer step (0-based) the forward belongs to;
+ * sample: the sample's position in the epoch's global order, offset by
+ * epoch * (samples per epoch) (dtrain's trainer: see train.h). */
+uint64_t dt_dropout_row_key(uint64_t seed, uint64_t step, uint64_t sample);
+/* Site id of dropout k of layer l (l = -1: before the first layer). */
+static inline uint64_t dt_dropout_site(int layer, int k) { return (uint64_t)(int64_t)(layer + 1) * 16u + (uint64_t)k; }
+/* The per-element hash behind the mask: uniform 32-bit value of (row key,
+ * site, element). The (row key, site) pair is folded by splitmix64 into a
+ * 64-bit stream key; the element goes through a bijective 32-bit mixer
+ * (Wellons' lowbias32) keyed by it, so within one row and site distinct
+ * elements never share a draw; about 8 integer ops per element (vectorizes). */
+uint32_t dt_dropout_hash(uint64_t row_key, uint64_t site, uint32_t elem);
 /* Same data, new shape (numel must match). */
 dt_tensor *dt_op_reshape(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape);
 /* [N, ...] -> [N, rest]. */

@@ -42,9 +42,10 @@
  * embedding's. So the authority defers its own contribution's weight
  * gradient (split backward) until the other holder's contribution to the
  * previous micro-batch has arrived — computed there into a zeroed buffer and
- * sent as its non-zero rows — and folds them in that order. Not exact:
- * dropout (each stage draws masks from its own generator) and a parameter used
- * by two chunks of the same rank.
+ * sent as its non-zero rows — and folds them in that order. Dropout is exact
+ * too: its masks are keyed by the micro-batch rows' sample positions
+ * (dt_batch.row_keys), which every stage is given. Not exact: a parameter
+ * used by two chunks of the same rank.
  *
  * Messages: activations and gradients are point-to-point (dist.h dt_send /
  * dt_recv) on the pipeline group, their shapes fixed by the blocks'

@@ -147,7 +147,8 @@ dt_status dt_optimizer_refresh_model(dt_optimizer *o, const dt_model *m);
 /* ---- checkpoint metadata ----
  * Every checkpoint, whoever writes it, carries: format, model kind, optimizer,
  * step, optim_step, data position (epoch, cursor), seed, world size and the
- * dropout RNG; what it is: the strategy that wrote it ("single", "ddp",
+ * dropout seed (dt_model.dropout_seed: loading sets it, so the masks go on
+ * as the saved run drew them; older checkpoints' rng0 / rng1 are ignored); what it is: the strategy that wrote it ("single", "ddp",
  * "zero-2", "pipeline"; informational: resuming under another is allowed
  * where the loader supports it), a built-in model's config fields
  * ("arch.<field>", dt_model_arch_fields) and every model's parameter

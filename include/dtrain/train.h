@@ -102,10 +102,15 @@ struct dt_trainer {
     dt_run run;                    /* what strat sees: model, graph, trace, position (strategy.h) */
     /* data: one dataset (train + eval split); the model accepted its sample
      * shape at creation. Batch buffers: x[k] = batch samples of input k,
-     * y = batch * targets, idx = batch sample indices. */
+     * y = batch * targets, idx = batch sample indices, row_keys = each
+     * training row's dropout key (dt_batch.row_keys): dt_dropout_row_key(
+     * model->dropout_seed, step, epoch * n + g), g the sample's global
+     * position in the epoch's order (the sampler's r + p * world), n the
+     * training set's size - so the same sample of the same step gets the
+     * same key at any world size, --accum or pipeline layout. */
     dt_dataset data;
     dt_sampler sampler;
-    void *x[DT_MAX_INPUTS]; int32_t *y; int64_t *idx;
+    void *x[DT_MAX_INPUTS]; int32_t *y; int64_t *idx; uint64_t *row_keys;
     /* progress */
     int64_t step;                  /* completed optimizer steps */
     int64_t total_steps;

@@ -133,11 +133,11 @@ static dt_tensor *run_block(dt_model *m, dt_graph *g, int i, dt_tensor *x, const
     dt_block *k = &m->blocks[i];
     dt_error_clear();
     dt_tensor *y;
-    if (k->recompute && dt_graph_grad_enabled(g)) {   /* keep x and the RNG state; re-run in backward */
+    if (k->recompute && dt_graph_grad_enabled(g)) {   /* keep x; re-run in backward (dropout is keyed by position) */
         block_call *c = dt_graph_scratch(g, sizeof *c);
         if (!c) return NULL;
         *c = (block_call){m, i, *b};
-        y = dt_graph_checkpoint(g, replay_block, x, c, &m->dropout_rng);
+        y = dt_graph_checkpoint(g, replay_block, x, c, NULL);
     } else {
         y = k->forward(m, g, x, b, k->user);
     }

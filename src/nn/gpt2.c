@@ -36,13 +36,14 @@ static dt_tensor *layernorm_mod(dt_graph *g, dt_module *mod, dt_tensor *x) {
     return dt_module_leave(g, mod) == DT_OK ? x : NULL;
 }
 
-/* Residual branch output with optional dropout. */
-static dt_tensor *drop(dt_model *m, dt_graph *g, dt_tensor *x) {
-    return m->cfg.dropout > 0 ? dt_op_dropout(g, x, m->cfg.dropout, &m->dropout_rng) : x;
+/* Residual branch output with optional dropout, keyed by the batch's row
+ * keys and the site (layer, k): the same mask wherever the sample runs. */
+static dt_tensor *drop(dt_model *m, dt_graph *g, const dt_batch *b, int layer, int k, dt_tensor *x) {
+    return m->cfg.dropout > 0 ? dt_op_dropout(g, x, m->cfg.dropout, b->row_keys, dt_dropout_site(layer, k)) : x;
 }
 
 /* fuse: 1 = the fused kernels, 0 = the op chain they replace. */
-static dt_tensor *block_forward(dt_model *m, dt_graph *g, int l, int fuse, dt_tensor *x) {
+static dt_tensor *block_forward(dt_model *m, dt_graph *g, const dt_batch *b, int l, int fuse, dt_tensor *x) {
     int H = m->cfg.n_head;
     dt_tensor *h;
     DT_NN_CHECK(h = layernorm_mod(g, block_mod(m, l, MOD_LN1), x));       /* [B, T, C] */
@@ -52,7 +53,7 @@ static dt_tensor *block_forward(dt_model *m, dt_graph *g, int l, int fuse, dt_te
     DT_NN_CHECK(h = dt_op_attention(g, h, H));                              /* [B, T, C] */
     DT_NN_CHECK(h = dt_op_linear(g, h, P(attn, 2), P(attn, 3), DT_W_IN_OUT));
     if (dt_module_leave(g, attn) != DT_OK) return NULL;
-    DT_NN_CHECK(h = drop(m, g, h));
+    DT_NN_CHECK(h = drop(m, g, b, l, 0, h));
     dt_module *ln2 = block_mod(m, l, MOD_LN2);
     if (fuse) {   /* x = x + h and h = ln_2(x), one pass; inside ln_2 (its hooks bracket its parameters' use) */
         if (dt_module_enter(g, ln2) != DT_OK) return NULL;
@@ -72,7 +73,7 @@ static dt_tensor *block_forward(dt_model *m, dt_graph *g, int l, int fuse, dt_te
     }
     DT_NN_CHECK(h = dt_op_linear(g, h, P(mlp, 2), P(mlp, 3), DT_W_IN_OUT));   /* [B, T, C] */
     if (dt_module_leave(g, mlp) != DT_OK) return NULL;
-    DT_NN_CHECK(h = drop(m, g, h));
+    DT_NN_CHECK(h = drop(m, g, b, l, 1, h));
     return dt_op_add(g, x, h);
 }
 
@@ -99,7 +100,7 @@ static dt_tensor *embed_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_b
     DT_NN_CHECK(pe = dt_op_embedding(g, P(wpe, 0), pos, n, 3, shape));
     if (dt_module_leave(g, wpe) != DT_OK) return NULL;
     DT_NN_CHECK(x = dt_op_add(g, tok, pe));
-    return drop(m, g, x);
+    return drop(m, g, b, -1, 0, x);
 }
 
 /* A layer block's user word: 2 * layer + fuse (fuse fixed when the model is built). */
@@ -113,9 +114,8 @@ static int fuse_from_env(void) {
 
 /* block "h.{l}": [B, T, C] -> [B, T, C] */
 static dt_tensor *layer_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
-    (void)b;
     intptr_t u = (intptr_t)user;
-    return block_forward(m, g, (int)(u / 2), (int)(u % 2), x);
+    return block_forward(m, g, b, (int)(u / 2), (int)(u % 2), x);
 }
 
 /* block "head": ln_f, then the lm-head tied to wte: [B, T, C] -> [B, T, V] */

@@ -33,7 +33,7 @@ dt_status dt_model_new(const char *name, uint64_t seed, dt_model **out) {
     snprintf(m->name, sizeof m->name, "%s", name);
     m->cfg.kind = DT_MODEL_CUSTOM;
     dt_rng_seed(&m->init_rng, seed);
-    dt_rng_seed(&m->dropout_rng, seed ^ 0xd20b0u);
+    m->dropout_seed = seed;
     *out = m;
     return DT_OK;
 }

@@ -1,6 +1,6 @@
 /* Checkpoint metadata shared by every checkpoint writer (the trainer's single
  * file, ZeRO's sharded and consolidated sets, pipeline sets): run identity,
- * architecture, strategy, position, RNG. */
+ * architecture, strategy, position, dropout seed. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,8 +40,9 @@ void dt_checkpoint_meta(const dt_run *r, const char *strategy, int64_t optim_ste
     meta_add(mb, "cursor", "%llu", (unsigned long long)r->sampler->cursor);
     meta_add(mb, "seed", "%llu", (unsigned long long)r->seed);
     meta_add(mb, "world", "%llu", (unsigned long long)r->world);
-    meta_add(mb, "rng0", "%016llx", (unsigned long long)m->dropout_rng.s[0]);
-    meta_add(mb, "rng1", "%016llx", (unsigned long long)m->dropout_rng.s[1]);
+    /* dropout masks are keyed by (dropout_seed, step, sample): no generator
+     * state to keep (checkpoints before that carried rng0 / rng1: ignored) */
+    meta_add(mb, "dropout_seed", "%016llx", (unsigned long long)m->dropout_seed);
 }
 
 static dt_status meta_u64(dt_ckpt_meta_get get, const void *src, const char *what, const char *key, int hex,
@@ -95,14 +96,16 @@ dt_status dt_checkpoint_check_identity(const dt_run *r, dt_ckpt_meta_get get, co
 dt_status dt_checkpoint_apply_meta(dt_run *r, dt_ckpt_meta_get get, const void *src,
                                    const char *what, int64_t *optim_step) {
     DT_TRY(dt_checkpoint_check_identity(r, get, src, what));
-    uint64_t step = 0, ostep = 0, epoch = 0, cursor = 0, world = 0, r0 = 0, r1 = 0;
+    uint64_t step = 0, ostep = 0, epoch = 0, cursor = 0, world = 0, dseed = r->model->dropout_seed;
     DT_TRY(meta_u64(get, src, what, "step", 0, &step));
     DT_TRY(meta_u64(get, src, what, "optim_step", 0, &ostep));
     DT_TRY(meta_u64(get, src, what, "epoch", 0, &epoch));
     DT_TRY(meta_u64(get, src, what, "cursor", 0, &cursor));
     DT_TRY(meta_u64(get, src, what, "world", 0, &world));
-    DT_TRY(meta_u64(get, src, what, "rng0", 1, &r0));
-    DT_TRY(meta_u64(get, src, what, "rng1", 1, &r1));
+    /* the masks continue as the saved run drew them: its seed (older
+     * checkpoints: "seed", their generator state rng0 / rng1 is unused) */
+    if (get(src, "dropout_seed")) DT_TRY(meta_u64(get, src, what, "dropout_seed", 1, &dseed));
+    else if (get(src, "seed")) DT_TRY(meta_u64(get, src, what, "seed", 0, &dseed));
     if (world < 1 || world > INT32_MAX || cursor > INT64_MAX / world || step > INT64_MAX || ostep > INT64_MAX ||
         epoch > INT64_MAX)
         return DT_ERR(DT_EFORMAT, "%s: metadata out of range (world %llu, cursor %llu)", what,
@@ -122,8 +125,7 @@ dt_status dt_checkpoint_apply_meta(dt_run *r, dt_ckpt_meta_get get, const void *
                       (unsigned long long)world, why);
     }
     *r->step = (int64_t)step;
-    r->model->dropout_rng.s[0] = r0;
-    r->model->dropout_rng.s[1] = r1;
+    r->model->dropout_seed = dseed;
     if (optim_step) *optim_step = (int64_t)ostep;
     return DT_OK;
 }

@@ -24,8 +24,9 @@ dt_status dt_trainer_load_data(dt_trainer *t) {
         return DT_ERR(DT_EINVAL, "train.batch %lld: the batch buffers for samples of %s (train.data %s) exceed the address space",
                       (long long)o->batch, d->source, d->name);
     t->idx = malloc((size_t)B * sizeof *t->idx);
+    t->row_keys = malloc((size_t)B * sizeof *t->row_keys);
     t->y = malloc((size_t)B * (size_t)d->sample.targets * sizeof *t->y);
-    if (!t->idx || !t->y) return DT_ERR(DT_ENOMEM, "out of memory for batch buffers (batch %lld)", (long long)B);
+    if (!t->idx || !t->row_keys || !t->y) return DT_ERR(DT_ENOMEM, "out of memory for batch buffers (batch %lld)", (long long)B);
     for (int k = 0; k < d->sample.n_inputs; k++)
         if (!(t->x[k] = malloc((size_t)B * dt_input_bytes(&d->sample.in[k]))))
             return DT_ERR(DT_ENOMEM, "out of memory for batch input '%s' (batch %lld)", d->sample.in[k].name,
@@ -64,7 +65,9 @@ dt_batch dt_trainer_batch_in(dt_trainer *t, int slot, dt_split split, int64_t n)
     void *x[DT_MAX_INPUTS] = {0};
     for (int k = 0; k < d->sample.n_inputs; k++)
         x[k] = (char *)t->x[k] + (size_t)(slot * B) * dt_input_bytes(&d->sample.in[k]);
-    return dt_dataset_batch(d, split, t->idx + slot * B, n, x, t->y + slot * B * d->sample.targets);
+    dt_batch b = dt_dataset_batch(d, split, t->idx + slot * B, n, x, t->y + slot * B * d->sample.targets);
+    if (split == DT_SPLIT_TRAIN) b.row_keys = t->row_keys + slot * B;
+    return b;
 }
 
 dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n) { return dt_trainer_batch_in(t, 0, split, n); }
@@ -72,8 +75,8 @@ dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n) { return dt_
 void dt_trainer_free_data(dt_trainer *t) {
     dt_dataset_close(&t->data);
     for (int k = 0; k < DT_MAX_INPUTS; k++) { free(t->x[k]); t->x[k] = NULL; }
-    free(t->y); free(t->idx);
-    t->y = NULL; t->idx = NULL;
+    free(t->y); free(t->idx); free(t->row_keys);
+    t->y = NULL; t->idx = NULL; t->row_keys = NULL;
 }
 
 /* Known once the data is open, refused before step 1 rather than at it (a

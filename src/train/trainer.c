@@ -12,7 +12,10 @@ static dt_status example_batch(dt_trainer *t) {
     int64_t n = t->opts.batch, size = t->data.size[DT_SPLIT_TRAIN];
     if (n > size) n = size;
     if (n <= 0) return DT_ERR(DT_EINVAL, "the training set is empty");
-    for (int64_t i = 0; i < n; i++) t->idx[i] = i;
+    for (int64_t i = 0; i < n; i++) {
+        t->idx[i] = i;
+        t->row_keys[i] = dt_dropout_row_key(t->model->dropout_seed, (uint64_t)t->step, (uint64_t)i);
+    }
     t->run.example = dt_trainer_batch(t, DT_SPLIT_TRAIN, n);
     return DT_OK;
 }
@@ -121,11 +124,22 @@ void dt_trainer_free(dt_trainer *t) {
     free(t);
 }
 
-/* Next full local batch; crosses epoch boundaries (the partial tail is dropped,
- * and every rank drops the same amount because shards are equal-sized). */
-static int64_t next_batch(dt_trainer *t, int64_t *idx) {
-    int64_t B = t->opts.batch, n = dt_sampler_next(&t->sampler, B, idx);
+/* Next full local batch into slot k; crosses epoch boundaries (the partial
+ * tail is dropped, and every rank drops the same amount because shards are
+ * equal-sized). Also the rows' dropout keys (train.h: row_keys): a full call
+ * leaves the sampler in the batch's epoch with its cursor just past it, so
+ * row i was local position cursor - B + i, global r + p * world. */
+static int64_t next_batch(dt_trainer *t, int k) {
+    const dt_sampler *sp = &t->sampler;
+    int64_t B = t->opts.batch, *idx = t->idx + k * B, n = dt_sampler_next(&t->sampler, B, idx);
     if (n < B) n = dt_sampler_next(&t->sampler, B, idx);
+    if (n < B) return n;
+    /* uneven: each rank samples its own files alone; its rank keeps the keys apart */
+    uint64_t base = (uint64_t)sp->epoch * (uint64_t)sp->n + (t->opts.uneven ? (uint64_t)t->strat.data_rank << 48 : 0);
+    for (int64_t i = 0; i < B; i++) {
+        int64_t g = sp->rank + (sp->cursor - B + i) * (int64_t)sp->world;
+        t->row_keys[k * B + i] = dt_dropout_row_key(t->model->dropout_seed, (uint64_t)t->step, base + (uint64_t)g);
+    }
     return n;
 }
 
@@ -136,7 +150,7 @@ static dt_status step_scheduled(dt_trainer *t, double *loss_sum) {
     if (!mb) return DT_ERR(DT_ENOMEM, "out of memory for %d micro-batch descriptors", K);
     dt_status s = DT_OK;
     for (int k = 0; k < K && s == DT_OK; k++) {   /* drawn in the order one process would draw them */
-        if (next_batch(t, t->idx + k * t->opts.batch) < t->opts.batch)
+        if (next_batch(t, k) < t->opts.batch)
             s = DT_ERR(DT_EINVAL, "dataset too small for batch %lld", (long long)t->opts.batch);
         else mb[k] = dt_trainer_batch_in(t, k, DT_SPLIT_TRAIN, t->opts.batch);
     }
@@ -157,7 +171,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     if (t->strat.forward_backward) DT_TRY(step_scheduled(t, &loss_sum));
     for (int k = 0; !t->strat.forward_backward && k < K; k++) {
         int last = k == K - 1;
-        if (next_batch(t, t->idx) < t->opts.batch)
+        if (next_batch(t, 0) < t->opts.batch)
             return DT_ERR(DT_EINVAL, "dataset too small for batch %lld", (long long)t->opts.batch);
         dt_batch b = dt_trainer_batch(t, DT_SPLIT_TRAIN, t->opts.batch);
         dt_graph_reset(t->graph);

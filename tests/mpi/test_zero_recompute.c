@@ -22,7 +22,7 @@ static dt_pg *world;
 enum { N_LAYERS = 6, N_SPANS = 3 };
 static const int cuts[N_SPANS + 1] = {0, 3, 5, 6};   /* spans of layers; the first two checkpointed */
 
-typedef struct span { dt_model *m; int first, end; } span;
+typedef struct span { dt_model *m; int first, end; const uint64_t *keys; } span;
 static span spans[N_SPANS];   /* a checkpoint keeps &spans[k] until backward */
 
 static dt_tensor *layers(dt_graph *g, dt_tensor *x, void *ctx) {
@@ -32,7 +32,7 @@ static dt_tensor *layers(dt_graph *g, dt_tensor *x, void *ctx) {
         dt_module *mod = m->modules[i];
         if (dt_module_enter(g, mod) != DT_OK) return NULL;
         x = dt_op_linear(g, x, &mod->params[0]->value, &mod->params[1]->value, DT_W_OUT_IN);
-        if (x && i + 1 < m->n_modules) x = dt_op_dropout(g, dt_op_relu(g, x), P_DROP, &m->dropout_rng);
+        if (x && i + 1 < m->n_modules) x = dt_op_dropout(g, dt_op_relu(g, x), P_DROP, s->keys, (uint64_t)i);
         if (dt_module_leave(g, mod) != DT_OK) return NULL;
     }
     return x;
@@ -41,9 +41,19 @@ static dt_tensor *layers(dt_graph *g, dt_tensor *x, void *ctx) {
 static dt_tensor *forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits, int ckpt) {
     const dt_tensor *img = dt_batch_input(b, "image", DT_F32, "test_zero_recompute");
     dt_tensor *x = img ? dt_graph_input(g, 2, (int64_t[]){b->B, m->cfg.mlp_in}, img->data, 0) : NULL;
+    /* dropout keys per row from the sample itself (its first pixel and its
+     * target; the batches are the same in every run compared), kept with
+     * the tape until backward's replay */
+    uint64_t *keys = x ? dt_graph_scratch(g, (size_t)b->B * sizeof *keys) : NULL;
+    for (int64_t r = 0; keys && r < b->B; r++) {
+        uint32_t bits;
+        memcpy(&bits, (const float *)img->data + r * m->cfg.mlp_in, sizeof bits);
+        keys[r] = dt_dropout_row_key(m->dropout_seed, (uint64_t)b->y[r], bits);
+    }
+    if (!keys) x = NULL;
     for (int k = 0; k < N_SPANS && x; k++) {
-        spans[k] = (span){m, cuts[k], cuts[k + 1]};
-        x = ckpt && k < N_SPANS - 1 ? dt_graph_checkpoint(g, layers, x, &spans[k], &m->dropout_rng)
+        spans[k] = (span){m, cuts[k], cuts[k + 1], keys};
+        x = ckpt && k < N_SPANS - 1 ? dt_graph_checkpoint(g, layers, x, &spans[k], NULL)
                                     : layers(g, x, &spans[k]);
     }
     if (!x) return NULL;

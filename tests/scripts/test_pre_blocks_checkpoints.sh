@@ -2,7 +2,11 @@
 # Checkpoints written before the models were rebuilt on blocks still resume,
 # and training continues as it did then. tests/data/pre_blocks/NAME.safetensors
 # were saved by main 884f0b3 after 3 steps of `dtrain train $(cat NAME.args)`;
-# NAME.continued.jsonl is what that main logged resuming them to step 5.
+# NAME.continued.jsonl is what that main logged resuming them to step 5 -
+# except gpt2's (trained with --dropout 0.1): since dropout masks are keyed by
+# (seed, step, sample) its steps 4-5 draw other masks than the saved generator
+# state (rng0 / rng1, now ignored) did, so that file is what the keyed
+# dropout logs; the checkpoint itself is unchanged and must still load.
 # Losses must match to 1e-4 relative (bitwise on the CPU they were made on;
 # other CPUs' BLAS kernels round differently).
 # usage: test_pre_blocks_checkpoints.sh DTRAIN_BINARY

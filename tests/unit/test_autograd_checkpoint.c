@@ -5,7 +5,8 @@
  * Checkpointing any set of blocks changes nothing observable: loss, every
  * parameter gradient, the input gradient, the rng state after the step and
  * the grad-ready order are bitwise those of the plain run (the replay runs
- * the same ops on the same values, dropout from the same rng state, and its
+ * the same ops on the same values, dropout keys drawn from the same rng
+ * state (dt_graph_checkpoint's generator contract), and its
  * backward accumulates in the plain order). The activation high-water drops. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -93,7 +94,12 @@ static dt_tensor *block(dt_graph *g, dt_tensor *x, void *vctx) {
     dt_tensor *h = dt_op_layernorm(g, x, &p[0]->value, &p[1]->value, 1e-5f);
     h = dt_op_linear(g, h, &p[2]->value, &p[3]->value, DT_W_OUT_IN);
     h = dt_op_gelu(g, h);
-    h = dt_op_dropout(g, h, n->p_drop, &n->rng);
+    /* a generator-driven random op: the rows' dropout keys come from one
+     * draw of n->rng, so the replay matches only if it restores the state */
+    uint64_t *keys = dt_graph_scratch(g, (size_t)n->n * sizeof *keys), draw = dt_rng_u32(&n->rng);
+    if (!keys) return NULL;
+    for (int64_t r = 0; r < n->n; r++) keys[r] = dt_dropout_row_key(draw, 0, (uint64_t)r);
+    h = dt_op_dropout(g, h, n->p_drop, keys, (uint64_t)c->b);
     dt_tensor *y = dt_op_add(g, x, h);
     if (dt_module_leave(g, &n->mod[c->b]) != DT_OK) return NULL;
     return y;

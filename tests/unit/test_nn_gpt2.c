@@ -165,7 +165,10 @@ static float *train_steps(const dt_model_cfg *c, int64_t B, int64_t T, int fused
     assert_int_equal(dt_batch_add_input(&b, "ids", DT_I32, 2, (int64_t[]){B, T}, in), DT_OK);
     dt_graph *g = dt_graph_create();
     if (mode == RUN_SPLIT) dt_graph_defer_weights(g, defer_all, NULL);
+    uint64_t *keys = malloc((size_t)B * sizeof *keys);
+    b.row_keys = keys;
     for (int s = 0; s < 4; s++) {
+        for (int64_t r = 0; r < B; r++) keys[r] = dt_dropout_row_key(m->dropout_seed, (uint64_t)s, (uint64_t)r);
         dt_graph_reset(g);
         dt_graph_set_training(g, 1);
         dt_tensor *loss = dt_model_forward(m, g, &b, NULL);
@@ -193,6 +196,7 @@ static float *train_steps(const dt_model_cfg *c, int64_t B, int64_t T, int fused
     dt_model_free(m);
     free(in);
     free(tg);
+    free(keys);
     return out;
 }
 

@@ -9,18 +9,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dtrain/nn.h"
+#include "dtrain/ops.h"
 #include "dtrain/optim.h"
 
 typedef struct run {
     float loss[4];
     float *params, *buffers;
     size_t n_params, n_buffers;
-    dt_rng rng;
     size_t arena;
 } run;
 
 /* 4 AdamW steps from seed 5 on a fixed batch; records losses, final
- * parameters and buffers, the dropout RNG and the arena high-water. */
+ * parameters and buffers and the arena high-water. Dropout keys: (model
+ * seed, step, row), as the trainer forms them. */
 static void train(const dt_model_cfg *c, const dt_batch *b, dt_recompute mode, run *out) {
     dt_model *m;
     assert_int_equal(dt_model_create(c, 5, &m), DT_OK);
@@ -30,9 +31,14 @@ static void train(const dt_model_cfg *c, const dt_batch *b, dt_recompute mode, r
     dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL, 0};
     assert_int_equal(dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel), DT_OK);
     dt_graph *g = dt_graph_create();
+    uint64_t keys[64];
+    assert_true(b->B <= 64);
     for (int s = 0; s < 4; s++) {
+        dt_batch bs = *b;
+        for (int64_t r = 0; r < b->B; r++) keys[r] = dt_dropout_row_key(m->dropout_seed, (uint64_t)s, (uint64_t)r);
+        bs.row_keys = keys;
         dt_graph_reset(g);
-        dt_tensor *loss = dt_model_forward(m, g, b, NULL);
+        dt_tensor *loss = dt_model_forward(m, g, &bs, NULL);
         assert_non_null(loss);
         out->loss[s] = dt_f32(loss)[0];
         assert_int_equal(dt_graph_backward(g, loss), DT_OK);
@@ -49,7 +55,6 @@ static void train(const dt_model_cfg *c, const dt_batch *b, dt_recompute mode, r
     out->buffers = malloc((out->n_buffers ? out->n_buffers : 1) * sizeof(float));
     for (int i = 0, at = 0; i < m->n_buffers; at += (int)m->buffers[i]->value.numel, i++)
         memcpy(out->buffers + at, m->buffers[i]->value.data, (size_t)m->buffers[i]->value.numel * sizeof(float));
-    out->rng = m->dropout_rng;
     out->arena = dt_graph_arena_bytes(g);
     dt_graph_free(g);
     dt_optimizer_free(&opt);
@@ -62,7 +67,6 @@ static void assert_same_run(const run *a, const run *b) {
     assert_memory_equal(a->params, b->params, a->n_params * sizeof(float));
     assert_int_equal(a->n_buffers, b->n_buffers);
     if (a->n_buffers) assert_memory_equal(a->buffers, b->buffers, a->n_buffers * sizeof(float));
-    assert_memory_equal(&a->rng, &b->rng, sizeof a->rng);
 }
 
 static void free_run(run *r) { free(r->params); free(r->buffers); }

@@ -1,5 +1,5 @@
 /* Checkpoints: round trip is bitwise; stop -> resume equals an uninterrupted
- * run bit for bit (params, optimizer state, data position, dropout RNG);
+ * run bit for bit (params, optimizer state, data position, dropout seed);
  * corrupt or mismatched checkpoints are rejected with a message. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,7 +30,7 @@ static void opts_gpt2(dt_train_opts *o) {
     dt_train_opts_default(o);
     o->model = dt_model_cfg_default(DT_MODEL_GPT2);
     o->model.n_layer = 1; o->model.n_embd = 16; o->model.n_head = 2; o->model.max_t = 16;
-    o->model.dropout = 0.1f;   /* exercises the RNG state in the checkpoint */
+    o->model.dropout = 0.1f;   /* masks keyed by (dropout seed, step, sample): resumed at the right step */
     o->data = DT_DATA_TEXT;
     o->data_path = text_path;
     o->batch = 4; o->seq = 16; o->steps = 8; o->quiet = 1;
