@@ -68,8 +68,8 @@ faulty() {
     else echo "FAIL $tag: metrics steps: $(echo "$logged" | head -c 300)"; fail=1; fi
 }
 
-faulty ddp --nproc "$np" --
-faulty zero2 --nproc "$np" --zero 2 --save-format consolidated -- --zero 2
+faulty ddp --nproc "$np" --batch 8 -- --batch 8
+faulty zero2 --nproc "$np" --zero 2 --save-format consolidated --batch 8 -- --zero 2 --batch 8
 if [ "$np" = 2 ]; then
     faulty pp --nproc 1 --batch 2 --accum 2 -- --pp 2 --microbatches 2 --batch 4
 else
@@ -77,7 +77,7 @@ else
 fi
 
 # no restarts left: the failure ends the job
-"$bin" "${base[@]}" --nproc "$np" --save-every 2 --max-restarts 1 --save "$tmp/last.ck" --metrics "$tmp/last.jsonl" \
+"$bin" "${base[@]}" --nproc "$np" --batch 8 --save-every 2 --max-restarts 1 --save "$tmp/last.ck" --metrics "$tmp/last.jsonl" \
     < /dev/null > "$tmp/last.out" 2> "$tmp/last.err" &
 job=$!
 for k in 1 2; do
