@@ -43,6 +43,7 @@
 #include <unistd.h>
 #include <oneapi/dnnl/dnnl.h>
 #include "dtrain/ops.h"
+#include "bench_workloads.h"
 
 #define ARCH_GET_XCOMP_PERM 0x1022
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -56,12 +57,6 @@
             exit(1);                                                                 \
         }                                                                            \
     } while (0)
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 typedef struct gcase {
     char name[32];
@@ -97,11 +92,15 @@ static void add_linear(const char *name, int64_t N, int64_t in, int64_t out, int
     add(b, 1, 0, in, out, N, 1, n, 1, 0);
 }
 
-static void workload(const char *w) {
-    int64_t B, T, C, L, H, V;
-    if (!strcmp(w, "W1")) { B = 8; T = 256; C = 384; L = 6; H = 6; V = 256; }
-    else if (!strcmp(w, "W2")) { B = 4; T = 64; C = 768; L = 12; H = 12; V = 50304; }
-    else { fprintf(stderr, "workload: W1 or W2\n"); exit(2); }
+/* the shapes as dtrain holds them (bench_workloads.h; W2's vocabulary is
+ * 50257, not padded) */
+static void workload(const char *name) {
+    bench_workload w;
+    if (bench_workload_get(name, &w) || w.cfg.kind != DT_MODEL_GPT2) {
+        fprintf(stderr, "workload: W1 or W2\n");
+        exit(2);
+    }
+    int64_t B = w.B, T = w.T, C = w.cfg.n_embd, L = w.cfg.n_layer, H = w.cfg.n_head, V = w.cfg.vocab;
     int64_t N = B * T, hs = C / H;
     add_linear("qkv", N, C, 3 * C, (int)L);
     add_linear("attn proj", N, C, C, (int)L);
@@ -294,14 +293,14 @@ int main(int argc, char **argv) {
             first = 0;
         }
         /* warm-up, which also gives the results compared */
-        double t0 = now();
+        double t0 = bench_now();
         blas_run(g, A, B, Cref);
-        double t1 = now() - t0;
+        double t1 = bench_now() - t0;
         mm_run(&f); mm_run(&h); mm_run(&hp);
         double e_b = rel_err(Cb, Cref, nc), e_p = rel_err(Cp, Cref, nc), e_d = rel_err(Cd, Cref, nc);
-        t0 = now();
+        t0 = bench_now();
         blas_run(g, A, B, Cref);
-        t1 = now() - t0;
+        t1 = bench_now() - t0;
         int inner = (int)ceil(0.010 / (t1 > 1e-7 ? t1 : 1e-7));   /* a sample >= ~10 ms */
         if (inner < 1) inner = 1;
         if (inner > 2000) inner = 2000;
@@ -309,7 +308,7 @@ int main(int argc, char **argv) {
         for (int r = 0; r < rounds; r++) {
             for (int k = 0; k < NV; k++) {
                 int vv = (k + r) % NV;   /* rotate the order every round */
-                double s = now();
+                double s = bench_now();
                 for (int it = 0; it < inner; it++) {
                     switch (vv) {
                     case V_BLAS: blas_run(g, A, B, Cref); break;
@@ -320,7 +319,7 @@ int main(int argc, char **argv) {
                     case V_CVTB: to_bf16(B, Bh, nb); break;
                     }
                 }
-                ts[vv * rounds + r] = (now() - s) / inner;
+                ts[vv * rounds + r] = (bench_now() - s) / inner;
             }
         }
         double best[NV], med[NV];
