@@ -169,6 +169,15 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         snprintf(err, (size_t)errlen, "--recompute: unknown mode '%s' (none, blocks)", f->recompute);
         return -1;
     }
+    if (f->precision) {
+        if (!strcmp(f->precision, "fp32")) o->precision = DT_PREC_FP32;
+        else if (!strcmp(f->precision, "bf16")) o->precision = DT_PREC_BF16;
+        else {
+            snprintf(err, (size_t)errlen, "--precision: '%s' is not one of fp32, bf16%s", f->precision,
+                     !strcmp(f->precision, "fp16") ? " (fp16 with loss scaling is not built yet)" : "");
+            return -1;
+        }
+    }
     o->freeze = f->freeze;
     if (param_groups(f, err, errlen)) return -1;
     if (f->nproc != INT_MIN && !f->hosts && !f->hostfile && !getenv("SLURM_JOB_ID") &&

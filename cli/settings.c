@@ -81,6 +81,7 @@ static const setting_flag k_flags[] = {
     {"train.seed", "--seed"},
     {"train.threads", "--threads"},
     {"train.keep_denormals", "--keep-denormals"},
+    {"train.precision", "--precision"},
     {"train.init", "--init"},
     {"train.save_every", "--save-every"},
     {"train.save_sync", "--save-sync"},

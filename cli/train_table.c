@@ -128,6 +128,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--clip", DT_ARG_FLOAT, &o->clip, "NORM", "clip the global gradient norm (default 0: off)", 0, 0},
         {"--seed", DT_ARG_U64, &o->seed, "S", "seed for init, shuffling, dropout (default 1)", 0, 0},
         {"--threads", DT_ARG_INT, &o->threads, "N", "OpenMP/OpenBLAS threads per rank (default: cores / ranks)", 0, 0},
+        {"--precision", DT_ARG_STR, &f->precision, "P", "fp32 (default) or bf16: matrix products take bf16-rounded inputs with fp32 accumulation where that is faster (oneDNN on AMX; the start-up line says which runs); weights, LayerNorm, softmax, the loss and the optimizer stay fp32", 0, 0},
         {"--keep-denormals", DT_ARG_FLAG, &o->keep_denormals, NULL,
          "IEEE denormals (default: flush to zero; denormal arithmetic is many times slower)", 0, 0},
         {"--init", DT_ARG_STR, &o->init, "FILE|DIR", "start from parameters in a safetensors file or checkpoint set (e.g. HF GPT-2); "

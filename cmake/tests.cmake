@@ -371,3 +371,9 @@ set_tests_properties(test_plot_cli PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 30
 add_test(NAME test_process_name
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_process_name.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_process_name PROPERTIES LABELS unit TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# --precision bf16: matrix products of bf16-rounded inputs (fp32 accumulation):
+# close to fp32, deterministic, DDP == ZeRO-2, checkpoints across precisions.
+add_test(NAME test_precision
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_precision.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_precision PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300 SKIP_RETURN_CODE 77)

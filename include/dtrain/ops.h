@@ -89,6 +89,22 @@ void dt_gemm_describe(char *buf, size_t n);
 void dt_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* ---- the precision of the matrix products (--precision) ----
+ * DT_PREC_BF16: dt_sgemm rounds its two inputs to bfloat16 and multiplies
+ * them with float32 accumulation and output (oneDNN's matmul); everything
+ * else stays float32 (the weights' masters, LayerNorm, softmax, the loss, the
+ * optimizer). It computes in bf16 only where that is faster: oneDNN on AMX
+ * (measured 1.9-6x fp32 on W1/W2's linear GEMMs, conversions included);
+ * elsewhere (bf16 without AMX ran at ~0.7x fp32) the products stay fp32.
+ * DTRAIN_BF16=force computes bf16 wherever oneDNN can (AVX-512), for tests.
+ * Process-wide, set before training; every rank of a job must set the same. */
+typedef enum dt_precision { DT_PREC_FP32 = 0, DT_PREC_BF16 = 1 } dt_precision;
+dt_status dt_gemm_set_precision(dt_precision p);
+dt_precision dt_gemm_precision(void);
+int dt_gemm_bf16_active(void);               /* bf16 set and computed in bf16 here */
+const char *dt_gemm_precision_describe(void);   /* the start-up line's words */
+float dt_bf16_round(float f);                /* f rounded to bfloat16 (nearest even), as float */
+
 /* Weight layout of a linear layer. */
 typedef enum dt_wlayout {
     DT_W_OUT_IN = 0,  /* w[out, in]  (torch.nn.Linear; also a tied lm-head over wte[V, C]) */

@@ -40,6 +40,8 @@ typedef struct dt_train_opts {
     uint64_t seed;
     int threads;                   /* 0 = leave OpenMP default */
     int keep_denormals;            /* 0 (default): flush denormals to zero (dt_cpu_set_flush_denormal) */
+    int precision;                 /* dt_precision of the matrix products (ops.h): DT_PREC_FP32 (default)
+                                      or DT_PREC_BF16 (bf16 inputs, fp32 accumulation, where faster) */
     const char *init;              /* safetensors with parameters to start from */
     const char *save;              /* checkpoint path written at the end (and every save_every) */
     int64_t save_every;

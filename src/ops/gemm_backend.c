@@ -144,12 +144,17 @@ static void hold_in_workers(void) {
     atomic_store(&g_workers_held, n);
 }
 
-int dt_ops_sgemm_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    sigset_t set, old;
+void dt_ops_hold_signals(sigset_t *old) {
+    sigset_t set;
     async_signals(&set);
     hold_in_workers();
-    pthread_sigmask(SIG_BLOCK, &set, &old);
+    pthread_sigmask(SIG_BLOCK, &set, old);
+}
+
+int dt_ops_sgemm_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    sigset_t old;
+    dt_ops_hold_signals(&old);
     dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return st == dnnl_success;

@@ -48,6 +48,8 @@ void dt_ops_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
+    if (dt_ops_sgemm_bf16_applies(M, N, K) && dt_ops_sgemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return;
     if (dt_ops_sgemm_small_m_applies(ta, tb, M, N, K, alpha, beta) &&
         dt_ops_sgemm_small_m(M, N, K, A, lda, B, ldb, beta, C, ldc))
         return;

@@ -11,6 +11,7 @@
 #define DT_OPS_INTERNAL_H
 
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include "dtrain/ops.h"
@@ -45,6 +46,17 @@ void dt_ops_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
  * refused them. */
 int dt_ops_sgemm_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                         const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* gemm_backend.c: hold asynchronous signals back from the calling thread (old:
+ * the mask to restore with pthread_sigmask) and, once, from the OpenMP
+ * workers: oneDNN's kernels run with rsp in a heap workspace. */
+void dt_ops_hold_signals(sigset_t *old);
+/* gemm_bf16.c: C = alpha * op(A)·op(B) + beta * C with A and B rounded to
+ * bf16, fp32 accumulation (oneDNN matmul); 0 when oneDNN cannot (C then
+ * untouched). _applies: the precision is bf16, bf16 runs here (AMX, or
+ * DTRAIN_BF16=force) and the product is large enough to gain. */
+int dt_ops_sgemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+int dt_ops_sgemm_bf16_applies(int64_t M, int64_t N, int64_t K);
 /* gemm_small_m.c: A · Bᵀ on at most 64 rows with K >= 2048 computed as
  * (B · Aᵀ)ᵀ, faster there with OpenBLAS's AVX-512 kernels (bitwise the same)
  * and with oneDNN (measurements in the file). _shape and _kernels are the two halves

@@ -78,6 +78,9 @@ static void describe_run(const dt_trainer *t, dt_agree *a) {
     dt_agree_add(a, "train.clip", "%.9g", o->clip);
     dt_agree_add(a, "train.seed", "%llu", (unsigned long long)o->seed);
     dt_agree_add(a, "train.keep_denormals", "%d", o->keep_denormals != 0);
+    /* what runs, not only what was asked: a rank on a CPU without AMX would compute fp32 */
+    dt_agree_add(a, "train.precision", "%s", dt_gemm_bf16_active() ? "bf16" : o->precision == DT_PREC_BF16
+                                                  ? "bf16 asked, fp32 computed" : "fp32");
     dt_agree_add(a, "train.init", "%s", o->init ? o->init : "(none)");
     dt_agree_add(a, "train.resume", "%s", o->resume ? o->resume : "(none)");
     dt_agree_add(a, "train.save", "%s", o->save ? o->save : "(none)");

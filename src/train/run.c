@@ -123,7 +123,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
     if (lead) {
         char desc[192];
         dt_gemm_describe(desc, sizeof desc);
-        dt_log(DT_LOG_INFO, "dtrain: GEMM: %s\n", desc);
+        dt_log(DT_LOG_INFO, "dtrain: GEMM: %s; %s\n", desc, dt_gemm_precision_describe());
         if (dt_gemm_backend_in_use() == DT_GEMM_OPENBLAS) dt_blas_warn_fallback();
     }
     dt_stop_sync *stop = calloc(1, sizeof *stop);   /* heap: see dt_stop_sync_abandon */

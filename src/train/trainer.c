@@ -37,6 +37,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     }
     if (o->threads > 0) omp_set_num_threads(o->threads);
     dt_status s = dt_cpu_set_flush_denormal(!o->keep_denormals);
+    if (s == DT_OK) s = dt_gemm_set_precision((dt_precision)o->precision);
     if (s == DT_OK) s = dt_trainer_check_unfreeze(t);
     if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
     if (s == DT_OK) s = dt_trainer_load_data(t);

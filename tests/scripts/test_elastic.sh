@@ -8,8 +8,9 @@
 #    restarts on the 2 ranks left with --accum 2 (the global batch kept) and
 #    finishes; every loss after the restart equals (1e-6 relative) a run that
 #    resumed the same checkpoint at 2 ranks --accum 2 by hand.
-#  - a pipeline, pp 2 x dp 2 -> pp 2 x dp 1 with twice the micro-batches,
-#    compared the same way.
+#  - ZeRO-2 (its sharded set resharded from 4 ranks to 2) and a pipeline,
+#    pp 2 x dp 2 -> pp 2 x dp 1 with twice the micro-batches, compared the
+#    same way.
 #  - spare hosts: --hosts with 3 machines for 4 ranks, one lost: the job
 #    continues at 4 ranks on the two left, its losses those of the
 #    uninterrupted run.
@@ -132,6 +133,7 @@ elastic() {
 }
 
 elastic ddp dte0:2,dte1:2 dte1 2 2 --nproc 2 --batch 2 --accum 2 -- --batch 2
+elastic zero2 dte0:2,dte1:2 dte1 2 2 --nproc 2 --batch 2 --accum 2 --zero 2 -- --batch 2 --zero 2
 elastic pp dte0:2,dte1:2 dte1 2 2 --nproc 2 --pp 2 --batch 8 --microbatches 4 -- --pp 2 --batch 4 --microbatches 2
 # spares: 4 ranks continue on the two machines left, as if nothing happened
 elastic spare dte0:2,dte1:2,dte2:2 dte1 - 4 --nproc 4 --batch 2 -- --batch 2
