@@ -26,7 +26,7 @@ for ((i = 0; i < 1200; i++)); do   # until A has saved (at most 120 s: start-up 
 done
 holder=""
 for p in $(pgrep -P "$(pgrep -P "$a")"); do   # A's rank 0: it holds the lock
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0" && holder=$p
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -cx "OMPI_COMM_WORLD_RANK=0" > /dev/null && holder=$p
 done
 if [ ! -s "$dir/index.json" ] || [ -z "$holder" ]; then
     echo "FAIL job A never saved or has no rank 0:"; tail -5 "$tmp/a.out"; exit 1

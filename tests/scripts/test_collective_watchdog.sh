@@ -20,7 +20,7 @@ args=(train --model mlp --hidden 32 --batch 8 --steps 100000000 --threads 1 --lo
 rank_pid() {
     for _ in $(seq 100); do
         for p in $(pgrep -P "$2"); do
-            if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then echo "$p"; return; fi
+            if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -cx "OMPI_COMM_WORLD_RANK=$1" > /dev/null; then echo "$p"; return; fi
         done
         sleep 0.2
     done

@@ -97,5 +97,5 @@ out=$("$bin" inspect "$tmp/truncset" 2>&1); rc=$?
 # usage
 out=$("$bin" inspect 2>&1); rc=$?
 [ $rc -eq 2 ] && ok "no argument: exit 2: $out" || bad "no argument: exit $rc: $out"
-"$bin" inspect --help | grep -q "usage: dtrain inspect FILE|DIR" || bad "inspect --help"
+"$bin" inspect --help | grep -c "usage: dtrain inspect FILE|DIR" > /dev/null || bad "inspect --help"
 exit $fail

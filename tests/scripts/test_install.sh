@@ -31,7 +31,7 @@ if cc -std=c11 $(pkg-config --cflags dtrain) "$src/examples/resmlp.c" -o "$tmp/r
       $(pkg-config --libs dtrain) -Wl,-rpath,"$pfx/lib" 2> "$tmp/pc.err" &&
    cc -std=c11 $(pkg-config --cflags dtrain) "$src/examples/resmlp.c" -o "$tmp/resmlp_static" "$pfx/lib/libdtrain.a" \
       $(pkg-config --static --libs dtrain | sed 's/-ldtrain\b//') 2>> "$tmp/pc.err"; then
-    ldd "$tmp/resmlp_pc" | grep -q "$pfx/lib/libdtrain.so" && ! ldd "$tmp/resmlp_static" | grep -q libdtrain.so \
+    ldd "$tmp/resmlp_pc" | grep -c "$pfx/lib/libdtrain.so" > /dev/null && ! ldd "$tmp/resmlp_static" | grep -c libdtrain.so > /dev/null \
         && echo "ok   pkg-config: built against the installed shared and static library" \
         || { echo "FAIL: pkg-config builds link the wrong library:"; ldd "$tmp/resmlp_pc" | grep dtrain; fail=1; }
 else
@@ -53,7 +53,7 @@ if cmake -S "$tmp/proj" -B "$tmp/proj/build" -DCMAKE_PREFIX_PATH="$pfx" -DCMAKE_
     echo "ok   find_package(dtrain): built dtrain::dtrain's consumer"
     # trains at 2 ranks, against the installed library (its rpath)
     if "$src/tests/scripts/test_example_resmlp.sh" "${mpi[@]}" -n 2 "$tmp/proj/build/resmlp" --steps 40 > "$tmp/run.out" 2>&1 &&
-       ldd "$tmp/proj/build/resmlp" | grep -q "$pfx/lib/libdtrain.so"; then
+       ldd "$tmp/proj/build/resmlp" | grep -c "$pfx/lib/libdtrain.so" > /dev/null; then
         echo "ok   the find_package build trains at 2 ranks: $(tail -1 "$tmp/run.out")"
     else
         echo "FAIL: the installed example at 2 ranks:"; tail -5 "$tmp/run.out"; fail=1
@@ -76,6 +76,6 @@ if cc -std=c11 $(pkg-config --cflags dtrain) "$tmp/v.c" -o "$tmp/v" $(pkg-config
 else
     echo "FAIL: versions disagree: '${v:-}' vs $soname / $(pkg-config --modversion dtrain)"; fail=1
 fi
-if "$pfx/bin/dtrain" train --help 2>&1 | grep -q -- "--hosts"; then echo "ok   installed CLI runs"
+if "$pfx/bin/dtrain" train --help 2>&1 | grep -c -- "--hosts" > /dev/null; then echo "ok   installed CLI runs"
 else echo "FAIL: installed bin/dtrain"; fail=1; fi
 exit $fail

@@ -97,7 +97,7 @@ job=$!
 for _ in $(seq 300); do grep -q "^step " "$tmp/wd.out" 2>/dev/null && break; sleep 0.2; done
 victim=""
 for p in $(pgrep -f "dtrain.*--stall-warn 2"); do
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=3" && victim=$p
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -cx "OMPI_COMM_WORLD_RANK=3" > /dev/null && victim=$p
 done
 if [ -z "$victim" ]; then
     echo "FAIL watchdog: rank 3 not found"; fail=1

@@ -40,6 +40,6 @@ for ((r = 0; r < np; r++)); do
 done
 [ -s "$tmp/ck/index.json" ] || { echo "FAIL no sharded checkpoint index"; fail=1; }
 [ "$(grep -c '"step"' "$tmp/m.jsonl")" -eq 3 ] || { echo "FAIL metrics: want 2 step lines + 1 eval line"; fail=1; }
-if find "$tmp" -name '.dtrain-probe*' | grep -q .; then echo "FAIL probe files left behind"; fail=1; fi
+if find "$tmp" -name '.dtrain-probe*' | grep -c . > /dev/null; then echo "FAIL probe files left behind"; fail=1; fi
 [ $fail -eq 0 ] && echo "ok   writable outputs: $np traces, sharded set, metrics"
 exit $fail

@@ -29,7 +29,7 @@ start() {
     (exec -a "$2" "$1" train --model mlp --steps 1000000 --batch 8 --threads 1 --quiet > /dev/null 2>&1) &
     pid=$!
     for _ in $(seq 1 1000); do   # up to 10 s; normally a few ms
-        tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -q '^DTRAIN_BLAS_REEXEC=' && return 0
+        tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -c '^DTRAIN_BLAS_REEXEC=' > /dev/null && return 0
         sleep 0.01
     done
     return 1
@@ -52,7 +52,7 @@ if start "$bin" "$bin"; then
     comm=$(comm_of dtrain)
     argv0=$(tr '\0' '\n' < "/proc/$pid/cmdline" | head -1)
     [ "$comm" = dtrain ] && ok "comm after the re-exec: $comm" || bad "comm after the re-exec: '$comm' (want dtrain)"
-    pgrep -x dtrain | grep -qx "$pid" && ok "pgrep -x dtrain finds pid $pid" || bad "pgrep -x dtrain: $(pgrep -x dtrain | tr '\n' ' ')"
+    pgrep -x dtrain | grep -cx "$pid" > /dev/null && ok "pgrep -x dtrain finds pid $pid" || bad "pgrep -x dtrain: $(pgrep -x dtrain | tr '\n' ' ')"
     [ "$argv0" = "$bin" ] && ok "argv[0] kept: $argv0" || bad "argv[0]: '$argv0' (want $bin)"
 else
     bad "dtrain never re-executed (no DTRAIN_BLAS_REEXEC in its environment)"

@@ -45,7 +45,7 @@ faulty() {
         done
         local victims=() p
         for p in $(pgrep -f -- "--save $tmp/$tag.ck"); do
-            tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=' && victims+=("$p")
+            tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=' > /dev/null && victims+=("$p")
         done
         [ ${#victims[@]} -eq 0 ] && continue
         local v=${victims[$((RANDOM % ${#victims[@]}))]}
@@ -83,7 +83,7 @@ job=$!
 for k in 1 2; do
     while kill -0 $job 2>/dev/null; do s=$(last_step "$tmp/last.jsonl"); [ -n "$s" ] && [ "$s" -ge $((k * 10)) ] && break; sleep 0.02; done
     for p in $(pgrep -f -- "--save $tmp/last.ck"); do
-        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$' && kill -9 "$p"
+        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$' > /dev/null && kill -9 "$p"
     done
     while [ $k = 1 ] && kill -0 $job 2>/dev/null && ! grep -q 'restart 1 of 1' "$tmp/last.err"; do sleep 0.05; done
 done

@@ -40,7 +40,7 @@ case_() {
     elif [ -z "$bad" ]; then   # one rank: the mpiexec descendant with OMPI_COMM_WORLD_RANK=R
         local r=${target#rank:} p rpid=""
         for p in $(pgrep -P "$pid"); do
-            tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$r" && rpid=$p
+            tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -cx "OMPI_COMM_WORLD_RANK=$r" > /dev/null && rpid=$p
         done
         if [ -n "$rpid" ]; then kill -TERM "$rpid"; else bad="no rank $r process"; fi
     fi
