@@ -3,6 +3,8 @@
  *    afterwards does not change the file, which is byte for byte the file a
  *    direct write of the same entries makes;
  *  - the streaming writer likewise (appends in pieces, commit queues);
+ *  - a copy large enough to run on several OpenMP threads, whose chunk
+ *    boundaries fall inside tensors, gives the same bytes;
  *  - a sharded set's index waits for every rank's shard file and then
  *    commits the set (the set loads); cancelled while a shard is missing,
  *    nothing is committed and the wait reports it;
@@ -20,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <omp.h>
 #include "dtrain/io.h"
 
 static char root[64];
@@ -132,6 +135,42 @@ static void test_streaming(void **state) {
     dt_bg_writer_free(wr);
 }
 
+/* above the parallel-copy threshold (4 MiB), 3 threads: each thread's byte
+ * range starts and ends inside a tensor */
+static void test_large_copy_on_threads(void **state) {
+    (void)state;
+    int keep = omp_get_max_threads();
+    omp_set_num_threads(3);
+    const int64_t na = 1000003, nb = 7, nc = 600001;
+    float *a = malloc(sizeof(float) * (size_t)(na + nb + nc)), *b = a + na, *c = b + nb;
+    assert_non_null(a);
+    for (int64_t i = 0; i < na + nb + nc; i++) a[i] = (float)(i % 9973) * 0.25f - 17.0f;
+    dt_st_entry e[3] = {{"a", DT_F32, 1, {na}, a}, {"b", DT_F32, 1, {nb}, b}, {"c", DT_F32, 1, {nc}, c}};
+    char direct[128], bg[128], sbg[128];
+    snprintf(direct, sizeof direct, "%s/ldirect.safetensors", root);
+    snprintf(bg, sizeof bg, "%s/lbg.safetensors", root);
+    snprintf(sbg, sizeof sbg, "%s/lsbg.safetensors", root);
+    assert_int_equal(dt_safetensors_write(direct, e, 3, NULL, 0), DT_OK);
+    dt_bg_writer *wr;
+    assert_int_equal(dt_bg_writer_create(&wr), DT_OK);
+    dt_bg_writer_capture(wr);
+    assert_int_equal(dt_safetensors_write(bg, e, 3, NULL, 0), DT_OK);
+    /* the streaming writer: one append of everything */
+    dt_st_entry se[3] = {{"a", DT_F32, 1, {na}, NULL}, {"b", DT_F32, 1, {nb}, NULL}, {"c", DT_F32, 1, {nc}, NULL}};
+    dt_st_writer *sw;
+    assert_int_equal(dt_st_writer_open(&sw, sbg, se, 3, NULL, 0), DT_OK);
+    assert_int_equal(dt_st_writer_append(sw, a, sizeof(float) * (size_t)(na + nb + nc)), DT_OK);
+    assert_int_equal(dt_st_writer_commit(sw), DT_OK);
+    dt_bg_writer_capture(NULL);
+    memset(a, 0, sizeof(float) * (size_t)(na + nb + nc));   /* the copies are the jobs' */
+    assert_int_equal(dt_bg_writer_wait(wr, 1), DT_OK);
+    assert_same_file(direct, bg);
+    assert_same_file(direct, sbg);
+    dt_bg_writer_free(wr);
+    free(a);
+    omp_set_num_threads(keep);
+}
+
 static void test_index_waits_for_shards(void **state) {
     (void)state;
     char dir[128];
@@ -204,6 +243,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy_then_write),
         cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_large_copy_on_threads),
         cmocka_unit_test(test_index_waits_for_shards),
         cmocka_unit_test(test_failure_reported),
     };
