@@ -1,13 +1,13 @@
 /* bench_tp: tensor parallelism against data parallelism on the same ranks
  * and the same global batch.
  *
- *   mpiexec -n 2 bench_tp [W2|W1|W2S] [steps]      (bench/tp.sh runs it)
+ *   mpiexec -n 2 bench_tp [W2|W1|W2S] [steps] [dp|tp|both]   (bench/tp.sh runs it)
  *
  * Modes: dp (DDP over every rank, B sequences per rank) and tp (--tp = the
  * world, one replica of B x world sequences), each for `steps` timed steps
  * after one warm-up, AdamW with clipping as the trainer steps. Per mode:
  * ms/step (median), parameter / gradient / optimizer-state MiB per rank,
- * peak RSS, and the bytes each rank hands to all-reduces per step: tp
+ * peak RSS (of the process: run one mode per process to compare it), and the bytes each rank hands to all-reduces per step: tp
  * counts its group's (the comm callback's counter, dt_tp_stats; forward
  * and backward), DDP's payload is the whole gradient (uncompressed).
  * W2S: W2's body (L=12 C=768 H=12) with a byte vocabulary (V=256), so the
@@ -113,10 +113,13 @@ int main(int argc, char **argv) {
     dt_pg_world(&world);
     const char *wl = argc > 1 ? argv[1] : "W2S";
     int steps = argc > 2 ? atoi(argv[2]) : 3;
+    const char *mode = argc > 3 ? argv[3] : "both";
+    int do_dp = strcmp(mode, "tp") != 0, do_tp = strcmp(mode, "dp") != 0;
     bench_workload w;
     int small = !strcmp(wl, "W2S");
-    if (bench_workload_get(small ? "W2" : wl, &w) || w.cfg.kind != DT_MODEL_GPT2 || steps < 1) {
-        fprintf(stderr, "usage: bench_tp [W1|W2|W2S] [steps >= 1]\n");
+    if (bench_workload_get(small ? "W2" : wl, &w) || w.cfg.kind != DT_MODEL_GPT2 || steps < 1 ||
+        (strcmp(mode, "dp") && strcmp(mode, "tp") && strcmp(mode, "both"))) {
+        fprintf(stderr, "usage: bench_tp [W1|W2|W2S] [steps >= 1] [dp|tp|both]\n");
         return 2;
     }
     if (small) w.cfg.vocab = 256;
@@ -125,8 +128,8 @@ int main(int argc, char **argv) {
         printf("bench_tp %s: L=%d C=%d H=%d V=%d, %d ranks, 1 warm-up + %d timed steps, same global batch\n", wl,
                w.cfg.n_layer, w.cfg.n_embd, w.cfg.n_head, w.cfg.vocab, dt_pg_size(world), steps);
     }
-    int rc = run_mode(world, &w, 0, steps);
-    if (!rc) rc = run_mode(world, &w, 1, steps);
+    int rc = do_dp ? run_mode(world, &w, 0, steps) : 0;
+    if (!rc && do_tp) rc = run_mode(world, &w, 1, steps);
     dt_pg_free(world);
     dt_dist_finalize();
     return rc;
