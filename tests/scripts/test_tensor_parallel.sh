@@ -3,6 +3,7 @@
 #   --tp 2 on 2 ranks            ==  one process
 #   --tp 2 x 2 replicas (np 4)   ==  DDP on 2 ranks (--nproc 2)
 #   --tp 4 (np 4)                ==  one process
+# (and with --recompute blocks, --accum 2, --dropout 0.1 together at np 2)
 # with --clip (the global norm counts a split parameter's parts once and a
 # replicated one once) under AdamW and SGD (SGD shows a wrong clip scale,
 # AdamW mostly normalises it away). Equal within 1e-6 relative on every
@@ -70,6 +71,10 @@ run single_sgd --optim sgd --lr 0.5
 if [ "$np" -eq 2 ]; then
     run tp2 --tp 2 --nproc 2 --quiet && near single tp2
     run tp2_sgd --tp 2 --nproc 2 --optim sgd --lr 0.5 && near single_sgd tp2_sgd
+    # recompute replays tp_reduce in backward; accumulation; dropout masks on whole tensors
+    mix=(--recompute blocks --accum 2 --dropout 0.1)
+    run single_mix "${mix[@]}" --quiet && run tp2_mix "${mix[@]}" --tp 2 --nproc 2 --quiet && near single_mix tp2_mix
+    refused sample "sampling runs on one rank" --tp 2 --nproc 2 --sample-every 2
     if grep -c 'mesh: dp 1 x tp 2' "$tmp/tp2_sgd.out" > /dev/null; then echo "ok   mesh line"
     else echo "FAIL no 'mesh: dp 1 x tp 2' line, got:"; cat "$tmp/tp2_sgd.out"; fail=1; fi
     # checkpoints across layouts: saved at step 2, continued to 4
