@@ -69,10 +69,15 @@ static dt_status s_after_backward(void *self, dt_run *r, int last) {
     return has_inner(s) ? s->inner.after_backward(s->inner.self, r, last) : DT_OK;
 }
 
-/* Sums over the replicas: the ranks of a TP group hold the same values. */
+/* Sums over the replicas, each counted once: the ranks of a TP group hold
+ * the same values (losses, evaluation counts), so only TP rank 0's enter the
+ * sum; the sum runs over the world, so every rank learns it (a checkpoint
+ * write that failed on rank 0 is seen by all). */
 static dt_status s_allreduce_sum(void *self, double *x, int n) {
     dt_tp *s = self;
-    return s->dp_pg ? dt_par_allreduce_sum(s->dp_pg, x, n) : DT_OK;
+    if (s->rank % s->T)
+        for (int i = 0; i < n; i++) x[i] = 0;
+    return dt_par_allreduce_sum(s->world, x, n);
 }
 
 static dt_status s_grad_sumsq(void *self, dt_run *r, double *ss) { return dt_tp_grad_sumsq(self, r->model, ss); }
