@@ -15,6 +15,7 @@ typedef struct dt_cli_dist {
     dt_progress_mode progress;
     int pipelined;                  /* any pipeline flag given: the pipeline strategy (also at --pp 1) */
     dt_pipe_opts pipe;
+    dt_tp_opts tp;                  /* .size > 1: tensor parallelism (.ddp: a copy of ddp) */
     float stall_warn;               /* seconds; 0: off */
     float collective_timeout;       /* seconds; 0: off */
     int debug_collectives;

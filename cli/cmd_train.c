@@ -96,6 +96,29 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
     return 0;
 }
 
+/* --tp T: what tensor parallelism does not combine with yet is refused here,
+ * before anything starts; the world size is checked again by the strategy. */
+static int tp_flags(cli_flags *f, char *err, int errlen) {
+    int T = f->dist.tp.size;
+    if (T < 1) { snprintf(err, (size_t)errlen, "--tp must be >= 1 (got %d)", T); return -1; }
+    if (T == 1) return 0;
+    const char *bad = f->dist.pipelined ? "--pp (a pipeline of tensor-parallel stages is not built yet)"
+                    : f->dist.zero_stage ? "--zero (sharding across tensor-parallel replicas is not built yet; DDP runs across them)"
+                    : f->o.uneven ? "--uneven" : NULL;
+    if (bad) { snprintf(err, (size_t)errlen, "--tp %d does not combine with %s", T, bad); return -1; }
+    if (f->o.model.kind != DT_MODEL_GPT2) {
+        snprintf(err, (size_t)errlen, "--tp %d: tensor parallelism is built for --model gpt2 only (got %s)", T,
+                 dt_model_kind_name(f->o.model.kind));
+        return -1;
+    }
+    if (f->nproc != INT_MIN && f->nproc % T) {
+        snprintf(err, (size_t)errlen, "--tp %d does not divide --nproc %d (ranks = data-parallel replicas x --tp)", T, f->nproc);
+        return -1;
+    }
+    f->dist.tp.ddp = f->dist.ddp;   /* DDP across the replicas */
+    return 0;
+}
+
 /* --bucket-mb / --first-bucket-mb: not given (NaN), or MB in [1 float, 64 GiB] */
 #define MAX_BUCKET_MB 65536.0
 static int bucket_flag(const char *flag, float mb, char *err, int errlen) {
@@ -221,6 +244,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         return -1;
     }
     if (pipe_flags(f, err, errlen)) return -1;
+    if (tp_flags(f, err, errlen)) return -1;
     if (f->progress) {
         if (name_flag("--progress", f->progress, CLI_NAMES(k_progress), &v, err, errlen)) return -1;
         f->dist.progress = (dt_progress_mode)v;
@@ -241,6 +265,7 @@ int dt_cli_train_flags(cli_flags *f, int argc, char **argv, char *err, int errle
     f->dist.stall_warn = 60.0f;
     dt_pipe_opts_default(&f->dist.pipe);
     f->dist.pipe.virtual_stages = 0;   /* 0: not given (default by schedule) */
+    f->dist.tp.size = 1;
     if (dt_cli_train_table(f, err, errlen)) return -1;
     int r = dt_args_parse(f->table, f->n_table, argc, argv, 2, f->given, err, errlen);
     if (r) return r;

@@ -5,7 +5,8 @@
 int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
     int piped = dist->pipelined;
     /* ZeRO and pipelines need MPI even at one rank */
-    int under_mpi = dt_cli_under_mpi() || dist->zero_stage > 0 || piped;
+    int tp = dist->tp.size > 1;
+    int under_mpi = dt_cli_under_mpi() || dist->zero_stage > 0 || piped || tp;
     dt_pg *world = NULL;
     dt_strategy strat, *sp = NULL;
     int rank = 0, size = 1;
@@ -26,6 +27,9 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
             size = dt_pg_size(world);
             if (piped) {
                 s = dt_pipe_strategy(world, &dist->pipe, &strat);
+                sp = s == DT_OK ? &strat : NULL;
+            } else if (tp) {   /* DDP across its replicas */
+                s = dt_tp_strategy(world, &dist->tp, &strat);
                 sp = s == DT_OK ? &strat : NULL;
             } else if (dist->zero_stage > 0) {   /* also at one rank: same code path, sharding of 1 */
                 s = dt_zero_strategy(world, &dist->zero, dist->save_format, &strat);

@@ -52,6 +52,7 @@ static const setting_flag k_flags[] = {
     {"pipe.max_outstanding", "--max-outstanding"},
     {"pipe.split", "--pp-split"},
     {"pipe.zero_stage", "--zero (per stage)"},
+    {"tp.size", "--tp"},
     /* the process group layer (dist.h dt_dist_opts) */
     {"dist.progress", "--progress"},
     {"dist.collective_timeout_s", "--collective-timeout"},

@@ -178,6 +178,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--node-params", DT_ARG_FLAG, &f->dist.zero.node_params, NULL, "ZeRO: parameters once per machine in memory its ranks share; shards gathered into each machine once per step (stage 3 keeps them whole, as stage 2)", 0, 0},
         {"--zero-prefetch", DT_ARG_INT, &f->zero_prefetch, "N", "ZeRO-3: modules whose parameters are gathered ahead (default 2; 0 = none)", 0, 0},
         {"--pp", DT_ARG_INT, &f->dist.pipe.stages, "P", "pipeline stages: the model's blocks cut into P stages on P ranks (--nproc = P x data-parallel replicas; default 1)", 0, 0},
+        {"--tp", DT_ARG_INT, &f->dist.tp.size, "T", "tensor parallelism (gpt2 only): attention split by heads and the MLP by columns over T consecutive ranks (--nproc = T x data-parallel replicas; heads and 4 x --embd divisible by T); embeddings, LayerNorms and the lm-head stay whole on every rank (vocabulary parallelism is not built yet); not with --pp, --zero or --uneven (default 1)", 0, 0},
         {"--microbatches", DT_ARG_INT, &f->microbatches, "M", "pipeline: --batch splits into M micro-batches streamed through the stages (default P)", 0, 0},
         {"--schedule", DT_ARG_STR, &f->schedule, "KIND", "pipeline schedule: gpipe | 1f1b | interleaved | zb-h1 (default 1f1b)", 0, 0},
         {"--virtual-stages", DT_ARG_INT, &f->dist.pipe.virtual_stages, "V", "interleaved: model chunks per rank (default 2)", 0, 0},

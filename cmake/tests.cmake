@@ -124,6 +124,13 @@ foreach(np 2 4)
                    $<TARGET_FILE:ckpt_cmp> ${np})
   set_tests_properties(test_pipeline_bitwise_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()
+# Tensor parallelism (--tp) equals one process and DDP within 1e-6; whole-
+# tensor checkpoints across layouts; refusals (launches dtrain --nproc itself).
+foreach(np 2 4)
+  add_test(NAME test_tensor_parallel_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tensor_parallel.sh $<TARGET_FILE:dtrain_cli> ${np})
+  set_tests_properties(test_tensor_parallel_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 300)
+endforeach()
 foreach(np 2 4)
   add_test(NAME test_pipeline_errors_np${np}
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_errors.sh $<TARGET_FILE:dtrain_cli> ${np})

@@ -55,8 +55,17 @@ typedef dt_status (*dt_grad_ready_fn)(dt_param *p, void *user);
  * weight_decay, when set, applies whatever the parameter's shape. */
 typedef struct dt_param_hparams { float lr_scale, weight_decay, beta1, beta2; } dt_param_hparams;
 
+/* Tensor parallelism: a parameter that is one rank's part of a larger one
+ * (nn.h dt_model_add_param_split). parts <= 1: whole (replicated on every
+ * rank of its group). Else the full tensor's dimension `dim` is laid out as
+ * [groups x parts x n] and this rank holds part `index` of every group, its
+ * own dimension `dim` being [groups x n]: GPT-2's c_attn weight [C, 3C] at
+ * T ranks is dim 1 = [3 (q, k, v) x T x C/T]. */
+typedef struct dt_param_split { int dim, groups, parts, index; } dt_param_split;
+
 struct dt_param {
     char name[128];          /* "h.0.attn.c_attn.weight" */
+    dt_param_split split;    /* zero: whole */
     dt_tensor value;         /* F32; value.param == this */
     dt_tensor grad;          /* F32, same shape; accumulates */
     int index;               /* registration order in its model */

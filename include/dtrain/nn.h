@@ -111,6 +111,21 @@ dt_module *dt_model_add_module(dt_model *m, const char *name);
  * weight_decay defaults to 1 for ndim >= 2 (set p->weight_decay to change). */
 dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int ndim, const int64_t *shape,
                              dt_init init);
+/* Tensor parallelism: a parameter of which this rank holds one part
+ * (autograd.h dt_param_split): full_shape is the whole tensor's; it is
+ * initialised whole from the model's generator, exactly as
+ * dt_model_add_param would, and only this rank's part kept, so T ranks hold
+ * the slices of the model one process builds from the same seed (costs one
+ * whole tensor of scratch per call). split.parts <= 1: dt_model_add_param. */
+dt_param *dt_model_add_param_split(dt_model *m, dt_module *mod, const char *leaf, int ndim, const int64_t *full_shape,
+                                   dt_init init, dt_param_split split);
+/* The whole tensor's shape of p (its own shape when not split); returns ndim. */
+int dt_param_full_shape(const dt_param *p, int64_t *shape);
+/* Copy part `part` of a split tensor between the whole tensor (full, of
+ * full_shape) and one part (local): to_full 0 slices full into local, 1
+ * places local into full. */
+void dt_split_copy(const dt_param_split *s, int ndim, const int64_t *full_shape, int part, float *full, float *local,
+                   int to_full);
 /* A non-trained tensor saved in checkpoints (BatchNorm running stats). */
 dt_named_buffer *dt_model_add_buffer(dt_model *m, const char *name, int ndim, const int64_t *shape, float fill);
 dt_status dt_model_add_input(dt_model *m, const dt_input_spec *spec);
@@ -191,6 +206,10 @@ typedef struct dt_model_cfg {
     /* GPT-2 */
     int n_layer, n_embd, n_head, vocab, max_t;
     float dropout;           /* residual / attention-output dropout (0 = off) */
+    /* Tensor parallelism (GPT-2 only): build this rank's part (tp_rank of
+     * tp_size) of the model; 0 or 1: whole. Not a setting (checkpoints hold
+     * the whole model): the strategy sets it (dt_strategy.prepare_model). */
+    int tp_size, tp_rank;
 } dt_model_cfg;
 
 /* Defaults: MLP 784-[256,256]-10; CNN 28x28 c1=32 c2=64 fc=128 classes 10;
@@ -365,6 +384,8 @@ struct dt_model {
     dt_rng init_rng;                 /* initialisers, in registration order */
     uint64_t dropout_seed;           /* dt_model_new's seed: the trainer's row keys use it (checkpointed) */
     dt_bn_sync bn_sync;              /* SyncBatchNorm reducer; fn NULL = local stats */
+    const dt_tp_comm *tp;            /* tensor-parallel group of a model built with cfg.tp_size > 1
+                                        (set by the strategy before the first forward) */
     dt_status build_err;             /* first failed add_*; reported by dt_model_build */
     int built;
     /* Optional: replaces blocks + loss head in dt_model_forward (tests,
@@ -373,7 +394,7 @@ struct dt_model {
     /* Optional: the built-ins' configuration and private state. */
     dt_model_cfg cfg;
     /* Set by dt_model_build, kept when a pipeline stage drops parameters:
-     * CRC-32 of every parameter's and buffer's "name[shape];" in registration
+     * CRC-32 of every parameter's and buffer's "name[whole shape];" in registration
      * order, and their number (checkpoints compare them: same names, shapes). */
     uint32_t arch_crc; int arch_n;
     void (*destroy)(dt_model *m);

@@ -222,6 +222,22 @@ dt_tensor *dt_op_reshape(dt_graph *g, dt_tensor *x, int ndim, const int64_t *sha
 /* [N, ...] -> [N, rest]. */
 dt_tensor *dt_op_flatten(dt_graph *g, dt_tensor *x);
 
+/* ---- tensor parallelism (Megatron's f and g) ----
+ * The collective comes through a callback the parallel layer fills from a
+ * process group (src/parallel/tp/), since ops sit below dist. allreduce_sum
+ * sums n floats in place over the group's `size` ranks, blocking, and must
+ * give every rank the same bits. size 1: no call. */
+typedef struct dt_tp_comm {
+    int rank, size;
+    dt_status (*allreduce_sum)(void *ctx, float *buf, int64_t n);
+    void *ctx;
+} dt_tp_comm;
+/* f: y = x; backward dx += sum over the group of dy (before a column-parallel linear). */
+dt_tensor *dt_op_tp_copy(dt_graph *g, dt_tensor *x, const dt_tp_comm *c);
+/* g: y = sum over the group of x; backward dx += dy (after a row-parallel linear).
+ * c must outlive the tape's backward. Both are collective over the group. */
+dt_tensor *dt_op_tp_reduce(dt_graph *g, dt_tensor *x, const dt_tp_comm *c);
+
 /* ---- non-differentiable helpers ---- */
 /* argmax over the last dim of logits[N, V]; returns number of rows equal to labels. */
 int64_t dt_count_correct(const dt_tensor *logits, const int32_t *labels);

@@ -190,4 +190,26 @@ dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d);
  * trainer's model. The group must outlive the trainer. */
 dt_status dt_ddp_strategy(dt_pg *pg, const dt_ddp_opts *o, dt_strategy *out);
 
+/* ---- tensor parallelism (src/parallel/tp/) ----
+ * Megatron-style: the model's large layers split over `size` ranks (GPT-2
+ * only: attention by heads, the MLP by its 4C columns; nn.h cfg.tp_size),
+ * on a mesh world = dp x tp with tp innermost (ranks tp*k .. tp*k+tp-1 hold
+ * one replica), DDP over each tensor-parallel rank's replicas, and whole
+ * tensors in checkpoints. Not with pipeline stages or ZeRO yet. */
+typedef struct dt_tp_opts {
+    int size;                /* tp.size: ranks per replica; must divide the world */
+    dt_ddp_opts ddp;         /* data parallelism across the replicas (world / size of them) */
+} dt_tp_opts;
+/* Counters since creation (benchmarks): the tensor-parallel all-reduces. */
+typedef struct dt_tp_stats {
+    int64_t calls, steps;
+    size_t bytes;            /* payload handed to the group's all-reduces */
+    size_t bytes_last_step;  /* of the last training step (forward + backward) */
+} dt_tp_stats;
+/* The strategy on `world` (which must outlive the trainer). No collective
+ * here: the groups are made in setup(), after the configuration agreement. */
+dt_status dt_tp_strategy(dt_pg *world, const dt_tp_opts *o, dt_strategy *out);
+/* The counters of a strategy dt_tp_strategy made (self = its .self). */
+dt_tp_stats dt_tp_get_stats(const void *self);
+
 #endif

@@ -130,6 +130,15 @@ typedef struct dt_strategy {
      * collectives, zero gradients) until every rank has called it. Set by
      * DDP and ZeRO stages 1/2 created with their join option. */
     dt_status (*join)(void *self, dt_run *run);
+    /* Optional: adjust the built-in model's configuration before the trainer
+     * builds it (tensor parallelism: cfg->tp_size / tp_rank, this rank's part). */
+    dt_status (*prepare_model)(void *self, dt_model_cfg *cfg);
+    /* Optional: the squared global gradient norm train.clip clips by, when
+     * parameters are split over ranks (tensor parallelism: a split
+     * parameter's squares summed over its group, a replicated one's counted
+     * once). Collective; every rank gets the same value. NULL: the local flat
+     * gradient's (every rank holds whole, reduced gradients). */
+    dt_status (*grad_sumsq)(void *self, dt_run *run, double *ss);
 } dt_strategy;
 
 /* An optimizer over m's flat layout, one segment per trainable parameter,
@@ -195,6 +204,10 @@ dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt
 dt_status dt_checkpoint_meta_steps(dt_ckpt_meta *mb, const dt_model *m, dt_optimizer *const *opts, int n);
 dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
                                     dt_optimizer *const *opts, int n);
+/* Tensor `name` of a checkpoint, shaped as p's whole tensor, into dst: the
+ * whole of it, or this rank's part when p is split (tensor parallelism:
+ * checkpoints hold whole tensors, so any split reads any checkpoint). */
+dt_status dt_checkpoint_read_param(const dt_ckpt *c, const char *name, const dt_param *p, float *dst);
 /* Checkpoint names of optimizer state k: "exp_avg"/"exp_avg_sq" (AdamW), "momentum" (SGD). */
 const char *dt_checkpoint_state_name(const dt_optim_cfg *c, int k);
 

@@ -5,11 +5,11 @@
 #include <zlib.h>
 #include "model_internal.h"
 
-static uLong add_tensor(uLong crc, const char *name, const dt_tensor *v) {
+static uLong add_tensor(uLong crc, const char *name, int ndim, const int64_t *shape) {
     char buf[320];
     int k = snprintf(buf, sizeof buf, "%s[", name);
-    for (int d = 0; d < v->ndim && k < (int)sizeof buf; d++)
-        k += snprintf(buf + k, sizeof buf - (size_t)k, "%s%lld", d ? "," : "", (long long)v->shape[d]);
+    for (int d = 0; d < ndim && k < (int)sizeof buf; d++)
+        k += snprintf(buf + k, sizeof buf - (size_t)k, "%s%lld", d ? "," : "", (long long)shape[d]);
     if (k < (int)sizeof buf) k += snprintf(buf + k, sizeof buf - (size_t)k, "];");
     if (k > (int)sizeof buf - 1) k = (int)sizeof buf - 1;
     return crc32(crc, (const Bytef *)buf, (uInt)k);
@@ -17,8 +17,13 @@ static uLong add_tensor(uLong crc, const char *name, const dt_tensor *v) {
 
 void dt_model_arch_fingerprint(dt_model *m) {
     uLong crc = crc32(0L, Z_NULL, 0);
-    for (int i = 0; i < m->n_params; i++) crc = add_tensor(crc, m->params[i]->name, &m->params[i]->value);
-    for (int i = 0; i < m->n_buffers; i++) crc = add_tensor(crc, m->buffers[i]->name, &m->buffers[i]->value);
+    int64_t shape[DT_MAX_DIMS];   /* a tensor-parallel part counts as the whole: checkpoints hold the whole */
+    for (int i = 0; i < m->n_params; i++) {
+        int nd = dt_param_full_shape(m->params[i], shape);
+        crc = add_tensor(crc, m->params[i]->name, nd, shape);
+    }
+    for (int i = 0; i < m->n_buffers; i++)
+        crc = add_tensor(crc, m->buffers[i]->name, m->buffers[i]->value.ndim, m->buffers[i]->value.shape);
     m->arch_crc = (uint32_t)crc;
     m->arch_n = m->n_params + m->n_buffers;
 }

@@ -83,6 +83,10 @@ dt_status dt_kv_cache_create(dt_model *m, dt_kv_cache **out) {
     if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd % cfg->n_head || cfg->max_t <= 0 || cfg->vocab <= 0)
         return DT_ERR(DT_EINVAL, "kv cache: model gpt2 has an invalid configuration (arch.layers %d, arch.embd %d, "
                       "arch.heads %d)", cfg->n_layer, cfg->n_embd, cfg->n_head);
+    if (cfg->tp_size > 1)   /* its split layers need the group's sums: not on one rank */
+        return DT_ERR(DT_EINVAL, "kv cache: this gpt2 is tensor-parallel rank %d's part of %d (tp.size); sampling runs "
+                      "on one rank and needs the whole model (save, then sample from the checkpoint)",
+                      cfg->tp_rank, cfg->tp_size);
     dt_kv_cache *c = calloc(1, sizeof *c);
     if (!c) return DT_ERR(DT_ENOMEM, "kv cache: out of memory");
     c->m = m;

@@ -15,6 +15,21 @@
  * selects the unfused chain (for the tests that compare the two). The other
  * residual adds feed the next block's ln_1 / ln_f across a block boundary
  * (pipeline stages and recompute cut there), so they stay unfused.
+ * Tensor parallelism (cfg.tp_size T > 1, this rank cfg.tp_rank; Megatron's
+ * layout, src/parallel/tp/ runs it): c_attn is column-parallel by heads --
+ * the local weight [C, 3C/T] holds this rank's q, k and v columns of its H/T
+ * heads as [q_loc | k_loc | v_loc], so dt_op_attention runs on H/T heads
+ * unchanged -- and attn.c_proj row-parallel [C/T, C]; mlp.c_fc column-
+ * [C, 4C/T], mlp.c_proj row-parallel [4C/T, C]. A column-parallel linear
+ * reads its input through dt_op_tp_copy, a row-parallel one's partial
+ * product goes through dt_op_tp_reduce and its bias is added after the sum
+ * (once, so the bias stays one replicated tensor). LayerNorms, wpe, wte and
+ * the tied lm-head are whole on every rank (a vocabulary-parallel embedding
+ * and cross-entropy are not built yet).
+ * Invariant: every rank of the group computes the same bits outside the
+ * split layers (same batch, same replicated parameters, an all-reduce that
+ * gives every rank the same sum), so replicated parameters get identical
+ * gradients on every rank and need no reduction over the group.
  * Its registry entry (nn.h section 4b) is at the end. */
 #include <math.h>
 #include <stddef.h>
@@ -42,16 +57,36 @@ static dt_tensor *drop(dt_model *m, dt_graph *g, const dt_batch *b, int layer, i
     return m->cfg.dropout > 0 ? dt_op_dropout(g, x, m->cfg.dropout, b->row_keys, dt_dropout_site(layer, k)) : x;
 }
 
-/* fuse: 1 = the fused kernels, 0 = the op chain they replace. */
+static int tp_size(const dt_model *m) { return m->cfg.tp_size > 1 ? m->cfg.tp_size : 1; }
+
+/* Before a column-parallel linear: f (tp_copy) under tensor parallelism. */
+static dt_tensor *col_in(dt_model *m, dt_graph *g, dt_tensor *x) {
+    return tp_size(m) > 1 ? dt_op_tp_copy(g, x, m->tp) : x;
+}
+
+/* A linear layer w, b whose weight is row-parallel under tensor
+ * parallelism: the partial product summed over the group (g: tp_reduce),
+ * then the bias, once. Whole: one dt_op_linear. */
+static dt_tensor *row_linear(dt_model *m, dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b) {
+    if (tp_size(m) == 1) return dt_op_linear(g, x, w, b, DT_W_IN_OUT);
+    DT_NN_CHECK(x = dt_op_linear(g, x, w, NULL, DT_W_IN_OUT));
+    DT_NN_CHECK(x = dt_op_tp_reduce(g, x, m->tp));
+    return dt_op_bias_add(g, x, b);
+}
+
+/* fuse: 1 = the fused kernels, 0 = the op chain they replace.
+ * Shapes are whole; under tensor parallelism 3C, C (inside attention) and
+ * 4C are this rank's 3C/T, C/T and 4C/T, H its H/T heads. */
 static dt_tensor *block_forward(dt_model *m, dt_graph *g, const dt_batch *b, int l, int fuse, dt_tensor *x) {
-    int H = m->cfg.n_head;
+    int H = m->cfg.n_head / tp_size(m);
     dt_tensor *h;
     DT_NN_CHECK(h = layernorm_mod(g, block_mod(m, l, MOD_LN1), x));       /* [B, T, C] */
     dt_module *attn = block_mod(m, l, MOD_ATTN);
     if (dt_module_enter(g, attn) != DT_OK) return NULL;
+    DT_NN_CHECK(h = col_in(m, g, h));
     DT_NN_CHECK(h = dt_op_linear(g, h, P(attn, 0), P(attn, 1), DT_W_IN_OUT)); /* [B, T, 3C] */
     DT_NN_CHECK(h = dt_op_attention(g, h, H));                              /* [B, T, C] */
-    DT_NN_CHECK(h = dt_op_linear(g, h, P(attn, 2), P(attn, 3), DT_W_IN_OUT));
+    DT_NN_CHECK(h = row_linear(m, g, h, P(attn, 2), P(attn, 3)));           /* [B, T, C] whole */
     if (dt_module_leave(g, attn) != DT_OK) return NULL;
     DT_NN_CHECK(h = drop(m, g, b, l, 0, h));
     dt_module *ln2 = block_mod(m, l, MOD_LN2);
@@ -65,13 +100,14 @@ static dt_tensor *block_forward(dt_model *m, dt_graph *g, const dt_batch *b, int
     }
     dt_module *mlp = block_mod(m, l, MOD_MLP);
     if (dt_module_enter(g, mlp) != DT_OK) return NULL;
+    DT_NN_CHECK(h = col_in(m, g, h));
     if (fuse) {
         DT_NN_CHECK(h = dt_op_linear_gelu(g, h, P(mlp, 0), P(mlp, 1), DT_W_IN_OUT));   /* [B, T, 4C] */
     } else {
         DT_NN_CHECK(h = dt_op_linear(g, h, P(mlp, 0), P(mlp, 1), DT_W_IN_OUT));
         DT_NN_CHECK(h = dt_op_gelu(g, h));
     }
-    DT_NN_CHECK(h = dt_op_linear(g, h, P(mlp, 2), P(mlp, 3), DT_W_IN_OUT));   /* [B, T, C] */
+    DT_NN_CHECK(h = row_linear(m, g, h, P(mlp, 2), P(mlp, 3)));   /* [B, T, C] */
     if (dt_module_leave(g, mlp) != DT_OK) return NULL;
     DT_NN_CHECK(h = drop(m, g, b, l, 1, h));
     return dt_op_add(g, x, h);
@@ -133,6 +169,14 @@ static dt_param *add(dt_model *m, dt_module *mod, const char *leaf, int ndim, in
     return dt_model_add_param(m, mod, leaf, ndim, s, in);
 }
 
+/* A layer's weight or bias split T ways along dim (groups: c_attn's q, k, v). */
+static dt_param *add_split(dt_model *m, dt_module *mod, const char *leaf, int ndim, int64_t d0, int64_t d1, dt_init in,
+                           int dim, int groups) {
+    int64_t s[2] = {d0, d1};
+    dt_param_split sp = {.dim = dim, .groups = groups, .parts = tp_size(m), .index = m->cfg.tp_rank};
+    return dt_model_add_param_split(m, mod, leaf, ndim, s, in, sp);
+}
+
 static dt_status gpt2_build(dt_model *m) {
     const dt_model_cfg *c = &m->cfg;
     int64_t C = c->n_embd;
@@ -159,11 +203,14 @@ static dt_status gpt2_build(dt_model *m) {
                 add(m, mods[k], "bias", 1, C, 1, DT_INIT_ZERO);
                 continue;
             }
+            /* whole shapes; under tensor parallelism c_attn / c_fc split their
+             * output columns (c_attn's as q, k, v: 3 groups), c_proj its input rows */
             int64_t in1 = C, out1 = k == MOD_ATTN ? 3 * C : 4 * C, in2 = k == MOD_ATTN ? C : 4 * C;
-            add(m, mods[k], k == MOD_ATTN ? "c_attn.weight" : "c_fc.weight", 2, in1, out1, DT_INIT_GAUSS(std));
-            add(m, mods[k], k == MOD_ATTN ? "c_attn.bias" : "c_fc.bias", 1, out1, 1, DT_INIT_ZERO);
-            add(m, mods[k], "c_proj.weight", 2, in2, C, DT_INIT_GAUSS(proj_std));
-            add(m, mods[k], "c_proj.bias", 1, C, 1, DT_INIT_ZERO);
+            int groups = k == MOD_ATTN ? 3 : 1;
+            add_split(m, mods[k], k == MOD_ATTN ? "c_attn.weight" : "c_fc.weight", 2, in1, out1, DT_INIT_GAUSS(std), 1, groups);
+            add_split(m, mods[k], k == MOD_ATTN ? "c_attn.bias" : "c_fc.bias", 1, out1, 1, DT_INIT_ZERO, 0, groups);
+            add_split(m, mods[k], "c_proj.weight", 2, in2, C, DT_INIT_GAUSS(proj_std), 0, 1);
+            add(m, mods[k], "c_proj.bias", 1, C, 1, DT_INIT_ZERO);   /* whole: added after the sum */
         }
         snprintf(name, sizeof name, "h.%d", l);
         DT_TRY(dt_model_add_block(m, name, layer_block, layer_user(l, fuse), 2, act, 2, act));
@@ -188,6 +235,16 @@ static dt_status gpt2_validate(const dt_model_cfg *c) {
         return DT_ERR(DT_EINVAL, "gpt2: vocab %d exceeds 65536 (tokens are uint16)", c->vocab);
     if (c->dropout < 0 || c->dropout >= 1)
         return DT_ERR(DT_EINVAL, "gpt2: dropout %g outside [0, 1)", c->dropout);
+    if (c->tp_size > 1) {   /* tensor parallelism: heads and the MLP's 4C columns split T ways */
+        if (c->n_head % c->tp_size)
+            return DT_ERR(DT_EINVAL, "gpt2: arch.heads %d is not divisible by the tensor-parallel size tp.size %d "
+                          "(attention is split by heads)", c->n_head, c->tp_size);
+        if ((4 * (int64_t)c->n_embd) % c->tp_size)
+            return DT_ERR(DT_EINVAL, "gpt2: the MLP width 4 x arch.embd = %lld is not divisible by tp.size %d",
+                          4 * (long long)c->n_embd, c->tp_size);
+        if (c->tp_rank < 0 || c->tp_rank >= c->tp_size)
+            return DT_ERR(DT_EINVAL, "gpt2: tensor-parallel rank %d outside 0..%d", c->tp_rank, c->tp_size - 1);
+    }
     return DT_OK;
 }
 

@@ -63,9 +63,7 @@ dt_module *dt_model_add_module(dt_model *m, const char *name) {
     return mod;
 }
 
-static void init_param(dt_param *p, dt_rng *r, dt_init in) {
-    float *x = dt_f32(&p->value);
-    int64_t n = p->value.numel;
+void dt_nn_init_values(float *x, int64_t n, dt_rng *r, dt_init in) {
     switch (in.kind) {
     case DT_INIT_ZEROS: for (int64_t i = 0; i < n; i++) x[i] = 0.f; break;
     case DT_INIT_CONST: for (int64_t i = 0; i < n; i++) x[i] = in.a; break;
@@ -101,7 +99,7 @@ dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int 
         mod->params = mp;
         mod->params[mod->n_params++] = p;
     }
-    init_param(p, &m->init_rng, init);
+    dt_nn_init_values(dt_f32(&p->value), p->value.numel, &m->init_rng, init);
     return p;
 }
 

@@ -6,6 +6,8 @@
 
 /* Sets m->arch_crc / arch_n from the parameters and buffers (arch.c). */
 void dt_model_arch_fingerprint(dt_model *m);
+/* n values of initialiser `in`, drawn from r (model.c: every parameter's). */
+void dt_nn_init_values(float *x, int64_t n, dt_rng *r, dt_init in);
 /* Blocks chain, inputs and loss head are consistent (blocks.c). */
 dt_status dt_model_check_blocks(const dt_model *m);
 

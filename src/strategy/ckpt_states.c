@@ -5,6 +5,7 @@
  * if it has never been stepped (its own step count, restored first, is 0):
  * it starts from zero state like a parameter PyTorch never stepped. */
 #include <stdio.h>
+#include <stdlib.h>
 #include "dtrain/strategy.h"
 
 dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt_model *m, const dt_optimizer *o) {
@@ -22,8 +23,21 @@ dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt
                 return DT_ERR(DT_EFORMAT, "%s: no optimizer state '%s' for parameter '%s', which took %lld steps", what,
                               nm, p->name, (long long)(k >= 0 ? dt_optimizer_segment_steps(o, k) : -1));
             }
-            DT_TRY(dt_ckpt_expect(c, nm, p->value.ndim, p->value.shape));
-            DT_TRY(dt_ckpt_read(c, nm, 0, (size_t)p->value.numel, dst));
+            DT_TRY(dt_checkpoint_read_param(c, nm, p, dst));
         }
     return DT_OK;
+}
+
+dt_status dt_checkpoint_read_param(const dt_ckpt *c, const char *name, const dt_param *p, float *dst) {
+    int64_t full[DT_MAX_DIMS];
+    int nd = dt_param_full_shape(p, full);
+    DT_TRY(dt_ckpt_expect(c, name, nd, full));
+    if (p->split.parts <= 1) return dt_ckpt_read(c, name, 0, (size_t)p->value.numel, dst);
+    size_t n = (size_t)p->value.numel * (size_t)p->split.parts;
+    float *whole = malloc(n * sizeof *whole);   /* one whole tensor at a time */
+    if (!whole) return DT_ERR(DT_ENOMEM, "out of memory reading %s (%zu floats)", name, n);
+    dt_status s = dt_ckpt_read(c, name, 0, n, whole);
+    if (s == DT_OK) dt_split_copy(&p->split, nd, full, p->split.index, whole, dst, 0);
+    free(whole);
+    return s;
 }

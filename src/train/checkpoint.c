@@ -56,7 +56,7 @@ static dt_status load_all(dt_trainer *t, const dt_ckpt *c) {
     dt_model *m = t->model;
     const char *what = dt_ckpt_path(c);
     DT_TRY(dt_checkpoint_check_identity(&t->run, ckpt_get, c, what));   /* before tensors: clearer errors */
-    for (int i = 0; i < m->n_params; i++) DT_TRY(read_tensor(c, m->params[i]->name, &m->params[i]->value, dt_f32(&m->params[i]->value)));
+    for (int i = 0; i < m->n_params; i++) DT_TRY(dt_checkpoint_read_param(c, m->params[i]->name, m->params[i], dt_f32(&m->params[i]->value)));
     for (int i = 0; i < m->n_buffers; i++) DT_TRY(read_tensor(c, m->buffers[i]->name, &m->buffers[i]->value, dt_f32(&m->buffers[i]->value)));
     DT_TRY(dt_checkpoint_apply_meta(&t->run, ckpt_get, c, what, &t->optim.step));
     dt_optimizer *opt = &t->optim;
@@ -80,7 +80,7 @@ dt_status dt_model_load_params(dt_model *m, const char *path) {
     DT_TRY(dt_ckpt_open(path, &c));
     dt_status s = DT_OK;
     for (int i = 0; i < m->n_params && s == DT_OK; i++)
-        s = read_tensor(c, m->params[i]->name, &m->params[i]->value, dt_f32(&m->params[i]->value));
+        s = dt_checkpoint_read_param(c, m->params[i]->name, m->params[i], dt_f32(&m->params[i]->value));
     for (int i = 0; i < m->n_buffers && s == DT_OK; i++)
         if (dt_ckpt_find(c, m->buffers[i]->name, NULL, NULL))
             s = read_tensor(c, m->buffers[i]->name, &m->buffers[i]->value, dt_f32(&m->buffers[i]->value));

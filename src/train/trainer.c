@@ -43,6 +43,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_trainer_fit_model(t);
     if (s == DT_OK) s = dt_trainer_check_memory(t);   /* sized, not yet allocated */
+    if (s == DT_OK && t->strat.prepare_model) s = t->strat.prepare_model(t->strat.self, &t->opts.model);
     if (s == DT_OK) s = o->build_model ? o->build_model(o->build_user, o->seed, &t->model)
                                        : dt_model_create(&t->opts.model, o->seed, &t->model);
     if (s == DT_OK && !t->model) s = DT_ERR(DT_EINVAL, "build_model returned no model");
@@ -194,7 +195,9 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     } else {
         float scale = 1.0f;
         if (t->opts.clip > 0) {
-            double ss = dt_sumsq(m->grad_flat.data, m->grad_flat.numel);
+            double ss;
+            if (t->strat.grad_sumsq) DT_TRY(t->strat.grad_sumsq(t->strat.self, &t->run, &ss));
+            else ss = dt_sumsq(m->grad_flat.data, m->grad_flat.numel);
             scale = dt_clip_scale(sqrt(ss), t->opts.clip);
         }
         DT_TRY(dt_optimizer_step_range(&t->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));

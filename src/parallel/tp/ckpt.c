@@ -1,0 +1,81 @@
+/* Tensor-parallel checkpoints: one safetensors file of whole tensors under
+ * their global names, as one process writes it (src/train/checkpoint.c),
+ * so one process, DDP, ZeRO or another tp size resumes it. Every split
+ * tensor (a parameter's value and its optimizer states) is all-gathered
+ * over the TP group and put together by its split (dt_split_copy); world
+ * rank 0 keeps the whole tensors and writes. Its peak memory is one process's
+ * model + optimizer state; the other ranks hold one gathered tensor at a time.
+ * Loading needs no hook: every rank reads the whole tensor and keeps its part
+ * (dt_checkpoint_read_param). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tp_internal.h"
+
+typedef struct save_set {
+    dt_st_entry *e;
+    char (*names)[192];
+    float **owned;           /* whole tensors this rank allocated (rank 0) */
+    int n, n_owned;
+} save_set;
+
+/* Entry k: the tensor `local` of p (its value or a state), whole. */
+static dt_status add_tensor(dt_tp *s, save_set *ss, const char *name, const dt_param *p, const float *local) {
+    dt_st_entry *e = &ss->e[ss->n++];
+    e->name = name;
+    e->dtype = DT_F32;
+    e->ndim = dt_param_full_shape(p, e->shape);
+    if (p->split.parts <= 1) { e->data = local; return DT_OK; }
+    size_t n = (size_t)p->value.numel, T = (size_t)s->T;
+    float *parts = malloc(n * T * sizeof *parts);
+    if (!parts) return DT_ERR(DT_ENOMEM, "tp checkpoint: out of memory gathering %s (%zu floats)", name, n * T);
+    dt_work *w = NULL;
+    dt_status st = dt_allgather(s->tp_pg, local, parts, (int64_t)n, DT_F32, &w);
+    if (st == DT_OK) st = dt_work_wait(w);
+    if (st != DT_OK || s->rank != 0) { free(parts); return st; }
+    float *whole = malloc(n * T * sizeof *whole);
+    if (!whole) { free(parts); return DT_ERR(DT_ENOMEM, "tp checkpoint: out of memory for %s", name); }
+    for (int k = 0; k < s->T; k++)   /* rank k of the group holds part k */
+        dt_split_copy(&p->split, e->ndim, e->shape, k, whole, parts + (size_t)k * n, 1);
+    free(parts);
+    ss->owned[ss->n_owned++] = whole;
+    e->data = whole;
+    return DT_OK;
+}
+
+dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path) {
+    dt_model *m = r->model;
+    dt_optimizer *o = r->optimizer;
+    if (!o) return DT_ERR(DT_ESTATE, "tp checkpoint %s: no optimizer", path);
+    int ns = dt_optim_state_per_elem(&o->cfg), cap = m->n_params * (1 + ns) + m->n_buffers;
+    save_set ss = {.e = calloc((size_t)cap, sizeof *ss.e), .names = calloc((size_t)(m->n_params * ns + 1), sizeof *ss.names),
+                   .owned = calloc((size_t)cap, sizeof *ss.owned)};
+    dt_status st = ss.e && ss.names && ss.owned ? DT_OK : DT_ERR(DT_ENOMEM, "out of memory");
+    /* the order of checkpoint.c: parameters, buffers, then each state of every parameter */
+    for (int i = 0; i < m->n_params && st == DT_OK; i++)
+        st = add_tensor(s, &ss, m->params[i]->name, m->params[i], dt_f32(&m->params[i]->value));
+    for (int i = 0; i < m->n_buffers && st == DT_OK; i++) {
+        const dt_named_buffer *b = m->buffers[i];
+        ss.e[ss.n++] = (dt_st_entry){.name = b->name, .dtype = DT_F32, .ndim = b->value.ndim, .data = b->value.data};
+        memcpy(ss.e[ss.n - 1].shape, b->value.shape, sizeof b->value.shape);
+    }
+    for (int k = 0; k < ns && st == DT_OK; k++)
+        for (int i = 0; i < m->n_params && st == DT_OK; i++) {
+            const float *state = dt_optimizer_state_of(o, k, m->offsets[i]);
+            if (!state) continue;   /* frozen: no state (the same on every rank) */
+            char *nm = ss.names[k * m->n_params + i];
+            snprintf(nm, 192, "optim.%s.%s", dt_checkpoint_state_name(&o->cfg, k), m->params[i]->name);
+            st = add_tensor(s, &ss, nm, m->params[i], state);
+        }
+    dt_ckpt_meta mb;
+    if (st == DT_OK) {
+        dt_checkpoint_meta(r, "tp", o->step, &mb);
+        st = dt_checkpoint_meta_steps(&mb, m, &o, 1);
+    }
+    if (st == DT_OK && s->rank == 0) st = dt_safetensors_write(path, ss.e, ss.n, mb.m, mb.n);
+    for (int k = 0; k < ss.n_owned; k++) free(ss.owned[k]);
+    free(ss.owned);
+    free(ss.e);
+    free(ss.names);
+    return st;
+}

@@ -1,0 +1,112 @@
+/* Tensor parallelism as a dt_strategy (the design: tp_internal.h). The
+ * hooks: prepare_model (this rank's part), agree (on the world), setup
+ * (groups, the model's comm, DDP over the replicas), the DDP hooks passed
+ * on, grad_sumsq (clipping), save (whole tensors). */
+#include <stdlib.h>
+#include "parallel/common/common_internal.h"
+#include "tp_internal.h"
+#include "util/log_internal.h"
+
+static int has_inner(const dt_tp *s) { return s->inner.self != NULL; }
+
+static dt_status s_prepare(void *self, dt_model_cfg *cfg) {
+    dt_tp *s = self;
+    if (cfg->kind != DT_MODEL_GPT2)
+        return DT_ERR(DT_EINVAL, "tp.size %d: tensor parallelism is built for the gpt2 model only (this run's model is %s)",
+                      s->T, dt_model_kind_name(cfg->kind));
+    cfg->tp_size = s->T;
+    cfg->tp_rank = s->rank % s->T;
+    return DT_OK;
+}
+
+static dt_status s_agree(void *self, dt_agree *a) {
+    dt_tp *s = self;
+    dt_agree_add(a, "tp.size", "%d", s->T);
+    dt_par_describe_ddp(&s->opts.ddp, a);
+    return dt_pg_agree(s->world, a);
+}
+
+static dt_status s_setup(void *self, dt_run *r) {
+    dt_tp *s = self;
+    dt_model *m = r->model;
+    if (m->cfg.kind != DT_MODEL_GPT2 || m->cfg.tp_size != s->T)   /* a user's builder (train.build_model) */
+        return DT_ERR(DT_EINVAL, "tp.size %d: tensor parallelism needs the built-in gpt2 model (model %s was built whole)",
+                      s->T, m->name);
+    /* replica w / T holds ranks T*(w/T) .. +T-1; DP groups join equal w % T */
+    DT_TRY(dt_pg_split(s->world, s->rank / s->T, s->rank, &s->tp_pg));
+    if (s->dp > 1) DT_TRY(dt_pg_split(s->world, s->rank % s->T, s->rank, &s->dp_pg));
+    dt_tp_comm_init(s);
+    m->tp = &s->comm;
+    if (!r->quiet && s->rank == 0)
+        dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d (tensor-parallel groups of %d consecutive ranks: attention "
+               "by heads, MLP by columns; embeddings, LayerNorms and the lm-head whole on every rank)\n",
+               s->dp, s->T, s->T);
+    if (s->dp > 1) {
+        DT_TRY(dt_ddp_strategy(s->dp_pg, &s->opts.ddp, &s->inner));
+        int quiet = r->quiet;
+        r->quiet = 1;   /* one report for the mesh, below */
+        dt_status st = s->inner.setup(s->inner.self, r);
+        r->quiet = quiet;
+        DT_TRY(st);
+    }
+    size_t f = sizeof(float), trainable = dt_model_num_trainable(m);
+    return dt_par_memory_report(s->world, "tp", m->param_flat.numel * f, m->grad_flat.numel * f,
+                                (size_t)dt_optim_state_per_elem(r->optim) * trainable * f, !r->quiet);
+}
+
+static dt_status s_before_forward(void *self, dt_run *r, int last) {
+    dt_tp *s = self;
+    if (last) s->bytes_at_step = s->stats.bytes;
+    return has_inner(s) ? s->inner.before_forward(s->inner.self, r, last) : DT_OK;
+}
+
+static dt_status s_after_backward(void *self, dt_run *r, int last) {
+    dt_tp *s = self;
+    if (last) {
+        s->stats.steps++;
+        s->stats.bytes_last_step = s->stats.bytes - s->bytes_at_step;
+    }
+    return has_inner(s) ? s->inner.after_backward(s->inner.self, r, last) : DT_OK;
+}
+
+/* Sums over the replicas, each counted once: the ranks of a TP group hold
+ * the same values (losses, evaluation counts), so only TP rank 0's enter the
+ * sum; the sum runs over the world, so every rank learns it (a checkpoint
+ * write that failed on rank 0 is seen by all). */
+static dt_status s_allreduce_sum(void *self, double *x, int n) {
+    dt_tp *s = self;
+    if (s->rank % s->T)
+        for (int i = 0; i < n; i++) x[i] = 0;
+    return dt_par_allreduce_sum(s->world, x, n);
+}
+
+static dt_status s_grad_sumsq(void *self, dt_run *r, double *ss) { return dt_tp_grad_sumsq(self, r->model, ss); }
+static dt_status s_save(void *self, dt_run *r, const char *path) { return dt_tp_save(self, r, path); }
+
+static void s_destroy(void *self) {
+    dt_tp *s = self;
+    if (has_inner(s)) s->inner.destroy(s->inner.self);
+    dt_pg_free(s->dp_pg);
+    dt_pg_free(s->tp_pg);
+    free(s);
+}
+
+dt_status dt_tp_strategy(dt_pg *world, const dt_tp_opts *o, dt_strategy *out) {
+    int W = dt_pg_size(world), T = o ? o->size : 0;
+    if (T < 1 || W % T)
+        return DT_ERR(DT_EINVAL, "tp.size %d must divide the world size %d (world = data-parallel replicas x tp.size)",
+                      T, W);
+    if (o->ddp.dp.join)   /* DDP's join shadows collectives; the TP group's run inside forward */
+        return DT_ERR(DT_EINVAL, "tp.size %d: uneven inputs (dp.join) do not combine with tensor parallelism", T);
+    dt_tp *s = calloc(1, sizeof *s);
+    if (!s) return DT_ERR(DT_ENOMEM, "out of memory");
+    *s = (dt_tp){.opts = *o, .world = world, .T = T, .rank = dt_pg_rank(world), .dp = W / T};
+    *out = (dt_strategy){.name = "tp", .rank = s->rank, .world = W, .self = s,
+                         .data_rank = s->rank / T, .data_world = W / T,
+                         .collective_forward = 1,   /* tp_reduce in every forward */
+                         .prepare_model = s_prepare, .agree = s_agree, .setup = s_setup,
+                         .before_forward = s_before_forward, .after_backward = s_after_backward,
+                         .allreduce_sum = s_allreduce_sum, .grad_sumsq = s_grad_sumsq, .save = s_save,
+                         .destroy = s_destroy};
+    return DT_OK;
+}

@@ -1,0 +1,65 @@
+/* Tensor parallelism (Megatron-LM's layout), read in one sitting.
+ *
+ * The mesh. world = dp x tp, tp innermost: world rank w is tensor-parallel
+ * rank w % T of replica w / T. The ranks of a replica (consecutive, so on
+ * one machine when a machine holds whole replicas) form the TP group and
+ * read the same batch (the sampler's replica is w / T); the ranks with equal
+ * w % T form a DP group, on which an ordinary DDP averages the gradients of
+ * the parameter parts they share. Groups are made in setup(), after the
+ * configuration agreement, so a mismatch fails before any split.
+ *
+ * The split (src/nn/gpt2.c builds it from cfg.tp_size / tp_rank, which
+ * prepare_model sets). A column-parallel linear y = x W splits W's output
+ * columns: rank r computes y_r = x W_r, no communication, but x's gradient
+ * is the sum of every rank's x-gradient -- so its input passes through
+ * tp_copy (forward identity, backward all-reduce). A row-parallel linear
+ * splits W's input rows and takes the column-parallel output y_r as its
+ * input: each rank holds a partial product, summed by tp_reduce (forward
+ * all-reduce, backward identity), then the bias is added once. Per layer
+ * and micro-batch: 2 all-reduces of [B, T, C] forward (attention, MLP), 2
+ * backward (the tp_copy's).
+ *
+ *   x -- ln_1 -- f -- c_attn[C, 3C/T] -- attention(H/T heads) -- c_proj[C/T, C] -- g -- +b --
+ *   x -- ln_2 -- f -- c_fc[C, 4C/T] -- gelu -- c_proj[4C/T, C] -- g -- +b --
+ *
+ * The invariant. Outside the split layers every rank of a group computes
+ * the same bits (same batch, same replicated parameters, an all-reduce
+ * whose result is the same on every rank), so replicated parameters (wte,
+ * wpe, LayerNorms, row-parallel biases) receive identical gradients on every
+ * rank and are never reduced over the group: DDP over the DP group keeps
+ * them equal across replicas, and the identical optimizer step keeps them
+ * equal inside the replica. A split parameter's gradient is its own part's.
+ *
+ * Clipping (norm.c): the global norm squares each split parameter's parts
+ * once (summed over the group) and each replicated parameter once.
+ * Checkpoints (ckpt.c) hold whole tensors under their global names: save
+ * all-gathers every split parameter and optimizer state; load is local
+ * (every rank reads the whole tensor and keeps its part:
+ * dt_checkpoint_read_param), so any tp size, DDP or one process resumes any.
+ * Not yet: a vocabulary-parallel embedding and cross-entropy (wte, the
+ * lm-head and the logits are whole on every rank), sequence parallelism,
+ * --pp and ZeRO. */
+#ifndef DT_TP_INTERNAL_H
+#define DT_TP_INTERNAL_H
+
+#include "dtrain/parallel.h"
+
+typedef struct dt_tp {
+    dt_tp_opts opts;
+    dt_pg *world;            /* the caller's */
+    dt_pg *tp_pg, *dp_pg;    /* made in setup; dp_pg NULL when dp == 1 */
+    int T, rank, dp;         /* tp size, world rank, replicas */
+    dt_tp_comm comm;         /* what the model's tp ops call (comm.c) */
+    dt_strategy inner;       /* DDP over dp_pg (dp > 1), else name NULL */
+    dt_tp_stats stats;
+    size_t bytes_at_step;    /* stats.bytes when the step began */
+} dt_tp;
+
+/* comm.c: comm over s->tp_pg (blocking all-reduce, counted). */
+void dt_tp_comm_init(dt_tp *s);
+/* norm.c: the squared global gradient norm (strategy.h grad_sumsq). */
+dt_status dt_tp_grad_sumsq(dt_tp *s, const dt_model *m, double *ss);
+/* ckpt.c: one safetensors file of whole tensors, written by world rank 0. Collective. */
+dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path);
+
+#endif

@@ -1,0 +1,107 @@
+/* GPT-2 built for tensor-parallel rank r of T (nn.h cfg.tp_size / tp_rank)
+ * holds exactly the slices of the model one process builds from the same
+ * seed: for T = 2 and 4, every parameter of every rank equals the part of
+ * the whole one its split names (dt_split_copy), the split ones carry their
+ * split (c_attn dim 1 as 3 groups, c_fc dim 1, c_proj weights dim 0, biases
+ * along), replicated ones are bitwise the whole ones, names and order are
+ * the same and the architecture fingerprint is the whole model's (so
+ * checkpoints are interchangeable). Placing every rank's part back gives the
+ * whole tensor. Configurations T does not divide are refused naming the
+ * setting. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dtrain/nn.h"
+
+static dt_model_cfg cfg_tp(int T, int r) {
+    dt_model_cfg c = dt_model_cfg_default(DT_MODEL_GPT2);
+    c.n_layer = 2; c.n_embd = 32; c.n_head = 4; c.vocab = 64; c.max_t = 16;
+    c.tp_size = T; c.tp_rank = r;
+    return c;
+}
+
+static void expect_split(const dt_param *p, int T, int r) {
+    const char *n = p->name;
+    int col = strstr(n, "c_attn") || strstr(n, "c_fc");
+    int row = strstr(n, "c_proj.weight") != NULL;
+    if (!col && !row) { assert_true(p->split.parts <= 1); return; }
+    assert_int_equal(p->split.parts, T);
+    assert_int_equal(p->split.index, r);
+    assert_int_equal(p->split.groups, strstr(n, "c_attn") ? 3 : 1);
+    assert_int_equal(p->split.dim, col && p->value.ndim == 2 ? 1 : 0);
+}
+
+static void run_T(int T) {
+    dt_model *whole, *part[4];
+    dt_model_cfg c = cfg_tp(1, 0);
+    assert_int_equal(dt_model_create(&c, 7, &whole), DT_OK);
+    for (int r = 0; r < T; r++) {
+        c = cfg_tp(T, r);
+        assert_int_equal(dt_model_create(&c, 7, &part[r]), DT_OK);
+        assert_int_equal(part[r]->n_params, whole->n_params);
+        assert_int_equal(part[r]->arch_crc, whole->arch_crc);
+    }
+    for (int i = 0; i < whole->n_params; i++) {
+        const dt_param *w = whole->params[i];
+        float *rebuilt = calloc((size_t)w->value.numel, sizeof *rebuilt);
+        assert_non_null(rebuilt);
+        for (int r = 0; r < T; r++) {
+            dt_param *p = part[r]->params[i];
+            assert_string_equal(p->name, w->name);
+            expect_split(p, T, r);
+            int64_t full[DT_MAX_DIMS];
+            assert_int_equal(dt_param_full_shape(p, full), w->value.ndim);
+            assert_memory_equal(full, w->value.shape, (size_t)w->value.ndim * sizeof full[0]);
+            if (p->split.parts <= 1) {
+                assert_memory_equal(p->value.data, w->value.data, (size_t)w->value.numel * sizeof(float));
+                memcpy(rebuilt, w->value.data, (size_t)w->value.numel * sizeof(float));
+                continue;
+            }
+            assert_int_equal(p->value.numel * T, w->value.numel);
+            float *slice = malloc((size_t)p->value.numel * sizeof *slice);
+            assert_non_null(slice);
+            dt_split_copy(&p->split, w->value.ndim, full, r, w->value.data, slice, 0);
+            if (memcmp(slice, p->value.data, (size_t)p->value.numel * sizeof *slice))
+                fail_msg("T=%d rank %d: %s is not its part of the whole model's", T, r, p->name);
+            dt_split_copy(&p->split, w->value.ndim, full, r, rebuilt, p->value.data, 1);
+            free(slice);
+        }
+        if (memcmp(rebuilt, w->value.data, (size_t)w->value.numel * sizeof(float)))
+            fail_msg("T=%d: %s put together from its parts differs from the whole", T, w->name);
+        free(rebuilt);
+    }
+    /* column-parallel c_attn: rank r's q columns are the whole's columns of heads r*H/T.. */
+    const dt_param *wa = dt_model_find_param(whole, "h.0.attn.c_attn.weight");
+    const dt_param *pa = dt_model_find_param(part[T - 1], "h.0.attn.c_attn.weight");
+    int64_t C = 32, cl = C / T;
+    for (int64_t row = 0; row < C; row++)
+        for (int g = 0; g < 3; g++)   /* q, k, v */
+            assert_true(dt_f32(&pa->value)[row * 3 * cl + g * cl] ==
+                        dt_f32(&wa->value)[row * 3 * C + g * C + (T - 1) * cl]);
+    for (int r = 0; r < T; r++) dt_model_free(part[r]);
+    dt_model_free(whole);
+}
+
+static void tp2(void **state) { (void)state; run_T(2); }
+static void tp4(void **state) { (void)state; run_T(4); }
+
+static void refused(void **state) {
+    (void)state;
+    dt_model *m = NULL;
+    dt_model_cfg c = cfg_tp(3, 0);   /* 4 heads */
+    assert_int_equal(dt_model_create(&c, 7, &m), DT_EINVAL);
+    assert_null(m);
+    assert_non_null(strstr(dt_error_message(), "arch.heads 4 is not divisible"));
+    c = cfg_tp(2, 2);
+    assert_int_equal(dt_model_create(&c, 7, &m), DT_EINVAL);
+    assert_non_null(strstr(dt_error_message(), "rank 2"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(tp2), cmocka_unit_test(tp4), cmocka_unit_test(refused)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
