@@ -9,7 +9,11 @@
  * tensor of the whole model (captured before the stage dropped the others).
  * Loading reads every parameter the rank holds (tied holders too: they step
  * their copy with the same state), its states and all buffers. Outcomes are
- * agreed over the world, so a failure on one rank is an error on all. */
+ * agreed over the world, so a failure on one rank is an error on all.
+ * ZeRO-3 is no different: saving and loading first gather the whole stage
+ * (dt_pipe_dp_sync), so values are written and read whole as at stages 1/2;
+ * a load then also fills each replica's owned value shards
+ * (dt_zero_read_states). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

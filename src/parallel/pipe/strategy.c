@@ -333,7 +333,7 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
                          .data_rank = p->lay.replica, .data_world = p->lay.D, .save_is_dir = 1, .agree = s_agree};
     /* a stage holds 1/P of the blocks; ZeRO over its D replicas shards further */
     int P = p->lay.P > 0 ? p->lay.P : 1, D = p->lay.D > 0 ? p->lay.D : 1, z = p->o.zero_stage;
-    out->mem_div[0] = P;
+    out->mem_div[0] = P * (z >= 3 ? D : 1);
     out->mem_div[1] = P * (z >= 2 ? D : 1);
     out->mem_div[2] = P * (z >= 1 ? D : 1);
     out->mem_div[3] = P;
