@@ -242,9 +242,11 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
     float scale = 1.0f;
     if (r->clip > 0) {
         /* ZeRO: the owned shards are disjoint over the whole world; else the
-         * replicas hold equal gradients: one pipeline's sum */
+         * replicas hold equal gradients: one pipeline's sum. In rank order:
+         * the same scale on every rank and in every run (4 ranks' float sums
+         * in MPI's order were not) */
         double ss = p->dp.zero ? dt_pipe_dp_sumsq(p, p->upd.norm_skip) : local_sumsq(p);
-        DT_TRY(dt_par_allreduce_sum(p->dp.zero ? p->comm.world : p->comm.pp, &ss, 1));
+        DT_TRY(dt_par_sum_rank_order(p->dp.zero ? p->comm.world : p->comm.pp, &ss));
         scale = dt_clip_scale(sqrt(ss), r->clip);
     }
     if (p->dp.zero) {
