@@ -13,6 +13,8 @@
 #     bits; the float clip scale rounds the same at each step here (a fixed
 #     computation: this holds or fails every run), where a change of kernels
 #     might make it differ by an ulp -- then compare losses within 1e-6;
+#   - evaluation: 3 batches over 2 replicas (the second repeats one, counted
+#     nowhere: ZeRO-3's forwards gather, so replicas run as many);
 #   - checkpoints: a --zero 3 set saved after 2 steps resumes at --zero 3,
 #     --pp 2 DDP and --zero 2 bitwise as the uninterrupted run, in one process
 #     with the same losses (1e-6: another summation order), and a --zero 2 set
@@ -26,6 +28,9 @@ for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy
 model=(--model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --data text --data-path "$tmp/corpus.txt"
        --eval-batches 3 --threads 1 --steps 4)
 pp=(--batch 8 --microbatches 4 --pp 2 --nproc 4)
+# ZeRO: a bucket per parameter or so (1 KB), so that stage 3 gathers and frees
+# as modules come and go (at the default 4 MiB one bucket holds a stage)
+zb=(--bucket-mb 0.001)
 fail=0
 
 # run TAG ARGS...: train, keep TAG.ck and TAG.jsonl (timings dropped)
@@ -56,16 +61,16 @@ near() {   # near REF TAG N: the training losses of TAG's N steps within 1e-6 re
 
 # the memory report: each rank holds half its stage's parameters (stage 0:
 # 21920 floats = 0.08 MiB, its shard 0.04; stage 1: 20960)
-run z3 "${pp[@]}" --zero 3 && {
+run z3 "${pp[@]}" "${zb[@]}" --zero 3 && {
     if grep -A4 "pipeline+zero-3 memory per rank" "$tmp/z3.out" | grep -c "rank [0-3]: 0.04 / 0.04 / 0.08 /" | grep -c "^4$" > /dev/null
     then echo "ok   z3: each rank holds half its stage's parameters and gradients"
     else echo "FAIL z3's memory report:"; cat "$tmp/z3.out"; fail=1; fi
 }
 run ddp "${pp[@]}" && same ddp z3
-run z2 "${pp[@]}" --zero 2 && same z2 z3
+run z2 "${pp[@]}" "${zb[@]}" --zero 2 && same z2 z3
 while IFS='|' read -r tag extra; do
     # shellcheck disable=SC2086
-    run "$tag" "${pp[@]}" --zero 3 $extra && same ddp "$tag"
+    run "$tag" "${pp[@]}" "${zb[@]}" --zero 3 $extra && same ddp "$tag"
 done <<CONFIGS
 z3_gpipe|--schedule gpipe
 z3_zbh1_recompute|--schedule zb-h1 --recompute blocks
@@ -73,12 +78,12 @@ z3_interleaved|--schedule interleaved --zero-prefetch 1
 CONFIGS
 
 # clipping over both stages (0.5: active at every step)
-run z2_clip "${pp[@]}" --zero 2 --clip 0.5 &&
-    run z3_clip "${pp[@]}" --zero 3 --clip 0.5 && same z2_clip z3_clip
+run z2_clip "${pp[@]}" "${zb[@]}" --zero 2 --clip 0.5 &&
+    run z3_clip "${pp[@]}" "${zb[@]}" --zero 3 --clip 0.5 && same z2_clip z3_clip
 run ddp_clip "${pp[@]}" --clip 0.5 && same ddp_clip z3_clip
 
 # checkpoints across layouts: saved by --zero 3 after 2 steps
-if run z3_half "${pp[@]}" --zero 3 --stop-after 2 --save-every 2; then
+if run z3_half "${pp[@]}" "${zb[@]}" --zero 3 --stop-after 2 --save-every 2; then
     for kind in "z3:--zero 3" "ddp:" "z2:--zero 2"; do
         tag=resume_${kind%%:*}
         # shellcheck disable=SC2086
@@ -90,7 +95,7 @@ if run z3_half "${pp[@]}" --zero 3 --stop-after 2 --save-every 2; then
     run resume_single --batch 4 --accum 4 --resume "$tmp/z3_half.ck" && near ddp resume_single 2
 fi
 run z2_half "${pp[@]}" --zero 2 --stop-after 2 --save-every 2 &&
-    run resume_z2_as_z3 "${pp[@]}" --zero 3 --resume "$tmp/z2_half.ck" &&
+    run resume_z2_as_z3 "${pp[@]}" "${zb[@]}" --zero 3 --resume "$tmp/z2_half.ck" &&
     "$cmp" "$tmp/ddp.ck" "$tmp/resume_z2_as_z3.ck" step optim_step epoch cursor > "$tmp/cmp.out" &&
     echo "ok   --zero 2 checkpoint resumed at --zero 3 == uninterrupted" ||
     { echo "FAIL --zero 2 checkpoint resumed at --zero 3:"; cat "$tmp/cmp.out"; fail=1; }

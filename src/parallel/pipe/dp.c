@@ -36,10 +36,11 @@
  * LayerNorm's from x-hat, an embedding's rows), never a parameter's value.
  * The tied wte needs nothing of its own: the lm-head enters wte's module
  * like the embedding does, so each holder gathers its own copy's buckets.
- * Between steps (evaluation, saves, loads) the stage gathers its whole
- * parameters once (dt_pipe_dp_sync): a pipeline evaluates with forwards of
- * its own, which must not be collectives replicas may run unequally often,
- * and the checkpoint code then sees full tensors as at stages 1/2. */
+ * Outside steps nothing is gathered but what no module owns
+ * (dt_pipe_dp_sync): evaluation forwards gather per module like training
+ * ones, so the strategy says its forwards are collective and the trainer
+ * has every replica run as many (a replica past the end repeats a batch
+ * and counts nothing); checkpoints hold values as owned ranges (pipe/ckpt.c). */
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/ddp/ddp_internal.h"
@@ -144,13 +145,7 @@ dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale) {
     return dt_zero_step_scaled(p->dp.zero, scale);
 }
 
-/* Stage 3: the whole stage gathered until the next step (file comment). */
-dt_status dt_pipe_dp_sync(dt_pipe *p) {
-    if (!p->dp.zero) return DT_OK;
-    if (p->dp.zero->stage < 3) return dt_zero_sync_params(p->dp.zero);
-    DT_TRY(dt_zero_wait_all_gathers(p->dp.zero));
-    return dt_zero3_gather_whole(p->dp.zero);
-}
+dt_status dt_pipe_dp_sync(dt_pipe *p) { return p->dp.zero ? dt_zero_sync_params(p->dp.zero) : DT_OK; }
 
 void dt_pipe_dp_memory(const dt_pipe *p, size_t *param, size_t *grad, size_t *optim) {
     dt_zero_memory mem = dt_zero_get_memory(p->dp.zero);

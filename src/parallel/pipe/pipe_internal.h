@@ -368,7 +368,7 @@ void dt_pipe_dp_tick(dt_pipe *p);
 dt_status dt_pipe_dp_finish(dt_pipe *p);
 /* ZeRO only: sum of squares of the owned gradient shards (skip[local index]:
  * left out), the step with the pipeline's clip scale, parameters current
- * (gathers waited; stage 3: the whole stage gathered until the next step),
+ * (gathers waited; stage 3: only buckets no module owns stay gathered),
  * per-rank bytes */
 double dt_pipe_dp_sumsq(dt_pipe *p, const unsigned char *skip);
 dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale);

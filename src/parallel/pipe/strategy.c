@@ -332,7 +332,9 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
                          .setup = s_setup, .forward_backward = s_forward_backward, .forward_only = s_forward_only,
                          .allreduce_sum = s_allreduce_sum, .destroy = s_destroy, .owns_optimizer = 1,
                          .step = s_step, .save = s_save, .load = s_load, .sync_params = s_sync,
-                         .data_rank = p->lay.replica, .data_world = p->lay.D, .save_is_dir = 1, .agree = s_agree};
+                         .data_rank = p->lay.replica, .data_world = p->lay.D, .save_is_dir = 1, .agree = s_agree,
+                         /* ZeRO-3 gathers in every forward: replicas evaluate equally often */
+                         .collective_forward = p->o.zero_stage == 3};
     /* a stage holds 1/P of the blocks; ZeRO over its D replicas shards further */
     int P = p->lay.P > 0 ? p->lay.P : 1, D = p->lay.D > 0 ? p->lay.D : 1, z = p->o.zero_stage;
     out->mem_div[0] = P * (z >= 3 ? D : 1);

@@ -394,6 +394,15 @@ int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ck
     return n;
 }
 
+int dt_zero_value_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc) {
+    zc c;
+    if (zc_init(&c, z, r) != DT_OK) { zc_free(&c); return -1; }
+    int n = 0;
+    if (dt_zero_stage(z) == 3) owned_pieces(&c, -1, skip, pc, &n, c.m->n_params);   /* names: the parameters' own */
+    zc_free(&c);
+    return n;
+}
+
 dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step) {
     zc c;
     dt_status s = zc_init(&c, z, r);

@@ -22,9 +22,7 @@
  * of the step (forward, recompute and backward entries in the order the
  * schedule's actions ran them), and the prefetch looks across actions: the
  * last module of an F prefetches the first ones of the B that follows. The
- * schedule is static, so the last step's order is this step's. Outside
- * steps (evaluation, saves, loads) the stage holds its whole parameters
- * (dt_zero3_gather_whole): evaluation forwards then need no collective. */
+ * schedule is static, so the last step's order is this step's. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +124,6 @@ static dt_status module_hook(dt_module *mod, dt_module_hook_kind kind, void *use
         for (int k = 0; k < z->mods.nb[i]; k++) DT_TRY(dt_zero_wait_gather(z, z->mods.buckets[i][k]));
         return DT_OK;
     }
-    if (z->mods.whole) return DT_OK;   /* every bucket is gathered (outside a pipeline's steps) */
     zmod_seq *bwd = z->mods.unified ? &z->mods.fwd : &z->mods.bwd;
     switch (kind) {
     case DT_HOOK_PRE_FORWARD:
@@ -241,7 +238,6 @@ void dt_zero_make_whole(dt_zero *z) {
 /* Stage 3 outside training steps (evaluation): nothing gathered but the
  * buckets no module owns, so a forward can run. */
 dt_status dt_zero3_idle(dt_zero *z) {
-    z->mods.whole = 0;
     z->mods.recording = 0;
     z->mods.in_backward = 0;
     unpin_all(z);
@@ -249,24 +245,9 @@ dt_status dt_zero3_idle(dt_zero *z) {
     return gather_orphans(z);
 }
 
-/* A pipeline stage between steps (file comment): every bucket gathered and
- * waited, the module hooks idle until the next step. Collective over the
- * gather group. */
-dt_status dt_zero3_gather_whole(dt_zero *z) {
-    if (z->stage < 3 || z->mods.whole) return DT_OK;
-    z->mods.recording = 0;
-    z->mods.in_backward = 0;
-    unpin_all(z);
-    for (int i = 0; i < z->lay.nb; i++) DT_TRY(gather(z, i));
-    for (int i = 0; i < z->lay.nb; i++) DT_TRY(dt_zero_wait_gather(z, i));
-    z->mods.whole = 1;
-    return DT_OK;
-}
-
 void dt_zero3_pipeline_mode(dt_zero *z) { z->mods.unified = 1; }
 
 dt_status dt_zero_params_before_forward(dt_zero *z) {
-    z->mods.whole = 0;
     if (z->stage < 3) {
         for (int i = 0; i < z->lay.nb; i++)
             if (z->lay.b[i].has_orphan) DT_TRY(dt_zero_wait_gather(z, i));

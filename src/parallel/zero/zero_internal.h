@@ -107,7 +107,6 @@ typedef struct zmodules {
     int recording;                    /* a training micro-step: record orders, prefetch */
     int unified;                      /* a pipeline stage: one order (fwd) for the whole step, F and B
                                          entries interleaved as its actions ran (zero/params.c) */
-    int whole;                        /* every bucket gathered, hooks idle (dt_zero3_gather_whole) */
     int in_backward;                  /* this micro-step's backward phase has begun */
     unsigned char *pinned;            /* per module: in the pinned set */
     int n_pinned;
@@ -261,10 +260,8 @@ dt_status dt_zero_params_before_forward(dt_zero *z);
 dt_status dt_zero3_release_all(dt_zero *z);
 dt_status dt_zero3_idle(dt_zero *z);
 /* A pipeline stage (pipe/dp.c): one prefetch order over the step's F and B
- * actions; between steps the whole stage gathered (collective), until the
- * next step's dt_zero_begin_external frees it. */
+ * actions (zero/params.c). */
 void dt_zero3_pipeline_mode(dt_zero *z);
-dt_status dt_zero3_gather_whole(dt_zero *z);
 /* Stage 3 back to a whole model at free: parameters gathered into a flat buffer. */
 void dt_zero_make_whole(dt_zero *z);
 /* Every rank ran the same modules in the same order in this micro-step's
