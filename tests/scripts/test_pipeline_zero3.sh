@@ -7,6 +7,8 @@
 #     losses (eval included) are the same bits, after 4 AdamW steps;
 #   - schedules 1f1b, gpipe, zb-h1 (with recompute) and interleaved (2 chunks
 #     per rank), GPT-2 with its wte tied across the first and last stage;
+#     --node-params (stage 3 then keeps a machine's parameters whole, as
+#     stage 2: its set must still hold every value);
 #   - with --clip (the norm over both stages, summed in rank order): bitwise
 #     ZeRO-2 (the same shards give the same norm) and DDP. DDP sums the norm
 #     per parameter, ZeRO per shard: the doubles may differ in their last
@@ -75,6 +77,7 @@ done <<CONFIGS
 z3_gpipe|--schedule gpipe
 z3_zbh1_recompute|--schedule zb-h1 --recompute blocks
 z3_interleaved|--schedule interleaved --zero-prefetch 1
+z3_node_params|--node-params
 CONFIGS
 
 # clipping over both stages (0.5: active at every step)

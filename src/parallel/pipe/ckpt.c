@@ -41,7 +41,8 @@ void dt_pipe_ckpt_free(dt_pipe *p) {
     p->ck.gname = NULL; p->ck.gshape = NULL; p->ck.buffer_mine = NULL;
 }
 
-static int zero3(const dt_pipe *p) { return p->dp.zero && p->o.zero_stage == 3; }
+/* (the stage in effect: --node-params makes stage 3 keep whole parameters, as stage 2) */
+static int zero3(const dt_pipe *p) { return p->dp.zero && dt_zero_stage(p->dp.zero) == 3; }
 
 /* Writes parameter i whole: replica 0, a tied one on its authority only;
  * none at ZeRO-3 (owned ranges instead). */
