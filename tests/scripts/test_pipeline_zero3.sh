@@ -30,9 +30,9 @@ for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy
 model=(--model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --data text --data-path "$tmp/corpus.txt"
        --eval-batches 3 --threads 1 --steps 4)
 pp=(--batch 8 --microbatches 4 --pp 2 --nproc 4)
-# ZeRO: a bucket per parameter or so (1 KB), so that stage 3 gathers and frees
+# ZeRO: buckets of 1 KB (the first too), about 10 per stage, so that stage 3 gathers and frees
 # as modules come and go (at the default 4 MiB one bucket holds a stage)
-zb=(--bucket-mb 0.001)
+zb=(--bucket-mb 0.001 --first-bucket-mb 0.001)
 fail=0
 
 # run TAG ARGS...: train, keep TAG.ck and TAG.jsonl (timings dropped)
