@@ -19,6 +19,7 @@ steps=${3:-6}
 dir=${4:-$(mktemp -d)}
 workload=${WORKLOAD:-W1}
 modes=${MODES:-2 3}
+# shellcheck disable=SC2054  # (--pp-split takes a comma list)
 if [ "$workload" = W2 ]; then
     [ -f "$dir/w2.bin" ] || python3 - "$dir/w2.bin" << 'PY'
 import random, struct, sys
