@@ -77,17 +77,12 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
                  (long long)f->o.batch, M);
         return -1;
     }
-    if (f->dist.zero_stage == 3) {
-        snprintf(err, (size_t)errlen, "--zero 3 does not combine with --pp (stage 3 gathers parameters from module hooks "
-                 "that a stage's part of the model does not all run); use --zero 1 or 2");
-        return -1;
-    }
     if (f->save_format && f->dist.save_format == DT_ZERO_CKPT_CONSOLIDATED) {   /* else ignored: saved as a set */
         snprintf(err, (size_t)errlen, "--save-format consolidated does not combine with --pp: a pipeline saves a "
                  "sharded set (any layout, ZeRO or one process resumes it)");
         return -1;
     }
-    /* data parallel across each stage's replicas: DDP or ZeRO 1/2 with the same options */
+    /* data parallel across each stage's replicas: DDP or ZeRO 1/2/3 with the same options */
     p->zero_stage = f->dist.zero_stage;
     p->ddp = f->dist.ddp;
     p->zero = f->dist.zero;

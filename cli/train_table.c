@@ -173,7 +173,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--no-shm", DT_ARG_FLAG, &f->no_shm, NULL, "DDP, ZeRO: MPI collectives even when all ranks share this machine (default: DDP without --compress keeps gradients in MPI shared memory, ZeRO-1/2 gathers through it)", 0, 0},
         {"--compress", DT_ARG_STR, &f->compress, "none|bf16|fp16", "DDP: gradient compression on the wire; ZeRO: gradients and gathered parameters on the wire, fp32 master shards (default none)", 0, 0},
         {"--progress", DT_ARG_STR, &f->progress, "poll|thread", "MPI progress engine (default: see dist.h)", 0, 0},
-        {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default); with --pp: per stage, 1 or 2", 0, 0},
+        {"--zero", DT_ARG_INT, &f->dist.zero_stage, "0|1|2|3", "ZeRO stage: shard optimizer state (1), + gradients (2), + parameters (3); 0 = DDP (default); with --pp: per stage, over the stage's replicas", 0, 0},
         {"--overlap-step", DT_ARG_STR, &f->overlap_step, "MODE", "ZeRO: interleaved | after-backward (default) | off: when shards are stepped", 0, 0},
         {"--node-params", DT_ARG_FLAG, &f->dist.zero.node_params, NULL, "ZeRO: parameters once per machine in memory its ranks share; shards gathered into each machine once per step (stage 3 keeps them whole, as stage 2)", 0, 0},
         {"--zero-prefetch", DT_ARG_INT, &f->zero_prefetch, "N", "ZeRO-3: modules whose parameters are gathered ahead (default 2; 0 = none)", 0, 0},

@@ -142,6 +142,11 @@ foreach(np 2 4)
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_faults.sh $<TARGET_FILE:dtrain_cli> ${np})
   set_tests_properties(test_pipeline_faults_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()
+# ZeRO-3 inside pipeline stages (P = 2 x D = 2): bitwise --pp 2 with DDP and
+# ZeRO-2 per stage, schedules, clipping, checkpoints across layouts.
+add_test(NAME test_pipeline_zero3_np4
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_zero3.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_pipeline_zero3_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 600)
 
 # --node-params through the CLI on simulated machines (DTRAIN_TEST_MACHINES):
 # bitwise the private-parameter runs, resumable, refused without --zero.

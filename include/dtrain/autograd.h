@@ -251,7 +251,10 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
  *  - Ops: a backward computes each of dx / dw / db only when dt_grad_of gives
  *    it a buffer, and communicates only for its input gradient, which W never
  *    asks for: SyncBatchNorm's exchange thus runs once, in B. An op that
- *    communicated for a weight gradient could not be deferred.
+ *    communicated for a weight gradient could not be deferred. Nor may a
+ *    weight gradient read the parameter's own value (none of dtrain's ops
+ *    does): between B and W its storage may be gone (ZeRO-3 inside a
+ *    pipeline stage frees gathered parameters and does not gather for W).
  * pred is read during B only: changing it between B and W changes nothing
  * already queued. */
 /* predicate: 1 = this parameter's gradient is deferred to the W pass */

@@ -276,9 +276,15 @@ dt_status dt_zero_load(dt_zero *z, dt_run *run, const char *path);
  * element ranges), for parameters with !skip[index] (skip may be NULL);
  * pc has room for states x n_params pieces, names for as many 192-byte
  * names (filled in piece order). Returns the count, -1 on error.
- * read_states: this rank's owned ranges of every state, and the step count. */
+ * read_states: this rank's owned ranges of every state (stage 3: and of the
+ * parameter values), and the step count. */
 int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc, char (*names)[192]);
 dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step);
+/* Stage 3 (the values exist only as shards): the pieces of this rank's owned
+ * ranges of the parameter values, for parameters with !skip[index]; pc has
+ * room for n_params pieces (names: the parameters'). Returns the count (0
+ * below stage 3), -1 on error. */
+int dt_zero_value_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc);
 /* After the owned shards' parameter values were overwritten (load): stages
  * 1/2 all-gather every bucket so the full parameters match; stage 3 no-op.
  * Collective. */

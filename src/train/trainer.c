@@ -237,7 +237,14 @@ static dt_status eval_round(dt_trainer *t, eval_group *q, int slots, int64_t sta
     int64_t s0 = counted ? start : 0;
     int64_t n = limit - s0 < B ? limit - s0 : B;
     if (q) {   /* a scheduling strategy: all ranks of a replica see the same batches */
-        if (!counted) return DT_OK;
+        if (!counted && !t->strat.collective_forward) return DT_OK;
+        if (!counted) {   /* block 0 once more, its sums thrown away (in a call of its own) */
+            double none[3] = {0, 0, 0};
+            DT_TRY(eval_flush(t, q, sums));
+            for (int64_t i = 0; i < n; i++) t->idx[i] = s0 + i;
+            q->b[q->n++] = dt_trainer_batch_in(t, 0, DT_SPLIT_EVAL, n);
+            return eval_flush(t, q, none);
+        }
         for (int64_t i = 0; i < n; i++) t->idx[q->n * B + i] = s0 + i;
         q->b[q->n] = dt_trainer_batch_in(t, q->n, DT_SPLIT_EVAL, n);
         return ++q->n == slots ? eval_flush(t, q, sums) : DT_OK;

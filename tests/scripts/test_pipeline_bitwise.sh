@@ -2,7 +2,8 @@
 # Pipeline parallelism trains bit-identically to the run it stands for:
 #   --pp P --microbatches M --batch B  ==  one process --batch B/M --accum M
 #   --pp P x D replicas                ==  DDP at D ranks --batch B/M --accum M
-#     (the replicas of a stage run DDP or ZeRO-1/2: bitwise the same)
+#     (the replicas of a stage run DDP or ZeRO-1/2: bitwise the same; ZeRO-3:
+#     test_pipeline_zero3.sh)
 # for GPT-2 (tied wte across the first and last stage) and the MLP, every
 # schedule (gpipe, 1f1b, interleaved, zb-h1: so ZB-H1 == 1F1B bitwise too), odd stage counts, recompute, and checkpoints that move between
 # layouts (saved by a pipeline, resumed by one process and vice versa).

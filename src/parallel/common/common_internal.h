@@ -41,6 +41,11 @@ double dt_par_now_us(void);
 /* Sum n <= 16 doubles across the group (metrics and counts; each as three
  * floats, so one rank's value or an integer count arrives exactly). */
 dt_status dt_par_allreduce_sum(dt_pg *pg, double *x, int n);
+/* *x summed over the group in rank order, exactly the same bits on every
+ * rank and in every run (an allgather of the doubles, added 0, 1, ...): a
+ * clip norm's partial sums, where the float sums of dt_par_allreduce_sum
+ * depend on the order MPI adds in. Collective. */
+dt_status dt_par_sum_rank_order(dt_pg *pg, double *x);
 /* Rank 0 prints one line per rank: the given bytes and peak RSS. Collective. */
 /* Rank root's optimizer state, step count and per-segment skipped counts
  * onto every rank of pg (same segments everywhere). Collective. */

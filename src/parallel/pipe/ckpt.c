@@ -9,7 +9,11 @@
  * tensor of the whole model (captured before the stage dropped the others).
  * Loading reads every parameter the rank holds (tied holders too: they step
  * their copy with the same state), its states and all buffers. Outcomes are
- * agreed over the world, so a failure on one rank is an error on all. */
+ * agreed over the world, so a failure on one rank is an error on all.
+ * ZeRO-3 keeps values only as shards: every replica writes its owned ranges
+ * of the values as of the states (a tied copy: on its authority only), and
+ * a load reads each replica's owned ranges (dt_zero_read_states), never a
+ * whole stage. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,9 +41,14 @@ void dt_pipe_ckpt_free(dt_pipe *p) {
     p->ck.gname = NULL; p->ck.gshape = NULL; p->ck.buffer_mine = NULL;
 }
 
+/* (the stage in effect: --node-params makes stage 3 keep whole parameters, as stage 2) */
+static int zero3(const dt_pipe *p) { return p->dp.zero && dt_zero_stage(p->dp.zero) == 3; }
+
+/* Writes parameter i whole: replica 0, a tied one on its authority only;
+ * none at ZeRO-3 (owned ranges instead). */
 static int saver_of(const dt_pipe *p, int i) {
     int t = p->ties.of[i];
-    return p->lay.replica == 0 && (t < 0 || p->ties.list[t].is_authority);
+    return !zero3(p) && p->lay.replica == 0 && (t < 0 || p->ties.list[t].is_authority);
 }
 
 static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const char *set) {
@@ -58,9 +67,12 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
     float *zeros = zn ? calloc(zn, sizeof *zeros) : NULL;
     if (zn && !zeros) { free(pc); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
     int n = 0;
-    if (p->dp.zero) {   /* every replica: its owned ranges of the states (a tied copy: on its authority only) */
+    if (p->dp.zero) {   /* every replica: its owned ranges of the states (stage 3: and values; a tied copy:
+                           on its authority only) */
         n = dt_zero_state_pieces(p->dp.zero, r, p->upd.norm_skip, pc, sname);
-        if (n < 0) { free(pc); free(sname); free(zeros); return dt_error_code() ? dt_error_code() : DT_ENOMEM; }
+        int nv = n < 0 ? -1 : dt_zero_value_pieces(p->dp.zero, r, p->upd.norm_skip, pc + n);
+        if (n < 0 || nv < 0) { free(pc); free(sname); free(zeros); return dt_error_code() ? dt_error_code() : DT_ENOMEM; }
+        n += nv;
     }
     for (int i = 0; i < np; i++) {
         if (!saver_of(p, i)) continue;
@@ -146,7 +158,7 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
     for (int i = 0; i < m->n_params; i++) {
         dt_param *q = m->params[i];
         DT_TRY(dt_ckpt_expect(ck, q->name, q->value.ndim, q->value.shape));
-        DT_TRY(dt_ckpt_read(ck, q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)));
+        if (!zero3(p)) DT_TRY(dt_ckpt_read(ck, q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)));
         for (int k = 0; k < ns && !p->dp.zero; k++) {
             char nm[192];
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(r->optim, k), q->name);
@@ -160,7 +172,8 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
         DT_TRY(dt_ckpt_expect(ck, m->buffers[i]->name, b->ndim, b->shape));
         DT_TRY(dt_ckpt_read(ck, m->buffers[i]->name, 0, (size_t)b->numel, dt_f32(b)));
     }
-    if (p->dp.zero) return dt_zero_read_states(p->dp.zero, r, ck, ostep);   /* owned ranges; values read whole above */
+    /* owned ranges; values read whole above (stage 3: owned ranges too) */
+    if (p->dp.zero) return dt_zero_read_states(p->dp.zero, r, ck, ostep);
     p->upd.optim.step = ostep;
     return DT_OK;
 }
@@ -171,5 +184,7 @@ dt_status dt_pipe_load(dt_pipe *p, dt_run *r, const char *path) {
     if (s == DT_OK) s = dt_ckpt_open(path, &ck);
     if (s == DT_OK) s = load_local(p, r, ck);
     dt_ckpt_close(ck);
-    return dt_par_agree(p->comm.world, s, path);
+    s = dt_par_agree(p->comm.world, s, path);
+    /* ZeRO-3: buckets kept gathered (parameters no module owns) from the new shards */
+    return s == DT_OK && zero3(p) ? dt_par_agree(p->comm.world, dt_pipe_dp_sync(p), path) : s;
 }

@@ -1,4 +1,4 @@
-/* Data parallel across the D replicas of a pipeline stage: DDP or ZeRO-1/2
+/* Data parallel across the D replicas of a pipeline stage: DDP or ZeRO-1/2/3
  * over the stage's own parameters, on the stage's data-parallel group.
  *
  * The reducer is the one plain data parallelism uses (dt_ddp / dt_zero),
@@ -16,7 +16,31 @@
  *    runs without a tape to search (dt_*_begin_external).
  * Holders of a tied parameter reduce the same D totals in the same order, so
  * their copies stay bit-identical; with ZeRO each steps its own shards of it
- * with the same optimizer state. */
+ * with the same optimizer state.
+ *
+ * ZeRO-3: the replicas keep only their shards of the stage's parameters.
+ * The gather policy is ZeRO-3's own, per module and per action: every F and
+ * every B gathers each module's buckets in that module's pre-forward /
+ * pre-backward hook and frees them when the next module enters, and the
+ * next `zero.prefetch` modules are gathered ahead in the order the last
+ * step's actions ran them (one order over F and B: dt_zero3_pipeline_mode),
+ * so the last module of an action prefetches the first of the next action,
+ * whichever chunk it belongs to. Why not keep a chunk gathered from its
+ * first F to its last B or W: with one chunk per rank (gpipe, 1f1b, zb-h1)
+ * that holds the whole stage through the whole step — --zero 2's parameter
+ * memory, which --zero 2 already gives without the gathers. Per action the
+ * gathered memory is a few modules (the prefetch window), at the cost of
+ * 2 gathers per module per micro-batch, as ZeRO-3 with gradient
+ * accumulation pays. A W (zb-h1; the authority's tied use) gathers nothing:
+ * weight gradients read activations and output gradients only (dW = dy^T x,
+ * LayerNorm's from x-hat, an embedding's rows), never a parameter's value.
+ * The tied wte needs nothing of its own: the lm-head enters wte's module
+ * like the embedding does, so each holder gathers its own copy's buckets.
+ * Outside steps nothing is gathered but what no module owns
+ * (dt_pipe_dp_sync): evaluation forwards gather per module like training
+ * ones, so the strategy says its forwards are collective and the trainer
+ * has every replica run as many (a replica past the end repeats a batch
+ * and counts nothing); checkpoints hold values as owned ranges (pipe/ckpt.c). */
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/ddp/ddp_internal.h"
@@ -33,9 +57,8 @@ int dt_pipe_dp_active(const dt_pipe *p) { return p->dp.ddp || p->dp.zero; }
 
 dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r) {
     dt_model *m = p->m;
-    if (p->o.zero_stage < 0 || p->o.zero_stage > 2)
-        return DT_ERR(DT_EINVAL, "pipeline: ZeRO stage %d is not available across stages (1 or 2; stage 3 gathers "
-                      "parameters from module hooks a stage's partial model does not all run)", p->o.zero_stage);
+    if (p->o.zero_stage < 0 || p->o.zero_stage > 3)
+        return DT_ERR(DT_EINVAL, "pipeline: ZeRO stage %d is not available across stages (1, 2 or 3)", p->o.zero_stage);
     if (p->o.zero_stage) {
         dt_zero_opts zo = p->o.zero;
         zo.stage = p->o.zero_stage;
@@ -45,6 +68,7 @@ dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r) {
                           "so it cannot be combined with ZeRO's interleaved step overlap (use after-backward or off)");
         DT_TRY(dt_zero_create(m, p->dp.pg, r->optim, &zo, &p->dp.zero));
         p->dp.zero->trace = r->trace;
+        if (zo.stage == 3) dt_zero3_pipeline_mode(p->dp.zero);
     } else if (p->lay.D > 1) {
         DT_TRY(dt_ddp_create(m, p->dp.pg, &p->o.ddp, &p->dp.ddp));
         p->dp.ddp->trace = r->trace;

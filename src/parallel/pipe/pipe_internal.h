@@ -296,7 +296,7 @@ typedef struct dt_pipe_tie_set {
 
 /* Data parallel across this stage's D replicas (pipe/dp.c): pg (split at
  * create, owned, rank = replica) and at most one reducer over it, DDP or
- * ZeRO-1/2 of the stage's parameters; none when D = 1 without ZeRO. */
+ * ZeRO-1/2/3 of the stage's parameters; none when D = 1 without ZeRO. */
 typedef struct dt_pipe_dp {
     dt_pg *pg;
     int local;                /* every stage's replicas share a machine (dt_pipe_place_local) */
@@ -356,7 +356,7 @@ void dt_pipe_engine_free(dt_pipe *p);
 static inline int dt_pipe_rank_of(const dt_pipe *p, int v) { return v % p->lay.P; }
 static inline int dt_pipe_vstage(const dt_pipe *p, int chunk) { return chunk * p->lay.P + p->lay.stage; }
 
-/* pipe/dp.c: data parallel across the replicas of this stage (DDP or ZeRO-1/2
+/* pipe/dp.c: data parallel across the replicas of this stage (DDP or ZeRO-1/2/3
  * over the stage's parameters); the tapes' tick calls dt_pipe_dp_tick. */
 dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r);   /* after the stage's parameters and ties exist */
 void dt_pipe_dp_free(dt_pipe *p);
@@ -368,7 +368,8 @@ void dt_pipe_dp_tick(dt_pipe *p);
 dt_status dt_pipe_dp_finish(dt_pipe *p);
 /* ZeRO only: sum of squares of the owned gradient shards (skip[local index]:
  * left out), the step with the pipeline's clip scale, parameters current
- * (gathers waited), per-rank bytes */
+ * (gathers waited; stage 3: only buckets no module owns stay gathered),
+ * per-rank bytes */
 double dt_pipe_dp_sumsq(dt_pipe *p, const unsigned char *skip);
 dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale);
 dt_status dt_pipe_dp_sync(dt_pipe *p);

@@ -242,9 +242,11 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
     float scale = 1.0f;
     if (r->clip > 0) {
         /* ZeRO: the owned shards are disjoint over the whole world; else the
-         * replicas hold equal gradients: one pipeline's sum */
+         * replicas hold equal gradients: one pipeline's sum. In rank order:
+         * the same scale on every rank and in every run (4 ranks' float sums
+         * in MPI's order were not) */
         double ss = p->dp.zero ? dt_pipe_dp_sumsq(p, p->upd.norm_skip) : local_sumsq(p);
-        DT_TRY(dt_par_allreduce_sum(p->dp.zero ? p->comm.world : p->comm.pp, &ss, 1));
+        DT_TRY(dt_par_sum_rank_order(p->dp.zero ? p->comm.world : p->comm.pp, &ss));
         scale = dt_clip_scale(sqrt(ss), r->clip);
     }
     if (p->dp.zero) {
@@ -330,10 +332,12 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
                          .setup = s_setup, .forward_backward = s_forward_backward, .forward_only = s_forward_only,
                          .allreduce_sum = s_allreduce_sum, .destroy = s_destroy, .owns_optimizer = 1,
                          .step = s_step, .save = s_save, .load = s_load, .sync_params = s_sync,
-                         .data_rank = p->lay.replica, .data_world = p->lay.D, .save_is_dir = 1, .agree = s_agree};
+                         .data_rank = p->lay.replica, .data_world = p->lay.D, .save_is_dir = 1, .agree = s_agree,
+                         /* ZeRO-3 gathers in every forward: replicas evaluate equally often */
+                         .collective_forward = p->o.zero_stage == 3};
     /* a stage holds 1/P of the blocks; ZeRO over its D replicas shards further */
     int P = p->lay.P > 0 ? p->lay.P : 1, D = p->lay.D > 0 ? p->lay.D : 1, z = p->o.zero_stage;
-    out->mem_div[0] = P;
+    out->mem_div[0] = P * (z >= 3 ? D : 1);
     out->mem_div[1] = P * (z >= 2 ? D : 1);
     out->mem_div[2] = P * (z >= 1 ? D : 1);
     out->mem_div[3] = P;

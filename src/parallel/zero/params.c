@@ -14,7 +14,15 @@
  * prefetch plan looks across them; the recomputed modules are pinned — kept
  * wanted — until backward moves on to a module outside them or a new
  * recompute begins, so a replayed block is gathered once for recompute and
- * backward. The forward order is not touched by recompute. */
+ * backward. The forward order is not touched by recompute.
+ *
+ * Inside a pipeline stage (dt_zero3_pipeline_mode; pipe/dp.c) the F and B
+ * actions of many micro-batches interleave on one rank, so the forward and
+ * backward phases alternate within a step. There one order holds every hook
+ * of the step (forward, recompute and backward entries in the order the
+ * schedule's actions ran them), and the prefetch looks across actions: the
+ * last module of an F prefetches the first ones of the B that follows. The
+ * schedule is static, so the last step's order is this step's. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,8 +91,8 @@ static void unpin_all(dt_zero *z) {
 }
 
 /* Stage 3: module `mod` is about to run (forward, recompute or backward); q
- * holds this and the previous micro-step's order for that phase, `entry` is
- * this hook's entry in it (2 * mod + recompute). */
+ * holds this and the previous micro-step's order for that phase (a pipeline
+ * stage: of the whole step), `entry` is this hook's entry in it (ENTRY). */
 static dt_status stage3_enter(dt_zero *z, int mod, int entry, zmod_seq *q) {
     int pos = q->n;
     if (z->mods.recording) DT_TRY(push(q, entry));
@@ -94,7 +102,7 @@ static dt_status stage3_enter(dt_zero *z, int mod, int entry, zmod_seq *q) {
     for (int m = 0; z->mods.n_pinned && m < z->m->n_modules; m++)
         if (z->mods.pinned[m]) want_module(z, m);
     int match = z->mods.recording && pos < q->n_prev && q->prev[pos] == entry;   /* plan still follows the last run */
-    for (int k = 1; match && k <= z->opts.prefetch && pos + k < q->n_prev; k++) want_module(z, q->prev[pos + k] / 2);
+    for (int k = 1; match && k <= z->opts.prefetch && pos + k < q->n_prev; k++) want_module(z, q->prev[pos + k] / 4);
     for (int i = 0; i < z->lay.nb; i++)
         if (!z->mods.want[i]) DT_TRY(release(z, i));
     for (int k = 0; k < z->mods.nb[mod]; k++) DT_TRY(gather(z, z->mods.buckets[mod][k]));
@@ -104,6 +112,10 @@ static dt_status stage3_enter(dt_zero *z, int mod, int entry, zmod_seq *q) {
     return DT_OK;
 }
 
+/* An order entry: the module and the kind of hook (0 forward, 1 recompute,
+ * 2 backward); / 4 gives the module back. */
+#define ENTRY(mod, tag) (4 * (mod) + (tag))
+
 static dt_status module_hook(dt_module *mod, dt_module_hook_kind kind, void *user) {
     dt_zero *z = user;
     int i = mod->index;
@@ -112,22 +124,24 @@ static dt_status module_hook(dt_module *mod, dt_module_hook_kind kind, void *use
         for (int k = 0; k < z->mods.nb[i]; k++) DT_TRY(dt_zero_wait_gather(z, z->mods.buckets[i][k]));
         return DT_OK;
     }
+    zmod_seq *bwd = z->mods.unified ? &z->mods.fwd : &z->mods.bwd;
     switch (kind) {
     case DT_HOOK_PRE_FORWARD:
         unpin_all(z);
-        return stage3_enter(z, i, 2 * i, &z->mods.fwd);
+        if (z->mods.unified) z->mods.in_backward = 0;   /* a pipeline's next F */
+        return stage3_enter(z, i, ENTRY(i, 0), &z->mods.fwd);
     case DT_HOOK_PRE_RECOMPUTE:
         z->mods.in_backward = 1;
         if (!z->mods.pin_open) unpin_all(z);   /* backward ran since the last recompute: a new block */
         z->mods.pin_open = 1;
         z->mods.n_pinned += !z->mods.pinned[i];
         z->mods.pinned[i] = 1;
-        return stage3_enter(z, i, 2 * i + 1, &z->mods.bwd);
+        return stage3_enter(z, i, ENTRY(i, 1), bwd);
     case DT_HOOK_PRE_BACKWARD:
         z->mods.in_backward = 1;
         if (!z->mods.pinned[i]) unpin_all(z);   /* backward moved on past the recomputed block */
         z->mods.pin_open = 0;
-        return stage3_enter(z, i, 2 * i, &z->mods.bwd);
+        return stage3_enter(z, i, ENTRY(i, 2), bwd);
     default:
         return DT_OK;
     }
@@ -230,6 +244,8 @@ dt_status dt_zero3_idle(dt_zero *z) {
     DT_TRY(dt_zero3_release_all(z));
     return gather_orphans(z);
 }
+
+void dt_zero3_pipeline_mode(dt_zero *z) { z->mods.unified = 1; }
 
 dt_status dt_zero_params_before_forward(dt_zero *z) {
     if (z->stage < 3) {

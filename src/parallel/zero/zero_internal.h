@@ -87,8 +87,8 @@ typedef struct zgather_queue {
 } zgather_queue;
 
 /* One phase's module order (zero/params.c): this micro-step's, and the
- * previous one's as the stage-3 prefetch plan. Entries are 2 * module + r,
- * r = 1 for a recompute (PRE_RECOMPUTE), 0 otherwise. */
+ * previous one's as the stage-3 prefetch plan. Entries are 4 * module + tag,
+ * tag 0 forward, 1 recompute (PRE_RECOMPUTE), 2 backward. */
 typedef struct zmod_seq {
     int *seq, n, cap;        /* entries as their hooks ran, this step */
     int *prev, n_prev, cap_prev;
@@ -105,6 +105,8 @@ typedef struct zmodules {
     zmod_seq fwd, bwd;                /* forward phase (PRE_FORWARD); backward phase
                                          (PRE_RECOMPUTE and PRE_BACKWARD, in hook order) */
     int recording;                    /* a training micro-step: record orders, prefetch */
+    int unified;                      /* a pipeline stage: one order (fwd) for the whole step, F and B
+                                         entries interleaved as its actions ran (zero/params.c) */
     int in_backward;                  /* this micro-step's backward phase has begun */
     unsigned char *pinned;            /* per module: in the pinned set */
     int n_pinned;
@@ -257,6 +259,9 @@ void dt_zero_modules_free(dt_zero *z);
 dt_status dt_zero_params_before_forward(dt_zero *z);
 dt_status dt_zero3_release_all(dt_zero *z);
 dt_status dt_zero3_idle(dt_zero *z);
+/* A pipeline stage (pipe/dp.c): one prefetch order over the step's F and B
+ * actions (zero/params.c). */
+void dt_zero3_pipeline_mode(dt_zero *z);
 /* Stage 3 back to a whole model at free: parameters gathered into a flat buffer. */
 void dt_zero_make_whole(dt_zero *z);
 /* Every rank ran the same modules in the same order in this micro-step's
