@@ -5,8 +5,37 @@
 # says runs. (bf16 computes only where oneDNN has AMX; elsewhere both rows are fp32.)
 #
 #   bench/precision.sh BUILD_DIR [REPS] [STEPS] [DIR for W2's token shard]
+#
+# fp16 convergence (issue 29: "fp16 with loss scaling converges on W1 text like
+# fp32, final loss within 1% after 300 steps"): W1 on its text (the fortunes)
+# in fp32 and in fp16 with dynamic loss scaling, same seed and data, STEPS
+# steps each (lr 3e-4, wd 0 as WORKLOADS.md): the final training loss, the
+# mean loss of the last 10 steps (less noisy), their relative difference, the
+# steps loss scaling skipped and the last scale.
+#
+#   bench/precision.sh BUILD_DIR converge [STEPS=300]
 set -euo pipefail
-build=${1:?usage: precision.sh BUILD_DIR [REPS] [STEPS] [DIR]}
+build=${1:?usage: precision.sh BUILD_DIR [REPS] [STEPS] [DIR] | BUILD_DIR converge [STEPS]}
+if [ "${2:-}" = converge ]; then
+    steps=${3:-300}
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    w1=(--model gpt2 --layers 6 --embd 384 --heads 6 --max-t 256 --seq 256 --batch 8 --data text --lr 3e-4 --wd 0)
+    echo "$(lscpu | grep -m1 'Model name' | sed 's/  */ /g'), $(lscpu | grep -m1 '^Model:' | sed 's/  */ /g'); W1, 1 process x 2 threads, $steps steps"
+    echo "| precision | loss at step $steps | mean loss, last 10 steps | ms/step | skipped steps | last loss scale |"
+    echo "|---|---|---|---|---|---|"
+    for p in fp32 fp16; do
+        "$build/dtrain" train "${w1[@]}" --threads 2 --steps "$steps" --eval-batches 1 --log-every "$steps" \
+            --precision $p --metrics "$tmp/$p.jsonl" > "$tmp/$p.out" 2>&1
+        grep '"loss":' "$tmp/$p.jsonl" | sed -E 's/.*"step":([0-9]+),"loss":([0-9.e+-]+),"lr":[^,]+,"ms":([0-9.e+-]+)(,"loss_scale":([0-9.e+-]+),"skipped":([01]))?.*/\1 \2 \3 \5 \6/' \
+            > "$tmp/$p.tsv"
+        awk -v p=$p -v n="$steps" '{ l[$1] = $2; if ($1 > 1) { ms += $3; k++ } if ($5 == 1) sk++; sc = $4 }
+            END { for (i = n - 9; i <= n; i++) m += l[i]; printf "| %s | %.4f | %.4f | %.0f | %s | %s |\n", p, l[n], m / 10,
+                  ms / k, p == "fp16" ? sk + 0 : "-", p == "fp16" ? sc : "-" }' "$tmp/$p.tsv"
+    done
+    paste "$tmp/fp32.tsv" "$tmp/fp16.tsv" | awk -v n="$steps" '$1 > n - 10 { a += $2; b += $5 } $1 == n { la = $2; lb = $5 }
+        END { d = (lb - la) / la; e = (b - a) / a; printf "fp16 vs fp32: final loss %+.2f%%, mean of the last 10 steps %+.2f%%\n", 100 * d, 100 * e }'
+    exit 0
+fi
 reps=${2:-2}
 steps=${3:-10}
 dir=${4:-$(mktemp -d)}

@@ -190,11 +190,34 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     if (f->precision) {
         if (!strcmp(f->precision, "fp32")) o->precision = DT_PREC_FP32;
         else if (!strcmp(f->precision, "bf16")) o->precision = DT_PREC_BF16;
+        else if (!strcmp(f->precision, "fp16")) o->precision = DT_PREC_FP16;
         else {
-            snprintf(err, (size_t)errlen, "--precision: '%s' is not one of fp32, bf16%s", f->precision,
-                     !strcmp(f->precision, "fp16") ? " (fp16 with loss scaling is not built yet)" : "");
+            snprintf(err, (size_t)errlen, "--precision: '%s' is not one of fp32, bf16, fp16", f->precision);
             return -1;
         }
+    }
+    if (f->loss_scale) {   /* dynamic | off | a fixed scale S (the same field as --loss-scale-init) */
+        char *end;
+        double v = strtod(f->loss_scale, &end);
+        if (!strcmp(f->loss_scale, "dynamic")) o->loss_scale = DT_LOSS_SCALE_DYNAMIC;
+        else if (!strcmp(f->loss_scale, "off")) o->loss_scale = DT_LOSS_SCALE_OFF;
+        else if (*f->loss_scale && !*end && v > 0 && v <= 3.4e38) {
+            if (o->loss_scale_init > 0) {
+                snprintf(err, (size_t)errlen, "--loss-scale-init applies to --loss-scale dynamic, not to a fixed scale");
+                return -1;
+            }
+            o->loss_scale = DT_LOSS_SCALE_FIXED;
+            o->loss_scale_init = (float)v;
+        } else {
+            snprintf(err, (size_t)errlen, "--loss-scale: '%s' is not dynamic, off or a positive number", f->loss_scale);
+            return -1;
+        }
+    }
+    if ((o->loss_scale_init > 0 || o->loss_scale_window > 0) && o->loss_scale != DT_LOSS_SCALE_FIXED &&
+        !dt_train_loss_scaling(o)) {
+        snprintf(err, (size_t)errlen, "%s needs loss scaling (--precision fp16, or --loss-scale dynamic)",
+                 o->loss_scale_init > 0 ? "--loss-scale-init" : "--loss-scale-window");
+        return -1;
     }
     o->freeze = f->freeze;
     if (param_groups(f, err, errlen)) return -1;

@@ -97,13 +97,19 @@ void dt_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, cons
  * (measured 1.9-6x fp32 on W1/W2's linear GEMMs, conversions included);
  * elsewhere (bf16 without AMX ran at ~0.7x fp32) the products stay fp32.
  * DTRAIN_BF16=force computes bf16 wherever oneDNN can (AVX-512), for tests.
+ * DT_PREC_FP16: dt_sgemm rounds its two inputs to IEEE half (nearest even;
+ * beyond ±65504 they become ±inf, small ones subnormal or zero) and
+ * multiplies them with float32 accumulation: fp16's numerics on every CPU,
+ * computed by the fp32 GEMM (oneDNN 2.6 has no fp16 matmul on CPU), so at
+ * fp32's speed plus the conversions. Train it with loss scaling (strategy.h).
  * Process-wide, set before training; every rank of a job must set the same. */
-typedef enum dt_precision { DT_PREC_FP32 = 0, DT_PREC_BF16 = 1 } dt_precision;
+typedef enum dt_precision { DT_PREC_FP32 = 0, DT_PREC_BF16 = 1, DT_PREC_FP16 = 2 } dt_precision;
 dt_status dt_gemm_set_precision(dt_precision p);
 dt_precision dt_gemm_precision(void);
 int dt_gemm_bf16_active(void);               /* bf16 set and computed in bf16 here */
 const char *dt_gemm_precision_describe(void);   /* the start-up line's words */
 float dt_bf16_round(float f);                /* f rounded to bfloat16 (nearest even), as float */
+float dt_fp16_round(float f);                /* f rounded to IEEE half (nearest even, overflow -> inf), as float */
 
 /* Weight layout of a linear layer. */
 typedef enum dt_wlayout {

@@ -36,6 +36,42 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 
+/* ---- loss scaling (train.loss_scale; fp16 products overflow and underflow) ----
+ * As PyTorch's GradScaler. The trainer seeds backward with scale / accum in
+ * place of 1 / accum (a pipeline's last stage likewise), so every gradient
+ * arrives multiplied by S = scale. The step, the trainer's or a strategy's
+ * that owns it, then takes the squared norm of the scaled gradients summed
+ * over every rank's part (the same number on every rank: the verdict is
+ * global even when each rank holds only its shards or stage):
+ *   - not finite: some gradient overflowed on some rank; every rank skips the
+ *     step (the optimizer's state and step counts stay; gradients are
+ *     zeroed) and sets dt_run.skipped;
+ *   - finite: the optimizer steps with gradients times
+ *     dt_loss_scaler_step_scale (the clip factor of the unscaled norm,
+ *     divided by S: unscaling costs no pass of its own).
+ * Then the trainer calls dt_loss_scaler_update: dynamic, an overflow halves
+ * S and `window` clean steps in a row double it; fixed, S stays. A skipped
+ * step still counts as a step of the run (train.steps counts iterations, as
+ * PyTorch's loop does: the data and the LR schedule go on). S and the clean
+ * steps counted are run state: checkpoints record them (loss_scale,
+ * loss_scale_good), so a resume goes on bitwise. */
+typedef struct dt_loss_scaler {
+    float scale;        /* S */
+    int dynamic;        /* 1: halve on overflow, double after window clean steps */
+    int window;
+    int64_t good;       /* clean steps since S last changed */
+    int64_t skipped;    /* steps this run skipped */
+} dt_loss_scaler;
+#define DT_LOSS_SCALE_INIT 65536.0f    /* 2^16, as GradScaler */
+#define DT_LOSS_SCALE_WINDOW 2000
+dt_status dt_loss_scaler_init(dt_loss_scaler *ls, float scale, int dynamic, int window);
+/* sumsq: the global squared norm of the scaled gradients (< 0: not taken,
+ * no clip). Returns 1 when the step must be skipped (sumsq not finite), else
+ * 0 with *scale the factor to step with. */
+int dt_loss_scaler_verdict(const dt_loss_scaler *ls, double sumsq, float clip, float *scale);
+/* after a step: skipped 1 backs off (dynamic), 0 counts a clean step */
+void dt_loss_scaler_update(dt_loss_scaler *ls, int skipped);
+
 /* What the trainer shares with its strategy. Pointers are owned by the
  * trainer and valid from setup() to destroy(). */
 typedef struct dt_run {
@@ -48,6 +84,9 @@ typedef struct dt_run {
                                      hands its optimizer state over too */
     float clip;                   /* max global gradient norm; 0 = off */
     float lr;                     /* learning rate of the step being run */
+    dt_loss_scaler *scaler;       /* NULL: no loss scaling. Else a strategy with step() or
+                                     forward_backward follows it (above) */
+    int skipped;                  /* step() sets it: 1 when it skipped (a gradient not finite) */
     int quiet;                    /* 1: strategies print nothing */
     /* position: what a checkpoint records besides tensors */
     int64_t *step;                /* completed optimizer steps */

@@ -19,6 +19,14 @@
  * nn.h section 2 and examples/. */
 typedef dt_status (*dt_model_build_fn)(void *user, uint64_t seed, dt_model **out);
 
+/* train.loss_scale (strategy.h, "loss scaling") */
+typedef enum dt_loss_scale_mode {
+    DT_LOSS_SCALE_AUTO = 0,      /* DYNAMIC with --precision fp16, else OFF */
+    DT_LOSS_SCALE_OFF = 1,
+    DT_LOSS_SCALE_FIXED = 2,     /* loss_scale_init, skip a step with inf/nan gradients */
+    DT_LOSS_SCALE_DYNAMIC = 3,   /* GradScaler: halve on overflow, double after a window of clean steps */
+} dt_loss_scale_mode;
+
 typedef struct dt_train_opts {
     dt_model_cfg model;            /* the built-in to train, unless build_model is set */
     dt_model_build_fn build_model; /* a user's model (NULL: the built-in from `model`) */
@@ -40,8 +48,13 @@ typedef struct dt_train_opts {
     uint64_t seed;
     int threads;                   /* 0 = leave OpenMP default */
     int keep_denormals;            /* 0 (default): flush denormals to zero (dt_cpu_set_flush_denormal) */
-    int precision;                 /* dt_precision of the matrix products (ops.h): DT_PREC_FP32 (default)
-                                      or DT_PREC_BF16 (bf16 inputs, fp32 accumulation, where faster) */
+    int precision;                 /* dt_precision of the matrix products (ops.h): DT_PREC_FP32 (default),
+                                      DT_PREC_BF16 (bf16 inputs, fp32 accumulation, where faster) or
+                                      DT_PREC_FP16 (fp16 inputs, fp32 accumulation; with loss scaling) */
+    int loss_scale;                /* dt_loss_scale_mode (strategy.h, "loss scaling"): AUTO (0) is
+                                      DYNAMIC with fp16, OFF otherwise */
+    float loss_scale_init;         /* FIXED: the scale; DYNAMIC: the first one (0: 2^16) */
+    int loss_scale_window;         /* DYNAMIC: clean steps before the scale doubles (0: 2000) */
     const char *init;              /* safetensors with parameters to start from */
     const char *save;              /* checkpoint path written at the end (and every save_every) */
     int64_t save_every;
@@ -91,6 +104,8 @@ typedef struct dt_train_opts {
 } dt_train_opts;
 
 void dt_train_opts_default(dt_train_opts *o);
+/* 1 when o trains with loss scaling (train.loss_scale, resolved: AUTO is on with fp16) */
+int dt_train_loss_scaling(const dt_train_opts *o);
 dt_status dt_train_opts_validate(const dt_train_opts *o);
 
 typedef struct dt_trainer dt_trainer;
@@ -118,6 +133,8 @@ struct dt_trainer {
     int64_t total_steps;
     int unfrozen;                  /* opts.unfreeze_at happened */
     double last_loss;
+    dt_loss_scaler scaler;         /* train.loss_scale: run.scaler points here when it is on */
+    float last_scale;              /* the scale the last step ran with */
     dt_jsonl metrics;
     dt_trace *trace;
     size_t model_params;           /* the whole model's, counted before the strategy's setup

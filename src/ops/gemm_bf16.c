@@ -57,8 +57,8 @@ static void init_once(void) {
 }
 
 dt_status dt_gemm_set_precision(dt_precision p) {
-    if (p != DT_PREC_FP32 && p != DT_PREC_BF16)
-        return DT_ERR(DT_EINVAL, "GEMM precision %d: expected fp32 or bf16", (int)p);
+    if (p != DT_PREC_FP32 && p != DT_PREC_BF16 && p != DT_PREC_FP16)
+        return DT_ERR(DT_EINVAL, "GEMM precision %d: expected fp32, bf16 or fp16", (int)p);
     atomic_store(&g_precision, (int)p);
     return DT_OK;
 }
@@ -72,7 +72,11 @@ int dt_gemm_bf16_active(void) {
 }
 
 const char *dt_gemm_precision_describe(void) {
-    if (atomic_load(&g_precision) != DT_PREC_BF16) return "fp32 matrix products";
+    int p = atomic_load(&g_precision);
+    if (p == DT_PREC_FP16)   /* gemm_fp16.c */
+        return "fp16 matrix products with fp32 accumulation, computed by the fp32 GEMM (inputs rounded to fp16: "
+               "fp16's numerics; oneDNN 2.6 has no fp16 matmul on CPU, so no speed-up)";
+    if (p != DT_PREC_BF16) return "fp32 matrix products";
     pthread_once(&g_once, init_once);
     if (!g_ready || !g_possible) return "--precision bf16: fp32 matrix products (oneDNN has no bf16 kernels for this CPU)";
     if (g_amx) return "bf16 matrix products with fp32 accumulation (oneDNN on AMX)";

@@ -50,6 +50,14 @@ void dt_ops_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
     }
     if (dt_ops_sgemm_bf16_applies(M, N, K) && dt_ops_sgemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
         return;
+    if (dt_gemm_precision() == DT_PREC_FP16 && dt_ops_sgemm_fp16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return;
+    dt_ops_sgemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* the float32 product, whatever the precision (M, N, K > 0) */
+void dt_ops_sgemm_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (dt_ops_sgemm_small_m_applies(ta, tb, M, N, K, alpha, beta) &&
         dt_ops_sgemm_small_m(M, N, K, A, lda, B, ldb, beta, C, ldc))
         return;

@@ -1,6 +1,7 @@
 /* Checkpoint metadata shared by every checkpoint writer (the trainer's single
  * file, ZeRO's sharded and consolidated sets, pipeline sets): run identity,
  * architecture, strategy, position, dropout seed. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +44,14 @@ void dt_checkpoint_meta(const dt_run *r, const char *strategy, int64_t optim_ste
     /* dropout masks are keyed by (dropout_seed, step, sample): no generator
      * state to keep (checkpoints before that carried rng0 / rng1: ignored) */
     meta_add(mb, "dropout_seed", "%016llx", (unsigned long long)m->dropout_seed);
+    if (r->scaler) {   /* loss scaling's state (strategy.h): a resume goes on with the same scale */
+        snprintf(mb->v[mb->n], sizeof mb->v[0], "%.9g", (double)r->scaler->scale);
+        mb->m[mb->n] = (dt_st_meta){"loss_scale", mb->v[mb->n]};
+        mb->n++;
+        meta_add(mb, "loss_scale_good", "%llu", (unsigned long long)r->scaler->good);
+    }
 }
+
 
 static dt_status meta_u64(dt_ckpt_meta_get get, const void *src, const char *what, const char *key, int hex,
                           uint64_t *out) {
@@ -93,6 +101,24 @@ dt_status dt_checkpoint_check_identity(const dt_run *r, dt_ckpt_meta_get get, co
     return check_arch(r->model, get, src, what);
 }
 
+/* A dynamic scaler continues from the checkpoint's scale and clean-step
+ * count; a fixed one keeps this run's scale. Checkpoints without them (fp32
+ * runs, older files) leave the scaler as this run set it up. */
+static dt_status apply_scaler(dt_run *r, dt_ckpt_meta_get get, const void *src, const char *what) {
+    const char *v = get(src, "loss_scale");
+    if (!r->scaler || !r->scaler->dynamic || !v) return DT_OK;
+    char *end;
+    float s = strtof(v, &end);
+    if (*v == 0 || *end || !(s > 0.0f) || !isfinite(s))
+        return DT_ERR(DT_EFORMAT, "%s: metadata 'loss_scale' = '%s' is not a positive finite number", what, v);
+    uint64_t good = 0;
+    if (get(src, "loss_scale_good")) DT_TRY(meta_u64(get, src, what, "loss_scale_good", 0, &good));
+    if (good > INT64_MAX) return DT_ERR(DT_EFORMAT, "%s: metadata 'loss_scale_good' out of range", what);
+    r->scaler->scale = s;
+    r->scaler->good = (int64_t)good;
+    return DT_OK;
+}
+
 dt_status dt_checkpoint_apply_meta(dt_run *r, dt_ckpt_meta_get get, const void *src,
                                    const char *what, int64_t *optim_step) {
     DT_TRY(dt_checkpoint_check_identity(r, get, src, what));
@@ -124,6 +150,7 @@ dt_status dt_checkpoint_apply_meta(dt_run *r, dt_ckpt_meta_get get, const void *
                       "dataset/world size: %s", what, (unsigned long long)epoch, (unsigned long long)cursor,
                       (unsigned long long)world, why);
     }
+    DT_TRY(apply_scaler(r, get, src, what));
     *r->step = (int64_t)step;
     r->model->dropout_seed = dseed;
     if (optim_step) *optim_step = (int64_t)ostep;

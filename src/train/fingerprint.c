@@ -80,7 +80,13 @@ static void describe_run(const dt_trainer *t, dt_agree *a) {
     dt_agree_add(a, "train.keep_denormals", "%d", o->keep_denormals != 0);
     /* what runs, not only what was asked: a rank on a CPU without AMX would compute fp32 */
     dt_agree_add(a, "train.precision", "%s", dt_gemm_bf16_active() ? "bf16" : o->precision == DT_PREC_BF16
-                                                  ? "bf16 asked, fp32 computed" : "fp32");
+                                                  ? "bf16 asked, fp32 computed" : o->precision == DT_PREC_FP16
+                                                  ? "fp16 (rounded inputs, fp32 compute)" : "fp32");
+    if (!dt_train_loss_scaling(o)) dt_agree_add(a, "train.loss_scale", "off");
+    else if (o->loss_scale == DT_LOSS_SCALE_FIXED) dt_agree_add(a, "train.loss_scale", "fixed %.9g", (double)o->loss_scale_init);
+    else dt_agree_add(a, "train.loss_scale", "dynamic from %.9g, window %d",
+                      (double)(o->loss_scale_init > 0 ? o->loss_scale_init : DT_LOSS_SCALE_INIT),
+                      o->loss_scale_window > 0 ? o->loss_scale_window : DT_LOSS_SCALE_WINDOW);
     dt_agree_add(a, "train.init", "%s", o->init ? o->init : "(none)");
     dt_agree_add(a, "train.resume", "%s", o->resume ? o->resume : "(none)");
     dt_agree_add(a, "train.save", "%s", o->save ? o->save : "(none)");

@@ -1,6 +1,7 @@
 /* Training options: defaults and validation (contradictions fail loudly).
  * Whether the model takes the data's samples is checked when the data is
  * open (data_setup.c). */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -56,6 +57,15 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     if (o->log_every < 0) return DT_ERR(DT_EINVAL, "train.log_every must be >= 0 (0: about 20 lines a run), got %lld", (long long)o->log_every);
     if (o->stop_after < 0) return DT_ERR(DT_EINVAL, "train.stop_after must be >= 0, got %lld", (long long)o->stop_after);
     if (o->clip < 0) return DT_ERR(DT_EINVAL, "train.clip must be >= 0");
+    if ((unsigned)o->precision > DT_PREC_FP16) return DT_ERR(DT_EINVAL, "train.precision: unknown precision %d", o->precision);
+    if ((unsigned)o->loss_scale > DT_LOSS_SCALE_DYNAMIC) return DT_ERR(DT_EINVAL, "train.loss_scale: unknown mode %d", o->loss_scale);
+    if (!(o->loss_scale_init >= 0.0f) || isinf(o->loss_scale_init))
+        return DT_ERR(DT_EINVAL, "train.loss_scale_init must be finite and > 0 (0: 65536), got %g", (double)o->loss_scale_init);
+    if (o->loss_scale == DT_LOSS_SCALE_FIXED && o->loss_scale_init == 0.0f)
+        return DT_ERR(DT_EINVAL, "train.loss_scale: a fixed loss scale needs its value (train.loss_scale_init)");
+    if (o->loss_scale_window < 0) return DT_ERR(DT_EINVAL, "train.loss_scale_window must be >= 1 (0: 2000), got %d", o->loss_scale_window);
+    if (o->uneven && dt_train_loss_scaling(o))   /* the verdict is a collective every rank must join */
+        return DT_ERR(DT_EINVAL, "train.uneven does not combine with train.loss_scale (every rank must agree on each step's skip)");
     if (o->min_lr < 0 || o->min_lr > o->optim.lr) return DT_ERR(DT_EINVAL, "train.min_lr must be in [0, train.optim.lr]");
     if (o->warmup < 0) return DT_ERR(DT_EINVAL, "train.warmup must be >= 0");
     if (o->threads < 0) return DT_ERR(DT_EINVAL, "train.threads must be >= 0");
@@ -82,4 +92,9 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
         if (bad) return DT_ERR(DT_EINVAL, "train.uneven does not combine with %s (ranks stop at different steps)", bad);
     }
     return DT_OK;
+}
+
+int dt_train_loss_scaling(const dt_train_opts *o) {
+    if (o->loss_scale == DT_LOSS_SCALE_AUTO) return o->precision == DT_PREC_FP16;
+    return o->loss_scale != DT_LOSS_SCALE_OFF;
 }

@@ -68,10 +68,11 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
         else if (lead && (t->step % log_every == 0 || t->step == t->total_steps))
             dt_log(DT_LOG_PROGRESS, "step %lld/%lld  loss %.4f  %.0f %s  %.1f ms/step  ETA %s\n", (long long)t->step,
                    (long long)t->total_steps, loss, rate, unit, dt * 1e3, eta);
-        if (t->metrics.f) {
-            const char *keys[4] = {"step", "loss", "lr", "ms"};
-            double vals[4] = {(double)t->step, loss, dt_lr_at(&t->sched, t->step - 1), dt * 1e3};
-            DT_TRY(dt_jsonl_write(&t->metrics, 4, keys, vals));
+        if (t->metrics.f) {   /* loss scaling: the scale the step ran with, and whether it was skipped */
+            const char *keys[6] = {"step", "loss", "lr", "ms", "loss_scale", "skipped"};
+            double vals[6] = {(double)t->step, loss, dt_lr_at(&t->sched, t->step - 1), dt * 1e3, t->last_scale,
+                              t->run.skipped};
+            DT_TRY(dt_jsonl_write(&t->metrics, t->run.scaler ? 6 : 4, keys, vals));
         }
         if (o->sample_every > 0 && t->step % o->sample_every == 0 && t->strat.rank == t->lead_rank)
             DT_TRY(dt_trainer_sample(t, tty));
@@ -141,6 +142,9 @@ dt_status dt_trainer_run(dt_trainer *t) {
         dt_stop_sync_abandon(stop);   /* peers may be waiting elsewhere: no collective teardown */
     }
     if (tty) dt_log(DT_LOG_PROGRESS, "\n");
+    if (s == DT_OK && lead && t->run.scaler)
+        dt_log(DT_LOG_INFO, "dtrain: loss scaling: %lld of %lld steps skipped (a gradient not finite), scale now %g\n",
+               (long long)t->scaler.skipped, (long long)(t->step - start_step), (double)t->scaler.scale);
     if (s == DT_OK && code < 0) s = dt_trainer_save_settle(t);   /* what a --stop-after run saved is on disk */
     if (s != DT_OK || code < 0) return s;   /* code < 0: --stop-after */
     if (code) return stop_early(t, code, 0);

@@ -38,6 +38,10 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (o->threads > 0) omp_set_num_threads(o->threads);
     dt_status s = dt_cpu_set_flush_denormal(!o->keep_denormals);
     if (s == DT_OK) s = dt_gemm_set_precision((dt_precision)o->precision);
+    if (s == DT_OK && dt_train_loss_scaling(o))
+        s = dt_loss_scaler_init(&t->scaler, o->loss_scale_init > 0 ? o->loss_scale_init : DT_LOSS_SCALE_INIT,
+                                o->loss_scale != DT_LOSS_SCALE_FIXED,
+                                o->loss_scale_window > 0 ? o->loss_scale_window : DT_LOSS_SCALE_WINDOW);
     if (s == DT_OK) s = dt_trainer_check_unfreeze(t);
     if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
     if (s == DT_OK) s = dt_trainer_load_data(t);
@@ -77,7 +81,8 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
         t->run = (dt_run){.model = t->model, .graph = t->graph, .optim = &t->opts.optim, .clip = o->clip,
                           .lr = o->optim.lr, .quiet = o->quiet, .step = &t->step, .sampler = &t->sampler,
                           .seed = o->seed, .rank = t->strat.data_rank, .world = t->strat.data_world,
-                          .accum = o->accum, .optimizer = t->strat.owns_optimizer ? NULL : &t->optim};
+                          .accum = o->accum, .optimizer = t->strat.owns_optimizer ? NULL : &t->optim,
+                          .scaler = dt_train_loss_scaling(o) ? &t->scaler : NULL};
         s = example_batch(t);
     }
     if (s == DT_OK && o->resume && !t->strat.load) s = dt_checkpoint_load(t, o->resume);
@@ -161,6 +166,31 @@ static dt_status step_scheduled(dt_trainer *t, double *loss_sum) {
     return s;
 }
 
+/* The squared gradient norm train.clip clips by: the strategy's when it
+ * splits parameters over ranks (tensor parallelism), else the local flat
+ * gradient's. */
+static dt_status grad_sumsq(dt_trainer *t, double *ss) {
+    if (t->strat.grad_sumsq) return t->strat.grad_sumsq(t->strat.self, &t->run, ss);
+    *ss = dt_sumsq(t->model->grad_flat.data, t->model->grad_flat.numel);
+    return DT_OK;
+}
+
+/* Loss scaling with the trainer's optimizer (strategy.h): the squared norm
+ * of the gradients (reduced: DDP's equal on every rank, but for
+ * params_to_ignore; tensor parallelism's over its split) and one small sum
+ * of "not finite" over the ranks, so every rank skips alike. */
+static dt_status scaled_verdict(dt_trainer *t, float *scale) {
+    double ss;
+    DT_TRY(grad_sumsq(t, &ss));
+    if (t->strat.allreduce_sum && t->strat.world > 1) {
+        double bad = isfinite(ss) ? 0.0 : 1.0;
+        DT_TRY(t->strat.allreduce_sum(t->strat.self, &bad, 1));
+        if (bad > 0) ss = INFINITY;
+    }
+    t->run.skipped = dt_loss_scaler_verdict(&t->scaler, ss, t->opts.clip, scale);
+    return DT_OK;
+}
+
 dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     dt_model *m = t->model;
     int K = t->opts.accum;
@@ -185,25 +215,32 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
         double f1 = dt_trace_now_us(t->trace);
         dt_trace_event(t->trace, "forward", "compute", 0, f0, f1);
         loss_sum += dt_f32(loss)[0];
-        DT_TRY(dt_graph_backward_scaled(t->graph, loss, 1.0f / (float)K));
+        /* loss scaling: the seed is S / K (strategy.h), S a power of two when dynamic */
+        DT_TRY(dt_graph_backward_scaled(t->graph, loss, t->run.scaler ? t->scaler.scale / (float)K : 1.0f / (float)K));
         dt_trace_event(t->trace, "backward", "compute", 0, f1, dt_trace_now_us(t->trace));
         if (t->strat.after_backward) DT_TRY(t->strat.after_backward(t->strat.self, &t->run, last));
     }
     double o0 = dt_trace_now_us(t->trace);
+    t->run.skipped = 0;
+    t->last_scale = t->scaler.scale;
     if (t->strat.owns_optimizer) {
         DT_TRY(t->strat.step(t->strat.self, &t->run, lr));
     } else {
         float scale = 1.0f;
-        if (t->opts.clip > 0) {
+        if (t->run.scaler) {
+            DT_TRY(scaled_verdict(t, &scale));
+        } else if (t->opts.clip > 0) {
             double ss;
-            if (t->strat.grad_sumsq) DT_TRY(t->strat.grad_sumsq(t->strat.self, &t->run, &ss));
-            else ss = dt_sumsq(m->grad_flat.data, m->grad_flat.numel);
+            DT_TRY(grad_sumsq(t, &ss));
             scale = dt_clip_scale(sqrt(ss), t->opts.clip);
         }
-        DT_TRY(dt_optimizer_step_range(&t->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));
-        dt_optimizer_finish_step(&t->optim);
+        if (!t->run.skipped) {
+            DT_TRY(dt_optimizer_step_range(&t->optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));
+            dt_optimizer_finish_step(&t->optim);
+        }
         dt_model_zero_grad(m);
     }
+    if (t->run.scaler) dt_loss_scaler_update(&t->scaler, t->run.skipped);
     t->step++;
     dt_trace_event(t->trace, "optimizer", "compute", 0, o0, dt_trace_now_us(t->trace));
     dt_trace_event(t->trace, "step", "compute", 0, t0, dt_trace_now_us(t->trace));

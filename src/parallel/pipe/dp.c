@@ -63,8 +63,8 @@ dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r) {
         dt_zero_opts zo = p->o.zero;
         zo.stage = p->o.zero_stage;
         zo.clip = 0;   /* the pipeline clips over all stages */
-        if (r->clip > 0 && zo.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
-            return DT_ERR(DT_EINVAL, "pipeline: gradient clipping needs the global norm before any shard is stepped, "
+        if ((r->clip > 0 || r->scaler) && zo.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
+            return DT_ERR(DT_EINVAL, "pipeline: gradient clipping and loss scaling need the global norm before any shard is stepped, "
                           "so it cannot be combined with ZeRO's interleaved step overlap (use after-backward or off)");
         DT_TRY(dt_zero_create(m, p->dp.pg, r->optim, &zo, &p->dp.zero));
         p->dp.zero->trace = r->trace;
@@ -144,6 +144,8 @@ dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale) {
     dt_zero_set_lr(p->dp.zero, lr);
     return dt_zero_step_scaled(p->dp.zero, scale);
 }
+
+dt_status dt_pipe_dp_skip(dt_pipe *p) { return dt_zero_skip_step(p->dp.zero); }
 
 dt_status dt_pipe_dp_sync(dt_pipe *p) { return p->dp.zero ? dt_zero_sync_params(p->dp.zero) : DT_OK; }
 

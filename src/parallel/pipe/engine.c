@@ -486,7 +486,7 @@ static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_su
     DT_TRY(prepare_slots(p, mb, M));
     p->step.mb = mb;
     p->step.loss_sum = 0;
-    p->step.loss_scale = 1.0f / (float)M;
+    p->step.loss_scale = (p->step.grad_scale > 0 ? p->step.grad_scale : 1.0f) / (float)M;
     p->metrics.compute_us = p->metrics.wait_us = 0;
     p->tapes.peak = p->tapes.live;
     set_deferral(p);

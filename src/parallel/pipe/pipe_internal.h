@@ -263,7 +263,8 @@ typedef struct dt_pipe_step {
     const dt_batch *mb;
     dt_pipe_slot *slots;
     int slots_cap;
-    float loss_scale;         /* 1 / M: the last virtual stage's backward seed */
+    float loss_scale;         /* S / M: the last virtual stage's backward seed */
+    float grad_scale;         /* S: the run's loss scale (strategy.h; 0 or 1: none), set per step */
     double loss_sum;          /* the step's summed micro-batch losses (last stage only) */
 } dt_pipe_step;
 
@@ -372,6 +373,7 @@ dt_status dt_pipe_dp_finish(dt_pipe *p);
  * per-rank bytes */
 double dt_pipe_dp_sumsq(dt_pipe *p, const unsigned char *skip);
 dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale);
+dt_status dt_pipe_dp_skip(dt_pipe *p);   /* ZeRO: a step skipped by loss scaling (nothing stepped) */
 dt_status dt_pipe_dp_sync(dt_pipe *p);
 void dt_pipe_dp_memory(const dt_pipe *p, size_t *param, size_t *grad, size_t *optim);
 

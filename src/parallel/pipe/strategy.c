@@ -215,6 +215,7 @@ static dt_status s_forward_backward(void *self, dt_run *r, const dt_batch *mb, i
     if (r->trace) dt_pg_set_trace(p->comm.pp, r->trace);
     p->metrics.stats.step_us = dt_par_now_us();
     DT_TRY(dt_pipe_dp_begin(p, r));
+    p->step.grad_scale = r->scaler ? r->scaler->scale : 1.0f;   /* loss scaling: the last stage's seed */
     return dt_pipe_run_step(p, mb, n, loss_sum);
 }
 
@@ -240,16 +241,20 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
     dt_status f = dt_pipe_dp_finish(p);
     DT_TRY(s != DT_OK ? s : f);
     float scale = 1.0f;
-    if (r->clip > 0) {
+    if (r->clip > 0 || r->scaler) {
         /* ZeRO: the owned shards are disjoint over the whole world; else the
          * replicas hold equal gradients: one pipeline's sum. In rank order:
          * the same scale on every rank and in every run (4 ranks' float sums
-         * in MPI's order were not) */
+         * in MPI's order were not), so loss scaling's verdict is every rank's */
         double ss = p->dp.zero ? dt_pipe_dp_sumsq(p, p->upd.norm_skip) : local_sumsq(p);
         DT_TRY(dt_par_sum_rank_order(p->dp.zero ? p->comm.world : p->comm.pp, &ss));
-        scale = dt_clip_scale(sqrt(ss), r->clip);
+        if (r->scaler) r->skipped = dt_loss_scaler_verdict(r->scaler, ss, r->clip, &scale);
+        else scale = dt_clip_scale(sqrt(ss), r->clip);
     }
-    if (p->dp.zero) {
+    if (r->skipped) {   /* loss scaling: a gradient was not finite on some rank */
+        if (p->dp.zero) DT_TRY(dt_pipe_dp_skip(p));
+        else dt_model_zero_grad(m);
+    } else if (p->dp.zero) {
         DT_TRY(dt_pipe_dp_step(p, lr, scale));
     } else {
         DT_TRY(dt_optimizer_step_range(&p->upd.optim, lr, m->param_flat.data, m->grad_flat.data, 0, m->param_flat.numel, scale));

@@ -63,7 +63,7 @@ double dt_zero_owned_sumsq(dt_zero *z, const unsigned char *skip) {
     return local;
 }
 
-static dt_status global_norm(dt_zero *z, double *norm) {
+dt_status dt_zero_global_sumsq(dt_zero *z, double *sumsq) {
     double local = dt_zero_owned_sumsq(z, NULL);
     double *all = malloc((size_t)z->world * sizeof *all);
     if (!all) return DT_ERR(DT_ENOMEM, "out of memory");
@@ -71,7 +71,29 @@ static dt_status global_norm(dt_zero *z, double *norm) {
     double sum = 0;
     for (int r = 0; r < z->world; r++) sum += all[r];
     free(all);
-    *norm = sqrt(sum);
+    *sumsq = sum;
+    return s;
+}
+
+static dt_status global_norm(dt_zero *z, double *norm) {
+    double ss = 0;
+    dt_status s = dt_zero_global_sumsq(z, &ss);
+    *norm = sqrt(ss);
+    return s;
+}
+
+dt_status dt_zero_skip_step(dt_zero *z) {
+    if (!z->rd.reduced) return DT_ERR(DT_ESTATE, "zero: step before finish_backward reduced the gradients");
+    z->rd.reduced = 0;
+    /* as step_impl: the last step's queued gathers are done before anything new (none here) */
+    dt_status s = z->opts.overlap_step == DT_ZERO_OVERLAP_AFTER_BACKWARD ? dt_zero_wait_all_gathers(z) : DT_OK;
+    dt_status su = dt_par_used_finish(&z->rd.used, NULL);
+    if (s == DT_OK) s = su;
+    if (z->stage == 1)   /* stage 1 accumulates into full buffers, cleared after a step; 2/3 reduce into fresh ones */
+        for (int i = 0; i < z->lay.nb; i++)
+            if (z->lay.b[i].pub.trainable && z->lay.b[i].full_grad)
+                memset(z->lay.b[i].full_grad, 0, z->lay.b[i].pub.numel * sizeof(float));
+    dt_zero_reset_buckets(z);
     return s;
 }
 

@@ -15,7 +15,10 @@ typedef struct zero_strat {
 
 static dt_status s_setup(void *self, dt_run *r) {
     zero_strat *s = self;
-    s->opts.clip = r->clip;
+    s->opts.clip = r->scaler ? 0.0f : r->clip;   /* loss scaling: s_step clips the unscaled norm */
+    if (r->scaler && s->opts.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
+        return DT_ERR(DT_EINVAL, "zero: loss scaling needs every gradient checked before any shard is stepped, "
+                      "which zero.overlap_step interleaved does inside backward (use after-backward or off)");
     DT_TRY(dt_zero_create(r->model, s->pg, r->optim, &s->opts, &s->z));
     dt_pg_topo t;
     dt_pg_topology(s->pg, &t);
@@ -56,10 +59,15 @@ static dt_status s_after_backward(void *self, dt_run *r, int last) {
     return last ? dt_zero_finish_backward(s->z) : DT_OK;
 }
 static dt_status s_step(void *self, dt_run *r, float lr) {
-    (void)r;
     zero_strat *s = self;
     dt_zero_set_lr(s->z, lr);
-    return dt_zero_step(s->z, NULL);
+    if (!r->scaler) return dt_zero_step(s->z, NULL);
+    /* loss scaling (strategy.h): the norm over every rank's shards decides for all */
+    double ss = 0;
+    DT_TRY(dt_zero_global_sumsq(s->z, &ss));
+    float scale;
+    r->skipped = dt_loss_scaler_verdict(r->scaler, ss, r->clip, &scale);
+    return r->skipped ? dt_zero_skip_step(s->z) : dt_zero_step_scaled(s->z, scale);
 }
 static dt_status s_save(void *self, dt_run *r, const char *path) {
     zero_strat *s = self;

@@ -189,6 +189,13 @@ double dt_zero_owned_sumsq(dt_zero *z, const unsigned char *skip);
 /* dt_zero_step with the caller's clip scale (the caller computed the norm);
  * the options' clip must be 0. */
 dt_status dt_zero_step_scaled(dt_zero *z, float scale);
+/* Loss scaling (strategy.h): *sumsq = the squared norm of every rank's owned
+ * shards, added in rank order (collective over z's group, the same bits on
+ * every rank). skip_step ends a step whose gradients were not finite:
+ * nothing stepped or gathered (the parameters did not change), optimizer
+ * state and step counts kept, gradients cleared for the next step. */
+dt_status dt_zero_global_sumsq(dt_zero *z, double *sumsq);
+dt_status dt_zero_skip_step(dt_zero *z);
 
 /* zero/checkpoint.c: fill this rank's owned ranges of every optimizer state
  * by parameter and element range (the loader's path, without a file): read
