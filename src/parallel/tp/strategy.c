@@ -39,7 +39,8 @@ static dt_status s_setup(void *self, dt_run *r) {
     m->tp = &s->comm;
     if (!r->quiet && s->rank == 0)
         dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d (tensor-parallel groups of %d consecutive ranks: attention "
-               "by heads, MLP by columns; embeddings, LayerNorms and the lm-head whole on every rank)\n",
+               "by heads, MLP by columns, wte and the lm-head by vocabulary rows; wpe and LayerNorms whole on "
+               "every rank)\n",
                s->dp, s->T, s->T);
     if (s->dp > 1) {
         DT_TRY(dt_ddp_strategy(s->dp_pg, &s->opts.ddp, &s->inner));
