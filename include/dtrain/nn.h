@@ -185,6 +185,24 @@ dt_module *dt_nn_add_layernorm(dt_model *m, const char *name, int64_t n);
 /* Run them: enter the module, op, leave. x [.., in] -> [.., out]. */
 dt_tensor *dt_nn_linear(dt_graph *g, dt_module *mod, dt_tensor *x);
 dt_tensor *dt_nn_layernorm(dt_graph *g, dt_module *mod, dt_tensor *x);
+/* Tensor-parallel linear layers (Megatron's), registered for rank `rank` of
+ * `parts` with the same names and initial values as dt_nn_add_linear's
+ * slices (parts <= 1: dt_nn_add_linear):
+ *   _col: weight [out/T, in], bias [out/T]: this rank's output columns;
+ *         y = tp_copy(x) W^T + b: [.., in] -> [.., out/T]
+ *   _row: weight [out, in/T], bias [out] whole: this rank's input rows;
+ *         y = tp_reduce(x W^T) + b: [.., in/T] -> [.., out], the same on every rank
+ * Run them with the model's group, m->tp (the tp strategy sets it; a whole
+ * module ignores it). A column-parallel layer followed by a row-parallel one
+ * is GPT-2's MLP split (src/nn/gpt2.c); outside them every rank must compute
+ * the same bits, so replicated parameters need no reduction over the group.
+ * Train under dtrain's tp strategy (parallel.h dt_tp_strategy) with
+ * dt_train_opts.build_model building the rank's part: see
+ * tests/mpi/test_tp_user_model.c. */
+dt_module *dt_nn_add_linear_col(dt_model *m, const char *name, int64_t in, int64_t out, int parts, int rank);
+dt_module *dt_nn_add_linear_row(dt_model *m, const char *name, int64_t in, int64_t out, int parts, int rank);
+dt_tensor *dt_nn_linear_col(dt_graph *g, dt_module *mod, dt_tensor *x, const dt_tp_comm *c);
+dt_tensor *dt_nn_linear_row(dt_graph *g, dt_module *mod, dt_tensor *x, const dt_tp_comm *c);
 
 /* ---- 4. Built-in models ----
  * Built with sections 2-3 from a configuration the CLI fills; each is one
