@@ -75,9 +75,11 @@ static void vp_backward(dt_graph *g, dt_node *n) {
         }
         float m = sv->rmax[r], si = s * sv->rinv[r];
         if (in_place) {   /* xr == dxr: each element read, then written */
+#pragma omp simd
             for (int64_t j = 0; j < nv; j++) dxr[j] = si * dt_ops_expf(xr[j] - m);
             for (int64_t j = nv; j < C; j++) dxr[j] = 0.0f;
         } else {
+#pragma omp simd
             for (int64_t j = 0; j < nv; j++) dxr[j] += si * dt_ops_expf(xr[j] - m);
         }
         if (t >= sv->start && t - sv->start < nv) dxr[t - sv->start] -= s;
@@ -102,6 +104,7 @@ static dt_tensor *vp_cross_entropy(dt_graph *g, dt_tensor *x, const int32_t *tar
     for (int64_t r = 0; r < N; r++) {
         const float *xr = xd + r * C;
         float m = -FLT_MAX;   /* a part of padding only: the others' max wins */
+#pragma omp simd reduction(max : m)
         for (int64_t j = 0; j < nv; j++) m = xr[j] > m ? xr[j] : m;
         stats[r] = m;
     }
@@ -110,6 +113,7 @@ static dt_tensor *vp_cross_entropy(dt_graph *g, dt_tensor *x, const int32_t *tar
     for (int64_t r = 0; r < N; r++) {
         const float *xr = xd + r * C;
         float m = stats[r], z = 0.0f;
+#pragma omp simd reduction(+ : z)
         for (int64_t j = 0; j < nv; j++) z += dt_ops_expf(xr[j] - m);
         int32_t t = targets[r];
         zx[2 * r] = z;
