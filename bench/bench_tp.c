@@ -7,11 +7,11 @@
  * world, one replica of B x world sequences), each for `steps` timed steps
  * after one warm-up, AdamW with clipping as the trainer steps. Per mode:
  * ms/step (median), parameter / gradient / optimizer-state MiB per rank,
- * peak RSS (of the process: run one mode per process to compare it), and the bytes each rank hands to all-reduces per step: tp
+ * activations (the tape arena's high-water mark: dt_graph_arena_bytes), peak RSS (of the process: run one mode per process to compare it), and the bytes each rank hands to all-reduces per step: tp
  * counts its group's (the comm callback's counter, dt_tp_stats; forward
  * and backward), DDP's payload is the whole gradient (uncompressed).
  * W2S: W2's body (L=12 C=768 H=12) with a byte vocabulary (V=256), so the
- * replicated lm-head does not dominate. Quote lscpu's model with it. */
+ * lm-head does not dominate. Quote lscpu's model with it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,13 +90,14 @@ static int run_mode(dt_pg *world, const bench_workload *w0, int tp, int steps) {
     double mib = 1.0 / 1048576.0, f = sizeof(float);
     double comm = tp ? (double)dt_tp_get_stats(s.self).bytes_last_step : (double)m->grad_flat.numel * f;
     if (tp && W / cfg.tp_size > 1) comm += (double)m->grad_flat.numel * f;   /* (dp x tp: DDP too) */
-    double v[5] = {ms[steps / 2], (double)m->param_flat.numel * f * mib, (double)m->grad_flat.numel * f * mib,
-                   (double)dt_optim_state_per_elem(&oc) * (double)opt.state_len * f * mib, peak_rss_mib()};
+    double v[6] = {ms[steps / 2], (double)m->param_flat.numel * f * mib, (double)m->grad_flat.numel * f * mib,
+                   (double)dt_optim_state_per_elem(&oc) * (double)opt.state_len * f * mib, peak_rss_mib(),
+                   (double)dt_graph_arena_bytes(g) * mib};
     if (rank == 0)
         printf("%-3s x%d  batch %lld x %lld per replica  %8.1f ms/step  %6.0f tok/s  per rank: params %7.1f MiB  grads %7.1f  "
-               "optimizer %7.1f  peak RSS %7.1f MiB  all-reduced %8.2f MiB/step\n",
+               "optimizer %7.1f  activations %7.1f  peak RSS %7.1f MiB  all-reduced %8.2f MiB/step\n",
                tp ? "tp" : "dp", W, (long long)w.B, (long long)w.T, v[0], (double)(w.B * w.T * (tp ? 1 : W)) / v[0] * 1e3,
-               v[1], v[2], v[3], v[4], comm * mib);
+               v[1], v[2], v[3], v[5], v[4], comm * mib);
     free(ms);
     bench_batch_free(&b);
     s.destroy(s.self);

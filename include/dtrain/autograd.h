@@ -60,8 +60,12 @@ typedef struct dt_param_hparams { float lr_scale, weight_decay, beta1, beta2; } 
  * rank of its group). Else the full tensor's dimension `dim` is laid out as
  * [groups x parts x n] and this rank holds part `index` of every group, its
  * own dimension `dim` being [groups x n]: GPT-2's c_attn weight [C, 3C] at
- * T ranks is dim 1 = [3 (q, k, v) x T x C/T]. */
-typedef struct dt_param_split { int dim, groups, parts, index; } dt_param_split;
+ * T ranks is dim 1 = [3 (q, k, v) x T x C/T]. pad (groups 1 only): the
+ * whole dimension is padded with `pad` zero slots at its end to a multiple of
+ * parts (GPT-2's wte [V, C] split by rows when T does not divide V); the
+ * padding is this layout's alone: whole shapes, checkpoints and the
+ * architecture fingerprint leave it out. */
+typedef struct dt_param_split { int dim, groups, parts, index, pad; } dt_param_split;
 
 struct dt_param {
     char name[128];          /* "h.0.attn.c_attn.weight" */

@@ -156,8 +156,16 @@ dt_status dt_model_add_block(dt_model *m, const char *name, dt_block_fn fn, void
                              const int64_t *in_dims, int out_ndim, const int64_t *out_dims);
 /* Loss head on the last block's output [B, ..., classes]: mean cross-entropy
  * over the B*T targets; the metric is accuracy (argmax == target). */
-typedef enum dt_loss_kind { DT_LOSS_CROSS_ENTROPY = 0 } dt_loss_kind;
+typedef enum dt_loss_kind { DT_LOSS_CROSS_ENTROPY = 0, DT_LOSS_VOCAB_PARALLEL = 1 } dt_loss_kind;
 dt_status dt_model_set_loss(dt_model *m, dt_loss_kind kind, int64_t classes);
+/* Tensor parallelism: the loss head over logits split by columns
+ * (DT_LOSS_VOCAB_PARALLEL): the last block returns this rank's part
+ * [B, .., dt_vocab_part(classes, parts)] (rank r: classes [r n, r n + n),
+ * the columns past `classes` padding) and the loss and accuracy run over the
+ * model's m->tp group (of `parts` ranks) with
+ * dt_op_vocab_parallel_cross_entropy and dt_count_correct_vocab_parallel:
+ * no rank holds [B*T, classes]. parts <= 1: dt_model_set_loss. */
+dt_status dt_model_set_loss_split(dt_model *m, int64_t classes, int parts);
 /* Validate (inputs, blocks chain, loss) and move parameters into the flat
  * layout. Returns the first builder error if there was one. */
 dt_status dt_model_build(dt_model *m);
@@ -177,6 +185,24 @@ dt_module *dt_nn_add_layernorm(dt_model *m, const char *name, int64_t n);
 /* Run them: enter the module, op, leave. x [.., in] -> [.., out]. */
 dt_tensor *dt_nn_linear(dt_graph *g, dt_module *mod, dt_tensor *x);
 dt_tensor *dt_nn_layernorm(dt_graph *g, dt_module *mod, dt_tensor *x);
+/* Tensor-parallel linear layers (Megatron's), registered for rank `rank` of
+ * `parts` with the same names and initial values as dt_nn_add_linear's
+ * slices (parts <= 1: dt_nn_add_linear):
+ *   _col: weight [out/T, in], bias [out/T]: this rank's output columns;
+ *         y = tp_copy(x) W^T + b: [.., in] -> [.., out/T]
+ *   _row: weight [out, in/T], bias [out] whole: this rank's input rows;
+ *         y = tp_reduce(x W^T) + b: [.., in/T] -> [.., out], the same on every rank
+ * Run them with the model's group, m->tp (the tp strategy sets it; a whole
+ * module ignores it). A column-parallel layer followed by a row-parallel one
+ * is GPT-2's MLP split (src/nn/gpt2.c); outside them every rank must compute
+ * the same bits, so replicated parameters need no reduction over the group.
+ * Train under dtrain's tp strategy (parallel.h dt_tp_strategy) with
+ * dt_train_opts.build_model building the rank's part: see
+ * tests/mpi/test_tp_user_model.c. */
+dt_module *dt_nn_add_linear_col(dt_model *m, const char *name, int64_t in, int64_t out, int parts, int rank);
+dt_module *dt_nn_add_linear_row(dt_model *m, const char *name, int64_t in, int64_t out, int parts, int rank);
+dt_tensor *dt_nn_linear_col(dt_graph *g, dt_module *mod, dt_tensor *x, const dt_tp_comm *c);
+dt_tensor *dt_nn_linear_row(dt_graph *g, dt_module *mod, dt_tensor *x, const dt_tp_comm *c);
 
 /* ---- 4. Built-in models ----
  * Built with sections 2-3 from a configuration the CLI fills; each is one
@@ -374,6 +400,7 @@ struct dt_model {
     dt_input_spec inputs[DT_MAX_INPUTS]; int n_inputs;
     dt_block *blocks; int n_blocks;
     dt_loss_kind loss; int64_t classes;
+    int loss_parts;                  /* DT_LOSS_VOCAB_PARALLEL: the logits' parts (dt_model_set_loss_split) */
     dt_flat param_flat, grad_flat;   /* every param's value / grad is a view into these */
     size_t *offsets;                 /* offsets[i]: element offset of params[i] in param_flat */
     size_t *grad_offsets;            /* grad_offsets[i]: params[i]'s gradient in grad_flat; SIZE_MAX: it
@@ -413,6 +440,10 @@ dt_tensor *dt_model_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tens
 dt_tensor *dt_model_run_blocks(dt_model *m, dt_graph *g, const dt_batch *b, int first, int last, dt_tensor *x);
 /* The loss head on the last block's output. */
 dt_tensor *dt_model_loss(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor *x, dt_tensor **logits);
+/* The metric of the loss head: rows of logits (what dt_model_forward gave)
+ * whose argmax is labels[row] (dt_count_correct; split logits:
+ * dt_count_correct_vocab_parallel, collective over m->tp). -1 + error. */
+int64_t dt_model_count_correct(const dt_model *m, const dt_tensor *logits, const int32_t *labels);
 /* Shape of the activation block i takes (in = 1) or returns for batch b:
  * [B, dims...] with DT_DIM_SEQ resolved; returns ndim (0: reads the batch). */
 int dt_model_block_shape(const dt_model *m, int i, int in, const dt_batch *b, int64_t *shape);

@@ -232,17 +232,48 @@ dt_tensor *dt_op_flatten(dt_graph *g, dt_tensor *x);
  * The collective comes through a callback the parallel layer fills from a
  * process group (src/parallel/tp/), since ops sit below dist. allreduce_sum
  * sums n floats in place over the group's `size` ranks, blocking, and must
- * give every rank the same bits. size 1: no call. */
+ * give every rank the same bits; allreduce_max takes the elementwise maximum
+ * (the vocabulary-parallel ops below need it). size 1: no call. */
 typedef struct dt_tp_comm {
     int rank, size;
     dt_status (*allreduce_sum)(void *ctx, float *buf, int64_t n);
     void *ctx;
+    dt_status (*allreduce_max)(void *ctx, float *buf, int64_t n);
 } dt_tp_comm;
 /* f: y = x; backward dx += sum over the group of dy (before a column-parallel linear). */
 dt_tensor *dt_op_tp_copy(dt_graph *g, dt_tensor *x, const dt_tp_comm *c);
 /* g: y = sum over the group of x; backward dx += dy (after a row-parallel linear).
  * c must outlive the tape's backward. Both are collective over the group. */
 dt_tensor *dt_op_tp_reduce(dt_graph *g, dt_tensor *x, const dt_tp_comm *c);
+
+/* ---- vocabulary parallelism (src/ops/vocab_parallel.c) ----
+ * A [V, C] table split by rows over a group of T ranks: rank r holds rows
+ * [r n, (r + 1) n), n = ceil(V / T) (dt_vocab_part); rows past V are padding
+ * (zeros, never looked up, never counted by the loss). */
+static inline int64_t dt_vocab_part(int64_t V, int T) { return T > 1 ? (V + T - 1) / T : V; }
+/* Embedding over rows [start, start + w rows) of a larger table: y[i] = w[ids[i] - start]
+ * for ids in that range, 0 for the others (another rank's); backward adds
+ * into the rows looked up only. ids < 0: error. Sum over the group with
+ * dt_op_tp_reduce to get the whole table's lookup. */
+dt_tensor *dt_op_embedding_rows(dt_graph *g, dt_tensor *w, int64_t start, const int32_t *ids, int64_t n, int ndim,
+                                const int64_t *shape);
+/* Mean cross-entropy over logits split by columns: logits[N, n] are rank
+ * c->rank's columns [rank n, rank n + n) of the whole [N, V] (columns >= V:
+ * padding, ignored); targets[N] global (< 0: ignored row). Max, sum of exp
+ * and the target's logit are all-reduced over the group (3 N floats), so no
+ * rank holds [N, V]; every rank returns the same scalar. Backward (no
+ * communication): dx = s (softmax - onehot) on this rank's columns, 0 on
+ * padding. _consume writes dx over the logits as dt_op_cross_entropy_consume. */
+dt_tensor *dt_op_vocab_parallel_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *targets, int64_t V,
+                                              const dt_tp_comm *c);
+dt_tensor *dt_op_vocab_parallel_cross_entropy_consume(dt_graph *g, dt_tensor *logits, const int32_t *targets,
+                                                      int64_t V, const dt_tp_comm *c);
+/* Rows of the split logits (as above) whose argmax over the whole V equals
+ * labels[row]; ties go to the lowest global column, as dt_count_correct's
+ * first argmax. Collective (2 N floats); -1 + error on bad input or a failed
+ * collective. */
+int64_t dt_count_correct_vocab_parallel(const dt_tensor *logits, const int32_t *labels, int64_t V,
+                                        const dt_tp_comm *c);
 
 /* ---- non-differentiable helpers ---- */
 /* argmax over the last dim of logits[N, V]; returns number of rows equal to labels. */

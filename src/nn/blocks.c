@@ -56,7 +56,29 @@ dt_status dt_model_set_loss(dt_model *m, dt_loss_kind kind, int64_t classes) {
     if (s != DT_OK) { m->build_err = s; return s; }
     m->loss = kind;
     m->classes = classes;
+    m->loss_parts = 1;
     return DT_OK;
+}
+
+dt_status dt_model_set_loss_split(dt_model *m, int64_t classes, int parts) {
+    if (parts <= 1) return dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, classes);
+    DT_TRY(dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, classes));
+    m->loss = DT_LOSS_VOCAB_PARALLEL;
+    m->loss_parts = parts;
+    return DT_OK;
+}
+
+/* The columns of the last block's output: classes, or this rank's part of them. */
+static int64_t head_cols(const dt_model *m) {
+    return m->loss == DT_LOSS_VOCAB_PARALLEL ? dt_vocab_part(m->classes, m->loss_parts) : m->classes;
+}
+
+/* The split loss head's group: m->tp of loss_parts ranks. */
+static int split_group_ok(const dt_model *m) {
+    if (m->tp && m->tp->size == m->loss_parts) return 1;
+    DT_ERR(DT_ESTATE, "model %s: its loss head is split %d ways but the model's tensor-parallel group is %s (size %d)",
+           m->name, m->loss_parts, m->tp ? "set" : "not set", m->tp ? m->tp->size : 0);
+    return 0;
 }
 
 void dt_model_set_recompute(dt_model *m, dt_recompute r) {
@@ -92,9 +114,9 @@ dt_status dt_model_check_blocks(const dt_model *m) {
                           p->name);
     }
     const dt_block *last = &m->blocks[m->n_blocks - 1];
-    if (last->out_dims[last->out_ndim - 1] != m->classes)
+    if (last->out_dims[last->out_ndim - 1] != head_cols(m))
         return DT_ERR(DT_EINVAL, "model %s: the last block (%s) must return [.., %lld] for the loss head", m->name,
-                      last->name, (long long)m->classes);
+                      last->name, (long long)head_cols(m));
     return DT_OK;
 }
 
@@ -166,23 +188,33 @@ dt_tensor *dt_model_run_blocks(dt_model *m, dt_graph *g, const dt_batch *b, int 
 
 dt_tensor *dt_model_loss(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor *x, dt_tensor **logits) {
     if (!x || !b || !b->y) { DT_ERR(DT_EINVAL, "model %s: loss needs an activation and targets", m->name); return NULL; }
-    int64_t rows = x->numel / m->classes;
-    if (x->shape[x->ndim - 1] != m->classes || rows != b->B * b->T) {
+    int64_t cols = head_cols(m), rows = x->numel / cols;
+    if (x->shape[x->ndim - 1] != cols || rows != b->B * b->T) {
         char sx[64];
         DT_ERR(DT_EINVAL, "model %s: loss head takes [.., %lld] with %lld rows (B*T), got %s", m->name,
-               (long long)m->classes, (long long)(b->B * b->T), dt_shape_str(x, sx, sizeof sx));
+               (long long)cols, (long long)(b->B * b->T), dt_shape_str(x, sx, sizeof sx));
         return NULL;
     }
+    int split = m->loss == DT_LOSS_VOCAB_PARALLEL;
+    if (split && !split_group_ok(m)) return NULL;
     /* The logits' values are dead after the loss when a linear layer made
      * them (its backward reads its input, not its output) and the caller does
      * not want them: the loss gradient then overwrites them in place. */
     int consume = !logits && x->grad_fn && x->grad_fn->op && !strcmp(x->grad_fn->op, "linear");
     if (x->ndim != 2) {
-        int64_t shape[2] = {rows, m->classes};
+        int64_t shape[2] = {rows, cols};
         DT_NN_CHECK(x = dt_op_reshape(g, x, 2, shape));
     }
     if (logits) *logits = x;
+    if (split)   /* this rank's columns: max, sum of exp and target logit all-reduced, never [rows, classes] */
+        return consume ? dt_op_vocab_parallel_cross_entropy_consume(g, x, b->y, m->classes, m->tp)
+                       : dt_op_vocab_parallel_cross_entropy(g, x, b->y, m->classes, m->tp);
     return consume ? dt_op_cross_entropy_consume(g, x, b->y) : dt_op_cross_entropy(g, x, b->y);
+}
+
+int64_t dt_model_count_correct(const dt_model *m, const dt_tensor *logits, const int32_t *labels) {
+    if (m->loss != DT_LOSS_VOCAB_PARALLEL) return dt_count_correct(logits, labels);
+    return split_group_ok(m) ? dt_count_correct_vocab_parallel(logits, labels, m->classes, m->tp) : -1;
 }
 
 dt_tensor *dt_model_forward(dt_model *m, dt_graph *g, const dt_batch *b, dt_tensor **logits) {

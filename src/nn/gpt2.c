@@ -8,7 +8,7 @@
  * Modules: wte, wpe, then per block ln_1, attn, ln_2, mlp, then ln_f; wte is
  * entered a second time around the lm-head.
  * Blocks: "embed" (ids -> [B, T, C]), "h.{l}" per layer ([B, T, C] -> same),
- * "head" (ln_f + tied lm-head, -> [B, T, V]).
+ * "head" (ln_f + tied lm-head, -> [B, T, V]; under tensor parallelism [B, T, V/T]).
  * Fused kernels inside a layer block: the attention residual add with ln_2
  * (dt_op_add_layernorm) and c_fc with GELU (dt_op_linear_gelu); bitwise the
  * unfused ops. DTRAIN_NO_FUSE=1 in the environment when the model is built
@@ -23,9 +23,15 @@
  * [C, 4C/T], mlp.c_proj row-parallel [4C/T, C]. A column-parallel linear
  * reads its input through dt_op_tp_copy, a row-parallel one's partial
  * product goes through dt_op_tp_reduce and its bias is added after the sum
- * (once, so the bias stays one replicated tensor). LayerNorms, wpe, wte and
- * the tied lm-head are whole on every rank (a vocabulary-parallel embedding
- * and cross-entropy are not built yet).
+ * (once, so the bias stays one replicated tensor). wte [V, C] is split by
+ * rows (vocabulary-parallel): rank r holds rows [r n, r n + n), n = ceil(V /
+ * T); when T does not divide V the last rank's part ends in zero rows of
+ * padding (dt_param_split.pad: never looked up, never counted by the loss,
+ * not in checkpoints). The embedding looks up the ids in this rank's rows
+ * (others give 0) and tp_reduce sums them; the tied lm-head reads ln_f's
+ * output through tp_copy and gives this rank's logits [B, T, n], and the
+ * loss head is vocabulary-parallel (dt_model_set_loss_split): no rank holds
+ * [B, T, V]. LayerNorms and wpe are whole on every rank.
  * Invariant: every rank of the group computes the same bits outside the
  * split layers (same batch, same replicated parameters, an all-reduce that
  * gives every rank the same sum), so replicated parameters get identical
@@ -131,7 +137,13 @@ static dt_tensor *embed_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_b
     dt_module *wte = m->modules[0], *wpe = m->modules[1];
     dt_tensor *tok, *pe;
     if (dt_module_enter(g, wte) != DT_OK) return NULL;
-    DT_NN_CHECK(tok = dt_op_embedding(g, P(wte, 0), ids->data, n, 3, shape));
+    if (tp_size(m) == 1) {
+        DT_NN_CHECK(tok = dt_op_embedding(g, P(wte, 0), ids->data, n, 3, shape));
+    } else {   /* this rank's rows [r n, r n + n) of the vocabulary, 0 elsewhere; summed over the group */
+        int64_t start = (int64_t)m->cfg.tp_rank * P(wte, 0)->shape[0];
+        DT_NN_CHECK(tok = dt_op_embedding_rows(g, P(wte, 0), start, ids->data, n, 3, shape));
+        DT_NN_CHECK(tok = dt_op_tp_reduce(g, tok, m->tp));
+    }
     if (dt_module_leave(g, wte) != DT_OK || dt_module_enter(g, wpe) != DT_OK) return NULL;
     DT_NN_CHECK(pe = dt_op_embedding(g, P(wpe, 0), pos, n, 3, shape));
     if (dt_module_leave(g, wpe) != DT_OK) return NULL;
@@ -154,11 +166,13 @@ static dt_tensor *layer_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_b
     return block_forward(m, g, b, (int)(u / 2), (int)(u % 2), x);
 }
 
-/* block "head": ln_f, then the lm-head tied to wte: [B, T, C] -> [B, T, V] */
+/* block "head": ln_f, then the lm-head tied to wte: [B, T, C] -> [B, T, V]
+ * (tensor-parallel: this rank's columns [B, T, V/T]) */
 static dt_tensor *head_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
     (void)b; (void)user;
     dt_module *wte = m->modules[0];
     DT_NN_CHECK(x = layernorm_mod(g, m->modules[m->n_modules - 1], x));
+    DT_NN_CHECK(x = col_in(m, g, x));                          /* column-parallel: x's gradient summed */
     if (dt_module_enter(g, wte) != DT_OK) return NULL;        /* x · wte^T */
     DT_NN_CHECK(x = dt_op_linear(g, x, P(wte, 0), NULL, DT_W_OUT_IN));
     return dt_module_leave(g, wte) == DT_OK ? x : NULL;
@@ -184,9 +198,13 @@ static dt_status gpt2_build(dt_model *m) {
     dt_input_spec in = {.name = "ids", .dtype = DT_I32, .ndim = 1, .dims = {-(int64_t)c->max_t}, .int_limit = c->vocab};
     DT_TRY(dt_model_add_input(m, &in));
     dt_module *wte = dt_model_add_module(m, "wte"), *wpe = dt_model_add_module(m, "wpe");
-    add(m, wte, "weight", 2, c->vocab, C, DT_INIT_GAUSS(std));
+    int T = tp_size(m);
+    int64_t Vp = dt_vocab_part(c->vocab, T) * T;   /* padded to a multiple of T */
+    dt_param_split vsplit = {.dim = 0, .groups = 1, .parts = T, .index = c->tp_rank, .pad = (int)(Vp - c->vocab)};
+    int64_t wte_shape[2] = {c->vocab, C};
+    dt_model_add_param_split(m, wte, "weight", 2, wte_shape, DT_INIT_GAUSS(std), vsplit);
     add(m, wpe, "weight", 2, c->max_t, C, DT_INIT_GAUSS(0.01f));
-    int64_t act[2] = {DT_DIM_SEQ, C}, logits[2] = {DT_DIM_SEQ, c->vocab};
+    int64_t act[2] = {DT_DIM_SEQ, C}, logits[2] = {DT_DIM_SEQ, dt_vocab_part(c->vocab, T)};
     DT_TRY(dt_model_add_block(m, "embed", embed_block, NULL, 0, NULL, 2, act));
     int fuse = fuse_from_env();
     for (int l = 0; l < c->n_layer; l++) {
@@ -219,7 +237,7 @@ static dt_status gpt2_build(dt_model *m) {
     add(m, lnf, "weight", 1, C, 1, DT_INIT_FILL(1.0f));
     add(m, lnf, "bias", 1, C, 1, DT_INIT_ZERO);
     DT_TRY(dt_model_add_block(m, "head", head_block, NULL, 2, act, 2, logits));
-    return dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, c->vocab);
+    return dt_model_set_loss_split(m, c->vocab, T);
 }
 
 static void gpt2_defaults(dt_model_cfg *c) {
@@ -242,6 +260,9 @@ static dt_status gpt2_validate(const dt_model_cfg *c) {
         if ((4 * (int64_t)c->n_embd) % c->tp_size)
             return DT_ERR(DT_EINVAL, "gpt2: the MLP width 4 x arch.embd = %lld is not divisible by tp.size %d",
                           4 * (long long)c->n_embd, c->tp_size);
+        if (c->vocab < c->tp_size)
+            return DT_ERR(DT_EINVAL, "gpt2: arch.vocab %d is smaller than tp.size %d (the vocabulary is split by rows)",
+                          c->vocab, c->tp_size);
         if (c->tp_rank < 0 || c->tp_rank >= c->tp_size)
             return DT_ERR(DT_EINVAL, "gpt2: tensor-parallel rank %d outside 0..%d", c->tp_rank, c->tp_size - 1);
     }

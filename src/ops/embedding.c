@@ -18,10 +18,13 @@
  * first-occurrence order) at positions pos[off[k] .. off[k+1]), ascending. */
 typedef struct emb_groups { int64_t n_ids, *uid, *off, *pos; } emb_groups;
 
-/* buf: 3n + 1 int64s; map: V zeroed int64s (left dirty). */
+/* buf: 3n + 1 int64s; map: V zeroed int64s (left dirty). Negative ids
+ * (embedding_rows: another rank's row) belong to no group. */
 static void group_ids(const int32_t *ids, int64_t n, int64_t *map, int64_t *buf, emb_groups *gr) {
-    int64_t *uid = buf, *off = buf + n, *pos = off + n + 1, nt = 0;
+    int64_t *uid = buf, *off = buf + n, *pos = off + n + 1, nt = 0, used = 0;
     for (int64_t i = 0; i < n; i++) {   /* map[id] = group + 1; off[k] = group size */
+        if (ids[i] < 0) continue;
+        used++;
         int64_t *m = &map[ids[i]];
         if (!*m) {
             uid[nt] = ids[i];
@@ -35,8 +38,9 @@ static void group_ids(const int32_t *ids, int64_t n, int64_t *map, int64_t *buf,
         off[k] = map[uid[k]] = start;
         start += size;
     }
-    off[nt] = n;
-    for (int64_t i = 0; i < n; i++) pos[map[ids[i]]++] = i;
+    off[nt] = used;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] >= 0) pos[map[ids[i]]++] = i;
     *gr = (emb_groups){nt, uid, off, pos};
 }
 
@@ -79,33 +83,41 @@ static void embedding_backward(dt_graph *g, dt_node *n) {
     free(buf);
 }
 
+/* The checks both forms share: w [rows, C], ids, the output's shape. */
+static int check_args(const char *op, dt_graph *g, dt_tensor *w, const int32_t *ids, int64_t n, int ndim,
+                      const int64_t *shape) {
+    if (dt_ops_check_graph(op, g) || dt_ops_check_tensor(op, "w", w)) return -1;
+    if (w->ndim != 2) {
+        DT_ERR(DT_EINVAL, "%s: w must be [V, C], got %s", op, DT_OPS_SHAPE(w));
+        return -1;
+    }
+    if (n < 0 || (n > 0 && !ids)) {
+        DT_ERR(DT_EINVAL, "%s: bad ids (n=%lld, ids=%s)", op, (long long)n, ids ? "set" : "NULL");
+        return -1;
+    }
+    if (ndim < 0 || ndim > DT_MAX_DIMS || (ndim > 0 && !shape)) {
+        DT_ERR(DT_EINVAL, "%s: bad output rank %d", op, ndim);
+        return -1;
+    }
+    int64_t C = w->shape[1];
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 0) {
+            DT_ERR(DT_EINVAL, "%s: negative output dim %lld", op, (long long)shape[d]);
+            return -1;
+        }
+    if (dt_shape_numel(ndim, shape) != n * C) {
+        DT_ERR(DT_EINVAL, "%s: output shape has %lld elements but n=%lld ids x C=%lld = %lld", op,
+               (long long)dt_shape_numel(ndim, shape), (long long)n, (long long)C, (long long)(n * C));
+        return -1;
+    }
+    return 0;
+}
+
 dt_tensor *dt_op_embedding(dt_graph *g, dt_tensor *w, const int32_t *ids, int64_t n, int ndim,
                            const int64_t *shape) {
     static const char *op = "embedding";
-    if (dt_ops_check_graph(op, g) || dt_ops_check_tensor(op, "w", w)) return NULL;
-    if (w->ndim != 2) {
-        DT_ERR(DT_EINVAL, "embedding: w must be [V, C], got %s", DT_OPS_SHAPE(w));
-        return NULL;
-    }
-    if (n < 0 || (n > 0 && !ids)) {
-        DT_ERR(DT_EINVAL, "embedding: bad ids (n=%lld, ids=%s)", (long long)n, ids ? "set" : "NULL");
-        return NULL;
-    }
-    if (ndim < 0 || ndim > DT_MAX_DIMS || (ndim > 0 && !shape)) {
-        DT_ERR(DT_EINVAL, "embedding: bad output rank %d", ndim);
-        return NULL;
-    }
+    if (check_args(op, g, w, ids, n, ndim, shape)) return NULL;
     int64_t V = w->shape[0], C = w->shape[1];
-    for (int d = 0; d < ndim; d++)
-        if (shape[d] < 0) {
-            DT_ERR(DT_EINVAL, "embedding: negative output dim %lld", (long long)shape[d]);
-            return NULL;
-        }
-    if (dt_shape_numel(ndim, shape) != n * C) {
-        DT_ERR(DT_EINVAL, "embedding: output shape has %lld elements but n=%lld ids x C=%lld = %lld",
-               (long long)dt_shape_numel(ndim, shape), (long long)n, (long long)C, (long long)(n * C));
-        return NULL;
-    }
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= V) {
             DT_ERR(DT_EINVAL, "embedding: id %d at position %lld out of range [0, %lld) for w %s",
@@ -121,6 +133,44 @@ dt_tensor *dt_op_embedding(dt_graph *g, dt_tensor *w, const int32_t *ids, int64_
     dt_node *nd = dt_graph_record(g, op, embedding_backward, y, 1, &w);
     if (nd) {
         nd->saved = (void *)ids;   /* caller-owned, alive until backward */
+        nd->i[0] = n;
+    }
+    return y;
+}
+
+/* Rows [start, start + R) of a larger table (a vocabulary-parallel part):
+ * ids are remapped to local rows, -1 for another rank's (a zero row here,
+ * no gradient), and the local ids saved for embedding_backward. */
+dt_tensor *dt_op_embedding_rows(dt_graph *g, dt_tensor *w, int64_t start, const int32_t *ids, int64_t n, int ndim,
+                                const int64_t *shape) {
+    static const char *op = "embedding_rows";
+    if (check_args(op, g, w, ids, n, ndim, shape)) return NULL;
+    int64_t R = w->shape[0], C = w->shape[1];
+    if (start < 0) {
+        DT_ERR(DT_EINVAL, "%s: negative start row %lld for w %s", op, (long long)start, DT_OPS_SHAPE(w));
+        return NULL;
+    }
+    int32_t *loc = dt_graph_scratch(g, (size_t)n * sizeof *loc + 1);
+    if (!loc) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0) {
+            DT_ERR(DT_EINVAL, "%s: id %d at position %lld is negative", op, (int)ids[i], (long long)i);
+            return NULL;
+        }
+        loc[i] = ids[i] >= start && ids[i] - start < R ? (int32_t)(ids[i] - start) : -1;
+    }
+    dt_tensor *y = dt_graph_tensor(g, ndim, shape);
+    if (!y) return NULL;
+    const float *wd = dt_f32(w);
+    float *yd = dt_f32(y);
+#pragma omp parallel for schedule(static) if (n * C >= DT_OPS_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        if (loc[i] >= 0) memcpy(yd + i * C, wd + (int64_t)loc[i] * C, (size_t)C * sizeof(float));
+        else memset(yd + i * C, 0, (size_t)C * sizeof(float));
+    }
+    dt_node *nd = dt_graph_record(g, op, embedding_backward, y, 1, &w);
+    if (nd) {
+        nd->saved = loc;   /* the tape's scratch: alive until backward */
         nd->i[0] = n;
     }
     return y;

@@ -192,4 +192,11 @@ static inline void dt_ops_softmax_row(float *y, const float *x, int64_t n) {
     for (int64_t j = 0; j < n; j++) y[j] *= inv;
 }
 
+/* Tensor-parallel collectives of the ops (tp.c): the group is usable
+ * (need_max: allreduce_max too), else -1 + DT_EINVAL naming op; buf := the
+ * group's sum / max in place (size 1: nothing), errors naming op. */
+int dt_ops_tp_check(const char *op, const dt_tp_comm *c, int need_max);
+dt_status dt_ops_tp_sum(const dt_tp_comm *c, const char *op, float *buf, int64_t n);
+dt_status dt_ops_tp_max(const dt_tp_comm *c, const char *op, float *buf, int64_t n);
+
 #endif

@@ -33,7 +33,7 @@ dt_status dt_checkpoint_read_param(const dt_ckpt *c, const char *name, const dt_
     int nd = dt_param_full_shape(p, full);
     DT_TRY(dt_ckpt_expect(c, name, nd, full));
     if (p->split.parts <= 1) return dt_ckpt_read(c, name, 0, (size_t)p->value.numel, dst);
-    size_t n = (size_t)p->value.numel * (size_t)p->split.parts;
+    size_t n = (size_t)dt_shape_numel(nd, full);   /* the whole tensor, without a split's padding */
     float *whole = malloc(n * sizeof *whole);   /* one whole tensor at a time */
     if (!whole) return DT_ERR(DT_ENOMEM, "out of memory reading %s (%zu floats)", name, n);
     dt_status s = dt_ckpt_read(c, name, 0, n, whole);

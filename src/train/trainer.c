@@ -296,7 +296,9 @@ static dt_status eval_round(dt_trainer *t, eval_group *q, int slots, int64_t sta
     if (!counted) return DT_OK;
     int64_t rows = n * d->sample.targets;
     sums[0] += dt_f32(loss)[0] * (double)rows;
-    sums[1] += (double)dt_count_correct(logits, b.y);
+    int64_t correct = dt_model_count_correct(t->model, logits, b.y);   /* split logits: collective */
+    if (correct < 0) return dt_error_code() ? dt_error_code() : DT_EINVAL;
+    sums[1] += (double)correct;
     sums[2] += (double)rows;
     return DT_OK;
 }

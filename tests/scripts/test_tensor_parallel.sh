@@ -11,8 +11,12 @@
 # its partial products over the ranks (x0 W0 + x1 W1, then + b) where one
 # process sums inside one GEMM, so the rounding differs. Checkpoints hold
 # whole tensors: a --tp 2 checkpoint resumed in one process, and a
-# one-process checkpoint resumed at --tp 2, continue within 1e-6. What is
-# not built is refused up front, naming the flag.
+# one-process checkpoint resumed at --tp 2, continue within 1e-6. The
+# vocabulary is split too (wte, the tied lm-head, a parallel cross-entropy):
+# the evaluation's token accuracy (argmax over the split logits) equals one
+# process's, and a vocabulary T does not divide (257 at --tp 2: one row of
+# padding) trains as one process and saves a checkpoint one process resumes.
+# What is not built is refused up front, naming the flag.
 # usage: test_tensor_parallel.sh DTRAIN NP   (NP: 2 or 4, the largest world used)
 set -uo pipefail
 # Ranks under mpirun: Open MPI unloads its plugins at finalize, so LeakSanitizer
@@ -54,6 +58,13 @@ near() {
         "$tmp/$1.jsonl" "$tmp/$2.jsonl")
     if [ $? -eq 0 ]; then echo "ok   $2 ~ $1 (1e-6)"; else echo "FAIL $2 vs $1: $why"; fail=1; fi
 }
+# same_acc REF TAG: the evaluation's token accuracy is the same number
+same_acc() {
+    local a b
+    a=$(grep -o '"eval_accuracy":[-0-9.e+]*' "$tmp/$1.jsonl") b=$(grep -o '"eval_accuracy":[-0-9.e+]*' "$tmp/$2.jsonl")
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "ok   $2 accuracy = $1's ($a)"
+    else echo "FAIL $2 accuracy '$b', $1 '$a'"; fail=1; fi
+}
 # refused TAG WANT ARGS...: fails before training, saying WANT
 refused() {
     local tag=$1 want=$2; shift 2
@@ -69,7 +80,11 @@ refused() {
 run single
 run single_sgd --optim sgd --lr 0.5
 if [ "$np" -eq 2 ]; then
-    run tp2 --tp 2 --nproc 2 --quiet && near single tp2
+    run tp2 --tp 2 --nproc 2 --quiet && near single tp2 && same_acc single tp2
+    # V = 257: padded to 258 rows at --tp 2; the checkpoint holds [257, C]
+    run single_v --vocab 257 --quiet && run tp2_v --vocab 257 --tp 2 --nproc 2 --quiet && near single_v tp2_v
+    run tp2_v_half --vocab 257 --tp 2 --nproc 2 --steps 2 --save "$tmp/tp2v.st" --quiet &&
+        run from_tp2_v --vocab 257 --resume "$tmp/tp2v.st" --quiet && near single_v from_tp2_v
     run tp2_sgd --tp 2 --nproc 2 --optim sgd --lr 0.5 && near single_sgd tp2_sgd
     # recompute replays tp_reduce in backward; accumulation; dropout masks on whole tensors
     mix=(--recompute blocks --accum 2 --dropout 0.1)
@@ -92,6 +107,6 @@ else
     run tp2_dp2 --tp 2 --nproc 4 && near ddp2 tp2_dp2
     if grep -c 'mesh: dp 2 x tp 2' "$tmp/tp2_dp2.out" > /dev/null; then echo "ok   mesh line"
     else echo "FAIL no 'mesh: dp 2 x tp 2' line, got:"; cat "$tmp/tp2_dp2.out"; fail=1; fi
-    run tp4 --tp 4 --nproc 4 --quiet && near single tp4
+    run tp4 --tp 4 --nproc 4 --quiet && near single tp4 && same_acc single tp4
 fi
 exit $fail

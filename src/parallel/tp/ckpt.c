@@ -33,7 +33,7 @@ static dt_status add_tensor(dt_tp *s, save_set *ss, const char *name, const dt_p
     dt_status st = dt_allgather(s->tp_pg, local, parts, (int64_t)n, DT_F32, &w);
     if (st == DT_OK) st = dt_work_wait(w);
     if (st != DT_OK || s->rank != 0) { free(parts); return st; }
-    float *whole = malloc(n * T * sizeof *whole);
+    float *whole = malloc((size_t)dt_shape_numel(e->ndim, e->shape) * sizeof *whole);   /* without padding */
     if (!whole) { free(parts); return DT_ERR(DT_ENOMEM, "tp checkpoint: out of memory for %s", name); }
     for (int k = 0; k < s->T; k++)   /* rank k of the group holds part k */
         dt_split_copy(&p->split, e->ndim, e->shape, k, whole, parts + (size_t)k * n, 1);

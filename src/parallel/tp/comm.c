@@ -1,8 +1,9 @@
-/* The model's tensor-parallel collective: a blocking float32 sum over the
+/* The model's tensor-parallel collectives: a blocking float32 sum (and max) over the
  * TP group (dt_tp_comm, ops.h), counted for benchmarks. For two ranks an MPI
  * sum is a + b on both; for more, Open MPI's algorithms combine the same
  * operands on every rank, so every rank gets the same bits (the invariant
  * of tp_internal.h). */
+#include <stdlib.h>
 #include "tp_internal.h"
 
 static dt_status tp_allreduce_sum(void *ctx, float *buf, int64_t n) {
@@ -14,9 +15,29 @@ static dt_status tp_allreduce_sum(void *ctx, float *buf, int64_t n) {
     return dt_work_wait(w);
 }
 
+/* The vocabulary-parallel loss and accuracy (n = rows of a micro-batch, small):
+ * an all-gather of every rank's n floats, then the maximum here; exact, so
+ * the same bits on every rank. */
+static dt_status tp_allreduce_max(void *ctx, float *buf, int64_t n) {
+    dt_tp *s = ctx;
+    float *all = malloc((size_t)n * (size_t)s->T * sizeof *all + 1);
+    if (!all) return DT_ERR(DT_ENOMEM, "tp: out of memory for the maximum of %lld floats", (long long)n);
+    dt_work *w = NULL;
+    dt_status st = dt_allgather(s->tp_pg, buf, all, n, DT_F32, &w);
+    if (st == DT_OK) st = dt_work_wait(w);
+    for (int k = 0; st == DT_OK && k < s->T; k++) {
+        const float *part = all + (size_t)k * (size_t)n;
+        for (int64_t i = 0; i < n; i++) buf[i] = part[i] > buf[i] ? part[i] : buf[i];
+    }
+    free(all);
+    s->stats.calls++;
+    s->stats.bytes += (size_t)n * (size_t)s->T * sizeof(float);
+    return st;
+}
+
 void dt_tp_comm_init(dt_tp *s) {
     s->comm = (dt_tp_comm){.rank = dt_pg_rank(s->tp_pg), .size = dt_pg_size(s->tp_pg),
-                           .allreduce_sum = tp_allreduce_sum, .ctx = s};
+                           .allreduce_sum = tp_allreduce_sum, .allreduce_max = tp_allreduce_max, .ctx = s};
 }
 
 dt_tp_stats dt_tp_get_stats(const void *self) { return ((const dt_tp *)self)->stats; }

@@ -1,5 +1,6 @@
 /* Tensor parallelism as a dt_strategy (the design: tp_internal.h). The
- * hooks: prepare_model (this rank's part), agree (on the world), setup
+ * hooks: prepare_model (gpt2: this rank's part; a user's model is checked in
+ * setup), agree (on the world), setup
  * (groups, the model's comm, DDP over the replicas), the DDP hooks passed
  * on, grad_sumsq (clipping), save (whole tensors). */
 #include <stdlib.h>
@@ -9,13 +10,33 @@
 
 static int has_inner(const dt_tp *s) { return s->inner.self != NULL; }
 
+/* gpt2 builds this rank's part from cfg; any other model (a user's
+ * build_model, which knows its rank) is checked once built, in setup */
 static dt_status s_prepare(void *self, dt_model_cfg *cfg) {
     dt_tp *s = self;
-    if (cfg->kind != DT_MODEL_GPT2)
-        return DT_ERR(DT_EINVAL, "tp.size %d: tensor parallelism is built for the gpt2 model only (this run's model is %s)",
-                      s->T, dt_model_kind_name(cfg->kind));
-    cfg->tp_size = s->T;
-    cfg->tp_rank = s->rank % s->T;
+    if (cfg->kind == DT_MODEL_GPT2) {
+        cfg->tp_size = s->T;
+        cfg->tp_rank = s->rank % s->T;
+    }
+    return DT_OK;
+}
+
+/* The model holds this rank's parts: every split parameter is part rank % T
+ * of T, and there is one (a model built whole would train T copies). */
+static dt_status check_parts(const dt_tp *s, const dt_model *m) {
+    int n = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const dt_param_split *p = &m->params[i]->split;
+        if (p->parts <= 1) continue;
+        if (p->parts != s->T || p->index != s->rank % s->T)
+            return DT_ERR(DT_EINVAL, "tp.size %d: parameter %s of model %s is part %d of %d, but this rank is "
+                          "tensor-parallel rank %d of %d", s->T, m->params[i]->name, m->name, p->index, p->parts,
+                          s->rank % s->T, s->T);
+        n++;
+    }
+    if (!n)
+        return DT_ERR(DT_EINVAL, "tp.size %d: model %s was built whole (no parameter is split): tensor parallelism "
+                      "needs gpt2 or a model built for its rank (nn.h dt_nn_add_linear_col / _row)", s->T, m->name);
     return DT_OK;
 }
 
@@ -29,18 +50,16 @@ static dt_status s_agree(void *self, dt_agree *a) {
 static dt_status s_setup(void *self, dt_run *r) {
     dt_tp *s = self;
     dt_model *m = r->model;
-    if (m->cfg.kind != DT_MODEL_GPT2 || m->cfg.tp_size != s->T)   /* a user's builder (train.build_model) */
-        return DT_ERR(DT_EINVAL, "tp.size %d: tensor parallelism needs the built-in gpt2 model (model %s was built whole)",
-                      s->T, m->name);
+    DT_TRY(check_parts(s, m));
     /* replica w / T holds ranks T*(w/T) .. +T-1; DP groups join equal w % T */
     DT_TRY(dt_pg_split(s->world, s->rank / s->T, s->rank, &s->tp_pg));
     if (s->dp > 1) DT_TRY(dt_pg_split(s->world, s->rank % s->T, s->rank, &s->dp_pg));
     dt_tp_comm_init(s);
     m->tp = &s->comm;
     if (!r->quiet && s->rank == 0)
-        dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d (tensor-parallel groups of %d consecutive ranks: attention "
-               "by heads, MLP by columns; embeddings, LayerNorms and the lm-head whole on every rank)\n",
-               s->dp, s->T, s->T);
+        dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d (tensor-parallel groups of %d consecutive ranks%s)\n", s->dp,
+               s->T, s->T, m->cfg.kind == DT_MODEL_GPT2 && m->cfg.tp_size == s->T ? ": attention by heads, MLP by "
+               "columns, wte and the lm-head by vocabulary rows; wpe and LayerNorms whole on every rank" : "");
     if (s->dp > 1) {
         DT_TRY(dt_ddp_strategy(s->dp_pg, &s->opts.ddp, &s->inner));
         int quiet = r->quiet;

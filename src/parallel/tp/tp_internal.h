@@ -22,10 +22,17 @@
  *   x -- ln_1 -- f -- c_attn[C, 3C/T] -- attention(H/T heads) -- c_proj[C/T, C] -- g -- +b --
  *   x -- ln_2 -- f -- c_fc[C, 4C/T] -- gelu -- c_proj[4C/T, C] -- g -- +b --
  *
+ * The vocabulary: wte [V, C] split by rows (n = ceil(V / T) each, the last
+ * part padded with zero rows); the embedding sums the ranks' lookups
+ * (tp_reduce), the tied lm-head reads ln_f through tp_copy and gives this
+ * rank's [B, T, n] logits, and the loss is vocab_parallel_cross_entropy
+ * (per-row max, then sum of exp and target logit all-reduced: 3 N floats),
+ * so no rank holds [B*T, V]. comm.c's allreduce_max serves it.
+ *
  * The invariant. Outside the split layers every rank of a group computes
  * the same bits (same batch, same replicated parameters, an all-reduce
- * whose result is the same on every rank), so replicated parameters (wte,
- * wpe, LayerNorms, row-parallel biases) receive identical gradients on every
+ * whose result is the same on every rank), so replicated parameters (wpe,
+ * LayerNorms, row-parallel biases) receive identical gradients on every
  * rank and are never reduced over the group: DDP over the DP group keeps
  * them equal across replicas, and the identical optimizer step keeps them
  * equal inside the replica. A split parameter's gradient is its own part's.
@@ -36,9 +43,10 @@
  * all-gathers every split parameter and optimizer state; load is local
  * (every rank reads the whole tensor and keeps its part:
  * dt_checkpoint_read_param), so any tp size, DDP or one process resumes any.
- * Not yet: a vocabulary-parallel embedding and cross-entropy (wte, the
- * lm-head and the logits are whole on every rank), sequence parallelism,
- * --pp and ZeRO. */
+ * Models: gpt2 builds its part from cfg (prepare_model); a user's model
+ * built for its rank (nn.h dt_nn_add_linear_col / _row) is accepted when
+ * every split parameter is part rank % T of T (setup checks).
+ * Not yet: sequence parallelism, --pp and ZeRO. */
 #ifndef DT_TP_INTERNAL_H
 #define DT_TP_INTERNAL_H
 
