@@ -12,7 +12,8 @@
 # under global names: a set saved at (dp, pp, tp) = (1, 2, 2) resumes at
 # (2, 1, 2) (--tp 2 on 4 ranks), whose file resumes in one process, the
 # training losses continuing the uninterrupted one-process run within 1e-6;
-# the set resumes at (1, 2, 2) too, and a one-process checkpoint at (1, 2, 2). The start-up line
+# the set resumes at (1, 2, 2), at --pp 2 alone and at (4, 1, 1) too, and a
+# one-process checkpoint at (1, 2, 2). The start-up line
 # prints the mesh; --zero with --tp --pp and a world P x T does not divide
 # are refused.
 # usage: test_tp_pipeline.sh DTRAIN
@@ -99,8 +100,10 @@ if run chain_a "${tpp[@]}" --batch 8 --microbatches 2 --steps 2 --save "$tmp/a.c
     grep -v eval_loss "$tmp/chain_ref.jsonl" | head -4 > "$tmp/chain_ref4.jsonl"
     near chain_ref4 chain_b train
     near chain_ref chain_c train
-    # the set resumed by the layout that wrote it
+    # the set resumed by the layout that wrote it, at --pp 2 alone and at (4, 1, 1): DDP on 4 ranks
     run chain_a2 "${tpp[@]}" --batch 8 --microbatches 2 --resume "$tmp/a.ck" --quiet && near chain_ref4 chain_a2 train
+    run chain_pp --pp 2 --nproc 2 --batch 8 --microbatches 2 --resume "$tmp/a.ck" --quiet && near chain_ref4 chain_pp train
+    run chain_ddp4 --nproc 4 --batch 2 --resume "$tmp/a.ck" --quiet && near chain_ref4 chain_ddp4 train
 fi
 # and the other way: a one-process file resumed by tensor-parallel stages
 run half_single --batch 2 --accum 2 --steps 2 --save "$tmp/single.st" --quiet &&
