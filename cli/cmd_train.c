@@ -97,8 +97,7 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
     int T = f->dist.tp.size;
     if (T < 1) { snprintf(err, (size_t)errlen, "--tp must be >= 1 (got %d)", T); return -1; }
     if (T == 1) return 0;
-    const char *bad = f->dist.pipelined ? "--pp (a pipeline of tensor-parallel stages is not built yet)"
-                    : f->dist.zero_stage ? "--zero (sharding across tensor-parallel replicas is not built yet; DDP runs across them)"
+    const char *bad = f->dist.zero_stage ? "--zero (sharding across tensor-parallel replicas is not built yet; DDP runs across them)"
                     : f->o.uneven ? "--uneven" : NULL;
     if (bad) { snprintf(err, (size_t)errlen, "--tp %d does not combine with %s", T, bad); return -1; }
     if (f->o.model.kind != DT_MODEL_GPT2) {
@@ -106,11 +105,18 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
                  dt_model_kind_name(f->o.model.kind));
         return -1;
     }
+    int P = f->dist.pipelined ? f->dist.pipe.stages : 1;
+    if (P > 1 && f->nproc != INT_MIN && f->nproc % (P * T)) {   /* the mesh dp x pp x tp */
+        snprintf(err, (size_t)errlen, "--tp %d x --pp %d = %d ranks per replica does not divide --nproc %d (ranks = "
+                 "data-parallel replicas x --pp x --tp)", T, P, P * T, f->nproc);
+        return -1;
+    }
     if (f->nproc != INT_MIN && f->nproc % T) {
         snprintf(err, (size_t)errlen, "--tp %d does not divide --nproc %d (ranks = data-parallel replicas x --tp)", T, f->nproc);
         return -1;
     }
     f->dist.tp.ddp = f->dist.ddp;   /* DDP across the replicas */
+    f->dist.pipe.tp_size = T;       /* a pipeline of tensor-parallel stages */
     return 0;
 }
 

@@ -131,6 +131,12 @@ foreach(np 2 4)
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tensor_parallel.sh $<TARGET_FILE:dtrain_cli> ${np})
   set_tests_properties(test_tensor_parallel_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 300)
 endforeach()
+# The mesh dp x pp x tp: tensor-parallel pipeline stages equal one process
+# within 1e-6 (four schedules, --clip), resharding (1,2,2) -> (2,1,2) -> one
+# process (launches dtrain --nproc 4 itself).
+add_test(NAME test_tp_pipeline_np4
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_pipeline.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_tp_pipeline_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
 foreach(np 2 4)
   add_test(NAME test_pipeline_errors_np${np}
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_errors.sh $<TARGET_FILE:dtrain_cli> ${np})

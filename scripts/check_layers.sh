@@ -15,7 +15,8 @@
 # a room includes headers of its own room or of lower rooms of its layer
 # (rooms of equal rank are siblings and never include each other). Today:
 #   parallel: common < ddp = zero = tp < pipe
-# (the pipeline runs DDP or ZeRO over each stage's replicas; tp runs DDP
+# (the pipeline runs DDP or ZeRO over each stage's replicas, and tp's
+# collective inside tensor-parallel stages through tp_internal.h; tp runs DDP
 # through its public header only). A folder under a
 # layer that is not a room in the table is an error.
 set -euo pipefail

@@ -2,12 +2,16 @@
  * on different ranks, micro-batches streamed through them by a static
  * schedule, with data-parallel replicas of every stage.
  *
- * Ranks. world = P stages x D replicas. Ranks are ordered by (machine,
- * rank) and cut into consecutive groups of D: place i is stage i / D,
- * replica i % D (on one machine: rank r is stage r / D). A stage's D replicas
- * form its data-parallel group — on one machine whenever each machine runs a
- * multiple of D ranks, whatever order the launcher used — and the P ranks of
- * one replica form a pipeline.
+ * Ranks. world = P stages x D replicas x T tensor-parallel ranks (T = 1
+ * without tp_size). Ranks are ordered by (machine, rank); place i is
+ * tensor-parallel rank i % T, replica (i / T) % D, stage i / (D T) (on one
+ * machine, rank r = (stage D + replica) T + tp: tp innermost, then dp, then
+ * pp). A stage's ranks with equal tensor-parallel rank form its data-parallel
+ * group — on one machine whenever each machine runs a multiple of D T ranks,
+ * whatever order the launcher used — the P ranks of one replica with equal
+ * tensor-parallel rank a pipeline (activations go between equal tp ranks of
+ * adjacent stages), and the T ranks of one stage of one replica its
+ * tensor-parallel group.
  *
  * Stages. The model's blocks (nn.h section 3) are cut into S = P * V
  * contiguous virtual stages: balanced by cost measured on one micro-batch
@@ -85,7 +89,11 @@ typedef struct dt_pipe_opts {
      * parameters join after their total is known. The pipeline clips over
      * all stages itself: zero.clip is ignored, and clipping with zero's
      * interleaved step overlap is refused. */
-    int zero_stage;           /* 0, 1 or 2 */
+    int zero_stage;           /* 0, 1, 2 or 3 (not with tp_size > 1) */
+    /* Tensor parallelism inside every stage (tp.size T, GPT-2 only): each
+     * stage is built split T ways (cfg.tp_size / tp_rank, as dt_tp_strategy
+     * does) over T ranks; world = D replicas x P stages x T. 0 or 1: none. */
+    int tp_size;
     dt_ddp_opts ddp;          /* dt_ddp_opts_default by dt_pipe_opts_default */
     dt_zero_opts zero;        /* dt_zero_opts_default by dt_pipe_opts_default */
 } dt_pipe_opts;

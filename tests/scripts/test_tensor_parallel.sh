@@ -16,7 +16,8 @@
 # the evaluation's token accuracy (argmax over the split logits) equals one
 # process's, and a vocabulary T does not divide (257 at --tp 2: one row of
 # padding) trains as one process and saves a checkpoint one process resumes.
-# What is not built is refused up front, naming the flag.
+# What is not built is refused up front, naming the flag. (--tp with --pp:
+# test_tp_pipeline.sh.)
 # usage: test_tensor_parallel.sh DTRAIN NP   (NP: 2 or 4, the largest world used)
 set -uo pipefail
 # Ranks under mpirun: Open MPI unloads its plugins at finalize, so LeakSanitizer
@@ -98,7 +99,7 @@ if [ "$np" -eq 2 ]; then
     run single_half --steps 2 --save "$tmp/single.st" --quiet &&
         run tp2_from_single --tp 2 --nproc 2 --resume "$tmp/single.st" --quiet && near single tp2_from_single
     refused heads "arch.heads 3 is not divisible\|--heads 3 is not divisible" --heads 3 --embd 33 --tp 2 --nproc 2
-    refused pp "does not combine with --pp" --tp 2 --pp 2 --nproc 2
+    refused pp "ranks per replica does not divide --nproc 2" --tp 2 --pp 2 --nproc 2
     refused zero "does not combine with --zero" --tp 2 --zero 1 --nproc 2
     refused world "does not divide --nproc 2" --tp 4 --nproc 2
     refused mlp "gpt2 only" --model mlp --tp 2 --nproc 2

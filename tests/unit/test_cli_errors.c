@@ -63,6 +63,10 @@ static void test_bad_flags(void **state) {
     expect_error("train --pp 2 --virtual-stages 2", "more than 1 needs --schedule interleaved");
     expect_error("train --pp 2 --schedule 1f1b --max-outstanding 2", "--max-outstanding applies to --schedule gpipe");
     expect_error("train --pp 2 --microbatches 0", "--microbatches must be >= 1");
+    /* the mesh dp x pp x tp: the world is a multiple of P x T */
+    expect_error("train --model gpt2 --heads 4 --tp 2 --pp 2 --nproc 6",
+                 "--tp 2 x --pp 2 = 4 ranks per replica does not divide --nproc 6");
+    expect_error("train --model gpt2 --heads 4 --tp 2 --pp 2 --zero 1 --nproc 4", "--tp 2 does not combine with --zero");
     /* numbers that mean nothing, or whose products overflow, are refused before anything runs */
     expect_error("train --nproc 0", "--nproc must be >= 1 (got 0)");
     expect_error("train --nproc -2", "--nproc must be >= 1 (got -2)");

@@ -13,7 +13,12 @@
  * ZeRO-3 keeps values only as shards: every replica writes its owned ranges
  * of the values as of the states (a tied copy: on its authority only), and
  * a load reads each replica's owned ranges (dt_zero_read_states), never a
- * whole stage. */
+ * whole stage.
+ * Tensor-parallel stages (pipe/tp.c): a split parameter and its states are
+ * gathered whole over the stage's tp group and written by tp rank 0 (the
+ * others of the group write nothing), the index holds whole shapes, and a
+ * load reads the whole tensor and keeps this rank's part
+ * (dt_checkpoint_read_param): a set is the same for any T. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +33,8 @@ dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr) {
     if (!p->ck.gname || !p->ck.gshape || !p->ck.buffer_mine) return DT_ERR(DT_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_params; i++) {
         snprintf(p->ck.gname[i], sizeof p->ck.gname[i], "%s", m->params[i]->name);
-        p->ck.gshape[i] = (dt_ckpt_shape){.name = p->ck.gname[i], .ndim = m->params[i]->value.ndim};
-        memcpy(p->ck.gshape[i].shape, m->params[i]->value.shape, sizeof p->ck.gshape[i].shape);
+        p->ck.gshape[i] = (dt_ckpt_shape){.name = p->ck.gname[i]};
+        p->ck.gshape[i].ndim = dt_param_full_shape(m->params[i], p->ck.gshape[i].shape);   /* whole under tp */
     }
     for (int i = 0; i < m->n_buffers; i++)
         p->ck.buffer_mine[i] = (unsigned char)(dt_pipe_buffer_owner(p, pr, m, m->buffers[i]->name) == p->lay.stage);
@@ -51,13 +56,29 @@ static int saver_of(const dt_pipe *p, int i) {
     return !zero3(p) && p->lay.replica == 0 && (t < 0 || p->ties.list[t].is_authority);
 }
 
+/* A piece of tensor q (its value or a state, `local` this rank's part):
+ * whole on the writer; tensor-parallel parts gathered (collective over the
+ * stage's tp group, whose ranks all come here in the same order), written by
+ * tp rank 0 only (*n unchanged elsewhere). whole[*nw] keeps what was gathered. */
+static dt_status add_piece(dt_pipe *p, const char *name, const dt_param *q, const float *local, dt_ckpt_piece *pc,
+                           int *n, float **whole, int *nw) {
+    float *w = NULL;
+    DT_TRY(dt_pipe_tp_whole(p, q, local, &w));
+    if (p->lay.tp_rank != 0) return DT_OK;
+    if (w) whole[(*nw)++] = w;
+    size_t numel = (size_t)q->value.numel * (size_t)(q->split.parts > 1 ? q->split.parts : 1);
+    pc[(*n)++] = (dt_ckpt_piece){name, 0, numel, w ? w : local};
+    return DT_OK;
+}
+
 static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const char *set) {
     dt_model *m = p->m;
     const dt_optim_cfg *cfg = r->optim;
-    int ns = dt_optim_state_per_elem(cfg), np = m->n_params;
+    int ns = dt_optim_state_per_elem(cfg), np = m->n_params, nw = 0;
     dt_ckpt_piece *pc = calloc((size_t)((1 + ns) * np + m->n_buffers + 1), sizeof *pc);
     char (*sname)[192] = calloc((size_t)(ns * np + 1), sizeof *sname);
-    if (!pc || !sname) { free(pc); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
+    float **whole = calloc((size_t)((1 + ns) * np + 1), sizeof *whole);   /* gathered tensor-parallel tensors */
+    if (!pc || !sname || !whole) { free(pc); free(sname); free(whole); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
     /* a frozen parameter has no state (compact optimizer): the index lists
      * every parameter's, so it is written as zeros */
     size_t zn = 0;
@@ -65,30 +86,36 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
         if (!dt_optimizer_state_of(&p->upd.optim, 0, m->offsets[i]) && (size_t)m->params[i]->value.numel > zn)
             zn = (size_t)m->params[i]->value.numel;
     float *zeros = zn ? calloc(zn, sizeof *zeros) : NULL;
-    if (zn && !zeros) { free(pc); free(sname); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
+    if (zn && !zeros) { free(pc); free(sname); free(whole); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
     int n = 0;
     if (p->dp.zero) {   /* every replica: its owned ranges of the states (stage 3: and values; a tied copy:
                            on its authority only) */
         n = dt_zero_state_pieces(p->dp.zero, r, p->upd.norm_skip, pc, sname);
         int nv = n < 0 ? -1 : dt_zero_value_pieces(p->dp.zero, r, p->upd.norm_skip, pc + n);
-        if (n < 0 || nv < 0) { free(pc); free(sname); free(zeros); return dt_error_code() ? dt_error_code() : DT_ENOMEM; }
+        if (n < 0 || nv < 0) {
+            free(pc); free(sname); free(zeros); free(whole);
+            return dt_error_code() ? dt_error_code() : DT_ENOMEM;
+        }
         n += nv;
     }
-    for (int i = 0; i < np; i++) {
+    dt_status s = DT_OK;
+    for (int i = 0; i < np && s == DT_OK; i++) {
         if (!saver_of(p, i)) continue;
         dt_param *q = m->params[i];
-        pc[n++] = (dt_ckpt_piece){q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)};
-        for (int k = 0; k < ns && !p->dp.zero; k++) {
+        s = add_piece(p, q->name, q, dt_f32(&q->value), pc, &n, whole, &nw);
+        for (int k = 0; k < ns && !p->dp.zero && s == DT_OK; k++) {
             snprintf(sname[k * np + i], sizeof sname[0], "optim.%s.%s", dt_checkpoint_state_name(cfg, k), q->name);
             float *st = dt_optimizer_state_of(&p->upd.optim, k, m->offsets[i]);
-            pc[n++] = (dt_ckpt_piece){sname[k * np + i], 0, (size_t)q->value.numel, st ? st : zeros};
+            s = add_piece(p, sname[k * np + i], q, st ? st : zeros, pc, &n, whole, &nw);
         }
     }
-    for (int i = 0; p->lay.replica == 0 && i < m->n_buffers; i++)
+    for (int i = 0; p->lay.replica == 0 && p->lay.tp_rank == 0 && i < m->n_buffers; i++)
         if (p->ck.buffer_mine[i])
             pc[n++] = (dt_ckpt_piece){m->buffers[i]->name, 0, (size_t)m->buffers[i]->value.numel,
                                       dt_f32(&m->buffers[i]->value)};
-    dt_status s = dt_ckpt_write_shard(dir, set, dt_pg_rank(p->comm.world), dt_pg_size(p->comm.world), pc, n);
+    if (s == DT_OK) s = dt_ckpt_write_shard(dir, set, dt_pg_rank(p->comm.world), dt_pg_size(p->comm.world), pc, n);
+    for (int k = 0; k < nw; k++) free(whole[k]);
+    free(whole);
     free(pc);
     free(sname);
     free(zeros);
@@ -155,16 +182,18 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
     int64_t ostep = 0;
     int ns = dt_optim_state_per_elem(r->optim);
     DT_TRY(dt_checkpoint_apply_meta(r, ckpt_get, ck, dt_ckpt_path(ck), &ostep));
-    for (int i = 0; i < m->n_params; i++) {
+    for (int i = 0; i < m->n_params; i++) {   /* whole tensors; a tensor-parallel part keeps its slice */
         dt_param *q = m->params[i];
-        DT_TRY(dt_ckpt_expect(ck, q->name, q->value.ndim, q->value.shape));
-        if (!zero3(p)) DT_TRY(dt_ckpt_read(ck, q->name, 0, (size_t)q->value.numel, dt_f32(&q->value)));
+        int64_t full[DT_MAX_DIMS];
+        int nd = dt_param_full_shape(q, full);
+        DT_TRY(dt_ckpt_expect(ck, q->name, nd, full));
+        if (!zero3(p)) DT_TRY(dt_checkpoint_read_param(ck, q->name, q, dt_f32(&q->value)));
         for (int k = 0; k < ns && !p->dp.zero; k++) {
             char nm[192];
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(r->optim, k), q->name);
-            DT_TRY(dt_ckpt_expect(ck, nm, q->value.ndim, q->value.shape));
+            DT_TRY(dt_ckpt_expect(ck, nm, nd, full));
             float *st = dt_optimizer_state_of(&p->upd.optim, k, m->offsets[i]);
-            if (st) DT_TRY(dt_ckpt_read(ck, nm, 0, (size_t)q->value.numel, st));   /* frozen: none */
+            if (st) DT_TRY(dt_checkpoint_read_param(ck, nm, q, st));   /* frozen: none */
         }
     }
     for (int i = 0; i < m->n_buffers; i++) {

@@ -553,7 +553,7 @@ static dt_status eval_one(dt_pipe *p, const dt_batch *b, int c, float *act, dt_w
     if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;
     double rows = (double)(b->B * b->T);
     sums[0] += dt_f32(loss)[0] * rows;
-    sums[1] += (double)dt_count_correct(logits, b->y);
+    sums[1] += (double)dt_model_count_correct(p->m, logits, b->y);
     sums[2] += rows;
     return DT_OK;
 }

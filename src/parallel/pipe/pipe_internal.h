@@ -178,8 +178,10 @@ double *dt_pipe_snap_costs(double *cost, int n);
 
 /* ---- rank placement (pipe/strategy.c) ----
  * node[r]: machine id of world rank r (dt_pg_node_of: ids are ranks < W).
- * pos[r]: r's place in the (machine, rank) order; stage pos / D, replica
- * pos % D. place_local: 1 when every stage's replicas share a machine. */
+ * pos[r]: r's place in the (machine, rank) order; tensor-parallel rank
+ * pos % T, replica (pos / T) % D, stage pos / (D T). place_local(.., n):
+ * 1 when each run of n consecutive places (a stage's D T ranks) shares a
+ * machine. */
 void dt_pipe_place(const int *node, int W, int *pos);
 int dt_pipe_place_local(const int *node, const int *pos, int W, int D);
 
@@ -232,6 +234,7 @@ typedef struct dt_pipe_slot {
 typedef struct dt_pipe_layout {
     int P, D, V, S;
     int stage, replica;       /* 0 <= stage < P (its rank in comm.pp), 0 <= replica < D (its rank in dp.pg) */
+    int T, tp_rank;           /* tensor parallelism inside the stage: T >= 1 ranks, this one tp_rank (its rank in tp.pg) */
     int vfirst[DT_PIPE_MAX_VSTAGES + 1];
 } dt_pipe_layout;
 
@@ -335,6 +338,16 @@ typedef struct dt_pipe_metrics {
     dt_trace *trace;
 } dt_pipe_metrics;
 
+/* Tensor parallelism inside the stage (pipe/tp.c): pg joins this stage's T
+ * ranks of this replica (rank = lay.tp_rank; split at create, owned, NULL
+ * when T = 1); tp is the tp room's state over pg, whose dt_tp_comm the
+ * stage's model calls (m->tp), so the split layers communicate exactly as
+ * under dt_tp_strategy. */
+typedef struct dt_pipe_tp {
+    dt_pg *pg;
+    struct dt_tp *tp;
+} dt_pipe_tp;
+
 struct dt_pipe {
     dt_pipe_opts o;
     dt_model *m;              /* the run's model; after setup only this stage's parameters */
@@ -344,6 +357,7 @@ struct dt_pipe {
     dt_pipe_tapes tapes;
     dt_pipe_tie_set ties;
     dt_pipe_dp dp;
+    dt_pipe_tp tp;
     dt_pipe_update upd;
     dt_pipe_ckpt ck;
     dt_pipe_metrics metrics;
@@ -376,6 +390,20 @@ dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale);
 dt_status dt_pipe_dp_skip(dt_pipe *p);   /* ZeRO: a step skipped by loss scaling (nothing stepped) */
 dt_status dt_pipe_dp_sync(dt_pipe *p);
 void dt_pipe_dp_memory(const dt_pipe *p, size_t *param, size_t *grad, size_t *optim);
+
+/* pipe/tp.c: tensor parallelism inside the stages (lay.T > 1; each a no-op
+ * at T = 1). prepare sets cfg's split before the trainer builds the model;
+ * attach checks the model was built split and gives it the group's comm
+ * (before the probe: its forward communicates); split_sumsq sums the split
+ * parameters' squares (local[0]) over the group in rank order; whole gathers
+ * a split tensor (q's value or state `local`) over the group into *whole
+ * (malloc'd on tp rank 0, the checkpoint's writer; NULL elsewhere or when q
+ * is not split). Collective over tp.pg. */
+dt_status dt_pipe_tp_prepare(const dt_pipe *p, dt_model_cfg *cfg);
+dt_status dt_pipe_tp_attach(dt_pipe *p, dt_model *m);
+dt_status dt_pipe_tp_split_sumsq(dt_pipe *p, double *split);
+dt_status dt_pipe_tp_whole(dt_pipe *p, const dt_param *q, const float *local, float **whole);
+void dt_pipe_tp_free(dt_pipe *p);
 
 /* pipe/ckpt.c: sharded checkpoints under global names (any layout reads them) */
 dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr);   /* before dt_model_keep_params */

@@ -14,33 +14,46 @@ void dt_pipe_opts_default(dt_pipe_opts *o) {
     o->stages = 1;
     o->schedule = DT_PIPE_1F1B;
     o->virtual_stages = 1;
+    o->tp_size = 1;
     dt_ddp_opts_default(&o->ddp);
     dt_zero_opts_default(&o->zero);
 }
 
+/* The mesh dp x pp x tp (pipeline.h "Ranks"): tp innermost, then the
+ * replicas, then the stages, over the (machine, rank) order. */
 static dt_status make_groups(dt_pipe *p) {
-    int W = dt_pg_size(p->comm.world), r = dt_pg_rank(p->comm.world);
+    int W = dt_pg_size(p->comm.world), r = dt_pg_rank(p->comm.world), T = p->o.tp_size > 1 ? p->o.tp_size : 1;
     if (p->o.stages < 1 || W % p->o.stages)
         return DT_ERR(DT_EINVAL, "pipeline: %d ranks cannot form %d stages (the world size must be a multiple of pipe.stages)", W,
                       p->o.stages);
+    if (W % (p->o.stages * T))
+        return DT_ERR(DT_EINVAL, "pipeline: %d ranks cannot form %d stages x tp.size %d (the world size must be a multiple "
+                      "of pipe.stages x tp.size = %d)", W, p->o.stages, T, p->o.stages * T);
     if (p->o.stages > DT_PIPE_MAX_STAGES)
         return DT_ERR(DT_EINVAL, "pipeline: at most %d stages (got pipe.stages %d)", DT_PIPE_MAX_STAGES, p->o.stages);
+    if (T > 1 && p->o.zero_stage)   /* its shards and saved ranges would be of tensor parts */
+        return DT_ERR(DT_EINVAL, "pipeline: pipe.zero_stage %d with tp.size %d: ZeRO inside tensor-parallel stages is not "
+                      "built yet (DDP runs across the replicas)", p->o.zero_stage, T);
     p->lay.P = p->o.stages;
-    p->lay.D = W / p->lay.P;
+    p->lay.T = T;
+    p->lay.D = W / (p->lay.P * T);
     /* data-parallel groups on one machine where the counts allow (dt_pipe_place, below) */
     int *node = malloc((size_t)W * sizeof *node), *pos = calloc((size_t)W, sizeof *pos);
     dt_status s = node && pos ? dt_pg_node_of(p->comm.world, node) : DT_ERR(DT_ENOMEM, "out of memory");
     if (s == DT_OK) {
         dt_pipe_place(node, W, pos);
-        p->lay.stage = pos[r] / p->lay.D;
-        p->lay.replica = pos[r] % p->lay.D;
-        p->dp.local = dt_pipe_place_local(node, pos, W, p->lay.D);
+        p->lay.tp_rank = pos[r] % T;
+        p->lay.stage = pos[r] / T / p->lay.D;
+        p->lay.replica = pos[r] / T % p->lay.D;
+        p->dp.local = dt_pipe_place_local(node, pos, W, p->lay.D * T);
     }
     free(node);
     free(pos);
     DT_TRY(s);
-    DT_TRY(dt_pg_split(p->comm.world, p->lay.replica, p->lay.stage, &p->comm.pp));
-    return dt_pg_split(p->comm.world, p->lay.stage, p->lay.replica, &p->dp.pg);
+    int tp = p->lay.tp_rank;
+    DT_TRY(dt_pg_split(p->comm.world, p->lay.replica * T + tp, p->lay.stage, &p->comm.pp));
+    DT_TRY(dt_pg_split(p->comm.world, p->lay.stage * T + tp, p->lay.replica, &p->dp.pg));
+    return T > 1 ? dt_pg_split(p->comm.world, p->lay.stage * p->lay.D + p->lay.replica, tp, &p->tp.pg) : DT_OK;
 }
 
 /* The cut: explicit, or balanced by rank 0's probe costs. */
@@ -74,11 +87,15 @@ static dt_status cut_blocks(dt_pipe *p, dt_pipe_probe *pr) {
 /* Rank 0 prints the cut: blocks and parameters per stage, the bubble. */
 static void print_partition(const dt_pipe *p, const dt_pipe_probe *pr, const dt_model *full) {
     char line[2048];
+    dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x pp %d x tp %d\n", p->lay.D, p->lay.P, p->lay.T);
     int at = snprintf(line, sizeof line, "dtrain: pipeline %d stages x %d replicas, %s", p->lay.P, p->lay.D,
                       dt_pipe_kind_name(p->o.schedule));
     if (p->lay.V > 1) at += snprintf(line + at, sizeof line - (size_t)at, " (%d chunks per rank)", p->lay.V);
     at += snprintf(line + at, sizeof line - (size_t)at, ", %d micro-batches: theoretical bubble %.1f%%\n", p->step.M,
                    100.0 * dt_pipe_bubble_formula(p->o.schedule, p->lay.P, p->step.M, p->lay.V));
+    if (p->lay.T > 1)
+        at += snprintf(line + at, sizeof line - (size_t)at, "  tensor-parallel stages: attention by heads, MLP by columns "
+                       "over %d consecutive ranks; parameter counts below are one tp rank's\n", p->lay.T);
     if (p->lay.D > 1)
         at += snprintf(line + at, sizeof line - (size_t)at, "  data-parallel groups: %s\n",
                        p->dp.local ? "each on one machine" : "span machines (ranks per machine not a multiple of the replicas)");
@@ -178,6 +195,8 @@ static dt_status s_setup(void *self, dt_run *r) {
                       p->lay.S);
     /* the schedule first: a bad (P, M, V) is the same error on every rank */
     DT_TRY(dt_pipe_schedule_build(p->o.schedule, p->lay.P, p->step.M, p->lay.V, p->o.max_outstanding, &p->step.sched));
+    /* tensor-parallel stages: the model's comm before the probe, whose forward uses it */
+    DT_TRY(dt_par_agree(p->comm.world, dt_pipe_tp_attach(p, p->m), "pipeline tensor parallelism"));
     dt_pipe_probe pr;
     dt_status s = dt_pipe_probe_run(p->m, &r->example, &pr);
     s = dt_par_agree(p->comm.world, s, "pipeline probe");
@@ -220,15 +239,18 @@ static dt_status s_forward_backward(void *self, dt_run *r, const dt_batch *mb, i
 }
 
 /* Squared norm of what this rank is the authority for (a tied parameter's
- * other holders skip it: its gradient is counted once). */
-static double local_sumsq(const dt_pipe *p) {
-    double ss = 0;
+ * other holders skip it: its gradient is counted once): split[0] the
+ * tensor-parallel parts' (each rank's own), whole[0] the rest (the same on
+ * every tp rank of the stage: counted once per stage, by the caller). */
+static void local_sumsq(const dt_pipe *p, double *split, double *whole) {
+    *split = *whole = 0;
     for (int i = 0; i < p->m->n_params; i++) {
         dt_param *q = p->m->params[i];
         if (!q->grad.data || p->upd.norm_skip[i]) continue;
-        ss += dt_sumsq(dt_f32(&q->grad), (size_t)q->grad.numel);
+        double v = dt_sumsq(dt_f32(&q->grad), (size_t)q->grad.numel);
+        if (q->split.parts > 1) *split += v;
+        else *whole += v;
     }
-    return ss;
 }
 
 static dt_status s_step(void *self, dt_run *r, float lr) {
@@ -246,7 +268,14 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
          * replicas hold equal gradients: one pipeline's sum. In rank order:
          * the same scale on every rank and in every run (4 ranks' float sums
          * in MPI's order were not), so loss scaling's verdict is every rank's */
-        double ss = p->dp.zero ? dt_pipe_dp_sumsq(p, p->upd.norm_skip) : local_sumsq(p);
+        double ss, split = 0;
+        if (p->dp.zero) {
+            ss = dt_pipe_dp_sumsq(p, p->upd.norm_skip);
+        } else {   /* tensor parallelism: parts summed over the stage's group, then the whole ones once */
+            local_sumsq(p, &split, &ss);
+            DT_TRY(dt_pipe_tp_split_sumsq(p, &split));
+            ss += split;
+        }
         DT_TRY(dt_par_sum_rank_order(p->dp.zero ? p->comm.world : p->comm.pp, &ss));
         if (r->scaler) r->skipped = dt_loss_scaler_verdict(r->scaler, ss, r->clip, &scale);
         else scale = dt_clip_scale(sqrt(ss), r->clip);
@@ -279,9 +308,18 @@ static dt_status s_forward_only(void *self, dt_run *r, const dt_batch *b, int n,
 static dt_status s_save(void *self, dt_run *r, const char *path) { return dt_pipe_save(self, r, path); }
 static dt_status s_load(void *self, dt_run *r, const char *path) { return dt_pipe_load(self, r, path); }
 
+/* Over the world; with tensor-parallel stages only tp rank 0 contributes:
+ * the T ranks of a stage hold the same losses and evaluation sums (the head
+ * replicated, or a vocabulary-parallel cross-entropy whose loss every rank
+ * of the group gets), so each replica's is counted once. */
 static dt_status s_allreduce_sum(void *self, double *x, int n) {
-    return dt_par_allreduce_sum(((dt_pipe *)self)->comm.world, x, n);
+    dt_pipe *p = self;
+    if (p->lay.tp_rank)
+        for (int i = 0; i < n; i++) x[i] = 0;
+    return dt_par_allreduce_sum(p->comm.world, x, n);
 }
+
+static dt_status s_prepare(void *self, dt_model_cfg *cfg) { return dt_pipe_tp_prepare(self, cfg); }
 
 static void s_destroy(void *self) {
     dt_pipe *p = self;
@@ -291,11 +329,13 @@ static void s_destroy(void *self) {
     dt_pipe_ties_free(p);
     dt_pipe_schedule_free(&p->step.sched);
     dt_pipe_ckpt_free(p);
+    dt_pipe_tp_free(p);
     if (p->upd.ready) dt_optimizer_free(&p->upd.optim);
     free(p->tapes.defer);
     free(p->upd.norm_skip);
     dt_pg_free(p->comm.pp);
     dt_pg_free(p->dp.pg);
+    dt_pg_free(p->tp.pg);
     free(p);
 }
 
@@ -332,11 +372,12 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
     p->comm.world = world;
     dt_status s = agree_options(p);
     if (s == DT_OK) s = make_groups(p);
-    if (s != DT_OK) { dt_pg_free(p->comm.pp); dt_pg_free(p->dp.pg); free(p); return s; }
+    if (s != DT_OK) { dt_pg_free(p->comm.pp); dt_pg_free(p->dp.pg); dt_pg_free(p->tp.pg); free(p); return s; }
     *out = (dt_strategy){.name = "pipeline", .rank = dt_pg_rank(world), .world = dt_pg_size(world), .self = p,
                          .setup = s_setup, .forward_backward = s_forward_backward, .forward_only = s_forward_only,
                          .allreduce_sum = s_allreduce_sum, .destroy = s_destroy, .owns_optimizer = 1,
                          .step = s_step, .save = s_save, .load = s_load, .sync_params = s_sync,
+                         .prepare_model = p->lay.T > 1 ? s_prepare : NULL,
                          .data_rank = p->lay.replica, .data_world = p->lay.D, .save_is_dir = 1, .agree = s_agree,
                          /* ZeRO-3 gathers in every forward: replicas evaluate equally often */
                          .collective_forward = p->o.zero_stage == 3};
@@ -349,7 +390,7 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
     return DT_OK;
 }
 
-/* Rank placement: which world rank is which (stage, replica).
+/* Rank placement: which world rank is which (stage, replica, tp rank).
  *
  * A stage's D replicas exchange every gradient each step (all-reduce or
  * reduce-scatter of the whole stage), its pipeline neighbours only one
@@ -358,7 +399,12 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
  * (machine, rank) and cut into consecutive groups of D: position i is stage
  * i / D, replica i % D. When every machine runs a multiple of D ranks, each
  * data-parallel group lies on one machine whatever order the launcher used
- * (by slot or round-robin by node); on one machine it is the identity. */
+ * (by slot or round-robin by node); on one machine it is the identity. With
+ * tensor parallelism (T ranks per stage) the groups of D become groups of
+ * D T, the stage's replicas' tp groups: tp rank i % T, replica (i / T) % D,
+ * stage i / (D T) (make_groups), so a tp group, the chattiest (per layer),
+ * is T consecutive places and a stage's D T ranks share a machine whenever
+ * each machine runs a multiple of D T. */
 void dt_pipe_place(const int *node, int W, int *pos) {
     /* position = how many ranks sort before r by (machine, rank): a stable
      * sort by machine id, whatever values the ids take */
@@ -369,7 +415,7 @@ void dt_pipe_place(const int *node, int W, int *pos) {
     }
 }
 
-int dt_pipe_place_local(const int *node, const int *pos, int W, int D) {
+int dt_pipe_place_local(const int *node, const int *pos, int W, int D) {   /* D: places per stage */
     int *first = malloc((size_t)W * sizeof *first);
     if (!first) return 0;
     for (int i = 0; i < W; i++) first[i] = -1;

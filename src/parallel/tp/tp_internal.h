@@ -46,7 +46,8 @@
  * Models: gpt2 builds its part from cfg (prepare_model); a user's model
  * built for its rank (nn.h dt_nn_add_linear_col / _row) is accepted when
  * every split parameter is part rank % T of T (setup checks).
- * Not yet: sequence parallelism, --pp and ZeRO. */
+ * With --pp each stage is split this way (pipe/tp.c: the mesh). Not yet:
+ * sequence parallelism and ZeRO. */
 #ifndef DT_TP_INTERNAL_H
 #define DT_TP_INTERNAL_H
 

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The process mesh dp x pp x tp (src/parallel/pipe/tp.c): pipeline stages
+# built tensor-parallel, at np 4.
+#   --tp 2 --pp 2 (1f1b, gpipe, interleaved, zb-h1)  ==  one process with
+#       --batch B/M --accum M (the pipeline's micro-batches)
+#   --tp 2 --pp 1 x 2 replicas (a pipeline of one stage)  ==  DDP on 2 ranks
+# with --clip under AdamW and SGD (SGD shows a wrong clip norm: a split
+# parameter's parts must count once each, a replicated one once per stage,
+# not T times), evaluation included. Within 1e-6 relative on every logged
+# loss, not bitwise: a row-parallel layer sums its partial products across
+# the tp ranks (test_tensor_parallel.sh). Checkpoints hold whole tensors
+# under global names: a set saved at (dp, pp, tp) = (1, 2, 2) resumes at
+# (2, 1, 2) (--tp 2 on 4 ranks), whose file resumes in one process, the
+# training losses continuing the uninterrupted one-process run within 1e-6;
+# the set resumes at (1, 2, 2), at --pp 2 alone and at (4, 1, 1) too, and a
+# one-process checkpoint at (1, 2, 2). The start-up line
+# prints the mesh; --zero with --tp --pp and a world P x T does not divide
+# are refused.
+# usage: test_tp_pipeline.sh DTRAIN
+set -uo pipefail
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_tensor_parallel.sh)
+bin=$1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$tmp/corpus.txt"
+gpt2=(--model gpt2 --layers 2 --embd 32 --heads 4 --max-t 32 --seq 32 --data text --data-path "$tmp/corpus.txt"
+      --eval-batches 2 --threads 1 --steps 4 --clip 0.05)
+tpp=(--tp 2 --pp 2 --nproc 4)
+sgd=(--optim sgd --lr 0.5)
+fail=0
+
+# run TAG ARGS...: train, keep TAG.jsonl
+run() {
+    local tag=$1; shift
+    if ! timeout -k 15 120 "$bin" train "${gpt2[@]}" "$@" --metrics "$tmp/$tag.jsonl" < /dev/null > "$tmp/$tag.out" 2>&1; then
+        echo "FAIL $tag: $* (exit $?), got:"; cat "$tmp/$tag.out"; fail=1; return 1
+    fi
+}
+# near REF TAG [train]: every line of TAG (a training step's loss, or the
+# evaluation's unless "train") has REF's line of the same step and kind,
+# within 1e-6 relative, and the evaluation's token accuracy exactly (the
+# last stage's argmax over vocabulary-split logits); TAG ends at REF's last step
+near() {
+    local why
+    if why=$(awk -v tol=1e-6 -v train="${3:-}" '
+        function val(line, key) { return match(line, "\"" key "\":[-0-9.e+]+") ? substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3) : "" }
+        function id(line) { return val(line, "step") (val(line, "eval_loss") != "" ? " eval" : "") }
+        function loss(line) { return val(line, "eval_loss") != "" ? val(line, "eval_loss") : val(line, "loss") }
+        train != "" && val($0, "eval_loss") != "" { next }
+        FNR == NR { ref[id($0)] = loss($0); acc[id($0)] = val($0, "eval_accuracy"); last = id($0); next }
+        { k = id($0); b = loss($0); n++
+          if (!(k in ref) || b == "") { printf "step %s: not in the reference", k; bad = 1; exit 1 }
+          a = ref[k] + 0; d = a - b; if (d < 0) d = -d; s = a < 0 ? -a : a
+          if (d > tol * s) { printf "step %s: loss %s vs %s", k, ref[k], b; bad = 1; exit 1 }
+          if (val($0, "eval_accuracy") != acc[k]) { printf "step %s: accuracy %s vs %s", k, acc[k], val($0, "eval_accuracy"); bad = 1; exit 1 }
+          end = k }
+        END { if (bad) exit 1; if (!n || end != last) { printf "ends at step \"%s\", the reference at \"%s\"", end, last; exit 1 } }' \
+        "$tmp/$1.jsonl" "$tmp/$2.jsonl"); then
+        echo "ok   $2 ~ $1 (1e-6)"
+    else
+        echo "FAIL $2 vs $1: $why"; fail=1
+    fi
+}
+# refused TAG WANT ARGS...: fails before training, saying WANT
+refused() {
+    local tag=$1 want=$2; shift 2
+    if timeout -k 15 60 "$bin" train "${gpt2[@]}" "$@" < /dev/null > "$tmp/$tag.out" 2>&1; then
+        echo "FAIL $tag: $* was accepted"; fail=1
+    elif grep -c -- "$want" "$tmp/$tag.out" > /dev/null && ! grep -c '^step ' "$tmp/$tag.out" > /dev/null; then
+        echo "ok   $tag refused: $want"
+    else
+        echo "FAIL $tag: want '$want', got:"; cat "$tmp/$tag.out"; fail=1
+    fi
+}
+
+# two micro-batches of 2 (--pp 2's default M = P), four of 1 for interleaved
+run single --batch 2 --accum 2 --quiet
+run single_sgd --batch 2 --accum 2 "${sgd[@]}" --quiet
+run single4_sgd --batch 1 --accum 4 "${sgd[@]}" --quiet
+run single4 --batch 1 --accum 4 --quiet
+run tpp_1f1b "${tpp[@]}" --batch 4 && near single tpp_1f1b
+run tpp_1f1b_sgd "${tpp[@]}" --batch 4 "${sgd[@]}" --quiet && near single_sgd tpp_1f1b_sgd
+run tpp_gpipe_sgd "${tpp[@]}" --batch 4 --schedule gpipe "${sgd[@]}" --quiet && near single_sgd tpp_gpipe_sgd
+run tpp_inter_sgd "${tpp[@]}" --batch 4 --microbatches 4 --schedule interleaved "${sgd[@]}" --quiet &&
+    near single4_sgd tpp_inter_sgd
+run tpp_zbh1 "${tpp[@]}" --batch 4 --microbatches 4 --schedule zb-h1 --recompute blocks --quiet && near single4 tpp_zbh1
+if grep -c 'mesh: dp 1 x pp 2 x tp 2' "$tmp/tpp_1f1b.out" > /dev/null; then echo "ok   mesh line"
+else echo "FAIL no 'mesh: dp 1 x pp 2 x tp 2' line, got:"; cat "$tmp/tpp_1f1b.out"; fail=1; fi
+# the data-parallel axis at np 4: one stage (--schedule makes it a pipeline)
+# x 2 replicas x tp 2, DDP over the ranks of equal tp rank == DDP on 2 ranks
+run ddp2_sgd --nproc 2 --batch 4 "${sgd[@]}" --quiet
+run dp2_tp2_sgd --tp 2 --pp 1 --schedule 1f1b --nproc 4 --batch 4 "${sgd[@]}" && near ddp2_sgd dp2_tp2_sgd
+if grep -c 'mesh: dp 2 x pp 1 x tp 2' "$tmp/dp2_tp2_sgd.out" > /dev/null; then echo "ok   mesh line dp 2"
+else echo "FAIL no 'mesh: dp 2 x pp 1 x tp 2' line, got:"; cat "$tmp/dp2_tp2_sgd.out"; fail=1; fi
+
+# resharding: 8 samples a step in every layout (one process: 4 x 2 micro-batches)
+run chain_ref --batch 4 --accum 2 --steps 6 --quiet
+if run chain_a "${tpp[@]}" --batch 8 --microbatches 2 --steps 2 --save "$tmp/a.ck" --quiet &&
+   run chain_b --tp 2 --nproc 4 --batch 2 --accum 2 --resume "$tmp/a.ck" --save "$tmp/b.st" --quiet &&
+   run chain_c --batch 4 --accum 2 --steps 6 --resume "$tmp/b.st" --quiet; then
+    grep -v eval_loss "$tmp/chain_ref.jsonl" | head -2 > "$tmp/chain_ref2.jsonl"
+    near chain_ref2 chain_a train
+    grep -v eval_loss "$tmp/chain_ref.jsonl" | head -4 > "$tmp/chain_ref4.jsonl"
+    near chain_ref4 chain_b train
+    near chain_ref chain_c train
+    # the set resumed by the layout that wrote it, at --pp 2 alone and at (4, 1, 1): DDP on 4 ranks
+    run chain_a2 "${tpp[@]}" --batch 8 --microbatches 2 --resume "$tmp/a.ck" --quiet && near chain_ref4 chain_a2 train
+    run chain_pp --pp 2 --nproc 2 --batch 8 --microbatches 2 --resume "$tmp/a.ck" --quiet && near chain_ref4 chain_pp train
+    run chain_ddp4 --nproc 4 --batch 2 --resume "$tmp/a.ck" --quiet && near chain_ref4 chain_ddp4 train
+fi
+# and the other way: a one-process file resumed by tensor-parallel stages
+run half_single --batch 2 --accum 2 --steps 2 --save "$tmp/single.st" --quiet &&
+    run tpp_from_single "${tpp[@]}" --batch 4 --resume "$tmp/single.st" --quiet && near single tpp_from_single
+
+refused zero "does not combine with --zero" "${tpp[@]}" --batch 4 --zero 1
+refused world "ranks per replica does not divide --nproc 2" --tp 2 --pp 2 --nproc 2 --batch 4
+exit $fail
