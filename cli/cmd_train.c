@@ -98,13 +98,10 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
     if (T < 1) { snprintf(err, (size_t)errlen, "--tp must be >= 1 (got %d)", T); return -1; }
     if (T == 1) return 0;
     int P = f->dist.pipelined ? f->dist.pipe.stages : 1;
-    /* --zero S: ZeRO over the replicas in place of DDP (not yet inside tensor-parallel pipeline stages) */
+    /* --zero S: ZeRO over the replicas in place of DDP (with --pp: of each tensor-parallel stage) */
     const char *bad = f->o.uneven ? "--uneven"
-                    : f->dist.zero_stage && f->dist.pipelined ? "--zero together with --pp (ZeRO inside tensor-parallel "
-                      "pipeline stages is not built yet; use --tp with --zero, or --pp with --zero, or DDP across the "
-                      "mesh's replicas)"
-                    : f->dist.zero_stage && f->save_format ? "--save-format (with --zero it saves one file of whole "
-                      "tensors, as any --tp run)"
+                    : f->dist.zero_stage && f->save_format && !f->dist.pipelined ? "--save-format (with --zero it saves "
+                      "one file of whole tensors, as any --tp run)"
                     : f->dist.zero_stage && f->dist.zero.node_params ? "--node-params (each machine's tensor-parallel "
                       "ranks hold different parts)" : NULL;
     if (bad) { snprintf(err, (size_t)errlen, "--tp %d does not combine with %s", T, bad); return -1; }

@@ -427,8 +427,7 @@ dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t 
      * into its gathered copy) */
     if (s == DT_OK && dt_zero_stage(z) == 3) s = read_owned(&c, ck, -1);
     for (int k = 0; k < c.ns && s == DT_OK; k++) {
-        for (int i = 0; i < c.m->n_params && s == DT_OK; i++)
-            s = dt_ckpt_expect(ck, c.sname[k * c.m->n_params + i], c.m->params[i]->value.ndim, c.m->params[i]->value.shape);
+        for (int i = 0; i < c.m->n_params && s == DT_OK; i++) s = expect_param(ck, c.sname[k * c.m->n_params + i], c.m->params[i]);
         if (s == DT_OK) s = read_owned(&c, ck, k);
     }
     if (s == DT_OK) dt_zero_set_optim_step(z, optim_step);
