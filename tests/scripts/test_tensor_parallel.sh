@@ -103,7 +103,7 @@ if [ "$np" -eq 2 ]; then
     refused pp "ranks per replica does not divide --nproc 2" --tp 2 --pp 2 --nproc 2
     # ZeRO over the mesh's replicas (test_tp_zero.sh at 4 ranks); at dp 1 a group of one
     run tp2_z3 --tp 2 --nproc 2 --zero 3 --quiet && near single tp2_z3
-    refused zero_pp "ZeRO inside tensor-parallel pipeline stages is not built yet" --tp 2 --pp 2 --zero 1 --nproc 2
+    refused zero_node "does not combine with --node-params" --tp 2 --zero 2 --node-params --nproc 2
     refused world "does not divide --nproc 2" --tp 4 --nproc 2
     refused mlp "gpt2 only" --model mlp --tp 2 --nproc 2
 else

@@ -64,8 +64,9 @@
  * rank's whole parts and then write as above: one file of whole tensors.
  * Loads are ZeRO's own (zero/checkpoint.c reads a split parameter's owned
  * range out of its part of the whole tensor), so any layout resumes any.
- * Not yet: sequence parallelism; ZeRO inside tensor-parallel pipeline
- * stages (--tp --pp --zero, refused by the CLI). */
+ * Inside pipeline stages (--tp --pp --zero) the pipeline's ZeRO does the
+ * same per stage (pipe/dp.c: the norm; pipe/ckpt.c: the sets).
+ * Not yet: sequence parallelism. */
 #ifndef DT_TP_INTERNAL_H
 #define DT_TP_INTERNAL_H
 
