@@ -173,7 +173,7 @@ fi
 run single_pp_half "${one_pp[@]}" "${half[@]}" &&
     run ppz3_from_single "${pp[@]}" "${zb[@]}" --zero 3 --resume "$tmp/single_pp_half.ck" && near single_pp ppz3_from_single
 
-# ---- not built: refused before anything starts ----
+# ---- refused before anything starts ----
 refused save_format "does not combine with --save-format" "${mesh[@]}" --zero 2 --save-format sharded
 refused node_params "does not combine with --node-params" "${mesh[@]}" --zero 2 --node-params
 exit $fail
