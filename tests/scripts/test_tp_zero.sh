@@ -29,8 +29,9 @@
 #   - ZeRO inside tensor-parallel pipeline stages (--pp 2 --tp 2 --zero 1/3
 #     at 4 ranks, so one replica: the norm over stages and tp parts, the
 #     gathers per module, the sets) equals the same pipeline without ZeRO bit
-#     for bit, and its sets resume in one process and back (1e-6). A mesh
-#     with 2 replicas of a pp 2 x tp 2 pipeline needs 8 ranks: not run here.
+#     for bit, and its sets resume in one process and back (1e-6); and the
+#     full mesh dp 2 x pp 2 x tp 2 on 8 ranks (oversubscribed) with ZeRO 1
+#     and 3 equals it with DDP bit for bit, a ZeRO-3 set resuming bitwise.
 # usage: test_tp_zero.sh DTRAIN CKPT_CMP
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_recompute_bitwise.sh)
@@ -172,6 +173,13 @@ if run ppz3_half "${pp[@]}" "${zb[@]}" --zero 3 "${half[@]}"; then
 fi
 run single_pp_half "${one_pp[@]}" "${half[@]}" &&
     run ppz3_from_single "${pp[@]}" "${zb[@]}" --zero 3 --resume "$tmp/single_pp_half.ck" && near single_pp ppz3_from_single
+
+# the full mesh dp 2 x pp 2 x tp 2 on 8 ranks (oversubscribed; a tiny model,
+# a few seconds a run): ZeRO over each (stage, tp rank)'s 2 replicas
+pp8=(--batch 8 --microbatches 4 --pp 2 --pp-split 2,2 --tp 2 --nproc 8 "${sgd[@]}")
+run pp8d "${pp8[@]}" && for st in 1 3; do run "pp8z$st" "${pp8[@]}" "${zb[@]}" --zero "$st" && same pp8d "pp8z$st"; done
+run pp8z3_half "${pp8[@]}" "${zb[@]}" --zero 3 "${half[@]}" &&
+    run from_pp8z3_ddp "${pp8[@]}" --resume "$tmp/pp8z3_half.ck" && same pp8d from_pp8z3_ddp
 
 # ---- refused before anything starts ----
 refused save_format "does not combine with --save-format" "${mesh[@]}" --zero 2 --save-format sharded
