@@ -96,6 +96,12 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
 static int tp_flags(cli_flags *f, char *err, int errlen) {
     int T = f->dist.tp.size;
     if (T < 1) { snprintf(err, (size_t)errlen, "--tp must be >= 1 (got %d)", T); return -1; }
+    int sp = f->dist.tp.sequence_parallel;
+    if (sp && T == 1) {
+        snprintf(err, (size_t)errlen, "--sequence-parallel needs --tp T > 1 (it splits the sequence positions over the "
+                 "tensor-parallel group)");
+        return -1;
+    }
     if (T == 1) return 0;
     const char *bad = f->dist.zero_stage ? "--zero (sharding across tensor-parallel replicas is not built yet; DDP runs across them)"
                     : f->o.uneven ? "--uneven" : NULL;
@@ -106,6 +112,17 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
         return -1;
     }
     int P = f->dist.pipelined ? f->dist.pipe.stages : 1;
+    if (sp && P > 1) {
+        snprintf(err, (size_t)errlen, "--sequence-parallel does not combine with --pp %d yet (the pipeline sends whole "
+                 "[B, T, C] activations between stages; sequence parallelism is built for --tp with data-parallel "
+                 "replicas)", P);
+        return -1;
+    }
+    if (sp && f->o.seq % T) {
+        snprintf(err, (size_t)errlen, "--sequence-parallel: --seq %lld is not divisible by --tp %d (each tensor-parallel "
+                 "rank holds --seq / --tp positions)", (long long)f->o.seq, T);
+        return -1;
+    }
     if (P > 1 && f->nproc != INT_MIN && f->nproc % (P * T)) {   /* the mesh dp x pp x tp */
         snprintf(err, (size_t)errlen, "--tp %d x --pp %d = %d ranks per replica does not divide --nproc %d (ranks = "
                  "data-parallel replicas x --pp x --tp)", T, P, P * T, f->nproc);

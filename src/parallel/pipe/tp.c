@@ -71,6 +71,7 @@ dt_status dt_pipe_tp_whole(dt_pipe *p, const dt_param *q, const float *local, fl
 }
 
 void dt_pipe_tp_free(dt_pipe *p) {
+    if (p->tp.tp) dt_tp_comm_free(p->tp.tp);
     free(p->tp.tp);   /* its group is p->tp.pg, freed with the pipeline's groups */
     p->tp.tp = NULL;
 }
