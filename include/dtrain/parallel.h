@@ -211,8 +211,9 @@ typedef struct dt_tp_opts {
 /* Counters since creation (benchmarks): the tensor-parallel all-reduces. */
 typedef struct dt_tp_stats {
     int64_t calls, steps;
-    size_t bytes;            /* payload of the group's collectives (all-reduce: the buffer;
-                              * sequence parallelism's all-gather / reduce-scatter: the whole tensor) */
+    size_t bytes;            /* payload of the group's collectives: an all-reduce its buffer;
+                              * sequence parallelism's all-gather and reduce-scatter half the
+                              * whole tensor each (an all-reduce is one of each: comparable) */
     size_t bytes_last_step;  /* of the last training step (forward + backward) */
 } dt_tp_stats;
 /* The strategy on `world` (which must outlive the trainer). No collective
