@@ -112,12 +112,6 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
         return -1;
     }
     int P = f->dist.pipelined ? f->dist.pipe.stages : 1;
-    if (sp && P > 1) {
-        snprintf(err, (size_t)errlen, "--sequence-parallel does not combine with --pp %d yet (the pipeline sends whole "
-                 "[B, T, C] activations between stages; sequence parallelism is built for --tp with data-parallel "
-                 "replicas)", P);
-        return -1;
-    }
     if (sp && f->o.seq % T) {
         snprintf(err, (size_t)errlen, "--sequence-parallel: --seq %lld is not divisible by --tp %d (each tensor-parallel "
                  "rank holds --seq / --tp positions)", (long long)f->o.seq, T);
@@ -134,6 +128,7 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
     }
     f->dist.tp.ddp = f->dist.ddp;   /* DDP across the replicas */
     f->dist.pipe.tp_size = T;       /* a pipeline of tensor-parallel stages */
+    f->dist.pipe.sequence_parallel = sp;   /* their activations and sends: this rank's positions */
     return 0;
 }
 

@@ -262,6 +262,7 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
      * replicas, so it runs whatever the share did */
     dt_status f = dt_pipe_dp_finish(p);
     DT_TRY(s != DT_OK ? s : f);
+    DT_TRY(dt_pipe_tp_sum_replicated(p));   /* sequence parallelism: the replicated gradients made whole */
     float scale = 1.0f;
     if (r->clip > 0 || r->scaler) {
         /* ZeRO: the owned shards are disjoint over the whole world; else the

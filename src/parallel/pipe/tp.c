@@ -15,7 +15,13 @@
  * parts summed over the group, a replicated one counted once per stage:
  * strategy.c) and checkpoints, whose sets hold whole tensors under global
  * names (split ones gathered here, written by tp rank 0: ckpt.c; a load
- * reads the whole tensor and keeps this rank's part). */
+ * reads the whole tensor and keeps this rank's part).
+ * Sequence parallelism (o.sequence_parallel, cfg.tp_seq): the activations
+ * between blocks are this tp rank's positions [B, T/T_tp, C] (the blocks
+ * declare DT_DIM_SEQ_PART), so the sends between equal tp ranks carry the
+ * shard, and the replicated parameters' partial gradients are summed over
+ * the stage's group in the step, after the replicas' DDP and the tied
+ * totals, before the clip norm (strategy.c s_step). */
 #include <stdlib.h>
 #include "pipe_internal.h"
 #include "parallel/tp/tp_internal.h"
@@ -27,6 +33,7 @@ dt_status dt_pipe_tp_prepare(const dt_pipe *p, dt_model_cfg *cfg) {
                       "only (this run's model is %s)", p->lay.T, dt_model_kind_name(cfg->kind));
     cfg->tp_size = p->lay.T;
     cfg->tp_rank = p->lay.tp_rank;
+    cfg->tp_seq = p->o.sequence_parallel;
     return DT_OK;
 }
 
@@ -43,6 +50,12 @@ dt_status dt_pipe_tp_attach(dt_pipe *p, dt_model *m) {
     p->tp.tp = t;
     m->tp = &t->comm;
     return DT_OK;
+}
+
+/* Sequence parallelism: the stage's replicated gradients (partial sums of
+ * this rank's positions) summed over its tensor-parallel group (tp/seq.c). */
+dt_status dt_pipe_tp_sum_replicated(dt_pipe *p) {
+    return p->lay.T > 1 && p->o.sequence_parallel ? dt_tp_sum_replicated_grads(p->tp.tp, p->m) : DT_OK;
 }
 
 dt_status dt_pipe_tp_split_sumsq(dt_pipe *p, double *split) {

@@ -73,8 +73,9 @@
  * Models: gpt2 builds its part from cfg (prepare_model); a user's model
  * built for its rank (nn.h dt_nn_add_linear_col / _row) is accepted when
  * every split parameter is part rank % T of T (setup checks).
- * With --pp each stage is split this way (pipe/tp.c: the mesh). Not yet:
- * sequence parallelism inside pipeline stages (the CLI refuses it) and ZeRO. */
+ * With --pp each stage is split this way (pipe/tp.c: the mesh), sequence
+ * parallelism included (the sends carry the shards; the pipeline's step
+ * sums the replicated gradients, seq.c). Not yet: ZeRO. */
 #ifndef DT_TP_INTERNAL_H
 #define DT_TP_INTERNAL_H
 
