@@ -74,14 +74,14 @@ static dt_status tp_reduce_scatter(void *ctx, const float *in, float *out, int64
     dt_tp *s = ctx;
     int T = s->T;
     size_t total = (size_t)n * (size_t)rows * (size_t)T;
-    float *src = rows == 1 ? (float *)in : stage_of(s, total);
-    if (!src) return dt_error_code();
+    float *stage = rows == 1 ? NULL : stage_of(s, total);
+    if (rows > 1 && !stage) return dt_error_code();
     for (int64_t j = 0; rows > 1 && j < rows; j++)   /* [rows, T, n] -> [T, rows, n] */
         for (int r = 0; r < T; r++)
-            memcpy(src + ((size_t)r * (size_t)rows + (size_t)j) * (size_t)n,
+            memcpy(stage + ((size_t)r * (size_t)rows + (size_t)j) * (size_t)n,
                    in + ((size_t)j * (size_t)T + (size_t)r) * (size_t)n, (size_t)n * sizeof *out);
     dt_work *w = NULL;
-    DT_TRY(dt_reduce_scatter(s->tp_pg, src, out, n * rows, DT_F32, DT_RED_SUM, &w));
+    DT_TRY(dt_reduce_scatter(s->tp_pg, rows == 1 ? in : stage, out, n * rows, DT_F32, DT_RED_SUM, &w));
     DT_TRY(dt_work_wait(w));
     s->stats.calls++;
     s->stats.bytes += total * sizeof(float) / 2;   /* half an all-reduce of the whole tensor (parallel.h) */
