@@ -114,6 +114,10 @@ dt_status dt_model_check_blocks(const dt_model *m) {
                           p->name);
     }
     const dt_block *last = &m->blocks[m->n_blocks - 1];
+    for (int j = 0; j < last->out_ndim; j++)
+        if (last->out_dims[j] == DT_DIM_SEQ_PART)
+            return DT_ERR(DT_EINVAL, "model %s: the last block (%s) returns a sequence-parallel share of the positions "
+                          "(DT_DIM_SEQ_PART); the loss head takes every position (DT_DIM_SEQ)", m->name, last->name);
     if (last->out_dims[last->out_ndim - 1] != head_cols(m))
         return DT_ERR(DT_EINVAL, "model %s: the last block (%s) must return [.., %lld] for the loss head", m->name,
                       last->name, (long long)head_cols(m));
