@@ -154,36 +154,26 @@ static void seq_backward(dt_graph *g, dt_node *n, int gather) {
 static void gather_seq_backward(dt_graph *g, dt_node *n) { seq_backward(g, n, 1); }
 static void scatter_seq_backward(dt_graph *g, dt_node *n) { seq_backward(g, n, 0); }
 
-dt_tensor *dt_op_tp_gather_seq(dt_graph *g, dt_tensor *x, const dt_tp_comm *c) {
-    static const char *op = "tp_gather_seq";
+/* gather: x [B, S, ..] -> y [B, size S, ..]; else x [B, T, ..] -> y [B, T / size, ..]. */
+static dt_tensor *seq_op(dt_graph *g, dt_tensor *x, const dt_tp_comm *c, int gather) {
+    const char *op = gather ? "tp_gather_seq" : "tp_scatter_seq";
     seq_dims d;
     if (dt_ops_check_graph(op, g) || dt_ops_check_tensor(op, "x", x) || dt_ops_tp_check(op, c, 0) ||
-        seq_check(op, x, c, 0, &d))
+        seq_check(op, x, c, !gather, &d))
         return NULL;
     int64_t shape[DT_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
-    shape[1] = d.T;
+    shape[1] = gather ? d.T : d.T / c->size;
     dt_tensor *y = dt_graph_tensor(g, x->ndim, shape);
-    if (!y || seq_gather(c, op, dt_f32(x), dt_f32(y), d.n, d.rows) != DT_OK) return NULL;
+    if (!y) return NULL;
+    dt_status st = gather ? seq_gather(c, op, dt_f32(x), dt_f32(y), d.n, d.rows)
+                          : seq_scatter(c, op, dt_f32(x), dt_f32(y), d.n, d.rows);
+    if (st != DT_OK) return NULL;
     dt_tensor *ins[1] = {x};
-    dt_node *n = dt_graph_record(g, op, gather_seq_backward, y, 1, ins);
+    dt_node *n = dt_graph_record(g, op, gather ? gather_seq_backward : scatter_seq_backward, y, 1, ins);
     if (n) n->saved = (void *)c;
     return y;
 }
 
-dt_tensor *dt_op_tp_scatter_seq(dt_graph *g, dt_tensor *x, const dt_tp_comm *c) {
-    static const char *op = "tp_scatter_seq";
-    seq_dims d;
-    if (dt_ops_check_graph(op, g) || dt_ops_check_tensor(op, "x", x) || dt_ops_tp_check(op, c, 0) ||
-        seq_check(op, x, c, 1, &d))
-        return NULL;
-    int64_t shape[DT_MAX_DIMS];
-    for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
-    shape[1] = d.T / c->size;
-    dt_tensor *y = dt_graph_tensor(g, x->ndim, shape);
-    if (!y || seq_scatter(c, op, dt_f32(x), dt_f32(y), d.n, d.rows) != DT_OK) return NULL;
-    dt_tensor *ins[1] = {x};
-    dt_node *n = dt_graph_record(g, op, scatter_seq_backward, y, 1, ins);
-    if (n) n->saved = (void *)c;
-    return y;
-}
+dt_tensor *dt_op_tp_gather_seq(dt_graph *g, dt_tensor *x, const dt_tp_comm *c) { return seq_op(g, x, c, 1); }
+dt_tensor *dt_op_tp_scatter_seq(dt_graph *g, dt_tensor *x, const dt_tp_comm *c) { return seq_op(g, x, c, 0); }
