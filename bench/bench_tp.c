@@ -1,10 +1,11 @@
 /* bench_tp: tensor parallelism against data parallelism on the same ranks
  * and the same global batch.
  *
- *   mpiexec -n 2 bench_tp [W2|W1|W2S] [steps] [dp|tp|both]   (bench/tp.sh runs it)
+ *   mpiexec -n 2 bench_tp [W2|W1|W2S] [steps] [dp|tp|tp+sp|both]   (bench/tp.sh runs it)
  *
- * Modes: dp (DDP over every rank, B sequences per rank) and tp (--tp = the
- * world, one replica of B x world sequences), each for `steps` timed steps
+ * Modes: dp (DDP over every rank, B sequences per rank), tp (--tp = the
+ * world, one replica of B x world sequences) and tp+sp (the same with
+ * sequence parallelism, --sequence-parallel; both = dp then tp), each for `steps` timed steps
  * after one warm-up, AdamW with clipping as the trainer steps. Per mode:
  * ms/step (median), parameter / gradient / optimizer-state MiB per rank,
  * activations (the tape arena's high-water mark: dt_graph_arena_bytes), peak RSS (of the process: run one mode per process to compare it), and the bytes each rank hands to all-reduces per step: tp
@@ -34,13 +35,14 @@ static double peak_rss_mib(void) {
     return kb / 1024.0;
 }
 
+/* tp: 0 = dp, 1 = tp, 2 = tp + sequence parallelism */
 static int run_mode(dt_pg *world, const bench_workload *w0, int tp, int steps) {
     int rank = dt_pg_rank(world), W = dt_pg_size(world);
     bench_workload w = *w0;
     dt_strategy s;
     dt_status st;
     if (tp) {
-        dt_tp_opts o = {.size = W};
+        dt_tp_opts o = {.size = W, .sequence_parallel = tp == 2};
         dt_ddp_opts_default(&o.ddp);
         w.B = w0->B * W;   /* one replica: the global batch */
         st = dt_tp_strategy(world, &o, &s);
@@ -94,9 +96,9 @@ static int run_mode(dt_pg *world, const bench_workload *w0, int tp, int steps) {
                    (double)dt_optim_state_per_elem(&oc) * (double)opt.state_len * f * mib, peak_rss_mib(),
                    (double)dt_graph_arena_bytes(g) * mib};
     if (rank == 0)
-        printf("%-3s x%d  batch %lld x %lld per replica  %8.1f ms/step  %6.0f tok/s  per rank: params %7.1f MiB  grads %7.1f  "
+        printf("%-5s x%d  batch %lld x %lld per replica  %8.1f ms/step  %6.0f tok/s  per rank: params %7.1f MiB  grads %7.1f  "
                "optimizer %7.1f  activations %7.1f  peak RSS %7.1f MiB  all-reduced %8.2f MiB/step\n",
-               tp ? "tp" : "dp", W, (long long)w.B, (long long)w.T, v[0], (double)(w.B * w.T * (tp ? 1 : W)) / v[0] * 1e3,
+               tp == 2 ? "tp+sp" : tp ? "tp" : "dp", W, (long long)w.B, (long long)w.T, v[0], (double)(w.B * w.T * (tp ? 1 : W)) / v[0] * 1e3,
                v[1], v[2], v[3], v[5], v[4], comm * mib);
     free(ms);
     bench_batch_free(&b);
@@ -115,12 +117,13 @@ int main(int argc, char **argv) {
     const char *wl = argc > 1 ? argv[1] : "W2S";
     int steps = argc > 2 ? atoi(argv[2]) : 3;
     const char *mode = argc > 3 ? argv[3] : "both";
-    int do_dp = strcmp(mode, "tp") != 0, do_tp = strcmp(mode, "dp") != 0;
+    int both = !strcmp(mode, "both"), do_dp = both || !strcmp(mode, "dp"), do_tp = both || !strcmp(mode, "tp");
+    int do_sp = !strcmp(mode, "tp+sp");
     bench_workload w;
     int small = !strcmp(wl, "W2S");
     if (bench_workload_get(small ? "W2" : wl, &w) || w.cfg.kind != DT_MODEL_GPT2 || steps < 1 ||
-        (strcmp(mode, "dp") && strcmp(mode, "tp") && strcmp(mode, "both"))) {
-        fprintf(stderr, "usage: bench_tp [W1|W2|W2S] [steps >= 1] [dp|tp|both]\n");
+        !(both || do_dp || do_tp || do_sp)) {
+        fprintf(stderr, "usage: bench_tp [W1|W2|W2S] [steps >= 1] [dp|tp|tp+sp|both]\n");
         return 2;
     }
     if (small) w.cfg.vocab = 256;
@@ -131,6 +134,7 @@ int main(int argc, char **argv) {
     }
     int rc = do_dp ? run_mode(world, &w, 0, steps) : 0;
     if (!rc && do_tp) rc = run_mode(world, &w, 1, steps);
+    if (!rc && do_sp) rc = run_mode(world, &w, 2, steps);
     dt_pg_free(world);
     dt_dist_finalize();
     return rc;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Tensor parallelism against data parallelism on 2 ranks, same global batch
-# (bench_tp.c says what each column is). Default: W2S (W2's 12 layers at
+# Tensor parallelism (tp 2, and tp 2 with sequence parallelism: tp+sp)
+# against data parallelism on 2 ranks, same global batch (bench_tp.c says
+# what each column is). Default: W2S (W2's 12 layers at
 # C=768 with a byte vocabulary) and W2 itself (V=50257: at tp the embedding,
 # the tied lm-head and the cross-entropy are split by vocabulary rows).
 #   bench/tp.sh [BUILD_DIR] [STEPS] [WORKLOAD...]
@@ -15,6 +16,10 @@
 # (each rank computes half of every product, the lm-head's included, on a
 # batch twice dp's per-rank batch). Its activations are 1.9x dp's: both
 # ranks hold the replicated [B, T, C] of the whole replica's batch.
+# tp+sp (sequence parallelism), measured once on a shared machine (times are
+# noise there): W2 activations 575.9 MiB and peak RSS 1921 MiB per rank
+# against tp's 726.0 and 2072, all-reduced 78.2 MiB/step (tp: 75.0; the
+# extra is the replicated gradients' sum). docs/PERFORMANCE.md has the table.
 set -euo pipefail
 build=${1:-build} steps=${2:-3}
 shift $(( $# >= 2 ? 2 : $# ))
@@ -22,7 +27,7 @@ workloads=("$@"); [ ${#workloads[@]} -gt 0 ] || workloads=(W2S W2)
 lscpu | grep -m1 'Model name' || true
 echo "cores: $(nproc), 1 thread per rank"
 for w in "${workloads[@]}"; do
-    for mode in dp tp; do   # one process each: peak RSS is per process
+    for mode in dp tp tp+sp; do   # one process each: peak RSS is per process
         mpiexec -n 2 --oversubscribe -x OMP_NUM_THREADS=1 "$build/bench_tp" "$w" "$steps" "$mode"
     done
 done

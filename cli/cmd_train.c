@@ -96,6 +96,12 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
 static int tp_flags(cli_flags *f, char *err, int errlen) {
     int T = f->dist.tp.size;
     if (T < 1) { snprintf(err, (size_t)errlen, "--tp must be >= 1 (got %d)", T); return -1; }
+    int sp = f->dist.tp.sequence_parallel;
+    if (sp && T == 1) {
+        snprintf(err, (size_t)errlen, "--sequence-parallel needs --tp T > 1 (it splits the sequence positions over the "
+                 "tensor-parallel group)");
+        return -1;
+    }
     if (T == 1) return 0;
     int P = f->dist.pipelined ? f->dist.pipe.stages : 1;
     /* --zero S: ZeRO over the replicas in place of DDP (with --pp: of each tensor-parallel stage) */
@@ -110,6 +116,16 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
                  dt_model_kind_name(f->o.model.kind));
         return -1;
     }
+    if (sp && f->o.seq % T) {
+        snprintf(err, (size_t)errlen, "--sequence-parallel: --seq %lld is not divisible by --tp %d (each tensor-parallel "
+                 "rank holds --seq / --tp positions)", (long long)f->o.seq, T);
+        return -1;
+    }
+    if (sp && f->dist.zero_stage) {
+        snprintf(err, (size_t)errlen, "--sequence-parallel does not combine with --zero %d yet (its replicated-gradient "
+                 "sum needs whole gradients): use DDP over the replicas (--zero 0)", f->dist.zero_stage);
+        return -1;
+    }
     if (P > 1 && f->nproc != INT_MIN && f->nproc % (P * T)) {   /* the mesh dp x pp x tp */
         snprintf(err, (size_t)errlen, "--tp %d x --pp %d = %d ranks per replica does not divide --nproc %d (ranks = "
                  "data-parallel replicas x --pp x --tp)", T, P, P * T, f->nproc);
@@ -121,6 +137,7 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
     }
     f->dist.tp.ddp = f->dist.ddp;   /* DDP across the replicas (or ZeRO: f->dist.zero, cli/run.c) */
     f->dist.pipe.tp_size = T;       /* a pipeline of tensor-parallel stages */
+    f->dist.pipe.sequence_parallel = sp;   /* their activations and sends: this rank's positions */
     return 0;
 }
 

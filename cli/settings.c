@@ -53,6 +53,7 @@ static const setting_flag k_flags[] = {
     {"pipe.split", "--pp-split"},
     {"pipe.zero_stage", "--zero (per stage)"},
     {"tp.size", "--tp"},
+    {"tp.sequence_parallel", "--sequence-parallel"},
     /* the process group layer (dist.h dt_dist_opts) */
     {"dist.progress", "--progress"},
     {"dist.collective_timeout_s", "--collective-timeout"},

@@ -142,6 +142,9 @@ dt_status dt_model_add_input(dt_model *m, const dt_input_spec *spec);
  * dt_module_enter/leave (or uses the dt_nn_* helpers below, which do), so
  * ZeRO-3 can gather them. */
 #define DT_DIM_SEQ (-1)
+/* This rank's share of the batch's T under sequence parallelism: T /
+ * cfg.tp_size when cfg.tp_seq is set (and tp_size > 1), else T. */
+#define DT_DIM_SEQ_PART (-2)
 #define DT_MAX_BLOCKS 1024
 typedef dt_tensor *(*dt_block_fn)(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user);
 typedef struct dt_block {
@@ -236,6 +239,11 @@ typedef struct dt_model_cfg {
      * tp_size) of the model; 0 or 1: whole. Not a setting (checkpoints hold
      * the whole model): the strategy sets it (dt_strategy.prepare_model). */
     int tp_size, tp_rank;
+    /* Sequence parallelism (with tp_size > 1; set by the strategy too):
+     * between the split layers this rank holds positions [tp_rank S,
+     * tp_rank S + S) of each sample, S = T / tp_size (blocks declare them
+     * DT_DIM_SEQ_PART). */
+    int tp_seq;
 } dt_model_cfg;
 
 /* Defaults: MLP 784-[256,256]-10; CNN 28x28 c1=32 c2=64 fc=128 classes 10;

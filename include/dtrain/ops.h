@@ -209,6 +209,13 @@ dt_tensor *dt_op_batchnorm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tenso
  * row_keys NULL in training, E >= 2^32. The mask (uint8 [numel]) is saved for
  * backward: dx += dy * keep * (1 / (1 - p)), the forward's float scale. */
 dt_tensor *dt_op_dropout(dt_graph *g, dt_tensor *x, float p, const uint64_t *row_keys, uint64_t site);
+/* The same on a shard of each row: x's row b holds elements [offset,
+ * offset + E) of the whole row b (sequence parallelism: positions [r S,
+ * r S + S) of [T, C] are elements from r S C), so element e is kept iff
+ * h(row_keys[b], site, offset + e) >= p * 2^32: the mask of the whole row's
+ * same element. offset + E must stay below 2^32. offset 0 = dt_op_dropout. */
+dt_tensor *dt_op_dropout_at(dt_graph *g, dt_tensor *x, float p, const uint64_t *row_keys, uint64_t site,
+                            int64_t offset);
 /* Row key of a sample: splitmix64-mixed (seed, step, sample), every input
  * bit reaching every output bit; distinct inputs collide with probability
  * ~2^-64. step: the optimizer step (0-based) the forward belongs to;
@@ -239,12 +246,36 @@ typedef struct dt_tp_comm {
     dt_status (*allreduce_sum)(void *ctx, float *buf, int64_t n);
     void *ctx;
     dt_status (*allreduce_max)(void *ctx, float *buf, int64_t n);
+    /* Sequence parallelism (the ops below need them; NULL otherwise). Both
+     * see a buffer as `rows` blocks and move the middle dim of [rows, size, n]:
+     * allgather: in [rows, n] (this rank's) -> out [rows, size, n], out[j][r]
+     *   = rank r's in[j]; rows = 1 is a plain all-gather.
+     * reduce_scatter: in [rows, size, n] -> out [rows, n], out[j] = sum over
+     *   ranks r' of their in[j][rank], in rank order (the same bits as the
+     *   all-reduce would give that slice on every rank).
+     * in and out do not overlap; blocking, collective over the group. */
+    dt_status (*allgather)(void *ctx, const float *in, float *out, int64_t n, int64_t rows);
+    dt_status (*reduce_scatter)(void *ctx, const float *in, float *out, int64_t n, int64_t rows);
 } dt_tp_comm;
 /* f: y = x; backward dx += sum over the group of dy (before a column-parallel linear). */
 dt_tensor *dt_op_tp_copy(dt_graph *g, dt_tensor *x, const dt_tp_comm *c);
 /* g: y = sum over the group of x; backward dx += dy (after a row-parallel linear).
  * c must outlive the tape's backward. Both are collective over the group. */
 dt_tensor *dt_op_tp_reduce(dt_graph *g, dt_tensor *x, const dt_tp_comm *c);
+/* Sequence parallelism (Megatron-LM's): outside the split layers rank r
+ * holds positions [r S, r S + S) of every sample, S = T / size, as a
+ * contiguous x[B, S, ...]. The two boundaries that replace f and g:
+ * tp_gather_seq (before a column-parallel linear, in place of tp_copy):
+ *   y[B, size S, ...] = the group's shards along dim 1, in rank order;
+ *   backward dx += reduce-scatter of dy along dim 1 (the sum over the
+ *   group of every rank's gradient of this rank's positions).
+ * tp_scatter_seq (after a row-parallel linear, in place of tp_reduce):
+ *   y[B, T / size, ...] = this rank's positions of the group's sum of
+ *   x[B, T, ...] (T divisible by size); backward dx += all-gather of dy.
+ * x has >= 2 dims; c needs allgather and reduce_scatter (size > 1) and
+ * must outlive the tape's backward. Size 1: copies, no call. */
+dt_tensor *dt_op_tp_gather_seq(dt_graph *g, dt_tensor *x, const dt_tp_comm *c);
+dt_tensor *dt_op_tp_scatter_seq(dt_graph *g, dt_tensor *x, const dt_tp_comm *c);
 
 /* ---- vocabulary parallelism (src/ops/vocab_parallel.c) ----
  * A [V, C] table split by rows over a group of T ranks: rank r holds rows

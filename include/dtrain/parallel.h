@@ -200,11 +200,21 @@ dt_status dt_ddp_strategy(dt_pg *pg, const dt_ddp_opts *o, dt_strategy *out);
 typedef struct dt_tp_opts {
     int size;                /* tp.size: ranks per replica; must divide the world */
     dt_ddp_opts ddp;         /* data parallelism across the replicas (world / size of them) */
+    /* tp.sequence_parallel (Megatron-LM's sequence parallelism; gpt2, size >
+     * 1): outside the split layers (LayerNorms, dropout, residual adds, the
+     * embedding sum, ln_f) each rank holds only its T / size of the sequence
+     * positions (nn.h cfg.tp_seq), all-gathered before a column-parallel
+     * linear and reduce-scattered after a row-parallel one; the replicated
+     * parameters' partial gradients are summed over the group after
+     * backward. The batches' T must be divisible by size. */
+    int sequence_parallel;
 } dt_tp_opts;
 /* Counters since creation (benchmarks): the tensor-parallel all-reduces. */
 typedef struct dt_tp_stats {
     int64_t calls, steps;
-    size_t bytes;            /* payload handed to the group's all-reduces */
+    size_t bytes;            /* payload of the group's collectives: an all-reduce its buffer;
+                              * sequence parallelism's all-gather and reduce-scatter half the
+                              * whole tensor each (an all-reduce is one of each: comparable) */
     size_t bytes_last_step;  /* of the last training step (forward + backward) */
 } dt_tp_stats;
 /* The strategy on `world` (which must outlive the trainer). No collective

@@ -95,6 +95,12 @@ typedef struct dt_pipe_opts {
      * stage is built split T ways (cfg.tp_size / tp_rank, as dt_tp_strategy
      * does) over T ranks; world = D replicas x P stages x T. 0 or 1: none. */
     int tp_size;
+    /* Sequence parallelism inside the tensor-parallel stages (tp_size > 1;
+     * parallel.h dt_tp_opts.sequence_parallel): the activations between
+     * blocks, and so the pipeline's sends, are this tp rank's positions
+     * [B, T / tp_size, C]; each stage sums its replicated gradients over its
+     * tensor-parallel group before the clip norm and the step. */
+    int sequence_parallel;
     dt_ddp_opts ddp;          /* dt_ddp_opts_default by dt_pipe_opts_default */
     dt_zero_opts zero;        /* dt_zero_opts_default by dt_pipe_opts_default */
 } dt_pipe_opts;

@@ -13,7 +13,7 @@ static dt_status check_dims(const dt_model *m, const char *block, const char *wh
     if (ndim < 0 || ndim > 3 || (ndim == 0 && !strcmp(which, "output")))
         return DT_ERR(DT_EINVAL, "model %s: block %s %s has %d dims (1..3 per sample)", m->name, block, which, ndim);
     for (int i = 0; i < ndim; i++)
-        if (dims[i] <= 0 && dims[i] != DT_DIM_SEQ)
+        if (dims[i] <= 0 && dims[i] != DT_DIM_SEQ && dims[i] != DT_DIM_SEQ_PART)
             return DT_ERR(DT_EINVAL, "model %s: block %s %s dim %d is %lld", m->name, block, which, i,
                           (long long)dims[i]);
     return DT_OK;
@@ -114,6 +114,10 @@ dt_status dt_model_check_blocks(const dt_model *m) {
                           p->name);
     }
     const dt_block *last = &m->blocks[m->n_blocks - 1];
+    for (int j = 0; j < last->out_ndim; j++)
+        if (last->out_dims[j] == DT_DIM_SEQ_PART)
+            return DT_ERR(DT_EINVAL, "model %s: the last block (%s) returns a sequence-parallel share of the positions "
+                          "(DT_DIM_SEQ_PART); the loss head takes every position (DT_DIM_SEQ)", m->name, last->name);
     if (last->out_dims[last->out_ndim - 1] != head_cols(m))
         return DT_ERR(DT_EINVAL, "model %s: the last block (%s) must return [.., %lld] for the loss head", m->name,
                       last->name, (long long)head_cols(m));
@@ -126,7 +130,8 @@ int dt_model_block_shape(const dt_model *m, int i, int in, const dt_batch *b, in
     const int64_t *d = in ? k->in_dims : k->out_dims;
     if (nd == 0) return 0;
     shape[0] = b->B;
-    for (int j = 0; j < nd; j++) shape[j + 1] = d[j] == DT_DIM_SEQ ? b->T : d[j];
+    int64_t part = m->cfg.tp_seq && m->cfg.tp_size > 1 ? b->T / m->cfg.tp_size : b->T;
+    for (int j = 0; j < nd; j++) shape[j + 1] = d[j] == DT_DIM_SEQ ? b->T : d[j] == DT_DIM_SEQ_PART ? part : d[j];
     return nd + 1;
 }
 

@@ -36,6 +36,18 @@
  * split layers (same batch, same replicated parameters, an all-reduce that
  * gives every rank the same sum), so replicated parameters get identical
  * gradients on every rank and need no reduction over the group.
+ * Sequence parallelism (cfg.tp_seq; Megatron-LM's): outside the split
+ * layers rank r holds positions [r S, r S + S) of every sample, S = T / T_tp
+ * ([B, S, C], declared DT_DIM_SEQ_PART): the embedding's partial lookups
+ * are reduce-scattered (dt_op_tp_scatter_seq) and wpe looks up this rank's
+ * positions; a column-parallel linear (and the lm-head) reads the
+ * all-gathered [B, T, C] (dt_op_tp_gather_seq, in place of tp_copy); a
+ * row-parallel one's partial product is reduce-scattered (in place of
+ * tp_reduce) and its bias added on the shard; LayerNorms, dropout (masks of
+ * the global positions: dt_op_dropout_at) and residual adds run on the
+ * shard. The replicated parameters (wpe, LayerNorms, row-parallel biases)
+ * then get this rank's positions' part of their gradient: the strategy
+ * sums them over the group after backward (src/parallel/tp/tp_internal.h).
  * Its registry entry (nn.h section 4b) is at the end. */
 #include <math.h>
 #include <stddef.h>
@@ -57,32 +69,44 @@ static dt_tensor *layernorm_mod(dt_graph *g, dt_module *mod, dt_tensor *x) {
     return dt_module_leave(g, mod) == DT_OK ? x : NULL;
 }
 
+static int tp_size(const dt_model *m) { return m->cfg.tp_size > 1 ? m->cfg.tp_size : 1; }
+/* Sequence parallelism: between the split layers x is [B, T / tp_size, C],
+ * this rank's positions. */
+static int seq_par(const dt_model *m) { return tp_size(m) > 1 && m->cfg.tp_seq; }
+
 /* Residual branch output with optional dropout, keyed by the batch's row
- * keys and the site (layer, k): the same mask wherever the sample runs. */
+ * keys and the site (layer, k): the same mask wherever the sample runs.
+ * A sequence-parallel shard [B, S, C] of rank r is elements [r S C, r S C +
+ * S C) of each whole row: those elements' masks. */
 static dt_tensor *drop(dt_model *m, dt_graph *g, const dt_batch *b, int layer, int k, dt_tensor *x) {
-    return m->cfg.dropout > 0 ? dt_op_dropout(g, x, m->cfg.dropout, b->row_keys, dt_dropout_site(layer, k)) : x;
+    if (!(m->cfg.dropout > 0)) return x;
+    int64_t offset = seq_par(m) ? (int64_t)m->cfg.tp_rank * (x->numel / x->shape[0]) : 0;
+    return dt_op_dropout_at(g, x, m->cfg.dropout, b->row_keys, dt_dropout_site(layer, k), offset);
 }
 
-static int tp_size(const dt_model *m) { return m->cfg.tp_size > 1 ? m->cfg.tp_size : 1; }
-
-/* Before a column-parallel linear: f (tp_copy) under tensor parallelism. */
+/* Before a column-parallel linear: f (tp_copy) under tensor parallelism;
+ * under sequence parallelism the all-gather of the shards (backward:
+ * reduce-scatter). */
 static dt_tensor *col_in(dt_model *m, dt_graph *g, dt_tensor *x) {
-    return tp_size(m) > 1 ? dt_op_tp_copy(g, x, m->tp) : x;
+    if (tp_size(m) == 1) return x;
+    return seq_par(m) ? dt_op_tp_gather_seq(g, x, m->tp) : dt_op_tp_copy(g, x, m->tp);
 }
 
 /* A linear layer w, b whose weight is row-parallel under tensor
- * parallelism: the partial product summed over the group (g: tp_reduce),
- * then the bias, once. Whole: one dt_op_linear. */
+ * parallelism: the partial product summed over the group (g: tp_reduce;
+ * sequence-parallel: reduce-scattered to this rank's positions), then the
+ * bias, once. Whole: one dt_op_linear. */
 static dt_tensor *row_linear(dt_model *m, dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b) {
     if (tp_size(m) == 1) return dt_op_linear(g, x, w, b, DT_W_IN_OUT);
     DT_NN_CHECK(x = dt_op_linear(g, x, w, NULL, DT_W_IN_OUT));
-    DT_NN_CHECK(x = dt_op_tp_reduce(g, x, m->tp));
+    DT_NN_CHECK(x = seq_par(m) ? dt_op_tp_scatter_seq(g, x, m->tp) : dt_op_tp_reduce(g, x, m->tp));
     return dt_op_bias_add(g, x, b);
 }
 
 /* fuse: 1 = the fused kernels, 0 = the op chain they replace.
  * Shapes are whole; under tensor parallelism 3C, C (inside attention) and
- * 4C are this rank's 3C/T, C/T and 4C/T, H its H/T heads. */
+ * 4C are this rank's 3C/T, C/T and 4C/T, H its H/T heads; under sequence
+ * parallelism the [B, T, C] outside attn and mlp are [B, T/T_tp, C]. */
 static dt_tensor *block_forward(dt_model *m, dt_graph *g, const dt_batch *b, int l, int fuse, dt_tensor *x) {
     int H = m->cfg.n_head / tp_size(m);
     dt_tensor *h;
@@ -129,23 +153,30 @@ static dt_tensor *embed_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_b
         DT_ERR(DT_EINVAL, "gpt2: sequence length %lld outside 1..maxT=%d", (long long)b->T, c->max_t);
         return NULL;
     }
-    int64_t n = b->B * b->T;
-    int32_t *pos = dt_graph_scratch(g, (size_t)n * sizeof *pos);   /* 0..T-1 per row; lives with the tape */
+    int sp = seq_par(m);
+    if (sp && b->T % tp_size(m)) {
+        DT_ERR(DT_EINVAL, "gpt2: sequence length %lld is not divisible by the tensor-parallel size %d (sequence "
+               "parallelism splits the positions)", (long long)b->T, tp_size(m));
+        return NULL;
+    }
+    int64_t n = b->B * b->T, S = sp ? b->T / tp_size(m) : b->T, p0 = sp ? (int64_t)c->tp_rank * S : 0;
+    int32_t *pos = dt_graph_scratch(g, (size_t)(b->B * S) * sizeof *pos);   /* this rank's positions; lives with the tape */
     if (!pos) return NULL;
-    for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(i % b->T);
-    int64_t shape[3] = {b->B, b->T, c->n_embd};
+    for (int64_t i = 0; i < b->B * S; i++) pos[i] = (int32_t)(p0 + i % S);
+    int64_t shape[3] = {b->B, b->T, c->n_embd}, part[3] = {b->B, S, c->n_embd};
     dt_module *wte = m->modules[0], *wpe = m->modules[1];
     dt_tensor *tok, *pe;
     if (dt_module_enter(g, wte) != DT_OK) return NULL;
     if (tp_size(m) == 1) {
         DT_NN_CHECK(tok = dt_op_embedding(g, P(wte, 0), ids->data, n, 3, shape));
-    } else {   /* this rank's rows [r n, r n + n) of the vocabulary, 0 elsewhere; summed over the group */
+    } else {   /* this rank's rows [r n, r n + n) of the vocabulary, 0 elsewhere; summed over the group
+                * (sequence-parallel: reduce-scattered, this rank's positions of the sum) */
         int64_t start = (int64_t)m->cfg.tp_rank * P(wte, 0)->shape[0];
         DT_NN_CHECK(tok = dt_op_embedding_rows(g, P(wte, 0), start, ids->data, n, 3, shape));
-        DT_NN_CHECK(tok = dt_op_tp_reduce(g, tok, m->tp));
+        DT_NN_CHECK(tok = sp ? dt_op_tp_scatter_seq(g, tok, m->tp) : dt_op_tp_reduce(g, tok, m->tp));
     }
     if (dt_module_leave(g, wte) != DT_OK || dt_module_enter(g, wpe) != DT_OK) return NULL;
-    DT_NN_CHECK(pe = dt_op_embedding(g, P(wpe, 0), pos, n, 3, shape));
+    DT_NN_CHECK(pe = dt_op_embedding(g, P(wpe, 0), pos, b->B * S, 3, part));
     if (dt_module_leave(g, wpe) != DT_OK) return NULL;
     DT_NN_CHECK(x = dt_op_add(g, tok, pe));
     return drop(m, g, b, -1, 0, x);
@@ -167,7 +198,8 @@ static dt_tensor *layer_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_b
 }
 
 /* block "head": ln_f, then the lm-head tied to wte: [B, T, C] -> [B, T, V]
- * (tensor-parallel: this rank's columns [B, T, V/T]) */
+ * (tensor-parallel: this rank's columns [B, T, V/T]; sequence-parallel:
+ * ln_f on this rank's positions, all-gathered before the lm-head) */
 static dt_tensor *head_block(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *user) {
     (void)b; (void)user;
     dt_module *wte = m->modules[0];
@@ -204,7 +236,8 @@ static dt_status gpt2_build(dt_model *m) {
     int64_t wte_shape[2] = {c->vocab, C};
     dt_model_add_param_split(m, wte, "weight", 2, wte_shape, DT_INIT_GAUSS(std), vsplit);
     add(m, wpe, "weight", 2, c->max_t, C, DT_INIT_GAUSS(0.01f));
-    int64_t act[2] = {DT_DIM_SEQ, C}, logits[2] = {DT_DIM_SEQ, dt_vocab_part(c->vocab, T)};
+    int64_t act[2] = {T > 1 && c->tp_seq ? DT_DIM_SEQ_PART : DT_DIM_SEQ, C};
+    int64_t logits[2] = {DT_DIM_SEQ, dt_vocab_part(c->vocab, T)};
     DT_TRY(dt_model_add_block(m, "embed", embed_block, NULL, 0, NULL, 2, act));
     int fuse = fuse_from_env();
     for (int l = 0; l < c->n_layer; l++) {
@@ -265,6 +298,9 @@ static dt_status gpt2_validate(const dt_model_cfg *c) {
                           c->vocab, c->tp_size);
         if (c->tp_rank < 0 || c->tp_rank >= c->tp_size)
             return DT_ERR(DT_EINVAL, "gpt2: tensor-parallel rank %d outside 0..%d", c->tp_rank, c->tp_size - 1);
+    } else if (c->tp_seq) {
+        return DT_ERR(DT_EINVAL, "gpt2: sequence parallelism needs tensor parallelism (tp.size > 1, got %d)",
+                      c->tp_size);
     }
     return DT_OK;
 }

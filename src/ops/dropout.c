@@ -67,11 +67,12 @@ static void dropout_backward(dt_graph *g, dt_node *n) {
         if (mask[i]) dx[i] += dy[i] * scale;
 }
 
-/* Elements [e0, e1) of one row with stream key k. */
+/* Elements [e0, e1) of one row with stream key k; element e of x is
+ * element off + e of the whole row (sequence parallelism's shard). */
 static void drop_span(const float *x, float *y, uint8_t *mask, uint64_t k, uint32_t thr, float scale, int64_t e0,
-                      int64_t e1) {
+                      int64_t e1, uint32_t off) {
     for (int64_t e = e0; e < e1; e++) {
-        uint8_t keep = elem_hash(k, (uint32_t)e) >= thr;
+        uint8_t keep = elem_hash(k, (uint32_t)e + off) >= thr;
         mask[e] = keep;
         y[e] = keep ? x[e] * scale : 0.f;
     }
@@ -80,6 +81,11 @@ static void drop_span(const float *x, float *y, uint8_t *mask, uint64_t k, uint3
 #define DROP_CHUNK 4096   /* elements per parallel work item */
 
 dt_tensor *dt_op_dropout(dt_graph *g, dt_tensor *x, float p, const uint64_t *row_keys, uint64_t site) {
+    return dt_op_dropout_at(g, x, p, row_keys, site, 0);
+}
+
+dt_tensor *dt_op_dropout_at(dt_graph *g, dt_tensor *x, float p, const uint64_t *row_keys, uint64_t site,
+                            int64_t offset) {
     char sx[64];
     if (!g || !x) { DT_ERR(DT_EINVAL, "dropout: graph and x are required"); return NULL; }
     dt_shape_str(x, sx, sizeof sx);
@@ -92,8 +98,9 @@ dt_tensor *dt_op_dropout(dt_graph *g, dt_tensor *x, float p, const uint64_t *row
     }
     if (x->ndim < 1 || x->shape[0] <= 0) { DT_ERR(DT_EINVAL, "dropout: x%s has no rows", sx); return NULL; }
     const int64_t R = x->shape[0], E = x->numel / R;
-    if (E >= ((int64_t)1 << 32)) {
-        DT_ERR(DT_EINVAL, "dropout: x%s has %lld elements per row, at most 2^32 - 1", sx, (long long)E);
+    if (offset < 0 || E + offset >= ((int64_t)1 << 32)) {
+        DT_ERR(DT_EINVAL, "dropout: x%s has %lld elements per row from element %lld: offset must be >= 0 and the "
+               "row's end below 2^32", sx, (long long)E, (long long)offset);
         return NULL;
     }
 
@@ -113,7 +120,7 @@ dt_tensor *dt_op_dropout(dt_graph *g, dt_tensor *x, float p, const uint64_t *row
     for (int64_t it = 0; it < items; it++) {
         int64_t b = it / per_row, e0 = (it % per_row) * DROP_CHUNK, e1 = e0 + DROP_CHUNK < E ? e0 + DROP_CHUNK : E;
         int64_t off = b * E;
-        drop_span(xd + off, yd + off, mask + off, stream_key(row_keys[b], site), thr, scale, e0, e1);
+        drop_span(xd + off, yd + off, mask + off, stream_key(row_keys[b], site), thr, scale, e0, e1, (uint32_t)offset);
     }
     dt_node *n = dt_graph_record(g, "dropout", dropout_backward, y, 1, &x);
     if (n) {

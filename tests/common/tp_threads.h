@@ -1,7 +1,9 @@
 /* A tensor-parallel group of T threads in one process, for unit tests of
  * the tp ops and of models split with them: a dt_tp_comm per thread whose
  * all-reduces meet at a barrier and combine the ranks' buffers in rank order
- * (so every rank gets the same bits, as the real group gives).
+ * (so every rank gets the same bits, as the real group gives); its
+ * all-gather / reduce-scatter (sequence parallelism's [rows, T, n] view,
+ * ops.h) read every rank's input the same way, summing in rank order.
  *   tp_threads_run(T, fn, args, arg_size): fn(&comm_r, args + r * arg_size)
  *   on T threads, joined before it returns.
  * fn must not use cmocka asserts (they longjmp on the main thread's stack):

@@ -19,6 +19,15 @@
 # --tp 2 --zero 3 at dp 1 (ZeRO on groups of one) trains as one process too.
 # What is not built is refused up front, naming the flag. (--tp with --pp:
 # test_tp_pipeline.sh; --tp with --zero across replicas: test_tp_zero.sh.)
+# Sequence parallelism (--sequence-parallel: outside the split layers each
+# rank holds --seq / T positions; all-gather / reduce-scatter boundaries; the
+# replicated parameters' partial gradients summed over the group) passes the
+# same checks: --tp 2 and --tp 4 against one process, dp 2 x tp 2 against
+# DDP on 2, --clip under AdamW and SGD, recompute + --accum + dropout
+# together (masks keyed by the global position), V = 257, equal accuracy,
+# checkpoints both ways with one process; and it is refused without --tp
+# and when T does not divide --seq. (With --pp: test_tp_pipeline.sh.)
+# Sequence parallelism with --zero is refused.
 # usage: test_tensor_parallel.sh DTRAIN NP   (NP: 2 or 4, the largest world used)
 set -uo pipefail
 # Ranks under mpirun: Open MPI unloads its plugins at finalize, so LeakSanitizer
@@ -106,11 +115,31 @@ if [ "$np" -eq 2 ]; then
     refused zero_node "does not combine with --node-params" --tp 2 --zero 2 --node-params --nproc 2
     refused world "does not divide --nproc 2" --tp 4 --nproc 2
     refused mlp "gpt2 only" --model mlp --tp 2 --nproc 2
+    # sequence parallelism
+    sp=(--tp 2 --nproc 2 --sequence-parallel)
+    run sp2 "${sp[@]}" && near single sp2 && same_acc single sp2
+    if grep -c 'sequence parallelism: .* 1/2 of the positions' "$tmp/sp2.out" > /dev/null; then echo "ok   sp line"
+    else echo "FAIL no sequence-parallelism line, got:"; cat "$tmp/sp2.out"; fail=1; fi
+    run sp2_sgd "${sp[@]}" --optim sgd --lr 0.5 --quiet && near single_sgd sp2_sgd
+    run sp2_mix "${mix[@]}" "${sp[@]}" --quiet && near single_mix sp2_mix
+    DTRAIN_NO_FUSE=1 run sp2_mix_nofuse "${mix[@]}" "${sp[@]}" --quiet && near single_mix sp2_mix_nofuse
+    run sp2_v --vocab 257 "${sp[@]}" --quiet && near single_v sp2_v
+    run sp2_half "${sp[@]}" --steps 2 --save "$tmp/sp2.st" --quiet &&
+        run from_sp2 --resume "$tmp/sp2.st" --quiet && near single from_sp2
+    run sp2_from_single "${sp[@]}" --resume "$tmp/single.st" --quiet && near single sp2_from_single
+    refused sp_notp "needs --tp T > 1" --sequence-parallel
+    refused sp_seq "--seq 31 is not divisible by --tp 2" --seq 31 "${sp[@]}"
+    refused sp_zero "--sequence-parallel does not combine with --zero 1" --zero 1 "${sp[@]}"
 else
     run ddp2 --nproc 2 --quiet
     run tp2_dp2 --tp 2 --nproc 4 && near ddp2 tp2_dp2
     if grep -c 'mesh: dp 2 x tp 2' "$tmp/tp2_dp2.out" > /dev/null; then echo "ok   mesh line"
     else echo "FAIL no 'mesh: dp 2 x tp 2' line, got:"; cat "$tmp/tp2_dp2.out"; fail=1; fi
     run tp4 --tp 4 --nproc 4 --quiet && near single tp4 && same_acc single tp4
+    run sp2_dp2 --tp 2 --nproc 4 --sequence-parallel --quiet && near ddp2 sp2_dp2
+    run sp4 --tp 4 --nproc 4 --sequence-parallel --quiet && near single sp4 && same_acc single sp4
+    mix=(--recompute blocks --accum 2 --dropout 0.1)
+    run single_mix "${mix[@]}" --quiet && run sp4_mix "${mix[@]}" --tp 4 --nproc 4 --sequence-parallel --quiet &&
+        near single_mix sp4_mix
 fi
 exit $fail

@@ -15,7 +15,12 @@
 # the set resumes at (1, 2, 2), at --pp 2 alone and at (4, 1, 1) too, and a
 # one-process checkpoint at (1, 2, 2). The start-up line
 # prints the mesh; a world P x T does not divide is refused. (ZeRO inside
-# tensor-parallel stages: test_tp_zero.sh.)
+# tensor-parallel stages: test_tp_zero.sh.) With --sequence-parallel (the stages' activations and sends
+# are each tp rank's positions; each stage sums its replicated gradients over
+# its tp group): 1f1b, gpipe and interleaved against one process, zb-h1 with
+# recompute and dropout 0.1 (masks of the global positions), dp 2 x tp 2 on
+# one stage against DDP, and checkpoints both ways with one process; with --zero
+# it is refused.
 # usage: test_tp_pipeline.sh DTRAIN
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_tensor_parallel.sh)
@@ -111,5 +116,21 @@ fi
 run half_single --batch 2 --accum 2 --steps 2 --save "$tmp/single.st" --quiet &&
     run tpp_from_single "${tpp[@]}" --batch 4 --resume "$tmp/single.st" --quiet && near single tpp_from_single
 
+# sequence parallelism inside the stages
+sp=(--sequence-parallel)
+run tps_1f1b "${tpp[@]}" "${sp[@]}" --batch 4 --quiet && near single tps_1f1b
+run tps_1f1b_sgd "${tpp[@]}" "${sp[@]}" --batch 4 "${sgd[@]}" --quiet && near single_sgd tps_1f1b_sgd
+run tps_gpipe_sgd "${tpp[@]}" "${sp[@]}" --batch 4 --schedule gpipe "${sgd[@]}" --quiet && near single_sgd tps_gpipe_sgd
+run tps_inter_sgd "${tpp[@]}" "${sp[@]}" --batch 4 --microbatches 4 --schedule interleaved "${sgd[@]}" --quiet &&
+    near single4_sgd tps_inter_sgd
+run single4_drop --batch 1 --accum 4 --dropout 0.1 --quiet &&
+    run tps_zbh1_drop "${tpp[@]}" "${sp[@]}" --batch 4 --microbatches 4 --schedule zb-h1 --recompute blocks --dropout 0.1 \
+        --quiet && near single4_drop tps_zbh1_drop
+run dp2_tps_sgd --tp 2 --pp 1 --schedule 1f1b --nproc 4 "${sp[@]}" --batch 4 "${sgd[@]}" --quiet && near ddp2_sgd dp2_tps_sgd
+run tps_half "${tpp[@]}" "${sp[@]}" --batch 4 --steps 2 --save "$tmp/tps.ck" --quiet &&
+    run from_tps --batch 2 --accum 2 --resume "$tmp/tps.ck" --quiet && near single from_tps
+run tps_from_single "${tpp[@]}" "${sp[@]}" --batch 4 --resume "$tmp/single.st" --quiet && near single tps_from_single
+
+refused sp_zero "sequence_parallel does not combine with ZeRO\|--sequence-parallel does not combine with --zero" "${tpp[@]}" "${sp[@]}" --batch 4 --zero 1
 refused world "ranks per replica does not divide --nproc 2" --tp 2 --pp 2 --nproc 2 --batch 4
 exit $fail

@@ -136,6 +136,7 @@ static void test_builder_errors_are_sticky(void **state) {
         {"has no blocks", 3},               {"has no loss head", 4},        {"must read the batch", 5},
         {"takes other dims than block", 6}, {"must return [.., 5]", 7},     {"input 'x' is declared twice", 8},
         {"cannot add module 'late' after dt_model_build", 9},
+        {"returns a sequence-parallel share of the positions", 10},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         assert_int_equal(dt_model_new("e", 1, &m), DT_OK);
@@ -154,6 +155,7 @@ static void test_builder_errors_are_sticky(void **state) {
         if (c == 5) dt_model_add_block(m, "b", noop, NULL, 1, d3, 1, d3);
         else if (c != 3 && c != 1) dt_model_add_block(m, "b", noop, NULL, 0, NULL, 1, d3);
         if (c == 6) dt_model_add_block(m, "c", noop, NULL, 1, (int64_t[]){4}, 1, d3);
+        if (c == 10) dt_model_add_block(m, "c", noop, NULL, 1, d3, 2, (int64_t[]){DT_DIM_SEQ_PART, 3});
         if (c == 8) {
             assert_int_equal(dt_model_add_input(m, &in), DT_EINVAL);
             assert_msg_has(cases[k].needle);

@@ -9,7 +9,9 @@
  * whole tensor. wte is split by vocabulary rows (rank r: rows [r n, r n + n),
  * n = ceil(V / T)); a V that T does not divide (65 at T = 2, 66 at T = 4)
  * pads the last part with zero rows that the whole shape leaves out.
- * Configurations T does not divide are refused naming the setting. */
+ * Configurations T does not divide are refused naming the setting, and so
+ * is sequence parallelism without tensor parallelism; with it the parts are
+ * the same (it splits activations, not parameters). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -120,10 +122,36 @@ static void refused(void **state) {
     c = cfg_tp(2, 2, 64);
     assert_int_equal(dt_model_create(&c, 7, &m), DT_EINVAL);
     assert_non_null(strstr(dt_error_message(), "rank 2"));
+    c = cfg_tp(1, 0, 64);   /* sequence parallelism without tensor parallelism */
+    c.tp_seq = 1;
+    assert_int_equal(dt_model_create(&c, 7, &m), DT_EINVAL);
+    assert_non_null(strstr(dt_error_message(), "sequence parallelism needs tensor parallelism"));
+}
+
+/* Sequence parallelism changes no parameter: a tp_seq rank builds the same
+ * parts (so checkpoints and the fingerprint are the tensor-parallel ones). */
+static void seq_same_params(void **state) {
+    (void)state;
+    dt_model *a, *b;
+    dt_model_cfg c = cfg_tp(2, 1, 64);
+    assert_int_equal(dt_model_create(&c, 7, &a), DT_OK);
+    c.tp_seq = 1;
+    assert_int_equal(dt_model_create(&c, 7, &b), DT_OK);
+    assert_int_equal(a->n_params, b->n_params);
+    assert_int_equal(a->arch_crc, b->arch_crc);
+    for (int i = 0; i < a->n_params; i++) {
+        assert_string_equal(a->params[i]->name, b->params[i]->name);
+        assert_int_equal(a->params[i]->value.numel, b->params[i]->value.numel);
+        assert_memory_equal(a->params[i]->value.data, b->params[i]->value.data,
+                            (size_t)a->params[i]->value.numel * sizeof(float));
+    }
+    dt_model_free(a);
+    dt_model_free(b);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(tp2), cmocka_unit_test(tp4), cmocka_unit_test(tp2_padded),
-                                       cmocka_unit_test(tp4_padded), cmocka_unit_test(refused)};
+                                       cmocka_unit_test(tp4_padded), cmocka_unit_test(refused),
+                                       cmocka_unit_test(seq_same_params)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

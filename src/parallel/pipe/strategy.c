@@ -259,6 +259,7 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
      * replicas, so it runs whatever the share did */
     dt_status f = dt_pipe_dp_finish(p);
     DT_TRY(s != DT_OK ? s : f);
+    DT_TRY(dt_pipe_tp_sum_replicated(p));   /* sequence parallelism: the replicated gradients made whole */
     float scale = 1.0f;
     if (r->clip > 0 || r->scaler) {
         /* ZeRO: the owned shards are disjoint over the whole world (tensor-
@@ -369,6 +370,11 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
     if (o) p->o = *o;
     else dt_pipe_opts_default(&p->o);
     p->comm.world = world;
+    if (p->o.sequence_parallel && p->o.zero_stage) {   /* pipe/tp.c: the replicated-gradient sum needs whole gradients */
+        free(p);
+        return DT_ERR(DT_EINVAL, "pipeline: sequence_parallel does not combine with ZeRO (stage %d) yet: use DDP "
+                      "over the replicas", o->zero_stage);
+    }
     dt_status s = agree_options(p);
     if (s == DT_OK) s = make_groups(p);
     if (s != DT_OK) { dt_pg_free(p->comm.pp); dt_pg_free(p->dp.pg); dt_pg_free(p->tp.pg); free(p); return s; }

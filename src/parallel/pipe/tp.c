@@ -18,7 +18,14 @@
  * reads the whole tensor and keeps this rank's part). ZeRO over the replicas
  * of (stage, tp rank) shards that rank's parts: its norm counts replicated
  * parameters on tp rank 0 only (dp.c) and its sets are written from the
- * replicas' shards put together (ckpt.c). */
+ * replicas' shards put together (ckpt.c).
+ * Sequence parallelism (o.sequence_parallel, cfg.tp_seq): the activations
+ * between blocks are this tp rank's positions [B, T/T_tp, C] (the blocks
+ * declare DT_DIM_SEQ_PART), so the sends between equal tp ranks carry the
+ * shard, and the replicated parameters' partial gradients are summed over
+ * the stage's group in the step, after the replicas' DDP and the tied
+ * totals, before the clip norm (strategy.c s_step). Not with ZeRO (refused
+ * in dt_pipeline_strategy): ZeRO's gradients are shards by then. */
 #include <stdlib.h>
 #include "pipe_internal.h"
 #include "parallel/tp/tp_internal.h"
@@ -30,6 +37,7 @@ dt_status dt_pipe_tp_prepare(const dt_pipe *p, dt_model_cfg *cfg) {
                       "only (this run's model is %s)", p->lay.T, dt_model_kind_name(cfg->kind));
     cfg->tp_size = p->lay.T;
     cfg->tp_rank = p->lay.tp_rank;
+    cfg->tp_seq = p->o.sequence_parallel;
     return DT_OK;
 }
 
@@ -46,6 +54,12 @@ dt_status dt_pipe_tp_attach(dt_pipe *p, dt_model *m) {
     p->tp.tp = t;
     m->tp = &t->comm;
     return DT_OK;
+}
+
+/* Sequence parallelism: the stage's replicated gradients (partial sums of
+ * this rank's positions) summed over its tensor-parallel group (tp/seq.c). */
+dt_status dt_pipe_tp_sum_replicated(dt_pipe *p) {
+    return p->lay.T > 1 && p->o.sequence_parallel ? dt_tp_sum_replicated_grads(p->tp.tp, p->m) : DT_OK;
 }
 
 dt_status dt_pipe_tp_split_sumsq(dt_pipe *p, double *split) {
@@ -74,6 +88,7 @@ dt_status dt_pipe_tp_whole(dt_pipe *p, const dt_param *q, const float *local, fl
 }
 
 void dt_pipe_tp_free(dt_pipe *p) {
+    if (p->tp.tp) dt_tp_comm_free(p->tp.tp);
     free(p->tp.tp);   /* its group is p->tp.pg, freed with the pipeline's groups */
     p->tp.tp = NULL;
 }

@@ -20,6 +20,7 @@ static dt_status s_prepare(void *self, dt_model_cfg *cfg) {
     if (cfg->kind == DT_MODEL_GPT2) {
         cfg->tp_size = s->T;
         cfg->tp_rank = s->rank % s->T;
+        cfg->tp_seq = s->opts.sequence_parallel;
     }
     return DT_OK;
 }
@@ -47,6 +48,7 @@ static dt_status s_agree(void *self, dt_agree *a) {
     dt_tp *s = self;
     dt_agree_add(a, "tp.size", "%d", s->T);
     dt_agree_add(a, "tp.zero_stage", "%d", s->zero_stage);
+    dt_agree_add(a, "tp.sequence_parallel", "%d", s->opts.sequence_parallel ? 1 : 0);
     if (s->zero_stage) dt_par_describe_zero(&s->zopts, a);
     else dt_par_describe_ddp(&s->opts.ddp, a);
     return dt_pg_agree(s->world, a);
@@ -56,6 +58,9 @@ static dt_status s_setup(void *self, dt_run *r) {
     dt_tp *s = self;
     dt_model *m = r->model;
     DT_TRY(check_parts(s, m));
+    if (s->opts.sequence_parallel && !(m->cfg.kind == DT_MODEL_GPT2 && m->cfg.tp_seq))
+        return DT_ERR(DT_EINVAL, "tp.sequence_parallel: model %s is not built sequence-parallel (the built-in gpt2 "
+                      "is; a user's model would sum its replicated gradients wrongly)", m->name);
     /* replica w / T holds ranks T*(w/T) .. +T-1; DP groups join equal w % T */
     DT_TRY(dt_pg_split(s->world, s->rank / s->T, s->rank, &s->tp_pg));
     /* ZeRO runs also on a group of one (dp == 1): the same code path and checkpoints */
@@ -67,6 +72,9 @@ static dt_status s_setup(void *self, dt_run *r) {
                s->T, s->zero_stage == 1 ? ", ZeRO-1 over the replicas" : s->zero_stage == 2 ? ", ZeRO-2 over the replicas"
                : s->zero_stage == 3 ? ", ZeRO-3 over the replicas" : "", s->T, m->cfg.kind == DT_MODEL_GPT2 && m->cfg.tp_size == s->T ? ": attention by heads, MLP by "
                "columns, wte and the lm-head by vocabulary rows; wpe and LayerNorms whole on every rank" : "");
+    if (!r->quiet && s->rank == 0 && s->opts.sequence_parallel)
+        dt_log(DT_LOG_INFO, "dtrain: sequence parallelism: outside attention and the MLP each tensor-parallel rank "
+               "holds 1/%d of the positions (all-gather before, reduce-scatter after the split layers)\n", s->T);
     if (s->zero_stage) return dt_tp_zero_setup(s, r);   /* its own memory report */
     if (s->dp > 1) {
         DT_TRY(dt_ddp_strategy(s->dp_pg, &s->opts.ddp, &s->inner));
@@ -96,14 +104,21 @@ static dt_status s_before_forward(void *self, dt_run *r, int last) {
     return has_inner(s) ? s->inner.before_forward(s->inner.self, r, last) : DT_OK;
 }
 
+/* DDP first (its buckets may have reduced during backward), then, under
+ * sequence parallelism, the replicated gradients' sum over the group
+ * (tp_internal.h: the invariant): before clipping and the optimizer. ZeRO
+ * (s->zero) finishes its reduction here; sequence parallelism with ZeRO is
+ * refused at construction. */
 static dt_status s_after_backward(void *self, dt_run *r, int last) {
     dt_tp *s = self;
+    if (s->zero) DT_TRY(last ? dt_zero_finish_backward(s->zero) : DT_OK);
+    else if (has_inner(s)) DT_TRY(s->inner.after_backward(s->inner.self, r, last));
+    if (last && s->opts.sequence_parallel) DT_TRY(dt_tp_sum_replicated_grads(s, r->model));
     if (last) {
         s->stats.steps++;
         s->stats.bytes_last_step = s->stats.bytes - s->bytes_at_step;
     }
-    if (s->zero) return last ? dt_zero_finish_backward(s->zero) : DT_OK;
-    return has_inner(s) ? s->inner.after_backward(s->inner.self, r, last) : DT_OK;
+    return DT_OK;
 }
 
 /* Sums over the replicas, each counted once: the ranks of a TP group hold
@@ -140,6 +155,7 @@ static void s_destroy(void *self) {
     dt_tp_zero_free(s);
     dt_pg_free(s->dp_pg);
     dt_pg_free(s->tp_pg);
+    dt_tp_comm_free(s);
     free(s);
 }
 
@@ -148,6 +164,9 @@ dt_status dt_tp_strategy(dt_pg *world, const dt_tp_opts *o, dt_strategy *out) {
     if (T < 1 || W % T)
         return DT_ERR(DT_EINVAL, "tp.size %d must divide the world size %d (world = data-parallel replicas x tp.size)",
                       T, W);
+    if (o->sequence_parallel && T < 2)
+        return DT_ERR(DT_EINVAL, "tp.sequence_parallel needs tensor parallelism (tp.size > 1, got %d): it splits the "
+                      "positions over the tensor-parallel group", T);
     if (o->ddp.dp.join)   /* DDP's join shadows collectives; the TP group's run inside forward */
         return DT_ERR(DT_EINVAL, "tp.size %d: uneven inputs (dp.join) do not combine with tensor parallelism", T);
     dt_tp *s = calloc(1, sizeof *s);
@@ -169,6 +188,9 @@ dt_status dt_tp_zero_strategy(dt_pg *world, const dt_tp_opts *tp, const dt_zero_
     if (zero->dp.join)
         return DT_ERR(DT_EINVAL, "tp.size %d: uneven inputs (dp.join) do not combine with tensor parallelism",
                       tp ? tp->size : 0);
+    if (tp && tp->sequence_parallel)   /* its replicated-gradient sum runs on whole gradients, ZeRO's are shards */
+        return DT_ERR(DT_EINVAL, "tp.sequence_parallel does not combine with ZeRO (stage %d) yet: use DDP over the "
+                      "replicas (--zero 0) with --sequence-parallel", st);
     DT_TRY(dt_tp_strategy(world, tp, out));
     dt_tp *s = out->self;
     s->zero_stage = st;

@@ -29,6 +29,25 @@
  * (per-row max, then sum of exp and target logit all-reduced: 3 N floats),
  * so no rank holds [B*T, V]. comm.c's allreduce_max serves it.
  *
+ * Sequence parallelism (opts.sequence_parallel, cfg.tp_seq; Megatron-LM's).
+ * Outside the split layers (LayerNorms, dropout, residual adds, the
+ * embedding sum + wpe, ln_f) rank r holds only positions [r S, r S + S) of
+ * every sample, S = T / T_tp, as x[B, S, C]. f becomes an all-gather along
+ * the sequence (backward: reduce-scatter) and g a reduce-scatter (backward:
+ * all-gather); the embedding's partial lookups are reduce-scattered and
+ * the lm-head reads the all-gathered ln_f output:
+ *
+ *   x[B,S,C] -- ln_1 -- AG -- c_attn -- attention -- c_proj -- RS -- +b --
+ *   x[B,S,C] -- ln_2 -- AG -- c_fc -- gelu -- c_proj -- RS -- +b --
+ *
+ * The same bytes move as with the two all-reduces (an all-reduce is a
+ * reduce-scatter + an all-gather), but the [B, T, C] tensors outside the
+ * split layers are 1/T_tp per rank. The shards are [B, S, C] (batch-major
+ * like every op; ops/tp.c explains the layout): MPI concatenates by rank,
+ * so comm.c reorders through a staging buffer (s->stage, outside the arena)
+ * when B > 1. Dropout keys its masks by the global element (ops.h
+ * dt_op_dropout_at), so the masks are one process's.
+ *
  * The invariant. Outside the split layers every rank of a group computes
  * the same bits (same batch, same replicated parameters, an all-reduce
  * whose result is the same on every rank), so replicated parameters (wpe,
@@ -36,6 +55,14 @@
  * rank and are never reduced over the group: DDP over the DP group keeps
  * them equal across replicas, and the identical optimizer step keeps them
  * equal inside the replica. A split parameter's gradient is its own part's.
+ * With sequence parallelism the first half no longer holds: each rank
+ * computes the replicated parameters' gradients from its own positions
+ * only, a partial sum. So after the last micro-batch's backward (after DDP,
+ * before clipping and the optimizer: s_after_backward) the replicated
+ * gradients are summed over the TP group (seq.c, one all-reduce), which
+ * makes them whole and equal on every rank of the group again; from there
+ * on the invariant holds as stated (clipping counts them once, the
+ * optimizer steps agree, DDP's average is linear so its order is free).
  *
  * Clipping (norm.c): the global norm squares each split parameter's parts
  * once (summed over the group) and each replicated parameter once.
@@ -46,7 +73,9 @@
  * Models: gpt2 builds its part from cfg (prepare_model); a user's model
  * built for its rank (nn.h dt_nn_add_linear_col / _row) is accepted when
  * every split parameter is part rank % T of T (setup checks).
- * With --pp each stage is split this way (pipe/tp.c: the mesh).
+ * With --pp each stage is split this way (pipe/tp.c: the mesh), sequence
+ * parallelism included (the sends carry the shards; the pipeline's step
+ * sums the replicated gradients, seq.c).
  *
  * ZeRO over the replicas (dt_tp_zero_strategy, zero.c): in place of DDP,
  * ZeRO stage 1/2/3 runs on the DP group (made also when dp == 1, a group of
@@ -66,7 +95,8 @@
  * range out of its part of the whole tensor), so any layout resumes any.
  * Inside pipeline stages (--tp --pp --zero) the pipeline's ZeRO does the
  * same per stage (pipe/dp.c: the norm; pipe/ckpt.c: the sets).
- * Not yet: sequence parallelism. */
+ * Not yet: sequence parallelism with ZeRO (refused: seq.c's sum needs the
+ * whole replicated gradients, which ZeRO has reduced to shards by then). */
 #ifndef DT_TP_INTERNAL_H
 #define DT_TP_INTERNAL_H
 
@@ -87,10 +117,15 @@ typedef struct dt_tp {
     unsigned char *skip_split, *skip_whole;   /* per parameter: norm.c's two sums over owned shards */
     dt_tp_stats stats;
     size_t bytes_at_step;    /* stats.bytes when the step began */
+    float *stage;            /* comm.c: sequence parallelism's reorder buffer (stage_n floats), owned */
+    size_t stage_n;
 } dt_tp;
 
-/* comm.c: comm over s->tp_pg (blocking all-reduce, counted). */
+/* comm.c: comm over s->tp_pg (blocking collectives, counted); _free frees the stage. */
 void dt_tp_comm_init(dt_tp *s);
+void dt_tp_comm_free(dt_tp *s);
+/* seq.c: every replicated parameter's gradient := its sum over the TP group. */
+dt_status dt_tp_sum_replicated_grads(dt_tp *s, dt_model *m);
 /* norm.c: the squared global gradient norm (strategy.h grad_sumsq). */
 dt_status dt_tp_grad_sumsq(dt_tp *s, const dt_model *m, double *ss);
 /* zero.c: ZeRO over dp_pg (s->zero_stage > 0). setup makes it and prints
