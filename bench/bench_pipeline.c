@@ -1,14 +1,16 @@
 /* bench_pipeline: a pipeline's step time and bubble, measured by the
  * schedule's own timers, against the theory.
  *
- *   mpiexec -n P bench_pipeline [W1|W3] [gpipe|1f1b|interleaved|zb-h1] [M ...]
+ *   mpiexec -n P bench_pipeline [W1|W2|W3] [gpipe|1f1b|interleaved|zb-h1] [M ...]
  *
  * The micro-batch is fixed (W1: 2 sequences of 256 tokens, W3: 16 images), M
  * varies, so a step is M micro-batches. Per M: ms/step (median of the timed
  * steps), every rank's measured bubble (idle inside the schedule / schedule
  * time: waiting on a message, which includes exposed transfers), the
  * theoretical bubble, the time blocked on messages, parameters and
- * activation memory per rank. Quote the GEMM rate printed with it. */
+ * activation memory per rank, and each rank's peak RSS (VmHWM: one process
+ * per rank). W2 at M = 4 is the global batch of bench_tp's 2 ranks
+ * (bench/tp.sh runs it beside dp and tp). Quote the GEMM rate printed with it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,16 @@
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+static double peak_rss_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    if (f) fclose(f);
+    return kb / 1024.0;
 }
 
 static int run_one(dt_pg *world, bench_workload *w, dt_pipe_kind kind, int M) {
@@ -61,17 +73,17 @@ static int run_one(dt_pg *world, bench_workload *w, dt_pipe_kind kind, int M) {
     }
     qsort(ms, STEPS, sizeof ms[0], cmp_d);
     /* rank 0 prints every rank's line */
-    float mine[6] = {(float)ms[STEPS / 2], (float)(100 * bubble), (float)wait, (float)(ps.param_bytes / 1048576.0),
-                     (float)(ps.arena_bytes / 1048576.0), (float)ps.graphs};
+    float mine[7] = {(float)ms[STEPS / 2], (float)(100 * bubble), (float)wait, (float)(ps.param_bytes / 1048576.0),
+                     (float)(ps.arena_bytes / 1048576.0), (float)ps.graphs, (float)peak_rss_mib()};
     float *all = malloc(sizeof mine * (size_t)P);
-    dt_allgather(world, mine, all, 6, DT_F32, NULL);
+    dt_allgather(world, mine, all, 7, DT_F32, NULL);
     if (rank == 0) {
         double theory = dt_pipe_bubble_formula(kind, P, M, o.virtual_stages);
         for (int r = 0; r < P; r++)
             printf("%-11s P=%d M=%-3d rank %d: %8.1f ms/step  bubble %5.1f%% (theory %5.1f%%)  waited %7.1f ms  "
-                   "params %6.2f MiB  activations %7.1f MiB (%2.0f tapes)\n",
-                   dt_pipe_kind_name(kind), P, M, r, all[6 * r], all[6 * r + 1], 100 * theory, all[6 * r + 2],
-                   all[6 * r + 3], all[6 * r + 4], all[6 * r + 5]);
+                   "params %6.2f MiB  activations %7.1f MiB (%2.0f tapes)  peak RSS %6.0f MiB\n",
+                   dt_pipe_kind_name(kind), P, M, r, all[7 * r], all[7 * r + 1], 100 * theory, all[7 * r + 2],
+                   all[7 * r + 3], all[7 * r + 4], all[7 * r + 5], all[7 * r + 6]);
         fflush(stdout);
     }
     free(all);
@@ -91,7 +103,7 @@ int main(int argc, char **argv) {
     dt_pipe_kind kind = DT_PIPE_1F1B;
     if (argc > 2 && dt_pipe_kind_parse(argv[2], &kind)) { fprintf(stderr, "%s\n", dt_error_message()); return 2; }
     bench_workload w;
-    if (bench_workload_get(wl, &w)) { fprintf(stderr, "unknown workload %s (W1, W3)\n", wl); return 2; }
+    if (bench_workload_get(wl, &w)) { fprintf(stderr, "unknown workload %s (W1, W2, W3)\n", wl); return 2; }
     w.B = w.cfg.kind == DT_MODEL_GPT2 ? 2 : 16;   /* one micro-batch */
     if (dt_pg_rank(world) == 0)
         printf("bench_pipeline %s: micro-batch %lld x %lld, %d ranks, sgemm %.0f GFLOP/s (1 thread, [%d,%d]x[%d,%d])\n", wl,

@@ -4,7 +4,7 @@
 # what each column is). Default: W2S (W2's 12 layers at
 # C=768 with a byte vocabulary) and W2 itself (V=50257: at tp the embedding,
 # the tied lm-head and the cross-entropy are split by vocabulary rows).
-#   bench/tp.sh [BUILD_DIR] [STEPS] [WORKLOAD...]
+#   [ROUNDS=R] bench/tp.sh [BUILD_DIR] [STEPS] [WORKLOAD...]   (modes dp, tp, tp+sp, pp per round)
 # Measured 2026-11-27 on an idle machine, "Intel(R) Xeon(R) Processor"
 # family 6 model 167 (lscpu), 2 vCPUs, 1 thread per rank, W2 (V 50257),
 # 3 timed steps, two rounds run alternately dp, tp, dp, tp; per rank:
@@ -26,8 +26,18 @@ shift $(( $# >= 2 ? 2 : $# ))
 workloads=("$@"); [ ${#workloads[@]} -gt 0 ] || workloads=(W2S W2)
 lscpu | grep -m1 'Model name' || true
 echo "cores: $(nproc), 1 thread per rank"
+rounds=${ROUNDS:-1}
+for r in $(seq 1 "$rounds"); do
 for w in "${workloads[@]}"; do
-    for mode in dp tp tp+sp; do   # one process each: peak RSS is per process
-        mpiexec -n 2 --oversubscribe -x OMP_NUM_THREADS=1 "$build/bench_tp" "$w" "$steps" "$mode"
+    for mode in dp tp tp+sp pp; do   # one process each: peak RSS is per process
+        if [ "$mode" = pp ]; then
+            # pp 2 on the same global batch (4 micro-batches of 2, 1f1b); bench_pipeline
+            # knows W1/W2/W3 only. Between the stages: 2 x M x [2, T, C] floats per step.
+            [ "$w" = W2 ] || continue
+            mpiexec -n 2 --oversubscribe -x OMP_NUM_THREADS=1 "$build/bench_pipeline" W2 1f1b 4
+        else
+            mpiexec -n 2 --oversubscribe -x OMP_NUM_THREADS=1 "$build/bench_tp" "$w" "$steps" "$mode"
+        fi
     done
+done
 done
