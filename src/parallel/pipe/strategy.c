@@ -7,6 +7,7 @@
 #include <string.h>
 #include "parallel/common/common_internal.h"
 #include "pipe_internal.h"
+#include "parallel/tp/tp_internal.h"
 #include "util/log_internal.h"
 
 void dt_pipe_opts_default(dt_pipe_opts *o) {
@@ -46,6 +47,7 @@ static dt_status make_groups(dt_pipe *p) {
         p->lay.stage = pos[r] / T / p->lay.D;
         p->lay.replica = pos[r] / T % p->lay.D;
         p->dp.local = dt_pipe_place_local(node, pos, W, p->lay.D * T);
+        s = dt_tp_check_placement(p->comm.world, T, pos);   /* tp groups: T consecutive places */
     }
     free(node);
     free(pos);

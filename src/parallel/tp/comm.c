@@ -4,12 +4,14 @@
  * operands on every rank, so every rank gets the same bits (the invariant
  * of tp_internal.h). */
 #include <stdlib.h>
+#include <string.h>
 #include "tp_internal.h"
 
 static dt_status tp_allreduce_sum(void *ctx, float *buf, int64_t n) {
     dt_tp *s = ctx;
     dt_work *w = NULL;
-    DT_TRY(dt_allreduce(s->tp_pg, buf, buf, n, DT_F32, DT_RED_SUM, &w));
+    DT_TRY(s->node ? dt_allreduce_node(s->tp_pg, buf, buf, n, DT_RED_SUM, &w)
+                   : dt_allreduce(s->tp_pg, buf, buf, n, DT_F32, DT_RED_SUM, &w));
     s->stats.calls++;
     s->stats.bytes += (size_t)n * sizeof(float);
     return dt_work_wait(w);
@@ -36,6 +38,10 @@ static dt_status tp_allreduce_max(void *ctx, float *buf, int64_t n) {
 }
 
 void dt_tp_comm_init(dt_tp *s) {
+    dt_pg_topo t;
+    dt_pg_topology(s->tp_pg, &t);
+    const char *e = getenv("DTRAIN_TP_ALLREDUCE");
+    s->node = t.machines == 1 && !(e && !strcmp(e, "mpi"));
     s->comm = (dt_tp_comm){.rank = dt_pg_rank(s->tp_pg), .size = dt_pg_size(s->tp_pg),
                            .allreduce_sum = tp_allreduce_sum, .allreduce_max = tp_allreduce_max, .ctx = s};
 }

@@ -51,6 +51,7 @@ static dt_status s_setup(void *self, dt_run *r) {
     dt_tp *s = self;
     dt_model *m = r->model;
     DT_TRY(check_parts(s, m));
+    DT_TRY(dt_tp_check_placement(s->world, s->T, NULL));   /* replica w / T: world ranks in order */
     /* replica w / T holds ranks T*(w/T) .. +T-1; DP groups join equal w % T */
     DT_TRY(dt_pg_split(s->world, s->rank / s->T, s->rank, &s->tp_pg));
     if (s->dp > 1) DT_TRY(dt_pg_split(s->world, s->rank % s->T, s->rank, &s->dp_pg));

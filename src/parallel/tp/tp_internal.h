@@ -59,13 +59,20 @@ typedef struct dt_tp {
     dt_pg *tp_pg, *dp_pg;    /* made in setup; dp_pg NULL when dp == 1 */
     int T, rank, dp;         /* tp size, world rank, replicas */
     dt_tp_comm comm;         /* what the model's tp ops call (comm.c) */
+    int node;                /* comm's sum runs dt_allreduce_node (comm.c) */
     dt_strategy inner;       /* DDP over dp_pg (dp > 1), else name NULL */
     dt_tp_stats stats;
     size_t bytes_at_step;    /* stats.bytes when the step began */
 } dt_tp;
 
-/* comm.c: comm over s->tp_pg (blocking all-reduce, counted). */
+/* comm.c: comm over s->tp_pg (blocking all-reduce, counted): node-shared
+ * (dt_allreduce_node) when the group is on one machine, unless
+ * DTRAIN_TP_ALLREDUCE=mpi; MPI's dt_allreduce otherwise. */
 void dt_tp_comm_init(dt_tp *s);
+/* placement.c: DT_EINVAL naming the ranks and their machines when a TP group
+ * (places g*T .. g*T+T-1; place of world rank r: pos[r], or r when pos is
+ * NULL) spans machines. Local: every rank gives the same verdict. */
+dt_status dt_tp_check_placement(dt_pg *world, int T, const int *pos);
 /* norm.c: the squared global gradient norm (strategy.h grad_sumsq). */
 dt_status dt_tp_grad_sumsq(dt_tp *s, const dt_model *m, double *ss);
 /* ckpt.c: one safetensors file of whole tensors, written by world rank 0. Collective. */
