@@ -135,6 +135,15 @@ endforeach()
 # The mesh dp x pp x tp: tensor-parallel pipeline stages equal one process
 # within 1e-6 (four schedules, --clip), resharding (1,2,2) -> (2,1,2) -> one
 # process (launches dtrain --nproc 4 itself).
+# TP groups and machines without namespaces: node-shared sums == MPI's,
+# simulated machines (DTRAIN_TEST_MACHINES), refused placements
+add_test(NAME test_tp_node_np4
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_node.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_tp_node_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
+# The full mesh dp 2 x pp 2 x tp 2 at 8 ranks against DDP on 2, checkpoints across layouts
+add_test(NAME test_tp_mesh8_np8
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_mesh8.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_tp_mesh8_np8 PROPERTIES LABELS mpi PROCESSORS 8 TIMEOUT 300)
 add_test(NAME test_tp_pipeline_np4
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_pipeline.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_tp_pipeline_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)

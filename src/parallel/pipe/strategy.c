@@ -97,7 +97,8 @@ static void print_partition(const dt_pipe *p, const dt_pipe_probe *pr, const dt_
                    100.0 * dt_pipe_bubble_formula(p->o.schedule, p->lay.P, p->step.M, p->lay.V));
     if (p->lay.T > 1)
         at += snprintf(line + at, sizeof line - (size_t)at, "  tensor-parallel stages: attention by heads, MLP by columns "
-                       "over %d consecutive ranks; parameter counts below are one tp rank's\n", p->lay.T);
+                       "over %d consecutive ranks (all-reduces through %s); parameter counts below are one tp rank's\n",
+                       p->lay.T, p->tp.tp && p->tp.tp->node ? "node-shared memory" : "MPI");
     if (p->lay.D > 1)
         at += snprintf(line + at, sizeof line - (size_t)at, "  data-parallel groups: %s\n",
                        p->dp.local ? "each on one machine" : "span machines (ranks per machine not a multiple of the replicas)");

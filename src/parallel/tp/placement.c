@@ -10,6 +10,7 @@
  * each reaches the same verdict without a collective. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "tp_internal.h"
 
 dt_status dt_tp_check_placement(dt_pg *world, int T, const int *pos) {
@@ -28,8 +29,9 @@ dt_status dt_tp_check_placement(dt_pg *world, int T, const int *pos) {
             int r = at[g * T + j];
             if (o < (int)sizeof ranks - 16) o += snprintf(ranks + o, sizeof ranks - (size_t)o, "%s%d", j ? ", " : "", r);
             if (h < (int)sizeof hosts - 80)
-                h += snprintf(hosts + h, sizeof hosts - (size_t)h, "%srank %d on %s", j ? ", " : "", r,
-                              dt_pg_host_name(world, r));
+                h += snprintf(hosts + h, sizeof hosts - (size_t)h, "%srank %d on %s%s", j ? ", " : "", r,
+                              dt_pg_host_name(world, r), node[r] != node[first] && !strcmp(dt_pg_host_name(world, r),
+                              dt_pg_host_name(world, first)) ? " (another machine by DTRAIN_TEST_MACHINES)" : "");
         }
         st = DT_ERR(DT_EINVAL, "tp.size %d: the tensor-parallel group of world ranks %s spans machines (%s); its "
                     "all-reduces run in every layer, so a group must sit inside one machine: run a multiple of %d ranks "

@@ -58,9 +58,10 @@ static dt_status s_setup(void *self, dt_run *r) {
     dt_tp_comm_init(s);
     m->tp = &s->comm;
     if (!r->quiet && s->rank == 0)
-        dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d (tensor-parallel groups of %d consecutive ranks%s)\n", s->dp,
-               s->T, s->T, m->cfg.kind == DT_MODEL_GPT2 && m->cfg.tp_size == s->T ? ": attention by heads, MLP by "
-               "columns, wte and the lm-head by vocabulary rows; wpe and LayerNorms whole on every rank" : "");
+        dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d (tensor-parallel groups of %d consecutive ranks%s; %s)\n",
+               s->dp, s->T, s->T, m->cfg.kind == DT_MODEL_GPT2 && m->cfg.tp_size == s->T ? ": attention by heads, MLP "
+               "by columns, wte and the lm-head by vocabulary rows; wpe and LayerNorms whole on every rank" : "",
+               s->node ? "all-reduces through node-shared memory" : "all-reduces through MPI");
     if (s->dp > 1) {
         DT_TRY(dt_ddp_strategy(s->dp_pg, &s->opts.ddp, &s->inner));
         int quiet = r->quiet;
