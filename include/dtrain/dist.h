@@ -156,6 +156,8 @@
  * whatever lent the memory out (dt_ddp_free) before dt_pg_free or
  * dt_dist_finalize, which unmap it. A group that spans machines gets
  * *out = NULL: use ordinary memory.
+ * dt_allreduce_node (below) serves callers whose buffers are private: it
+ * stages them through a window of this kind that the group keeps.
  *
  * 7. Tracing
  * ----------

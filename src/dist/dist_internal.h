@@ -152,8 +152,7 @@ struct dt_pg {
     char shm_why[256];          /* why the last dt_pg_alloc_shared gave NULL */
     dt_shm *node_stage;         /* dt_allreduce_node's staging window (node_allreduce.c), or NULL */
     size_t node_cap;            /* its floats per rank */
-    int node_off;               /* 1: it cannot be made here (node_why); the MPI path runs instead */
-    char node_why[256];
+    int node_off;               /* 1: it cannot be made here; the MPI path runs instead */
     dt_topo topo;               /* machines under the group (topology.c) */
     /* registry of live groups */
     dt_pg *reg_next;
@@ -257,7 +256,7 @@ void dt__shm_free_all(dt_pg *pg);
 /* ---- node_allreduce.c: dt_allreduce_node's staging window ----
  * The group's window with room for count floats per rank (made or grown now:
  * collective, every rank at the same call), or NULL when the group spans
- * machines or the window does not fit (pg->node_why; the caller falls back
+ * machines or the window does not fit (pg->node_off; the caller falls back
  * to MPI). *st: an error (the group is then unusable). */
 dt_shm *dt__node_stage(dt_pg *pg, size_t count, dt_status *st);
 

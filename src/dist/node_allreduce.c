@@ -16,10 +16,9 @@
  * rank's segment), made at the first call and replaced by a larger one when
  * a call needs more room: both collective, which holds because every rank
  * passes the same count to the same call. Where it cannot be made (the group
- * spans machines, /dev/shm too small) the group remembers why and every
- * later call runs the plain dt_allreduce. Freed with the group (dt_pg_free
+ * spans machines, /dev/shm too small) the group remembers it and every
+ * later call runs dt_allreduce (deterministic: the same bits). Freed with the group (dt_pg_free
  * frees its shared allocations). */
-#include <stdio.h>
 #include <string.h>
 #include "dist/dist_internal.h"
 
@@ -29,7 +28,6 @@ dt_shm *dt__node_stage(dt_pg *pg, size_t count, dt_status *st) {
     if (pg->node_stage && count <= pg->node_cap) return pg->node_stage;
     if (pg->topo.machines > 1) {   /* known locally, the same on every rank: no collective */
         pg->node_off = 1;
-        snprintf(pg->node_why, sizeof pg->node_why, "the ranks of %s run on %d machines", pg->name, pg->topo.machines);
         return NULL;
     }
     /* room for this call, at least double the last window, in whole pages */
@@ -45,10 +43,7 @@ dt_shm *dt__node_stage(dt_pg *pg, size_t count, dt_status *st) {
     }
     float *base = NULL;
     *st = dt_pg_alloc_shared(pg, cap, &base);
-    if (*st == DT_OK && !base) {
-        pg->node_off = 1;
-        snprintf(pg->node_why, sizeof pg->node_why, "%s", pg->shm_why);
-    }
+    if (*st == DT_OK && !base) pg->node_off = 1;   /* no room: the same verdict on every rank */
     memcpy(pg->shm_why, why, sizeof why);
     if (*st != DT_OK || !base) return NULL;
     size_t off = 0;

@@ -11,7 +11,8 @@
 #    and machines and how to place them: --tp 2 on 1 + 1 and on 2 x 2 mapped
 #    round-robin (machines 0,1,0,1), the mesh --tp 2 --pp 2 on 3 + 1;
 #  - the mesh places by (machine, rank), so --tp 2 --pp 2 on machines 0,1,0,1
-#    runs (its TP groups are ranks {0, 2} and {1, 3}) and equals one machine.
+#    runs (its TP groups are ranks {0, 2} and {1, 3}) and equals one machine;
+#  - ranks that disagree on DTRAIN_TP_ALLREDUCE fail at start-up, naming it.
 # usage: test_tp_node.sh DTRAIN CKPT_CMP
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -68,4 +69,8 @@ refused round_robin "group of world ranks 0, 1 spans machines" \
     DTRAIN_TEST_MACHINES=0,1,0,1 "$bin" train "${gpt2[@]}" --tp 2 --nproc 4
 refused mesh_31 "--tp 2: the tensor-parallel group of world ranks 2, 3 spans machines.*run a multiple of 2 ranks on every machine$" \
     DTRAIN_TEST_MACHINES=0,0,0,1 "$bin" train "${gpt2[@]}" --tp 2 --pp 2 --nproc 4
+# the two paths cannot meet in one group: ranks that disagree fail at start-up
+refused mixed "DTRAIN_TP_ALLREDUCE: rank 1 has node, rank 0 has mpi" \
+    mpiexec --allow-run-as-root --oversubscribe -n 1 env DTRAIN_TP_ALLREDUCE=mpi "$bin" train "${gpt2[@]}" --tp 2 : \
+    -n 1 "$bin" train "${gpt2[@]}" --tp 2
 exit $fail

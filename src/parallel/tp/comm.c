@@ -1,8 +1,10 @@
 /* The model's tensor-parallel collectives: a blocking float32 sum (and max) over the
- * TP group (dt_tp_comm, ops.h), counted for benchmarks. For two ranks an MPI
- * sum is a + b on both; for more, Open MPI's algorithms combine the same
- * operands on every rank, so every rank gets the same bits (the invariant
- * of tp_internal.h). */
+ * TP group (dt_tp_comm, ops.h), counted for benchmarks. On one machine the
+ * sum is dt_allreduce_node: every rank adds the T parts in rank order, the
+ * same bits on every rank by construction (the invariant of tp_internal.h).
+ * Through MPI (DTRAIN_TP_ALLREDUCE=mpi, or a group across machines, which
+ * setup refuses) a sum of two ranks is a + b on both; for more, Open MPI's
+ * algorithms combine the same operands on every rank. */
 #include <stdlib.h>
 #include <string.h>
 #include "tp_internal.h"

@@ -47,7 +47,17 @@
  * built for its rank (nn.h dt_nn_add_linear_col / _row) is accepted when
  * every split parameter is part rank % T of T (setup checks).
  * With --pp each stage is split this way (pipe/tp.c: the mesh). Not yet:
- * sequence parallelism and ZeRO. */
+ * sequence parallelism and ZeRO.
+ *
+ * Placement. A TP group sits inside one machine: its all-reduces run in
+ * every layer, several times the DP all-reduce's bytes per step, so setup
+ * refuses a group that spans machines (placement.c; the pipeline mesh too,
+ * over its (machine, rank) order) rather than run it slowly. On one machine
+ * comm.c's sum is dt_allreduce_node: each rank stages its buffer in the
+ * group's node-shared window and sums all T slots in rank order, so the
+ * invariant's "same bits on every rank" holds by construction at any T;
+ * DTRAIN_TP_ALLREDUCE=mpi runs MPI's all-reduce instead (tied in speed on
+ * this machine: docs/PERFORMANCE.md). */
 #ifndef DT_TP_INTERNAL_H
 #define DT_TP_INTERNAL_H
 
