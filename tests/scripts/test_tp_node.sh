@@ -73,4 +73,7 @@ refused mesh_31 "--tp 2: the tensor-parallel group of world ranks 2, 3 spans mac
 refused mixed "DTRAIN_TP_ALLREDUCE: rank 1 has node, rank 0 has mpi" \
     mpiexec --allow-run-as-root --oversubscribe -n 1 env DTRAIN_TP_ALLREDUCE=mpi "$bin" train "${gpt2[@]}" --tp 2 : \
     -n 1 "$bin" train "${gpt2[@]}" --tp 2
+refused mixed_mesh "DTRAIN_TP_ALLREDUCE: rank" \
+    mpiexec --allow-run-as-root --oversubscribe -n 2 env DTRAIN_TP_ALLREDUCE=mpi "$bin" train "${gpt2[@]}" --tp 2 --pp 2 : \
+    -n 2 "$bin" train "${gpt2[@]}" --tp 2 --pp 2
 exit $fail

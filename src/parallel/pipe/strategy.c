@@ -351,6 +351,7 @@ dt_status dt_pipe_strategy_stats(const dt_strategy *s, dt_pipe_stats *out) {
 static dt_status s_agree(void *self, dt_agree *a) {
     dt_pipe *p = self;
     dt_par_describe_pipe(&p->o, a);
+    if (p->lay.T > 1) dt_agree_add(a, "DTRAIN_TP_ALLREDUCE", "%s", dt_tp_allreduce_path());   /* tp/comm.c */
     return dt_pg_agree(p->comm.world, a);
 }
 

@@ -39,11 +39,15 @@ static dt_status tp_allreduce_max(void *ctx, float *buf, int64_t n) {
     return st;
 }
 
+const char *dt_tp_allreduce_path(void) {
+    const char *e = getenv("DTRAIN_TP_ALLREDUCE");
+    return e && !strcmp(e, "mpi") ? "mpi" : "node";
+}
+
 void dt_tp_comm_init(dt_tp *s) {
     dt_pg_topo t;
     dt_pg_topology(s->tp_pg, &t);
-    const char *e = getenv("DTRAIN_TP_ALLREDUCE");
-    s->node = t.machines == 1 && !(e && !strcmp(e, "mpi"));
+    s->node = t.machines == 1 && !strcmp(dt_tp_allreduce_path(), "node");
     s->comm = (dt_tp_comm){.rank = dt_pg_rank(s->tp_pg), .size = dt_pg_size(s->tp_pg),
                            .allreduce_sum = tp_allreduce_sum, .allreduce_max = tp_allreduce_max, .ctx = s};
 }

@@ -4,7 +4,6 @@
  * (groups, the model's comm, DDP over the replicas), the DDP hooks passed
  * on, grad_sumsq (clipping), save (whole tensors). */
 #include <stdlib.h>
-#include <string.h>
 #include "parallel/common/common_internal.h"
 #include "tp_internal.h"
 #include "util/log_internal.h"
@@ -44,8 +43,7 @@ static dt_status check_parts(const dt_tp *s, const dt_model *m) {
 static dt_status s_agree(void *self, dt_agree *a) {
     dt_tp *s = self;
     dt_agree_add(a, "tp.size", "%d", s->T);
-    const char *e = getenv("DTRAIN_TP_ALLREDUCE");   /* comm.c: one path per group */
-    dt_agree_add(a, "DTRAIN_TP_ALLREDUCE", "%s", e && !strcmp(e, "mpi") ? "mpi" : "node");
+    dt_agree_add(a, "DTRAIN_TP_ALLREDUCE", "%s", dt_tp_allreduce_path());   /* comm.c: one path per group */
     dt_par_describe_ddp(&s->opts.ddp, a);
     return dt_pg_agree(s->world, a);
 }

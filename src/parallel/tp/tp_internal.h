@@ -79,6 +79,8 @@ typedef struct dt_tp {
  * (dt_allreduce_node) when the group is on one machine, unless
  * DTRAIN_TP_ALLREDUCE=mpi; MPI's dt_allreduce otherwise. */
 void dt_tp_comm_init(dt_tp *s);
+/* "mpi" or "node": DTRAIN_TP_ALLREDUCE as comm.c reads it (ranks agree on it). */
+const char *dt_tp_allreduce_path(void);
 /* placement.c: DT_EINVAL naming the ranks and their machines when a TP group
  * (places g*T .. g*T+T-1; place of world rank r: pos[r], or r when pos is
  * NULL) spans machines. Local: every rank gives the same verdict. */
