@@ -9,6 +9,7 @@
 #    per-rank parameter count dtrain prints, and far below what the TP
 #    all-reduces of [B, T, C] would add if a TP group spanned the hosts (the
 #    check fails if the TP traffic crossed the link);
+#  - the CLI's launcher (--hosts tpn0:2,tpn1:2, placing by slot) runs it too;
 #  - layouts whose TP group spans hosts are refused before training, naming
 #    the ranks, their hosts and how to place them: 1 rank per host with
 #    --tp 2, 2 x 2 mapped round-robin (--map-by node), and the mesh --tp 2
@@ -75,6 +76,17 @@ if [ "$tp" -gt $(( 3 * bound )) ] && [ "$sent0" -le "$bound" ] && [ "$sent1" -le
     echo "ok   each host sent at most the DP all-reduce's bound; the TP all-reduces stayed on the hosts"
 else
     echo "FAIL bytes across the link: tpn0 $sent0, tpn1 $sent1 against the bound $bound (DP $dp, TP $tp)"; fail=1
+fi
+
+# the launcher: dtrain --hosts places by slot, so the same layout runs from the
+# CLI (through netsim's ssh stand-in, as mpirun would through ssh)
+if ip netns exec tpn0 env SHELL=/bin/sh OMPI_MCA_plm_rsh_agent="$NETSIM_STATE/agent" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
+       OMPI_MCA_oob_tcp_if_include="$NETSIM_SUBNET.0/24" OMPI_MCA_btl_tcp_if_include="$NETSIM_SUBNET.0/24" \
+       timeout -k 10 180 "$bin" "${gpt2[@]}" --hosts tpn0:2,tpn1:2 --save "$tmp/launch.ck" < /dev/null > "$tmp/launch.out" 2>&1 &&
+   "$cmp" "$tmp/ref.ck" "$tmp/launch.ck" step optim_step epoch cursor > "$tmp/cmp.out"; then
+    echo "ok   --hosts tpn0:2,tpn1:2 --tp 2 == one machine: $(tail -1 "$tmp/cmp.out")"
+else
+    echo "FAIL --hosts tpn0:2,tpn1:2 --tp 2:"; tail -5 "$tmp/launch.out"; cat "$tmp/cmp.out" 2>/dev/null; fail=1
 fi
 
 # 3. layouts that put a TP group across hosts: refused, naming ranks, hosts, the fix
