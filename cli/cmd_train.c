@@ -97,15 +97,19 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
     int T = f->dist.tp.size;
     if (T < 1) { snprintf(err, (size_t)errlen, "--tp must be >= 1 (got %d)", T); return -1; }
     if (T == 1) return 0;
-    const char *bad = f->dist.zero_stage ? "--zero (sharding across tensor-parallel replicas is not built yet; DDP runs across them)"
-                    : f->o.uneven ? "--uneven" : NULL;
+    int P = f->dist.pipelined ? f->dist.pipe.stages : 1;
+    /* --zero S: ZeRO over the replicas in place of DDP (with --pp: of each tensor-parallel stage) */
+    const char *bad = f->o.uneven ? "--uneven"
+                    : f->dist.zero_stage && f->save_format && !f->dist.pipelined ? "--save-format (with --zero it saves "
+                      "one file of whole tensors, as any --tp run)"
+                    : f->dist.zero_stage && f->dist.zero.node_params ? "--node-params (each machine's tensor-parallel "
+                      "ranks hold different parts)" : NULL;
     if (bad) { snprintf(err, (size_t)errlen, "--tp %d does not combine with %s", T, bad); return -1; }
     if (f->o.model.kind != DT_MODEL_GPT2) {
         snprintf(err, (size_t)errlen, "--tp %d: tensor parallelism is built for --model gpt2 only (got %s)", T,
                  dt_model_kind_name(f->o.model.kind));
         return -1;
     }
-    int P = f->dist.pipelined ? f->dist.pipe.stages : 1;
     if (P > 1 && f->nproc != INT_MIN && f->nproc % (P * T)) {   /* the mesh dp x pp x tp */
         snprintf(err, (size_t)errlen, "--tp %d x --pp %d = %d ranks per replica does not divide --nproc %d (ranks = "
                  "data-parallel replicas x --pp x --tp)", T, P, P * T, f->nproc);
@@ -115,7 +119,7 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
         snprintf(err, (size_t)errlen, "--tp %d does not divide --nproc %d (ranks = data-parallel replicas x --tp)", T, f->nproc);
         return -1;
     }
-    f->dist.tp.ddp = f->dist.ddp;   /* DDP across the replicas */
+    f->dist.tp.ddp = f->dist.ddp;   /* DDP across the replicas (or ZeRO: f->dist.zero, cli/run.c) */
     f->dist.pipe.tp_size = T;       /* a pipeline of tensor-parallel stages */
     return 0;
 }

@@ -28,8 +28,9 @@ int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
             if (piped) {
                 s = dt_pipe_strategy(world, &dist->pipe, &strat);
                 sp = s == DT_OK ? &strat : NULL;
-            } else if (tp) {   /* DDP across its replicas */
-                s = dt_tp_strategy(world, &dist->tp, &strat);
+            } else if (tp) {   /* DDP or ZeRO across its replicas */
+                s = dist->zero_stage > 0 ? dt_tp_zero_strategy(world, &dist->tp, &dist->zero, &strat)
+                                         : dt_tp_strategy(world, &dist->tp, &strat);
                 sp = s == DT_OK ? &strat : NULL;
             } else if (dist->zero_stage > 0) {   /* also at one rank: same code path, sharding of 1 */
                 s = dt_zero_strategy(world, &dist->zero, dist->save_format, &strat);

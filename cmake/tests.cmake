@@ -147,6 +147,12 @@ set_tests_properties(test_tp_mesh8_np8 PROPERTIES LABELS mpi PROCESSORS 8 TIMEOU
 add_test(NAME test_tp_pipeline_np4
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_pipeline.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_tp_pipeline_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
+# ZeRO 1/2/3 over the replicas of a tensor-parallel mesh (dp 2 x tp 2):
+# bitwise the mesh with DDP (clip, SGD, fp16 skips), whole-tensor checkpoints
+# across layouts, the per-rank memory report, refusals.
+add_test(NAME test_tp_zero_np4
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_zero.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_tp_zero_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
 foreach(np 2 4)
   add_test(NAME test_pipeline_errors_np${np}
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_errors.sh $<TARGET_FILE:dtrain_cli> ${np})

@@ -14,10 +14,11 @@
 # A layer may have rooms, src/<layer>/<room>/, ordered the same way: a file in
 # a room includes headers of its own room or of lower rooms of its layer
 # (rooms of equal rank are siblings and never include each other). Today:
-#   parallel: common < ddp = zero = tp < pipe
+#   parallel: common < ddp = zero < tp < pipe
 # (the pipeline runs DDP or ZeRO over each stage's replicas, and tp's
-# collective inside tensor-parallel stages through tp_internal.h; tp runs DDP
-# through its public header only). A folder under a
+# collective inside tensor-parallel stages through tp_internal.h; tp runs
+# ZeRO over its replicas through zero_internal.h, and DDP through its public
+# header only). A folder under a
 # layer that is not a room in the table is an error.
 set -euo pipefail
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -35,7 +36,7 @@ declare -A header=(
 )
 
 # room -> rank, per layer that has rooms
-declare -A room_rank=( [parallel/common]=0 [parallel/ddp]=1 [parallel/zero]=1 [parallel/tp]=1 [parallel/pipe]=2 )
+declare -A room_rank=( [parallel/common]=0 [parallel/ddp]=1 [parallel/zero]=1 [parallel/tp]=2 [parallel/pipe]=3 )
 
 bad=0
 fail() { echo "layering: $*" >&2; bad=1; }

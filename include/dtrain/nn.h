@@ -451,6 +451,10 @@ int dt_model_block_shape(const dt_model *m, int i, int in, const dt_batch *b, in
  * expects ("model cnn takes 'image' float [1, 28, 28]"). */
 dt_status dt_model_check_sample(const dt_model *m, const dt_sample_shape *s);
 size_t dt_model_num_params(const dt_model *m);
+/* The whole model's parameter elements when this one holds split parts
+ * (tensor parallelism: each split parameter counted at its full shape);
+ * dt_model_num_params otherwise. */
+size_t dt_model_num_params_whole(const dt_model *m);
 /* Elements of the trainable (requires_grad) parameters: what has gradients
  * and optimizer state. */
 size_t dt_model_num_trainable(const dt_model *m);

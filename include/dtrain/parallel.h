@@ -195,7 +195,8 @@ dt_status dt_ddp_strategy(dt_pg *pg, const dt_ddp_opts *o, dt_strategy *out);
  * only: attention by heads, the MLP by its 4C columns; nn.h cfg.tp_size),
  * on a mesh world = dp x tp with tp innermost (ranks tp*k .. tp*k+tp-1 hold
  * one replica), DDP over each tensor-parallel rank's replicas, and whole
- * tensors in checkpoints. Not with pipeline stages or ZeRO yet. */
+ * tensors in checkpoints. ZeRO over the replicas in place of DDP:
+ * zero.h dt_tp_zero_strategy. With pipeline stages: pipeline.h tp_size. */
 typedef struct dt_tp_opts {
     int size;                /* tp.size: ranks per replica; must divide the world */
     dt_ddp_opts ddp;         /* data parallelism across the replicas (world / size of them) */

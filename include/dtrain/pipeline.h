@@ -89,7 +89,8 @@ typedef struct dt_pipe_opts {
      * parameters join after their total is known. The pipeline clips over
      * all stages itself: zero.clip is ignored, and clipping with zero's
      * interleaved step overlap is refused. */
-    int zero_stage;           /* 0, 1, 2 or 3 (not with tp_size > 1) */
+    int zero_stage;           /* 0, 1, 2 or 3 (with tp_size > 1 too: each tensor-parallel
+                                 rank's parts of the stage sharded over its replicas) */
     /* Tensor parallelism inside every stage (tp.size T, GPT-2 only): each
      * stage is built split T ways (cfg.tp_size / tp_rank, as dt_tp_strategy
      * does) over T ranks; world = D replicas x P stages x T. 0 or 1: none. */

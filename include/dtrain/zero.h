@@ -294,4 +294,14 @@ dt_status dt_zero_gather_params(dt_zero *z);
  * checkpointing). The group must outlive the trainer. */
 dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format fmt, dt_strategy *out);
 
+/* Tensor parallelism (parallel.h dt_tp_strategy) with ZeRO stage zero->stage
+ * (1, 2 or 3) over each tensor-parallel rank's replicas in place of DDP:
+ * every rank keeps its share of its tensor-parallel parts and of the
+ * replicated parameters. The strategy owns the step (the global norm counts
+ * each split part and each replicated parameter once) and saves one file of
+ * whole tensors under their global names, as dt_tp_strategy does (so
+ * zero.save_format does not apply); it loads any checkpoint dtrain writes.
+ * zero->clip is ignored (the trainer's clip applies). World must outlive it. */
+dt_status dt_tp_zero_strategy(dt_pg *world, const dt_tp_opts *tp, const dt_zero_opts *zero, dt_strategy *out);
+
 #endif

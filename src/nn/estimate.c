@@ -3,7 +3,10 @@
  * same shapes the builders register (tests/unit/test_mem_estimate.c checks
  * the parameter counts against built models); the activation figure is a
  * rough floor -- the main tensors a training forward keeps for backward, in
- * float32 -- not a measurement. */
+ * float32 -- not a measurement. Under tensor parallelism (cfg.tp_size T > 1,
+ * set by the strategy's prepare_model before the check) GPT-2's figures are
+ * one rank's part: the split layers' T-th, the replicated ones whole. */
+#include <math.h>
 #include "dtrain/nn.h"
 
 size_t dt_model_cfg_num_params(const dt_model_cfg *c) {
@@ -25,9 +28,13 @@ size_t dt_model_cfg_num_params(const dt_model_cfg *c) {
                + flat * fc + fc + fc * (size_t)c->cnn_classes + (size_t)c->cnn_classes;
     }
     case DT_MODEL_GPT2: {
-        size_t C = (size_t)c->n_embd;
-        return (size_t)c->vocab * C + (size_t)c->max_t * C             /* wte (tied head), wpe */
-               + (size_t)c->n_layer * (12 * C * C + 13 * C) + 2 * C;   /* blocks, ln_f */
+        size_t C = (size_t)c->n_embd, T = c->tp_size > 1 ? (size_t)c->tp_size : 1;
+        size_t V = ((size_t)c->vocab + T - 1) / T;   /* this rank's wte rows, padding included */
+        /* a block: c_attn [C, 3C] + 3C, c_fc [C, 4C] + 4C, both projections
+         * [C, C] / [4C, C] split T ways; their biases (C each) and the two
+         * LayerNorms (2C each) whole */
+        size_t block = 12 * C * C / T + 3 * C / T + 4 * C / T + 6 * C;
+        return V * C + (size_t)c->max_t * C + (size_t)c->n_layer * block + 2 * C;   /* wte, wpe, blocks, ln_f */
     }
     default: return 0;
     }
@@ -48,9 +55,13 @@ double dt_model_cfg_act_bytes(const dt_model_cfg *c, int64_t seq, int recompute)
     }
     case DT_MODEL_GPT2: {
         double T = (double)(seq > 0 && seq < c->max_t ? seq : c->max_t), C = c->n_embd, H = c->n_head;
-        double layer = T * (16.0 * C + H * T);   /* ln, qkv, attention scores, MLP in and out, residuals */
+        double P = c->tp_size > 1 ? c->tp_size : 1, V = ceil(c->vocab / P);
+        /* per token: 2 LayerNorm outputs, the projection's output and the
+         * residual (4C, whole on every tp rank); qkv, the attention output,
+         * the MLP's input and GELU output (12C) and the scores (H T) split */
+        double layer = T * (4.0 * C + (12.0 * C + H * T) / P);
         double layers = recompute ? (c->n_layer - 1) * T * C + layer : c->n_layer * layer;   /* recompute: inputs only */
-        return 4.0 * (layers + T * C + 2.0 * T * c->vocab);   /* + embedding, logits and their gradient */
+        return 4.0 * (layers + T * C + 2.0 * T * V);   /* + embedding, logits and their gradient */
     }
     default: return 0;
     }

@@ -74,3 +74,13 @@ dt_param *dt_model_add_param_split(dt_model *m, dt_module *mod, const char *leaf
     free(full);
     return p;
 }
+
+size_t dt_model_num_params_whole(const dt_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        int64_t full[DT_MAX_DIMS];
+        int nd = dt_param_full_shape(m->params[i], full);
+        n += (size_t)dt_shape_numel(nd, full);
+    }
+    return n;
+}

@@ -46,8 +46,10 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_trainer_fit_model(t);
-    if (s == DT_OK) s = dt_trainer_check_memory(t);   /* sized, not yet allocated */
+    /* the strategy's say in the build (tp: this rank's part) before the
+     * memory check, which sizes that part */
     if (s == DT_OK && t->strat.prepare_model) s = t->strat.prepare_model(t->strat.self, &t->opts.model);
+    if (s == DT_OK) s = dt_trainer_check_memory(t);   /* sized, not yet allocated */
     if (s == DT_OK) s = o->build_model ? o->build_model(o->build_user, o->seed, &t->model)
                                        : dt_model_create(&t->opts.model, o->seed, &t->model);
     if (s == DT_OK && !t->model) s = DT_ERR(DT_EINVAL, "build_model returned no model");

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The memory check before allocating (issue 31 item 7): in a memory cgroup
 # smaller than the model (v2 memory.max, or v1 memory.limit_in_bytes), a GPT-2
-# run is refused before step 1 (one process, and 2 ranks of ZeRO-1 sharing the
-# machine's share) with the estimate, its parts and the figure it exceeded;
+# run is refused before step 1 (one process, 2 ranks of ZeRO-1 sharing the
+# machine's share, and 2 tensor-parallel ranks, each sized for its part) with the estimate, its parts and the figure it exceeded;
 # the same run with --no-memory-check gets past the check (and may then be
 # OOM-killed: only the refusal's absence is checked). Needs a memory cgroup it
 # can create (root, cgroup v2 with the memory controller, or v1's memory
@@ -43,10 +43,20 @@ refused() {
     elif grep -qE '^step [0-9]+/' <<< "$out"; then echo "FAIL $tag: trained before refusing"; fail=1
     elif [ "$(grep -c 'error' <<< "$out")" -ne 1 ] || ! grep -qE "^dtrain: (rank [0-9]+: )?$want" <<< "$out"; then
         echo "FAIL $tag: wanted one refusal line, got:"; echo "$out" | tail -3; fail=1
-    else echo "ok   $tag: $(grep error <<< "$out")"; fi
+    else echo "ok   $tag: $(grep error <<< "$out")"; params=$(grep -oE '\(parameters [0-9.]+' <<< "$out" | head -1 | grep -oE '[0-9.]+$'); fi
 }
+params=""
 refused "one process" "1 rank"
+whole=$params
 refused "2 ranks, ZeRO-1" "2 ranks" --nproc 2 --zero 1
+# --tp 2: each rank holds its part of the split layers, and the check sizes that part
+params=""
+refused "2 ranks, --tp 2" "2 ranks" --nproc 2 --tp 2
+if [ -n "$params" ] && [ -n "$whole" ]; then
+    if awk -v p="$params" -v w="$whole" 'BEGIN { exit !(p < 0.6 * w && p > 0.4 * w) }'; then
+        echo "ok   --tp 2 estimates $params MiB of parameters per rank, one process $whole MiB"
+    else echo "FAIL --tp 2 estimates $params MiB of parameters per rank, one process $whole MiB (want about half)"; fail=1; fi
+fi
 
 # times the cgroup's limit was hit (v1 memory.failcnt, v2 memory.events "max"): the refused
 # runs never reach it; a run past the check allocates the model and does (or prints its start line)

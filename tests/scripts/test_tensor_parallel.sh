@@ -16,8 +16,9 @@
 # the evaluation's token accuracy (argmax over the split logits) equals one
 # process's, and a vocabulary T does not divide (257 at --tp 2: one row of
 # padding) trains as one process and saves a checkpoint one process resumes.
+# --tp 2 --zero 3 at dp 1 (ZeRO on groups of one) trains as one process too.
 # What is not built is refused up front, naming the flag. (--tp with --pp:
-# test_tp_pipeline.sh.)
+# test_tp_pipeline.sh; --tp with --zero across replicas: test_tp_zero.sh.)
 # usage: test_tensor_parallel.sh DTRAIN NP   (NP: 2 or 4, the largest world used)
 set -uo pipefail
 # Ranks under mpirun: Open MPI unloads its plugins at finalize, so LeakSanitizer
@@ -100,7 +101,9 @@ if [ "$np" -eq 2 ]; then
         run tp2_from_single --tp 2 --nproc 2 --resume "$tmp/single.st" --quiet && near single tp2_from_single
     refused heads "arch.heads 3 is not divisible\|--heads 3 is not divisible" --heads 3 --embd 33 --tp 2 --nproc 2
     refused pp "ranks per replica does not divide --nproc 2" --tp 2 --pp 2 --nproc 2
-    refused zero "does not combine with --zero" --tp 2 --zero 1 --nproc 2
+    # ZeRO over the mesh's replicas (test_tp_zero.sh at 4 ranks); at dp 1 a group of one
+    run tp2_z3 --tp 2 --nproc 2 --zero 3 --quiet && near single tp2_z3
+    refused zero_node "does not combine with --node-params" --tp 2 --zero 2 --node-params --nproc 2
     refused world "does not divide --nproc 2" --tp 4 --nproc 2
     refused mlp "gpt2 only" --model mlp --tp 2 --nproc 2
 else

@@ -59,14 +59,15 @@ else
     echo "FAIL logged losses differ:"; diff <(strip "$tmp/ref.jsonl") <(strip "$tmp/hosts.jsonl") | head -5; fail=1
 fi
 
-# 2. bytes across the link. N = one rank's parameters (dtrain prints them);
+# 2. bytes across the link. N = one rank's parameters (the start-up line's
+# "(N on each tensor-parallel rank)");
 # each data-parallel pair all-reduces N floats per step, plus DDP's start-up
 # broadcast: a host's 2 ranks send 2 x 4N bytes per step (an all-reduce of 2
 # ranks sends each rank's whole buffer once). A TP group across the hosts
 # would add per rank and step (4 L + 2) all-reduces of B T C floats (2
 # forward + 2 backward per layer, the embedding's and the lm-head's), the
 # evaluation's forwards on top.
-N=$(grep -m1 -oE 'gpt2, [0-9]+ parameters' "$tmp/hosts.out" | grep -oE ' [0-9]+ ' | tr -d ' ')
+N=$(grep -m1 -oE '\(([0-9]+) on each tensor-parallel rank\)' "$tmp/hosts.out" | grep -oE '[0-9]+')
 if [ -z "$N" ]; then echo "FAIL no parameter count in the output:"; head -5 "$tmp/hosts.out"; exit 1; fi
 dp=$(( 2 * 4 * N * (steps + 1) ))
 tp=$(( 2 * 4 * (4 * L + 2) * B * T * C * steps ))

@@ -14,8 +14,8 @@
 # training losses continuing the uninterrupted one-process run within 1e-6;
 # the set resumes at (1, 2, 2), at --pp 2 alone and at (4, 1, 1) too, and a
 # one-process checkpoint at (1, 2, 2). The start-up line
-# prints the mesh; --zero with --tp --pp and a world P x T does not divide
-# are refused.
+# prints the mesh; a world P x T does not divide is refused. (ZeRO inside
+# tensor-parallel stages: test_tp_zero.sh.)
 # usage: test_tp_pipeline.sh DTRAIN
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_tensor_parallel.sh)
@@ -111,6 +111,5 @@ fi
 run half_single --batch 2 --accum 2 --steps 2 --save "$tmp/single.st" --quiet &&
     run tpp_from_single "${tpp[@]}" --batch 4 --resume "$tmp/single.st" --quiet && near single tpp_from_single
 
-refused zero "does not combine with --zero" "${tpp[@]}" --batch 4 --zero 1
 refused world "ranks per replica does not divide --nproc 2" --tp 2 --pp 2 --nproc 2 --batch 4
 exit $fail

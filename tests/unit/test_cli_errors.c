@@ -66,7 +66,11 @@ static void test_bad_flags(void **state) {
     /* the mesh dp x pp x tp: the world is a multiple of P x T */
     expect_error("train --model gpt2 --heads 4 --tp 2 --pp 2 --nproc 6",
                  "--tp 2 x --pp 2 = 4 ranks per replica does not divide --nproc 6");
-    expect_error("train --model gpt2 --heads 4 --tp 2 --pp 2 --zero 1 --nproc 4", "--tp 2 does not combine with --zero");
+    /* ZeRO across tensor-parallel replicas: without node-shared parameters, saving one file */
+    expect_error("train --model gpt2 --heads 4 --tp 2 --zero 2 --node-params --nproc 4",
+                 "--tp 2 does not combine with --node-params");
+    expect_error("train --model gpt2 --heads 4 --tp 2 --zero 2 --save-format sharded --nproc 4",
+                 "--tp 2 does not combine with --save-format");
     /* numbers that mean nothing, or whose products overflow, are refused before anything runs */
     expect_error("train --nproc 0", "--nproc must be >= 1 (got 0)");
     expect_error("train --nproc -2", "--nproc must be >= 1 (got -2)");

@@ -68,6 +68,17 @@ static void test_param_counts(void **state) {
     counts_match(c);
     c.n_layer = 3; c.n_embd = 48; c.n_head = 3; c.vocab = 300; c.max_t = 24;
     counts_match(c);
+    /* tensor parallelism: one rank's part, for every rank (V = 301: rank
+     * parts padded at T = 2 and 4) */
+    size_t whole = dt_model_cfg_num_params(&c);
+    c.n_head = 12; c.vocab = 301;
+    for (int T = 2; T <= 4; T += 2)
+        for (int r = 0; r < T; r++) {
+            c.tp_size = T; c.tp_rank = r;
+            counts_match(c);
+            assert_true(dt_model_cfg_num_params(&c) < whole / T + whole / 5);   /* mostly split */
+        }
+    c.tp_size = 0; c.tp_rank = 0;
     c.kind = DT_MODEL_CUSTOM;
     assert_int_equal(dt_model_cfg_num_params(&c), 0);
 }
@@ -94,6 +105,10 @@ static void test_estimate_shares(void **state) {
     dt_train_memory_estimate(&o, NULL, &z);
     assert_true(z.acts < e.acts);
     o.recompute = DT_RECOMPUTE_NONE;
+    o.model.tp_size = 2;   /* tensor parallelism: the split layers' activations halve, the rest stays */
+    dt_train_memory_estimate(&o, NULL, &z);
+    assert_true(z.params < e.params * 0.6 && z.acts < e.acts && z.acts > e.acts / 2);
+    o.model.tp_size = 0;
     o.save = "x"; o.save_sync = 0;   /* a background save copies parameters and optimizer state */
     dt_train_memory_estimate(&o, NULL, &z);
     assert_true(z.copy == 12 * n);

@@ -18,11 +18,18 @@
  * gathered whole over the stage's tp group and written by tp rank 0 (the
  * others of the group write nothing), the index holds whole shapes, and a
  * load reads the whole tensor and keeps this rank's part
- * (dt_checkpoint_read_param): a set is the same for any T. */
+ * (dt_checkpoint_read_param): a set is the same for any T.
+ * ZeRO in tensor-parallel stages: each replica's owned ranges are of its
+ * parts, not of whole tensors, so the replicas' shards are first put
+ * together (dt_zero_gather_local: values and states, over the stage's
+ * replicas) and then written as without ZeRO (replica 0, gathered over the
+ * tp group); a load reads owned ranges as ZeRO does, each cut from this
+ * rank's part of the whole tensor (zero/checkpoint.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "pipe_internal.h"
+#include "parallel/zero/zero_internal.h"
 
 dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr) {
     dt_model *m = p->m;
@@ -49,11 +56,26 @@ void dt_pipe_ckpt_free(dt_pipe *p) {
 /* (the stage in effect: --node-params makes stage 3 keep whole parameters, as stage 2) */
 static int zero3(const dt_pipe *p) { return p->dp.zero && dt_zero_stage(p->dp.zero) == 3; }
 
+/* ZeRO in tensor-parallel stages: saved from the replicas' shards put together */
+static int zero_tp(const dt_pipe *p) { return p->dp.zero && p->lay.T > 1; }
+
 /* Writes parameter i whole: replica 0, a tied one on its authority only;
- * none at ZeRO-3 (owned ranges instead). */
+ * none at ZeRO-3 (owned ranges instead) but in tensor-parallel stages. */
 static int saver_of(const dt_pipe *p, int i) {
     int t = p->ties.of[i];
-    return !zero3(p) && p->lay.replica == 0 && (t < 0 || p->ties.list[t].is_authority);
+    return (zero_tp(p) || !zero3(p)) && p->lay.replica == 0 && (t < 0 || p->ties.list[t].is_authority);
+}
+
+/* ZeRO in tensor-parallel stages: flat[0] the values, flat[1 + k] state k of
+ * this rank's parts, whole over the replicas (collective over them) */
+static dt_status gather_flats(dt_pipe *p, int ns, float **flat) {
+    size_t total = p->dp.zero->lay.total ? p->dp.zero->lay.total : 1;
+    if (ns > 2) return DT_ERR(DT_EINVAL, "pipeline checkpoint: %d optimizer states per element (at most 2)", ns);
+    for (int k = -1; k < ns; k++) {
+        if (!(flat[k + 1] = malloc(total * sizeof **flat))) return DT_ERR(DT_ENOMEM, "pipeline checkpoint: out of memory");
+        DT_TRY(dt_zero_gather_local(p->dp.zero, k, flat[k + 1]));
+    }
+    return DT_OK;
 }
 
 /* A piece of tensor q (its value or a state, `local` this rank's part):
@@ -82,13 +104,17 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
     /* a frozen parameter has no state (compact optimizer): the index lists
      * every parameter's, so it is written as zeros */
     size_t zn = 0;
-    for (int i = 0; i < np && !p->dp.zero; i++)
-        if (!dt_optimizer_state_of(&p->upd.optim, 0, m->offsets[i]) && (size_t)m->params[i]->value.numel > zn)
+    int own_states = !p->dp.zero || zero_tp(p);   /* written here as whole tensors (else ZeRO's ranges) */
+    float *flat[3] = {NULL, NULL, NULL};   /* zero_tp: values, states (ns <= 2) */
+    for (int i = 0; i < np && own_states; i++)
+        if ((zero_tp(p) ? !m->params[i]->requires_grad : !dt_optimizer_state_of(&p->upd.optim, 0, m->offsets[i])) &&
+            (size_t)m->params[i]->value.numel > zn)
             zn = (size_t)m->params[i]->value.numel;
     float *zeros = zn ? calloc(zn, sizeof *zeros) : NULL;
     if (zn && !zeros) { free(pc); free(sname); free(whole); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
     int n = 0;
-    if (p->dp.zero) {   /* every replica: its owned ranges of the states (stage 3: and values; a tied copy:
+    dt_status s = zero_tp(p) ? gather_flats(p, ns, flat) : DT_OK;
+    if (p->dp.zero && !zero_tp(p)) {   /* every replica: its owned ranges of the states (stage 3: and values; a tied copy:
                            on its authority only) */
         n = dt_zero_state_pieces(p->dp.zero, r, p->upd.norm_skip, pc, sname);
         int nv = n < 0 ? -1 : dt_zero_value_pieces(p->dp.zero, r, p->upd.norm_skip, pc + n);
@@ -98,14 +124,14 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
         }
         n += nv;
     }
-    dt_status s = DT_OK;
     for (int i = 0; i < np && s == DT_OK; i++) {
         if (!saver_of(p, i)) continue;
         dt_param *q = m->params[i];
-        s = add_piece(p, q->name, q, dt_f32(&q->value), pc, &n, whole, &nw);
-        for (int k = 0; k < ns && !p->dp.zero && s == DT_OK; k++) {
+        s = add_piece(p, q->name, q, flat[0] ? flat[0] + m->offsets[i] : dt_f32(&q->value), pc, &n, whole, &nw);
+        for (int k = 0; k < ns && own_states && s == DT_OK; k++) {
             snprintf(sname[k * np + i], sizeof sname[0], "optim.%s.%s", dt_checkpoint_state_name(cfg, k), q->name);
-            float *st = dt_optimizer_state_of(&p->upd.optim, k, m->offsets[i]);
+            float *st = !zero_tp(p) ? dt_optimizer_state_of(&p->upd.optim, k, m->offsets[i])
+                      : q->requires_grad ? flat[1 + k] + m->offsets[i] : NULL;
             s = add_piece(p, sname[k * np + i], q, st ? st : zeros, pc, &n, whole, &nw);
         }
     }
@@ -115,6 +141,7 @@ static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const ch
                                       dt_f32(&m->buffers[i]->value)};
     if (s == DT_OK) s = dt_ckpt_write_shard(dir, set, dt_pg_rank(p->comm.world), dt_pg_size(p->comm.world), pc, n);
     for (int k = 0; k < nw; k++) free(whole[k]);
+    for (int k = 0; k < 3; k++) free(flat[k]);
     free(whole);
     free(pc);
     free(sname);
@@ -187,7 +214,7 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
         int64_t full[DT_MAX_DIMS];
         int nd = dt_param_full_shape(q, full);
         DT_TRY(dt_ckpt_expect(ck, q->name, nd, full));
-        if (!zero3(p)) DT_TRY(dt_checkpoint_read_param(ck, q->name, q, dt_f32(&q->value)));
+        if (!zero3(p)) DT_TRY(dt_checkpoint_read_param(ck, q->name, q, dt_f32(&q->value)));   /* (stage 3: ZeRO's ranges) */
         for (int k = 0; k < ns && !p->dp.zero; k++) {
             char nm[192];
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(r->optim, k), q->name);

@@ -41,6 +41,7 @@
  * ones, so the strategy says its forwards are collective and the trainer
  * has every replica run as many (a replica past the end repeats a batch
  * and counts nothing); checkpoints hold values as owned ranges (pipe/ckpt.c). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/ddp/ddp_internal.h"
@@ -91,6 +92,9 @@ void dt_pipe_dp_free(dt_pipe *p) {
     }
     if (p->dp.zero) dt_zero_free(p->dp.zero);
     if (p->dp.ddp) dt_ddp_free(p->dp.ddp);
+    free(p->dp.skip_split);
+    free(p->dp.skip_whole);
+    p->dp.skip_split = p->dp.skip_whole = NULL;
     p->dp.zero = NULL;
     p->dp.ddp = NULL;
 }
@@ -137,7 +141,21 @@ dt_status dt_pipe_dp_finish(dt_pipe *p) {
 }
 
 double dt_pipe_dp_sumsq(dt_pipe *p, const unsigned char *skip) {
-    return dt_zero_owned_sumsq(p->dp.zero, skip);
+    if (p->lay.T <= 1) return dt_zero_owned_sumsq(p->dp.zero, skip);
+    int np = p->m->n_params;
+    if (!p->dp.skip_split) {
+        p->dp.skip_split = calloc((size_t)np + 1, 1);
+        p->dp.skip_whole = calloc((size_t)np + 1, 1);
+        if (!p->dp.skip_split || !p->dp.skip_whole) return NAN;   /* every rank's verdict: not finite */
+        for (int i = 0; i < np; i++) {
+            int split = p->m->params[i]->split.parts > 1;
+            p->dp.skip_split[i] = (unsigned char)((skip && skip[i]) || split);
+            p->dp.skip_whole[i] = (unsigned char)((skip && skip[i]) || !split);
+        }
+    }
+    double x = dt_zero_owned_sumsq(p->dp.zero, p->dp.skip_whole);   /* split parts: every tp rank's own */
+    if (p->lay.tp_rank == 0) x += dt_zero_owned_sumsq(p->dp.zero, p->dp.skip_split);
+    return x;
 }
 
 dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale) {

@@ -306,6 +306,10 @@ typedef struct dt_pipe_dp {
     int local;                /* every stage's replicas share a machine (dt_pipe_place_local) */
     struct dt_ddp *ddp;
     struct dt_zero *zero;     /* owns the optimizer state when set */
+    /* ZeRO in tensor-parallel stages: per local parameter, left out of the
+     * norm's split sum / whole sum (norm_skip, and the other kind); made at
+     * the first norm (dp.c) */
+    unsigned char *skip_split, *skip_whole;
 } dt_pipe_dp;
 
 /* The stage's update (pipe/strategy.c): without ZeRO, optim steps this
@@ -385,6 +389,9 @@ dt_status dt_pipe_dp_finish(dt_pipe *p);
  * left out), the step with the pipeline's clip scale, parameters current
  * (gathers waited; stage 3: only buckets no module owns stay gathered),
  * per-rank bytes */
+/* This rank's part of the clip norm's squared sum under ZeRO (skip: tied
+ * copies left out). In tensor-parallel stages a replicated parameter's
+ * owned shards count on tp rank 0 only (the other ranks hold the same). */
 double dt_pipe_dp_sumsq(dt_pipe *p, const unsigned char *skip);
 dt_status dt_pipe_dp_step(dt_pipe *p, float lr, float scale);
 dt_status dt_pipe_dp_skip(dt_pipe *p);   /* ZeRO: a step skipped by loss scaling (nothing stepped) */

@@ -32,9 +32,6 @@ static dt_status make_groups(dt_pipe *p) {
                       "of pipe.stages x tp.size = %d)", W, p->o.stages, T, p->o.stages * T);
     if (p->o.stages > DT_PIPE_MAX_STAGES)
         return DT_ERR(DT_EINVAL, "pipeline: at most %d stages (got pipe.stages %d)", DT_PIPE_MAX_STAGES, p->o.stages);
-    if (T > 1 && p->o.zero_stage)   /* its shards and saved ranges would be of tensor parts */
-        return DT_ERR(DT_EINVAL, "pipeline: pipe.zero_stage %d with tp.size %d: ZeRO inside tensor-parallel stages is not "
-                      "built yet (DDP runs across the replicas)", p->o.zero_stage, T);
     p->lay.P = p->o.stages;
     p->lay.T = T;
     p->lay.D = W / (p->lay.P * T);
@@ -267,7 +264,9 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
     DT_TRY(s != DT_OK ? s : f);
     float scale = 1.0f;
     if (r->clip > 0 || r->scaler) {
-        /* ZeRO: the owned shards are disjoint over the whole world; else the
+        /* ZeRO: the owned shards are disjoint over the whole world (tensor-
+         * parallel stages: a replicated parameter's counted on tp rank 0
+         * only, dt_pipe_dp_sumsq); else the
          * replicas hold equal gradients: one pipeline's sum. In rank order:
          * the same scale on every rank and in every run (4 ranks' float sums
          * in MPI's order were not), so loss scaling's verdict is every rank's */

@@ -15,7 +15,10 @@
  * parts summed over the group, a replicated one counted once per stage:
  * strategy.c) and checkpoints, whose sets hold whole tensors under global
  * names (split ones gathered here, written by tp rank 0: ckpt.c; a load
- * reads the whole tensor and keeps this rank's part). */
+ * reads the whole tensor and keeps this rank's part). ZeRO over the replicas
+ * of (stage, tp rank) shards that rank's parts: its norm counts replicated
+ * parameters on tp rank 0 only (dp.c) and its sets are written from the
+ * replicas' shards put together (ckpt.c). */
 #include <stdlib.h>
 #include "pipe_internal.h"
 #include "parallel/tp/tp_internal.h"

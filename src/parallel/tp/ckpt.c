@@ -6,10 +6,16 @@
  * rank 0 keeps the whole tensors and writes. Its peak memory is one process's
  * model + optimizer state; the other ranks hold one gathered tensor at a time.
  * Loading needs no hook: every rank reads the whole tensor and keeps its part
- * (dt_checkpoint_read_param). */
+ * (dt_checkpoint_read_param).
+ * With ZeRO over the replicas (zero.c) this rank's parts are first put
+ * together from its DP group's shards: values and each optimizer state
+ * all-gathered into a flat copy of the local layout (dt_zero_gather_local),
+ * one at a time on ranks other than world rank 0 (which keeps them until it
+ * writes: its replicated tensors point into them); then as above. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "parallel/zero/zero_internal.h"
 #include "tp_internal.h"
 
 typedef struct save_set {
@@ -43,32 +49,68 @@ static dt_status add_tensor(dt_tp *s, save_set *ss, const char *name, const dt_p
     return DT_OK;
 }
 
+/* ZeRO: this rank's whole parts of values (k < 0) or state k, put together
+ * from the DP group's shards into a new flat buffer (collective over it) */
+static dt_status zero_local(dt_tp *s, save_set *ss, int k, float **flat) {
+    *flat = malloc((s->zero->lay.total ? s->zero->lay.total : 1) * sizeof **flat);
+    if (!*flat) return DT_ERR(DT_ENOMEM, "tp checkpoint: out of memory (%zu floats)", s->zero->lay.total);
+    ss->owned[ss->n_owned++] = *flat;   /* freed with the set (or at once, by the caller) */
+    return dt_zero_gather_local(s->zero, k, *flat);
+}
+
+/* A rank other than world rank 0 drops the flat copy it just used. */
+static void zero_local_done(dt_tp *s, save_set *ss) {
+    if (s->rank == 0 || !ss->n_owned) return;
+    free(ss->owned[--ss->n_owned]);
+}
+
 dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path) {
     dt_model *m = r->model;
     dt_optimizer *o = r->optimizer;
-    if (!o) return DT_ERR(DT_ESTATE, "tp checkpoint %s: no optimizer", path);
-    int ns = dt_optim_state_per_elem(&o->cfg), cap = m->n_params * (1 + ns) + m->n_buffers;
+    if (!o && !s->zero) return DT_ERR(DT_ESTATE, "tp checkpoint %s: no optimizer", path);
+    const dt_optim_cfg *cfg = s->zero ? dt_zero_optim_cfg(s->zero) : &o->cfg;
+    int ns = dt_optim_state_per_elem(cfg), cap = m->n_params * (1 + ns) + m->n_buffers;
+    /* owned: room for the whole tensors and the flat copies (1 + ns) */
     save_set ss = {.e = calloc((size_t)cap, sizeof *ss.e), .names = calloc((size_t)(m->n_params * ns + 1), sizeof *ss.names),
-                   .owned = calloc((size_t)cap, sizeof *ss.owned)};
+                   .owned = calloc((size_t)(cap + 1 + ns), sizeof *ss.owned)};
     dt_status st = ss.e && ss.names && ss.owned ? DT_OK : DT_ERR(DT_ENOMEM, "out of memory");
+    if (st == DT_OK && s->zero) st = dt_zero_sync_params(s->zero);
+    float *flat = NULL;
+    if (st == DT_OK && s->zero) st = zero_local(s, &ss, -1, &flat);
     /* the order of checkpoint.c: parameters, buffers, then each state of every parameter */
     for (int i = 0; i < m->n_params && st == DT_OK; i++)
-        st = add_tensor(s, &ss, m->params[i]->name, m->params[i], dt_f32(&m->params[i]->value));
+        st = add_tensor(s, &ss, m->params[i]->name, m->params[i],
+                        flat ? flat + m->offsets[i] : dt_f32(&m->params[i]->value));
+    if (flat) zero_local_done(s, &ss);
     for (int i = 0; i < m->n_buffers && st == DT_OK; i++) {
         const dt_named_buffer *b = m->buffers[i];
         ss.e[ss.n++] = (dt_st_entry){.name = b->name, .dtype = DT_F32, .ndim = b->value.ndim, .data = b->value.data};
         memcpy(ss.e[ss.n - 1].shape, b->value.shape, sizeof b->value.shape);
     }
-    for (int k = 0; k < ns && st == DT_OK; k++)
+    for (int k = 0; k < ns && st == DT_OK; k++) {
+        if (s->zero) st = zero_local(s, &ss, k, &flat);
         for (int i = 0; i < m->n_params && st == DT_OK; i++) {
-            const float *state = dt_optimizer_state_of(o, k, m->offsets[i]);
-            if (!state) continue;   /* frozen: no state (the same on every rank) */
+            /* frozen: no state (the same on every rank) */
+            const float *state = !s->zero ? dt_optimizer_state_of(o, k, m->offsets[i])
+                               : m->params[i]->requires_grad ? flat + m->offsets[i] : NULL;
+            if (!state) continue;
             char *nm = ss.names[k * m->n_params + i];
-            snprintf(nm, 192, "optim.%s.%s", dt_checkpoint_state_name(&o->cfg, k), m->params[i]->name);
+            snprintf(nm, 192, "optim.%s.%s", dt_checkpoint_state_name(cfg, k), m->params[i]->name);
             st = add_tensor(s, &ss, nm, m->params[i], state);
         }
+        if (s->zero && st == DT_OK) zero_local_done(s, &ss);
+    }
     dt_ckpt_meta mb;
-    if (st == DT_OK) {
+    if (st == DT_OK && s->zero) {   /* every bucket's optimizer: the per-parameter step counts */
+        dt_optimizer **opts = malloc((size_t)(s->zero->lay.nb + 1) * sizeof *opts);
+        if (!opts) st = DT_ERR(DT_ENOMEM, "out of memory");
+        if (st == DT_OK) {
+            int n = dt_zero_optimizers(s->zero, opts);
+            dt_checkpoint_meta(r, "tp", dt_zero_optim_step(s->zero), &mb);
+            st = dt_checkpoint_meta_steps(&mb, m, opts, n);
+        }
+        free(opts);
+    } else if (st == DT_OK) {
         dt_checkpoint_meta(r, "tp", o->step, &mb);
         st = dt_checkpoint_meta_steps(&mb, m, &o, 1);
     }

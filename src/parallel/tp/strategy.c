@@ -1,10 +1,13 @@
 /* Tensor parallelism as a dt_strategy (the design: tp_internal.h). The
  * hooks: prepare_model (gpt2: this rank's part; a user's model is checked in
  * setup), agree (on the world), setup
- * (groups, the model's comm, DDP over the replicas), the DDP hooks passed
- * on, grad_sumsq (clipping), save (whole tensors). */
+ * (groups, the model's comm, DDP or ZeRO over the replicas), the DDP hooks
+ * passed on, grad_sumsq (clipping), save (whole tensors). With ZeRO
+ * (dt_tp_zero_strategy) the strategy owns the step, loads and
+ * sync_params (zero.c). */
 #include <stdlib.h>
 #include "parallel/common/common_internal.h"
+#include "parallel/zero/zero_internal.h"
 #include "tp_internal.h"
 #include "util/log_internal.h"
 
@@ -44,7 +47,9 @@ static dt_status s_agree(void *self, dt_agree *a) {
     dt_tp *s = self;
     dt_agree_add(a, "tp.size", "%d", s->T);
     dt_agree_add(a, "DTRAIN_TP_ALLREDUCE", "%s", dt_tp_allreduce_path());   /* comm.c: one path per group */
-    dt_par_describe_ddp(&s->opts.ddp, a);
+    dt_agree_add(a, "tp.zero_stage", "%d", s->zero_stage);
+    if (s->zero_stage) dt_par_describe_zero(&s->zopts, a);
+    else dt_par_describe_ddp(&s->opts.ddp, a);
     return dt_pg_agree(s->world, a);
 }
 
@@ -55,14 +60,18 @@ static dt_status s_setup(void *self, dt_run *r) {
     DT_TRY(dt_tp_check_placement(s->world, s->T, NULL));   /* replica w / T: world ranks in order */
     /* replica w / T holds ranks T*(w/T) .. +T-1; DP groups join equal w % T */
     DT_TRY(dt_pg_split(s->world, s->rank / s->T, s->rank, &s->tp_pg));
-    if (s->dp > 1) DT_TRY(dt_pg_split(s->world, s->rank % s->T, s->rank, &s->dp_pg));
+    /* ZeRO runs also on a group of one (dp == 1): the same code path and checkpoints */
+    if (s->dp > 1 || s->zero_stage) DT_TRY(dt_pg_split(s->world, s->rank % s->T, s->rank, &s->dp_pg));
     dt_tp_comm_init(s);
     m->tp = &s->comm;
     if (!r->quiet && s->rank == 0)
-        dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d (tensor-parallel groups of %d consecutive ranks%s; %s)\n",
-               s->dp, s->T, s->T, m->cfg.kind == DT_MODEL_GPT2 && m->cfg.tp_size == s->T ? ": attention by heads, MLP "
-               "by columns, wte and the lm-head by vocabulary rows; wpe and LayerNorms whole on every rank" : "",
+        dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d%s (tensor-parallel groups of %d consecutive ranks%s; %s)\n",
+               s->dp, s->T, s->zero_stage == 1 ? ", ZeRO-1 over the replicas" : s->zero_stage == 2 ? ", ZeRO-2 over the "
+               "replicas" : s->zero_stage == 3 ? ", ZeRO-3 over the replicas" : "", s->T, m->cfg.kind == DT_MODEL_GPT2 &&
+               m->cfg.tp_size == s->T ? ": attention by heads, MLP by columns, wte and the lm-head by vocabulary rows; wpe "
+               "and LayerNorms whole on every rank" : "",
                s->node ? "all-reduces through node-shared memory" : "all-reduces through MPI");
+    if (s->zero_stage) return dt_tp_zero_setup(s, r);   /* its own memory report */
     if (s->dp > 1) {
         DT_TRY(dt_ddp_strategy(s->dp_pg, &s->opts.ddp, &s->inner));
         int quiet = r->quiet;
@@ -79,6 +88,15 @@ static dt_status s_setup(void *self, dt_run *r) {
 static dt_status s_before_forward(void *self, dt_run *r, int last) {
     dt_tp *s = self;
     if (last) s->bytes_at_step = s->stats.bytes;
+    if (s->zero) {
+        if (r->trace) {
+            dt_pg_set_trace(s->dp_pg, r->trace);
+            dt_pg_set_trace(s->zero->ag_pg, r->trace);
+            s->zero->trace = r->trace;
+        }
+        dt_zero_set_lr(s->zero, r->lr);
+        return dt_zero_before_forward(s->zero, r->graph, last);
+    }
     return has_inner(s) ? s->inner.before_forward(s->inner.self, r, last) : DT_OK;
 }
 
@@ -88,6 +106,7 @@ static dt_status s_after_backward(void *self, dt_run *r, int last) {
         s->stats.steps++;
         s->stats.bytes_last_step = s->stats.bytes - s->bytes_at_step;
     }
+    if (s->zero) return last ? dt_zero_finish_backward(s->zero) : DT_OK;
     return has_inner(s) ? s->inner.after_backward(s->inner.self, r, last) : DT_OK;
 }
 
@@ -104,10 +123,25 @@ static dt_status s_allreduce_sum(void *self, double *x, int n) {
 
 static dt_status s_grad_sumsq(void *self, dt_run *r, double *ss) { return dt_tp_grad_sumsq(self, r->model, ss); }
 static dt_status s_save(void *self, dt_run *r, const char *path) { return dt_tp_save(self, r, path); }
+static dt_status s_step(void *self, dt_run *r, float lr) { return dt_tp_zero_step(self, r, lr); }
+/* ZeRO's own load: each rank reads its owned ranges, a split parameter's cut
+ * from its part of the whole tensor (zero/checkpoint.c) */
+static dt_status s_load(void *self, dt_run *r, const char *path) { return dt_zero_load(((dt_tp *)self)->zero, r, path); }
+static dt_status s_sync(void *self, dt_run *r) {
+    (void)r;
+    return dt_zero_sync_params(((dt_tp *)self)->zero);
+}
+static dt_status s_refresh(void *self, dt_run *r) {
+    (void)r;
+    return dt_zero_refresh_trainable(((dt_tp *)self)->zero);
+}
 
 static void s_destroy(void *self) {
     dt_tp *s = self;
     if (has_inner(s)) s->inner.destroy(s->inner.self);
+    if (s->dp_pg) dt_pg_set_trace(s->dp_pg, NULL);
+    if (s->zero) dt_pg_set_trace(s->zero->ag_pg, NULL);
+    dt_tp_zero_free(s);
     dt_pg_free(s->dp_pg);
     dt_pg_free(s->tp_pg);
     free(s);
@@ -130,5 +164,30 @@ dt_status dt_tp_strategy(dt_pg *world, const dt_tp_opts *o, dt_strategy *out) {
                          .before_forward = s_before_forward, .after_backward = s_after_backward,
                          .allreduce_sum = s_allreduce_sum, .grad_sumsq = s_grad_sumsq, .save = s_save,
                          .destroy = s_destroy};
+    return DT_OK;
+}
+
+dt_status dt_tp_zero_strategy(dt_pg *world, const dt_tp_opts *tp, const dt_zero_opts *zero, dt_strategy *out) {
+    int st = zero ? zero->stage : 0;
+    if (st < 1 || st > 3) return DT_ERR(DT_EINVAL, "tp with ZeRO: stage %d (1, 2 or 3)", st);
+    if (zero->dp.join)
+        return DT_ERR(DT_EINVAL, "tp.size %d: uneven inputs (dp.join) do not combine with tensor parallelism",
+                      tp ? tp->size : 0);
+    DT_TRY(dt_tp_strategy(world, tp, out));
+    dt_tp *s = out->self;
+    s->zero_stage = st;
+    s->zopts = *zero;
+    static const char *names[4] = {"tp", "tp+zero-1", "tp+zero-2", "tp+zero-3"};
+    out->name = names[st];
+    out->owns_optimizer = 1;
+    out->step = s_step;
+    out->load = s_load;
+    out->sync_params = s_sync;
+    out->refresh_trainable = s_refresh;
+    out->grad_sumsq = NULL;   /* the step clips (dt_tp_zero_step) */
+    /* the memory check: ZeRO's shares of this rank's parts (state, then grads, then params) */
+    out->mem_div[0] = st >= 3 ? s->dp : 1;
+    out->mem_div[1] = st >= 2 ? s->dp : 1;
+    out->mem_div[2] = s->dp;
     return DT_OK;
 }

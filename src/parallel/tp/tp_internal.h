@@ -46,8 +46,27 @@
  * Models: gpt2 builds its part from cfg (prepare_model); a user's model
  * built for its rank (nn.h dt_nn_add_linear_col / _row) is accepted when
  * every split parameter is part rank % T of T (setup checks).
- * With --pp each stage is split this way (pipe/tp.c: the mesh). Not yet:
- * sequence parallelism and ZeRO.
+ * With --pp each stage is split this way (pipe/tp.c: the mesh).
+ *
+ * ZeRO over the replicas (dt_tp_zero_strategy, zero.c): in place of DDP,
+ * ZeRO stage 1/2/3 runs on the DP group (made also when dp == 1, a group of
+ * one), so each replica of tensor-parallel rank t keeps 1/dp of rank t's
+ * parts and replicated parameters: optimizer state (1), gradients (2),
+ * parameters (3, gathered per module in ZeRO's hooks; the TP group's
+ * all-reduces run between them on their own communicator, in the same order
+ * on every rank). The layouts of a DP group's ranks are alike (equal parts,
+ * padded), so the DP group shards like plain ZeRO. The strategy owns the
+ * step: the global norm is each rank's owned shards of split parameters,
+ * plus its owned shards of replicated ones on tp rank 0 only (they are the
+ * same on every tp rank), summed over the world in rank order -- the same
+ * bits on every rank and in every run, clipping's and loss scaling's.
+ * Saves gather each DP group's shards (dt_zero_gather_local) into this
+ * rank's whole parts and then write as above: one file of whole tensors.
+ * Loads are ZeRO's own (zero/checkpoint.c reads a split parameter's owned
+ * range out of its part of the whole tensor), so any layout resumes any.
+ * Inside pipeline stages (--tp --pp --zero) the pipeline's ZeRO does the
+ * same per stage (pipe/dp.c: the norm; pipe/ckpt.c: the sets).
+ * Not yet: sequence parallelism.
  *
  * Placement. A TP group sits inside one machine: its all-reduces run in
  * every layer, several times the DP all-reduce's bytes per step, so setup
@@ -62,6 +81,7 @@
 #define DT_TP_INTERNAL_H
 
 #include "dtrain/parallel.h"
+#include "dtrain/zero.h"
 
 typedef struct dt_tp {
     dt_tp_opts opts;
@@ -70,7 +90,12 @@ typedef struct dt_tp {
     int T, rank, dp;         /* tp size, world rank, replicas */
     dt_tp_comm comm;         /* what the model's tp ops call (comm.c) */
     int node;                /* comm's sum runs dt_allreduce_node (comm.c) */
-    dt_strategy inner;       /* DDP over dp_pg (dp > 1), else name NULL */
+    dt_strategy inner;       /* DDP over dp_pg (dp > 1, no ZeRO), else name NULL */
+    /* ZeRO over dp_pg in place of DDP (zero.c); zero_stage 0: none */
+    int zero_stage;
+    dt_zero_opts zopts;
+    dt_zero *zero;           /* made in setup */
+    unsigned char *skip_split, *skip_whole;   /* per parameter: norm.c's two sums over owned shards */
     dt_tp_stats stats;
     size_t bytes_at_step;    /* stats.bytes when the step began */
 } dt_tp;
@@ -87,6 +112,13 @@ const char *dt_tp_allreduce_path(void);
 dt_status dt_tp_check_placement(dt_pg *world, int T, const int *pos);
 /* norm.c: the squared global gradient norm (strategy.h grad_sumsq). */
 dt_status dt_tp_grad_sumsq(dt_tp *s, const dt_model *m, double *ss);
+/* zero.c: ZeRO over dp_pg (s->zero_stage > 0). setup makes it and prints
+ * the memory report; step clips / scales by the global norm and steps the
+ * owned shards; sumsq is that norm (collective over the world). */
+dt_status dt_tp_zero_setup(dt_tp *s, dt_run *r);
+dt_status dt_tp_zero_sumsq(dt_tp *s, double *ss);
+dt_status dt_tp_zero_step(dt_tp *s, dt_run *r, float lr);
+void dt_tp_zero_free(dt_tp *s);
 /* ckpt.c: one safetensors file of whole tensors, written by world rank 0. Collective. */
 dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path);
 

@@ -338,9 +338,27 @@ static dt_status read_owned_by(const zc *c, int k, dt_zero_range_reader read, vo
     return DT_OK;
 }
 
+/* A tensor-parallel part (p->split.parts > 1: src/parallel/tp/) is a range
+ * of this rank's part, while the checkpoint holds the whole tensor: the part
+ * is cut from it (dt_checkpoint_read_param, one part of scratch) and the
+ * range copied. A parameter lies in one bucket, so each is read once. */
 static dt_status ckpt_range(void *user, int k, const dt_param *p, const char *name, size_t start, size_t n, float *dst) {
-    (void)k; (void)p;
-    return dt_ckpt_read(user, name, start, n, dst);
+    (void)k;
+    if (p->split.parts <= 1) return dt_ckpt_read(user, name, start, n, dst);
+    float *part = dt_calloc((size_t)p->value.numel * sizeof *part);   /* padding rows read as 0 */
+    if (!part) return DT_ERR(DT_ENOMEM, "zero checkpoint: out of memory reading part of %s", name);
+    dt_status s = dt_checkpoint_read_param(user, name, p, part);
+    if (s == DT_OK) memcpy(dst, part + start, n * sizeof *dst);
+    dt_free(part);
+    return s;
+}
+
+/* What the checkpoint must hold for p's tensor `name`: the whole tensor's
+ * shape (a split parameter's part is cut from it when read). */
+static dt_status expect_param(const dt_ckpt *ck, const char *name, const dt_param *p) {
+    int64_t full[DT_MAX_DIMS];
+    int nd = dt_param_full_shape(p, full);
+    return dt_ckpt_expect(ck, name, nd, full);
 }
 
 static dt_status read_owned(const zc *c, const dt_ckpt *ck, int k) {
@@ -360,10 +378,9 @@ static dt_status load_local(const zc *c, const dt_ckpt *ck) {
     dt_model *m = c->m;
     int64_t ostep = 0;
     DT_TRY(dt_checkpoint_apply_meta(c->r, ckpt_get, ck, dt_ckpt_path(ck), &ostep));
-    for (int i = 0; i < m->n_params; i++) DT_TRY(dt_ckpt_expect(ck, m->params[i]->name, m->params[i]->value.ndim, m->params[i]->value.shape));
+    for (int i = 0; i < m->n_params; i++) DT_TRY(expect_param(ck, m->params[i]->name, m->params[i]));
     for (int k = 0; k < c->ns; k++)
-        for (int i = 0; i < m->n_params; i++)
-            DT_TRY(dt_ckpt_expect(ck, c->sname[k * m->n_params + i], m->params[i]->value.ndim, m->params[i]->value.shape));
+        for (int i = 0; i < m->n_params; i++) DT_TRY(expect_param(ck, c->sname[k * m->n_params + i], m->params[i]));
     for (int i = 0; i < m->n_buffers; i++) {
         const dt_tensor *v = &m->buffers[i]->value;
         DT_TRY(dt_ckpt_expect(ck, m->buffers[i]->name, v->ndim, v->shape));
@@ -410,8 +427,7 @@ dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t 
      * into its gathered copy) */
     if (s == DT_OK && dt_zero_stage(z) == 3) s = read_owned(&c, ck, -1);
     for (int k = 0; k < c.ns && s == DT_OK; k++) {
-        for (int i = 0; i < c.m->n_params && s == DT_OK; i++)
-            s = dt_ckpt_expect(ck, c.sname[k * c.m->n_params + i], c.m->params[i]->value.ndim, c.m->params[i]->value.shape);
+        for (int i = 0; i < c.m->n_params && s == DT_OK; i++) s = expect_param(ck, c.sname[k * c.m->n_params + i], c.m->params[i]);
         if (s == DT_OK) s = read_owned(&c, ck, k);
     }
     if (s == DT_OK) dt_zero_set_optim_step(z, optim_step);
@@ -433,4 +449,23 @@ dt_status dt_zero_load(dt_zero *z, dt_run *r, const char *path) {
     if (s == DT_OK) s = dt_zero_gather_params(z);
     zc_free(&c);
     return s;
+}
+
+/* ---- for a caller writing whole tensors of its own (tensor parallelism) ---- */
+
+dt_status dt_zero_gather_local(dt_zero *z, int k, float *flat) {
+    for (int i = 0; i < z->lay.nb; i++) {
+        const dt_zero_bucket *b = &z->lay.b[i].pub;
+        if (k >= 0 && !b->trainable) {   /* frozen: no state (the same buckets on every rank) */
+            memset(flat + b->begin, 0, b->numel * sizeof *flat);
+            continue;
+        }
+        const float *mine = k < 0 ? dt_zero_shard_param_ptr(z, i) : z->lay.b[i].opt.state[k];
+        dt_work *w = NULL;
+        /* rank r's shard is [begin + r * shard, + shard): the ranks' shards in rank order are the bucket */
+        dt_status s = dt_allgather(z->pg, mine, flat + b->begin, (int64_t)b->shard, DT_F32, &w);
+        if (s == DT_OK) s = dt_work_wait(w);
+        DT_TRY(s);
+    }
+    return DT_OK;
 }

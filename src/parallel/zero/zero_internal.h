@@ -205,6 +205,14 @@ typedef dt_status (*dt_zero_range_reader)(void *user, int k, const dt_param *p, 
                                           size_t n, float *dst);
 dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reader read, void *user);
 
+/* The replicas' shards put together: values (k < 0) or optimizer state k of
+ * every bucket all-gathered over z's group into flat (the padded layout's
+ * z->lay.total floats; parameter i at m->offsets[i]; a frozen bucket's
+ * state reads 0). Exact float32, whatever the wire. Collective; no gather
+ * or reduction may be in flight (dt_zero_sync_params first). For a caller
+ * that writes whole tensors itself (tp/ckpt.c). */
+dt_status dt_zero_gather_local(dt_zero *z, int k, float *flat);
+
 /* Every bucket's optimizer into out (room for z->lay.nb): the per-parameter
  * step counts of checkpoints (strategy.h: dt_checkpoint_meta_steps). */
 int dt_zero_optimizers(dt_zero *z, dt_optimizer **out);
