@@ -279,11 +279,13 @@ add_test(NAME test_multihost
 set_tests_properties(test_multihost PROPERTIES LABELS "mpi;slow" PROCESSORS 4 TIMEOUT 600 SKIP_RETURN_CODE 77)
 # Tensor-parallel groups on simulated hosts: dp 2 x tp 2 on 2 x 2 ranks equals
 # one machine bit for bit, only the DP all-reduce's bytes cross the link, and
-# layouts that put a TP group across hosts are refused.
+# layouts that put a TP group across hosts are refused. (Release pass only, like
+# test_multihost: 20-30 s of TCP between namespaces; its code paths have
+# sanitizer twins in test_tp_node and test_dist_node_allreduce.)
 add_test(NAME test_tp_multihost
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_multihost.sh $<TARGET_FILE:dtrain_cli>
                  $<TARGET_FILE:ckpt_cmp> ${CMAKE_SOURCE_DIR}/../shared/tools/netsim.sh)
-set_tests_properties(test_tp_multihost PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300 SKIP_RETURN_CODE 77)
+set_tests_properties(test_tp_multihost PROPERTIES LABELS "mpi;slow" PROCESSORS 4 TIMEOUT 300 SKIP_RETURN_CODE 77)
 # Elastic restarts on simulated hosts: a machine lost mid-run, the job goes on
 # with the ranks left (--min-nproc; global batch kept) or on a spare machine.
 add_test(NAME test_elastic
