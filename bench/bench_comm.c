@@ -1,8 +1,8 @@
 /* bench_comm — dist layer: bandwidth vs raw MPI, and compute/communication overlap.
  *
- * usage: mpiexec -n 2 bench_comm [bw] [overlap] [shm] [calls] [--mode poll|thread] [--max 64M]
+ * usage: mpiexec -n 2 bench_comm [bw] [overlap] [shm] [calls] [tp] [--mode poll|thread] [--max 64M]
  *                                [--mib 16] [--ms 200] [--t 0.3] [--tick 0.5] [--seg 4M]
- *                                [--op allreduce] [--n 10] [--collectives flat|hierarchical]
+ *                                [--op allreduce] [--n 10] [--collectives flat|hierarchical] [--rounds 3]
  *   bw       per size 64 KiB .. --max: time per call and bus bandwidth of
  *            raw MPI_Allreduce, dt_allreduce (blocking / async+wait /
  *            deterministic), raw MPI_Reduce_scatter_block vs dt_reduce_scatter,
@@ -14,6 +14,12 @@
  *            calls keep the values) by raw MPI_Allreduce(MPI_IN_PLACE), by
  *            dt_allreduce on private memory, and by dt_allreduce on node-shared
  *            memory (dist.h section 6); the ratios to raw MPI (time).
+ *   tp       the tensor-parallel group's shapes (W1 and W2 of WORKLOADS.md:
+ *            [B, T, C] activations, 3 B T floats of the vocabulary-parallel
+ *            loss): in-place f32 sum of private memory by raw MPI_Allreduce,
+ *            dt_allreduce and dt_allreduce_node (the node-shared staging
+ *            window, tp/comm.c's default on one machine); --rounds rounds
+ *            (default 3), the variants alternating inside each round.
  *   calls    --n calls of one --op (allreduce | allreduce-det |
  *            allreduce-cross-bf16 | reduce-scatter | allgather) on --mib MiB of f32, after 2 warm-up calls; prints the
  *            group's machines, path and ms per call. With --collectives
@@ -173,6 +179,54 @@ static void bench_shm(dt_pg *pg, size_t maxb, double target) {
     MPI_Comm_free(&raw);
 }
 
+/* ---- the tensor-parallel group's all-reduce: MPI vs the node-shared window ---- */
+
+static void tp_call(int v, dt_pg *pg, MPI_Comm raw, float *x, int count) {
+    if (v == 0) MPI_Allreduce(MPI_IN_PLACE, x, count, MPI_FLOAT, MPI_SUM, raw);
+    else if (v == 1) OK(dt_allreduce(pg, x, x, count, DT_F32, DT_RED_SUM, NULL));
+    else OK(dt_allreduce_node(pg, x, x, count, DT_RED_SUM, NULL));
+}
+
+static void bench_tp(dt_pg *pg, int rounds, double target) {
+    static const struct { const char *what; int count; } shape[] = {
+        {"W2 [4,64,768]", 4 * 64 * 768}, {"W1 [8,256,384]", 8 * 256 * 384},
+        {"W2 loss 3x[256]", 3 * 4 * 64}, {"W1 loss 3x[2048]", 3 * 8 * 256}};
+    static const char *vn[3] = {"MPI_Allreduce", "dt_allreduce", "dt_allreduce_node"};
+    int me = dt_pg_rank(pg), n = dt_pg_size(pg);
+    MPI_Comm raw;
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+    float *x = calloc((size_t)8 * 256 * 384, sizeof *x);
+    if (!me) printf("# tensor-parallel all-reduce, %d ranks, in place on private memory; us per call (max over ranks "
+                    "of the mean), variants alternating in each round\n# %-18s %-18s %s\n", n, "shape", "variant", "round 1 ..");
+    for (size_t k = 0; k < sizeof shape / sizeof shape[0]; k++) {
+        double t[3][16];
+        int R = rounds < 16 ? rounds : 16;
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < 3; v++) {
+                tp_call(v, pg, raw, x, shape[k].count);   /* warm-up (and the window's first growth) */
+                MPI_Barrier(MPI_COMM_WORLD);
+                double t0 = now();
+                tp_call(v, pg, raw, x, shape[k].count);
+                double t1 = max_all(now() - t0);
+                int iters = (int)(target / (t1 > 1e-6 ? t1 : 1e-6));
+                iters = iters < 5 ? 5 : iters > 5000 ? 5000 : iters;
+                MPI_Barrier(MPI_COMM_WORLD);
+                t0 = now();
+                for (int i = 0; i < iters; i++) tp_call(v, pg, raw, x, shape[k].count);
+                t[v][r] = max_all((now() - t0) / iters);
+            }
+        if (x[0] != 0.0f || x[shape[k].count - 1] != 0.0f) { if (!me) printf("WRONG RESULT\n"); }
+        for (int v = 0; v < 3 && !me; v++) {
+            printf("  %-18s %-18s", shape[k].what, vn[v]);
+            for (int r = 0; r < R; r++) printf(" %8.1f", t[v][r] * 1e6);
+            printf("\n");
+        }
+        fflush(stdout);
+    }
+    free(x);
+    MPI_Comm_free(&raw);
+}
+
 /* ---- overlap ---- */
 
 static volatile float sink;
@@ -298,7 +352,7 @@ static void bench_calls(dt_pg *pg, const char *op, size_t mib, int n) {
 
 int main(int argc, char **argv) {
     dt_dist_opts o = {0};
-    int do_bw = 0, do_ov = 0, do_shm = 0, do_calls = 0, ncalls = 10;
+    int do_bw = 0, do_ov = 0, do_shm = 0, do_calls = 0, do_tp = 0, ncalls = 10, rounds = 3;
     const char *op = "allreduce";
     size_t maxb = 64u << 20, mib = 16;
     double ms = 200, target = 0.3;
@@ -307,6 +361,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "overlap")) do_ov = 1;
         else if (!strcmp(argv[i], "shm")) do_shm = 1;
         else if (!strcmp(argv[i], "calls")) do_calls = 1;
+        else if (!strcmp(argv[i], "tp")) do_tp = 1;
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--op") && i + 1 < argc) op = argv[++i];
         else if (!strcmp(argv[i], "--n") && i + 1 < argc) ncalls = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--collectives") && i + 1 < argc) {
@@ -323,7 +379,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tick") && i + 1 < argc) o.tick_ms = atof(argv[++i]);
         else if (!strcmp(argv[i], "--seg") && i + 1 < argc) o.segment_bytes = parse_size(argv[++i]);
     }
-    if (!do_bw && !do_ov && !do_shm && !do_calls) do_bw = do_ov = do_shm = 1;
+    if (!do_bw && !do_ov && !do_shm && !do_calls && !do_tp) do_bw = do_ov = do_shm = 1;
     if (dt_dist_init(&argc, &argv, &o) != DT_OK) {
         fprintf(stderr, "bench_comm: %s\n", dt_error_message());
         return 1;
@@ -334,6 +390,7 @@ int main(int argc, char **argv) {
     if (do_ov) bench_overlap(world, mib, ms * 1e-3);
     if (do_shm) bench_shm(world, maxb, target);
     if (do_calls) bench_calls(world, op, mib, ncalls);
+    if (do_tp) bench_tp(world, rounds, target);
     OK(dt_pg_free(world));
     dt_dist_finalize();
     return 0;

@@ -39,7 +39,7 @@ target_link_libraries(test_cli_elastic PRIVATE dtrain_cli_lib)
 set(DT_MPI_THREAD_TESTS test_dist_collectives test_dist_deterministic test_dist_shm test_dist_agree test_dist_hier
     test_dist_watchdog test_dist_debug_collectives
     test_ddp_equivalence test_ddp_hooks test_ddp_join test_ddp_accum test_ddp_buffers test_zero_wire
-    test_dist_machine test_zero_node_params)
+    test_dist_machine test_zero_node_params test_dist_node_allreduce)
 file(GLOB DT_MPI_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/test_*.c)
 foreach(src ${DT_MPI_TESTS})
   dt_add_test_exe(${src})
@@ -66,7 +66,8 @@ endforeach()
 # library believes in 2 x 2 and 3 + 1 machines on this one), so DDP and ZeRO
 # run the hierarchical collectives (dist.h section 10) wherever ctest runs;
 # tests/scripts/test_multihost.sh runs real hosts (network namespaces).
-foreach(t test_ddp_equivalence test_zero_equivalence test_zero_stage3 test_dist_machine test_zero_node_params)
+foreach(t test_ddp_equivalence test_zero_equivalence test_zero_stage3 test_dist_machine test_zero_node_params
+          test_dist_node_allreduce)
   foreach(m "2x2;0,0,1,1" "3p1;0,0,0,1")
     list(GET m 0 tag)
     list(GET m 1 ids)
@@ -134,6 +135,15 @@ endforeach()
 # The mesh dp x pp x tp: tensor-parallel pipeline stages equal one process
 # within 1e-6 (four schedules, --clip), resharding (1,2,2) -> (2,1,2) -> one
 # process (launches dtrain --nproc 4 itself).
+# TP groups and machines without namespaces: node-shared sums == MPI's,
+# simulated machines (DTRAIN_TEST_MACHINES), refused placements
+add_test(NAME test_tp_node_np4
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_node.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_tp_node_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
+# The full mesh dp 2 x pp 2 x tp 2 at 8 ranks against DDP on 2, checkpoints across layouts
+add_test(NAME test_tp_mesh8_np8
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_mesh8.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_tp_mesh8_np8 PROPERTIES LABELS mpi PROCESSORS 8 TIMEOUT 300)
 add_test(NAME test_tp_pipeline_np4
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_pipeline.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_tp_pipeline_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
@@ -267,6 +277,15 @@ add_test(NAME test_multihost
 # collectives it runs have their own sanitizer tests, test_dist_hier and the
 # simulated-machine twins)
 set_tests_properties(test_multihost PROPERTIES LABELS "mpi;slow" PROCESSORS 4 TIMEOUT 600 SKIP_RETURN_CODE 77)
+# Tensor-parallel groups on simulated hosts: dp 2 x tp 2 on 2 x 2 ranks equals
+# one machine bit for bit, only the DP all-reduce's bytes cross the link, and
+# layouts that put a TP group across hosts are refused. (Release pass only, like
+# test_multihost: 20-30 s of TCP between namespaces; its code paths have
+# sanitizer twins in test_tp_node and test_dist_node_allreduce.)
+add_test(NAME test_tp_multihost
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_multihost.sh $<TARGET_FILE:dtrain_cli>
+                 $<TARGET_FILE:ckpt_cmp> ${CMAKE_SOURCE_DIR}/../shared/tools/netsim.sh)
+set_tests_properties(test_tp_multihost PROPERTIES LABELS "mpi;slow" PROCESSORS 4 TIMEOUT 300 SKIP_RETURN_CODE 77)
 # Elastic restarts on simulated hosts: a machine lost mid-run, the job goes on
 # with the ranks left (--min-nproc; global batch kept) or on a spare machine.
 add_test(NAME test_elastic

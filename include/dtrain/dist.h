@@ -156,6 +156,8 @@
  * whatever lent the memory out (dt_ddp_free) before dt_pg_free or
  * dt_dist_finalize, which unmap it. A group that spans machines gets
  * *out = NULL: use ordinary memory.
+ * dt_allreduce_node (below) serves callers whose buffers are private: it
+ * stages them through a window of this kind that the group keeps.
  *
  * 7. Tracing
  * ----------
@@ -354,6 +356,20 @@ typedef struct dt_work dt_work;
 /* in, out: count elements. in == out is in place; other overlap is EINVAL. */
 dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtype dtype,
                        int op, dt_work **w);
+/* An F32 allreduce for a small group whose ranks share one machine (a
+ * tensor-parallel group; section 6): in and out may be private memory (in ==
+ * out is in place). Each rank copies its count floats into its slot of a
+ * node-shared staging window the group allocates on first use (collectively,
+ * grown when a call needs more), the ranks meet on flags in that window, and
+ * every rank sums all slots in rank order into its out: the same bits on every
+ * rank, bitwise the deterministic sum of section 5 at any group size. A rank
+ * returns as soon as its own sum is done; the next call's copy waits until
+ * every peer has read this call's slots. Where the group spans machines, or
+ * the window does not fit, it runs dt_allreduce with DT_RED_DETERMINISTIC
+ * (the same bits).
+ * op: DT_RED_SUM or DT_RED_AVG (| DT_RED_DETERMINISTIC, always true here).
+ * Every rank passes the same count (a growth is collective). */
+dt_status dt_allreduce_node(dt_pg *pg, const float *in, float *out, int64_t count, int op, dt_work **w);
 /* in: size * count elements (chunk r goes to rank r); out: count elements.
  * out may point anywhere, including inside in (e.g. out = in + rank * count).
  * Summed in rank order (see 5) on one machine; across machines see 10. */

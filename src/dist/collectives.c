@@ -24,6 +24,7 @@ const char *dt__kind_name(dt_opkind k) {
     case DT_OPK_ALLREDUCE_HIER: return "allreduce(hier)";
     case DT_OPK_REDUCE_SCATTER_HIER: return "reduce_scatter(hier)";
     case DT_OPK_ALLGATHER_HIER: return "allgather(hier)";
+    case DT_OPK_ALLREDUCE_NODE: return "allreduce(node)";
     }
     return "?";
 }
@@ -192,6 +193,33 @@ dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
     w->avg = avg;
     w->shm = shm;
     w->shm_off = shm_off;
+    return issue(w, wp);
+}
+
+/* Staged through the group's node-shared window (node_allreduce.c, shm.c)
+ * when it can be; else the plain allreduce. */
+dt_status dt_allreduce_node(dt_pg *pg, const float *in, float *out, int64_t count, int op, dt_work **wp) {
+    if (wp) *wp = NULL;
+    const char *fn = "dt_allreduce_node";
+    DT_TRY(check_common(pg, fn, count, DT_F32));
+    DT_TRY(check_op(pg, fn, op));
+    DT_TRY(check_buf(pg, fn, "input", in, count));
+    DT_TRY(check_buf(pg, fn, "output", out, count));
+    size_t nb = (size_t)count * sizeof(float);
+    if (in != out && overlaps(in, nb, out, nb))
+        return DT_ERR(DT_EINVAL, "%s on %s: input and output overlap (only in == out is allowed)", fn, pg->name);
+    dt_status st = DT_OK;
+    dt_shm *stage = count > 0 && pg->size > 1 ? dt__node_stage(pg, (size_t)count, &st) : NULL;
+    DT_TRY(st);
+    if (!stage)   /* the same bits as the staged sum: rank order */
+        return dt_allreduce(pg, in, out, count, DT_F32, (op & ~(DT_RED_CROSS_BF16 | DT_RED_CROSS_F16)) | DT_RED_DETERMINISTIC, wp);
+    dt_work *w = NULL;
+    DT_TRY(new_work(pg, DT_OPK_ALLREDUCE_NODE, count, DT_F32, (double)nb, wp, &w));
+    w->in = in;
+    w->out = out;
+    w->avg = (op & 0xff) == DT_RED_AVG;
+    w->shm = stage;
+    w->shm_off = 0;
     return issue(w, wp);
 }
 
@@ -436,6 +464,7 @@ int dt__op_start(dt_work *w) {
     case DT_OPK_ALLREDUCE_SHM:
     case DT_OPK_REDUCE_SCATTER_SHM:
     case DT_OPK_ALLGATHER_SHM:
+    case DT_OPK_ALLREDUCE_NODE:
         return dt__shm_start(w);
     case DT_OPK_ALLREDUCE_HIER:
         return dt__hier_start(w);

@@ -31,11 +31,14 @@ typedef enum dt_opkind {
     DT_OPK_ALLREDUCE_HIER,       /* across machines: inside -> across (per lane) -> inside; 4 phases (hier.c) */
     DT_OPK_REDUCE_SCATTER_HIER,  /* across machines: inside -> across (hier_shard.c); 4 phases */
     DT_OPK_ALLGATHER_HIER,       /* across machines: across -> inside (hier_shard.c); 4 phases */
+    DT_OPK_ALLREDUCE_NODE,       /* private buffers staged through the group's node-shared window: every
+                                    rank sums every slot in rank order (node_allreduce.c, shm.c) */
 } dt_opkind;
 
 /* The operations that run on node-shared memory (shm.c), not through MPI. */
 static inline int dt__kind_is_shm(dt_opkind k) {
-    return k == DT_OPK_ALLREDUCE_SHM || k == DT_OPK_REDUCE_SCATTER_SHM || k == DT_OPK_ALLGATHER_SHM;
+    return k == DT_OPK_ALLREDUCE_SHM || k == DT_OPK_REDUCE_SCATTER_SHM || k == DT_OPK_ALLGATHER_SHM ||
+           k == DT_OPK_ALLREDUCE_NODE;
 }
 
 typedef struct dt_shm dt_shm;
@@ -147,6 +150,9 @@ struct dt_pg {
     dt_work *running;           /* THREAD: the operation the comm thread runs (pg->mu) */
     int timed_out;              /* a wait passed the collective timeout: nothing more completes */
     char shm_why[256];          /* why the last dt_pg_alloc_shared gave NULL */
+    dt_shm *node_stage;         /* dt_allreduce_node's staging window (node_allreduce.c), or NULL */
+    size_t node_cap;            /* its floats per rank */
+    int node_off;               /* 1: it cannot be made here; the MPI path runs instead */
     dt_topo topo;               /* machines under the group (topology.c) */
     /* registry of live groups */
     dt_pg *reg_next;
@@ -241,10 +247,18 @@ const char *dt__kind_name(dt_opkind k);
  * advance: 0 nothing changed, 1 progressed, 2 complete, -1 failed (w->msg).
  * run: start and advance until complete (blocking). free_all: dt_pg_free. */
 dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes, size_t *off);   /* *off: bytes */
+float *dt__shm_base(const dt_shm *s);   /* this rank's segment (what dt_pg_alloc_shared returned) */
 int dt__shm_start(dt_work *w);
 int dt__shm_advance(dt_work *w);
 int dt__shm_run(dt_work *w);
 void dt__shm_free_all(dt_pg *pg);
+
+/* ---- node_allreduce.c: dt_allreduce_node's staging window ----
+ * The group's window with room for count floats per rank (made or grown now:
+ * collective, every rank at the same call), or NULL when the group spans
+ * machines or the window does not fit (pg->node_off; the caller falls back
+ * to MPI). *st: an error (the group is then unusable). */
+dt_shm *dt__node_stage(dt_pg *pg, size_t count, dt_status *st);
 
 /* ---- machine_buf.c: one buffer per machine (dt_pg_alloc_machine) ----
  * find: 1 if [p, p + bytes) lies in one of pg's machine buffers.

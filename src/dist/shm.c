@@ -16,6 +16,11 @@
  *  - allgather (any payload dtype, output a shared range): rank r's input
  *    is first copied into chunk r of its own output (unless in place), then
  *    rank r copies chunk q of rank q's output into its own, for every q.
+ *  - staged allreduce (dt_allreduce_node, the window node_allreduce.c
+ *    keeps per group): rank r copies its private input into its segment,
+ *    then sums every rank's segment in rank order into its private output;
+ *    it completes there, and its next start waits until every rank's done
+ *    has passed this op (no peer reads the segment any more).
  * A rank writes only its own segment, and only where no peer reads during
  * the operation (its own chunk for reduce-scatter, the others' chunks for
  * allgather).
@@ -225,6 +230,8 @@ dt_shm *dt__shm_find(dt_pg *pg, const void *p, size_t bytes, size_t *off) {
     return NULL;
 }
 
+float *dt__shm_base(const dt_shm *s) { return s->data[s->rank]; }
+
 const char *dt_pg_shared_unavailable(const dt_pg *pg) { return pg ? pg->shm_why : ""; }
 
 static int all_at_least(const dt_shm *s, int done, uint64_t v) {
@@ -244,8 +251,10 @@ int dt__shm_start(dt_work *w) {
     uint64_t k = s->issued;
     int idle = 0;
     /* the descriptor slot of op k - RING must have been read by every rank
-     * (POLL: finishing our own earlier ops is what lets the peers advance) */
-    while (k >= RING && !all_at_least(s, 1, k + 1 - RING)) {
+     * (POLL: finishing our own earlier ops is what lets the peers advance);
+     * a staged allreduce (node_allreduce.c) rewrites the slot op k - 1 read */
+    int staged = w->kind == DT_OPK_ALLREDUCE_NODE;
+    while ((k >= RING && !all_at_least(s, 1, k + 1 - RING)) || (staged && k > 0 && !all_at_least(s, 1, k))) {
         if (pg->mode == DT_PROGRESS_POLL) dt__poll_all(pg);
         if (++idle > 64) sched_yield();
     }
@@ -255,6 +264,7 @@ int dt__shm_start(dt_work *w) {
      * peers must not wait forever), and fails on this rank when it completes */
     if (w->shm_out_staged && !w->stage)
         w->stage = dt__pool_get(pg, (size_t)w->count * dt_dtype_size(w->dtype), &w->stage_cap);
+    if (staged) memcpy(seg(s, s->rank, w->shm_off), w->in, (size_t)w->count * sizeof(float));
     if (w->kind == DT_OPK_ALLGATHER_SHM && w->in) {   /* not in place: the own chunk first */
         size_t cb = (size_t)w->count * dt_dtype_size(w->dtype);
         memcpy(seg(s, s->rank, w->shm_off) + (size_t)s->rank * cb, w->in, cb);
@@ -269,7 +279,8 @@ int dt__shm_start(dt_work *w) {
     atomic_store_explicit(&s->ctl[s->rank]->ready, k + 1, memory_order_release);
     s->issued = k + 1;
     w->nreq = 0;
-    w->fn = w->kind == DT_OPK_ALLREDUCE_SHM ? "shared-memory allreduce"
+    w->fn = staged ? "node-shared allreduce"
+            : w->kind == DT_OPK_ALLREDUCE_SHM ? "shared-memory allreduce"
             : w->kind == DT_OPK_REDUCE_SCATTER_SHM ? "shared-memory reduce-scatter" : "shared-memory allgather";
     return MPI_SUCCESS;
 }
@@ -318,6 +329,17 @@ static void do_work(dt_shm *s, dt_work *w) {
         if (dst) dt__sum_ptrs(dst, s->src, (int64_t)n, s->size, w->dtype, w->avg ? s->size : 0);
         return;
     }
+    if (w->kind == DT_OPK_ALLREDUCE_NODE) {   /* every rank's slot, in rank order, into our private out */
+        if (N == 2 && !w->avg) {   /* one pass (dt__sum_ptrs' bits: x0 + x1) */
+            const float *restrict x0 = (const float *)seg(s, 0, w->shm_off), *restrict x1 = (const float *)seg(s, 1, w->shm_off);
+            float *restrict o = w->out;
+            for (size_t i = 0; i < n; i++) o[i] = x0[i] + x1[i];
+            return;
+        }
+        for (size_t q = 0; q < N; q++) s->src[q] = seg(s, (int)q, w->shm_off);
+        dt__sum_ptrs(w->out, s->src, (int64_t)n, s->size, DT_F32, w->avg ? s->size : 0);
+        return;
+    }
     if (w->kind == DT_OPK_ALLGATHER_SHM) {   /* chunk q of rank q's output into ours */
         char *mine = seg(s, s->rank, w->shm_off);
         for (size_t q = 0; q < N; q++)
@@ -362,6 +384,9 @@ int dt__shm_advance(dt_work *w) {
         w->shm_reduced = 1;
         changed = 1;
     }
+    /* a staged allreduce wrote only its private out: done (its slot is
+     * guarded by the next one's start) */
+    if (w->kind == DT_OPK_ALLREDUCE_NODE) return 2;
     if (!all_at_least(s, 1, k + 1)) return changed;
     if (w->shm_out_staged) {   /* no peer reads our input any more: out may be written */
         if (!w->stage) {

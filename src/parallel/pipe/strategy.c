@@ -7,6 +7,7 @@
 #include <string.h>
 #include "parallel/common/common_internal.h"
 #include "pipe_internal.h"
+#include "parallel/tp/tp_internal.h"
 #include "util/log_internal.h"
 
 void dt_pipe_opts_default(dt_pipe_opts *o) {
@@ -43,6 +44,7 @@ static dt_status make_groups(dt_pipe *p) {
         p->lay.stage = pos[r] / T / p->lay.D;
         p->lay.replica = pos[r] / T % p->lay.D;
         p->dp.local = dt_pipe_place_local(node, pos, W, p->lay.D * T);
+        s = dt_tp_check_placement(p->comm.world, T, pos);   /* tp groups: T consecutive places */
     }
     free(node);
     free(pos);
@@ -92,7 +94,8 @@ static void print_partition(const dt_pipe *p, const dt_pipe_probe *pr, const dt_
                    100.0 * dt_pipe_bubble_formula(p->o.schedule, p->lay.P, p->step.M, p->lay.V));
     if (p->lay.T > 1)
         at += snprintf(line + at, sizeof line - (size_t)at, "  tensor-parallel stages: attention by heads, MLP by columns "
-                       "over %d consecutive ranks; parameter counts below are one tp rank's\n", p->lay.T);
+                       "over %d consecutive ranks (all-reduces through %s); parameter counts below are one tp rank's\n",
+                       p->lay.T, p->tp.tp && p->tp.tp->node ? "node-shared memory" : "MPI");
     if (p->lay.D > 1)
         at += snprintf(line + at, sizeof line - (size_t)at, "  data-parallel groups: %s\n",
                        p->dp.local ? "each on one machine" : "span machines (ranks per machine not a multiple of the replicas)");
@@ -348,6 +351,7 @@ dt_status dt_pipe_strategy_stats(const dt_strategy *s, dt_pipe_stats *out) {
 static dt_status s_agree(void *self, dt_agree *a) {
     dt_pipe *p = self;
     dt_par_describe_pipe(&p->o, a);
+    if (p->lay.T > 1) dt_agree_add(a, "DTRAIN_TP_ALLREDUCE", "%s", dt_tp_allreduce_path());   /* tp/comm.c */
     return dt_pg_agree(p->comm.world, a);
 }
 

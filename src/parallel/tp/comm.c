@@ -1,9 +1,12 @@
 /* The model's tensor-parallel collectives: a blocking float32 sum (and max,
  * and sequence parallelism's all-gather / reduce-scatter) over the TP group
- * (dt_tp_comm, ops.h), counted for benchmarks. For two ranks an MPI
- * sum is a + b on both; for more, Open MPI's algorithms combine the same
- * operands on every rank, so every rank gets the same bits (the invariant
- * of tp_internal.h). */
+ * (dt_tp_comm, ops.h), counted for benchmarks. On one machine the
+ * sum is dt_allreduce_node: every rank adds the T parts in rank order, the
+ * same bits on every rank by construction (the invariant of tp_internal.h).
+ * Through MPI (DTRAIN_TP_ALLREDUCE=mpi, or a group across machines, which
+ * setup refuses) a sum of two ranks is a + b on both; for more, Open MPI's
+ * algorithms combine the same operands on every rank. The all-gather and
+ * reduce-scatter go through MPI (each rank's result is its own). */
 #include <stdlib.h>
 #include <string.h>
 #include "tp_internal.h"
@@ -11,7 +14,8 @@
 static dt_status tp_allreduce_sum(void *ctx, float *buf, int64_t n) {
     dt_tp *s = ctx;
     dt_work *w = NULL;
-    DT_TRY(dt_allreduce(s->tp_pg, buf, buf, n, DT_F32, DT_RED_SUM, &w));
+    DT_TRY(s->node ? dt_allreduce_node(s->tp_pg, buf, buf, n, DT_RED_SUM, &w)
+                   : dt_allreduce(s->tp_pg, buf, buf, n, DT_F32, DT_RED_SUM, &w));
     s->stats.calls++;
     s->stats.bytes += (size_t)n * sizeof(float);
     return dt_work_wait(w);
@@ -88,7 +92,15 @@ static dt_status tp_reduce_scatter(void *ctx, const float *in, float *out, int64
     return DT_OK;
 }
 
+const char *dt_tp_allreduce_path(void) {
+    const char *e = getenv("DTRAIN_TP_ALLREDUCE");
+    return e && !strcmp(e, "mpi") ? "mpi" : "node";
+}
+
 void dt_tp_comm_init(dt_tp *s) {
+    dt_pg_topo t;
+    dt_pg_topology(s->tp_pg, &t);
+    s->node = t.machines == 1 && !strcmp(dt_tp_allreduce_path(), "node");
     s->comm = (dt_tp_comm){.rank = dt_pg_rank(s->tp_pg), .size = dt_pg_size(s->tp_pg),
                            .allreduce_sum = tp_allreduce_sum, .allreduce_max = tp_allreduce_max, .ctx = s,
                            .allgather = tp_allgather, .reduce_scatter = tp_reduce_scatter};

@@ -47,6 +47,7 @@ static dt_status check_parts(const dt_tp *s, const dt_model *m) {
 static dt_status s_agree(void *self, dt_agree *a) {
     dt_tp *s = self;
     dt_agree_add(a, "tp.size", "%d", s->T);
+    dt_agree_add(a, "DTRAIN_TP_ALLREDUCE", "%s", dt_tp_allreduce_path());   /* comm.c: one path per group */
     dt_agree_add(a, "tp.zero_stage", "%d", s->zero_stage);
     dt_agree_add(a, "tp.sequence_parallel", "%d", s->opts.sequence_parallel ? 1 : 0);
     if (s->zero_stage) dt_par_describe_zero(&s->zopts, a);
@@ -58,6 +59,7 @@ static dt_status s_setup(void *self, dt_run *r) {
     dt_tp *s = self;
     dt_model *m = r->model;
     DT_TRY(check_parts(s, m));
+    DT_TRY(dt_tp_check_placement(s->world, s->T, NULL));   /* replica w / T: world ranks in order */
     if (s->opts.sequence_parallel && !(m->cfg.kind == DT_MODEL_GPT2 && m->cfg.tp_seq))
         return DT_ERR(DT_EINVAL, "tp.sequence_parallel: model %s is not built sequence-parallel (the built-in gpt2 "
                       "is; a user's model would sum its replicated gradients wrongly)", m->name);
@@ -68,10 +70,12 @@ static dt_status s_setup(void *self, dt_run *r) {
     dt_tp_comm_init(s);
     m->tp = &s->comm;
     if (!r->quiet && s->rank == 0)
-        dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d%s (tensor-parallel groups of %d consecutive ranks%s)\n", s->dp,
-               s->T, s->zero_stage == 1 ? ", ZeRO-1 over the replicas" : s->zero_stage == 2 ? ", ZeRO-2 over the replicas"
-               : s->zero_stage == 3 ? ", ZeRO-3 over the replicas" : "", s->T, m->cfg.kind == DT_MODEL_GPT2 && m->cfg.tp_size == s->T ? ": attention by heads, MLP by "
-               "columns, wte and the lm-head by vocabulary rows; wpe and LayerNorms whole on every rank" : "");
+        dt_log(DT_LOG_INFO, "dtrain: mesh: dp %d x tp %d%s (tensor-parallel groups of %d consecutive ranks%s; %s)\n",
+               s->dp, s->T, s->zero_stage == 1 ? ", ZeRO-1 over the replicas" : s->zero_stage == 2 ? ", ZeRO-2 over the "
+               "replicas" : s->zero_stage == 3 ? ", ZeRO-3 over the replicas" : "", s->T, m->cfg.kind == DT_MODEL_GPT2 &&
+               m->cfg.tp_size == s->T ? ": attention by heads, MLP by columns, wte and the lm-head by vocabulary rows; wpe "
+               "and LayerNorms whole on every rank" : "",
+               s->node ? "all-reduces through node-shared memory" : "all-reduces through MPI");
     if (!r->quiet && s->rank == 0 && s->opts.sequence_parallel)
         dt_log(DT_LOG_INFO, "dtrain: sequence parallelism: outside attention and the MLP each tensor-parallel rank "
                "holds 1/%d of the positions (all-gather before, reduce-scatter after the split layers)\n", s->T);

@@ -97,6 +97,16 @@
  * same per stage (pipe/dp.c: the norm; pipe/ckpt.c: the sets).
  * Not yet: sequence parallelism with ZeRO (refused: seq.c's sum needs the
  * whole replicated gradients, which ZeRO has reduced to shards by then). */
+ *
+ * Placement. A TP group sits inside one machine: its all-reduces run in
+ * every layer, several times the DP all-reduce's bytes per step, so setup
+ * refuses a group that spans machines (placement.c; the pipeline mesh too,
+ * over its (machine, rank) order) rather than run it slowly. On one machine
+ * comm.c's sum is dt_allreduce_node: each rank stages its buffer in the
+ * group's node-shared window and sums all T slots in rank order, so the
+ * invariant's "same bits on every rank" holds by construction at any T;
+ * DTRAIN_TP_ALLREDUCE=mpi runs MPI's all-reduce instead (tied in speed on
+ * this machine: docs/PERFORMANCE.md). */
 #ifndef DT_TP_INTERNAL_H
 #define DT_TP_INTERNAL_H
 
@@ -109,6 +119,7 @@ typedef struct dt_tp {
     dt_pg *tp_pg, *dp_pg;    /* made in setup; dp_pg NULL when dp == 1 */
     int T, rank, dp;         /* tp size, world rank, replicas */
     dt_tp_comm comm;         /* what the model's tp ops call (comm.c) */
+    int node;                /* comm's sum runs dt_allreduce_node (comm.c) */
     dt_strategy inner;       /* DDP over dp_pg (dp > 1, no ZeRO), else name NULL */
     /* ZeRO over dp_pg in place of DDP (zero.c); zero_stage 0: none */
     int zero_stage;
@@ -121,11 +132,19 @@ typedef struct dt_tp {
     size_t stage_n;
 } dt_tp;
 
-/* comm.c: comm over s->tp_pg (blocking collectives, counted); _free frees the stage. */
+/* comm.c: comm over s->tp_pg (blocking collectives, counted): the sum
+ * node-shared (dt_allreduce_node) when the group is on one machine, unless
+ * DTRAIN_TP_ALLREDUCE=mpi; MPI's otherwise. _free frees the stage. */
 void dt_tp_comm_init(dt_tp *s);
 void dt_tp_comm_free(dt_tp *s);
 /* seq.c: every replicated parameter's gradient := its sum over the TP group. */
 dt_status dt_tp_sum_replicated_grads(dt_tp *s, dt_model *m);
+/* "mpi" or "node": DTRAIN_TP_ALLREDUCE as comm.c reads it (ranks agree on it). */
+const char *dt_tp_allreduce_path(void);
+/* placement.c: DT_EINVAL naming the ranks and their machines when a TP group
+ * (places g*T .. g*T+T-1; place of world rank r: pos[r], or r when pos is
+ * NULL) spans machines. Local: every rank gives the same verdict. */
+dt_status dt_tp_check_placement(dt_pg *world, int T, const int *pos);
 /* norm.c: the squared global gradient norm (strategy.h grad_sumsq). */
 dt_status dt_tp_grad_sumsq(dt_tp *s, const dt_model *m, double *ss);
 /* zero.c: ZeRO over dp_pg (s->zero_stage > 0). setup makes it and prints
