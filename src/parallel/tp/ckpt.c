@@ -51,6 +51,7 @@ dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path) {
     save_set ss = {.e = calloc((size_t)cap, sizeof *ss.e), .names = calloc((size_t)(m->n_params * ns + 1), sizeof *ss.names),
                    .owned = calloc((size_t)cap, sizeof *ss.owned)};
     dt_status st = ss.e && ss.names && ss.owned ? DT_OK : DT_ERR(DT_ENOMEM, "out of memory");
+    int open = st == DT_OK && (st = dt_optimizer_state_open(o)) == DT_OK;   /* bf16 state: written as fp32 */
     /* the order of checkpoint.c: parameters, buffers, then each state of every parameter */
     for (int i = 0; i < m->n_params && st == DT_OK; i++)
         st = add_tensor(s, &ss, m->params[i]->name, m->params[i], dt_f32(&m->params[i]->value));
@@ -73,6 +74,7 @@ dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path) {
         st = dt_checkpoint_meta_steps(&mb, m, &o, 1);
     }
     if (st == DT_OK && s->rank == 0) st = dt_safetensors_write(path, ss.e, ss.n, mb.m, mb.n);
+    if (open) dt_optimizer_state_close(o, 0);
     for (int k = 0; k < ss.n_owned; k++) free(ss.owned[k]);
     free(ss.owned);
     free(ss.e);
