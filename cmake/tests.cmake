@@ -413,3 +413,6 @@ add_test(NAME test_optim_bf16
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_optim_bf16.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>
                  $<TARGET_FILE:ckpt_bf16>)
 set_tests_properties(test_optim_bf16 PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
+add_test(NAME test_optim_bf16_converge
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_optim_bf16_converge.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_optim_bf16_converge PROPERTIES LABELS slow TIMEOUT 600 SKIP_RETURN_CODE 77)
