@@ -16,6 +16,7 @@
 #    ZeRO-2 sharded set, --pp 2, --tp 2); fp32 -> bf16 and bf16 -> fp32
 #    continue within 1e-3 of the uninterrupted runs, the saved state then being bf16
 #    and fp32 respectively;
+#  - --unfreeze-at (ZeRO re-partitions, carrying state): ZeRO-2 == DDP bit for bit;
 #  - memory report: optimizer state MiB per rank = state values x 2 bytes,
 #    computed here from GPT-2's parameter count (AdamW under DDP and ZeRO-2,
 #    SGD momentum), half of fp32's;
@@ -103,6 +104,11 @@ run pwhole "${p2[@]}" --steps 8 && run ppart "${p2[@]}" --steps 4 && cp "$tmp/pp
 t2=(--batch 2 --accum 2 --tp 2 --nproc 2 --optim-state bf16)
 run twhole "${t2[@]}" --steps 8 && run tpart "${t2[@]}" --steps 4 && cp "$tmp/tpart.jsonl" "$tmp/tres.jsonl" &&
     run tres "${t2[@]}" --steps 8 --resume "$tmp/tpart.ck" && same twhole tres
+
+# ---- re-partition: --unfreeze-at (DDP re-cuts, ZeRO carries state over by name through fp32 copies) ----
+uf=(--steps 6 --optim-state bf16 --batch 2 --nproc 2 --freeze 'h.0.*' --unfreeze-at 3)
+run uf_ddp "${uf[@]}" && run uf_zero2 "${uf[@]}" --zero 2 --save-format consolidated && same uf_ddp uf_zero2 &&
+    bfck uf_zero2 'optim.*' all
 
 # ---- the memory report: state values x bytes, from the parameter count ----
 L=2 C=256 T=64 V=256
