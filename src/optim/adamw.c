@@ -115,9 +115,10 @@ static adamw_k adamw_consts(const dt_optim_cfg *c, float lr, int decay, int64_t 
     return k;
 }
 
-/* step is 1-based; values < 1 are treated as 1. */
-void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
-                         float *m, float *v, size_t n, int64_t step, float grad_scale) {
+/* The range in OpenMP blocks; m and v are float (bf16 = 0) or bfloat16 arrays.
+ * step is 1-based; values < 1 are treated as 1. */
+static void adamw_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g, void *m, void *v,
+                        size_t n, int64_t step, float grad_scale, int bf16) {
     if (n == 0) return;
     adamw_k k = adamw_consts(c, lr, decay, step, grad_scale);
     size_t nb = (n + DT_ADAMW_BLOCK - 1) / DT_ADAMW_BLOCK;
@@ -125,19 +126,17 @@ void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, c
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_ADAMW_BLOCK;
         size_t len = n - lo < DT_ADAMW_BLOCK ? n - lo : DT_ADAMW_BLOCK;
-        adamw_block(&k, p + lo, g + lo, m + lo, v + lo, len);
+        if (bf16) adamw_block_bf16(&k, p + lo, g + lo, (uint16_t *)m + lo, (uint16_t *)v + lo, len);
+        else adamw_block(&k, p + lo, g + lo, (float *)m + lo, (float *)v + lo, len);
     }
+}
+
+void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
+                         float *m, float *v, size_t n, int64_t step, float grad_scale) {
+    adamw_range(c, lr, decay, p, g, m, v, n, step, grad_scale, 0);
 }
 
 void dt_adamw_step_range_bf16(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
                               uint16_t *m, uint16_t *v, size_t n, int64_t step, float grad_scale) {
-    if (n == 0) return;
-    adamw_k k = adamw_consts(c, lr, decay, step, grad_scale);
-    size_t nb = (n + DT_ADAMW_BLOCK - 1) / DT_ADAMW_BLOCK;
-    #pragma omp parallel for schedule(static) if (n > DT_ADAMW_PAR_MIN)
-    for (size_t b = 0; b < nb; b++) {
-        size_t lo = b * DT_ADAMW_BLOCK;
-        size_t len = n - lo < DT_ADAMW_BLOCK ? n - lo : DT_ADAMW_BLOCK;
-        adamw_block_bf16(&k, p + lo, g + lo, m + lo, v + lo, len);
-    }
+    adamw_range(c, lr, decay, p, g, m, v, n, step, grad_scale, 1);
 }

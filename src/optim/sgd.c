@@ -76,9 +76,10 @@ static sgd_k sgd_consts(const dt_optim_cfg *c, float lr, int decay, int64_t step
     return (sgd_k){lr, decay ? c->weight_decay : 0.0f, c->momentum, grad_scale, step <= 1, c->nesterov != 0};
 }
 
-/* buf must hold n floats when c->momentum > 0 (ignored otherwise). */
-void dt_sgd_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
-                       float *buf, size_t n, int64_t step, float grad_scale) {
+/* buf (float, or bfloat16 when bf16) must hold n values when c->momentum > 0
+ * (ignored otherwise). */
+static void sgd_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g, void *buf, size_t n,
+                      int64_t step, float grad_scale, int bf16) {
     if (n == 0) return;
     sgd_k k = sgd_consts(c, lr, decay, step, grad_scale);
     if (!(c->momentum > 0.0f)) {
@@ -89,22 +90,17 @@ void dt_sgd_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, con
     #pragma omp parallel for schedule(static) if (n > DT_SGD_PAR_MIN)
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_SGD_BLOCK, len = n - lo < DT_SGD_BLOCK ? n - lo : DT_SGD_BLOCK;
-        sgd_momentum_block(&k, p + lo, g + lo, buf + lo, len);
+        if (bf16) sgd_momentum_block_bf16(&k, p + lo, g + lo, (uint16_t *)buf + lo, len);
+        else sgd_momentum_block(&k, p + lo, g + lo, (float *)buf + lo, len);
     }
+}
+
+void dt_sgd_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
+                       float *buf, size_t n, int64_t step, float grad_scale) {
+    sgd_range(c, lr, decay, p, g, buf, n, step, grad_scale, 0);
 }
 
 void dt_sgd_step_range_bf16(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
                             uint16_t *buf, size_t n, int64_t step, float grad_scale) {
-    if (n == 0) return;
-    sgd_k k = sgd_consts(c, lr, decay, step, grad_scale);
-    if (!(c->momentum > 0.0f)) {
-        sgd_plain(p, g, n, lr, k.wd, grad_scale);
-        return;
-    }
-    size_t nb = (n + DT_SGD_BLOCK - 1) / DT_SGD_BLOCK;
-    #pragma omp parallel for schedule(static) if (n > DT_SGD_PAR_MIN)
-    for (size_t b = 0; b < nb; b++) {
-        size_t lo = b * DT_SGD_BLOCK, len = n - lo < DT_SGD_BLOCK ? n - lo : DT_SGD_BLOCK;
-        sgd_momentum_block_bf16(&k, p + lo, g + lo, buf + lo, len);
-    }
+    sgd_range(c, lr, decay, p, g, buf, n, step, grad_scale, 1);
 }
