@@ -93,7 +93,7 @@ static int run_mode(dt_pg *world, const bench_workload *w0, int tp, int steps) {
     double comm = tp ? (double)dt_tp_get_stats(s.self).bytes_last_step : (double)m->grad_flat.numel * f;
     if (tp && W / cfg.tp_size > 1) comm += (double)m->grad_flat.numel * f;   /* (dp x tp: DDP too) */
     double v[6] = {ms[steps / 2], (double)m->param_flat.numel * f * mib, (double)m->grad_flat.numel * f * mib,
-                   (double)dt_optim_state_per_elem(&oc) * (double)opt.state_len * f * mib, peak_rss_mib(),
+                   (double)dt_optimizer_state_nbytes(&opt) * mib, peak_rss_mib(),
                    (double)dt_graph_arena_bytes(g) * mib};
     if (rank == 0)
         printf("%-5s x%d  batch %lld x %lld per replica  %8.1f ms/step  %6.0f tok/s  per rank: params %7.1f MiB  grads %7.1f  "

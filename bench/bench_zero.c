@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
         if (dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel) != DT_OK) return die("optimizer");
         double full = (double)m->param_flat.numel * 4;
         mem[0] = full; mem[1] = (double)m->grad_flat.numel * 4;
-        mem[2] = full * (opt.state[1] ? 2 : opt.state[0] ? 1 : 0);
+        mem[2] = (double)dt_optimizer_state_nbytes(&opt);
         mem[3] = mem[4] = 0;
     } else {
         if (dt_zero_create(m, pg, &oc, &zo, &z) != DT_OK) return die("zero");

@@ -14,8 +14,9 @@
 # steps loss scaling skipped and the last scale.
 #
 #   bench/precision.sh BUILD_DIR converge [STEPS=300]
+#   bench/precision.sh BUILD_DIR optim-state [STEPS=300]   (--optim-state fp32 vs bf16 on W1 text)
 set -euo pipefail
-build=${1:?usage: precision.sh BUILD_DIR [REPS] [STEPS] [DIR] | BUILD_DIR converge [STEPS]}
+build=${1:?usage: precision.sh BUILD_DIR [REPS] [STEPS] [DIR] | BUILD_DIR converge [STEPS] | BUILD_DIR optim-state [STEPS]}
 if [ "${2:-}" = converge ]; then
     steps=${3:-300}
     tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -34,6 +35,31 @@ if [ "${2:-}" = converge ]; then
     done
     paste "$tmp/fp32.tsv" "$tmp/fp16.tsv" | awk -v n="$steps" '$1 > n - 10 { a += $2; b += $5 } $1 == n { la = $2; lb = $5 }
         END { d = (lb - la) / la; e = (b - a) / a; printf "fp16 vs fp32: final loss %+.2f%%, mean of the last 10 steps %+.2f%%\n", 100 * d, 100 * e }'
+    exit 0
+fi
+if [ "${2:-}" = optim-state ]; then   # --optim-state fp32 against bf16 on W1 text (issue 29)
+    steps=${3:-300}
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    w1=(--model gpt2 --layers 6 --embd 384 --heads 6 --max-t 256 --seq 256 --batch 8 --data text --lr 3e-4 --wd 0)
+    echo "$(lscpu | grep -m1 'Model name' | sed 's/  */ /g'), $(lscpu | grep -m1 '^Model:' | sed 's/  */ /g'); W1, 1 process x 2 threads, $steps steps"
+    echo "| optimizer state | loss at step $steps | mean loss, last 10 steps | ms/step | optimizer state MiB per rank: DDP 2 / ZeRO-2 on 2 |"
+    echo "|---|---|---|---|---|"
+    for s in fp32 bf16; do
+        "$build/dtrain" train "${w1[@]}" --threads 2 --steps "$steps" --eval-batches 1 --log-every "$steps" \
+            --optim-state $s --metrics "$tmp/$s.jsonl" > "$tmp/$s.out" 2>&1
+        mem=""
+        for z in "" "--zero 2"; do   # the start-up memory report of a 2-rank run (one step)
+            # shellcheck disable=SC2086
+            m=$("$build/dtrain" train "${w1[@]}" --nproc 2 --threads 1 --steps 1 --eval-batches 1 --optim-state $s $z 2>&1 |
+                grep -m1 -E '^ *rank 0:' | awk -F'[:/]' '{ print $4 + 0 }')
+            mem="$mem${mem:+ / }$m"
+        done
+        grep '"loss":' "$tmp/$s.jsonl" | grep -v eval | sed -E 's/.*"step":([0-9]+),"loss":([0-9.e+-]+),"lr":[^,]+,"ms":([0-9.e+-]+).*/\1 \2 \3/' > "$tmp/$s.tsv"
+        awk -v s=$s -v n="$steps" -v mem="$mem" '{ l[$1] = $2; if ($1 > 1) { ms += $3; k++ } }
+            END { for (i = n - 9; i <= n; i++) m += l[i]; printf "| %s | %.4f | %.4f | %.0f | %s |\n", s, l[n], m / 10, ms / k, mem }' "$tmp/$s.tsv"
+    done
+    paste "$tmp/fp32.tsv" "$tmp/bf16.tsv" | awk -v n="$steps" '$1 > n - 10 { a += $2; b += $5 } $1 == n { la = $2; lb = $5 }
+        END { printf "bf16 vs fp32 state: final loss %+.3f%%, mean of the last 10 steps %+.3f%%\n", 100 * (lb - la) / la, 100 * (b - a) / a }'
     exit 0
 fi
 reps=${2:-2}

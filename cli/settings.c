@@ -77,6 +77,7 @@ static const setting_flag k_flags[] = {
     {"train.optim.beta1", "--beta1"},
     {"train.optim.beta2", "--beta2"},
     {"train.optim.eps", "--eps"},
+    {"train.optim.state_dtype", "--optim-state"},
     {"train.min_lr", "--min-lr"},
     {"train.warmup", "--warmup"},
     {"train.clip", "--clip"},

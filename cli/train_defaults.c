@@ -40,6 +40,11 @@ static int resolve_optim(cli_flags *f, char *err, int errlen) {
     dt_optim_cfg c = dt_optim_cfg_default(kind);
     dt_args_overlay(f->table, f->n_table, f->given, &f->optim_flags, sizeof f->optim_flags, &c);
     if (f->nesterov) c.nesterov = 1;
+    if (f->optim_state && !strcmp(f->optim_state, "bf16")) c.state_dtype = DT_OPTIM_STATE_BF16;
+    else if (f->optim_state && strcmp(f->optim_state, "fp32")) {
+        snprintf(err, (size_t)errlen, "--optim-state: '%s' is not one of fp32, bf16", f->optim_state);
+        return -1;
+    }
     f->o.optim = c;
     return 0;
 }

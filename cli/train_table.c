@@ -129,6 +129,10 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--seed", DT_ARG_U64, &o->seed, "S", "seed for init, shuffling, dropout (default 1)", 0, 0},
         {"--threads", DT_ARG_INT, &o->threads, "N", "OpenMP/OpenBLAS threads per rank (default: cores / ranks)", 0, 0},
         {"--precision", DT_ARG_STR, &f->precision, "P", "fp32 (default), bf16 or fp16: matrix products take 16-bit-rounded inputs with fp32 accumulation; weights, LayerNorm, softmax, the loss and the optimizer stay fp32. bf16 only where that is faster (oneDNN on AMX; the start-up line says which runs); fp16 on every CPU, computed by the fp32 GEMM (fp16's numerics, fp32's speed: oneDNN 2.6 has no fp16 matmul on CPU), with dynamic loss scaling", 0, 0},
+        {"--optim-state", DT_ARG_STR, &f->optim_state, "fp32|bf16", "how the optimizer's per-element state (AdamW m and v, "
+         "SGD momentum) is stored: fp32 (default) or bf16, half the optimizer memory (ZeRO shards it as before). "
+         "Updates compute in fp32 and round to nearest even on every store; parameters stay fp32; checkpoints hold "
+         "the state as fp32, so either resumes from either (a bf16 run rounds it on load)", 0, 0},
         {"--loss-scale", DT_ARG_STR, &f->loss_scale, "dynamic|off|S", "multiply the loss gradient by a scale and divide the gradients by it before clipping and the step; a step with an inf/nan gradient on any rank is skipped on every rank (counted in the metrics' \"skipped\"; it still counts toward --steps). dynamic (default with fp16; off otherwise): halve on overflow, double after --loss-scale-window clean steps; S: a fixed scale", 0, 0},
         {"--loss-scale-init", DT_ARG_FLOAT, &o->loss_scale_init, "S", "the dynamic loss scale's first value (default 65536)", 0, 0},
         {"--loss-scale-window", DT_ARG_INT, &o->loss_scale_window, "N", "clean steps before the dynamic loss scale doubles (default 2000)", 0, 0},

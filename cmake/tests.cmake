@@ -110,6 +110,9 @@ set_tests_properties(test_recompute_bitwise PROPERTIES LABELS mpi PROCESSORS 2 T
 # Test tools (not tests themselves): ckpt_cmp compares two checkpoints bitwise.
 add_executable(ckpt_cmp ${CMAKE_SOURCE_DIR}/tests/tools/ckpt_cmp.c)
 target_link_libraries(ckpt_cmp PRIVATE dtrain)
+# ckpt_bf16 counts the checkpoint values bfloat16 cannot hold (test_optim_bf16).
+add_executable(ckpt_bf16 ${CMAKE_SOURCE_DIR}/tests/tools/ckpt_bf16.c)
+target_link_libraries(ckpt_bf16 PRIVATE dtrain)
 
 # GPT-2 with dropout: one process == --accum == DDP == ZeRO-1 == --pp 2 ==
 # recompute bit for bit (masks keyed by sample position, not a generator).
@@ -427,3 +430,14 @@ set_tests_properties(test_precision PROPERTIES LABELS "mpi;slow" PROCESSORS 2 TI
 add_test(NAME test_fp16
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_fp16.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
 set_tests_properties(test_fp16 PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
+
+# --optim-state bf16 (issue 29): DDP == ZeRO-1/2/3 and --pp 2 == one process bit
+# for bit as with fp32 state, resumes across storages, memory reports halved,
+# W1-like convergence against fp32 state.
+add_test(NAME test_optim_bf16
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_optim_bf16.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>
+                 $<TARGET_FILE:ckpt_bf16>)
+set_tests_properties(test_optim_bf16 PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
+add_test(NAME test_optim_bf16_converge
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_optim_bf16_converge.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_optim_bf16_converge PROPERTIES LABELS slow TIMEOUT 600 SKIP_RETURN_CODE 77)

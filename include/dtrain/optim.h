@@ -22,6 +22,28 @@
 
 typedef enum dt_optim_kind { DT_OPTIM_SGD = 0, DT_OPTIM_ADAMW = 1 } dt_optim_kind;
 
+/* How the per-element state (AdamW's m and v, SGD's momentum) is stored.
+ * BF16 halves the optimizer's memory: each step widens the stored value to
+ * fp32, updates it with the fp32 arithmetic of the FP32 path and rounds the
+ * result back to bfloat16 (nearest even, NaN kept) on every store; the
+ * parameters (the fp32 masters) stay fp32. Round to nearest, not stochastic
+ * rounding, as torchtitan and others store 16-bit moments: a run stays a
+ * deterministic function of its inputs, the same in every layout.
+ *   Range: bf16 keeps fp32's 8-bit exponent, so Adam's tiny second moments
+ * (v ~ g^2, 1e-20 and far below) underflow no sooner than fp32 normals
+ * (1.2e-38); only fp32 subnormals below bf16's smallest (9.2e-41) are lost,
+ * and dtrain flushes denormals anyway unless --keep-denormals.
+ *   Resolution: 8 significant bits, so a store moves a value by less than
+ * half an ulp (2^-9..2^-8 relative) not at all. With beta2 = 0.999 the decay
+ * 0.999 v is such a move: v does not shrink while g^2 stays below v, and grows
+ * once (1 - beta2)(g^2 - v) passes half an ulp (g^2 > ~3v). v then lags high
+ * after gradients shrink: smaller steps than fp32 state, never larger, never
+ * a division by an underflowed v. m (beta1 = 0.9) and SGD momentum move by
+ * 10% per step and are not held. Checkpoints hold the state widened to fp32
+ * under the same names, so either storage resumes from either (loading into
+ * BF16 rounds). */
+typedef enum dt_optim_state_dtype { DT_OPTIM_STATE_FP32 = 0, DT_OPTIM_STATE_BF16 = 1 } dt_optim_state_dtype;
+
 typedef struct dt_optim_cfg {
     dt_optim_kind kind;
     float lr;              /* base LR (the schedule scales it) */
@@ -29,14 +51,18 @@ typedef struct dt_optim_cfg {
     float momentum;        /* SGD */
     int nesterov;          /* SGD */
     float beta1, beta2, eps;  /* AdamW */
+    int state_dtype;       /* dt_optim_state_dtype: FP32 (0, default) or BF16 */
 } dt_optim_cfg;
 /* PyTorch-like defaults for kind: AdamW lr 1e-3, betas .9/.999, eps 1e-8, wd 0.01;
  * SGD lr 0.01, momentum 0, wd 0. */
 dt_optim_cfg dt_optim_cfg_default(dt_optim_kind kind);
 /* Rejects contradictions (nesterov without momentum, negative lr, betas outside [0,1)). */
 dt_status dt_optim_cfg_validate(const dt_optim_cfg *c);
-/* Number of state floats per parameter element (SGD: 1 if momentum > 0 else 0; AdamW: 2). */
+/* Number of state values per parameter element (SGD: 1 if momentum > 0 else 0; AdamW: 2). */
 int dt_optim_state_per_elem(const dt_optim_cfg *c);
+/* Bytes of optimizer state per parameter element: state_per_elem x (4 fp32, 2 bf16).
+ * What every memory report and estimate counts. */
+size_t dt_optim_state_bytes(const dt_optim_cfg *c);
 
 /* Kernels on one range. `step` is 1-based (after increment). grad_scale
  * multiplies the gradient first (clipping / averaging); 1.0 = none.
@@ -46,6 +72,13 @@ void dt_sgd_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, con
                        float *buf, size_t n, int64_t step, float grad_scale);
 void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
                          float *m, float *v, size_t n, int64_t step, float grad_scale);
+/* The same with bfloat16 state (dt_optim_state_dtype BF16): each element's
+ * state is widened, updated by exactly the fp32 kernel's arithmetic, and
+ * rounded back to bf16 (nearest even); p and g stay fp32. */
+void dt_sgd_step_range_bf16(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
+                            uint16_t *buf, size_t n, int64_t step, float grad_scale);
+void dt_adamw_step_range_bf16(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
+                              uint16_t *m, uint16_t *v, size_t n, int64_t step, float grad_scale);
 
 /* Sum of squares of x[0..n) in double (for the global grad norm; the caller
  * sums partial results across ranks / shards, then takes sqrt). */
@@ -82,7 +115,10 @@ typedef struct dt_optimizer {
     int64_t *skipped;                /* per segment: steps it sat out (dt_optimizer_finish_step) */
     int n_segs;
     size_t state_begin, state_end;   /* owned range of the flat buffer, in elements */
-    float *state[2];                 /* each state_len floats, or NULL */
+    float *state[2];                 /* FP32 storage: each state_len floats, or NULL. BF16 storage: NULL,
+                                        except between dt_optimizer_state_open and _close (a widened copy) */
+    uint16_t *state16[2];            /* BF16 storage: each state_len bfloat16 values, or NULL */
+    int state_open;                  /* BF16: nesting depth of dt_optimizer_state_open */
     size_t state_len;                /* state_end - state_begin, or (compact) the segments' elements */
     size_t *seg_state;               /* per segment: index in state[k] of its first owned element */
     int64_t step;                    /* completed steps */
@@ -99,8 +135,20 @@ dt_status dt_optimizer_init_compact(dt_optimizer *o, const dt_optim_cfg *cfg, co
 /* State k (0: exp_avg / momentum, 1: exp_avg_sq) of flat element `offset`,
  * or NULL when it has none (no segment, outside the owned range, or k not
  * kept by this optimizer). Consecutive elements of one segment are
- * consecutive in memory. */
+ * consecutive in memory. With BF16 storage only inside a
+ * dt_optimizer_state_open bracket (NULL outside it). */
 float *dt_optimizer_state_of(const dt_optimizer *o, int k, size_t offset);
+/* fp32 access to BF16 state, for what reads or writes state as fp32 tensors
+ * (checkpoints, a re-partition carrying state over): open widens every state
+ * array into an fp32 copy in o->state[k] (so dt_optimizer_state_of works);
+ * close(store = 1) first rounds that copy back into the bf16 storage (after a
+ * load wrote into it), and the outermost close frees it. Brackets nest (depth
+ * count); a store at any depth writes through. With FP32 storage both do
+ * nothing. While open, a save holds the state twice (bf16 + fp32 copy). */
+dt_status dt_optimizer_state_open(dt_optimizer *o);
+void dt_optimizer_state_close(dt_optimizer *o, int store);
+/* Bytes the state occupies: state arrays x state_len x element size. */
+size_t dt_optimizer_state_nbytes(const dt_optimizer *o);
 void dt_optimizer_free(dt_optimizer *o);
 /* Step params/grads restricted to [begin, end) ⊆ [state_begin, state_end)
  * (DT_EINVAL, nothing stepped, otherwise). Elements in no segment (padding)

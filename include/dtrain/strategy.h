@@ -238,8 +238,9 @@ dt_status dt_checkpoint_apply_meta(dt_run *run, dt_ckpt_meta_get get, const void
  * is restored. */
 /* Every "optim.<state>.<param>" of o's parameters from c (after
  * apply_steps): parameters frozen now are skipped; a state the checkpoint
- * lacks is allowed only for a parameter that took no step (saved frozen). */
-dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt_model *m, const dt_optimizer *o);
+ * lacks is allowed only for a parameter that took no step (saved frozen).
+ * The file holds fp32; bf16 state (optim.h) is rounded as it is stored. */
+dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt_model *m, dt_optimizer *o);
 dt_status dt_checkpoint_meta_steps(dt_ckpt_meta *mb, const dt_model *m, dt_optimizer *const *opts, int n);
 dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
                                     dt_optimizer *const *opts, int n);

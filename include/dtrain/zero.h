@@ -279,6 +279,12 @@ dt_status dt_zero_load(dt_zero *z, dt_run *run, const char *path);
  * read_states: this rank's owned ranges of every state (stage 3: and of the
  * parameter values), and the step count. */
 int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc, char (*names)[192]);
+/* bf16 optimizer state (optim.h): the pieces above point at fp32 copies that
+ * exist only between state_open and state_close (every bucket's optimizer's
+ * dt_optimizer_state_open / _close; store = 1 rounds what was written back).
+ * Nothing to do with fp32 state. save, load and read_states open their own. */
+dt_status dt_zero_state_open(dt_zero *z);
+void dt_zero_state_close(dt_zero *z, int store);
 dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step);
 /* Stage 3 (the values exist only as shards): the pieces of this rank's owned
  * ranges of the parameter values, for parameters with !skip[index]; pc has

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 #include "dtrain/optim.h"
+#include "bf16_state.h"
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
@@ -82,10 +83,24 @@ static void adamw_block(const adamw_k *k, float *restrict p, const float *restri
 }
 #endif
 
-/* step is 1-based; values < 1 are treated as 1. */
-void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
-                         float *m, float *v, size_t n, int64_t step, float grad_scale) {
-    if (n == 0) return;
+/* bf16 state: chunks widened into fp32 scratch, stepped by adamw_block (the
+ * fp32 path's instructions, so an element's fp32 m and v before rounding are
+ * what the fp32 kernel computes from the same inputs), rounded back. */
+static void adamw_block_bf16(const adamw_k *k, float *restrict p, const float *restrict g,
+                             uint16_t *restrict m16, uint16_t *restrict v16, size_t n) {
+    float tm[DT_BF16_STATE_CHUNK], tv[DT_BF16_STATE_CHUNK];
+    for (size_t i = 0; i < n; i += DT_BF16_STATE_CHUNK) {
+        size_t len = n - i < DT_BF16_STATE_CHUNK ? n - i : DT_BF16_STATE_CHUNK;
+        dt_bf16s_widen_n(tm, m16 + i, len);
+        dt_bf16s_widen_n(tv, v16 + i, len);
+        adamw_block(k, p + i, g + i, tm, tv, len);
+        dt_bf16s_round_n(m16 + i, tm, len);
+        dt_bf16s_round_n(v16 + i, tv, len);
+    }
+}
+
+/* The per-call constants (bias corrections in double). */
+static adamw_k adamw_consts(const dt_optim_cfg *c, float lr, int decay, int64_t step, float grad_scale) {
     double t = step < 1 ? 1.0 : (double)step;
     double bc1 = 1.0 - pow((double)c->beta1, t);
     double bc2 = 1.0 - pow((double)c->beta2, t);
@@ -97,11 +112,31 @@ void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, c
         .inv_bc2s = (float)(1.0 / sqrt(bc2)),
         .eps = c->eps, .gs = grad_scale,
     };
+    return k;
+}
+
+/* The range in OpenMP blocks; m and v are float (bf16 = 0) or bfloat16 arrays.
+ * step is 1-based; values < 1 are treated as 1. */
+static void adamw_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g, void *m, void *v,
+                        size_t n, int64_t step, float grad_scale, int bf16) {
+    if (n == 0) return;
+    adamw_k k = adamw_consts(c, lr, decay, step, grad_scale);
     size_t nb = (n + DT_ADAMW_BLOCK - 1) / DT_ADAMW_BLOCK;
     #pragma omp parallel for schedule(static) if (n > DT_ADAMW_PAR_MIN)
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_ADAMW_BLOCK;
         size_t len = n - lo < DT_ADAMW_BLOCK ? n - lo : DT_ADAMW_BLOCK;
-        adamw_block(&k, p + lo, g + lo, m + lo, v + lo, len);
+        if (bf16) adamw_block_bf16(&k, p + lo, g + lo, (uint16_t *)m + lo, (uint16_t *)v + lo, len);
+        else adamw_block(&k, p + lo, g + lo, (float *)m + lo, (float *)v + lo, len);
     }
+}
+
+void dt_adamw_step_range(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
+                         float *m, float *v, size_t n, int64_t step, float grad_scale) {
+    adamw_range(c, lr, decay, p, g, m, v, n, step, grad_scale, 0);
+}
+
+void dt_adamw_step_range_bf16(const dt_optim_cfg *c, float lr, int decay, float *p, const float *g,
+                              uint16_t *m, uint16_t *v, size_t n, int64_t step, float grad_scale) {
+    adamw_range(c, lr, decay, p, g, m, v, n, step, grad_scale, 1);
 }

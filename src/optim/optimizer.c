@@ -5,6 +5,7 @@
 #include <string.h>
 #include "dtrain/optim.h"
 #include "dtrain/tensor.h"
+#include "bf16_state.h"
 
 dt_optim_cfg dt_optim_cfg_default(dt_optim_kind kind) {
     /* Both field groups get sane values so switching kind keeps a valid cfg. */
@@ -44,6 +45,8 @@ dt_status dt_optim_cfg_validate(const dt_optim_cfg *c) {
         if (!(c->eps > 0.0f) || !isfinite(c->eps))
             return DT_ERR(DT_EINVAL, "eps must be finite and > 0 (got %g)", (double)c->eps);
     }
+    if (c->state_dtype != DT_OPTIM_STATE_FP32 && c->state_dtype != DT_OPTIM_STATE_BF16)
+        return DT_ERR(DT_EINVAL, "train.optim.state_dtype: unknown optimizer state dtype %d (fp32 or bf16)", c->state_dtype);
     return DT_OK;
 }
 
@@ -51,6 +54,12 @@ int dt_optim_state_per_elem(const dt_optim_cfg *c) {
     if (c->kind == DT_OPTIM_ADAMW) return 2;
     return c->momentum > 0.0f ? 1 : 0;
 }
+
+size_t dt_optim_state_bytes(const dt_optim_cfg *c) {
+    return (size_t)dt_optim_state_per_elem(c) * (c->state_dtype == DT_OPTIM_STATE_BF16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+static int is_bf16(const dt_optimizer *o) { return o->cfg.state_dtype == DT_OPTIM_STATE_BF16; }
 
 static int seg_cmp(const void *a, const void *b) {
     size_t x = ((const dt_optim_segment *)a)->offset, y = ((const dt_optim_segment *)b)->offset;
@@ -129,8 +138,10 @@ static dt_status init_impl(dt_optimizer *o, const dt_optim_cfg *cfg, const dt_op
     o->state_end = state_end;
     o->state_len = len;
     for (int k = 0; k < dt_optim_state_per_elem(cfg); k++) {
-        o->state[k] = dt_calloc(len * sizeof(float));
-        if (!o->state[k]) {
+        void *a = dt_calloc(len * (is_bf16(o) ? sizeof(uint16_t) : sizeof(float)));   /* bf16 0x0000 = +0 */
+        if (is_bf16(o)) o->state16[k] = a;
+        else o->state[k] = a;
+        if (!a) {
             dt_optimizer_free(o);
             return DT_ERR(DT_ENOMEM, "optimizer: out of memory for %zu state floats", len);
         }
@@ -166,9 +177,41 @@ void dt_optimizer_free(dt_optimizer *o) {
     free(o->segs);
     free(o->skipped);
     free(o->seg_state);
-    dt_free(o->state[0]);
+    dt_free(o->state[0]);   /* bf16: an open bracket's fp32 copy */
     dt_free(o->state[1]);
+    dt_free(o->state16[0]);
+    dt_free(o->state16[1]);
     memset(o, 0, sizeof *o);
+}
+
+size_t dt_optimizer_state_nbytes(const dt_optimizer *o) {
+    return o->state_len * dt_optim_state_bytes(&o->cfg);
+}
+
+dt_status dt_optimizer_state_open(dt_optimizer *o) {
+    if (!is_bf16(o)) return DT_OK;
+    if (o->state_open++ > 0) return DT_OK;
+    for (int k = 0; k < 2; k++) {
+        if (!o->state16[k]) continue;
+        o->state[k] = dt_calloc((o->state_len ? o->state_len : 1) * sizeof(float));
+        if (!o->state[k]) {
+            dt_optimizer_state_close(o, 0);
+            return DT_ERR(DT_ENOMEM, "optimizer: out of memory widening %zu bf16 state values to fp32", o->state_len);
+        }
+        dt_bf16s_widen_n(o->state[k], o->state16[k], o->state_len);
+    }
+    return DT_OK;
+}
+
+void dt_optimizer_state_close(dt_optimizer *o, int store) {
+    if (!is_bf16(o) || o->state_open <= 0) return;
+    for (int k = 0; k < 2 && store; k++)
+        if (o->state[k] && o->state16[k]) dt_bf16s_round_n(o->state16[k], o->state[k], o->state_len);
+    if (--o->state_open > 0) return;
+    for (int k = 0; k < 2; k++) {
+        dt_free(o->state[k]);
+        o->state[k] = NULL;
+    }
 }
 
 /* param/grad element i sits at flat offset origin + i (grad: minus the
@@ -198,7 +241,13 @@ static void step_impl(dt_optimizer *o, float lr, float *param, const float *grad
             if (!isnan(s->hp->beta2)) gc.beta2 = s->hp->beta2;
             c = &gc;
         }
-        if (c->kind == DT_OPTIM_ADAMW)
+        if (is_bf16(o) && c->kind == DT_OPTIM_ADAMW)
+            dt_adamw_step_range_bf16(c, slr, decay, param + pi, grad + gi, o->state16[0] + at, o->state16[1] + at, n,
+                                     t, grad_scale);
+        else if (is_bf16(o))
+            dt_sgd_step_range_bf16(c, slr, decay, param + pi, grad + gi, o->state16[0] ? o->state16[0] + at : NULL, n,
+                                   t, grad_scale);
+        else if (c->kind == DT_OPTIM_ADAMW)
             dt_adamw_step_range(c, slr, decay, param + pi, grad + gi, o->state[0] + at,
                                 o->state[1] + at, n, t, grad_scale);
         else

@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include "dtrain/strategy.h"
 
-dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt_model *m, const dt_optimizer *o) {
+/* fp32 tensors into o's fp32 view (bf16 state: the widened copy, rounded
+ * back at the end; a parameter not in the file keeps its state). */
+static dt_status read_states(const dt_ckpt *c, const char *what, const dt_model *m, const dt_optimizer *o) {
     int ns = dt_optim_state_per_elem(&o->cfg);
     for (int s = 0; s < ns; s++)
         for (int i = 0; i < m->n_params; i++) {
@@ -26,6 +28,13 @@ dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt
             DT_TRY(dt_checkpoint_read_param(c, nm, p, dst));
         }
     return DT_OK;
+}
+
+dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt_model *m, dt_optimizer *o) {
+    DT_TRY(dt_optimizer_state_open(o));
+    dt_status s = read_states(c, what, m, o);
+    dt_optimizer_state_close(o, s == DT_OK);
+    return s;
 }
 
 dt_status dt_checkpoint_read_param(const dt_ckpt *c, const char *name, const dt_param *p, float *dst) {

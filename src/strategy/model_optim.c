@@ -40,6 +40,13 @@ dt_status dt_optimizer_refresh_model(dt_optimizer *o, const dt_model *m) {
     DT_TRY(dt_optimizer_init_model(&n, &o->cfg, m));
     n.step = o->step;
     int ns = dt_optim_state_per_elem(&o->cfg);
+    dt_status st = dt_optimizer_state_open(o);   /* bf16 state: copied through fp32 views (exact both ways) */
+    if (st == DT_OK) st = dt_optimizer_state_open(&n);
+    if (st != DT_OK) {
+        dt_optimizer_state_close(o, 0);
+        dt_optimizer_free(&n);
+        return st;
+    }
     for (int k = 0; k < n.n_segs; k++) {
         const dt_optim_segment *s = &n.segs[k];
         int j = dt_optimizer_find_segment(o, s->offset);
@@ -53,6 +60,8 @@ dt_status dt_optimizer_refresh_model(dt_optimizer *o, const dt_model *m) {
             if (from && to) memcpy(to, from, s->numel * sizeof *to);
         }
     }
+    dt_optimizer_state_close(&n, 1);
+    dt_optimizer_state_close(o, 0);
     dt_optimizer_free(o);
     *o = n;
     return DT_OK;

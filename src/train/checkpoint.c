@@ -23,6 +23,8 @@ dt_status dt_checkpoint_save(dt_trainer *t, const char *path) {
     dt_st_entry *e = calloc((size_t)n, sizeof *e);
     char (*names)[192] = calloc((size_t)(m->n_params * ns + 1), sizeof *names);
     if (!e || !names) { free(e); free(names); return DT_ERR(DT_ENOMEM, "out of memory"); }
+    dt_status st = dt_optimizer_state_open(&t->optim);   /* bf16 state: written widened to fp32 */
+    if (st != DT_OK) { free(e); free(names); return st; }
     int k = 0;
     for (int i = 0; i < m->n_params; i++) fill_entry(&e[k++], m->params[i]->name, &m->params[i]->value, m->params[i]->value.data);
     for (int i = 0; i < m->n_buffers; i++) fill_entry(&e[k++], m->buffers[i]->name, &m->buffers[i]->value, m->buffers[i]->value.data);
@@ -37,8 +39,9 @@ dt_status dt_checkpoint_save(dt_trainer *t, const char *path) {
     dt_ckpt_meta mb;
     dt_checkpoint_meta(&t->run, t->strat.name, t->optim.step, &mb);
     dt_optimizer *opt = &t->optim;
-    dt_status st = dt_checkpoint_meta_steps(&mb, m, &opt, 1);
+    st = dt_checkpoint_meta_steps(&mb, m, &opt, 1);
     if (st == DT_OK && t->strat.rank == 0) st = dt_safetensors_write(path, e, k, mb.m, mb.n);
+    dt_optimizer_state_close(&t->optim, 0);
     free(e);
     free(names);
     return st;

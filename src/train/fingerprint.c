@@ -73,6 +73,7 @@ static void describe_run(const dt_trainer *t, dt_agree *a) {
         dt_agree_add(a, "train.optim.beta2", "%.9g", q->beta2);
         dt_agree_add(a, "train.optim.eps", "%.9g", q->eps);
     }
+    dt_agree_add(a, "train.optim.state_dtype", "%s", q->state_dtype == DT_OPTIM_STATE_BF16 ? "bf16" : "fp32");
     dt_agree_add(a, "train.min_lr", "%.9g", o->min_lr);
     dt_agree_add(a, "train.warmup", "%lld", (long long)o->warmup);
     dt_agree_add(a, "train.clip", "%.9g", o->clip);

@@ -22,9 +22,10 @@ void dt_train_memory_estimate(const dt_train_opts *o, const dt_strategy *strat, 
     int train = !o->eval_only, all_train = train && o->n_freeze == 0;
     out->params = 4.0 * n / div[0];
     out->grads = all_train ? 4.0 * n / div[1] : 0;
-    out->optim = all_train ? 4.0 * n * dt_optim_state_per_elem(&o->optim) / div[2] : 0;
+    out->optim = all_train ? n * (double)dt_optim_state_bytes(&o->optim) / div[2] : 0;
     out->acts = dt_model_cfg_act_bytes(&o->model, o->seq, o->recompute == DT_RECOMPUTE_BLOCKS) * (double)o->batch / div[3];
-    if (train && o->save && !o->save_sync) out->copy = out->params + out->optim;   /* the background save's copy */
+    /* the background save's copy: parameters and optimizer state as written, fp32 (bf16 state is widened) */
+    if (train && o->save && !o->save_sync) out->copy = out->params + (all_train ? 4.0 * n * dt_optim_state_per_elem(&o->optim) / div[2] : 0);
     out->total = out->params + out->grads + out->optim + out->acts + out->copy;
 }
 

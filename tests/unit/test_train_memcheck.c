@@ -113,6 +113,22 @@ static void test_estimate_shares(void **state) {
     dt_train_memory_estimate(&o, NULL, &z);
     assert_true(z.copy == 12 * n);
     o.save = NULL;
+    /* bf16 optimizer state: 2 bytes per state value (AdamW: 2 values, SGD momentum: 1), shares as before */
+    o.optim.state_dtype = DT_OPTIM_STATE_BF16;
+    dt_train_memory_estimate(&o, NULL, &z);
+    assert_true(z.params == 4 * n && z.grads == 4 * n && z.optim == 4 * n);
+    dt_train_memory_estimate(&o, &zero2, &z);
+    assert_true(z.optim == n);
+    o.save = "x"; o.save_sync = 0;   /* the background copy holds the state widened to fp32 */
+    dt_train_memory_estimate(&o, NULL, &z);
+    assert_true(z.optim == 4 * n && z.copy == 12 * n);
+    o.save = NULL;
+    o.optim = dt_optim_cfg_default(DT_OPTIM_SGD);
+    o.optim.momentum = 0.9f;
+    o.optim.state_dtype = DT_OPTIM_STATE_BF16;
+    dt_train_memory_estimate(&o, NULL, &z);
+    assert_true(z.optim == 2 * n);
+    o.optim = dt_optim_cfg_default(DT_OPTIM_ADAMW);
     o.eval_only = 1;
     dt_train_memory_estimate(&o, NULL, &z);
     assert_true(z.grads == 0 && z.optim == 0 && z.params == 4 * n);

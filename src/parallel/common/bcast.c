@@ -51,7 +51,9 @@ void dt_par_buffers_free(dt_par_buffers *b) {
  * (the same trainable set: agreed at every refresh). */
 dt_status dt_par_bcast_optimizer(dt_pg *pg, dt_optimizer *o, int root) {
     for (int k = 0; k < 2; k++)
-        if (o->state[k] && o->state_len)
+        if (o->state16[k] && o->state_len)   /* bf16 state (optim.h): its bits, not widened */
+            DT_TRY(dt_broadcast(pg, o->state16[k], (int64_t)o->state_len, DT_BF16, root, NULL));
+        else if (o->state[k] && o->state_len)
             DT_TRY(dt_broadcast(pg, o->state[k], (int64_t)o->state_len, DT_F32, root, NULL));
     /* int64 counts as pairs of float32 words: a broadcast copies bytes and
      * does no arithmetic, so every bit pattern arrives unchanged */

@@ -93,7 +93,20 @@ static dt_status add_piece(dt_pipe *p, const char *name, const dt_param *q, cons
     return DT_OK;
 }
 
+static dt_status write_my_shard_open(dt_pipe *p, dt_run *r, const char *dir, const char *set);
+
+/* bf16 optimizer state (optim.h) is written widened to fp32: the pieces point
+ * at fp32 copies that live until the shard is written. */
 static dt_status write_my_shard(dt_pipe *p, dt_run *r, const char *dir, const char *set) {
+    dt_status s = p->dp.zero ? dt_zero_state_open(p->dp.zero) : dt_optimizer_state_open(&p->upd.optim);
+    if (s != DT_OK) return s;
+    s = write_my_shard_open(p, r, dir, set);
+    if (p->dp.zero) dt_zero_state_close(p->dp.zero, 0);
+    else dt_optimizer_state_close(&p->upd.optim, 0);
+    return s;
+}
+
+static dt_status write_my_shard_open(dt_pipe *p, dt_run *r, const char *dir, const char *set) {
     dt_model *m = p->m;
     const dt_optim_cfg *cfg = r->optim;
     int ns = dt_optim_state_per_elem(cfg), np = m->n_params, nw = 0;
@@ -204,12 +217,11 @@ dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
 
 static const char *ckpt_get(const void *src, const char *key) { return dt_ckpt_get_meta(src, key); }
 
-static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
+/* Parameter values (whole tensors; a tensor-parallel part keeps its slice)
+ * and, without ZeRO, the optimizer states of every parameter. */
+static dt_status load_values_states(dt_pipe *p, dt_run *r, const dt_ckpt *ck, int ns) {
     dt_model *m = p->m;
-    int64_t ostep = 0;
-    int ns = dt_optim_state_per_elem(r->optim);
-    DT_TRY(dt_checkpoint_apply_meta(r, ckpt_get, ck, dt_ckpt_path(ck), &ostep));
-    for (int i = 0; i < m->n_params; i++) {   /* whole tensors; a tensor-parallel part keeps its slice */
+    for (int i = 0; i < m->n_params; i++) {
         dt_param *q = m->params[i];
         int64_t full[DT_MAX_DIMS];
         int nd = dt_param_full_shape(q, full);
@@ -223,6 +235,19 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
             if (st) DT_TRY(dt_checkpoint_read_param(ck, nm, q, st));   /* frozen: none */
         }
     }
+    return DT_OK;
+}
+
+static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
+    dt_model *m = p->m;
+    int64_t ostep = 0;
+    int ns = dt_optim_state_per_elem(r->optim);
+    DT_TRY(dt_checkpoint_apply_meta(r, ckpt_get, ck, dt_ckpt_path(ck), &ostep));
+    /* bf16 state (optim.h): read into its fp32 copy, rounded as it is stored */
+    DT_TRY(dt_optimizer_state_open(&p->upd.optim));
+    dt_status s = load_values_states(p, r, ck, ns);
+    dt_optimizer_state_close(&p->upd.optim, s == DT_OK);
+    DT_TRY(s);
     for (int i = 0; i < m->n_buffers; i++) {
         const dt_tensor *b = &m->buffers[i]->value;
         DT_TRY(dt_ckpt_expect(ck, m->buffers[i]->name, b->ndim, b->shape));

@@ -217,7 +217,7 @@ static dt_status s_setup(void *self, dt_run *r) {
     for (int i = 0; i < p->m->n_params; i++)   /* a tied gradient counts once: on its authority */
         p->upd.norm_skip[i] = (unsigned char)(p->ties.of[i] >= 0 && !p->ties.list[p->ties.of[i]].is_authority);
     size_t f = sizeof(float), pb = p->m->param_flat.numel * f, gb = p->m->grad_flat.numel * f,
-           ob = (size_t)dt_optim_state_per_elem(r->optim) * dt_model_num_trainable(p->m) * f;   /* (frozen: none) */
+           ob = dt_optim_state_bytes(r->optim) * dt_model_num_trainable(p->m);   /* (frozen: none) */
     if (p->dp.zero) dt_pipe_dp_memory(p, &pb, &gb, &ob);
     p->metrics.stats.param_bytes = pb;
     char label[32];

@@ -75,6 +75,8 @@ dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path) {
                    .owned = calloc((size_t)(cap + 1 + ns), sizeof *ss.owned)};
     dt_status st = ss.e && ss.names && ss.owned ? DT_OK : DT_ERR(DT_ENOMEM, "out of memory");
     if (st == DT_OK && s->zero) st = dt_zero_sync_params(s->zero);
+    /* bf16 state: written as fp32, through the widened copies of the bracket */
+    int open = st == DT_OK && (st = s->zero ? dt_zero_state_open(s->zero) : dt_optimizer_state_open(o)) == DT_OK;
     float *flat = NULL;
     if (st == DT_OK && s->zero) st = zero_local(s, &ss, -1, &flat);
     /* the order of checkpoint.c: parameters, buffers, then each state of every parameter */
@@ -115,6 +117,10 @@ dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path) {
         st = dt_checkpoint_meta_steps(&mb, m, &o, 1);
     }
     if (st == DT_OK && s->rank == 0) st = dt_safetensors_write(path, ss.e, ss.n, mb.m, mb.n);
+    if (open) {
+        if (s->zero) dt_zero_state_close(s->zero, 0);
+        else dt_optimizer_state_close(o, 0);
+    }
     for (int k = 0; k < ss.n_owned; k++) free(ss.owned[k]);
     free(ss.owned);
     free(ss.e);

@@ -90,7 +90,7 @@ static dt_status s_setup(void *self, dt_run *r) {
     }
     size_t f = sizeof(float), trainable = dt_model_num_trainable(m);
     return dt_par_memory_report(s->world, "tp", m->param_flat.numel * f, m->grad_flat.numel * f,
-                                (size_t)dt_optim_state_per_elem(r->optim) * trainable * f, !r->quiet);
+                                dt_optim_state_bytes(r->optim) * trainable, !r->quiet);
 }
 
 static dt_status s_before_forward(void *self, dt_run *r, int last) {

@@ -96,7 +96,7 @@
  * Inside pipeline stages (--tp --pp --zero) the pipeline's ZeRO does the
  * same per stage (pipe/dp.c: the norm; pipe/ckpt.c: the sets).
  * Not yet: sequence parallelism with ZeRO (refused: seq.c's sum needs the
- * whole replicated gradients, which ZeRO has reduced to shards by then). */
+ * whole replicated gradients, which ZeRO has reduced to shards by then).
  *
  * Placement. A TP group sits inside one machine: its all-reduces run in
  * every layer, several times the DP all-reduce's bytes per step, so setup

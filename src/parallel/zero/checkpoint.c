@@ -305,8 +305,10 @@ dt_status dt_zero_save(dt_zero *z, dt_run *r, const char *path, dt_zero_ckpt_for
     if (!z || !r || !path || !*path) return DT_ERR(DT_EINVAL, "dt_zero_save: bad arguments");
     zc c;
     dt_status s = dt_zero_sync_params(z), si = zc_init(&c, z, r);
+    if (si == DT_OK) si = dt_zero_state_open(z);   /* bf16 state: written widened to fp32 */
     s = dt_par_agree(c.pg, s != DT_OK ? s : si, path);
     if (s == DT_OK) s = fmt == DT_ZERO_CKPT_CONSOLIDATED ? save_consolidated(&c, path) : save_sharded(&c, path);
+    if (si == DT_OK) dt_zero_state_close(z, 0);
     zc_free(&c);
     dt_free(z->zero_state);   /* frozen shards' zeros: only while writing */
     z->zero_state = NULL;
@@ -369,7 +371,9 @@ dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reade
     zc c;
     dt_run r = {.model = m};
     dt_status s = zc_init(&c, z, &r);
+    if (s == DT_OK) s = dt_zero_state_open(z);
     for (int k = 0; k < c.ns && s == DT_OK; k++) s = read_owned_by(&c, k, read, user);
+    dt_zero_state_close(z, s == DT_OK);   /* bf16 state: rounded as it is stored */
     zc_free(&c);
     return s;
 }
@@ -423,6 +427,7 @@ int dt_zero_value_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ck
 dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step) {
     zc c;
     dt_status s = zc_init(&c, z, r);
+    int open = s == DT_OK && (s = dt_zero_state_open(z)) == DT_OK;
     /* stage 3: the owned values too (the caller read the whole tensors only
      * into its gathered copy) */
     if (s == DT_OK && dt_zero_stage(z) == 3) s = read_owned(&c, ck, -1);
@@ -430,6 +435,7 @@ dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t 
         for (int i = 0; i < c.m->n_params && s == DT_OK; i++) s = expect_param(ck, c.sname[k * c.m->n_params + i], c.m->params[i]);
         if (s == DT_OK) s = read_owned(&c, ck, k);
     }
+    if (open) dt_zero_state_close(z, s == DT_OK);   /* bf16 state: rounded as it is stored */
     if (s == DT_OK) dt_zero_set_optim_step(z, optim_step);
     zc_free(&c);
     return s;
@@ -443,7 +449,9 @@ dt_status dt_zero_load(dt_zero *z, dt_run *r, const char *path) {
     dt_status s = dt_zero_sync_params(z), si = zc_init(&c, z, r);
     if (s == DT_OK) s = si;
     if (s == DT_OK) s = dt_ckpt_open(path, &ck);
+    int open = s == DT_OK && (s = dt_zero_state_open(z)) == DT_OK;
     if (s == DT_OK) s = load_local(&c, ck);
+    if (open) dt_zero_state_close(z, s == DT_OK);   /* bf16 state: rounded as it is stored */
     dt_ckpt_close(ck);
     s = dt_par_agree(c.pg, s, path);
     if (s == DT_OK) s = dt_zero_gather_params(z);

@@ -88,8 +88,10 @@ static dt_status gather_image(dt_zero *z, image *im) {
     dt_ckpt_piece *pc = calloc((size_t)ns * np1, sizeof *pc);
     char (*names)[192] = calloc((size_t)ns * np1, sizeof *names);
     dt_run run = {.model = m};
+    dt_status s = dt_zero_state_open(z);   /* bf16 state: the pieces are its fp32 copies */
+    if (s != DT_OK) { free(pc); free(names); return s; }
     int n = pc && names ? dt_zero_state_pieces(z, &run, NULL, pc, names) : -1;
-    dt_status s = n < 0 ? DT_ERR(DT_ENOMEM, "zero refresh: out of memory") : DT_OK;
+    if (n < 0) s = DT_ERR(DT_ENOMEM, "zero refresh: out of memory");
     for (int q = 0; q < n && s == DT_OK; q++) {
         const dt_param *p = NULL;
         int k = parse_state_name(m, &z->cfg, ns, pc[q].tensor, &p);
@@ -99,6 +101,7 @@ static dt_status gather_image(dt_zero *z, image *im) {
         }
         memcpy(im->data + (size_t)k * im->n_elem + im->elem_off[p->index] + pc[q].start, pc[q].data, pc[q].n * sizeof(float));
     }
+    dt_zero_state_close(z, 0);
     free(pc);
     free(names);
     DT_TRY(dt_par_agree(z->pg, s, "zero refresh_trainable"));

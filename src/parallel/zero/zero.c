@@ -252,6 +252,19 @@ float *dt_zero_shard_state(dt_zero *z, int i, int k) {
     if (!z->zero_state && z->zero_state_n) z->zero_state = dt_calloc(z->zero_state_n * sizeof(float));
     return z->zero_state;
 }
+dt_status dt_zero_state_open(dt_zero *z) {
+    for (int i = 0; i < z->lay.nb; i++) {
+        dt_status s = dt_optimizer_state_open(&z->lay.b[i].opt);
+        if (s != DT_OK) {
+            while (i-- > 0) dt_optimizer_state_close(&z->lay.b[i].opt, 0);
+            return s;
+        }
+    }
+    return DT_OK;
+}
+void dt_zero_state_close(dt_zero *z, int store) {
+    for (int i = 0; i < z->lay.nb; i++) dt_optimizer_state_close(&z->lay.b[i].opt, store);
+}
 int64_t dt_zero_optim_step(const dt_zero *z) { return z->lay.nb ? z->lay.b[0].opt.step : 0; }
 void dt_zero_set_optim_step(dt_zero *z, int64_t step) {
     for (int i = 0; i < z->lay.nb; i++) z->lay.b[i].opt.step = step;
@@ -272,7 +285,7 @@ dt_zero_memory dt_zero_get_memory(const dt_zero *z) {
     dt_zero_memory r = {   /* gradients: trainable parameters only (frozen ones have none) */
         .param_bytes = z->stage == 3 ? shard : mine,
         .grad_bytes = z->stage == 1 ? z->m->grad_flat.numel * f : z->lay.gshard_total * f,
-        .optim_bytes = (size_t)dt_optim_state_per_elem(&z->cfg) * stateful * f + (z->zero_state ? z->zero_state_n * f : 0),
+        .optim_bytes = dt_optim_state_bytes(&z->cfg) * stateful + (z->zero_state ? z->zero_state_n * f : 0),
         .grad_window_peak = z->pool.grad_peak * f,
         .param_window_peak = z->pool.param_peak * f,
         .shm_bytes = z->wire.shm_bytes,
