@@ -57,9 +57,17 @@ dt_status dt_pipe_tp_attach(dt_pipe *p, dt_model *m) {
 }
 
 /* Sequence parallelism: the stage's replicated gradients (partial sums of
- * this rank's positions) summed over its tensor-parallel group (tp/seq.c). */
+ * this rank's positions) summed over its tensor-parallel group (tp/seq.c);
+ * with ZeRO the owned ranges of their reduced shards (the stage's tp ranks
+ * have equal ZeRO layouts: dt_pipe_tp_check_shards at setup). */
 dt_status dt_pipe_tp_sum_replicated(dt_pipe *p) {
-    return p->lay.T > 1 && p->o.sequence_parallel ? dt_tp_sum_replicated_grads(p->tp.tp, p->m) : DT_OK;
+    if (p->lay.T <= 1 || !p->o.sequence_parallel) return DT_OK;
+    return p->dp.zero ? dt_tp_sum_replicated_shards(p->tp.tp, p->dp.zero) : dt_tp_sum_replicated_grads(p->tp.tp, p->m);
+}
+
+dt_status dt_pipe_tp_check_shards(dt_pipe *p) {
+    return p->lay.T > 1 && p->o.sequence_parallel && p->dp.zero ? dt_tp_check_replicated_shards(p->tp.tp, p->dp.zero)
+                                                                 : DT_OK;
 }
 
 dt_status dt_pipe_tp_split_sumsq(dt_pipe *p, double *split) {

@@ -139,6 +139,13 @@ void dt_tp_comm_init(dt_tp *s);
 void dt_tp_comm_free(dt_tp *s);
 /* seq.c: every replicated parameter's gradient := its sum over the TP group. */
 dt_status dt_tp_sum_replicated_grads(dt_tp *s, dt_model *m);
+/* seq.c, under ZeRO (z over this rank's DP group, after dt_zero_finish_backward,
+ * before any shard steps): the same sum on the owned ranges of the replicated
+ * parameters' reduced gradient shards (one all-reduce over the TP group).
+ * _check (collective over the TP group, once at setup): every rank of the
+ * group owns the same ranges, else DT_EINVAL on every rank. */
+dt_status dt_tp_sum_replicated_shards(dt_tp *s, dt_zero *z);
+dt_status dt_tp_check_replicated_shards(dt_tp *s, dt_zero *z);
 /* "mpi" or "node": DTRAIN_TP_ALLREDUCE as comm.c reads it (ranks agree on it). */
 const char *dt_tp_allreduce_path(void);
 /* placement.c: DT_EINVAL naming the ranks and their machines when a TP group
