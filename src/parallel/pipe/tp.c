@@ -24,8 +24,10 @@
  * declare DT_DIM_SEQ_PART), so the sends between equal tp ranks carry the
  * shard, and the replicated parameters' partial gradients are summed over
  * the stage's group in the step, after the replicas' DDP and the tied
- * totals, before the clip norm (strategy.c s_step). Not with ZeRO (refused
- * in dt_pipeline_strategy): ZeRO's gradients are shards by then. */
+ * totals, before the clip norm (strategy.c s_step). With ZeRO the gradients
+ * are owned shards by then: the stage's tp ranks have equal ZeRO layouts
+ * (checked at setup), so the owned ranges of the replicated parameters are
+ * summed over the group instead (tp/seq.c dt_tp_sum_replicated_shards). */
 #include <stdlib.h>
 #include "pipe_internal.h"
 #include "parallel/tp/tp_internal.h"

@@ -95,8 +95,18 @@
  * range out of its part of the whole tensor), so any layout resumes any.
  * Inside pipeline stages (--tp --pp --zero) the pipeline's ZeRO does the
  * same per stage (pipe/dp.c: the norm; pipe/ckpt.c: the sets).
- * Not yet: sequence parallelism with ZeRO (refused: seq.c's sum needs the
- * whole replicated gradients, which ZeRO has reduced to shards by then). */
+ * Sequence parallelism with ZeRO: by the time seq.c's sum could run, ZeRO
+ * has reduced the gradients to owned shards, so the sum runs on them
+ * (dt_tp_sum_replicated_shards, from s_after_backward after
+ * dt_zero_finish_backward): the DP groups of a TP group's ranks have equal
+ * layouts, so ZeRO rank d of every tp rank owns the same ranges of each
+ * replicated parameter (checked once at setup), and summing those ranges of
+ * the reduced gradients over the TP group equals summing first and reducing
+ * after (both sums; only the rounding order differs). One packed all-reduce
+ * per step on the TP group, before the norm, the loss-scale verdict and any
+ * shard step (so zero.overlap_step interleaved is refused with it), after
+ * every ZeRO-3 gather and release of the step, in the same place on every
+ * rank. The pipeline's step does the same per stage (pipe/tp.c).
  *
  * Placement. A TP group sits inside one machine: its all-reduces run in
  * every layer, several times the DP all-reduce's bytes per step, so setup
