@@ -35,7 +35,8 @@
 #   - sequence parallelism with ZeRO (--sequence-parallel --zero 1/2/3: the
 #     replicated gradients' sum over the tp group runs on ZeRO's owned
 #     shards): equals --sequence-parallel with DDP bit for bit (AdamW and
-#     SGD with --clip), a --zero 3 checkpoint resumes with DDP bitwise and in
+#     SGD with --clip; recompute + --accum 2 + dropout at --zero 3; fp16's
+#     skipped steps at --zero 2), a --zero 3 checkpoint resumes with DDP bitwise and in
 #     one process within 1e-6, and a one-process one at --zero 3; inside
 #     tensor-parallel pipeline stages (pp 2 x tp 2, and dp 2 x pp 2 x tp 2)
 #     ZeRO 1/3 equal the same pipeline without ZeRO bit for bit and one
@@ -200,6 +201,11 @@ run pp8z3_half "${pp8[@]}" "${zb[@]}" --zero 3 "${half[@]}" &&
 spm=("${mesh[@]}" --sequence-parallel)
 run spd "${spm[@]}" && for st in 1 2 3; do run "spz$st" "${spm[@]}" "${zb[@]}" --zero "$st" && same spd "spz$st"; done
 run spd_sgd "${spm[@]}" "${sgd[@]}" && run spz2_sgd "${spm[@]}" "${zb[@]}" --zero 2 "${sgd[@]}" && same spd_sgd spz2_sgd
+# ZeRO-3's gathers around recompute's replays of the sequence collectives, accumulation, dropout masks
+spmix=(--recompute blocks --accum 2 --dropout 0.1)
+run spd_mix "${spm[@]}" "${spmix[@]}" && run spz3_mix "${spm[@]}" "${zb[@]}" --zero 3 "${spmix[@]}" && same spd_mix spz3_mix
+# fp16 skips (the verdict reads the norm after the sum on the shards): every rank skips alike
+run spd_fp16 "${spm[@]}" "${fp16[@]}" && run spz2_fp16 "${spm[@]}" "${zb[@]}" --zero 2 "${fp16[@]}" && same spd_fp16 spz2_fp16
 # its checkpoints are whole tensors: resumed with DDP bit for bit, in one process within 1e-6, and back
 if run spz3_half "${spm[@]}" "${zb[@]}" --zero 3 "${half[@]}"; then
     run from_spz3_spd "${spm[@]}" --resume "$tmp/spz3_half.ck" && same spd from_spz3_spd
