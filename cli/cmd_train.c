@@ -121,11 +121,6 @@ static int tp_flags(cli_flags *f, char *err, int errlen) {
                  "rank holds --seq / --tp positions)", (long long)f->o.seq, T);
         return -1;
     }
-    if (sp && f->dist.zero_stage) {
-        snprintf(err, (size_t)errlen, "--sequence-parallel does not combine with --zero %d yet (its replicated-gradient "
-                 "sum needs whole gradients): use DDP over the replicas (--zero 0)", f->dist.zero_stage);
-        return -1;
-    }
     if (P > 1 && f->nproc != INT_MIN && f->nproc % (P * T)) {   /* the mesh dp x pp x tp */
         snprintf(err, (size_t)errlen, "--tp %d x --pp %d = %d ranks per replica does not divide --nproc %d (ranks = "
                  "data-parallel replicas x --pp x --tp)", T, P, P * T, f->nproc);

@@ -152,7 +152,8 @@ add_test(NAME test_tp_pipeline_np4
 set_tests_properties(test_tp_pipeline_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
 # ZeRO 1/2/3 over the replicas of a tensor-parallel mesh (dp 2 x tp 2):
 # bitwise the mesh with DDP (clip, SGD, fp16 skips), whole-tensor checkpoints
-# across layouts, the per-rank memory report, refusals.
+# across layouts, the per-rank memory report, refusals; with
+# --sequence-parallel bitwise the mesh with DDP too (and with --pp).
 add_test(NAME test_tp_zero_np4
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_tp_zero.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
 set_tests_properties(test_tp_zero_np4 PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)

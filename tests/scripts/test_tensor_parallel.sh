@@ -27,7 +27,10 @@
 # together (masks keyed by the global position), V = 257, equal accuracy,
 # checkpoints both ways with one process; and it is refused without --tp
 # and when T does not divide --seq. (With --pp: test_tp_pipeline.sh.)
-# Sequence parallelism with --zero is refused.
+# Sequence parallelism with --zero 1 and 3 (dp 1: ZeRO on groups of one, the
+# replicated gradients summed on the owned shards) equals one process too
+# (AdamW and SGD), and a --zero 3 checkpoint resumes in one process and back.
+# (Across replicas: test_tp_zero.sh.)
 # usage: test_tensor_parallel.sh DTRAIN NP   (NP: 2 or 4, the largest world used)
 set -uo pipefail
 # Ranks under mpirun: Open MPI unloads its plugins at finalize, so LeakSanitizer
@@ -129,7 +132,12 @@ if [ "$np" -eq 2 ]; then
     run sp2_from_single "${sp[@]}" --resume "$tmp/single.st" --quiet && near single sp2_from_single
     refused sp_notp "needs --tp T > 1" --sequence-parallel
     refused sp_seq "--seq 31 is not divisible by --tp 2" --seq 31 "${sp[@]}"
-    refused sp_zero "--sequence-parallel does not combine with --zero 1" --zero 1 "${sp[@]}"
+    # with ZeRO on groups of one (dp 1): the replicated sum runs on the owned shards (tp/seq.c)
+    run sp2_z1 "${sp[@]}" --zero 1 --quiet && near single sp2_z1
+    run sp2_z3_sgd "${sp[@]}" --zero 3 --optim sgd --lr 0.5 --quiet && near single_sgd sp2_z3_sgd
+    run sp2_z3_half "${sp[@]}" --zero 3 --steps 2 --save "$tmp/sp2_z3.st" --quiet &&
+        run from_sp2_z3 --resume "$tmp/sp2_z3.st" --quiet && near single from_sp2_z3
+    run sp2_z3_from_single "${sp[@]}" --zero 3 --resume "$tmp/single.st" --quiet && near single sp2_z3_from_single
 else
     run ddp2 --nproc 2 --quiet
     run tp2_dp2 --tp 2 --nproc 4 && near ddp2 tp2_dp2

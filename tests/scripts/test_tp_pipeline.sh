@@ -19,8 +19,8 @@
 # are each tp rank's positions; each stage sums its replicated gradients over
 # its tp group): 1f1b, gpipe and interleaved against one process, zb-h1 with
 # recompute and dropout 0.1 (masks of the global positions), dp 2 x tp 2 on
-# one stage against DDP, and checkpoints both ways with one process; with --zero
-# it is refused.
+# one stage against DDP, and checkpoints both ways with one process; with
+# --zero 1 (SGD) and 3 against one process too.
 # usage: test_tp_pipeline.sh DTRAIN
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_tensor_parallel.sh)
@@ -131,6 +131,8 @@ run tps_half "${tpp[@]}" "${sp[@]}" --batch 4 --steps 2 --save "$tmp/tps.ck" --q
     run from_tps --batch 2 --accum 2 --resume "$tmp/tps.ck" --quiet && near single from_tps
 run tps_from_single "${tpp[@]}" "${sp[@]}" --batch 4 --resume "$tmp/single.st" --quiet && near single tps_from_single
 
-refused sp_zero "sequence_parallel does not combine with ZeRO\|--sequence-parallel does not combine with --zero" "${tpp[@]}" "${sp[@]}" --batch 4 --zero 1
+# with ZeRO inside the stages (dp 1; across replicas: test_tp_zero.sh)
+run tps_z1_sgd "${tpp[@]}" "${sp[@]}" --batch 4 --zero 1 "${sgd[@]}" --quiet && near single_sgd tps_z1_sgd
+run tps_z3 "${tpp[@]}" "${sp[@]}" --batch 4 --zero 3 --quiet && near single tps_z3
 refused world "ranks per replica does not divide --nproc 2" --tp 2 --pp 2 --nproc 2 --batch 4
 exit $fail

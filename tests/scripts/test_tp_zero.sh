@@ -32,6 +32,16 @@
 #     for bit, and its sets resume in one process and back (1e-6); and the
 #     full mesh dp 2 x pp 2 x tp 2 on 8 ranks (oversubscribed) with ZeRO 1
 #     and 3 equals it with DDP bit for bit, a ZeRO-3 set resuming bitwise.
+#   - sequence parallelism with ZeRO (--sequence-parallel --zero 1/2/3: the
+#     replicated gradients' sum over the tp group runs on ZeRO's owned
+#     shards): equals --sequence-parallel with DDP bit for bit (AdamW and
+#     SGD with --clip; recompute + --accum 2 + dropout at --zero 3; fp16's
+#     skipped steps at --zero 2), a --zero 3 checkpoint resumes with DDP bitwise and in
+#     one process within 1e-6, and a one-process one at --zero 3; inside
+#     tensor-parallel pipeline stages (pp 2 x tp 2, and dp 2 x pp 2 x tp 2)
+#     ZeRO 1/3 equal the same pipeline without ZeRO bit for bit and one
+#     process within 1e-6, their sets resume in one process and back; with
+#     --overlap-step interleaved it is refused (shards would step before the sum).
 # usage: test_tp_zero.sh DTRAIN CKPT_CMP
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_recompute_bitwise.sh)
@@ -181,7 +191,43 @@ run pp8d "${pp8[@]}" && for st in 1 3; do run "pp8z$st" "${pp8[@]}" "${zb[@]}" -
 run pp8z3_half "${pp8[@]}" "${zb[@]}" --zero 3 "${half[@]}" &&
     run from_pp8z3_ddp "${pp8[@]}" --resume "$tmp/pp8z3_half.ck" && same pp8d from_pp8z3_ddp
 
+# ---- sequence parallelism with ZeRO (--sequence-parallel --zero S) ----
+# The replicated parameters' partial gradients (each tp rank's positions) are
+# summed over the tp group on the owned ranges of ZeRO's reduced shards
+# (tp/seq.c) where DDP sums whole gradients after its average: at 2 replicas
+# and 2 tp ranks both give (a + b) / 2 per replica, then the two tp ranks'
+# values added, so the same bits (the norm as above). Without that sum each
+# tp rank steps its shard of a replicated parameter with half its gradient.
+spm=("${mesh[@]}" --sequence-parallel)
+run spd "${spm[@]}" && for st in 1 2 3; do run "spz$st" "${spm[@]}" "${zb[@]}" --zero "$st" && same spd "spz$st"; done
+run spd_sgd "${spm[@]}" "${sgd[@]}" && run spz2_sgd "${spm[@]}" "${zb[@]}" --zero 2 "${sgd[@]}" && same spd_sgd spz2_sgd
+# ZeRO-3's gathers around recompute's replays of the sequence collectives, accumulation, dropout masks
+spmix=(--recompute blocks --accum 2 --dropout 0.1)
+run spd_mix "${spm[@]}" "${spmix[@]}" && run spz3_mix "${spm[@]}" "${zb[@]}" --zero 3 "${spmix[@]}" && same spd_mix spz3_mix
+# fp16 skips (the verdict reads the norm after the sum on the shards): every rank skips alike
+run spd_fp16 "${spm[@]}" "${fp16[@]}" && run spz2_fp16 "${spm[@]}" "${zb[@]}" --zero 2 "${fp16[@]}" && same spd_fp16 spz2_fp16
+# its checkpoints are whole tensors: resumed with DDP bit for bit, in one process within 1e-6, and back
+if run spz3_half "${spm[@]}" "${zb[@]}" --zero 3 "${half[@]}"; then
+    run from_spz3_spd "${spm[@]}" --resume "$tmp/spz3_half.ck" && same spd from_spz3_spd
+    run from_spz3_single "${one[@]}" --resume "$tmp/spz3_half.ck" && near single from_spz3_single
+fi
+run spz3_from_single "${spm[@]}" "${zb[@]}" --zero 3 --resume "$tmp/single_half.ck" && near single spz3_from_single
+# inside tensor-parallel pipeline stages (pp 2 x tp 2; and the full mesh on 8 ranks)
+run ppsd "${pp[@]}" --sequence-parallel &&
+    for st in 1 3; do run "ppsz$st" "${pp[@]}" --sequence-parallel "${zb[@]}" --zero "$st" && same ppsd "ppsz$st"; done
+near single_pp ppsz3
+run pp8sd "${pp8[@]}" --sequence-parallel &&
+    run pp8sz3 "${pp8[@]}" --sequence-parallel "${zb[@]}" --zero 3 && same pp8sd pp8sz3
+if run ppsz3_half "${pp[@]}" --sequence-parallel "${zb[@]}" --zero 3 "${half[@]}"; then
+    run from_ppsz3_single "${one_pp[@]}" --resume "$tmp/ppsz3_half.ck" && near single_pp from_ppsz3_single
+fi
+run ppsz3_from_single "${pp[@]}" --sequence-parallel "${zb[@]}" --zero 3 --resume "$tmp/single_pp_half.ck" &&
+    near single_pp ppsz3_from_single
+
 # ---- refused before anything starts ----
+refused sp_interleaved "interleaved does not apply" "${spm[@]}" --zero 2 --overlap-step interleaved --clip 0
+refused pp_sp_interleaved "interleaved step overlap" "${pp[@]}" --sequence-parallel --zero 1 --overlap-step interleaved \
+    --clip 0
 refused save_format "does not combine with --save-format" "${mesh[@]}" --zero 2 --save-format sharded
 refused node_params "does not combine with --node-params" "${mesh[@]}" --zero 2 --node-params
 exit $fail

@@ -67,6 +67,10 @@ dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r) {
         if ((r->clip > 0 || r->scaler) && zo.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
             return DT_ERR(DT_EINVAL, "pipeline: gradient clipping and loss scaling need the global norm before any shard is stepped, "
                           "so it cannot be combined with ZeRO's interleaved step overlap (use after-backward or off)");
+        if (p->o.sequence_parallel && p->lay.T > 1 && zo.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
+            return DT_ERR(DT_EINVAL, "pipeline: sequence parallelism sums the replicated parameters' gradient shards "
+                          "over each stage's tensor-parallel group in the step, before any shard may be stepped, so "
+                          "it cannot be combined with ZeRO's interleaved step overlap (use after-backward or off)");
         DT_TRY(dt_zero_create(m, p->dp.pg, r->optim, &zo, &p->dp.zero));
         p->dp.zero->trace = r->trace;
         if (zo.stage == 3) dt_zero3_pipeline_mode(p->dp.zero);

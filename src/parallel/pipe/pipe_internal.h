@@ -406,11 +406,14 @@ void dt_pipe_dp_memory(const dt_pipe *p, size_t *param, size_t *grad, size_t *op
  * a split tensor (q's value or state `local`) over the group into *whole
  * (malloc'd on tp rank 0, the checkpoint's writer; NULL elsewhere or when q
  * is not split); sum_replicated (sequence parallelism only) sums the
- * replicated parameters' gradients over the group. Collective over tp.pg. */
+ * replicated parameters' gradients over the group (under ZeRO the owned
+ * ranges of their reduced shards); check_shards (setup, sequence parallelism
+ * with ZeRO) verifies the group's ranks own equal ranges. Collective over tp.pg. */
 dt_status dt_pipe_tp_prepare(const dt_pipe *p, dt_model_cfg *cfg);
 dt_status dt_pipe_tp_attach(dt_pipe *p, dt_model *m);
 dt_status dt_pipe_tp_split_sumsq(dt_pipe *p, double *split);
 dt_status dt_pipe_tp_sum_replicated(dt_pipe *p);
+dt_status dt_pipe_tp_check_shards(dt_pipe *p);
 dt_status dt_pipe_tp_whole(dt_pipe *p, const dt_param *q, const float *local, float **whole);
 void dt_pipe_tp_free(dt_pipe *p);
 

@@ -209,6 +209,8 @@ static dt_status s_setup(void *self, dt_run *r) {
     if (s == DT_OK) s = dt_par_agree(p->comm.world, check_shapes(p, &r->example), "pipeline shape check");
     /* the reducer over the stage's replicas (creation is collective over them) */
     if (s == DT_OK) s = dt_par_agree(p->comm.world, dt_pipe_dp_setup(p, r), "pipeline data parallel");
+    /* sequence parallelism with ZeRO: the stage's tp ranks own equal ranges (collective over its tp group) */
+    if (s == DT_OK) s = dt_pipe_tp_check_shards(p);
     if (s == DT_OK && !p->dp.zero) p->upd.ready = (s = dt_optimizer_init_model(&p->upd.optim, r->optim, p->m)) == DT_OK;
     if (s != DT_OK) return s;
     p->tapes.defer = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
@@ -374,11 +376,6 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
     if (o) p->o = *o;
     else dt_pipe_opts_default(&p->o);
     p->comm.world = world;
-    if (p->o.sequence_parallel && p->o.zero_stage) {   /* pipe/tp.c: the replicated-gradient sum needs whole gradients */
-        free(p);
-        return DT_ERR(DT_EINVAL, "pipeline: sequence_parallel does not combine with ZeRO (stage %d) yet: use DDP "
-                      "over the replicas", o->zero_stage);
-    }
     dt_status s = agree_options(p);
     if (s == DT_OK) s = make_groups(p);
     if (s != DT_OK) { dt_pg_free(p->comm.pp); dt_pg_free(p->dp.pg); dt_pg_free(p->tp.pg); free(p); return s; }

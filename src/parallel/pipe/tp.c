@@ -24,8 +24,10 @@
  * declare DT_DIM_SEQ_PART), so the sends between equal tp ranks carry the
  * shard, and the replicated parameters' partial gradients are summed over
  * the stage's group in the step, after the replicas' DDP and the tied
- * totals, before the clip norm (strategy.c s_step). Not with ZeRO (refused
- * in dt_pipeline_strategy): ZeRO's gradients are shards by then. */
+ * totals, before the clip norm (strategy.c s_step). With ZeRO the gradients
+ * are owned shards by then: the stage's tp ranks have equal ZeRO layouts
+ * (checked at setup), so the owned ranges of the replicated parameters are
+ * summed over the group instead (tp/seq.c dt_tp_sum_replicated_shards). */
 #include <stdlib.h>
 #include "pipe_internal.h"
 #include "parallel/tp/tp_internal.h"
@@ -57,9 +59,17 @@ dt_status dt_pipe_tp_attach(dt_pipe *p, dt_model *m) {
 }
 
 /* Sequence parallelism: the stage's replicated gradients (partial sums of
- * this rank's positions) summed over its tensor-parallel group (tp/seq.c). */
+ * this rank's positions) summed over its tensor-parallel group (tp/seq.c);
+ * with ZeRO the owned ranges of their reduced shards (the stage's tp ranks
+ * have equal ZeRO layouts: dt_pipe_tp_check_shards at setup). */
 dt_status dt_pipe_tp_sum_replicated(dt_pipe *p) {
-    return p->lay.T > 1 && p->o.sequence_parallel ? dt_tp_sum_replicated_grads(p->tp.tp, p->m) : DT_OK;
+    if (p->lay.T <= 1 || !p->o.sequence_parallel) return DT_OK;
+    return p->dp.zero ? dt_tp_sum_replicated_shards(p->tp.tp, p->dp.zero) : dt_tp_sum_replicated_grads(p->tp.tp, p->m);
+}
+
+dt_status dt_pipe_tp_check_shards(dt_pipe *p) {
+    return p->lay.T > 1 && p->o.sequence_parallel && p->dp.zero ? dt_tp_check_replicated_shards(p->tp.tp, p->dp.zero)
+                                                                 : DT_OK;
 }
 
 dt_status dt_pipe_tp_split_sumsq(dt_pipe *p, double *split) {

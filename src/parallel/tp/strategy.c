@@ -111,13 +111,14 @@ static dt_status s_before_forward(void *self, dt_run *r, int last) {
 /* DDP first (its buckets may have reduced during backward), then, under
  * sequence parallelism, the replicated gradients' sum over the group
  * (tp_internal.h: the invariant): before clipping and the optimizer. ZeRO
- * (s->zero) finishes its reduction here; sequence parallelism with ZeRO is
- * refused at construction. */
+ * (s->zero) finishes its reduction here, and the sum runs on its owned
+ * shards (seq.c), before the strategy's step reads the norm. */
 static dt_status s_after_backward(void *self, dt_run *r, int last) {
     dt_tp *s = self;
     if (s->zero) DT_TRY(last ? dt_zero_finish_backward(s->zero) : DT_OK);
     else if (has_inner(s)) DT_TRY(s->inner.after_backward(s->inner.self, r, last));
-    if (last && s->opts.sequence_parallel) DT_TRY(dt_tp_sum_replicated_grads(s, r->model));
+    if (last && s->opts.sequence_parallel)
+        DT_TRY(s->zero ? dt_tp_sum_replicated_shards(s, s->zero) : dt_tp_sum_replicated_grads(s, r->model));
     if (last) {
         s->stats.steps++;
         s->stats.bytes_last_step = s->stats.bytes - s->bytes_at_step;
@@ -192,9 +193,6 @@ dt_status dt_tp_zero_strategy(dt_pg *world, const dt_tp_opts *tp, const dt_zero_
     if (zero->dp.join)
         return DT_ERR(DT_EINVAL, "tp.size %d: uneven inputs (dp.join) do not combine with tensor parallelism",
                       tp ? tp->size : 0);
-    if (tp && tp->sequence_parallel)   /* its replicated-gradient sum runs on whole gradients, ZeRO's are shards */
-        return DT_ERR(DT_EINVAL, "tp.sequence_parallel does not combine with ZeRO (stage %d) yet: use DDP over the "
-                      "replicas (--zero 0) with --sequence-parallel", st);
     DT_TRY(dt_tp_strategy(world, tp, out));
     dt_tp *s = out->self;
     s->zero_stage = st;

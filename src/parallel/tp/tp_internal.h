@@ -95,8 +95,18 @@
  * range out of its part of the whole tensor), so any layout resumes any.
  * Inside pipeline stages (--tp --pp --zero) the pipeline's ZeRO does the
  * same per stage (pipe/dp.c: the norm; pipe/ckpt.c: the sets).
- * Not yet: sequence parallelism with ZeRO (refused: seq.c's sum needs the
- * whole replicated gradients, which ZeRO has reduced to shards by then).
+ * Sequence parallelism with ZeRO: by the time seq.c's sum could run, ZeRO
+ * has reduced the gradients to owned shards, so the sum runs on them
+ * (dt_tp_sum_replicated_shards, from s_after_backward after
+ * dt_zero_finish_backward): the DP groups of a TP group's ranks have equal
+ * layouts, so ZeRO rank d of every tp rank owns the same ranges of each
+ * replicated parameter (checked once at setup), and summing those ranges of
+ * the reduced gradients over the TP group equals summing first and reducing
+ * after (both sums; only the rounding order differs). One packed all-reduce
+ * per step on the TP group, before the norm, the loss-scale verdict and any
+ * shard step (so zero.overlap_step interleaved is refused with it), after
+ * every ZeRO-3 gather and release of the step, in the same place on every
+ * rank. The pipeline's step does the same per stage (pipe/tp.c).
  *
  * Placement. A TP group sits inside one machine: its all-reduces run in
  * every layer, several times the DP all-reduce's bytes per step, so setup
@@ -139,6 +149,13 @@ void dt_tp_comm_init(dt_tp *s);
 void dt_tp_comm_free(dt_tp *s);
 /* seq.c: every replicated parameter's gradient := its sum over the TP group. */
 dt_status dt_tp_sum_replicated_grads(dt_tp *s, dt_model *m);
+/* seq.c, under ZeRO (z over this rank's DP group, after dt_zero_finish_backward,
+ * before any shard steps): the same sum on the owned ranges of the replicated
+ * parameters' reduced gradient shards (one all-reduce over the TP group).
+ * _check (collective over the TP group, once at setup): every rank of the
+ * group owns the same ranges, else DT_EINVAL on every rank. */
+dt_status dt_tp_sum_replicated_shards(dt_tp *s, dt_zero *z);
+dt_status dt_tp_check_replicated_shards(dt_tp *s, dt_zero *z);
 /* "mpi" or "node": DTRAIN_TP_ALLREDUCE as comm.c reads it (ranks agree on it). */
 const char *dt_tp_allreduce_path(void);
 /* placement.c: DT_EINVAL naming the ranks and their machines when a TP group

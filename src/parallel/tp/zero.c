@@ -18,6 +18,10 @@ dt_status dt_tp_zero_setup(dt_tp *s, dt_run *r) {
         return DT_ERR(DT_EINVAL, "tp.size %d with ZeRO: gradient clipping and loss scaling need the global norm before "
                       "any shard is stepped, so they do not combine with zero.overlap_step interleaved (use "
                       "after-backward or off)", s->T);
+    if (s->opts.sequence_parallel && zo.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
+        return DT_ERR(DT_EINVAL, "tp.size %d with ZeRO and sequence parallelism: the replicated parameters' gradient "
+                      "shards are summed over the tensor-parallel group after backward, before any shard may be "
+                      "stepped, so zero.overlap_step interleaved does not apply (use after-backward or off)", s->T);
     s->skip_split = calloc((size_t)m->n_params + 1, 1);
     s->skip_whole = calloc((size_t)m->n_params + 1, 1);
     if (!s->skip_split || !s->skip_whole) return DT_ERR(DT_ENOMEM, "out of memory");
@@ -28,6 +32,7 @@ dt_status dt_tp_zero_setup(dt_tp *s, dt_run *r) {
     }
     DT_TRY(dt_zero_create(m, s->dp_pg, r->optim, &zo, &s->zero));
     s->zero->trace = r->trace;
+    if (s->opts.sequence_parallel) DT_TRY(dt_tp_check_replicated_shards(s, s->zero));   /* seq.c: the sum's premise */
     dt_zero_memory mem = dt_zero_get_memory(s->zero);
     static const char *labels[4] = {"tp", "tp+zero-1", "tp+zero-2", "tp+zero-3"};
     return dt_par_memory_report(s->world, labels[s->zero_stage], mem.param_bytes, mem.grad_bytes, mem.optim_bytes,
