@@ -7,19 +7,13 @@
 #   [ROUNDS=R] bench/tp.sh [BUILD_DIR] [STEPS] [WORKLOAD...]   (modes dp, tp, tp+sp, pp per round)
 # Measured 2026-11-27 on an idle machine, "Intel(R) Xeon(R) Processor"
 # family 6 model 167 (lscpu), 2 vCPUs, 1 thread per rank, W2 (V 50257),
-# 3 timed steps, two rounds run alternately dp, tp, dp, tp; per rank:
-#                       ms/step       params/grads/optim MiB   activations  peak RSS   all-reduced
-#   dp 2                2036, 1826    474.7 / 474.7 / 949.4    389.9 MiB    3521 MiB   474.7 MiB/step
-#   tp 2, vocab split   1788, 1754    239.0 / 239.0 / 477.9    726.0 MiB    2072 MiB    75.0 MiB/step
-# tp 2 holds half the parameters, gradients and optimizer state and 0.59x
-# the peak RSS of dp 2, moves 0.16x the bytes, and is 4-12% faster here
-# (each rank computes half of every product, the lm-head's included, on a
-# batch twice dp's per-rank batch). Its activations are 1.9x dp's: both
-# ranks hold the replicated [B, T, C] of the whole replica's batch.
-# tp+sp (sequence parallelism), measured once on a shared machine (times are
-# noise there): W2 activations 575.9 MiB and peak RSS 1921 MiB per rank
-# against tp's 726.0 and 2072, all-reduced 78.2 MiB/step (tp: 75.0; the
-# extra is the replicated gradients' sum). docs/PERFORMANCE.md has the table.
+# ROUNDS=2 (dp, tp, tp+sp, pp in turn); per rank (pp: stage 0 / 1):
+#              ms/step      params/grads/optim MiB   activations     peak RSS
+#   dp 2       2831, 2189   474.7 / 474.7 / 949.4    389.9 MiB       3521 MiB    474.7 MiB/step all-reduced
+#   tp 2       2302, 1994   239.0 / 239.0 / 477.9    726.0 MiB       2075 MiB     75.0 MiB/step
+#   tp 2 + sp  2309, 2182   239.0 / 239.0 / 477.9    575.9 MiB       1928 MiB     78.2 MiB/step
+#   pp 2       3116, 2920   ~367 / ~255 (params)     229 / 82 MiB    2372 / 1879  3 MiB activations + 147 MiB tied wte
+# docs/PERFORMANCE.md has the table and what it shows.
 set -euo pipefail
 build=${1:-build} steps=${2:-3}
 shift $(( $# >= 2 ? 2 : $# ))
