@@ -25,16 +25,6 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static double peak_rss_mib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    double kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
-    if (f) fclose(f);
-    return kb / 1024.0;
-}
-
 static int run_one(dt_pg *world, bench_workload *w, dt_pipe_kind kind, int M) {
     int rank = dt_pg_rank(world), P = dt_pg_size(world);
     dt_model *m;
@@ -74,7 +64,7 @@ static int run_one(dt_pg *world, bench_workload *w, dt_pipe_kind kind, int M) {
     qsort(ms, STEPS, sizeof ms[0], cmp_d);
     /* rank 0 prints every rank's line */
     float mine[7] = {(float)ms[STEPS / 2], (float)(100 * bubble), (float)wait, (float)(ps.param_bytes / 1048576.0),
-                     (float)(ps.arena_bytes / 1048576.0), (float)ps.graphs, (float)peak_rss_mib()};
+                     (float)(ps.arena_bytes / 1048576.0), (float)ps.graphs, (float)bench_peak_rss_mib()};
     float *all = malloc(sizeof mine * (size_t)P);
     dt_allgather(world, mine, all, 7, DT_F32, NULL);
     if (rank == 0) {

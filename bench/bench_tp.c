@@ -25,16 +25,6 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static double peak_rss_mib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    double kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
-    if (f) fclose(f);
-    return kb / 1024.0;
-}
-
 /* tp: 0 = dp, 1 = tp, 2 = tp + sequence parallelism */
 static int run_mode(dt_pg *world, const bench_workload *w0, int tp, int steps) {
     int rank = dt_pg_rank(world), W = dt_pg_size(world);
@@ -93,7 +83,7 @@ static int run_mode(dt_pg *world, const bench_workload *w0, int tp, int steps) {
     double comm = tp ? (double)dt_tp_get_stats(s.self).bytes_last_step : (double)m->grad_flat.numel * f;
     if (tp && W / cfg.tp_size > 1) comm += (double)m->grad_flat.numel * f;   /* (dp x tp: DDP too) */
     double v[6] = {ms[steps / 2], (double)m->param_flat.numel * f * mib, (double)m->grad_flat.numel * f * mib,
-                   (double)dt_optimizer_state_nbytes(&opt) * mib, peak_rss_mib(),
+                   (double)dt_optimizer_state_nbytes(&opt) * mib, bench_peak_rss_mib(),
                    (double)dt_graph_arena_bytes(g) * mib};
     if (rank == 0)
         printf("%-5s x%d  batch %lld x %lld per replica  %8.1f ms/step  %6.0f tok/s  per rank: params %7.1f MiB  grads %7.1f  "

@@ -78,6 +78,18 @@ static inline int bench_workload_get(const char *name, bench_workload *w) {
     return 0;
 }
 
+/* This process's peak resident set (VmHWM) in MiB; 0 where /proc is absent.
+ * One process per rank, so run one mode per process to compare it. */
+static inline double bench_peak_rss_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    if (f) fclose(f);
+    return kb / 1024.0;
+}
+
 /* One random batch (seeded per rank), reused every step; free with
  * bench_batch_free. Token ids and labels uniform, images standard normal. */
 static inline dt_batch bench_batch_make(const bench_workload *w, int rank) {

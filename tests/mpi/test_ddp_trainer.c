@@ -9,22 +9,13 @@
 #include "mpi_check.h"
 #include "ddp_testutil.h"
 #include "dtrain/train.h"
+#include "mpi_trainer.h"
 #include "tmpdir.h"
 
 static dt_pg *world;
 static char dir[128], text_path[256];
 
-static void write_corpus(void) {
-    if (t_rank() == 0) {
-        T_CHECK(dt_test_tmpdir(dir, sizeof dir, "ddp_trainer") == 0);
-        snprintf(text_path, sizeof text_path, "%s/corpus.txt", dir);
-        FILE *f = fopen(text_path, "w");
-        T_CHECK(f != NULL);
-        for (int i = 0; i < 300; i++) fprintf(f, "the quick brown fox %d jumps over the lazy dog.\n", i * 7 % 13);
-        fclose(f);
-    }
-    MPI_Bcast(text_path, sizeof text_path, MPI_CHAR, 0, MPI_COMM_WORLD);
-}
+static void write_corpus(void) { t_text_corpus("ddp_trainer", "the", 300, dir, text_path); }
 
 /* Trainer options shared by the DDP run (batch per rank) and the reference. */
 static void train_opts(dt_train_opts *o, int64_t batch, int accum) {

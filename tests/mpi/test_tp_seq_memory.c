@@ -17,23 +17,14 @@
 #include "mpi_check.h"
 #include "dtrain/parallel.h"
 #include "dtrain/train.h"
+#include "mpi_trainer.h"
 #include "tmpdir.h"
 
 enum { B = 4, SEQ = 32, L = 2, C = 128 };
 static dt_pg *world;
 static char dir[128], text_path[256];
 
-static void write_corpus(void) {
-    if (t_rank() == 0) {
-        T_CHECK(dt_test_tmpdir(dir, sizeof dir, "tp_seq_memory") == 0);
-        snprintf(text_path, sizeof text_path, "%s/corpus.txt", dir);
-        FILE *f = fopen(text_path, "w");
-        T_CHECK(f != NULL);
-        for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d jumps over the lazy dog.\n", i * 7 % 13);
-        fclose(f);
-    }
-    MPI_Bcast(text_path, sizeof text_path, MPI_CHAR, 0, MPI_COMM_WORLD);
-}
+static void write_corpus(void) { t_text_corpus("tp_seq_memory", "the", 200, dir, text_path); }
 
 static void opts(dt_train_opts *o) {
     dt_train_opts_default(o);
@@ -48,14 +39,7 @@ static void opts(dt_train_opts *o) {
 static size_t run(const dt_strategy *s, double loss[3]) {
     dt_train_opts o;
     opts(&o);
-    dt_trainer *t;
-    T_OK(dt_trainer_create(&o, s, &t));
-    for (int i = 0; i < 2; i++) T_OK(dt_trainer_step(t, &loss[i]));
-    double acc;
-    T_OK(dt_trainer_evaluate(t, &loss[2], &acc));
-    size_t arena = dt_graph_arena_bytes(t->graph);
-    dt_trainer_free(t);
-    return arena;
+    return t_train_arena(&o, s, 2, loss);
 }
 
 static size_t run_tp(int sp, double loss[3]) {

@@ -16,6 +16,7 @@
 #include "mpi_check.h"
 #include "dtrain/parallel.h"
 #include "dtrain/train.h"
+#include "mpi_trainer.h"
 #include "tmpdir.h"
 
 enum { C = 16, SEQ = 8, VOCAB = 256 };
@@ -72,17 +73,7 @@ static dt_status build(void *user, uint64_t seed, dt_model **out) {
     return DT_OK;
 }
 
-static void write_corpus(void) {
-    if (t_rank() == 0) {
-        T_CHECK(dt_test_tmpdir(dir, sizeof dir, "tp_user_model") == 0);
-        snprintf(text_path, sizeof text_path, "%s/corpus.txt", dir);
-        FILE *f = fopen(text_path, "w");
-        T_CHECK(f != NULL);
-        for (int i = 0; i < 200; i++) fprintf(f, "a quick brown fox %d jumps over the lazy dog.\n", i * 7 % 13);
-        fclose(f);
-    }
-    MPI_Bcast(text_path, sizeof text_path, MPI_CHAR, 0, MPI_COMM_WORLD);
-}
+static void write_corpus(void) { t_text_corpus("tp_user_model", "a", 200, dir, text_path); }
 
 static void opts(dt_train_opts *o, mlp *u) {
     dt_train_opts_default(o);
