@@ -1,14 +1,17 @@
-/* bench_recompute — what activation recompute costs and saves, single process.
+/* bench_recompute — what activation recompute and 16-bit saved activations
+ * cost and save, single process.
  *
  *   OMP_NUM_THREADS=2 bench_recompute W1|W2 [rounds] [steps per round]
  *
  * Each round trains `steps` AdamW steps with --recompute none, then the same
- * with blocks, on one model and one fixed random batch (the two modes take
- * turns so machine drift hits both alike). Reports per mode: activation
- * memory (the graph arena's high-water mark: activations, tape, and for
- * blocks the recompute scratch), ms per step (median over rounds) split into
- * forward+backward and optimizer, and the ratios blocks / none; plus the
- * GFLOP/s of cblas_sgemm on the workload's largest layer in the same run. */
+ * with blocks, then with none and the activations kept in bf16
+ * (--saved-activations bf16, dt_graph_pack16; fp32 products), on one model
+ * and one fixed random batch (the modes take turns so machine drift hits
+ * all alike). Reports per mode: activation memory (the graph arena's
+ * high-water mark: activations, their gradients, tape, and the scratch arena
+ * of recompute and bf16), ms per step (median over rounds) split into
+ * forward+backward and optimizer, and the ratios to none; plus the GFLOP/s
+ * of cblas_sgemm on the workload's largest layer in the same run. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,16 +45,18 @@ int main(int argc, char **argv) {
     dt_optim_segment seg = {0, m->param_flat.numel, 1, NULL, NULL, 0};
     if (dt_optimizer_init(&opt, &oc, &seg, 1, 0, m->param_flat.numel) != DT_OK) return fail("optimizer");
     dt_batch b = bench_batch_make(&w, 0);
-    dt_graph *g[2] = {dt_graph_create(), dt_graph_create()};   /* one per mode: separate high-water marks */
-    double *fb[2], *op[2];
-    for (int k = 0; k < 2; k++) {
+    enum { NM = 3 };
+    dt_graph *g[NM] = {dt_graph_create(), dt_graph_create(), dt_graph_create()};   /* one per mode: separate high-water marks */
+    double *fb[NM], *op[NM];
+    for (int k = 0; k < NM; k++) {
         fb[k] = calloc((size_t)rounds, sizeof(double));
         op[k] = calloc((size_t)rounds, sizeof(double));
     }
-    double loss[2] = {0, 0};
+    double loss[NM] = {0, 0, 0};
     for (int r = 0; r <= rounds; r++) {   /* round 0 warms up (arena growth, page faults) */
-        for (int k = 0; k < 2; k++) {
-            dt_model_set_recompute(m, k ? DT_RECOMPUTE_BLOCKS : DT_RECOMPUTE_NONE);
+        for (int k = 0; k < NM; k++) {
+            dt_model_set_recompute(m, k == 1 ? DT_RECOMPUTE_BLOCKS : DT_RECOMPUTE_NONE);
+            dt_model_set_saved_dtype(m, k == 2 ? DT_BF16 : DT_F32);
             double t_fb = 0, t_op = 0;
             for (int s = 0; s < steps; s++) {
                 double t0 = bench_now();
@@ -72,8 +77,8 @@ int main(int argc, char **argv) {
             if (r) { fb[k][r - 1] = t_fb / steps; op[k][r - 1] = t_op / steps; }
         }
     }
-    double med_fb[2], med_op[2];
-    for (int k = 0; k < 2; k++) {
+    double med_fb[NM], med_op[NM];
+    for (int k = 0; k < NM; k++) {
         qsort(fb[k], (size_t)rounds, sizeof(double), cmp);
         qsort(op[k], (size_t)rounds, sizeof(double), cmp);
         med_fb[k] = fb[k][rounds / 2];
@@ -82,16 +87,19 @@ int main(int argc, char **argv) {
     double gf = bench_sgemm_gflops(w.gm, w.gk, w.gn);
     printf("%s: %zu params, B=%lld T=%lld, %d rounds x %d steps, sgemm [%d,%d]x[%d,%d] %.1f GFLOP/s\n", argv[1],
            dt_model_num_params(m), (long long)w.B, (long long)w.T, rounds, steps, w.gm, w.gk, w.gk, w.gn, gf);
-    const char *name[2] = {"none", "blocks"};
-    printf("%-8s %14s %14s %12s %12s %10s\n", "recompute", "activation MiB", "fwd+bwd ms", "optim ms", "step ms", "last loss");
-    for (int k = 0; k < 2; k++)
+    const char *name[NM] = {"none", "blocks", "bf16"};
+    printf("%-8s %14s %14s %12s %12s %10s\n", "mode", "activation MiB", "fwd+bwd ms", "optim ms", "step ms", "last loss");
+    for (int k = 0; k < NM; k++)
         printf("%-8s %14.1f %14.1f %12.1f %12.1f %10.4f\n", name[k], dt_graph_arena_bytes(g[k]) / 1048576.0,
                med_fb[k] * 1e3, med_op[k] * 1e3, (med_fb[k] + med_op[k]) * 1e3, loss[k]);
     printf("blocks/none: activation memory %.3fx (%.2fx lower), fwd+bwd time %.3fx, step time %.3fx\n",
            (double)dt_graph_arena_bytes(g[1]) / (double)dt_graph_arena_bytes(g[0]),
            (double)dt_graph_arena_bytes(g[0]) / (double)dt_graph_arena_bytes(g[1]), med_fb[1] / med_fb[0],
            (med_fb[1] + med_op[1]) / (med_fb[0] + med_op[0]));
-    for (int k = 0; k < 2; k++) { dt_graph_free(g[k]); free(fb[k]); free(op[k]); }
+    printf("bf16/none: activation memory %.3fx, fwd+bwd time %.3fx, step time %.3fx\n",
+           (double)dt_graph_arena_bytes(g[2]) / (double)dt_graph_arena_bytes(g[0]), med_fb[2] / med_fb[0],
+           (med_fb[2] + med_op[2]) / (med_fb[0] + med_op[0]));
+    for (int k = 0; k < NM; k++) { dt_graph_free(g[k]); free(fb[k]); free(op[k]); }
     bench_batch_free(&b);
     dt_optimizer_free(&opt);
     dt_model_free(m);

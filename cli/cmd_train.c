@@ -218,6 +218,15 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
             return -1;
         }
     }
+    if (f->saved_acts) {
+        if (!strcmp(f->saved_acts, "fp32")) o->saved_activations = DT_SAVED_FP32;
+        else if (!strcmp(f->saved_acts, "bf16")) o->saved_activations = DT_SAVED_BF16;
+        else if (!strcmp(f->saved_acts, "fp16")) o->saved_activations = DT_SAVED_FP16;
+        else {
+            snprintf(err, (size_t)errlen, "--saved-activations: '%s' is not one of fp32, bf16, fp16", f->saved_acts);
+            return -1;
+        }
+    }
     if (f->loss_scale) {   /* dynamic | off | a fixed scale S (the same field as --loss-scale-init) */
         char *end;
         double v = strtod(f->loss_scale, &end);

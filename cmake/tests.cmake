@@ -426,6 +426,9 @@ set_tests_properties(test_process_name PROPERTIES LABELS unit TIMEOUT 120 SKIP_R
 add_test(NAME test_precision
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_precision.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
 set_tests_properties(test_precision PROPERTIES LABELS "mpi;slow" PROCESSORS 2 TIMEOUT 300 SKIP_RETURN_CODE 77)
+add_test(NAME test_saved_activations
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_saved_activations.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_saved_activations PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
 
 # --precision fp16 with dynamic loss scaling: overflowing steps skipped on
 # every rank with the scale halving, then training; DDP / ZeRO-2 / --pp at 2

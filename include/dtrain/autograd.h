@@ -209,6 +209,25 @@ size_t dt_graph_arena_bytes(const dt_graph *g);
 typedef dt_tensor *(*dt_checkpoint_fn)(dt_graph *g, dt_tensor *x, void *ctx);
 dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_rng *rng);
 
+/* ---- activations kept in 16 bits (mixed precision) ----
+ * dt_graph_pack16 runs fn(g, x, ctx) and records its ops as usual, then keeps
+ * what backward needs in half the memory: every float32 tensor an op of fn
+ * outputs is stored as `dtype` (DT_BF16 or DT_F16, rounded to nearest even)
+ * until backward, which widens them back and back-propagates through fn's
+ * own nodes. Returns fn's output (an exact float32 copy in g's arena; every
+ * other tensor fn creates is gone when the call returns, as with
+ * dt_graph_checkpoint). The ops' own saved state (statistics, masks,
+ * parameters, fn's output) stays exact: only an op's backward reading another
+ * op's output sees 16-bit values. PyTorch's autocast saves bf16 activations
+ * the same way; fp16 turns values beyond +-65504 into inf (loss scaling then
+ * skips the step). Module hooks fire as without it. Same value of fn's output
+ * and of the loss; gradients differ from float32 by the rounding.
+ * Under a split backward (dt_graph_defer_weights) nothing inside the region
+ * is deferred: its weight gradients are computed in B, as in a checkpoint's
+ * replay. DT_F32 or grad disabled: fn simply runs. Errors: NULL g / fn, another
+ * dtype (DT_EINVAL), called inside a checkpoint or another pack16 (DT_ESTATE). */
+dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_dtype dtype);
+
 /* ---- split backward: input gradients now, weight gradients later ----
  * Zero-bubble pipeline schedules (ZB-H1) and tied weights on several pipeline
  * stages need a graph's backward in two passes: B computes the activation

@@ -154,6 +154,8 @@ typedef struct dt_block {
     int in_ndim, out_ndim;   /* per-sample dims (batch excluded); in_ndim 0: reads the batch */
     int64_t in_dims[3], out_dims[3];
     int recompute;           /* 1: keep only the input; re-run forward in backward */
+    dt_dtype saved_dtype;    /* DT_BF16 / DT_F16: activations kept in 16 bits until backward
+                                (dt_graph_pack16); DT_F32 (0): as computed. recompute wins */
 } dt_block;
 dt_status dt_model_add_block(dt_model *m, const char *name, dt_block_fn fn, void *user, int in_ndim,
                              const int64_t *in_dims, int out_ndim, const int64_t *out_dims);
@@ -179,6 +181,12 @@ dt_status dt_model_build(dt_model *m);
 typedef enum dt_recompute { DT_RECOMPUTE_NONE = 0, DT_RECOMPUTE_BLOCKS = 1 } dt_recompute;
 void dt_model_set_recompute(dt_model *m, dt_recompute r);
 int dt_recompute_parse(const char *s, dt_recompute *out);   /* "none" | "blocks"; 0 ok */
+/* Mixed precision: every block but the last (as for recompute: the loss
+ * head keeps its output anyway) keeps the activations its backward reads in
+ * `d` (DT_BF16 / DT_F16; DT_F32: as computed), through dt_graph_pack16 --
+ * about half the activation memory. A block marked for recompute keeps only
+ * its input instead. Set single blocks with blocks[i].saved_dtype. */
+void dt_model_set_saved_dtype(dt_model *m, dt_dtype d);
 
 /* Modules with the usual layers (torch.nn defaults for initialisation):
  * linear: weight [out, in] and bias [out], uniform(+-1/sqrt(in)).
@@ -276,10 +284,11 @@ dt_status dt_model_cfg_fit(dt_model_cfg *c, const dt_sample_shape *s);
 /* A built-in's size without building it (the trainer's memory check, before
  * anything is allocated): its parameter elements, and the bytes one sample's
  * training forward keeps for backward (seq tokens for a sequence model;
- * recompute: every block but the last keeps only its input) -- a rough
- * floor, float32. 0 for a kind without a formula (a registered model). */
+ * recompute: every block but the last keeps only its input; saved_bytes 2:
+ * activations kept in 16 bits, dt_model_set_saved_dtype, else 4) -- a rough
+ * floor. 0 for a kind without a formula (a registered model). */
 size_t dt_model_cfg_num_params(const dt_model_cfg *c);
-double dt_model_cfg_act_bytes(const dt_model_cfg *c, int64_t seq, int recompute);
+double dt_model_cfg_act_bytes(const dt_model_cfg *c, int64_t seq, int recompute, int saved_bytes);
 /* A sequence model's longest sequence (GPT-2: max_t) and, in *key
  * (optional), the setting that sets it ("arch.max_t"); 0 for a model of
  * fixed-size samples. */

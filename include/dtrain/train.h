@@ -27,6 +27,14 @@ typedef enum dt_loss_scale_mode {
     DT_LOSS_SCALE_DYNAMIC = 3,   /* GradScaler: halve on overflow, double after a window of clean steps */
 } dt_loss_scale_mode;
 
+/* train.saved_activations: what backward reads between forward and backward */
+typedef enum dt_saved_acts {
+    DT_SAVED_AUTO = 0,   /* bf16 with --precision bf16, fp16 with fp16, else fp32 */
+    DT_SAVED_FP32 = 1,
+    DT_SAVED_BF16 = 2,
+    DT_SAVED_FP16 = 3,
+} dt_saved_acts;
+
 typedef struct dt_train_opts {
     dt_model_cfg model;            /* the built-in to train, unless build_model is set */
     dt_model_build_fn build_model; /* a user's model (NULL: the built-in from `model`) */
@@ -51,6 +59,8 @@ typedef struct dt_train_opts {
     int precision;                 /* dt_precision of the matrix products (ops.h): DT_PREC_FP32 (default),
                                       DT_PREC_BF16 (bf16 inputs, fp32 accumulation, where faster) or
                                       DT_PREC_FP16 (fp16 inputs, fp32 accumulation; with loss scaling) */
+    int saved_activations;         /* dt_saved_acts: the activations backward reads, kept in 16 bits
+                                      (dt_model_set_saved_dtype); AUTO (0) follows precision */
     int loss_scale;                /* dt_loss_scale_mode (strategy.h, "loss scaling"): AUTO (0) is
                                       DYNAMIC with fp16, OFF otherwise */
     float loss_scale_init;         /* FIXED: the scale; DYNAMIC: the first one (0: 2^16) */
@@ -106,6 +116,9 @@ typedef struct dt_train_opts {
 void dt_train_opts_default(dt_train_opts *o);
 /* 1 when o trains with loss scaling (train.loss_scale, resolved: AUTO is on with fp16) */
 int dt_train_loss_scaling(const dt_train_opts *o);
+/* The dtype train.saved_activations resolves to (AUTO: from precision):
+ * DT_F32, DT_BF16 or DT_F16. */
+dt_dtype dt_train_saved_dtype(const dt_train_opts *o);
 dt_status dt_train_opts_validate(const dt_train_opts *o);
 
 typedef struct dt_trainer dt_trainer;

@@ -22,12 +22,14 @@ static int add_block(dt_arena *a, size_t cap) {
 void *dt_arena_alloc(dt_arena *a, size_t bytes) {
     size_t need = (bytes + 63) & ~(size_t)63;
     if (need == 0) need = 64;
-    dt_arena_block *b = a->n_blocks ? &a->blocks[a->n_blocks - 1] : NULL;
+    dt_arena_block *b = a->n_blocks ? &a->blocks[a->cur] : NULL;
+    while (b && b->cap - b->used < need && a->cur + 1 < a->n_blocks) b = &a->blocks[++a->cur];   /* rewound: reuse */
     if (!b || b->cap - b->used < need) {
         size_t cap = need > DT_ARENA_MIN_BLOCK ? need : DT_ARENA_MIN_BLOCK;
         if (b && cap < b->cap * 2) cap = b->cap * 2;   /* geometric growth */
         if (add_block(a, cap) != 0) return NULL;
-        b = &a->blocks[a->n_blocks - 1];
+        a->cur = a->n_blocks - 1;
+        b = &a->blocks[a->cur];
     }
     void *p = b->base + b->used;
     b->used += need;
@@ -43,8 +45,23 @@ void dt_arena_reset(dt_arena *a) {
         a->n_blocks = 0;
         if (add_block(a, total) != 0) a->n_blocks = 0;   /* retried lazily on next alloc */
     }
+    dt_arena_rewind(a);
+}
+
+void dt_arena_rewind(dt_arena *a) {
     for (int i = 0; i < a->n_blocks; i++) a->blocks[i].used = 0;
+    a->cur = 0;
     a->in_use = 0;
+}
+
+void dt_arena_set_used(dt_arena *a, int n, const size_t *used) {
+    dt_arena_rewind(a);
+    for (int i = 0; i < n && i < a->n_blocks; i++) {
+        a->blocks[i].used = used[i];
+        a->in_use += used[i];
+    }
+    a->cur = n > 0 ? n - 1 : 0;
+    if (a->in_use > a->high_water) a->high_water = a->in_use;
 }
 
 void dt_arena_free(dt_arena *a) {

@@ -36,6 +36,8 @@ dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start) {
         if (dt_error_code() != DT_OK) return dt_error_code();
     } else if (n->backward == dt_checkpoint_backward) {
         DT_TRY(dt_checkpoint_skip(g, n));   /* its parameter uses are inside it */
+    } else if (n->backward == dt_pack16_backward) {
+        DT_TRY(dt_pack16_skip(g, n));
     }
     for (int i = 0; i < n->n_in; i++)
         if (n->param_rec[i] >= 0 && !(defer >> i & 1u)) DT_TRY(dt_graph_release_use(g, n->param_rec[i]));

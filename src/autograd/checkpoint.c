@@ -70,7 +70,7 @@ static dt_status record_node(dt_graph *g, dt_tensor *out, dt_tensor *x, dt_check
 
 dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_rng *rng) {
     if (!g || !fn) { DT_ERR(DT_EINVAL, "checkpoint: %s is NULL", g ? "fn" : "graph"); return NULL; }
-    if (g->mode != DT_GRAPH_RECORD) {
+    if (g->mode != DT_GRAPH_RECORD || g->alloc == &g->scratch) {   /* (scratch: inside dt_graph_pack16's fn) */
         DT_ERR(DT_ESTATE, "checkpoint: nested checkpoints are not supported "
                "(dt_graph_checkpoint called inside a checkpoint function)");
         return NULL;
@@ -86,7 +86,7 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
     if (!y && dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "checkpoint: the function returned NULL without an error");
     dt_tensor *out = y ? copy_out(g, y) : NULL;
     if (out && y->requires_grad && record_node(g, out, x, fn, ctx, rng, &before) != DT_OK) out = NULL;
-    dt_arena_reset(&g->scratch);
+    dt_arena_rewind(&g->scratch);   /* blocks stay: pack16 images point into them */
     return out;
 }
 
@@ -133,7 +133,7 @@ void dt_checkpoint_backward(dt_graph *g, dt_node *n) {
     g->n_nodes = mark;
     g->mode = DT_GRAPH_RECORD;
     g->alloc = &g->arena;
-    dt_arena_reset(&g->scratch);
+    dt_arena_rewind(&g->scratch);   /* blocks stay: pack16 images point into them */
     if (ck->rng) *ck->rng = now;
 }
 

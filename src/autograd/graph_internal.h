@@ -2,6 +2,7 @@
  *   graph.c       create / reset, allocation, recording ops and module markers
  *   backward.c    the backward loop and its entry points, graph inputs
  *   checkpoint.c  activation recompute (dt_graph_checkpoint)
+ *   pack16.c      activations kept in 16 bits until backward (dt_graph_pack16)
  *   param_table.c per-graph parameter use records
  *   backward_weights.c  the split backward: deferral in B, the W pass
  */
@@ -51,7 +52,7 @@ typedef enum dt_wpass_state {
 
 struct dt_graph {
     dt_arena arena;          /* main: tape nodes, kept activations, gradients */
-    dt_arena scratch;        /* recompute scratch: in use only during a checkpoint's first pass or replay */
+    dt_arena scratch;        /* in use only during a checkpoint's first pass or replay, or a pack16 region's forward or backward */
     dt_arena *alloc;         /* where dt_graph_scratch allocates: &arena, or &scratch inside a checkpoint */
     dt_node **nodes; int n_nodes, cap_nodes;
     dt_param_table params;   /* uses of the parameters on this tape */
@@ -99,4 +100,7 @@ int dt_defer_reads(const dt_graph *g, const dt_tensor *x);
  * first pass counted, so grad-ready still fires. */
 void dt_checkpoint_backward(dt_graph *g, dt_node *n);
 dt_status dt_checkpoint_skip(dt_graph *g, dt_node *n);
+/* pack16.c: the same pair for a region kept in 16 bits (dt_graph_pack16). */
+void dt_pack16_backward(dt_graph *g, dt_node *n);
+dt_status dt_pack16_skip(dt_graph *g, dt_node *n);
 #endif

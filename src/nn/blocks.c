@@ -87,6 +87,12 @@ void dt_model_set_recompute(dt_model *m, dt_recompute r) {
     for (int i = 0; i < m->n_blocks; i++) m->blocks[i].recompute = r == DT_RECOMPUTE_BLOCKS && i + 1 < m->n_blocks;
 }
 
+void dt_model_set_saved_dtype(dt_model *m, dt_dtype d) {
+    /* not the last block, as for recompute: its output feeds the loss head,
+     * so the region would hold it twice while it runs (GPT-2's logits) */
+    for (int i = 0; i < m->n_blocks; i++) m->blocks[i].saved_dtype = i + 1 < m->n_blocks ? d : DT_F32;
+}
+
 int dt_recompute_parse(const char *s, dt_recompute *out) {
     if (!strcmp(s, "none")) { *out = DT_RECOMPUTE_NONE; return 0; }
     if (!strcmp(s, "blocks")) { *out = DT_RECOMPUTE_BLOCKS; return 0; }
@@ -165,6 +171,11 @@ static dt_tensor *run_block(dt_model *m, dt_graph *g, int i, dt_tensor *x, const
         if (!c) return NULL;
         *c = (block_call){m, i, *b};
         y = dt_graph_checkpoint(g, replay_block, x, c, NULL);
+    } else if (k->saved_dtype != DT_F32 && dt_graph_grad_enabled(g)) {   /* activations in 16 bits until backward */
+        block_call *c = dt_graph_scratch(g, sizeof *c);
+        if (!c) return NULL;
+        *c = (block_call){m, i, *b};
+        y = dt_graph_pack16(g, replay_block, x, c, k->saved_dtype);
     } else {
         y = k->forward(m, g, x, b, k->user);
     }

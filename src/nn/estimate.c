@@ -40,17 +40,18 @@ size_t dt_model_cfg_num_params(const dt_model_cfg *c) {
     }
 }
 
-double dt_model_cfg_act_bytes(const dt_model_cfg *c, int64_t seq, int recompute) {
+double dt_model_cfg_act_bytes(const dt_model_cfg *c, int64_t seq, int recompute, int saved_bytes) {
     if (!c) return 0;
+    double h = saved_bytes == 2 ? 0.5 : 1.0;   /* dt_graph_pack16: what backward reads, in 16 bits */
     switch (c->kind) {
     case DT_MODEL_MLP: {
         double n = 0;
         for (int i = 0; i < c->mlp_n_hidden; i++) n += 2.0 * c->mlp_hidden[i];   /* pre-activation, ReLU */
-        return 4.0 * (n + c->mlp_in + c->mlp_out);
+        return 4.0 * (h * n + c->mlp_in + c->mlp_out);
     }
     case DT_MODEL_CNN: {
         double hw = (double)c->cnn_h * c->cnn_w;
-        return 4.0 * (3.0 * c->cnn_c1 * hw + c->cnn_c1 * hw / 4 + 3.0 * c->cnn_c2 * hw / 4 + c->cnn_c2 * hw / 16 +
+        return 4.0 * h * (3.0 * c->cnn_c1 * hw + c->cnn_c1 * hw / 4 + 3.0 * c->cnn_c2 * hw / 4 + c->cnn_c2 * hw / 16 +
                       2.0 * c->cnn_fc + c->cnn_classes);   /* conv, BN, ReLU, pool; fc */
     }
     case DT_MODEL_GPT2: {
@@ -60,7 +61,9 @@ double dt_model_cfg_act_bytes(const dt_model_cfg *c, int64_t seq, int recompute)
          * residual (4C, whole on every tp rank); qkv, the attention output,
          * the MLP's input and GELU output (12C) and the scores (H T) split */
         double layer = T * (4.0 * C + (12.0 * C + H * T) / P);
-        double layers = recompute ? (c->n_layer - 1) * T * C + layer : c->n_layer * layer;   /* recompute: inputs only */
+        double layers = recompute ? (c->n_layer - 1) * T * C + layer   /* recompute: inputs only */
+                      : h < 1 ? c->n_layer * (h * layer + T * C) + layer   /* 16 bits, each output in fp32, one block widened */
+                      : c->n_layer * layer;
         return 4.0 * (layers + T * C + 2.0 * T * V);   /* + embedding, logits and their gradient */
     }
     default: return 0;

@@ -23,7 +23,8 @@ void dt_train_memory_estimate(const dt_train_opts *o, const dt_strategy *strat, 
     out->params = 4.0 * n / div[0];
     out->grads = all_train ? 4.0 * n / div[1] : 0;
     out->optim = all_train ? n * (double)dt_optim_state_bytes(&o->optim) / div[2] : 0;
-    out->acts = dt_model_cfg_act_bytes(&o->model, o->seq, o->recompute == DT_RECOMPUTE_BLOCKS) * (double)o->batch / div[3];
+    out->acts = dt_model_cfg_act_bytes(&o->model, o->seq, o->recompute == DT_RECOMPUTE_BLOCKS,
+                                     dt_train_saved_dtype(o) == DT_F32 ? 4 : 2) * (double)o->batch / div[3];
     /* the background save's copy: parameters and optimizer state as written, fp32 (bf16 state is widened) */
     if (train && o->save && !o->save_sync) out->copy = out->params + (all_train ? 4.0 * n * dt_optim_state_per_elem(&o->optim) / div[2] : 0);
     out->total = out->params + out->grads + out->optim + out->acts + out->copy;

@@ -58,6 +58,8 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     if (o->stop_after < 0) return DT_ERR(DT_EINVAL, "train.stop_after must be >= 0, got %lld", (long long)o->stop_after);
     if (o->clip < 0) return DT_ERR(DT_EINVAL, "train.clip must be >= 0");
     if ((unsigned)o->precision > DT_PREC_FP16) return DT_ERR(DT_EINVAL, "train.precision: unknown precision %d", o->precision);
+    if ((unsigned)o->saved_activations > DT_SAVED_FP16)
+        return DT_ERR(DT_EINVAL, "train.saved_activations: unknown mode %d", o->saved_activations);
     if ((unsigned)o->loss_scale > DT_LOSS_SCALE_DYNAMIC) return DT_ERR(DT_EINVAL, "train.loss_scale: unknown mode %d", o->loss_scale);
     if (!(o->loss_scale_init >= 0.0f) || isinf(o->loss_scale_init))
         return DT_ERR(DT_EINVAL, "train.loss_scale_init must be finite and > 0 (0: 65536), got %g", (double)o->loss_scale_init);
@@ -92,6 +94,15 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
         if (bad) return DT_ERR(DT_EINVAL, "train.uneven does not combine with %s (ranks stop at different steps)", bad);
     }
     return DT_OK;
+}
+
+dt_dtype dt_train_saved_dtype(const dt_train_opts *o) {
+    switch (o->saved_activations) {
+    case DT_SAVED_BF16: return DT_BF16;
+    case DT_SAVED_FP16: return DT_F16;
+    case DT_SAVED_FP32: return DT_F32;
+    default: return o->precision == DT_PREC_BF16 ? DT_BF16 : o->precision == DT_PREC_FP16 ? DT_F16 : DT_F32;
+    }
 }
 
 int dt_train_loss_scaling(const dt_train_opts *o) {

@@ -93,7 +93,7 @@ static void test_estimate_shares(void **state) {
     dt_mem_estimate e, z;
     dt_train_memory_estimate(&o, NULL, &e);
     assert_true(e.params == 4 * n && e.grads == 4 * n && e.optim == 8 * n && e.copy == 0);
-    assert_true(e.acts > 0 && e.acts == 4 * dt_model_cfg_act_bytes(&o.model, 64, 0));
+    assert_true(e.acts > 0 && e.acts == 4 * dt_model_cfg_act_bytes(&o.model, 64, 0, 4));
     assert_true(e.total == e.params + e.grads + e.optim + e.acts);
     dt_strategy zero2 = {.mem_div = {1, 4, 4, 0}};
     dt_train_memory_estimate(&o, &zero2, &z);

@@ -1,0 +1,290 @@
+/* Activations kept in 16 bits until backward (dt_graph_pack16).
+ *
+ * Forward: fn runs as usual -- nodes recorded, parameter uses counted,
+ * module hooks fired -- but allocates in the scratch arena. The output is
+ * copied into the main arena for the ops after it. Then the whole scratch
+ * (tensors, nodes, their saved state, the activations) is written into one
+ * image in the main arena: bytes verbatim, except the data of every float32
+ * node output, rounded to bf16 / fp16 (half the bytes). The scratch is
+ * rewound, the nodes leave the tape, and one pack16 node stands for them.
+ *
+ * Backward, that node: the scratch is rewound (it holds nothing outside a
+ * region) and the image written back at the same addresses -- every pointer
+ * inside it is valid again, so the nodes are the ones recorded -- the node
+ * outputs widened to float32, fn's output overwritten with the exact copy,
+ * and the nodes back-propagated in reverse with the main loop's body, as a
+ * checkpoint's replay is (mode REPLAY: nothing deferred to a W pass -- a
+ * split backward computes the region's weight gradients in B, since the
+ * image is gone by W -- the gradients of the region's own tensors live in the scratch, x's in the
+ * main arena). Then the scratch is rewound again.
+ *
+ * What changes numerically: an op's backward reads its inputs (another op's
+ * output) rounded to 16 bits; auxiliary state an op saves (LayerNorm's
+ * statistics, attention's row sums, dropout's keys, parameters) stays exact.
+ * Under --precision bf16 a linear layer's weight gradient reads the input
+ * its forward product rounded to bf16 anyway.
+ *
+ * Invariants: the scratch's blocks never move between a region's forward and
+ * its backward (only dt_graph_reset merges them; every other user rewinds),
+ * and the scratch is empty outside a region, a checkpoint and a replay, so
+ * an image always restores into the blocks it was taken from, from 0. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "graph_internal.h"
+
+/* A node output's data in scratch block b, bytes [off, off + bytes): stored
+ * in 16 bits, or (skip: fn's output) not stored, restored from the copy. */
+typedef struct pk_range { int block, skip; size_t off, bytes; } pk_range;
+
+typedef struct dt_pack {
+    dt_dtype dtype;          /* DT_BF16 or DT_F16 */
+    dt_tensor *y, *out;      /* fn's output (in the image), its exact copy (main arena) */
+    int n_nodes;  dt_node **nodes;     /* the region's tape, in record order */
+    int n_uses;   int *uses;           /* parameter uses, released back to front on skip */
+    int n_blocks; size_t *used;        /* scratch blocks 0..n_blocks-1 and their fill */
+    int n_ranges; pk_range *ranges;    /* sorted by (block, off), disjoint */
+    unsigned char *image;
+} dt_pack;
+
+static void round_bf16(uint16_t *d, const float *s, size_t n) {
+#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 16))
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &s[i], 4);
+        uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : u + 0x7fffu + ((u >> 16) & 1u);
+        d[i] = (uint16_t)(r >> 16);   /* nearest even; NaN stays a (quiet) NaN */
+    }
+}
+
+static void widen_bf16(float *d, const uint16_t *s, size_t n) {
+#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 16))
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)s[i] << 16;
+        memcpy(&d[i], &u, 4);
+    }
+}
+
+static void round_f16(uint16_t *d, const float *s, size_t n) {
+#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 16))
+    for (size_t i = 0; i < n; i++) d[i] = dt_f32_to_f16(s[i]);
+}
+
+static void widen_f16(float *d, const uint16_t *s, size_t n) {
+#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 16))
+    for (size_t i = 0; i < n; i++) d[i] = dt_f16_to_f32(s[i]);
+}
+
+static int scratch_block(const dt_arena *a, const void *p) {
+    uintptr_t c = (uintptr_t)p;
+    for (int i = 0; i <= a->cur && i < a->n_blocks; i++) {
+        uintptr_t b = (uintptr_t)a->blocks[i].base;
+        if (c >= b && c - b < a->blocks[i].used) return i;
+    }
+    return -1;
+}
+
+static int by_place(const void *pa, const void *pb) {
+    const pk_range *a = pa, *b = pb;
+    if (a->block != b->block) return a->block < b->block ? -1 : 1;
+    return a->off < b->off ? -1 : a->off > b->off;
+}
+
+/* The float32 node outputs in the scratch (fn's output to skip: restored
+ * exactly from its copy), sorted; a range overlapping an earlier one (a view
+ * of another output) is dropped, its bytes packed with that one or verbatim. */
+static int collect_ranges(dt_graph *g, dt_pack *pk, int mark) {
+    pk_range *r = dt_arena_alloc(&g->arena, (size_t)(g->n_nodes - mark + 1) * sizeof *r);
+    if (!r) return -1;
+    int n = 0;
+    for (int k = mark; k < g->n_nodes; k++) {
+        const dt_tensor *t = g->nodes[k]->out;
+        if (g->nodes[k]->marker || !t || t->dtype != DT_F32 || t->numel < 16 || !t->data) continue;
+        int b = scratch_block(&g->scratch, t->data);
+        if (b < 0) continue;   /* not the region's own (a view of x, a parameter, the caller's data) */
+        size_t off = (size_t)((char *)t->data - g->scratch.blocks[b].base);
+        size_t bytes = (size_t)t->numel * sizeof(float);
+        if (off + bytes > g->scratch.blocks[b].used) continue;
+        r[n++] = (pk_range){b, t->data == pk->y->data && t->numel == pk->y->numel, off, bytes};
+    }
+    qsort(r, (size_t)n, sizeof *r, by_place);
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (kept && r[kept - 1].block == r[i].block && r[i].off < r[kept - 1].off + r[kept - 1].bytes) continue;
+        r[kept++] = r[i];
+    }
+    pk->ranges = r;
+    pk->n_ranges = kept;
+    return 0;
+}
+
+/* Image size: the blocks' fill, packed ranges at half their bytes, skipped ones at none. */
+static size_t image_bytes(const dt_pack *pk) {
+    size_t total = 0;
+    for (int b = 0; b < pk->n_blocks; b++) total += pk->used[b];
+    for (int i = 0; i < pk->n_ranges; i++) total -= pk->ranges[i].skip ? pk->ranges[i].bytes : pk->ranges[i].bytes / 2;
+    return total;
+}
+
+/* dir 1: scratch -> image (rounding), 0: image -> scratch (widening). */
+static void transfer(dt_graph *g, const dt_pack *pk, int dir) {
+    unsigned char *img = pk->image;
+    int i = 0;
+    for (int b = 0; b < pk->n_blocks; b++) {
+        char *base = g->scratch.blocks[b].base;
+        size_t at = 0;
+        for (; i < pk->n_ranges && pk->ranges[i].block == b; i++) {
+            const pk_range *r = &pk->ranges[i];
+            size_t gap = r->off - at, n = r->bytes / sizeof(float);
+            if (dir) memcpy(img, base + at, gap); else memcpy(base + at, img, gap);
+            img += gap;
+            at = r->off + r->bytes;
+            if (r->skip) continue;
+            float *f = (float *)(void *)(base + r->off);
+            uint16_t *h = (uint16_t *)(void *)img;
+            if (dir) (pk->dtype == DT_BF16 ? round_bf16 : round_f16)(h, f, n);
+            else (pk->dtype == DT_BF16 ? widen_bf16 : widen_f16)(f, h, n);
+            img += n * sizeof(uint16_t);
+        }
+        size_t tail = pk->used[b] - at;
+        if (dir) memcpy(img, base + at, tail); else memcpy(base + at, img, tail);
+        img += tail;
+    }
+}
+
+/* The region's parameter uses, in the order the backward loop would release
+ * them when read back to front: nodes last to first, each node's inputs in order. */
+static int collect_uses(dt_graph *g, dt_pack *pk, int mark) {
+    int n = 0;
+    for (int k = mark; k < g->n_nodes; k++)
+        for (int i = 0; i < g->nodes[k]->n_in; i++) n += g->nodes[k]->param_rec[i] >= 0;
+    pk->uses = dt_arena_alloc(&g->arena, (size_t)(n ? n : 1) * sizeof(int));
+    if (!pk->uses) return -1;
+    pk->n_uses = 0;
+    for (int k = mark; k < g->n_nodes; k++)
+        for (int i = g->nodes[k]->n_in - 1; i >= 0; i--)
+            if (g->nodes[k]->param_rec[i] >= 0) pk->uses[pk->n_uses++] = g->nodes[k]->param_rec[i];
+    return 0;
+}
+
+/* Moves the region [mark, n_nodes) of the tape and the scratch into pk. */
+static dt_status pack(dt_graph *g, dt_pack *pk, int mark) {
+    pk->n_nodes = g->n_nodes - mark;
+    pk->nodes = dt_arena_alloc(&g->arena, (size_t)pk->n_nodes * sizeof(dt_node *));
+    pk->n_blocks = g->scratch.n_blocks ? g->scratch.cur + 1 : 0;
+    pk->used = dt_arena_alloc(&g->arena, (size_t)(pk->n_blocks ? pk->n_blocks : 1) * sizeof(size_t));
+    if (!pk->nodes || !pk->used || collect_uses(g, pk, mark) || collect_ranges(g, pk, mark))
+        return DT_ERR(DT_ENOMEM, "pack16: out of memory for the region's record");
+    memcpy(pk->nodes, g->nodes + mark, (size_t)pk->n_nodes * sizeof(dt_node *));
+    for (int b = 0; b < pk->n_blocks; b++) pk->used[b] = g->scratch.blocks[b].used;
+    pk->image = dt_arena_alloc(&g->arena, image_bytes(pk));
+    if (!pk->image)
+        return DT_ERR(DT_ENOMEM, "pack16: out of memory for a %zu-byte activation image", image_bytes(pk));
+    transfer(g, pk, 1);
+    return DT_OK;
+}
+
+static dt_tensor *copy_out(dt_graph *g, const dt_tensor *y) {
+    if (y->dtype != DT_F32 || (y->numel > 0 && !y->data)) {
+        DT_ERR(DT_EINVAL, "pack16: the function's output %s is not an F32 tensor with data",
+               dt_shape_str(y, (char[96]){0}, 96));
+        return NULL;
+    }
+    dt_tensor *out = dt_graph_tensor_in(g, &g->arena, y->ndim, y->shape);
+    if (out) memcpy(out->data, y->data, (size_t)y->numel * sizeof(float));
+    return out;
+}
+
+static dt_tensor *fail(dt_graph *g, int mark) {   /* forward failed: the region leaves no trace on the tape */
+    g->n_nodes = mark;
+    g->alloc = &g->arena;
+    dt_arena_rewind(&g->scratch);
+    if (g->sticky == DT_OK) g->sticky = dt_error_code() != DT_OK ? dt_error_code() : DT_ESTATE;
+    return NULL;
+}
+
+dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_dtype dtype) {
+    if (!g || !fn) { DT_ERR(DT_EINVAL, "pack16: %s is NULL", g ? "fn" : "graph"); return NULL; }
+    if (dtype != DT_BF16 && dtype != DT_F16 && dtype != DT_F32) {
+        DT_ERR(DT_EINVAL, "pack16: activations are kept as bf16 or fp16 (or f32: no packing), not dtype %d", (int)dtype);
+        return NULL;
+    }
+    if (g->mode != DT_GRAPH_RECORD || g->alloc == &g->scratch) {
+        DT_ERR(DT_ESTATE, "pack16: called inside a checkpoint or another pack16 region (nesting is not supported)");
+        return NULL;
+    }
+    if (!g->grad_enabled || dtype == DT_F32) return fn(g, x, ctx);   /* nothing to keep */
+    int mark = g->n_nodes;
+    dt_arena_rewind(&g->scratch);
+    g->alloc = &g->scratch;
+    dt_tensor *y = fn(g, x, ctx);
+    g->alloc = &g->arena;
+    if (!y) {
+        if (dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "pack16: the function returned NULL without an error");
+        return fail(g, mark);
+    }
+    dt_tensor *out = copy_out(g, y);
+    if (!out) return fail(g, mark);
+    if (g->n_nodes == mark) {   /* nothing recorded (frozen or constant): nothing to keep */
+        dt_arena_rewind(&g->scratch);
+        return out;
+    }
+    dt_pack *pk = dt_arena_alloc(&g->arena, sizeof *pk);
+    if (!pk) { DT_ERR(DT_ENOMEM, "pack16: out of memory"); return fail(g, mark); }
+    *pk = (dt_pack){.dtype = dtype, .y = y, .out = out};
+    if (pack(g, pk, mark) != DT_OK) return fail(g, mark);
+    g->n_nodes = mark;
+    dt_arena_rewind(&g->scratch);
+    dt_node *n = dt_graph_new_node(g);
+    if (!n) return NULL;
+    n->backward = dt_pack16_backward;
+    n->op = "pack16";
+    n->out = out;
+    n->n_in = x ? 1 : 0;
+    n->in[0] = x;
+    n->param_rec[0] = -1;   /* x's uses, if a parameter, are counted inside */
+    n->saved = pk;
+    out->requires_grad = y->requires_grad;
+    out->grad_fn = y->requires_grad ? n : NULL;
+    if (g->tick) g->tick(g->tick_user);
+    return out;
+}
+
+void dt_pack16_backward(dt_graph *g, dt_node *n) {
+    dt_pack *pk = n->saved;
+    dt_tensor *x = n->n_in ? n->in[0] : NULL;
+    if (x && x->requires_grad) {   /* main arena, before the scratch fills (NULL without error: frozen) */
+        dt_grad_of(g, x);
+        if (dt_error_code() != DT_OK) return;
+    }
+    dt_arena_set_used(&g->scratch, pk->n_blocks, pk->used);
+    transfer(g, pk, 0);
+    memcpy(pk->y->data, pk->out->data, (size_t)pk->out->numel * sizeof(float));
+    int mark = g->n_nodes;
+    dt_status s = DT_OK;
+    if (g->n_nodes + pk->n_nodes > g->cap_nodes) {
+        int nc = g->n_nodes + pk->n_nodes;
+        dt_node **na = realloc(g->nodes, (size_t)nc * sizeof *na);
+        if (na) { g->nodes = na; g->cap_nodes = nc; }
+        else s = DT_ERR(DT_ENOMEM, "pack16: out of memory growing the tape");
+    }
+    g->mode = DT_GRAPH_REPLAY;
+    g->alloc = &g->scratch;
+    if (s == DT_OK) {
+        memcpy(g->nodes + mark, pk->nodes, (size_t)pk->n_nodes * sizeof(dt_node *));
+        g->n_nodes += pk->n_nodes;
+        s = dt_graph_seed_grad(g, pk->y, dt_f32(n->out->grad));
+    }
+    for (int k = g->n_nodes - 1; s == DT_OK && k >= mark; k--) s = dt_graph_run_node(g, g->nodes[k], pk->y);
+    if (s != DT_OK && dt_error_code() == DT_OK) DT_ERR(s, "pack16 backward: a hook failed without a message");
+    g->n_nodes = mark;
+    g->mode = DT_GRAPH_RECORD;
+    g->alloc = &g->arena;
+    dt_arena_rewind(&g->scratch);
+}
+
+dt_status dt_pack16_skip(dt_graph *g, dt_node *n) {
+    const dt_pack *pk = n->saved;
+    for (int k = pk->n_uses - 1; k >= 0; k--) DT_TRY(dt_graph_release_use(g, pk->uses[k]));
+    return DT_OK;
+}
