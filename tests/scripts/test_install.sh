@@ -44,7 +44,7 @@ cp "$src/examples/resmlp.c" "$tmp/proj/"
 cat > "$tmp/proj/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.20)
 project(uses_dtrain C)
-find_package(dtrain 0.12 REQUIRED)
+find_package(dtrain 0.13 REQUIRED)
 add_executable(resmlp resmlp.c)
 target_link_libraries(resmlp PRIVATE dtrain::dtrain)
 CM
