@@ -6,12 +6,13 @@
 #
 #   bench/precision.sh BUILD_DIR [REPS] [STEPS] [DIR for W2's token shard]
 #
-# fp16 convergence (issue 29: "fp16 with loss scaling converges on W1 text like
+# Convergence (issue 29: "fp16 with loss scaling converges on W1 text like
 # fp32, final loss within 1% after 300 steps"): W1 on its text (the fortunes)
-# in fp32 and in fp16 with dynamic loss scaling, same seed and data, STEPS
-# steps each (lr 3e-4, wd 0 as WORKLOADS.md): the final training loss, the
-# mean loss of the last 10 steps (less noisy), their relative difference, the
-# steps loss scaling skipped and the last scale.
+# in fp32, in fp16 with dynamic loss scaling and in bf16 (each precision's
+# defaults: 16-bit products, activations kept in 16 bits), same seed and
+# data, STEPS steps each (lr 3e-4, wd 0 as WORKLOADS.md): the final training
+# loss, the mean loss of the last 10 steps (less noisy), their relative
+# difference to fp32, the steps loss scaling skipped and the last scale.
 #
 #   bench/precision.sh BUILD_DIR converge [STEPS=300]
 #   bench/precision.sh BUILD_DIR optim-state [STEPS=300]   (--optim-state fp32 vs bf16 on W1 text)
@@ -24,7 +25,7 @@ if [ "${2:-}" = converge ]; then
     echo "$(lscpu | grep -m1 'Model name' | sed 's/  */ /g'), $(lscpu | grep -m1 '^Model:' | sed 's/  */ /g'); W1, 1 process x 2 threads, $steps steps"
     echo "| precision | loss at step $steps | mean loss, last 10 steps | ms/step | skipped steps | last loss scale |"
     echo "|---|---|---|---|---|---|"
-    for p in fp32 fp16; do
+    for p in fp32 fp16 bf16; do
         "$build/dtrain" train "${w1[@]}" --threads 2 --steps "$steps" --eval-batches 1 --log-every "$steps" \
             --precision $p --metrics "$tmp/$p.jsonl" > "$tmp/$p.out" 2>&1
         grep '"loss":' "$tmp/$p.jsonl" | sed -E 's/.*"step":([0-9]+),"loss":([0-9.e+-]+),"lr":[^,]+,"ms":([0-9.e+-]+)(,"loss_scale":([0-9.e+-]+),"skipped":([01]))?.*/\1 \2 \3 \5 \6/' \
@@ -33,8 +34,11 @@ if [ "${2:-}" = converge ]; then
             END { for (i = n - 9; i <= n; i++) m += l[i]; printf "| %s | %.4f | %.4f | %.0f | %s | %s |\n", p, l[n], m / 10,
                   ms / k, p == "fp16" ? sk + 0 : "-", p == "fp16" ? sc : "-" }' "$tmp/$p.tsv"
     done
-    paste "$tmp/fp32.tsv" "$tmp/fp16.tsv" | awk -v n="$steps" '$1 > n - 10 { a += $2; b += $5 } $1 == n { la = $2; lb = $5 }
-        END { d = (lb - la) / la; e = (b - a) / a; printf "fp16 vs fp32: final loss %+.2f%%, mean of the last 10 steps %+.2f%%\n", 100 * d, 100 * e }'
+    grep -h -m1 -o 'GEMM: .*' "$tmp"/fp32.out "$tmp"/fp16.out "$tmp"/bf16.out
+    for p in fp16 bf16; do
+        paste "$tmp/fp32.tsv" "$tmp/$p.tsv" | awk -v n="$steps" -v p=$p '$1 > n - 10 { a += $2; b += $5 } $1 == n { la = $2; lb = $5 }
+            END { d = (lb - la) / la; e = (b - a) / a; printf "%s vs fp32: final loss %+.2f%%, mean of the last 10 steps %+.2f%%\n", p, 100 * d, 100 * e }'
+    done
     exit 0
 fi
 if [ "${2:-}" = optim-state ]; then   # --optim-state fp32 against bf16 on W1 text (issue 29)

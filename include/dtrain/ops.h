@@ -107,6 +107,7 @@ typedef enum dt_precision { DT_PREC_FP32 = 0, DT_PREC_BF16 = 1, DT_PREC_FP16 = 2
 dt_status dt_gemm_set_precision(dt_precision p);
 dt_precision dt_gemm_precision(void);
 int dt_gemm_bf16_active(void);               /* bf16 set and computed in bf16 here */
+int dt_gemm_bf16_available(void);            /* bf16 would be computed in bf16 here if set */
 const char *dt_gemm_precision_describe(void);   /* the start-up line's words */
 float dt_bf16_round(float f);                /* f rounded to bfloat16 (nearest even), as float */
 float dt_fp16_round(float f);                /* f rounded to IEEE half (nearest even, overflow -> inf), as float */

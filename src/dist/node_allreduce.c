@@ -21,6 +21,7 @@
  * frees its shared allocations). */
 #include <string.h>
 #include "dist/dist_internal.h"
+#include "util/log_internal.h"
 
 dt_shm *dt__node_stage(dt_pg *pg, size_t count, dt_status *st) {
     *st = DT_OK;
@@ -43,7 +44,12 @@ dt_shm *dt__node_stage(dt_pg *pg, size_t count, dt_status *st) {
     }
     float *base = NULL;
     *st = dt_pg_alloc_shared(pg, cap, &base);
-    if (*st == DT_OK && !base) pg->node_off = 1;   /* no room: the same verdict on every rank */
+    if (*st == DT_OK && !base) {   /* no room: the same verdict on every rank */
+        pg->node_off = 1;
+        if (pg->rank == 0)   /* the start-up line promised node-shared memory: say what runs instead */
+            dt_log(DT_LOG_WARN, "node-shared window of %zu bytes per rank could not be made (%s); "
+                   "these all-reduces go through MPI from now on (the same bits)\n", cap * sizeof(float), pg->shm_why);
+    }
     memcpy(pg->shm_why, why, sizeof why);
     if (*st != DT_OK || !base) return NULL;
     size_t off = 0;

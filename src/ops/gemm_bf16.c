@@ -65,11 +65,12 @@ dt_status dt_gemm_set_precision(dt_precision p) {
 
 dt_precision dt_gemm_precision(void) { return (dt_precision)atomic_load(&g_precision); }
 
-int dt_gemm_bf16_active(void) {
-    if (atomic_load(&g_precision) != DT_PREC_BF16) return 0;
+int dt_gemm_bf16_available(void) {
     pthread_once(&g_once, init_once);
     return g_ready && g_possible && (g_amx || g_forced);
 }
+
+int dt_gemm_bf16_active(void) { return atomic_load(&g_precision) == DT_PREC_BF16 && dt_gemm_bf16_available(); }
 
 const char *dt_gemm_precision_describe(void) {
     int p = atomic_load(&g_precision);

@@ -101,7 +101,9 @@ dt_dtype dt_train_saved_dtype(const dt_train_opts *o) {
     case DT_SAVED_BF16: return DT_BF16;
     case DT_SAVED_FP16: return DT_F16;
     case DT_SAVED_FP32: return DT_F32;
-    default: return o->precision == DT_PREC_BF16 ? DT_BF16 : o->precision == DT_PREC_FP16 ? DT_F16 : DT_F32;
+    default:   /* bf16 only where its products run in bf16: elsewhere the packing (~10% of W1's step) would
+                  make --precision bf16 slower than fp32 for the same products (docs/PERFORMANCE.md) */
+        return o->precision == DT_PREC_FP16 ? DT_F16 : o->precision == DT_PREC_BF16 && dt_gemm_bf16_available() ? DT_BF16 : DT_F32;
     }
 }
 

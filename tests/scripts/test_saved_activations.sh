@@ -11,8 +11,9 @@
 #    DDP at 2 ranks == ZeRO-1/2/3 (stage 3 gathers again in the restored
 #    blocks' backward hooks); fp16 alike for DDP == ZeRO-3; --tp 2 (with and
 #    without --sequence-parallel) equals one process to 1e-6, as in fp32;
-#  - --precision bf16 / fp16 keep activations in 16 bits by default, and the
-#    start-up line says so; --saved-activations fp32 turns it off;
+#  - --precision fp16 keeps activations in 16 bits by default, bf16 where its
+#    products run in bf16, and the start-up line says which; the flag
+#    overrides the default either way;
 #  - a bad value is refused with one line.
 # usage: test_saved_activations.sh DTRAIN CKPT_CMP
 set -uo pipefail
@@ -97,9 +98,16 @@ same ddp2_fp16 zero3_fp16
 if ! cmp -s "$tmp/ddp2.loss" "$tmp/ddp2_fp16.loss"; then echo "ok   fp16 activations train differently from bf16"
 else echo "FAIL fp16 and bf16 activations gave the same losses"; fail=1; fi
 
-# the default follows --precision (products in bf16 only where faster; the
-# activations in 16 bits everywhere)
-run prec_bf16 --batch 2 --accum 4 --precision bf16 && says prec_bf16 "activations kept for backward in bf16"
+# the default follows --precision: fp16 keeps fp16; bf16 keeps bf16 where its
+# products run in bf16 (AMX, or DTRAIN_BF16=force on AVX-512), else fp32 and
+# the start-up line says how to ask
 run prec_fp16 --batch 2 --accum 4 --precision fp16 && says prec_fp16 "activations kept for backward in fp16"
+run prec_bf16 --batch 2 --accum 4 --precision bf16 &&
+if grep -q "bf16 matrix products with fp32 accumulation" "$tmp/prec_bf16.out"; then
+    says prec_bf16 "activations kept for backward in bf16"
+else
+    says prec_bf16 "activations fp32 (--saved-activations bf16 halves them"
+fi
 run prec_off --batch 2 --accum 4 --precision bf16 --saved-activations fp32 && says prec_off "!"
+run prec_on --batch 2 --accum 4 --precision bf16 --saved-activations bf16 && says prec_on "activations kept for backward in bf16"
 exit $fail

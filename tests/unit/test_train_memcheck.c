@@ -105,21 +105,21 @@ static void test_estimate_shares(void **state) {
     dt_train_memory_estimate(&o, NULL, &z);
     assert_true(z.acts < e.acts);
     o.recompute = DT_RECOMPUTE_NONE;
-    /* activations in 16 bits (--precision bf16's default, or asked): the
+    /* activations in 16 bits (asked, or --precision fp16's default): the
      * blocks' share halves, the logits and one widened block stay fp32 --
      * never below half; at 12 layers of a byte vocabulary the blocks dominate */
-    o.precision = DT_PREC_BF16;
+    o.saved_activations = DT_SAVED_BF16;
     dt_train_memory_estimate(&o, NULL, &z);
     assert_true(z.acts < e.acts * 0.9 && z.acts > e.acts * 0.5 && z.params == e.params);
     o.saved_activations = DT_SAVED_FP32;
     dt_train_memory_estimate(&o, NULL, &z);
     assert_true(z.acts == e.acts);
-    o.saved_activations = DT_SAVED_FP16;
-    o.precision = DT_PREC_FP32;
+    o.saved_activations = DT_SAVED_AUTO;
+    o.precision = DT_PREC_FP16;
     o.model.n_layer = 12;   /* (one block is widened at a time: deep models gain most) */
     dt_mem_estimate e12;
     dt_train_memory_estimate(&o, NULL, &z);
-    o.saved_activations = DT_SAVED_AUTO;
+    o.precision = DT_PREC_FP32;
     dt_train_memory_estimate(&o, NULL, &e12);
     assert_true(z.acts < e12.acts * 0.7 && z.acts > e12.acts * 0.5);
     o.model = dt_model_cfg_default(DT_MODEL_GPT2);

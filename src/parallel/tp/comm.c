@@ -110,6 +110,9 @@ void dt_tp_comm_free(dt_tp *s) {
     free(s->stage);
     s->stage = NULL;
     s->stage_n = 0;
+    free(s->sum_buf);
+    s->sum_buf = NULL;
+    s->sum_n = 0;
 }
 
 dt_tp_stats dt_tp_get_stats(const void *self) { return ((const dt_tp *)self)->stats; }

@@ -17,6 +17,17 @@
 #include "parallel/zero/zero_internal.h"
 #include "tp_internal.h"
 
+/* The pack buffer, kept across steps (the same size every step). */
+static float *sum_buf(dt_tp *s, size_t n) {
+    if (n > s->sum_n) {
+        float *b = realloc(s->sum_buf, n * sizeof *b);
+        if (!b) return NULL;
+        s->sum_buf = b;
+        s->sum_n = n;
+    }
+    return s->sum_buf;
+}
+
 dt_status dt_tp_sum_replicated_grads(dt_tp *s, dt_model *m) {
     size_t n = 0;
     for (int i = 0; i < m->n_params; i++) {
@@ -24,7 +35,7 @@ dt_status dt_tp_sum_replicated_grads(dt_tp *s, dt_model *m) {
         if (p->split.parts <= 1 && p->grad.data) n += (size_t)p->grad.numel;
     }
     if (!n) return DT_OK;
-    float *buf = malloc(n * sizeof *buf);
+    float *buf = sum_buf(s, n);
     if (!buf) return DT_ERR(DT_ENOMEM, "tp: out of memory summing %zu replicated gradients (sequence parallelism)", n);
     size_t at = 0;
     for (int i = 0; i < m->n_params; i++) {
@@ -41,7 +52,6 @@ dt_status dt_tp_sum_replicated_grads(dt_tp *s, dt_model *m) {
         memcpy(p->grad.data, buf + at, (size_t)p->grad.numel * sizeof *buf);
         at += (size_t)p->grad.numel;
     }
-    free(buf);
     return st;
 }
 
@@ -93,14 +103,13 @@ dt_status dt_tp_sum_replicated_shards(dt_tp *s, dt_zero *z) {
     /* every rank of the group owns the same n (the check at setup), so a rank
      * that owns no replicated range skips the all-reduce on every rank alike */
     if (!n) return DT_OK;
-    float *buf = malloc(n * sizeof *buf);
+    float *buf = sum_buf(s, n);
     if (!buf)
         return DT_ERR(DT_ENOMEM, "tp: out of memory summing %zu elements of replicated gradient shards (sequence "
                       "parallelism with ZeRO)", n);
     walk_owned(z, WALK_PACK, buf, NULL);
     dt_status st = s->comm.allreduce_sum(s->comm.ctx, buf, (int64_t)n);
     if (st == DT_OK) walk_owned(z, WALK_UNPACK, buf, NULL);
-    free(buf);
     return st;
 }
 

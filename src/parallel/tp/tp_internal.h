@@ -140,11 +140,13 @@ typedef struct dt_tp {
     size_t bytes_at_step;    /* stats.bytes when the step began */
     float *stage;            /* comm.c: sequence parallelism's reorder buffer (stage_n floats), owned */
     size_t stage_n;
+    float *sum_buf;          /* seq.c: the replicated gradients packed for their sum (sum_n floats), owned */
+    size_t sum_n;
 } dt_tp;
 
 /* comm.c: comm over s->tp_pg (blocking collectives, counted): the sum
  * node-shared (dt_allreduce_node) when the group is on one machine, unless
- * DTRAIN_TP_ALLREDUCE=mpi; MPI's otherwise. _free frees the stage. */
+ * DTRAIN_TP_ALLREDUCE=mpi; MPI's otherwise. _free frees the stage and seq.c's sum buffer. */
 void dt_tp_comm_init(dt_tp *s);
 void dt_tp_comm_free(dt_tp *s);
 /* seq.c: every replicated parameter's gradient := its sum over the TP group. */
