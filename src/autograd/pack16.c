@@ -47,34 +47,6 @@ typedef struct dt_pack {
     unsigned char *image;
 } dt_pack;
 
-static void round_bf16(uint16_t *d, const float *s, size_t n) {
-#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 16))
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &s[i], 4);
-        uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : u + 0x7fffu + ((u >> 16) & 1u);
-        d[i] = (uint16_t)(r >> 16);   /* nearest even; NaN stays a (quiet) NaN */
-    }
-}
-
-static void widen_bf16(float *d, const uint16_t *s, size_t n) {
-#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 16))
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)s[i] << 16;
-        memcpy(&d[i], &u, 4);
-    }
-}
-
-static void round_f16(uint16_t *d, const float *s, size_t n) {
-#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 16))
-    for (size_t i = 0; i < n; i++) d[i] = dt_f32_to_f16(s[i]);
-}
-
-static void widen_f16(float *d, const uint16_t *s, size_t n) {
-#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 16))
-    for (size_t i = 0; i < n; i++) d[i] = dt_f16_to_f32(s[i]);
-}
-
 static int scratch_block(const dt_arena *a, const void *p) {
     uintptr_t c = (uintptr_t)p;
     for (int i = 0; i <= a->cur && i < a->n_blocks; i++) {
@@ -142,8 +114,8 @@ static void transfer(dt_graph *g, const dt_pack *pk, int dir) {
             if (r->skip) continue;
             float *f = (float *)(void *)(base + r->off);
             uint16_t *h = (uint16_t *)(void *)img;
-            if (dir) (pk->dtype == DT_BF16 ? round_bf16 : round_f16)(h, f, n);
-            else (pk->dtype == DT_BF16 ? widen_bf16 : widen_f16)(f, h, n);
+            if (dir) dt_convert(h, pk->dtype, f, DT_F32, n);   /* nearest even; F16C / vectorised */
+            else dt_convert(f, DT_F32, h, pk->dtype, n);
             img += n * sizeof(uint16_t);
         }
         size_t tail = pk->used[b] - at;

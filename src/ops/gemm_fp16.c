@@ -19,11 +19,11 @@
  * whatever MXCSR says) where the CPU has it, else dt_f32_to_f16 /
  * dt_f16_to_f32 (tensor.h, the wire's conversions); both give the same bits
  * (test_ops_gemm_fp16). */
-#include <cpuid.h>
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include "ops_internal.h"
+#include "tensor/convert_internal.h"
 
 float dt_fp16_round(float f) { return dt_f16_to_f32(dt_f32_to_f16(f)); }
 
@@ -40,17 +40,7 @@ static void round_soft(float *d, const float *s, int64_t n) {
     for (int64_t c = 0; c < n; c++) d[c] = dt_fp16_round(s[c]);
 }
 
-/* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
- * does not know "f16c". "avx" also says the OS saves the YMM state. */
-int dt_ops_fp16_hw(void) {
-    static int hw = -1;   /* a race writes the same value */
-    if (hw < 0) {
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
-        hw = f16c && __builtin_cpu_supports("avx");
-    }
-    return hw;
-}
+int dt_ops_fp16_hw(void) { return dt_cpu_f16c(); }   /* tensor/convert.c */
 
 void dt_ops_round_fp16(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld, int hw) {
 #pragma omp parallel for schedule(static) if (rows * cols >= DT_OPS_PAR_MIN)

@@ -131,7 +131,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
         dt_dtype sd = dt_train_saved_dtype(&t->opts);
         dt_log(DT_LOG_INFO, "dtrain: GEMM: %s; %s%s\n", desc, dt_gemm_precision_describe(),
                sd == DT_BF16 ? "; activations kept for backward in bf16" : sd == DT_F16 ? "; activations kept for backward in fp16"
-               : t->opts.precision == DT_PREC_BF16 ? "; activations fp32 (--saved-activations bf16 halves them for ~10% "
+               : t->opts.precision == DT_PREC_BF16 && t->opts.saved_activations == DT_SAVED_AUTO ? "; activations fp32 (--saved-activations bf16 halves them for ~10% "
                                                      "more step time)" : "");
         if (dt_gemm_backend_in_use() == DT_GEMM_OPENBLAS) dt_blas_warn_fallback();
     }

@@ -22,37 +22,16 @@ for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy
 gpt2=(--model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --dropout 0.1 --deterministic
       --data text --data-path "$tmp/corpus.txt" --eval-batches 2 --threads 1 --quiet --steps 3)
 fail=0
+args=gpt2
+# shellcheck source=lib/train_compare.sh
+. "$(dirname "$0")/lib/train_compare.sh"
 
-run() {   # run TAG ARGS...: train, keep TAG.ck and TAG.loss (training losses)
-    local tag=$1; shift
-    if ! "$bin" train "${gpt2[@]}" "$@" --save "$tmp/$tag.ck" --metrics "$tmp/$tag.jsonl" < /dev/null > "$tmp/$tag.out" 2>&1; then
-        echo "FAIL $tag: $*"; cat "$tmp/$tag.out"; fail=1; return 1
-    fi
-    grep '"loss"' "$tmp/$tag.jsonl" | grep -v eval | sed 's/.*"step":\([0-9]*\),"loss":\([0-9.e+-]*\).*/\1 \2/' > "$tmp/$tag.loss"
-}
-
-same() {   # same REF TAG: bitwise
-    if "$cmp" "$tmp/$1.ck" "$tmp/$2.ck" step optim_step > "$tmp/cmp.out" && cmp -s "$tmp/$1.loss" "$tmp/$2.loss"; then
-        echo "ok   $2 == $1 bit for bit"
-    else
-        echo "FAIL $2 != $1:"; cat "$tmp/cmp.out"; diff "$tmp/$1.loss" "$tmp/$2.loss"; fail=1
-    fi
-}
-close() {   # close REF TAG: the training losses within 1e-6 relative
-    if join "$tmp/$1.loss" "$tmp/$2.loss" |
-        awk '{ d = $2 - $3; if (d < 0) d = -d; if (d > 1e-6 * $2) bad = 1; n++ } END { exit bad || n != 3 }'; then
-        echo "ok   $2 == $1 to 1e-6"
-    else
-        echo "FAIL $2 losses differ from $1:"; join "$tmp/$1.loss" "$tmp/$2.loss"; fail=1
-    fi
-}
-
-run single --batch 2 --accum 4 || exit 1
+t_run single --batch 2 --accum 4 || exit 1
 [ "$(wc -l < "$tmp/single.loss")" -eq 3 ] || { echo "FAIL: expected 3 logged losses"; cat "$tmp/single.jsonl"; exit 1; }
-run ddp2 --batch 2 --accum 2 --nproc 2 && close single ddp2
+t_run ddp2 --batch 2 --accum 2 --nproc 2 && t_close single ddp2
 while IFS='|' read -r how ref tag extra; do
     # shellcheck disable=SC2086
-    run "$tag" $extra && "$how" "$ref" "$tag"
+    t_run "$tag" $extra && "t_$how" "$ref" "$tag"
 done <<'CONFIGS'
 same|single|recompute|--batch 2 --accum 4 --recompute blocks
 same|single|pp2|--batch 8 --microbatches 4 --pp 2 --nproc 2

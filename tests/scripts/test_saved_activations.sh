@@ -25,29 +25,10 @@ for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy
 gpt2=(--model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --dropout 0.1 --deterministic --lr 3e-3
       --data text --data-path "$tmp/corpus.txt" --eval-batches 2 --threads 1 --steps 3)
 fail=0
+args=gpt2
+# shellcheck source=lib/train_compare.sh
+. "$(dirname "$0")/lib/train_compare.sh"
 
-run() {   # run TAG ARGS...: train, keep TAG.ck, TAG.out and TAG.loss (training losses)
-    local tag=$1; shift
-    if ! "$bin" train "${gpt2[@]}" "$@" --save "$tmp/$tag.ck" --metrics "$tmp/$tag.jsonl" < /dev/null > "$tmp/$tag.out" 2>&1; then
-        echo "FAIL $tag: $*"; cat "$tmp/$tag.out"; fail=1; return 1
-    fi
-    grep '"loss"' "$tmp/$tag.jsonl" | grep -v eval | sed 's/.*"step":\([0-9]*\),"loss":\([0-9.e+-]*\).*/\1 \2/' > "$tmp/$tag.loss"
-}
-same() {   # same REF TAG: bitwise
-    if "$cmp" "$tmp/$1.ck" "$tmp/$2.ck" step optim_step > "$tmp/cmp.out" && cmp -s "$tmp/$1.loss" "$tmp/$2.loss"; then
-        echo "ok   $2 == $1 bit for bit"
-    else
-        echo "FAIL $2 != $1:"; cat "$tmp/cmp.out"; diff "$tmp/$1.loss" "$tmp/$2.loss"; fail=1
-    fi
-}
-close() {   # close REF TAG: the training losses within 1e-6 relative
-    if join "$tmp/$1.loss" "$tmp/$2.loss" |
-        awk '{ d = $2 - $3; if (d < 0) d = -d; if (d > 1e-6 * $2) bad = 1; n++ } END { exit bad || n != 3 }'; then
-        echo "ok   $2 == $1 to 1e-6"
-    else
-        echo "FAIL $2 losses differ from $1:"; join "$tmp/$1.loss" "$tmp/$2.loss"; fail=1
-    fi
-}
 says() {   # says TAG TEXT: the start-up line of TAG has TEXT (or, with !, has not)
     local line; line=$(grep -m1 -o 'GEMM: .*' "$tmp/$1.out")
     if [ "$2" = "!" ]; then
@@ -61,8 +42,8 @@ if [ $rc -eq 2 ] && [ "$(wc -l <<< "$out")" -eq 1 ] && grep -q "'fp8' is not one
     echo "ok   refused: $out"
 else echo "FAIL --saved-activations fp8: exit $rc: $out"; fail=1; fi
 
-run fp32 --batch 2 --accum 4 || exit 1
-run single --batch 2 --accum 4 --saved-activations bf16 || exit 1
+t_run fp32 --batch 2 --accum 4 || exit 1
+t_run single --batch 2 --accum 4 --saved-activations bf16 || exit 1
 says fp32 "!"
 says single "activations kept for backward in bf16"
 l1a=$(awk '$1 == 1 { print $2 }' "$tmp/fp32.loss") l1b=$(awk '$1 == 1 { print $2 }' "$tmp/single.loss")
@@ -73,10 +54,10 @@ if awk -v a="$l3a" -v b="$l3b" 'BEGIN { d = (a - b) / a; if (d < 0) d = -d; exit
     echo "ok   step 3 loss: fp32 $l3a, bf16 activations $l3b (within 1%, not equal: the gradients read 16 bits)"
 else echo "FAIL step 3 loss: fp32 $l3a, bf16 activations $l3b"; fail=1; fi
 
-run ddp2 --batch 2 --accum 2 --nproc 2 --saved-activations bf16
+t_run ddp2 --batch 2 --accum 2 --nproc 2 --saved-activations bf16
 while IFS='|' read -r ref tag extra; do
     # shellcheck disable=SC2086
-    run "$tag" $extra && same "$ref" "$tag"
+    t_run "$tag" $extra && t_same "$ref" "$tag"
 done <<'CONFIGS'
 single|pp2_1f1b|--batch 8 --microbatches 4 --pp 2 --nproc 2 --saved-activations bf16
 single|pp2_gpipe|--batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule gpipe --saved-activations bf16
@@ -87,27 +68,27 @@ ddp2|zero3|--batch 2 --accum 2 --nproc 2 --zero 3 --save-format consolidated --s
 CONFIGS
 # tensor parallelism (with and without sequence parallelism) equals one
 # process to rounding in fp32, and so it does with 16-bit activations
-run tp2 --batch 8 --tp 2 --nproc 2 --saved-activations bf16 && close single tp2
-run tp2_sp --batch 8 --tp 2 --sequence-parallel --nproc 2 --saved-activations bf16 && close single tp2_sp
-run tp2_fp32 --batch 8 --tp 2 --nproc 2
+t_run tp2 --batch 8 --tp 2 --nproc 2 --saved-activations bf16 && t_close single tp2
+t_run tp2_sp --batch 8 --tp 2 --sequence-parallel --nproc 2 --saved-activations bf16 && t_close single tp2_sp
+t_run tp2_fp32 --batch 8 --tp 2 --nproc 2
 if ! cmp -s "$tmp/tp2.loss" "$tmp/tp2_fp32.loss"; then echo "ok   tp2 with bf16 activations is not the fp32 run"
 else echo "FAIL tp2: bf16 activations changed nothing"; fail=1; fi
-run ddp2_fp16 --batch 2 --accum 2 --nproc 2 --saved-activations fp16 &&
-run zero3_fp16 --batch 2 --accum 2 --nproc 2 --zero 3 --save-format consolidated --saved-activations fp16 &&
-same ddp2_fp16 zero3_fp16
+t_run ddp2_fp16 --batch 2 --accum 2 --nproc 2 --saved-activations fp16 &&
+t_run zero3_fp16 --batch 2 --accum 2 --nproc 2 --zero 3 --save-format consolidated --saved-activations fp16 &&
+t_same ddp2_fp16 zero3_fp16
 if ! cmp -s "$tmp/ddp2.loss" "$tmp/ddp2_fp16.loss"; then echo "ok   fp16 activations train differently from bf16"
 else echo "FAIL fp16 and bf16 activations gave the same losses"; fail=1; fi
 
 # the default follows --precision: fp16 keeps fp16; bf16 keeps bf16 where its
 # products run in bf16 (AMX, or DTRAIN_BF16=force on AVX-512), else fp32 and
 # the start-up line says how to ask
-run prec_fp16 --batch 2 --accum 4 --precision fp16 && says prec_fp16 "activations kept for backward in fp16"
-run prec_bf16 --batch 2 --accum 4 --precision bf16 &&
+t_run prec_fp16 --batch 2 --accum 4 --precision fp16 && says prec_fp16 "activations kept for backward in fp16"
+t_run prec_bf16 --batch 2 --accum 4 --precision bf16 &&
 if grep -q "bf16 matrix products with fp32 accumulation" "$tmp/prec_bf16.out"; then
     says prec_bf16 "activations kept for backward in bf16"
 else
     says prec_bf16 "activations fp32 (--saved-activations bf16 halves them"
 fi
-run prec_off --batch 2 --accum 4 --precision bf16 --saved-activations fp32 && says prec_off "!"
-run prec_on --batch 2 --accum 4 --precision bf16 --saved-activations bf16 && says prec_on "activations kept for backward in bf16"
+t_run prec_off --batch 2 --accum 4 --precision bf16 --saved-activations fp32 && says prec_off "!"
+t_run prec_on --batch 2 --accum 4 --precision bf16 --saved-activations bf16 && says prec_on "activations kept for backward in bf16"
 exit $fail

@@ -1,0 +1,83 @@
+/* dt_convert between float32 and bf16 / fp16: the array paths (vectorised
+ * bf16, F16C fp16 where the CPU has it, split over threads) give the bits of
+ * the scalar conversions for every number -- all 65536 16-bit patterns
+ * widened, float32 patterns across the whole range rounded, lengths that are
+ * not a multiple of the vector width -- and a few values checked by hand:
+ * ties to even, fp16's overflow and subnormals. NaN stays NaN (F16C keeps a
+ * payload the scalar code replaces). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dtrain/tensor.h"
+
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static void check_widen(dt_dtype t) {
+    uint16_t *h = malloc(65536 * sizeof *h);
+    float *f = malloc(65536 * sizeof *f);
+    for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    dt_convert(f, DT_F32, h, t, 65536);
+    for (uint32_t i = 0; i < 65536; i++) {
+        float want = t == DT_BF16 ? dt_bf16_to_f32(h[i]) : dt_f16_to_f32(h[i]);
+        if (isnan(want)) assert_true(isnan(f[i]));
+        else assert_memory_equal(&want, &f[i], 4);
+    }
+    free(h);
+    free(f);
+}
+
+static void check_round(dt_dtype t) {
+    size_t n = 1 << 20;   /* > 65536: the threaded split; stride through all 2^32 patterns */
+    float *f = malloc((n + 5) * sizeof *f);
+    uint16_t *h = malloc((n + 5) * sizeof *h);
+    for (size_t i = 0; i < n + 5; i++) f[i] = u2f((uint32_t)(i * 4093u + (i >> 7)) * 1021u);
+    for (size_t len = n + 5; len >= n - 3; len--) {   /* tails of 1..7 after the vector loop */
+        memset(h, 0, (n + 5) * sizeof *h);
+        dt_convert(h, t, f, DT_F32, len);
+        for (size_t i = 0; i < len; i++) {
+            uint16_t want = t == DT_BF16 ? dt_f32_to_bf16(f[i]) : dt_f32_to_f16(f[i]);
+            if (isnan(f[i])) assert_true(t == DT_BF16 ? isnan(dt_bf16_to_f32(h[i])) : isnan(dt_f16_to_f32(h[i])));
+            else assert_int_equal(h[i], want);
+        }
+        if (len == n - 3) break;
+    }
+    free(f);
+    free(h);
+}
+
+static void test_bf16_widen(void **s) { (void)s; check_widen(DT_BF16); }
+static void test_f16_widen(void **s) { (void)s; check_widen(DT_F16); }
+static void test_bf16_round(void **s) { (void)s; check_round(DT_BF16); }
+static void test_f16_round(void **s) { (void)s; check_round(DT_F16); }
+
+static void test_by_hand(void **s) {
+    (void)s;
+    /* bf16 keeps 7 fraction bits: 1 + 2^-8 is a tie (to 1), 1 + 3 * 2^-8 too (to 1 + 2^-6) */
+    float in[8] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1.0f + 1.0f / 128 + 1.0f / 1024, -2.5f,
+                   65504.0f, 65520.0f, 1.0f / 16777216, 3.0f / 33554432};
+    uint16_t b[8], h[8];
+    dt_convert(b, DT_BF16, in, DT_F32, 8);
+    dt_convert(h, DT_F16, in, DT_F32, 8);
+    assert_int_equal(b[0], 0x3f80);   /* 1.0 */
+    assert_int_equal(b[1], 0x3f82);   /* 1 + 2^-6 */
+    assert_int_equal(b[2], 0x3f81);   /* 1 + 2^-7 (above the tie) */
+    assert_int_equal(b[3], 0xc020);   /* -2.5 exact */
+    assert_int_equal(h[3], 0xc100);   /* -2.5 */
+    assert_int_equal(h[4], 0x7bff);   /* 65504: the largest half */
+    assert_int_equal(h[5], 0x7c00);   /* 65520 rounds up to inf */
+    assert_int_equal(h[6], 0x0001);   /* 2^-24: the smallest subnormal */
+    assert_int_equal(h[7], 0x0002);   /* 1.5 * 2^-24: a tie, to even (2 units) */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_widen), cmocka_unit_test(test_f16_widen), cmocka_unit_test(test_bf16_round),
+        cmocka_unit_test(test_f16_round), cmocka_unit_test(test_by_hand),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
