@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# precision.sh — --precision fp32 against bf16 on W1 and W2 (../shared/WORKLOADS.md),
+# precision.sh — --precision fp32, bf16 (with its default 16-bit activations, and with
+# --saved-activations fp32) and fp16 on W1 and W2 (../shared/WORKLOADS.md),
 # one process x 2 threads, run alternately: mean ms/step over the steps after
 # the first, tokens/s, the loss at the last step, and what the start-up line
 # says runs. (bf16 computes only where oneDNN has AMX; elsewhere both rows are fp32.)
@@ -80,21 +81,22 @@ PY
 w1=(--model gpt2 --layers 6 --embd 384 --heads 6 --max-t 256 --seq 256 --batch 8 --data text)
 w2=(--model gpt2 --layers 12 --embd 768 --heads 12 --max-t 1024 --seq 64 --batch 4 --data shard
     --data-path "$dir/w2.bin" --vocab 50257)
-echo "| workload | precision | mean ms/step | tokens/s | loss at step $steps | products |"
-echo "|---|---|---|---|---|---|"
+echo "| workload | precision | mean ms/step | tokens/s | loss at step $steps | products | activations for backward |"
+echo "|---|---|---|---|---|---|---|"
 for _ in $(seq "$reps"); do
     for w in W1 W2; do
-        for p in fp32 bf16; do
+        for p in fp32 bf16 "bf16 --saved-activations fp32" fp16; do
             if [ $w = W1 ]; then args=("${w1[@]}"); else args=("${w2[@]}"); fi
             out=$("$build/dtrain" train "${args[@]}" --threads 2 --steps "$steps" --log-every 1 --eval-batches 1 \
-                  --precision $p 2>&1)
+                  --precision $p 2>&1)   # (word-split on purpose: a flag may follow)
             ms=$(grep -oE '^step [0-9]+/[0-9]+ .* ([0-9.]+) ms/step' <<< "$out" | sed 1d | grep -oE '[0-9.]+ ms/step' |
                  awk '{s+=$1; n++} END {printf "%.0f", s/n}')
             tok=$(grep -oE '^step [0-9]+/[0-9]+ .* ([0-9.]+) tok/s' <<< "$out" | sed 1d | grep -oE '[0-9.]+ tok/s' |
                   awk '{s+=$1; n++} END {printf "%.0f", s/n}')
             loss=$(grep -oE "^step $steps/$steps +loss [0-9.]+" <<< "$out" | awk '{print $4}')
-            what=$(grep -m1 -oE '; (fp32|bf16|--precision)[^;]*$' <<< "$out" | cut -c3- | cut -c1-60)
-            echo "| $w | $p | $ms | $tok | $loss | $what |"
+            what=$(grep -m1 -oE 'GEMM: [^;]*; [^;]*' <<< "$out" | cut -d';' -f2 | cut -c2-61 || true)
+            acts=$(grep -m1 -oE 'activations kept for backward in [a-z0-9]+' <<< "$out" | awk '{ print $NF }' || true)
+            echo "| $w | $p | $ms | $tok | $loss | $what | ${acts:-fp32} |"
         done
     done
 done

@@ -227,6 +227,11 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
  * replay. DT_F32 or grad disabled: fn simply runs. Errors: NULL g / fn, another
  * dtype (DT_EINVAL), called inside a checkpoint or another pack16 (DT_ESTATE). */
 dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_dtype dtype);
+/* For ops: `data[n]`, a float32 buffer the op saved for its backward, may be
+ * read back rounded to 16 bits (attention's probabilities, which autocast
+ * also keeps in bf16): inside dt_graph_pack16 it is packed like an output.
+ * Anywhere else, nothing happens. */
+void dt_graph_saved_may_round(dt_graph *g, float *data, int64_t n);
 
 /* ---- split backward: input gradients now, weight gradients later ----
  * Zero-bubble pipeline schedules (ZB-H1) and tied weights on several pipeline

@@ -23,6 +23,7 @@ void dt_graph_free(dt_graph *g) {
     free(g->nodes);
     free(g->ck_uses);
     free(g->deferred);
+    free(g->may_round);
     free(g);
 }
 
@@ -37,6 +38,8 @@ void dt_graph_reset(dt_graph *g) {
     g->in_w = 0;
     g->masked = NULL;
     g->sticky = DT_OK;
+    g->packing = 0;
+    g->n_may_round = 0;
     g->mode = DT_GRAPH_RECORD;
     g->alloc = &g->arena;
     dt_arena_reset(&g->arena);

@@ -61,6 +61,8 @@ struct dt_graph {
     int *ck_uses; int n_ck_uses, cap_ck_uses;   /* COUNT: record index of each use, in order */
     int n_replay_uses;       /* REPLAY: parameter inputs of the nodes appended */
     dt_status sticky;        /* an allocation failed while recording: backward must not run */
+    int packing;             /* 1 while a pack16 region's forward runs */
+    struct { float *data; int64_t n; } *may_round; int n_may_round, cap_may_round;   /* its ops' dt_graph_saved_may_round */
     dt_graph_tick_fn tick; void *tick_user;
     /* split backward (backward_weights.c) */
     dt_defer_fn defer; void *defer_user;       /* kept across resets */

@@ -5,7 +5,8 @@
  * copied into the main arena for the ops after it. Then the whole scratch
  * (tensors, nodes, their saved state, the activations) is written into one
  * image in the main arena: bytes verbatim, except the data of every float32
- * node output, rounded to bf16 / fp16 (half the bytes). The scratch is
+ * node output (and buffers an op declared with dt_graph_saved_may_round),
+ * rounded to bf16 / fp16 (half the bytes). The scratch is
  * rewound, the nodes leave the tape, and one pack16 node stands for them.
  *
  * Backward, that node: the scratch is rewound (it holds nothing outside a
@@ -63,12 +64,19 @@ static int by_place(const void *pa, const void *pb) {
 }
 
 /* The float32 node outputs in the scratch (fn's output to skip: restored
- * exactly from its copy), sorted; a range overlapping an earlier one (a view
+ * exactly from its copy) and the buffers ops said may be rounded, sorted; a range overlapping an earlier one (a view
  * of another output) is dropped, its bytes packed with that one or verbatim. */
 static int collect_ranges(dt_graph *g, dt_pack *pk, int mark) {
-    pk_range *r = dt_arena_alloc(&g->arena, (size_t)(g->n_nodes - mark + 1) * sizeof *r);
+    pk_range *r = dt_arena_alloc(&g->arena, (size_t)(g->n_nodes - mark + g->n_may_round + 1) * sizeof *r);
     if (!r) return -1;
     int n = 0;
+    for (int k = 0; k < g->n_may_round; k++) {   /* ops' saved buffers (dt_graph_saved_may_round) */
+        int b = scratch_block(&g->scratch, g->may_round[k].data);
+        if (b < 0) continue;
+        size_t off = (size_t)((char *)g->may_round[k].data - g->scratch.blocks[b].base);
+        size_t bytes = (size_t)g->may_round[k].n * sizeof(float);
+        if (off + bytes <= g->scratch.blocks[b].used) r[n++] = (pk_range){b, 0, off, bytes};
+    }
     for (int k = mark; k < g->n_nodes; k++) {
         const dt_tensor *t = g->nodes[k]->out;
         if (g->nodes[k]->marker || !t || t->dtype != DT_F32 || t->numel < 16 || !t->data) continue;
@@ -169,6 +177,7 @@ static dt_tensor *copy_out(dt_graph *g, const dt_tensor *y) {
 
 static dt_tensor *fail(dt_graph *g, int mark) {   /* forward failed: the region leaves no trace on the tape */
     g->n_nodes = mark;
+    g->packing = 0;
     g->alloc = &g->arena;
     dt_arena_rewind(&g->scratch);
     if (g->sticky == DT_OK) g->sticky = dt_error_code() != DT_OK ? dt_error_code() : DT_ESTATE;
@@ -189,7 +198,10 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
     int mark = g->n_nodes;
     dt_arena_rewind(&g->scratch);
     g->alloc = &g->scratch;
+    g->packing = 1;
+    g->n_may_round = 0;
     dt_tensor *y = fn(g, x, ctx);
+    g->packing = 0;
     g->alloc = &g->arena;
     if (!y) {
         if (dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "pack16: the function returned NULL without an error");
@@ -253,6 +265,19 @@ void dt_pack16_backward(dt_graph *g, dt_node *n) {
     g->mode = DT_GRAPH_RECORD;
     g->alloc = &g->arena;
     dt_arena_rewind(&g->scratch);
+}
+
+void dt_graph_saved_may_round(dt_graph *g, float *data, int64_t n) {
+    if (!g || !g->packing || g->mode != DT_GRAPH_RECORD || !data || n < 16) return;
+    if (g->n_may_round == g->cap_may_round) {
+        int nc = g->cap_may_round ? 2 * g->cap_may_round : 16;
+        void *a = realloc(g->may_round, (size_t)nc * sizeof *g->may_round);
+        if (!a) return;   /* not packed: kept exact, nothing lost */
+        g->may_round = a;
+        g->cap_may_round = nc;
+    }
+    g->may_round[g->n_may_round].data = data;
+    g->may_round[g->n_may_round++].n = n;
 }
 
 dt_status dt_pack16_skip(dt_graph *g, dt_node *n) {

@@ -16,6 +16,8 @@
  *
  * Saved: P[B*H][Tp][Tp]. Invariant for row i < T: P[i][j] is the probability
  * for j <= i and 0 for i < j < round_up(i + 1, 4); nothing else is read.
+ * Under dt_graph_pack16 backward reads P rounded to 16 bits (autocast keeps
+ * it in bf16 too): rounding keeps 0 at 0, so the invariant holds.
  *
  * (b, h) pairs are independent (disjoint columns of y and dqkv), so they run
  * in an OpenMP loop, each thread with its own packing workspace. */
@@ -239,6 +241,7 @@ dt_tensor *dt_op_attention(dt_graph *g, dt_tensor *qkv, int n_head) {
     float *P = keep ? dt_graph_scratch(g, (size_t)(tasks * d.Tp * d.Tp) * sizeof(float) + 1) : NULL;
     float *ws = dt_graph_scratch(g, (size_t)nthr * wsf * sizeof(float) + 1);
     if (!y || (keep && !P) || !ws) return NULL;
+    if (keep) dt_graph_saved_may_round(g, P, tasks * d.Tp * d.Tp);   /* 16-bit activations: P too */
     const float *x = dt_f32(qkv);
     float *yd = dt_f32(y);
 #pragma omp parallel num_threads(nthr) if (nthr > 1)

@@ -261,6 +261,59 @@ static void test_output_restored_exactly(void **s) {
     net_free(&n);
 }
 
+/* An op whose backward hands its saved buffer to x's gradient: dx = saved.
+ * Declared with dt_graph_saved_may_round, a packed region gives it back
+ * rounded; undeclared, or outside a region, exact. */
+typedef struct probe { int declare; float *saved; } probe;
+
+static void probe_backward(dt_graph *g, dt_node *n) {
+    float *dx = dt_grad_of(g, n->in[0]);
+    const float *sv = n->saved;
+    if (dx) for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] += sv[i];
+}
+
+static dt_tensor *probe_region(dt_graph *g, dt_tensor *x, void *ctx) {
+    probe *pr = ctx;
+    dt_tensor *y = dt_graph_tensor(g, x->ndim, x->shape);
+    float *sv = dt_graph_scratch(g, (size_t)x->numel * sizeof(float));
+    if (!y || !sv) return NULL;
+    memcpy(dt_f32(y), dt_f32(x), (size_t)x->numel * sizeof(float));
+    memcpy(sv, pr->saved, (size_t)x->numel * sizeof(float));
+    if (pr->declare) dt_graph_saved_may_round(g, sv, x->numel);
+    dt_node *n = dt_graph_record(g, "probe", probe_backward, y, 1, &x);
+    if (n) n->saved = sv;
+    return y;
+}
+
+static void test_saved_may_round(void **s) {
+    (void)s;
+    int64_t shape[2] = {32, 32};
+    float x[1024], up[1024], sv[1024];
+    for (int i = 0; i < 1024; i++) {
+        x[i] = (float)i;
+        up[i] = 1.0f;
+        sv[i] = 1.0f + (float)((i * 2654435761u) % 4096u) / 4096.0f + 1.0f / 16384;   /* in [1, 2): moves when rounded */
+    }
+    for (int packed = 0; packed < 2; packed++)
+        for (int declare = 0; declare < 2; declare++) {
+            dt_graph *g = dt_graph_create();
+            probe pr = {declare, sv};
+            dt_tensor *xt = dt_graph_input(g, 2, shape, x, 1);
+            dt_tensor *y = packed ? dt_graph_pack16(g, probe_region, xt, &pr, DT_BF16) : probe_region(g, xt, &pr);
+            assert_non_null(y);
+            assert_int_equal(dt_graph_backward_from(g, y, up), DT_OK);
+            const float *dx = dt_graph_grad(g, xt);
+            int moved = 0;
+            for (int i = 0; i < 1024; i++) {
+                float want = packed && declare ? (float)(nearbyint((double)sv[i] * 128.0) / 128.0) : sv[i];
+                assert_true(dx[i] == want);
+                moved += want != sv[i];
+            }
+            assert_true(packed && declare ? moved > 900 : moved == 0);
+            dt_graph_free(g);
+        }
+}
+
 static int defer_all(const dt_param *p, void *user) { (void)p; (void)user; return 1; }
 
 static void test_errors_and_plain_cases(void **s) {
@@ -328,6 +381,7 @@ int main(void) {
         cmocka_unit_test(test_memory_halves),
         cmocka_unit_test(test_unreached_region_releases_uses),
         cmocka_unit_test(test_output_restored_exactly),
+        cmocka_unit_test(test_saved_may_round),
         cmocka_unit_test(test_errors_and_plain_cases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
