@@ -217,8 +217,9 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
  * own nodes. Returns fn's output (an exact float32 copy in g's arena; every
  * other tensor fn creates is gone when the call returns, as with
  * dt_graph_checkpoint). The ops' own saved state (statistics, masks,
- * parameters, fn's output) stays exact: only an op's backward reading another
- * op's output sees 16-bit values. PyTorch's autocast saves bf16 activations
+ * parameters, fn's output) stays exact unless an op declared it roundable
+ * (dt_graph_saved_may_round): only an op's backward reading another op's
+ * output, or such a buffer, sees 16-bit values. PyTorch's autocast saves bf16 activations
  * the same way; fp16 turns values beyond +-65504 into inf (loss scaling then
  * skips the step). Module hooks fire as without it. Same value of fn's output
  * and of the loss; gradients differ from float32 by the rounding.

@@ -16,12 +16,13 @@
  * and the nodes back-propagated in reverse with the main loop's body, as a
  * checkpoint's replay is (mode REPLAY: nothing deferred to a W pass -- a
  * split backward computes the region's weight gradients in B, since the
- * image is gone by W -- the gradients of the region's own tensors live in the scratch, x's in the
- * main arena). Then the scratch is rewound again.
+ * image is gone by W -- the gradients of the region's own tensors live in
+ * the scratch, x's in the main arena). Then the scratch is rewound again.
  *
  * What changes numerically: an op's backward reads its inputs (another op's
- * output) rounded to 16 bits; auxiliary state an op saves (LayerNorm's
- * statistics, attention's row sums, dropout's keys, parameters) stays exact.
+ * output) rounded to 16 bits, and the saved buffers an op declared
+ * (attention's probabilities); the rest of an op's saved state (LayerNorm's
+ * statistics, dropout's keys, parameters) stays exact.
  * Under --precision bf16 a linear layer's weight gradient reads the input
  * its forward product rounded to bf16 anyway.
  *
