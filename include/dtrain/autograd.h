@@ -220,8 +220,9 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
  * parameters, fn's output) stays exact unless an op declared it roundable
  * (dt_graph_saved_may_round): only an op's backward reading another op's
  * output, or such a buffer, sees 16-bit values. PyTorch's autocast saves bf16 activations
- * the same way; fp16 turns values beyond +-65504 into inf (loss scaling then
- * skips the step). Module hooks fire as without it. Same value of fn's output
+ * the same way; fp16 turns values beyond +-65504 into inf, so the step's
+ * gradients are not finite (train with loss scaling, which skips such a step;
+ * a model whose activations exceed fp16's range every step needs bf16). Module hooks fire as without it. Same value of fn's output
  * and of the loss; gradients differ from float32 by the rounding.
  * Under a split backward (dt_graph_defer_weights) nothing inside the region
  * is deferred: its weight gradients are computed in B, as in a checkpoint's
@@ -233,6 +234,13 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
  * also keeps in bf16): inside dt_graph_pack16 it is packed like an output.
  * Anywhere else, nothing happens. */
 void dt_graph_saved_may_round(dt_graph *g, float *data, int64_t n);
+/* For ops: `data[n]` (typically the op's input, another op's output) is read
+ * by the op's backward where 16-bit rounding would hurt -- LayerNorm's input
+ * against its exact mean and rstd: when a row's mean dwarfs its spread, x's
+ * rounding error is of the order of x - mean. Inside dt_graph_pack16 it is
+ * kept exact (autocast keeps the residual stream, LayerNorm's input, in fp32
+ * too). Anywhere else, nothing happens. */
+void dt_graph_saved_keep_exact(dt_graph *g, const float *data, int64_t n);
 
 /* ---- split backward: input gradients now, weight gradients later ----
  * Zero-bubble pipeline schedules (ZB-H1) and tied weights on several pipeline

@@ -29,12 +29,12 @@ typedef enum dt_loss_scale_mode {
 
 /* train.saved_activations: what backward reads between forward and backward */
 typedef enum dt_saved_acts {
-    DT_SAVED_AUTO = 0,   /* fp16 with --precision fp16; bf16 with bf16 where its products run in
+    DT_SAVED_AUTO = 0,   /* fp16 with --precision fp16 and loss scaling; bf16 with bf16 where its products run in
                             bf16 (dt_gemm_bf16_available: AMX), else fp32 (the packing costs time
                             the products do not win back); fp32 with fp32 */
     DT_SAVED_FP32 = 1,
     DT_SAVED_BF16 = 2,
-    DT_SAVED_FP16 = 3,
+    DT_SAVED_FP16 = 3,   /* needs loss scaling: beyond 65504 is inf, and the step must be skipped */
 } dt_saved_acts;
 
 typedef struct dt_train_opts {

@@ -62,7 +62,8 @@ struct dt_graph {
     int n_replay_uses;       /* REPLAY: parameter inputs of the nodes appended */
     dt_status sticky;        /* an allocation failed while recording: backward must not run */
     int packing;             /* 1 while a pack16 region's forward runs */
-    struct { float *data; int64_t n; } *may_round; int n_may_round, cap_may_round;   /* its ops' dt_graph_saved_may_round */
+    struct { const float *data; int64_t n; int keep; } *may_round;   /* its ops' dt_graph_saved_may_round (keep 0) */
+    int n_may_round, cap_may_round;                                    /* and dt_graph_saved_keep_exact (keep 1) */
     dt_graph_tick_fn tick; void *tick_user;
     /* split backward (backward_weights.c) */
     dt_defer_fn defer; void *defer_user;       /* kept across resets */

@@ -41,6 +41,7 @@ typedef struct pk_range { int block, skip; size_t off, bytes; } pk_range;
 
 typedef struct dt_pack {
     dt_dtype dtype;          /* DT_BF16 or DT_F16 */
+    int restore_y;           /* y's data is the region's own (in the scratch): written back from out */
     dt_tensor *y, *out;      /* fn's output (in the image), its exact copy (main arena) */
     int n_nodes;  dt_node **nodes;     /* the region's tape, in record order */
     int n_uses;   int *uses;           /* parameter uses, released back to front on skip */
@@ -64,6 +65,17 @@ static int by_place(const void *pa, const void *pb) {
     return a->off < b->off ? -1 : a->off > b->off;
 }
 
+/* 1 if range r overlaps a buffer an op declared with dt_graph_saved_keep_exact. */
+static int must_stay_exact(const dt_graph *g, const pk_range *r) {
+    uintptr_t lo = (uintptr_t)g->scratch.blocks[r->block].base + r->off, hi = lo + r->bytes;
+    for (int k = 0; k < g->n_may_round; k++) {
+        if (!g->may_round[k].keep) continue;
+        uintptr_t a = (uintptr_t)g->may_round[k].data, b = a + (uintptr_t)g->may_round[k].n * sizeof(float);
+        if (a < hi && lo < b) return 1;
+    }
+    return 0;
+}
+
 /* The float32 node outputs in the scratch (fn's output to skip: restored
  * exactly from its copy) and the buffers ops said may be rounded, sorted; a range overlapping an earlier one (a view
  * of another output) is dropped, its bytes packed with that one or verbatim. */
@@ -72,6 +84,7 @@ static int collect_ranges(dt_graph *g, dt_pack *pk, int mark) {
     if (!r) return -1;
     int n = 0;
     for (int k = 0; k < g->n_may_round; k++) {   /* ops' saved buffers (dt_graph_saved_may_round) */
+        if (g->may_round[k].keep) continue;
         int b = scratch_block(&g->scratch, g->may_round[k].data);
         if (b < 0) continue;
         size_t off = (size_t)((char *)g->may_round[k].data - g->scratch.blocks[b].base);
@@ -92,6 +105,7 @@ static int collect_ranges(dt_graph *g, dt_pack *pk, int mark) {
     int kept = 0;
     for (int i = 0; i < n; i++) {
         if (kept && r[kept - 1].block == r[i].block && r[i].off < r[kept - 1].off + r[kept - 1].bytes) continue;
+        if (!r[i].skip && must_stay_exact(g, &r[i])) continue;   /* stored verbatim */
         r[kept++] = r[i];
     }
     pk->ranges = r;
@@ -208,6 +222,7 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
         if (dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "pack16: the function returned NULL without an error");
         return fail(g, mark);
     }
+    if (g->sticky != DT_OK) return fail(g, mark);   /* (the message is set) */
     dt_tensor *out = copy_out(g, y);
     if (!out) return fail(g, mark);
     if (g->n_nodes == mark) {   /* nothing recorded (frozen or constant): nothing to keep */
@@ -216,7 +231,7 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
     }
     dt_pack *pk = dt_arena_alloc(&g->arena, sizeof *pk);
     if (!pk) { DT_ERR(DT_ENOMEM, "pack16: out of memory"); return fail(g, mark); }
-    *pk = (dt_pack){.dtype = dtype, .y = y, .out = out};
+    *pk = (dt_pack){.dtype = dtype, .y = y, .out = out, .restore_y = y->numel > 0 && scratch_block(&g->scratch, y->data) >= 0};
     if (pack(g, pk, mark) != DT_OK) return fail(g, mark);
     g->n_nodes = mark;
     dt_arena_rewind(&g->scratch);
@@ -244,7 +259,7 @@ void dt_pack16_backward(dt_graph *g, dt_node *n) {
     }
     dt_arena_set_used(&g->scratch, pk->n_blocks, pk->used);
     transfer(g, pk, 0);
-    memcpy(pk->y->data, pk->out->data, (size_t)pk->out->numel * sizeof(float));
+    if (pk->restore_y) memcpy(pk->y->data, pk->out->data, (size_t)pk->out->numel * sizeof(float));
     int mark = g->n_nodes;
     dt_status s = DT_OK;
     if (g->n_nodes + pk->n_nodes > g->cap_nodes) {
@@ -268,18 +283,25 @@ void dt_pack16_backward(dt_graph *g, dt_node *n) {
     dt_arena_rewind(&g->scratch);
 }
 
-void dt_graph_saved_may_round(dt_graph *g, float *data, int64_t n) {
-    if (!g || !g->packing || g->mode != DT_GRAPH_RECORD || !data || n < 16) return;
+static void declare(dt_graph *g, const float *data, int64_t n, int keep) {
+    if (!g || !g->packing || g->mode != DT_GRAPH_RECORD || !data || n <= 0) return;
     if (g->n_may_round == g->cap_may_round) {
         int nc = g->cap_may_round ? 2 * g->cap_may_round : 16;
         void *a = realloc(g->may_round, (size_t)nc * sizeof *g->may_round);
-        if (!a) return;   /* not packed: kept exact, nothing lost */
+        if (!a) {   /* a buffer to round stays exact (nothing lost); one to keep must not be rounded: the region fails */
+            if (keep) g->sticky = DT_ERR(DT_ENOMEM, "pack16: out of memory listing a buffer to keep exact");
+            return;
+        }
         g->may_round = a;
         g->cap_may_round = nc;
     }
     g->may_round[g->n_may_round].data = data;
-    g->may_round[g->n_may_round++].n = n;
+    g->may_round[g->n_may_round].n = n;
+    g->may_round[g->n_may_round++].keep = keep;
 }
+
+void dt_graph_saved_may_round(dt_graph *g, float *data, int64_t n) { declare(g, data, n, 0); }
+void dt_graph_saved_keep_exact(dt_graph *g, const float *data, int64_t n) { declare(g, data, n, 1); }
 
 dt_status dt_pack16_skip(dt_graph *g, dt_node *n) {
     const dt_pack *pk = n->saved;

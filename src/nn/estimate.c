@@ -47,12 +47,13 @@ double dt_model_cfg_act_bytes(const dt_model_cfg *c, int64_t seq, int recompute,
     case DT_MODEL_MLP: {
         double n = 0;
         for (int i = 0; i < c->mlp_n_hidden; i++) n += 2.0 * c->mlp_hidden[i];   /* pre-activation, ReLU */
-        return 4.0 * (h * n + c->mlp_in + c->mlp_out);
+        return 4.0 * ((h < 1 ? n * (h + 1) / 2 : n) + c->mlp_in + c->mlp_out);   /* 16 bits: ReLU output (the block's) stays fp32 */
     }
     case DT_MODEL_CNN: {
         double hw = (double)c->cnn_h * c->cnn_w;
-        return 4.0 * h * (3.0 * c->cnn_c1 * hw + c->cnn_c1 * hw / 4 + 3.0 * c->cnn_c2 * hw / 4 + c->cnn_c2 * hw / 16 +
-                      2.0 * c->cnn_fc + c->cnn_classes);   /* conv, BN, ReLU, pool; fc */
+        /* conv, BN, ReLU (16 bits when packed), pool (a block's output: fp32); fc, its ReLU; the logits */
+        return 4.0 * (h * (3.0 * c->cnn_c1 * hw + 3.0 * c->cnn_c2 * hw / 4 + c->cnn_fc) + c->cnn_c1 * hw / 4 +
+                      c->cnn_c2 * hw / 16 + c->cnn_fc + c->cnn_classes);
     }
     case DT_MODEL_GPT2: {
         double T = (double)(seq > 0 && seq < c->max_t ? seq : c->max_t), C = c->n_embd, H = c->n_head;

@@ -95,6 +95,7 @@ dt_tensor *dt_op_add_layernorm(dt_graph *g, dt_tensor *x, dt_tensor *h, dt_tenso
     aln_saved *sv = dt_graph_scratch(g, sizeof *sv);
     float *stats = dt_graph_scratch(g, 2 * (size_t)N * sizeof(float) + 1);
     if (!s || !y || !sv || !stats) return NULL;
+    dt_graph_saved_keep_exact(g, dt_f32(s), s->numel);   /* the LayerNorm's input, against exact statistics */
     sv->mean = stats;
     sv->rstd = stats + N;
     sv->passed = 0;

@@ -133,6 +133,7 @@ dt_tensor *dt_op_layernorm(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b
     if (!y || !sv || !stats) return NULL;
     sv->mean = stats;
     sv->rstd = stats + N;
+    dt_graph_saved_keep_exact(g, dt_f32(x), x->numel);   /* backward re-normalises x with the exact statistics */
     const float *xd = dt_f32(x), *wd = dt_f32(w), *bd = b ? dt_f32(b) : NULL;
     float *yd = dt_f32(y);
 #pragma omp parallel for schedule(static) if (x->numel >= DT_OPS_PAR_MIN)

@@ -60,6 +60,10 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     if ((unsigned)o->precision > DT_PREC_FP16) return DT_ERR(DT_EINVAL, "train.precision: unknown precision %d", o->precision);
     if ((unsigned)o->saved_activations > DT_SAVED_FP16)
         return DT_ERR(DT_EINVAL, "train.saved_activations: unknown mode %d", o->saved_activations);
+    if (o->saved_activations == DT_SAVED_FP16 && !dt_train_loss_scaling(o))
+        return DT_ERR(DT_EINVAL, "train.saved_activations fp16 needs loss scaling (train.loss_scale dynamic or a fixed "
+                      "scale): an activation beyond 65504 is kept as inf, and only a loss-scaled step is skipped for it; "
+                      "bf16 keeps fp32's range");
     if ((unsigned)o->loss_scale > DT_LOSS_SCALE_DYNAMIC) return DT_ERR(DT_EINVAL, "train.loss_scale: unknown mode %d", o->loss_scale);
     if (!(o->loss_scale_init >= 0.0f) || isinf(o->loss_scale_init))
         return DT_ERR(DT_EINVAL, "train.loss_scale_init must be finite and > 0 (0: 65536), got %g", (double)o->loss_scale_init);
@@ -103,7 +107,8 @@ dt_dtype dt_train_saved_dtype(const dt_train_opts *o) {
     case DT_SAVED_FP32: return DT_F32;
     default:   /* bf16 only where its products run in bf16: elsewhere the packing (~10% of W1's step) would
                   make --precision bf16 slower than fp32 for the same products (docs/PERFORMANCE.md) */
-        return o->precision == DT_PREC_FP16 ? DT_F16 : o->precision == DT_PREC_BF16 && dt_gemm_bf16_available() ? DT_BF16 : DT_F32;
+        return o->precision == DT_PREC_FP16 && dt_train_loss_scaling(o) ? DT_F16
+             : o->precision == DT_PREC_BF16 && dt_gemm_bf16_available() ? DT_BF16 : DT_F32;
     }
 }
 

@@ -61,7 +61,9 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK) s = dt_trainer_claim_outputs(t);   /* the save directory's lock (rank 0), before step 1 */
     /* a mode only when asked: none must not unmark blocks a user's builder marked */
     if (s == DT_OK && o->recompute != DT_RECOMPUTE_NONE) dt_model_set_recompute(t->model, o->recompute);
-    if (s == DT_OK && dt_train_saved_dtype(o) != DT_F32) dt_model_set_saved_dtype(t->model, dt_train_saved_dtype(o));
+    /* as recompute: AUTO resolving to fp32 leaves a user's builder's marks alone; asked for, it sets every block */
+    if (s == DT_OK && (o->saved_activations != DT_SAVED_AUTO || dt_train_saved_dtype(o) != DT_F32))
+        dt_model_set_saved_dtype(t->model, dt_train_saved_dtype(o));
     if (s == DT_OK && o->init) s = dt_model_load_params(t->model, o->init);
     if (s == DT_OK && !(t->graph = dt_graph_create())) s = DT_ENOMEM;
     if (s == DT_OK && !t->strat.owns_optimizer) s = dt_optimizer_init_model(&t->optim, &t->opts.optim, t->model);

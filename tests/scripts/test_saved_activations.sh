@@ -14,7 +14,8 @@
 #  - --precision fp16 keeps activations in 16 bits by default, bf16 where its
 #    products run in bf16, and the start-up line says which; the flag
 #    overrides the default either way;
-#  - a bad value is refused with one line.
+#  - a bad value, and fp16 without loss scaling, are refused with one line;
+#    --precision fp16 --loss-scale off keeps fp32 activations.
 # usage: test_saved_activations.sh DTRAIN CKPT_CMP
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -37,10 +38,16 @@ says() {   # says TAG TEXT: the start-up line of TAG has TEXT (or, with !, has n
     else echo "FAIL $1 start-up line lacks '$2': $line"; fail=1; fi
 }
 
-out=$("$bin" train "${gpt2[@]}" --saved-activations fp8 2>&1); rc=$?
-if [ $rc -eq 2 ] && [ "$(wc -l <<< "$out")" -eq 1 ] && grep -q "'fp8' is not one of fp32, bf16, fp16" <<< "$out"; then
-    echo "ok   refused: $out"
-else echo "FAIL --saved-activations fp8: exit $rc: $out"; fail=1; fi
+refused() {   # refused RC WANT ARGS...: exit RC (2: a flag's value, 1: the options' check), one line naming WANT
+    local code=$1 want=$2 out rc; shift 2
+    out=$("$bin" train "${gpt2[@]}" "$@" 2>&1); rc=$?
+    if [ $rc -eq "$code" ] && [ "$(wc -l <<< "$out")" -eq 1 ] && grep -q -- "$want" <<< "$out"; then echo "ok   refused: $out"
+    else echo "FAIL $*: exit $rc: $out"; fail=1; fi
+}
+refused 2 "'fp8' is not one of fp32, bf16, fp16" --saved-activations fp8
+# fp16 keeps an activation beyond 65504 as inf: only a loss-scaled step is skipped for it
+refused 1 "saved-activations fp16 needs loss scaling (--loss-scale" --saved-activations fp16
+refused 1 "saved-activations fp16 needs loss scaling" --saved-activations fp16 --precision fp16 --loss-scale off
 
 t_run fp32 --batch 2 --accum 4 || exit 1
 t_run single --batch 2 --accum 4 --saved-activations bf16 || exit 1
@@ -73,8 +80,8 @@ t_run tp2_sp --batch 8 --tp 2 --sequence-parallel --nproc 2 --saved-activations 
 t_run tp2_fp32 --batch 8 --tp 2 --nproc 2
 if ! cmp -s "$tmp/tp2.loss" "$tmp/tp2_fp32.loss"; then echo "ok   tp2 with bf16 activations is not the fp32 run"
 else echo "FAIL tp2: bf16 activations changed nothing"; fail=1; fi
-t_run ddp2_fp16 --batch 2 --accum 2 --nproc 2 --saved-activations fp16 &&
-t_run zero3_fp16 --batch 2 --accum 2 --nproc 2 --zero 3 --save-format consolidated --saved-activations fp16 &&
+t_run ddp2_fp16 --batch 2 --accum 2 --nproc 2 --saved-activations fp16 --loss-scale dynamic &&
+t_run zero3_fp16 --batch 2 --accum 2 --nproc 2 --zero 3 --save-format consolidated --saved-activations fp16 --loss-scale dynamic &&
 t_same ddp2_fp16 zero3_fp16
 if ! cmp -s "$tmp/ddp2.loss" "$tmp/ddp2_fp16.loss"; then echo "ok   fp16 activations train differently from bf16"
 else echo "FAIL fp16 and bf16 activations gave the same losses"; fail=1; fi
@@ -90,5 +97,6 @@ else
     says prec_bf16 "activations fp32 (--saved-activations bf16 halves them"
 fi
 t_run prec_off --batch 2 --accum 4 --precision bf16 --saved-activations fp32 && says prec_off "!"
+t_run prec_fp16_noscale --batch 2 --accum 4 --precision fp16 --loss-scale off && says prec_fp16_noscale "!"
 t_run prec_on --batch 2 --accum 4 --precision bf16 --saved-activations bf16 && says prec_on "activations kept for backward in bf16"
 exit $fail

@@ -9,6 +9,7 @@
  * order, module hooks -- stays bitwise that of the plain run. Also: a region
  * bigger than the scratch's first block (the image spans blocks) and later
  * steps, memory, an unreached region, nesting and bad input. */
+#define _DEFAULT_SOURCE   /* MAP_ANONYMOUS */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "dtrain/ops.h"
 
 enum { PLAIN = 0, BF16 = 1, F16 = 2 };
@@ -96,7 +99,7 @@ typedef struct result {
 
 static void result_free(result *r) { free(r->y); free(r->gx); free(r->gA); free(r->gB); }
 
-static float *dup(const float *p, int64_t n) {
+static float *dupf(const float *p, int64_t n) {
     float *d = malloc((size_t)n * sizeof *d);
     memcpy(d, p, (size_t)n * sizeof *d);
     return d;
@@ -119,10 +122,10 @@ static result run(net *n, dt_graph *g, int mode, int steps) {
         }
         assert_int_equal(dt_graph_backward_from(g, y, n->up), DT_OK);
         if (s + 1 < steps) continue;
-        r.y = dup(dt_f32(y), y->numel);
-        r.gx = dup(dt_graph_grad(g, x), x->numel);
-        r.gA = dup(dt_f32(&n->A.grad), n->A.grad.numel);
-        r.gB = dup(dt_f32(&n->B.grad), n->B.grad.numel);
+        r.y = dupf(dt_f32(y), y->numel);
+        r.gx = dupf(dt_graph_grad(g, x), x->numel);
+        r.gA = dupf(dt_f32(&n->A.grad), n->A.grad.numel);
+        r.gB = dupf(dt_f32(&n->B.grad), n->B.grad.numel);
     }
     r.bytes = dt_graph_arena_bytes(g);
     return r;
@@ -252,7 +255,7 @@ static void test_output_restored_exactly(void **s) {
             assert_non_null(y);
         }
         assert_int_equal(dt_graph_backward_from(g, y, n.up), DT_OK);
-        gA[mode] = dup(dt_f32(&n.A.grad), 64 * 64);
+        gA[mode] = dupf(dt_f32(&n.A.grad), 64 * 64);
         dt_graph_free(g);
     }
     assert_memory_equal(gA[0], gA[1], 64 * 64 * sizeof(float));
@@ -312,6 +315,81 @@ static void test_saved_may_round(void **s) {
             assert_true(packed && declare ? moved > 900 : moved == 0);
             dt_graph_free(g);
         }
+}
+
+/* An op whose backward reads its input's value, which it declared to keep
+ * exact: dx = x as read in backward. In a region, x = I · A (a node output,
+ * otherwise rounded), so A's gradient is A exactly with the declaration and
+ * A rounded without it. */
+static void reader_backward(dt_graph *g, dt_node *n) {
+    float *dx = dt_grad_of(g, n->in[0]);
+    const float *x = dt_f32(n->in[0]);
+    if (dx) for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] += x[i];
+}
+
+static dt_tensor *reader_region(dt_graph *g, dt_tensor *x, void *ctx) {
+    net *n = ctx;
+    dt_tensor *h = dt_op_matmul(g, x, &n->A.value);
+    dt_tensor *y = h ? dt_graph_tensor(g, h->ndim, h->shape) : NULL;
+    if (!y) return NULL;
+    memcpy(dt_f32(y), dt_f32(h), (size_t)h->numel * sizeof(float));
+    if (n->deep) dt_graph_saved_keep_exact(g, dt_f32(h), h->numel);
+    dt_graph_record(g, "reader", reader_backward, y, 1, &h);
+    return y;
+}
+
+static void test_saved_keep_exact(void **s) {
+    (void)s;
+    net n;
+    net_init(&n, 32, 32);
+    int64_t sx[2] = {32, 32};
+    for (int keep = 0; keep < 2; keep++) {
+        n.deep = keep;   /* (reused as the flag) */
+        dt_graph *g = dt_graph_create();
+        memset(n.A.grad.data, 0, 32 * 32 * sizeof(float));
+        dt_tensor *y = dt_graph_pack16(g, reader_region, dt_graph_input(g, 2, sx, n.x, 1), &n, DT_BF16);
+        assert_non_null(y);
+        assert_int_equal(dt_graph_backward_from(g, y, n.up), DT_OK);
+        int moved = 0;
+        for (int i = 0; i < 32 * 32; i++) {
+            float a = dt_f32(&n.A.value)[i], want = keep ? a : (float)(nearbyint((double)a * 128.0) / 128.0);
+            assert_true(dt_f32(&n.A.grad)[i] == want);
+            moved += want != a;
+        }
+        assert_true(keep ? moved == 0 : moved > 900);
+        dt_graph_free(g);
+    }
+    net_free(&n);
+}
+
+/* A region that returns its input (after recording an op beside it): its
+ * output is not the region's own, so backward must not write it back -- the
+ * input here is the caller's read-only page (a write would fault). */
+static dt_tensor *passthrough_region(dt_graph *g, dt_tensor *x, void *ctx) {
+    net *n = ctx;
+    return dt_op_matmul(g, x, &n->A.value) ? x : NULL;
+}
+
+static void test_output_not_owned_left_alone(void **s) {
+    (void)s;
+    net n;
+    net_init(&n, 32, 32);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = (32 * 32 * sizeof(float) + page - 1) / page * page;
+    float *ro = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(ro != MAP_FAILED);
+    memcpy(ro, n.x, 32 * 32 * sizeof(float));
+    assert_int_equal(mprotect(ro, bytes, PROT_READ), 0);
+    int64_t sx[2] = {32, 32};
+    dt_graph *g = dt_graph_create();
+    dt_tensor *x = dt_graph_input(g, 2, sx, ro, 1);
+    dt_tensor *y = dt_graph_pack16(g, passthrough_region, x, &n, DT_BF16);
+    assert_non_null(y);
+    assert_int_equal(dt_graph_backward_from(g, y, n.up), DT_OK);
+    const float *gx = dt_graph_grad(g, x);
+    for (int i = 0; i < 32 * 32; i++) assert_true(gx[i] == 1.0f);   /* the upstream, through the region */
+    dt_graph_free(g);
+    munmap(ro, bytes);
+    net_free(&n);
 }
 
 static int defer_all(const dt_param *p, void *user) { (void)p; (void)user; return 1; }
@@ -382,6 +460,8 @@ int main(void) {
         cmocka_unit_test(test_unreached_region_releases_uses),
         cmocka_unit_test(test_output_restored_exactly),
         cmocka_unit_test(test_saved_may_round),
+        cmocka_unit_test(test_saved_keep_exact),
+        cmocka_unit_test(test_output_not_owned_left_alone),
         cmocka_unit_test(test_errors_and_plain_cases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

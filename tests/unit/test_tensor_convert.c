@@ -18,11 +18,12 @@
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 static void check_widen(dt_dtype t) {
-    uint16_t *h = malloc(65536 * sizeof *h);
-    float *f = malloc(65536 * sizeof *f);
-    for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
-    dt_convert(f, DT_F32, h, t, 65536);
-    for (uint32_t i = 0; i < 65536; i++) {
+    enum { N = 3 * 65536 + 5 };   /* every pattern, more than once: > 65536 takes the threaded split */
+    uint16_t *h = malloc(N * sizeof *h);
+    float *f = malloc(N * sizeof *f);
+    for (uint32_t i = 0; i < N; i++) h[i] = (uint16_t)(i * 40503u);   /* odd multiplier: all 65536 per 65536 */
+    dt_convert(f, DT_F32, h, t, N);
+    for (uint32_t i = 0; i < N; i++) {
         float want = t == DT_BF16 ? dt_bf16_to_f32(h[i]) : dt_f16_to_f32(h[i]);
         if (isnan(want)) assert_true(isnan(f[i]));
         else assert_memory_equal(&want, &f[i], 4);
