@@ -32,17 +32,6 @@ typedef struct dt_ckpt {
     int uses[];              /* ... their records, in use order */
 } dt_ckpt;
 
-static dt_tensor *copy_out(dt_graph *g, const dt_tensor *y) {
-    if (y->dtype != DT_F32 || (y->numel > 0 && !y->data)) {
-        DT_ERR(DT_EINVAL, "checkpoint: the function's output %s is not an F32 tensor with data",
-               dt_shape_str(y, (char[96]){0}, 96));
-        return NULL;
-    }
-    dt_tensor *out = dt_graph_tensor(g, y->ndim, y->shape);
-    if (out) memcpy(out->data, y->data, (size_t)y->numel * sizeof(float));
-    return out;
-}
-
 static dt_status record_node(dt_graph *g, dt_tensor *out, dt_tensor *x, dt_checkpoint_fn fn, void *ctx,
                              dt_rng *rng, const dt_rng *before) {
     dt_ckpt *ck = dt_graph_scratch(g, sizeof *ck + (size_t)g->n_ck_uses * sizeof(int));
@@ -53,19 +42,7 @@ static dt_status record_node(dt_graph *g, dt_tensor *out, dt_tensor *x, dt_check
     ck->rng_before = *before;
     ck->n_uses = g->n_ck_uses;
     memcpy(ck->uses, g->ck_uses, (size_t)g->n_ck_uses * sizeof(int));
-    dt_node *n = dt_graph_new_node(g);
-    if (!n) return DT_ENOMEM;
-    n->backward = dt_checkpoint_backward;
-    n->op = "checkpoint";
-    n->out = out;
-    n->n_in = x ? 1 : 0;
-    n->in[0] = x;
-    n->param_rec[0] = -1;    /* x's uses, if a parameter, are counted inside */
-    n->saved = ck;
-    out->requires_grad = 1;
-    out->grad_fn = n;
-    if (g->tick) g->tick(g->tick_user);
-    return DT_OK;
+    return dt_graph_region_node(g, "checkpoint", dt_checkpoint_backward, x, out, ck, 1) ? DT_OK : DT_ENOMEM;
 }
 
 dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_rng *rng) {
@@ -84,7 +61,7 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
     g->mode = DT_GRAPH_RECORD;
     g->alloc = &g->arena;
     if (!y && dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "checkpoint: the function returned NULL without an error");
-    dt_tensor *out = y ? copy_out(g, y) : NULL;
+    dt_tensor *out = y ? dt_graph_copy_out(g, y, "checkpoint") : NULL;
     if (out && y->requires_grad && record_node(g, out, x, fn, ctx, rng, &before) != DT_OK) out = NULL;
     dt_arena_rewind(&g->scratch);   /* blocks stay: pack16 images point into them */
     return out;

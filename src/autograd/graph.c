@@ -23,7 +23,7 @@ void dt_graph_free(dt_graph *g) {
     free(g->nodes);
     free(g->ck_uses);
     free(g->deferred);
-    free(g->may_round);
+    free(g->saved_decl);
     free(g);
 }
 
@@ -39,7 +39,7 @@ void dt_graph_reset(dt_graph *g) {
     g->masked = NULL;
     g->sticky = DT_OK;
     g->packing = 0;
-    g->n_may_round = 0;
+    g->n_saved_decl = 0;
     g->mode = DT_GRAPH_RECORD;
     g->alloc = &g->arena;
     dt_arena_reset(&g->arena);
@@ -98,14 +98,47 @@ dt_node *dt_graph_new_node(dt_graph *g) {
     dt_node *n = dt_graph_scratch(g, sizeof *n);
     if (!n) { g->sticky = DT_ENOMEM; return NULL; }
     memset(n, 0, sizeof *n);
-    if (g->n_nodes == g->cap_nodes) {
-        int nc = g->cap_nodes ? 2 * g->cap_nodes : 256;
-        dt_node **na = realloc(g->nodes, (size_t)nc * sizeof *na);
-        if (!na) { g->sticky = DT_ERR(DT_ENOMEM, "out of memory growing the tape"); return NULL; }
-        g->nodes = na;
-        g->cap_nodes = nc;
-    }
+    if (dt_graph_reserve_nodes(g, 1) != DT_OK) { g->sticky = DT_ENOMEM; return NULL; }
     g->nodes[g->n_nodes++] = n;
+    return n;
+}
+
+dt_status dt_graph_reserve_nodes(dt_graph *g, int more) {
+    if (g->n_nodes + more <= g->cap_nodes) return DT_OK;
+    int nc = g->cap_nodes ? 2 * g->cap_nodes : 256;
+    if (nc < g->n_nodes + more) nc = g->n_nodes + more;
+    dt_node **na = realloc(g->nodes, (size_t)nc * sizeof *na);
+    if (!na) return DT_ERR(DT_ENOMEM, "out of memory growing the tape");
+    g->nodes = na;
+    g->cap_nodes = nc;
+    return DT_OK;
+}
+
+dt_tensor *dt_graph_copy_out(dt_graph *g, const dt_tensor *y, const char *who) {
+    if (y->dtype != DT_F32 || (y->numel > 0 && !y->data)) {
+        DT_ERR(DT_EINVAL, "%s: the function's output %s is not an F32 tensor with data", who,
+               dt_shape_str(y, (char[96]){0}, 96));
+        return NULL;
+    }
+    dt_tensor *out = dt_graph_tensor_in(g, &g->arena, y->ndim, y->shape);
+    if (out) memcpy(out->data, y->data, (size_t)y->numel * sizeof(float));
+    return out;
+}
+
+dt_node *dt_graph_region_node(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *x, dt_tensor *out,
+                              void *saved, int requires_grad) {
+    dt_node *n = dt_graph_new_node(g);
+    if (!n) return NULL;
+    n->backward = bw;
+    n->op = op;
+    n->out = out;
+    n->n_in = x ? 1 : 0;
+    n->in[0] = x;
+    n->param_rec[0] = -1;   /* x's uses, if a parameter, are counted inside the region */
+    n->saved = saved;
+    out->requires_grad = requires_grad != 0;
+    out->grad_fn = requires_grad ? n : NULL;
+    if (g->tick) g->tick(g->tick_user);
     return n;
 }
 

@@ -62,8 +62,8 @@ struct dt_graph {
     int n_replay_uses;       /* REPLAY: parameter inputs of the nodes appended */
     dt_status sticky;        /* an allocation failed while recording: backward must not run */
     int packing;             /* 1 while a pack16 region's forward runs */
-    struct { const float *data; int64_t n; int keep; } *may_round;   /* its ops' dt_graph_saved_may_round (keep 0) */
-    int n_may_round, cap_may_round;                                    /* and dt_graph_saved_keep_exact (keep 1) */
+    struct { const float *data; int64_t n; int keep; } *saved_decl;   /* its ops' dt_graph_saved_may_round (keep 0) */
+    int n_saved_decl, cap_saved_decl;                                   /* and dt_graph_saved_keep_exact (keep 1) */
     dt_graph_tick_fn tick; void *tick_user;
     /* split backward (backward_weights.c) */
     dt_defer_fn defer; void *defer_user;       /* kept across resets */
@@ -76,6 +76,18 @@ struct dt_graph {
 
 /* A zeroed node appended to the tape, from g->alloc. NULL (sticky set) on OOM. */
 dt_node *dt_graph_new_node(dt_graph *g);
+/* Room on the tape for `more` node pointers beyond n_nodes (DT_ENOMEM + message). */
+dt_status dt_graph_reserve_nodes(dt_graph *g, int more);
+/* A region's (checkpoint's, pack16's) output y copied into the main arena,
+ * for the ops after it; `who` names the caller in the error for a y that is
+ * not an F32 tensor with data. */
+dt_tensor *dt_graph_copy_out(dt_graph *g, const dt_tensor *y, const char *who);
+/* The one node that stands for a region on the tape: op, bw, the region's
+ * input x (may be NULL; a parameter's uses are counted inside the region),
+ * its copied output, saved; the output requires grad (grad_fn = the node)
+ * if `requires_grad`. NULL on OOM. */
+dt_node *dt_graph_region_node(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *x, dt_tensor *out,
+                              void *saved, int requires_grad);
 /* Uninitialised F32 tensor from arena a. */
 dt_tensor *dt_graph_tensor_in(dt_graph *g, dt_arena *a, int ndim, const int64_t *shape);
 /* The backward loop body for node n (markers fire PRE/POST_BACKWARD; an op

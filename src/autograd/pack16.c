@@ -68,9 +68,9 @@ static int by_place(const void *pa, const void *pb) {
 /* 1 if range r overlaps a buffer an op declared with dt_graph_saved_keep_exact. */
 static int must_stay_exact(const dt_graph *g, const pk_range *r) {
     uintptr_t lo = (uintptr_t)g->scratch.blocks[r->block].base + r->off, hi = lo + r->bytes;
-    for (int k = 0; k < g->n_may_round; k++) {
-        if (!g->may_round[k].keep) continue;
-        uintptr_t a = (uintptr_t)g->may_round[k].data, b = a + (uintptr_t)g->may_round[k].n * sizeof(float);
+    for (int k = 0; k < g->n_saved_decl; k++) {
+        if (!g->saved_decl[k].keep) continue;
+        uintptr_t a = (uintptr_t)g->saved_decl[k].data, b = a + (uintptr_t)g->saved_decl[k].n * sizeof(float);
         if (a < hi && lo < b) return 1;
     }
     return 0;
@@ -80,15 +80,15 @@ static int must_stay_exact(const dt_graph *g, const pk_range *r) {
  * exactly from its copy) and the buffers ops said may be rounded, sorted; a range overlapping an earlier one (a view
  * of another output) is dropped, its bytes packed with that one or verbatim. */
 static int collect_ranges(dt_graph *g, dt_pack *pk, int mark) {
-    pk_range *r = dt_arena_alloc(&g->arena, (size_t)(g->n_nodes - mark + g->n_may_round + 1) * sizeof *r);
+    pk_range *r = dt_arena_alloc(&g->arena, (size_t)(g->n_nodes - mark + g->n_saved_decl + 1) * sizeof *r);
     if (!r) return -1;
     int n = 0;
-    for (int k = 0; k < g->n_may_round; k++) {   /* ops' saved buffers (dt_graph_saved_may_round) */
-        if (g->may_round[k].keep) continue;
-        int b = scratch_block(&g->scratch, g->may_round[k].data);
+    for (int k = 0; k < g->n_saved_decl; k++) {   /* ops' saved buffers (dt_graph_saved_may_round) */
+        if (g->saved_decl[k].keep) continue;
+        int b = scratch_block(&g->scratch, g->saved_decl[k].data);
         if (b < 0) continue;
-        size_t off = (size_t)((char *)g->may_round[k].data - g->scratch.blocks[b].base);
-        size_t bytes = (size_t)g->may_round[k].n * sizeof(float);
+        size_t off = (size_t)((char *)g->saved_decl[k].data - g->scratch.blocks[b].base);
+        size_t bytes = (size_t)g->saved_decl[k].n * sizeof(float);
         if (off + bytes <= g->scratch.blocks[b].used) r[n++] = (pk_range){b, 0, off, bytes};
     }
     for (int k = mark; k < g->n_nodes; k++) {
@@ -179,17 +179,6 @@ static dt_status pack(dt_graph *g, dt_pack *pk, int mark) {
     return DT_OK;
 }
 
-static dt_tensor *copy_out(dt_graph *g, const dt_tensor *y) {
-    if (y->dtype != DT_F32 || (y->numel > 0 && !y->data)) {
-        DT_ERR(DT_EINVAL, "pack16: the function's output %s is not an F32 tensor with data",
-               dt_shape_str(y, (char[96]){0}, 96));
-        return NULL;
-    }
-    dt_tensor *out = dt_graph_tensor_in(g, &g->arena, y->ndim, y->shape);
-    if (out) memcpy(out->data, y->data, (size_t)y->numel * sizeof(float));
-    return out;
-}
-
 static dt_tensor *fail(dt_graph *g, int mark) {   /* forward failed: the region leaves no trace on the tape */
     g->n_nodes = mark;
     g->packing = 0;
@@ -214,7 +203,7 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
     dt_arena_rewind(&g->scratch);
     g->alloc = &g->scratch;
     g->packing = 1;
-    g->n_may_round = 0;
+    g->n_saved_decl = 0;
     dt_tensor *y = fn(g, x, ctx);
     g->packing = 0;
     g->alloc = &g->arena;
@@ -223,7 +212,7 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
         return fail(g, mark);
     }
     if (g->sticky != DT_OK) return fail(g, mark);   /* (the message is set) */
-    dt_tensor *out = copy_out(g, y);
+    dt_tensor *out = dt_graph_copy_out(g, y, "pack16");
     if (!out) return fail(g, mark);
     if (g->n_nodes == mark) {   /* nothing recorded (frozen or constant): nothing to keep */
         dt_arena_rewind(&g->scratch);
@@ -235,19 +224,7 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
     if (pack(g, pk, mark) != DT_OK) return fail(g, mark);
     g->n_nodes = mark;
     dt_arena_rewind(&g->scratch);
-    dt_node *n = dt_graph_new_node(g);
-    if (!n) return NULL;
-    n->backward = dt_pack16_backward;
-    n->op = "pack16";
-    n->out = out;
-    n->n_in = x ? 1 : 0;
-    n->in[0] = x;
-    n->param_rec[0] = -1;   /* x's uses, if a parameter, are counted inside */
-    n->saved = pk;
-    out->requires_grad = y->requires_grad;
-    out->grad_fn = y->requires_grad ? n : NULL;
-    if (g->tick) g->tick(g->tick_user);
-    return out;
+    return dt_graph_region_node(g, "pack16", dt_pack16_backward, x, out, pk, y->requires_grad) ? out : NULL;
 }
 
 void dt_pack16_backward(dt_graph *g, dt_node *n) {
@@ -261,13 +238,7 @@ void dt_pack16_backward(dt_graph *g, dt_node *n) {
     transfer(g, pk, 0);
     if (pk->restore_y) memcpy(pk->y->data, pk->out->data, (size_t)pk->out->numel * sizeof(float));
     int mark = g->n_nodes;
-    dt_status s = DT_OK;
-    if (g->n_nodes + pk->n_nodes > g->cap_nodes) {
-        int nc = g->n_nodes + pk->n_nodes;
-        dt_node **na = realloc(g->nodes, (size_t)nc * sizeof *na);
-        if (na) { g->nodes = na; g->cap_nodes = nc; }
-        else s = DT_ERR(DT_ENOMEM, "pack16: out of memory growing the tape");
-    }
+    dt_status s = dt_graph_reserve_nodes(g, pk->n_nodes);
     g->mode = DT_GRAPH_REPLAY;
     g->alloc = &g->scratch;
     if (s == DT_OK) {
@@ -285,19 +256,19 @@ void dt_pack16_backward(dt_graph *g, dt_node *n) {
 
 static void declare(dt_graph *g, const float *data, int64_t n, int keep) {
     if (!g || !g->packing || g->mode != DT_GRAPH_RECORD || !data || n <= 0) return;
-    if (g->n_may_round == g->cap_may_round) {
-        int nc = g->cap_may_round ? 2 * g->cap_may_round : 16;
-        void *a = realloc(g->may_round, (size_t)nc * sizeof *g->may_round);
+    if (g->n_saved_decl == g->cap_saved_decl) {
+        int nc = g->cap_saved_decl ? 2 * g->cap_saved_decl : 16;
+        void *a = realloc(g->saved_decl, (size_t)nc * sizeof *g->saved_decl);
         if (!a) {   /* a buffer to round stays exact (nothing lost); one to keep must not be rounded: the region fails */
             if (keep) g->sticky = DT_ERR(DT_ENOMEM, "pack16: out of memory listing a buffer to keep exact");
             return;
         }
-        g->may_round = a;
-        g->cap_may_round = nc;
+        g->saved_decl = a;
+        g->cap_saved_decl = nc;
     }
-    g->may_round[g->n_may_round].data = data;
-    g->may_round[g->n_may_round].n = n;
-    g->may_round[g->n_may_round++].keep = keep;
+    g->saved_decl[g->n_saved_decl].data = data;
+    g->saved_decl[g->n_saved_decl].n = n;
+    g->saved_decl[g->n_saved_decl++].keep = keep;
 }
 
 void dt_graph_saved_may_round(dt_graph *g, float *data, int64_t n) { declare(g, data, n, 0); }
