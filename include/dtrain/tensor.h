@@ -68,6 +68,10 @@ float dt_bf16_to_f32(uint16_t x);
 uint16_t dt_f32_to_f16(float x);    /* IEEE half, round to nearest even, overflow -> inf */
 float dt_f16_to_f32(uint16_t x);
 void dt_convert(void *dst, dt_dtype dst_t, const void *src, dt_dtype src_t, size_t n);
+/* dst[i] = src[i] rounded to dt (DT_BF16 or DT_F16, nearest even, as
+ * dt_convert) and widened back to float32: the value a 16-bit copy holds,
+ * in float32 storage. dst may be src. Any other dt copies. */
+void dt_round_to(float *dst, const float *src, dt_dtype dt, size_t n);
 
 /* ---- flat buffers ----
  * A flat buffer is one allocation holding many tensors back to back.

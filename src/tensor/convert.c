@@ -135,3 +135,28 @@ void dt_convert(void *dst, dt_dtype dst_t, const void *src, dt_dtype src_t, size
         }
     }
 }
+
+/* x rounded to dt and widened back, in chunks through a small 16-bit buffer;
+ * contiguous runs over the threads, as convert_fast. */
+void dt_round_to(float *dst, const float *src, dt_dtype dt, size_t n) {
+    if (dt != DT_BF16 && dt != DT_F16) {
+        if (dst != src) memmove(dst, src, n * sizeof(float));
+        return;
+    }
+#pragma omp parallel if (n > 65536)
+    {
+        size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        size_t lo = n * t / nt, hi = n * (t + 1) / nt;
+        uint16_t half[1024];
+        for (size_t i = lo; i < hi; i += 1024) {
+            size_t m = hi - i < 1024 ? hi - i : 1024;
+            if (dt == DT_BF16) {
+                to_bf16_n(half, src + i, m);
+                from_bf16_n(dst + i, half, m);
+            } else {
+                to_f16_n(half, src + i, m);
+                from_f16_n(dst + i, half, m);
+            }
+        }
+    }
+}

@@ -56,6 +56,29 @@ static void test_f16_widen(void **s) { (void)s; check_widen(DT_F16); }
 static void test_bf16_round(void **s) { (void)s; check_round(DT_BF16); }
 static void test_f16_round(void **s) { (void)s; check_round(DT_F16); }
 
+/* dt_round_to: the bits of the scalar conversion there and back, in place
+ * and into another buffer, across the threaded split and odd tails */
+static void check_round_to(dt_dtype t) {
+    size_t n = (1 << 20) + 3;
+    float *f = malloc(n * sizeof *f), *out = malloc(n * sizeof *out), *in = malloc(n * sizeof *in);
+    for (size_t i = 0; i < n; i++) f[i] = u2f((uint32_t)(i * 4093u + (i >> 7)) * 1021u);
+    memcpy(in, f, n * sizeof *f);
+    dt_round_to(out, f, t, n);
+    dt_round_to(in, in, t, n);
+    assert_memory_equal(in, out, n * sizeof *out);
+    for (size_t i = 0; i < n; i++) {
+        float want = t == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(f[i])) : dt_f16_to_f32(dt_f32_to_f16(f[i]));
+        if (isnan(want)) assert_true(isnan(out[i]));
+        else assert_memory_equal(&want, &out[i], 4);
+    }
+    dt_round_to(out, f, DT_F32, 5);   /* any other type copies */
+    assert_memory_equal(out, f, 5 * sizeof *f);
+    free(f);
+    free(out);
+    free(in);
+}
+static void test_round_to(void **s) { (void)s; check_round_to(DT_BF16); check_round_to(DT_F16); }
+
 static void test_by_hand(void **s) {
     (void)s;
     /* bf16 keeps 7 fraction bits: 1 + 2^-8 is a tie (to 1), 1 + 3 * 2^-8 too (to 1 + 2^-6) */
@@ -78,7 +101,7 @@ static void test_by_hand(void **s) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_widen), cmocka_unit_test(test_f16_widen), cmocka_unit_test(test_bf16_round),
-        cmocka_unit_test(test_f16_round), cmocka_unit_test(test_by_hand),
+        cmocka_unit_test(test_f16_round), cmocka_unit_test(test_by_hand), cmocka_unit_test(test_round_to),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
