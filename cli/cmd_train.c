@@ -176,6 +176,7 @@ static const cli_name k_overlap[] = {{"interleaved", DT_ZERO_OVERLAP_INTERLEAVED
                                      {"after-backward", DT_ZERO_OVERLAP_AFTER_BACKWARD}, {"off", DT_ZERO_OVERLAP_OFF}};
 static const cli_name k_save_format[] = {{"sharded", DT_ZERO_CKPT_SHARDED}, {"consolidated", DT_ZERO_CKPT_CONSOLIDATED}};
 static const cli_name k_progress[] = {{"poll", DT_PROGRESS_POLL}, {"thread", DT_PROGRESS_THREAD}};
+static const cli_name k_param_dtype[] = {{"fp32", DT_PARAMS_FP32}, {"bf16", DT_PARAMS_BF16}, {"fp16", DT_PARAMS_FP16}};
 
 /* The data-parallel flags into f->dp, then into DDP's and ZeRO's options
  * (a pipeline copies those in pipe_flags); --bucket-mb not given leaves each
@@ -227,6 +228,8 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
             return -1;
         }
     }
+    if (f->param_dtype && name_flag("--param-dtype", f->param_dtype, CLI_NAMES(k_param_dtype), &o->param_dtype, err, errlen))
+        return -1;
     if (f->loss_scale) {   /* dynamic | off | a fixed scale S (the same field as --loss-scale-init) */
         char *end;
         double v = strtod(f->loss_scale, &end);

@@ -2,7 +2,11 @@
 #include <stdio.h>
 #include "cli.h"
 
-int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist, int eval_only) {
+int dt_cli_run(const dt_train_opts *o, const dt_cli_dist *dist_in, int eval_only) {
+    /* the weights' type is the run's (train.param_dtype): strategies that own the optimizer keep it */
+    dt_cli_dist d = *dist_in, *dist = &d;
+    dt_dtype pd = dt_train_param_dtype(o);
+    d.zero.param_dtype = d.pipe.param_dtype = d.pipe.zero.param_dtype = pd;
     int piped = dist->pipelined;
     /* ZeRO and pipelines need MPI even at one rank */
     int tp = dist->tp.size > 1;

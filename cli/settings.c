@@ -86,6 +86,7 @@ static const setting_flag k_flags[] = {
     {"train.keep_denormals", "--keep-denormals"},
     {"train.precision", "--precision"},
     {"train.saved_activations", "--saved-activations"},
+    {"train.param_dtype", "--param-dtype"},
     {"train.loss_scale", "--loss-scale"},
     {"train.loss_scale_init", "--loss-scale-init"},
     {"train.loss_scale_window", "--loss-scale-window"},

@@ -34,6 +34,7 @@ typedef struct cli_flags {
     float bucket_mb, first_bucket_mb;
     const char *precision;          /* --precision fp32|bf16|fp16 */
     const char *saved_acts;         /* --saved-activations fp32|bf16|fp16 */
+    const char *param_dtype;        /* --param-dtype fp32|bf16|fp16 */
     const char *optim_state;        /* --optim-state fp32|bf16 */
     const char *loss_scale;         /* --loss-scale dynamic|off|S */
     const char *compress, *progress, *overlap_step, *save_format, *recompute, *schedule;

@@ -520,6 +520,26 @@ dt_status dt_model_set_grad_buffer(dt_model *m, float *buf);
  * buf. ZeRO's node-shared parameters use it (zero.h). */
 dt_status dt_model_set_param_buffer(dt_model *m, float *buf, int filled);
 dt_param *dt_model_find_param(const dt_model *m, const char *name);
+/* A 16-bit working copy of the parameters (mixed precision's param dtype,
+ * train.h: param_dtype). The float32 values in param_flat are the masters:
+ * the optimizer steps them, checkpoints hold them. For a training step (and
+ * an evaluation) enter() points every parameter's value at a float32 buffer
+ * holding the masters rounded to dtype (nearest even), so every op -- matrix
+ * products, LayerNorm's gain, the embedding lookup -- computes with the
+ * rounded weights, the same values a ZeRO gather of 16-bit shards gives
+ * (zero.h: param_dtype): layouts agree bit for bit. leave() points them back
+ * at the masters (before the optimizer step). dtype DT_F32: both do nothing.
+ * The buffer is param_flat.numel floats, allocated at the first enter();
+ * fp16 refuses a master beyond 65504 (it would compute as inf). */
+typedef struct dt_working_copy {
+    dt_dtype dtype;      /* DT_F32 (off), DT_BF16 or DT_F16 */
+    float *buf;          /* round(param_flat), param_flat's layout */
+    size_t n;
+    int active;          /* the views point into buf */
+} dt_working_copy;
+dt_status dt_working_copy_enter(dt_working_copy *w, dt_model *m);
+void dt_working_copy_leave(dt_working_copy *w, dt_model *m);
+void dt_working_copy_free(dt_working_copy *w);
 /* Re-point values and grads into new flat buffers: values in `total`
  * elements where params[i] starts at offsets[i], gradients at the gradient
  * layout that follows from it (values and grads copied, gaps zero). A model

@@ -103,6 +103,10 @@ typedef struct dt_pipe_opts {
     int sequence_parallel;
     dt_ddp_opts ddp;          /* dt_ddp_opts_default by dt_pipe_opts_default */
     dt_zero_opts zero;        /* dt_zero_opts_default by dt_pipe_opts_default */
+    /* The weights a stage computes with (train.param_dtype): DT_F32 (default)
+     * or a 16-bit working copy of float32 masters (nn.h dt_working_copy;
+     * with ZeRO, zero.param_dtype is set from it). */
+    dt_dtype param_dtype;
 } dt_pipe_opts;
 
 void dt_pipe_opts_default(dt_pipe_opts *o);

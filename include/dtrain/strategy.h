@@ -178,6 +178,11 @@ typedef struct dt_strategy {
      * once). Collective; every rank gets the same value. NULL: the local flat
      * gradient's (every rank holds whole, reduced gradients). */
     dt_status (*grad_sumsq)(void *self, dt_run *run, double *ss);
+    /* With owns_optimizer: the weights its forward computes with (dt_dtype;
+     * DT_F32 = 0: the masters themselves, else a 16-bit working copy of float32
+     * masters, nn.h). The trainer refuses a strategy whose type is not
+     * train.param_dtype's; without owns_optimizer the trainer keeps the copy. */
+    int param_dtype;
 } dt_strategy;
 
 /* An optimizer over m's flat layout, one segment per trainable parameter,

@@ -37,6 +37,18 @@ typedef enum dt_saved_acts {
     DT_SAVED_FP16 = 3,   /* needs loss scaling: beyond 65504 is inf, and the step must be skipped */
 } dt_saved_acts;
 
+/* train.param_dtype: the weights forward and backward compute with (nn.h,
+ * dt_working_copy). The optimizer always steps float32 masters, and
+ * checkpoints hold them; a 16-bit run resumes in fp32 and back. */
+typedef enum dt_param_dtype {
+    DT_PARAMS_AUTO = 0,   /* the products' input type where the products round their inputs: fp16 with
+                             --precision fp16; bf16 with --precision bf16 where its products run in bf16
+                             (dt_gemm_bf16_available: AMX); else fp32 */
+    DT_PARAMS_FP32 = 1,
+    DT_PARAMS_BF16 = 2,   /* a bf16 working copy: ZeRO gathers it in 16 bits (half the bytes) */
+    DT_PARAMS_FP16 = 3,
+} dt_param_dtype;
+
 typedef struct dt_train_opts {
     dt_model_cfg model;            /* the built-in to train, unless build_model is set */
     dt_model_build_fn build_model; /* a user's model (NULL: the built-in from `model`) */
@@ -63,6 +75,9 @@ typedef struct dt_train_opts {
                                       DT_PREC_FP16 (fp16 inputs, fp32 accumulation; with loss scaling) */
     int saved_activations;         /* dt_saved_acts: the activations backward reads, kept in 16 bits
                                       (dt_model_set_saved_dtype); AUTO (0) follows precision */
+    int param_dtype;               /* dt_param_dtype: the working copy of the weights; AUTO (0) follows
+                                      precision. A strategy that owns the optimizer must keep the same
+                                      (dt_strategy.param_dtype) */
     int loss_scale;                /* dt_loss_scale_mode (strategy.h, "loss scaling"): AUTO (0) is
                                       DYNAMIC with fp16, OFF otherwise */
     float loss_scale_init;         /* FIXED: the scale; DYNAMIC: the first one (0: 2^16) */
@@ -121,6 +136,8 @@ int dt_train_loss_scaling(const dt_train_opts *o);
 /* The dtype train.saved_activations resolves to (AUTO: from precision):
  * DT_F32, DT_BF16 or DT_F16. */
 dt_dtype dt_train_saved_dtype(const dt_train_opts *o);
+/* The dtype train.param_dtype resolves to (AUTO: from precision). */
+dt_dtype dt_train_param_dtype(const dt_train_opts *o);
 dt_status dt_train_opts_validate(const dt_train_opts *o);
 
 typedef struct dt_trainer dt_trainer;
@@ -129,6 +146,7 @@ struct dt_trainer {
     dt_model *model;
     dt_graph *graph;
     dt_optimizer optim;
+    dt_working_copy wcopy;         /* train.param_dtype's 16-bit weights (when the strategy owns no optimizer) */
     dt_lr_schedule sched;
     dt_strategy strat;
     dt_run run;                    /* what strat sees: model, graph, trace, position (strategy.h) */

@@ -138,6 +138,17 @@ typedef struct dt_zero_opts {
                                     share (DTRAIN_COLLECTIVES=flat, a full /dev/shm) the parameters
                                     stay private, at the requested stage: dt_zero_node_params says.
                                     float32 wire only; not with dp.join. Default 0. */
+    dt_dtype param_dtype;        /* DT_F32 (default): forward reads the float32 values the shards hold.
+                                    DT_BF16 / DT_F16: mixed precision's working copy (nn.h,
+                                    dt_working_copy): the owned shards are float32 masters, in a
+                                    buffer of their own at every stage (stages 1/2: +4 bytes per
+                                    owned element), and every gathered parameter, a rank's own chunk
+                                    included, is the master rounded to 16 bits. The parameter
+                                    all-gathers carry 16 bits (half the bytes, whatever dp.wire says
+                                    of gradients) and lose nothing: layouts agree bit for bit with
+                                    DDP under the same param_dtype. fp16: a master beyond 65504 is
+                                    gathered as inf (the loss says so; the trainer's own copy
+                                    refuses it by name). Not with node_params. */
 } dt_zero_opts;
 
 typedef struct dt_zero_bucket {
@@ -216,6 +227,11 @@ dt_status dt_zero_refresh_trainable(dt_zero *z);
 
 /* ---- introspection (checkpoints, benchmarks, tests) ---- */
 int dt_zero_stage(const dt_zero *z);
+/* 1 when the parameters' float32 values live only as owned shards (stage 3,
+ * or a 16-bit param_dtype: the flat copy then holds rounded values), so a
+ * checkpoint writes and reads them as owned ranges (dt_zero_value_pieces,
+ * dt_zero_read_states), never from the model's tensors. */
+int dt_zero_values_sharded(const dt_zero *z);
 int dt_zero_num_buckets(const dt_zero *z);
 const dt_zero_bucket *dt_zero_bucket_at(const dt_zero *z, int i);
 /* params in layout order (bucket b holds order[b.first_param .. +n_params)) */
@@ -276,8 +292,10 @@ dt_status dt_zero_load(dt_zero *z, dt_run *run, const char *path);
  * element ranges), for parameters with !skip[index] (skip may be NULL);
  * pc has room for states x n_params pieces, names for as many 192-byte
  * names (filled in piece order). Returns the count, -1 on error.
- * read_states: this rank's owned ranges of every state (stage 3: and of the
- * parameter values), and the step count. */
+ * read_states: this rank's owned ranges of every state (values sharded,
+ * dt_zero_values_sharded: and of the parameter values; then call
+ * dt_zero_gather_params, collectively, once every rank has read), and the
+ * step count. */
 int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc, char (*names)[192]);
 /* bf16 optimizer state (optim.h): the pieces above point at fp32 copies that
  * exist only between state_open and state_close (every bucket's optimizer's
@@ -286,14 +304,16 @@ int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ck
 dt_status dt_zero_state_open(dt_zero *z);
 void dt_zero_state_close(dt_zero *z, int store);
 dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step);
-/* Stage 3 (the values exist only as shards): the pieces of this rank's owned
- * ranges of the parameter values, for parameters with !skip[index]; pc has
- * room for n_params pieces (names: the parameters'). Returns the count (0
- * below stage 3), -1 on error. */
+/* Values sharded (stage 3, or a 16-bit param_dtype): the pieces of this
+ * rank's owned ranges of the parameter values (the float32 masters), for
+ * parameters with !skip[index]; pc has room for n_params pieces (names: the
+ * parameters'). Returns the count (0 when the model's tensors hold the
+ * values), -1 on error. */
 int dt_zero_value_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc);
 /* After the owned shards' parameter values were overwritten (load): stages
- * 1/2 all-gather every bucket so the full parameters match; stage 3 no-op.
- * Collective. */
+ * 1/2 all-gather every bucket so the full parameters match (a 16-bit
+ * param_dtype: then rounded, the working copy); stage 3 only the buckets no
+ * module owns. Collective. */
 dt_status dt_zero_gather_params(dt_zero *z);
 
 /* A dt_strategy for the trainer (replaces its optimizer step and

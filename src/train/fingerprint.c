@@ -85,6 +85,8 @@ static void describe_run(const dt_trainer *t, dt_agree *a) {
                                                   ? "fp16 (rounded inputs, fp32 compute)" : "fp32");
     dt_dtype sd = dt_train_saved_dtype(o);
     dt_agree_add(a, "train.saved_activations", "%s", sd == DT_BF16 ? "bf16" : sd == DT_F16 ? "fp16" : "fp32");
+    dt_dtype pd = dt_train_param_dtype(o);
+    dt_agree_add(a, "train.param_dtype", "%s", pd == DT_BF16 ? "bf16" : pd == DT_F16 ? "fp16" : "fp32");
     if (!dt_train_loss_scaling(o)) dt_agree_add(a, "train.loss_scale", "off");
     else if (o->loss_scale == DT_LOSS_SCALE_FIXED) dt_agree_add(a, "train.loss_scale", "fixed %.9g", (double)o->loss_scale_init);
     else dt_agree_add(a, "train.loss_scale", "dynamic from %.9g, window %d",

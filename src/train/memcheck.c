@@ -21,12 +21,17 @@ void dt_train_memory_estimate(const dt_train_opts *o, const dt_strategy *strat, 
     for (int k = 0; k < 4; k++) div[k] = strat && strat->mem_div[k] > 1 ? strat->mem_div[k] : 1;
     int train = !o->eval_only, all_train = train && o->n_freeze == 0;
     out->params = 4.0 * n / div[0];
+    /* a 16-bit param_dtype: the trainer's working copy beside the masters
+     * (one process, DDP), or ZeRO-1/2's owned float32 masters beside the
+     * rounded flat copy; ZeRO-3 gathers rounded values into what it has */
+    if (train && dt_train_param_dtype(o) != DT_F32)
+        out->params += !strat || !strat->owns_optimizer ? 4.0 * n / div[0] : div[2] > div[0] ? 4.0 * n / div[2] : 0;
     out->grads = all_train ? 4.0 * n / div[1] : 0;
     out->optim = all_train ? n * (double)dt_optim_state_bytes(&o->optim) / div[2] : 0;
     out->acts = dt_model_cfg_act_bytes(&o->model, o->seq, o->recompute == DT_RECOMPUTE_BLOCKS,
                                      dt_train_saved_dtype(o) == DT_F32 ? 4 : 2) * (double)o->batch / div[3];
     /* the background save's copy: parameters and optimizer state as written, fp32 (bf16 state is widened) */
-    if (train && o->save && !o->save_sync) out->copy = out->params + (all_train ? 4.0 * n * dt_optim_state_per_elem(&o->optim) / div[2] : 0);
+    if (train && o->save && !o->save_sync) out->copy = 4.0 * n / div[0] + (all_train ? 4.0 * n * dt_optim_state_per_elem(&o->optim) / div[2] : 0);
     out->total = out->params + out->grads + out->optim + out->acts + out->copy;
 }
 

@@ -64,6 +64,8 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
         return DT_ERR(DT_EINVAL, "train.saved_activations fp16 needs loss scaling (train.loss_scale dynamic or a fixed "
                       "scale): an activation beyond 65504 is kept as inf, and only a loss-scaled step is skipped for it; "
                       "bf16 keeps fp32's range");
+    if ((unsigned)o->param_dtype > DT_PARAMS_FP16)
+        return DT_ERR(DT_EINVAL, "train.param_dtype: unknown mode %d", o->param_dtype);
     if ((unsigned)o->loss_scale > DT_LOSS_SCALE_DYNAMIC) return DT_ERR(DT_EINVAL, "train.loss_scale: unknown mode %d", o->loss_scale);
     if (!(o->loss_scale_init >= 0.0f) || isinf(o->loss_scale_init))
         return DT_ERR(DT_EINVAL, "train.loss_scale_init must be finite and > 0 (0: 65536), got %g", (double)o->loss_scale_init);
@@ -108,6 +110,17 @@ dt_dtype dt_train_saved_dtype(const dt_train_opts *o) {
     default:   /* bf16 only where its products run in bf16: elsewhere the packing (~10% of W1's step) would
                   make --precision bf16 slower than fp32 for the same products (docs/PERFORMANCE.md) */
         return o->precision == DT_PREC_FP16 && dt_train_loss_scaling(o) ? DT_F16
+             : o->precision == DT_PREC_BF16 && dt_gemm_bf16_available() ? DT_BF16 : DT_F32;
+    }
+}
+
+dt_dtype dt_train_param_dtype(const dt_train_opts *o) {
+    switch (o->param_dtype) {
+    case DT_PARAMS_BF16: return DT_BF16;
+    case DT_PARAMS_FP16: return DT_F16;
+    case DT_PARAMS_FP32: return DT_F32;
+    default:   /* where the products round their inputs anyway: every op then sees the weights they see */
+        return o->precision == DT_PREC_FP16 ? DT_F16
              : o->precision == DT_PREC_BF16 && dt_gemm_bf16_available() ? DT_BF16 : DT_F32;
     }
 }

@@ -42,6 +42,12 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
         s = dt_loss_scaler_init(&t->scaler, o->loss_scale_init > 0 ? o->loss_scale_init : DT_LOSS_SCALE_INIT,
                                 o->loss_scale != DT_LOSS_SCALE_FIXED,
                                 o->loss_scale_window > 0 ? o->loss_scale_window : DT_LOSS_SCALE_WINDOW);
+    dt_dtype pd = dt_train_param_dtype(o);
+    if (s == DT_OK && t->strat.owns_optimizer && (dt_dtype)t->strat.param_dtype != pd)
+        s = DT_ERR(DT_EINVAL, "train.param_dtype is %s but strategy %s computes with %s weights (set the same param_dtype "
+                   "in its options)", dt_dtype_name(pd), t->strat.name ? t->strat.name : "?",
+                   dt_dtype_name((dt_dtype)t->strat.param_dtype));
+    if (!t->strat.owns_optimizer) t->wcopy.dtype = pd;
     if (s == DT_OK) s = dt_trainer_check_unfreeze(t);
     if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
     if (s == DT_OK) s = dt_trainer_load_data(t);
@@ -128,7 +134,9 @@ void dt_trainer_free(dt_trainer *t) {
     if (!t) return;
     dt_trainer_finish(t);   /* strategy, trace, metrics; an error path: the result has nowhere to go */
     dt_graph_free(t->graph);   /* before the model: resetting the tape touches its params */
+    if (t->model) dt_working_copy_leave(&t->wcopy, t->model);
     dt_model_free(t->model);
+    dt_working_copy_free(&t->wcopy);
     dt_optimizer_free(&t->optim);
     dt_sampler_free(&t->sampler);
     dt_trainer_free_data(t);
@@ -196,7 +204,7 @@ static dt_status scaled_verdict(dt_trainer *t, float *scale) {
     return DT_OK;
 }
 
-dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
+static dt_status step_impl(dt_trainer *t, double *loss_out) {
     dt_model *m = t->model;
     int K = t->opts.accum;
     double loss_sum = 0;
@@ -205,6 +213,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     double t0 = dt_trace_now_us(t->trace);
     float lr = dt_lr_at(&t->sched, t->step);
     t->run.lr = lr;
+    DT_TRY(dt_working_copy_enter(&t->wcopy, m));   /* param_dtype: forward and backward read the rounded weights */
     if (t->strat.forward_backward) DT_TRY(step_scheduled(t, &loss_sum));
     for (int k = 0; !t->strat.forward_backward && k < K; k++) {
         int last = k == K - 1;
@@ -225,6 +234,7 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
         dt_trace_event(t->trace, "backward", "compute", 0, f1, dt_trace_now_us(t->trace));
         if (t->strat.after_backward) DT_TRY(t->strat.after_backward(t->strat.self, &t->run, last));
     }
+    dt_working_copy_leave(&t->wcopy, m);   /* the optimizer steps the masters */
     double o0 = dt_trace_now_us(t->trace);
     t->run.skipped = 0;
     t->last_scale = t->scaler.scale;
@@ -258,6 +268,12 @@ dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
     if (loss_out) *loss_out = loss;
     if (!isfinite(loss)) return DT_ERR(DT_EINVAL, "loss is %g at step %lld (lower train.optim.lr?)", loss, (long long)t->step);
     return DT_OK;
+}
+
+dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
+    dt_status s = step_impl(t, loss_out);
+    dt_working_copy_leave(&t->wcopy, t->model);   /* also after a failure: between steps the views are the masters' */
+    return s;
 }
 
 /* Evaluation batches handed to the strategy's forward_only, up to one step's
@@ -308,7 +324,7 @@ static dt_status eval_round(dt_trainer *t, eval_group *q, int slots, int64_t sta
     return DT_OK;
 }
 
-dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) {
+static dt_status evaluate_impl(dt_trainer *t, double *loss_out, double *acc_out) {
     const dt_dataset *d = &t->data;
     int64_t B = t->opts.batch;
     int64_t n_items = d->size[DT_SPLIT_EVAL];
@@ -318,6 +334,7 @@ dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) 
     if (acc_out) *acc_out = NAN;
     dt_stop_set_stopped(0);
     if (t->strat.sync_params) DT_TRY(t->strat.sync_params(t->strat.self, &t->run));
+    DT_TRY(dt_working_copy_enter(&t->wcopy, t->model));   /* evaluated as trained: with the working copy */
     dt_stop_sync *stop = calloc(1, sizeof *stop);   /* heap: see dt_stop_sync_abandon */
     if (!stop) return DT_ERR(DT_ENOMEM, "out of memory");
     dt_status st = dt_stop_sync_init(stop, t->strat.world);
@@ -362,4 +379,10 @@ dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) 
     if (loss_out) *loss_out = sums[0] / sums[2];
     if (acc_out) *acc_out = sums[1] / sums[2];
     return DT_OK;
+}
+
+dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) {
+    dt_status s = evaluate_impl(t, loss_out, acc_out);
+    dt_working_copy_leave(&t->wcopy, t->model);
+    return s;
 }

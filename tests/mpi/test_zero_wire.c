@@ -13,7 +13,13 @@
  *      path bit for bit (F32, BF16, F16, odd sizes and offsets, in place,
  *      an output over a peer's input chunk), really run there (ranks passing
  *      different offsets fail as only the shared path can), and ZeRO with
- *      node-shared memory equals ZeRO with no_shm bit for bit. */
+ *      node-shared memory equals ZeRO with no_shm bit for bit;
+ *  (e) param_dtype bf16 / fp16 (the 16-bit working copy): the parameter
+ *      all-gathers carry half the bytes while a float32 gradient wire keeps
+ *      its bytes; the owned shards stay float32 masters (not all of them
+ *      16-bit values), and at stages 1/2 every rank's whole flat copy, its
+ *      own chunk included, is exactly round16(masters) -- the same on every
+ *      rank. */
 #include "mpi_check.h"
 #include "zero_testutil.h"
 
@@ -169,11 +175,14 @@ typedef struct run_out {
     size_t layout;                 /* padded layout length */
 } run_out;
 
-static void train(int stage, dt_dtype t, int no_shm, int steps, run_out *out) {
+/* working: a 16-bit param_dtype (DT_F32: none); stages 1/2 copy the flat
+ * parameters each rank computes with into out->copy (registration order) */
+static void train_pd(int stage, dt_dtype t, dt_dtype working, int no_shm, int steps, run_out *out, float **copy) {
     int me = t_rank(), N = t_size();
     dtz_spec s = dtz_mk_spec(dtt_mlp_cfg(20, 32, 16, 5), 16, steps);
     dt_zero_opts o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
     o.dp.wire = t;
+    o.param_dtype = working;
     o.dp.shm = (no_shm) ? DT_DP_SHM_OFF : DT_DP_SHM_AUTO;
     o.dp.first_bucket_bytes = o.dp.bucket_bytes = 2048;
     dtz_net n;
@@ -192,12 +201,62 @@ static void train(int stage, dt_dtype t, int no_shm, int steps, run_out *out) {
     }
     out->last_loss = tail;
     T_OK(dt_zero_sync_params(n.z));
+    if (copy) *copy = stage < 3 ? dtz_params(n.m, n.m->param_flat.data) : NULL;
     float *lay = dtz_gather_layout(n.z);
     out->master = dtz_params(n.m, lay);
     free(lay);
     out->st = dt_zero_get_stats(n.z);
     out->layout = dtz_layout_len(n.z);
     dtz_net_free(&n);
+}
+
+static void train(int stage, dt_dtype t, int no_shm, int steps, run_out *out) {
+    train_pd(stage, t, DT_F32, no_shm, steps, out, NULL);
+}
+
+static void test_param_dtype(void) {
+    t_begin("param_dtype bf16/fp16: 16-bit gathers of a rounded working copy, float32 masters (stages 1/2/3)");
+    const int steps = 12;
+    dt_model *namer;
+    dt_model_cfg cfg = dtt_mlp_cfg(20, 32, 16, 5);
+    T_OK(dt_model_create(&cfg, 1, &namer));
+    size_t np = dtz_param_count(namer);
+    const dt_dtype types[2] = {DT_BF16, DT_F16};
+    for (int stage = 1; stage <= 3; stage++) {
+        run_out f32;
+        train_pd(stage, DT_F32, DT_F32, 1, steps, &f32, NULL);
+        for (int ti = 0; ti < 2; ti++) {
+            run_out h;
+            float *copy = NULL;
+            train_pd(stage, DT_F32, types[ti], 1, steps, &h, &copy);
+            T_CHECK(h.st.bytes_reduced == f32.st.bytes_reduced);        /* gradients: the float32 wire */
+            T_CHECK(h.st.bytes_gathered * 2 == f32.st.bytes_gathered);  /* parameters: 16 bits */
+            T_CHECK(fabsf(h.last_loss - f32.last_loss) <= 0.05f * f32.last_loss);   /* trains as float32 does */
+            size_t rounded = 0;   /* masters that are already 16-bit values */
+            for (size_t i = 0; i < np; i++) rounded += round16(h.master[i], types[ti]) == h.master[i];
+            T_CHECK(rounded < np / 2);   /* float32 masters: most carry more bits */
+            if (copy) {
+                size_t bad = 0;
+                for (size_t i = 0; i < np; i++) bad += memcmp(&copy[i], &(float){round16(h.master[i], types[ti])}, 4) != 0;
+                T_CHECK(bad == 0);
+                /* every rank computes with the same copy */
+                float *r0 = xcalloc(np, sizeof *r0);
+                if (t_rank() == 0) memcpy(r0, copy, np * sizeof *r0);
+                MPI_Bcast(r0, (int)np, MPI_FLOAT, 0, MPI_COMM_WORLD);
+                T_CHECK(memcmp(r0, copy, np * sizeof *r0) == 0);
+                free(r0);
+            }
+            if (t_rank() == 0)
+                printf("  stage %d param_dtype %s: all-gather bytes per rank %zu (f32 %zu), reduce-scatter %zu; "
+                       "%zu of %zu masters are %s values\n", stage, dname(types[ti]), h.st.bytes_gathered,
+                       f32.st.bytes_gathered, h.st.bytes_reduced, rounded, np, dname(types[ti]));
+            free(copy);
+            free(h.master);
+        }
+        free(f32.master);
+    }
+    dt_model_free(namer);
+    t_end();
 }
 
 static void test_converge_and_bytes(void) {
@@ -425,6 +484,7 @@ int main(int argc, char **argv) {
     test_zero_shm_vs_mpi();
     test_reference();
     test_converge_and_bytes();
+    test_param_dtype();
     T_OK(dt_dist_finalize());
     return 0;
 }

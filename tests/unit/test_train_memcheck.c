@@ -127,6 +127,23 @@ static void test_estimate_shares(void **state) {
     dt_train_memory_estimate(&o, NULL, &z);
     assert_true(z.params < e.params * 0.6 && z.acts < e.acts && z.acts > e.acts / 2);
     o.model.tp_size = 0;
+    /* a 16-bit working copy of the weights: one process / DDP keep a full
+     * fp32-sized copy beside the masters, ZeRO-1/2 (owning the optimizer)
+     * a float32 master per owned element, ZeRO-3 nothing more */
+    o.param_dtype = DT_PARAMS_BF16;
+    dt_train_memory_estimate(&o, NULL, &z);
+    assert_true(z.params == 8 * n && z.optim == e.optim && z.total == e.total + 4 * n);
+    dt_strategy zero2_owner = {.mem_div = {1, 4, 4, 0}, .owns_optimizer = 1};
+    dt_train_memory_estimate(&o, &zero2_owner, &z);
+    assert_true(z.params == 5 * n);
+    dt_strategy zero3_owner = {.mem_div = {4, 4, 4, 0}, .owns_optimizer = 1};
+    dt_train_memory_estimate(&o, &zero3_owner, &z);
+    assert_true(z.params == n);
+    o.save = "x"; o.save_sync = 0;   /* the copy a background save takes holds the masters only */
+    dt_train_memory_estimate(&o, NULL, &z);
+    assert_true(z.copy == 12 * n);
+    o.save = NULL;
+    o.param_dtype = DT_PARAMS_AUTO;
     o.save = "x"; o.save_sync = 0;   /* a background save copies parameters and optimizer state */
     dt_train_memory_estimate(&o, NULL, &z);
     assert_true(z.copy == 12 * n);

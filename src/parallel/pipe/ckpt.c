@@ -53,8 +53,10 @@ void dt_pipe_ckpt_free(dt_pipe *p) {
     p->ck.gname = NULL; p->ck.gshape = NULL; p->ck.buffer_mine = NULL;
 }
 
-/* (the stage in effect: --node-params makes stage 3 keep whole parameters, as stage 2) */
-static int zero3(const dt_pipe *p) { return p->dp.zero && dt_zero_stage(p->dp.zero) == 3; }
+/* Values only in ZeRO's owned shards: stage 3, or a 16-bit param_dtype (the
+ * model's tensors hold the rounded copy). The stage in effect: --node-params
+ * makes stage 3 keep whole parameters, as stage 2. */
+static int zero3(const dt_pipe *p) { return p->dp.zero && dt_zero_values_sharded(p->dp.zero); }
 
 /* ZeRO in tensor-parallel stages: saved from the replicas' shards put together */
 static int zero_tp(const dt_pipe *p) { return p->dp.zero && p->lay.T > 1; }
@@ -266,6 +268,7 @@ dt_status dt_pipe_load(dt_pipe *p, dt_run *r, const char *path) {
     if (s == DT_OK) s = load_local(p, r, ck);
     dt_ckpt_close(ck);
     s = dt_par_agree(p->comm.world, s, path);
-    /* ZeRO-3: buckets kept gathered (parameters no module owns) from the new shards */
-    return s == DT_OK && zero3(p) ? dt_par_agree(p->comm.world, dt_pipe_dp_sync(p), path) : s;
+    /* values read as shards: ZeRO-3's buckets kept gathered (parameters no
+     * module owns), a 16-bit param_dtype's rounded flat copy, from the new shards */
+    return s == DT_OK && zero3(p) ? dt_par_agree(p->comm.world, dt_zero_gather_params(p->dp.zero), path) : s;
 }

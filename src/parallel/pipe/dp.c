@@ -64,6 +64,7 @@ dt_status dt_pipe_dp_setup(dt_pipe *p, dt_run *r) {
         dt_zero_opts zo = p->o.zero;
         zo.stage = p->o.zero_stage;
         zo.clip = 0;   /* the pipeline clips over all stages */
+        zo.param_dtype = p->o.param_dtype;
         if ((r->clip > 0 || r->scaler) && zo.overlap_step == DT_ZERO_OVERLAP_INTERLEAVED)
             return DT_ERR(DT_EINVAL, "pipeline: gradient clipping and loss scaling need the global norm before any shard is stepped, "
                           "so it cannot be combined with ZeRO's interleaved step overlap (use after-backward or off)");

@@ -319,6 +319,7 @@ typedef struct dt_pipe_dp {
  * once. */
 typedef struct dt_pipe_update {
     dt_optimizer optim;
+    dt_working_copy wcopy;   /* without ZeRO: param_dtype's 16-bit weights during a step or an evaluation */
     int ready;
     unsigned char *norm_skip;
 } dt_pipe_update;

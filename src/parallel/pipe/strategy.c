@@ -237,7 +237,13 @@ static dt_status s_forward_backward(void *self, dt_run *r, const dt_batch *mb, i
     p->metrics.stats.step_us = dt_par_now_us();
     DT_TRY(dt_pipe_dp_begin(p, r));
     p->step.grad_scale = r->scaler ? r->scaler->scale : 1.0f;   /* loss scaling: the last stage's seed */
-    return dt_pipe_run_step(p, mb, n, loss_sum);
+    if (!p->dp.zero) {   /* param_dtype: the stage computes with the rounded weights until s_step (ZeRO: its gathers) */
+        p->upd.wcopy.dtype = p->o.param_dtype;
+        DT_TRY(dt_working_copy_enter(&p->upd.wcopy, p->m));
+    }
+    dt_status s = dt_pipe_run_step(p, mb, n, loss_sum);
+    if (s != DT_OK) dt_working_copy_leave(&p->upd.wcopy, p->m);
+    return s;
 }
 
 /* Squared norm of what this rank is the authority for (a tied parameter's
@@ -258,6 +264,7 @@ static void local_sumsq(const dt_pipe *p, double *split, double *whole) {
 static dt_status s_step(void *self, dt_run *r, float lr) {
     dt_pipe *p = self;
     dt_model *m = p->m;
+    dt_working_copy_leave(&p->upd.wcopy, m);   /* the optimizer steps the masters */
     dt_status s = dt_pipe_ties_share(p);
     /* data parallel across replicas of this stage: the reductions launched
      * during the last backward, and the tied totals now; collective over the
@@ -307,7 +314,14 @@ static dt_status s_sync(void *self, dt_run *r) {
 
 static dt_status s_forward_only(void *self, dt_run *r, const dt_batch *b, int n, double sums[3]) {
     (void)r;
-    return dt_pipe_run_eval(self, b, n, sums);
+    dt_pipe *p = self;
+    if (!p->dp.zero) {   /* evaluated with the weights it trains with */
+        p->upd.wcopy.dtype = p->o.param_dtype;
+        DT_TRY(dt_working_copy_enter(&p->upd.wcopy, p->m));
+    }
+    dt_status s = dt_pipe_run_eval(p, b, n, sums);
+    dt_working_copy_leave(&p->upd.wcopy, p->m);
+    return s;
 }
 
 static dt_status s_save(void *self, dt_run *r, const char *path) { return dt_pipe_save(self, r, path); }
@@ -329,6 +343,8 @@ static dt_status s_prepare(void *self, dt_model_cfg *cfg) { return dt_pipe_tp_pr
 static void s_destroy(void *self) {
     dt_pipe *p = self;
     if (p->comm.pp) dt_pg_set_trace(p->comm.pp, NULL);
+    if (p->m) dt_working_copy_leave(&p->upd.wcopy, p->m);   /* the model outlives the strategy: its own values */
+    dt_working_copy_free(&p->upd.wcopy);
     dt_pipe_engine_free(p);
     dt_pipe_dp_free(p);
     dt_pipe_ties_free(p);
@@ -386,7 +402,7 @@ dt_status dt_pipe_strategy(dt_pg *world, const dt_pipe_opts *o, dt_strategy *out
                          .prepare_model = p->lay.T > 1 ? s_prepare : NULL,
                          .data_rank = p->lay.replica, .data_world = p->lay.D, .save_is_dir = 1, .agree = s_agree,
                          /* ZeRO-3 gathers in every forward: replicas evaluate equally often */
-                         .collective_forward = p->o.zero_stage == 3};
+                         .collective_forward = p->o.zero_stage == 3, .param_dtype = p->o.param_dtype};
     /* a stage holds 1/P of the blocks; ZeRO over its D replicas shards further */
     int P = p->lay.P > 0 ? p->lay.P : 1, D = p->lay.D > 0 ? p->lay.D : 1, z = p->o.zero_stage;
     out->mem_div[0] = P * (z >= 3 ? D : 1);

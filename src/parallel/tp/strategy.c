@@ -200,6 +200,7 @@ dt_status dt_tp_zero_strategy(dt_pg *world, const dt_tp_opts *tp, const dt_zero_
     static const char *names[4] = {"tp", "tp+zero-1", "tp+zero-2", "tp+zero-3"};
     out->name = names[st];
     out->owns_optimizer = 1;
+    out->param_dtype = zero->param_dtype;
     out->step = s_step;
     out->load = s_load;
     out->sync_params = s_sync;

@@ -419,7 +419,7 @@ int dt_zero_value_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ck
     zc c;
     if (zc_init(&c, z, r) != DT_OK) { zc_free(&c); return -1; }
     int n = 0;
-    if (dt_zero_stage(z) == 3) owned_pieces(&c, -1, skip, pc, &n, c.m->n_params);   /* names: the parameters' own */
+    if (dt_zero_values_sharded(z)) owned_pieces(&c, -1, skip, pc, &n, c.m->n_params);   /* names: the parameters' own */
     zc_free(&c);
     return n;
 }
@@ -428,9 +428,9 @@ dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t 
     zc c;
     dt_status s = zc_init(&c, z, r);
     int open = s == DT_OK && (s = dt_zero_state_open(z)) == DT_OK;
-    /* stage 3: the owned values too (the caller read the whole tensors only
-     * into its gathered copy) */
-    if (s == DT_OK && dt_zero_stage(z) == 3) s = read_owned(&c, ck, -1);
+    /* stage 3 (or a 16-bit param_dtype): the owned values too (the caller
+     * read no whole tensors into the model) */
+    if (s == DT_OK && dt_zero_values_sharded(z)) s = read_owned(&c, ck, -1);
     for (int k = 0; k < c.ns && s == DT_OK; k++) {
         for (int i = 0; i < c.m->n_params && s == DT_OK; i++) s = expect_param(ck, c.sname[k * c.m->n_params + i], c.m->params[i]);
         if (s == DT_OK) s = read_owned(&c, ck, k);

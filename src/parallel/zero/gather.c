@@ -102,5 +102,7 @@ dt_status dt_zero_gather_params(dt_zero *z) {
     DT_TRY(dt_zero_sync_params(z));
     if (z->stage == 3) return DT_OK;
     for (int i = 0; i < z->lay.nb; i++) DT_TRY(allgather_bucket(z, i, NULL));
+    if (z->lay.shard_param)   /* 16-bit param_dtype: the copy forward reads holds the rounded masters */
+        dt_round_to(z->m->param_flat.data, z->m->param_flat.data, z->opts.param_dtype, z->m->param_flat.numel);
     return DT_OK;
 }

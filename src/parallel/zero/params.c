@@ -219,9 +219,14 @@ static dt_status gather_orphans(dt_zero *z) {
 }
 
 /* Stage 3 back to a whole model (dt_zero_free): the parameters gathered
- * into a flat buffer. Collective. */
+ * into a flat buffer; stages 1/2 with a 16-bit param_dtype: the exact
+ * masters over the rounded copy. Collective. */
 void dt_zero_make_whole(dt_zero *z) {
     dt_model *m = z->m;
+    if (z->stage < 3 && z->lay.shard_param && m->param_flat.data)
+        for (int i = 0; i < z->lay.nb; i++)
+            dt_allgather(z->ag_pg, z->lay.shard_param + z->lay.b[i].pub.shard_offset,
+                         m->param_flat.data + z->lay.b[i].pub.begin, (int64_t)z->lay.b[i].pub.shard, DT_F32, NULL);
     if (z->stage == 3 && !m->param_flat.data && dt_flat_alloc(&m->param_flat, z->lay.total) == DT_OK) {
         for (int i = 0; i < z->lay.nb; i++) {
             zbucket *b = &z->lay.b[i];

@@ -119,7 +119,7 @@ dt_status dt_zero_strategy(dt_pg *pg, const dt_zero_opts *o, dt_zero_ckpt_format
                          .destroy = s_destroy, .owns_optimizer = 1, .step = s_step, .save = s_save,
                          .load = s_load, .sync_params = s_sync, .save_is_dir = fmt != DT_ZERO_CKPT_CONSOLIDATED,
                          .agree = s_agree, .refresh_trainable = s_refresh,
-                         .join = s->opts.dp.join ? s_join : NULL};
+                         .join = s->opts.dp.join ? s_join : NULL, .param_dtype = s->opts.param_dtype};
     int n = dt_pg_size(pg), st = s->opts.stage;   /* stage 1 shards the optimizer, 2 also gradients, 3 parameters */
     out->mem_div[0] = st >= 3 ? n : 1;
     out->mem_div[1] = st >= 2 ? n : 1;

@@ -11,27 +11,32 @@
  *                            dtype: a region [begin*es, (begin+numel)*es) of a
  *                            node-shared window, or a pool buffer for the time
  *                            the collective is in flight
+ * Gradients travel in dp.wire's type; parameters in param_dtype's when it
+ * is 16-bit (the working copy: the gathered values are the rounded masters
+ * on every rank, the own chunk included, so the 16-bit wire loses nothing),
+ * else in dp.wire's.
  * Invariants: the owned shards (gradient after reduction, master parameters)
  * are float32 and are never written from a 16-bit value except the reduced
- * gradient itself; a rank's own chunk of a gathered bucket is its float32
- * master shard, the other chunks are the owners' values through the wire.
- * Padding is 0 and stays 0 through any rounding. */
+ * gradient itself; with a float32 param_dtype a rank's own chunk of a
+ * gathered bucket is its float32 master shard, the other chunks are the
+ * owners' values through the wire. Padding is 0 and stays 0 through any
+ * rounding. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include "zero_internal.h"
 
-/* floats holding n wire elements (windows and the pool count floats) */
-static size_t wire_floats(const dt_zero *z, size_t n) { return (n * z->wire.es + sizeof(float) - 1) / sizeof(float); }
+/* floats holding n wire elements of es bytes (windows and the pool count floats) */
+static size_t wire_floats(size_t es, size_t n) { return (n * es + sizeof(float) - 1) / sizeof(float); }
 
-static char *win_at(void *win, const dt_zero *z, const zbucket *b) {
-    return (char *)win + b->pub.begin * z->wire.es;
-}
+static char *win_at(void *win, size_t es, const zbucket *b) { return (char *)win + b->pub.begin * es; }
 
 dt_status dt_zero_wire_setup(dt_zero *z) {
     zwire *W = &z->wire;
     W->dt = z->opts.dp.wire;
     W->es = dt_dtype_size(W->dt);
+    W->pdt = z->opts.param_dtype != DT_F32 ? z->opts.param_dtype : W->dt;
+    W->pes = dt_dtype_size(W->pdt);
     /* every rank takes the same branches: options are agreed, and
      * dt_pg_alloc_shared's answer is the group's */
     if (z->opts.dp.shm == DT_DP_SHM_OFF || z->world < 2 || z->stage > 2 || z->lay.total == 0) return DT_OK;
@@ -43,15 +48,15 @@ dt_status dt_zero_wire_setup(dt_zero *z) {
         }
     } else if (z->stage == 1) {
         float *win = NULL;
-        DT_TRY(dt_pg_alloc_shared(z->pg, wire_floats(z, z->lay.total), &win));
+        DT_TRY(dt_pg_alloc_shared(z->pg, wire_floats(W->es, z->lay.total), &win));
         W->rs_win = win;
-        if (win) W->shm_bytes += wire_floats(z, z->lay.total) * sizeof(float);
+        if (win) W->shm_bytes += wire_floats(W->es, z->lay.total) * sizeof(float);
     }
     if (W->mparams) return DT_OK;   /* gathers land in the machine's parameters themselves */
     float *win = NULL;
-    DT_TRY(dt_pg_alloc_shared(z->ag_pg, wire_floats(z, z->lay.total), &win));
+    DT_TRY(dt_pg_alloc_shared(z->ag_pg, wire_floats(W->pes, z->lay.total), &win));
     W->ag_win = win;
-    if (win) W->shm_bytes += wire_floats(z, z->lay.total) * sizeof(float);
+    if (win) W->shm_bytes += wire_floats(W->pes, z->lay.total) * sizeof(float);
     return DT_OK;
 }
 
@@ -95,15 +100,15 @@ void dt_zero_wire_free(dt_zero *z) {
     W->rs_win = W->ag_win = NULL;
 }
 
-/* A wire buffer for bucket b: its window region, else one from the pool. */
-static void *wire_buf(dt_zero *z, const zbucket *b, void *win, int *pooled) {
+/* A wire buffer of es-byte elements for bucket b: its window region, else one from the pool. */
+static void *wire_buf(dt_zero *z, const zbucket *b, void *win, size_t es, int *pooled) {
     *pooled = !win;
-    if (win) return win_at(win, z, b);
-    return dt_zero_pool_get(z, wire_floats(z, b->pub.numel));
+    if (win) return win_at(win, es, b);
+    return dt_zero_pool_get(z, wire_floats(es, b->pub.numel));
 }
 
-static void wire_put(dt_zero *z, const zbucket *b, void *buf, int pooled) {
-    if (buf && pooled) dt_zero_pool_put(z, buf, wire_floats(z, b->pub.numel));
+static void wire_put(dt_zero *z, const zbucket *b, void *buf, size_t es, int pooled) {
+    if (buf && pooled) dt_zero_pool_put(z, buf, wire_floats(es, b->pub.numel));
 }
 
 /* ---- gradients ---- */
@@ -115,7 +120,7 @@ dt_status dt_zero_wire_reduce(dt_zero *z, int i, dt_work **w) {
     z->stats.bytes_reduced += n * z->wire.es;
     if (z->wire.dt == DT_F32)   /* shared when full_grad lies in wire.shm_grads */
         return dt_reduce_scatter(z->pg, b->full_grad, out, (int64_t)S, DT_F32, z->rd.op, w);
-    void *buf = wire_buf(z, b, z->wire.rs_win, &b->rs_pooled);
+    void *buf = wire_buf(z, b, z->wire.rs_win, z->wire.es, &b->rs_pooled);
     if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory for a %zu-element %s gradient bucket", n, dt_dtype_name(z->wire.dt));
     dt_convert(buf, z->wire.dt, b->full_grad, DT_F32, n);   /* round to nearest even */
     b->rs_wire = buf;
@@ -123,7 +128,7 @@ dt_status dt_zero_wire_reduce(dt_zero *z, int i, dt_work **w) {
     char *mine = (char *)buf + (size_t)z->rank * S * z->wire.es;
     dt_status s = dt_reduce_scatter(z->pg, buf, mine, (int64_t)S, z->wire.dt, z->rd.op, w);
     if (s != DT_OK) {   /* nothing issued: give the buffer back */
-        wire_put(z, b, buf, b->rs_pooled);
+        wire_put(z, b, buf, z->wire.es, b->rs_pooled);
         b->rs_wire = NULL;
     }
     return s;
@@ -135,7 +140,7 @@ void dt_zero_wire_reduced(dt_zero *z, int i) {
     size_t S = b->pub.shard;
     const char *mine = (const char *)b->rs_wire + (size_t)z->rank * S * z->wire.es;
     dt_convert(dt_zero_shard_grad_ptr(z, i), DT_F32, mine, z->wire.dt, S);   /* exact widening */
-    wire_put(z, b, b->rs_wire, b->rs_pooled);
+    wire_put(z, b, b->rs_wire, z->wire.es, b->rs_pooled);
     b->rs_wire = NULL;
 }
 
@@ -146,21 +151,23 @@ dt_status dt_zero_wire_gather(dt_zero *z, int i, float *dest, dt_work **w) {
     size_t n = b->pub.numel, S = b->pub.shard;
     const float *shard = dt_zero_shard_param_ptr(z, i);
     float *own = dest + (size_t)z->rank * S;
-    z->stats.bytes_gathered += n * z->wire.es;
-    if (z->wire.mparams)   /* dest is in the machine's copy; the own shard is in place there */
+    const zwire *W = &z->wire;
+    int copy16 = z->opts.param_dtype != DT_F32;   /* the working copy: the own chunk rounded too */
+    z->stats.bytes_gathered += n * W->pes;
+    if (W->mparams)   /* dest is in the machine's copy; the own shard is in place there */
         return dt_allgather_machine(z->ag_pg, dest, (int64_t)S, DT_F32, w);
-    if (own != shard) memcpy(own, shard, S * sizeof(float));   /* stage 3: the exact master values */
-    if (z->wire.dt == DT_F32 && !z->wire.ag_win)   /* in place in dest */
+    if (own != shard && !copy16) memcpy(own, shard, S * sizeof(float));   /* stage 3: the exact master values */
+    if (W->pdt == DT_F32 && !W->ag_win)   /* in place in dest */
         return dt_allgather(z->ag_pg, own, dest, (int64_t)S, DT_F32, w);
-    void *buf = wire_buf(z, b, z->wire.ag_win, &b->ag_pooled);
-    if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory for a %zu-element %s parameter bucket", n, dt_dtype_name(z->wire.dt));
-    char *mine = (char *)buf + (size_t)z->rank * S * z->wire.es;
-    dt_convert(mine, z->wire.dt, shard, DT_F32, S);   /* f32 -> f32 is a copy */
+    void *buf = wire_buf(z, b, W->ag_win, W->pes, &b->ag_pooled);
+    if (!buf) return DT_ERR(DT_ENOMEM, "zero: out of memory for a %zu-element %s parameter bucket", n, dt_dtype_name(W->pdt));
+    char *mine = (char *)buf + (size_t)z->rank * S * W->pes;
+    dt_convert(mine, W->pdt, shard, DT_F32, S);   /* f32 -> f32 is a copy */
     b->ag_wire = buf;
     b->ag_dest = dest;
-    dt_status s = dt_allgather(z->ag_pg, mine, buf, (int64_t)S, z->wire.dt, w);
+    dt_status s = dt_allgather(z->ag_pg, mine, buf, (int64_t)S, W->pdt, w);
     if (s != DT_OK) {   /* nothing issued */
-        wire_put(z, b, buf, b->ag_pooled);
+        wire_put(z, b, buf, W->pes, b->ag_pooled);
         b->ag_wire = NULL;
         b->ag_dest = NULL;
     }
@@ -170,11 +177,12 @@ dt_status dt_zero_wire_gather(dt_zero *z, int i, float *dest, dt_work **w) {
 void dt_zero_wire_gathered(dt_zero *z, int i) {
     zbucket *b = &z->lay.b[i];
     if (!b->ag_wire) return;
-    size_t S = b->pub.shard, es = z->wire.es;
-    for (int q = 0; q < z->world; q++)   /* the own chunk stays the exact master copy */
-        if (q != z->rank)
-            dt_convert(b->ag_dest + (size_t)q * S, DT_F32, (const char *)b->ag_wire + (size_t)q * S * es, z->wire.dt, S);
-    wire_put(z, b, b->ag_wire, b->ag_pooled);
+    size_t S = b->pub.shard, es = z->wire.pes;
+    int copy16 = z->opts.param_dtype != DT_F32;
+    for (int q = 0; q < z->world; q++)   /* float32 param_dtype: the own chunk stays the exact master copy */
+        if (q != z->rank || copy16)
+            dt_convert(b->ag_dest + (size_t)q * S, DT_F32, (const char *)b->ag_wire + (size_t)q * S * es, z->wire.pdt, S);
+    wire_put(z, b, b->ag_wire, z->wire.pes, b->ag_pooled);
     b->ag_wire = NULL;
     b->ag_dest = NULL;
 }

@@ -36,6 +36,11 @@ static dt_status validate(const dt_zero_opts *o) {
     if (o->node_params && o->dp.wire != DT_F32)
         return DT_ERR(DT_EINVAL, "zero: node_params shares float32 parameters; a %s wire would round the other "
                       "shards each step (use the float32 wire)", dt_dtype_name(o->dp.wire));
+    if (o->param_dtype != DT_F32 && o->param_dtype != DT_BF16 && o->param_dtype != DT_F16)
+        return DT_ERR(DT_EINVAL, "zero: param_dtype must be F32, BF16 or F16 (got %s)", dt_dtype_name(o->param_dtype));
+    if (o->node_params && o->param_dtype != DT_F32)
+        return DT_ERR(DT_EINVAL, "zero: node_params shares the float32 masters; a %s working copy of the parameters "
+                      "needs private ones (use param_dtype fp32 or leave node_params off)", dt_dtype_name(o->param_dtype));
     if (o->node_params && o->dp.join)
         return DT_ERR(DT_EINVAL, "zero: node_params does not combine with dp.join");
     if (o->dp.join && o->stage == 3)
@@ -70,22 +75,29 @@ static dt_status init_optimizers(dt_zero *z) {
 }
 
 /* Stages 2/3: gradients only as shards (+ full buckets while alive).
- * Stage 3: parameters only as shards (+ gathered buckets while in use). */
+ * Stage 3: parameters only as shards (+ gathered buckets while in use).
+ * A 16-bit param_dtype at stages 1/2: the owned shards' float32 masters in
+ * shard_param too, and the whole flat copy rounded (what every gather will
+ * bring: the same on every rank, the values being rank 0's). */
 static dt_status shard_storage(dt_zero *z) {
     dt_model *m = z->m;
     if (z->stage == 1) {
         dt_zero_point_full_grads(z);
-        return DT_OK;
+    } else {
+        if (!(z->lay.shard_grad = dt_calloc((z->lay.gshard_total ? z->lay.gshard_total : 1) * sizeof(float))))
+            return DT_ERR(DT_ENOMEM, "zero: out of memory for gradient shards");
+        for (int i = 0; i < m->n_params; i++) m->params[i]->on_grad_alloc = dt_zero_grad_alloc;   /* grads dropped at create */
     }
-    if (!(z->lay.shard_grad = dt_calloc((z->lay.gshard_total ? z->lay.gshard_total : 1) * sizeof(float))))
-        return DT_ERR(DT_ENOMEM, "zero: out of memory for gradient shards");
-    for (int i = 0; i < m->n_params; i++) m->params[i]->on_grad_alloc = dt_zero_grad_alloc;   /* grads dropped at create */
-    if (z->stage < 3) return DT_OK;
+    if (z->stage < 3 && z->opts.param_dtype == DT_F32) return DT_OK;
     if (!(z->lay.shard_param = dt_calloc((z->lay.shard_total ? z->lay.shard_total : 1) * sizeof(float))))
         return DT_ERR(DT_ENOMEM, "zero: out of memory for parameter shards");
     for (int i = 0; i < z->lay.nb; i++)
         memcpy(dt_zero_shard_param_ptr(z, i), m->param_flat.data + z->lay.b[i].pub.own_begin,
                z->lay.b[i].pub.shard * sizeof(float));
+    if (z->stage < 3) {
+        dt_round_to(m->param_flat.data, m->param_flat.data, z->opts.param_dtype, m->param_flat.numel);
+        return DT_OK;
+    }
     for (int i = 0; i < m->n_params; i++) m->params[i]->value.data = NULL;
     dt_flat_free(&m->param_flat);
     return DT_OK;
@@ -237,6 +249,7 @@ dt_status dt_zero_begin_external(dt_zero *z) {
 
 /* ---- introspection ---- */
 int dt_zero_stage(const dt_zero *z) { return z->stage; }
+int dt_zero_values_sharded(const dt_zero *z) { return z->lay.shard_param != NULL; }
 int dt_zero_node_params(const dt_zero *z, const char **why) {
     if (why) *why = z->wire.mparams_why;
     return z->wire.mparams != NULL;
@@ -283,7 +296,7 @@ dt_zero_memory dt_zero_get_memory(const dt_zero *z) {
     dt_pg_topology(z->ag_pg, &t);
     size_t mine = z->wire.mparams ? full / (size_t)(t.local_size > 0 ? t.local_size : 1) : full;   /* its share */
     dt_zero_memory r = {   /* gradients: trainable parameters only (frozen ones have none) */
-        .param_bytes = z->stage == 3 ? shard : mine,
+        .param_bytes = z->stage == 3 ? shard : z->lay.shard_param ? mine + shard : mine,   /* 16-bit copy: + masters */
         .grad_bytes = z->stage == 1 ? z->m->grad_flat.numel * f : z->lay.gshard_total * f,
         .optim_bytes = dt_optim_state_bytes(&z->cfg) * stateful + (z->zero_state ? z->zero_state_n * f : 0),
         .grad_window_peak = z->pool.grad_peak * f,

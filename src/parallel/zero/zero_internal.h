@@ -31,8 +31,10 @@ typedef struct zbucket {
 
 /* Payload dtype and node-shared windows (zero/wire.c), fixed at create. */
 typedef struct zwire {
-    dt_dtype dt;             /* opts.dp.wire */
+    dt_dtype dt;             /* opts.dp.wire: the gradients' payload */
     size_t es;               /* its element size */
+    dt_dtype pdt;            /* the parameters' payload: opts.param_dtype when 16-bit, else dt */
+    size_t pes;              /* its element size */
     float *shm_grads;        /* stage 1, float32 wire: the flat gradient buffer, node-shared */
     void *rs_win;            /* stage 1, 16-bit wire: node-shared reduce-scatter inputs (layout x es) */
     void *ag_win;            /* stages 1/2: node-shared all-gather buffers (layout x es), on ag_pg */
@@ -51,7 +53,8 @@ typedef struct zlayout {
     size_t total;            /* padded layout length */
     size_t shard_total;      /* sum of shard sizes */
     size_t gshard_total;     /* sum of trainable buckets' shard sizes (frozen ones have no gradient) */
-    float *shard_param;      /* stage 3: owned parameter shards, compact */
+    float *shard_param;      /* owned parameter shards (the masters), compact: stage 3, and stages 1/2
+                                under a 16-bit param_dtype; NULL: they are param_flat's own ranges */
     float *shard_grad;       /* stages 2/3: owned gradient shards of trainable buckets, compact */
 } zlayout;
 
@@ -152,7 +155,7 @@ struct dt_zero {
 /* Owned shards of bucket i: where they live depends on the stage. */
 static inline float *dt_zero_shard_param_ptr(dt_zero *z, int i) {
     const dt_zero_bucket *b = &z->lay.b[i].pub;
-    return z->stage == 3 ? z->lay.shard_param + b->shard_offset : z->m->param_flat.data + b->own_begin;
+    return z->lay.shard_param ? z->lay.shard_param + b->shard_offset : z->m->param_flat.data + b->own_begin;
 }
 static inline float *dt_zero_shard_grad_ptr(dt_zero *z, int i) {
     const zbucket *b = &z->lay.b[i];

@@ -1,0 +1,68 @@
+/* The 16-bit working copy of a model's parameters (nn.h): what forward and
+ * backward read while the float32 masters stay in param_flat for the
+ * optimizer, checkpoints and everything else between steps.
+ *
+ * Invariant: while active, params[i]->value.data == buf + offsets[i] and
+ * buf[k] == round16(param_flat[k]) for every k; while not, the views are
+ * param_flat's. Entering rounds the whole flat buffer once (one read, one
+ * write per element); leaving only moves pointers. */
+#include <stdint.h>
+#include <string.h>
+#include "dtrain/nn.h"
+
+/* some rounded value is inf or NaN where its master is finite (branch-free: vectorises) */
+static int overflowed(const float *r, const float *x, size_t n) {
+    unsigned bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        memcpy(&a, &r[i], 4);
+        memcpy(&b, &x[i], 4);
+        bad |= ((a & 0x7f800000u) == 0x7f800000u) & ((b & 0x7f800000u) != 0x7f800000u);
+    }
+    return bad != 0;
+}
+
+static void point(dt_model *m, float *base) {
+    for (int i = 0; i < m->n_params; i++) m->params[i]->value.data = base + m->offsets[i];
+}
+
+dt_status dt_working_copy_enter(dt_working_copy *w, dt_model *m) {
+    if (w->dtype != DT_BF16 && w->dtype != DT_F16) return DT_OK;   /* fp32: the masters themselves */
+    if (w->active) return DT_OK;
+    size_t n = m->param_flat.numel;
+    if (!m->param_flat.data) return DT_ERR(DT_ESTATE, "model %s: no parameter buffer for a working copy", m->name);
+    if (w->n != n) {
+        dt_free(w->buf);
+        w->n = 0;
+        if (!(w->buf = dt_alloc((n ? n : 1) * sizeof(float))))
+            return DT_ERR(DT_ENOMEM, "model %s: out of memory for a %zu-element %s working copy of the parameters",
+                          m->name, n, dt_dtype_name(w->dtype));
+        w->n = n;
+    }
+    dt_round_to(w->buf, m->param_flat.data, w->dtype, n);
+    if (w->dtype == DT_F16 && overflowed(w->buf, m->param_flat.data, n)) {   /* beyond 65504: inf */
+        for (int i = 0; i < m->n_params; i++) {
+            const float *v = w->buf + m->offsets[i], *x = m->param_flat.data + m->offsets[i];
+            for (int64_t k = 0; k < m->params[i]->value.numel; k++)
+                if (overflowed(v + k, x + k, 1))
+                    return DT_ERR(DT_EINVAL, "parameter %s: element %lld (%g) is beyond fp16's range (65504): "
+                                  "use param_dtype bf16 or fp32", m->params[i]->name, (long long)k, (double)x[k]);
+        }
+    }
+    point(m, w->buf);
+    w->active = 1;
+    return DT_OK;
+}
+
+void dt_working_copy_leave(dt_working_copy *w, dt_model *m) {
+    if (!w->active) return;
+    point(m, m->param_flat.data);
+    w->active = 0;
+}
+
+void dt_working_copy_free(dt_working_copy *w) {
+    dt_free(w->buf);
+    w->buf = NULL;
+    w->n = 0;
+    w->active = 0;
+}
