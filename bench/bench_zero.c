@@ -41,7 +41,7 @@ int main(int argc, char **argv) {
     dt_blas_fix_core(argv);   /* the GEMM kernel family the CPU supports (ops.h) */
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: bench_zero W1|W2|W3 [--stage 0..3] [--overlap off|after-backward|interleaved] "
-                        "[--steps N] [--bucket-mb F] [--prefetch N] [--node-params 0|1]\n");
+                        "[--steps N] [--bucket-mb F] [--prefetch N] [--node-params 0|1] [--param-dtype fp32|bf16|fp16]\n");
         return 2;
     }
     const char *w = argv[1];
@@ -59,6 +59,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) steps = atoi(v);
         else if (!strcmp(a, "--prefetch")) zo.prefetch = atoi(v);
         else if (!strcmp(a, "--node-params")) zo.node_params = atoi(v);
+        else if (!strcmp(a, "--param-dtype")) {   /* ZeRO's 16-bit working copy (stages 1-3) */
+            if (!strcmp(v, "bf16")) zo.param_dtype = DT_BF16;
+            else if (!strcmp(v, "fp16")) zo.param_dtype = DT_F16;
+            else if (strcmp(v, "fp32")) { fprintf(stderr, "bench_zero: --param-dtype fp32|bf16|fp16\n"); return 2; }
+        }
         else if (!strcmp(a, "--bucket-mb")) zo.dp.bucket_bytes = dopts.dp.bucket_bytes = (size_t)(atof(v) * MIB);
         else if (!strcmp(a, "--overlap")) {
             ov = v;
@@ -105,7 +110,7 @@ int main(int argc, char **argv) {
     dt_batch b = bench_batch_make(&wl, rank);
 
     double t_total = 0, rss_before = 0, rss_train_peak = 0;
-    dt_zero_stats zs0 = {0};
+    dt_zero_stats zs0 = {0}, zs1 = {0};
     dt_ddp_stats ds0 = {0};
     for (int s = 0; s < steps + warm; s++) {
         MPI_Barrier(MPI_COMM_WORLD);
@@ -139,6 +144,7 @@ int main(int argc, char **argv) {
     double wait_ms = 0, gwait_ms = 0;
     if (z) {
         dt_zero_stats zs = dt_zero_get_stats(z);   /* before the final sync: timed steps only */
+        zs1 = zs;
         wait_ms = (zs.wait_us - zs0.wait_us) / 1e3 / steps;
         gwait_ms = (zs.gather_wait_us - zs0.gather_wait_us) / 1e3 / steps;
         if (dt_zero_sync_params(z) != DT_OK) return die("sync_params");
@@ -150,9 +156,11 @@ int main(int argc, char **argv) {
         wait_ms = (st.wait_us - ds0.wait_us) / 1e3 / steps;
     }
     /* maximum over ranks of every figure */
-    double mine[10] = {mem[0], mem[1], mem[2], mem[3], mem[4], rss_setup, rss_train_peak, rss_train_peak - rss_before,
-                       t_total / steps * 1e3, wait_ms + gwait_ms}, mx[10];
-    MPI_Allreduce(mine, mx, 10, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double mine[12] = {mem[0], mem[1], mem[2], mem[3], mem[4], rss_setup, rss_train_peak, rss_train_peak - rss_before,
+                       t_total / steps * 1e3, wait_ms + gwait_ms,
+                       (double)(zs1.bytes_gathered - zs0.bytes_gathered) / steps,
+                       (double)(zs1.bytes_reduced - zs0.bytes_reduced) / steps}, mx[12];
+    MPI_Allreduce(mine, mx, 12, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (rank == 0) {
         printf("%s ranks=%d stage=%d overlap=%s params=%zu\n", w, world, stage, stage ? ov : "ddp", dt_model_num_params(m));
         printf("  per rank MiB: params %.1f  grads %.1f  optim %.1f  (grad window %.1f, param window %.1f)\n",
@@ -160,11 +168,15 @@ int main(int argc, char **argv) {
         printf("  RSS MiB: peak after set-up %.0f, peak while training %.0f (growth %+.0f)\n", mx[5] / MIB, mx[6] / MIB,
                mx[7] / MIB);
         printf("  ms/step %.1f  blocked: reductions %.1f, param gathers %.1f (rank 0)\n", mx[8], wait_ms, gwait_ms);
+        if (z)
+            printf("  per rank per step: all-gather %.2f MiB, reduce-scatter %.2f MiB (parameters %s)\n", mx[10] / MIB,
+                   mx[11] / MIB, zo.param_dtype == DT_BF16 ? "bf16" : zo.param_dtype == DT_F16 ? "fp16" : "fp32");
         printf("RESULT workload=%s ranks=%d stage=%d overlap=%s ms=%.2f params_mib=%.2f grads_mib=%.2f optim_mib=%.2f "
                "grad_window_mib=%.2f param_window_mib=%.2f rss_setup_mib=%.0f rss_train_mib=%.0f wait_ms=%.2f gather_ms=%.2f "
-               "node_params=%d\n",
+               "node_params=%d gather_mib=%.2f reduce_mib=%.2f param_dtype=%s\n",
                w, world, stage, stage ? ov : "ddp", mx[8], mx[0] / MIB, mx[1] / MIB, mx[2] / MIB, mx[3] / MIB, mx[4] / MIB,
-               mx[5] / MIB, mx[6] / MIB, wait_ms, gwait_ms, z ? dt_zero_node_params(z, NULL) : 0);
+               mx[5] / MIB, mx[6] / MIB, wait_ms, gwait_ms, z ? dt_zero_node_params(z, NULL) : 0, mx[10] / MIB,
+               mx[11] / MIB, zo.param_dtype == DT_BF16 ? "bf16" : zo.param_dtype == DT_F16 ? "fp16" : "fp32");
     }
     dt_zero_free(z);
     dt_ddp_free(ddp);

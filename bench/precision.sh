@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# precision.sh — --precision fp32, bf16 (with its default 16-bit activations, and with
-# --saved-activations fp32) and fp16 on W1 and W2 (../shared/WORKLOADS.md),
+# precision.sh — --precision fp32, bf16 (with its defaults: 16-bit activations and a
+# 16-bit working copy of the weights where its products run in bf16; and with
+# --param-dtype fp32, and with --saved-activations fp32) and fp16 on W1 and W2 (../shared/WORKLOADS.md),
 # one process x 2 threads, run alternately: mean ms/step over the steps after
 # the first, tokens/s, the loss at the last step, and what the start-up line
 # says runs. (bf16 computes only where oneDNN has AMX; elsewhere both rows are fp32.)
@@ -81,11 +82,11 @@ PY
 w1=(--model gpt2 --layers 6 --embd 384 --heads 6 --max-t 256 --seq 256 --batch 8 --data text)
 w2=(--model gpt2 --layers 12 --embd 768 --heads 12 --max-t 1024 --seq 64 --batch 4 --data shard
     --data-path "$dir/w2.bin" --vocab 50257)
-echo "| workload | precision | mean ms/step | tokens/s | loss at step $steps | products | activations for backward |"
-echo "|---|---|---|---|---|---|---|"
+echo "| workload | precision | mean ms/step | tokens/s | loss at step $steps | products | activations for backward | weights |"
+echo "|---|---|---|---|---|---|---|---|"
 for _ in $(seq "$reps"); do
     for w in W1 W2; do
-        for p in fp32 bf16 "bf16 --saved-activations fp32" fp16; do
+        for p in fp32 bf16 "bf16 --param-dtype fp32" "bf16 --saved-activations fp32" fp16; do
             if [ $w = W1 ]; then args=("${w1[@]}"); else args=("${w2[@]}"); fi
             out=$("$build/dtrain" train "${args[@]}" --threads 2 --steps "$steps" --log-every 1 --eval-batches 1 \
                   --precision $p 2>&1)   # (word-split on purpose: a flag may follow)
@@ -96,7 +97,8 @@ for _ in $(seq "$reps"); do
             loss=$(grep -oE "^step $steps/$steps +loss [0-9.]+" <<< "$out" | awk '{print $4}')
             what=$(grep -m1 -oE 'GEMM: [^;]*; [^;]*' <<< "$out" | cut -d';' -f2 | cut -c2-61 || true)
             acts=$(grep -m1 -oE 'activations kept for backward in [a-z0-9]+' <<< "$out" | awk '{ print $NF }' || true)
-            echo "| $w | $p | $ms | $tok | $loss | $what | ${acts:-fp32} |"
+            wts=$(grep -m1 -oE 'weights: an? [a-z0-9]+ working copy' <<< "$out" | awk '{ print $3 }' || true)
+            echo "| $w | $p | $ms | $tok | $loss | $what | ${acts:-fp32} | ${wts:-fp32} |"
         done
     done
 done
