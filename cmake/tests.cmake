@@ -401,9 +401,11 @@ set_tests_properties(test_stop_eval_np1 PROPERTIES LABELS unit)
 # exercise the same code under ASan for 40-55 s each; Release runs both. The
 # collective watchdog's script runs in Release only (38 s under ASan); the
 # watchdog's C code runs under ASan in test_dist_watchdog_* (a late rank
-# named in the warning, poll and thread progress, np 2 and 4).
+# named in the warning, poll and thread progress, np 2 and 4). So does
+# test_output_paths (42 s under ASan): its checks (train/outputs.c) run under
+# ASan in test_train_outputs and at the start of every CLI test's run.
 foreach(t test_freeze_np4 test_param_groups_np4 test_output_paths_np4 test_collective_watchdog_np4
-          test_signal_stop_np4 test_collective_watchdog_np2)
+          test_signal_stop_np4 test_collective_watchdog_np2 test_output_paths_np2)
   if(NOT TEST ${t})
     message(FATAL_ERROR "cmake/tests.cmake: ${t} is not a test")
   endif()
