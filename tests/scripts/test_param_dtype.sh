@@ -8,7 +8,8 @@
 #    that is bitwise in fp32 stays bitwise: one process --batch 2 --accum 4
 #    == --pp 2 (1F1B, GPipe, ZB-H1, and with ZeRO-2 inside the stages);
 #    DDP at 2 ranks == ZeRO-1/2/3 (ZeRO-2 also with the interleaved step),
-#    fp16 alike for DDP == ZeRO-3; --tp 2 equals one process to 1e-6;
+#    fp16 alike for DDP == ZeRO-3; at 4 ranks DDP == ZeRO-3, and dp 2 x pp 2
+#    with ZeRO-2 in the stages == DDP at 2; --tp 2 equals one process to 1e-6;
 #  - checkpoints hold the fp32 masters, in every layout: 2 steps under one
 #    layout, saved, then resumed to step 4 under another equal 4 steps in one
 #    go bit for bit (ZeRO-3 -> DDP, DDP -> ZeRO-2, pipeline+ZeRO-2 -> one
@@ -65,6 +66,11 @@ ddp2|zero2_il|--batch 2 --accum 2 --nproc 2 --zero 2 --overlap-step interleaved 
 ddp2|zero3|--batch 2 --accum 2 --nproc 2 --zero 3 --save-format consolidated --param-dtype bf16
 ddp2_fp16|zero3_fp16|--batch 2 --accum 2 --nproc 2 --zero 3 --save-format consolidated --param-dtype fp16
 CONFIGS
+# at 4 ranks too (oversubscribed on 2 cores): DDP == ZeRO-3; dp 2 x pp 2 with ZeRO-2 in the stages == DDP at 2
+t_run ddp4r --steps 3 --batch 1 --accum 2 --nproc 4 --param-dtype bf16
+t_run zero3_4r --steps 3 --batch 1 --accum 2 --nproc 4 --zero 3 --save-format consolidated --param-dtype bf16 &&
+    t_same ddp4r zero3_4r
+t_run pp2dp2_z2 --steps 3 --batch 4 --microbatches 2 --pp 2 --zero 2 --nproc 4 --param-dtype bf16 && t_same ddp2 pp2dp2_z2
 t_run tp2 --steps 3 --batch 8 --tp 2 --nproc 2 --param-dtype bf16 && t_close single tp2
 # without the working copy ZeRO-3's 16-bit gathers (--compress) are not DDP's
 t_run zero3_compress --steps 3 --batch 2 --accum 2 --nproc 2 --zero 3 --compress bf16 --save-format consolidated

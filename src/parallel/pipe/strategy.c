@@ -212,6 +212,7 @@ static dt_status s_setup(void *self, dt_run *r) {
     /* sequence parallelism with ZeRO: the stage's tp ranks own equal ranges (collective over its tp group) */
     if (s == DT_OK) s = dt_pipe_tp_check_shards(p);
     if (s == DT_OK && !p->dp.zero) p->upd.ready = (s = dt_optimizer_init_model(&p->upd.optim, r->optim, p->m)) == DT_OK;
+    if (!p->dp.zero) p->upd.wcopy.dtype = p->o.param_dtype;   /* (ZeRO keeps its own: its gathers round) */
     if (s != DT_OK) return s;
     p->tapes.defer = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
     p->upd.norm_skip = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
@@ -237,10 +238,7 @@ static dt_status s_forward_backward(void *self, dt_run *r, const dt_batch *mb, i
     p->metrics.stats.step_us = dt_par_now_us();
     DT_TRY(dt_pipe_dp_begin(p, r));
     p->step.grad_scale = r->scaler ? r->scaler->scale : 1.0f;   /* loss scaling: the last stage's seed */
-    if (!p->dp.zero) {   /* param_dtype: the stage computes with the rounded weights until s_step (ZeRO: its gathers) */
-        p->upd.wcopy.dtype = p->o.param_dtype;
-        DT_TRY(dt_working_copy_enter(&p->upd.wcopy, p->m));
-    }
+    DT_TRY(dt_working_copy_enter(&p->upd.wcopy, p->m));   /* param_dtype: the rounded weights until s_step */
     dt_status s = dt_pipe_run_step(p, mb, n, loss_sum);
     if (s != DT_OK) dt_working_copy_leave(&p->upd.wcopy, p->m);
     return s;
@@ -315,10 +313,7 @@ static dt_status s_sync(void *self, dt_run *r) {
 static dt_status s_forward_only(void *self, dt_run *r, const dt_batch *b, int n, double sums[3]) {
     (void)r;
     dt_pipe *p = self;
-    if (!p->dp.zero) {   /* evaluated with the weights it trains with */
-        p->upd.wcopy.dtype = p->o.param_dtype;
-        DT_TRY(dt_working_copy_enter(&p->upd.wcopy, p->m));
-    }
+    DT_TRY(dt_working_copy_enter(&p->upd.wcopy, p->m));   /* evaluated with the weights it trains with */
     dt_status s = dt_pipe_run_eval(p, b, n, sums);
     dt_working_copy_leave(&p->upd.wcopy, p->m);
     return s;
