@@ -430,7 +430,7 @@ set_tests_properties(test_process_name PROPERTIES LABELS unit TIMEOUT 120 SKIP_R
 # close to fp32, deterministic, DDP == ZeRO-2, checkpoints across precisions.
 add_test(NAME test_precision
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_precision.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
-set_tests_properties(test_precision PROPERTIES LABELS "mpi;slow" PROCESSORS 2 TIMEOUT 300 SKIP_RETURN_CODE 77)
+set_tests_properties(test_precision PROPERTIES LABELS "mpi;slow" PROCESSORS 2 TIMEOUT 300)
 # --param-dtype bf16|fp16: a 16-bit working copy of fp32 masters: every
 # layout bitwise where fp32 is, checkpoints hold the masters across layouts.
 add_test(NAME test_param_dtype

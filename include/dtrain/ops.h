@@ -96,7 +96,9 @@ void dt_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, cons
  * optimizer). It computes in bf16 only where that is faster: oneDNN on AMX
  * (measured 1.9-6x fp32 on W1/W2's linear GEMMs, conversions included);
  * elsewhere (bf16 without AMX ran at ~0.7x fp32) the products stay fp32.
- * DTRAIN_BF16=force computes bf16 wherever oneDNN can (AVX-512), for tests.
+ * DTRAIN_BF16=force computes bf16 numerics on every CPU, for tests: oneDNN's
+ * kernels where it has them (AVX-512), else emulated (inputs rounded to
+ * bf16, the fp32 GEMM: the same products, added in another order).
  * DT_PREC_FP16: dt_sgemm rounds its two inputs to IEEE half (nearest even;
  * beyond ±65504 they become ±inf, small ones subnormal or zero) and
  * multiplies them with float32 accumulation: fp16's numerics on every CPU,

@@ -12,9 +12,15 @@
  * W2 linear GEMM 1.9-6x faster than fp32 including both conversions; without
  * AMX (avx512_core_bf16, as on model 207 or AMD Zen 4) bf16 ran at 0.65-0.7x
  * fp32, so there the products stay float32 and the start-up line says so.
- * DTRAIN_BF16=force computes in bf16 wherever oneDNN can (AVX-512), for
- * numerics tests on any such CPU. Small products (M·N·K < 2^18) stay fp32:
+ * DTRAIN_BF16=force computes bf16 numerics on every CPU, for tests and for
+ * comparing with autocast: by oneDNN where it has bf16 kernels (AVX-512),
+ * else emulated (below, emulate). Small products (M·N·K < 2^18) stay fp32:
  * the conversions and the primitive's set-up outweigh them.
+ *
+ * Emulated: both inputs rounded to bf16 and widened back to float32, then
+ * the fp32 GEMM. A product of two bf16 values is exact in float32 (8 + 8
+ * significant bits), so this is a bf16 product with fp32 accumulation, as
+ * oneDNN's kernels compute; only the order of the additions may differ.
  *
  * Every rank of a job decides alike (the CPU model and the environment), so
  * DDP and ZeRO stay bitwise equal to one process at the same precision. */
@@ -40,7 +46,7 @@ static dnnl_stream_t g_stream;
 static int g_ready;       /* engine and stream made */
 static int g_amx;         /* oneDNN's effective ISA has AMX bf16 */
 static int g_possible;    /* oneDNN can run a bf16 matmul here (avx512_core at least) */
-static int g_forced;      /* DTRAIN_BF16=force */
+static int g_forced;      /* DTRAIN_BF16=force: bf16 numerics here, by oneDNN or emulated */
 
 static void init_once(void) {
     unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
@@ -67,8 +73,10 @@ dt_precision dt_gemm_precision(void) { return (dt_precision)atomic_load(&g_preci
 
 int dt_gemm_bf16_available(void) {
     pthread_once(&g_once, init_once);
-    return g_ready && g_possible && (g_amx || g_forced);
+    return (g_ready && g_possible && g_amx) || g_forced;
 }
+
+static int kernels(void) { return g_ready && g_possible; }   /* oneDNN computes bf16 here */
 
 int dt_gemm_bf16_active(void) { return atomic_load(&g_precision) == DT_PREC_BF16 && dt_gemm_bf16_available(); }
 
@@ -79,9 +87,13 @@ const char *dt_gemm_precision_describe(void) {
                "fp16's numerics; oneDNN 2.6 has no fp16 matmul on CPU, so no speed-up)";
     if (p != DT_PREC_BF16) return "fp32 matrix products";
     pthread_once(&g_once, init_once);
-    if (!g_ready || !g_possible) return "--precision bf16: fp32 matrix products (oneDNN has no bf16 kernels for this CPU)";
-    if (g_amx) return "bf16 matrix products with fp32 accumulation (oneDNN on AMX)";
-    if (g_forced) return "bf16 matrix products with fp32 accumulation (DTRAIN_BF16=force: slower than fp32 without AMX)";
+    if (kernels() && g_amx) return "bf16 matrix products with fp32 accumulation (oneDNN on AMX)";
+    if (kernels() && g_forced)
+        return "bf16 matrix products with fp32 accumulation (DTRAIN_BF16=force: slower than fp32 without AMX)";
+    if (g_forced)
+        return "bf16 matrix products with fp32 accumulation (DTRAIN_BF16=force, emulated: inputs rounded to bf16, "
+               "the fp32 GEMM; oneDNN has no bf16 kernels for this CPU)";
+    if (!kernels()) return "--precision bf16: fp32 matrix products (oneDNN has no bf16 kernels for this CPU)";
     return "--precision bf16: fp32 matrix products (without AMX this CPU computes bf16 at ~0.7x fp32; "
            "DTRAIN_BF16=force overrides)";
 }
@@ -130,10 +142,36 @@ int dt_ops_sgemm_bf16_applies(int64_t M, int64_t N, int64_t K) {
     return (double)M * (double)N * (double)K >= BF16_MIN_WORK && dt_gemm_bf16_active();
 }
 
+/* bf16 numerics without bf16 kernels: rows x cols of src, rounded to bf16
+ * and widened back, compact in dst */
+static void round_rows(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++) dt_round_to(dst + r * cols, src + r * ld, DT_BF16, (size_t)cols);
+}
+
+static _Thread_local float *tl_emu;
+static _Thread_local size_t tl_emu_cap;
+
+static int emulate(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    size_t n = (size_t)(ar * ac + br * bc);
+    if (n > tl_emu_cap) {
+        float *b = realloc(tl_emu, n * sizeof *b);
+        if (!b) return 0;
+        tl_emu = b;
+        tl_emu_cap = n;
+    }
+    float *a = tl_emu, *b = tl_emu + ar * ac;
+    round_rows(a, A, ar, ac, lda);
+    round_rows(b, B, br, bc, ldb);
+    dt_ops_sgemm_f32(ta, tb, M, N, K, alpha, a, ac, b, bc, beta, C, ldc);
+    return 1;
+}
+
 int dt_ops_sgemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     pthread_once(&g_once, init_once);
-    if (!g_ready || !g_possible) return 0;
+    if (!kernels()) return emulate(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
     uint16_t *buf = scratch((size_t)(ar * ac + br * bc));
     if (!buf) return 0;

@@ -87,7 +87,7 @@ if ! cmp -s "$tmp/ddp2.loss" "$tmp/ddp2_fp16.loss"; then echo "ok   fp16 activat
 else echo "FAIL fp16 and bf16 activations gave the same losses"; fail=1; fi
 
 # the default follows --precision: fp16 keeps fp16; bf16 keeps bf16 where its
-# products run in bf16 (AMX, or DTRAIN_BF16=force on AVX-512), else fp32 and
+# products run in bf16 (AMX, or DTRAIN_BF16=force), else fp32 and
 # the start-up line says how to ask
 t_run prec_fp16 --batch 2 --accum 4 --precision fp16 && says prec_fp16 "activations kept for backward in fp16"
 t_run prec_bf16 --batch 2 --accum 4 --precision bf16 &&
