@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# precision.sh — --precision fp32, bf16 (with its defaults: 16-bit activations and a
-# 16-bit working copy of the weights where its products run in bf16; and with
-# --param-dtype fp32, and with --saved-activations fp32) and fp16 on W1 and W2 (../shared/WORKLOADS.md),
+# precision.sh — --precision fp32, bf16 (with its defaults: 16-bit activations where its
+# products run in bf16, fp32 weights; and with a 16-bit working copy of the weights,
+# --param-dtype bf16, and with --saved-activations fp32) and fp16 on W1 and W2 (../shared/WORKLOADS.md),
 # one process x 2 threads, run alternately: mean ms/step over the steps after
 # the first, tokens/s, the loss at the last step, and what the start-up line
 # says runs. (bf16 computes only where oneDNN has AMX; elsewhere both rows are fp32.)
@@ -86,7 +86,7 @@ echo "| workload | precision | mean ms/step | tokens/s | loss at step $steps | p
 echo "|---|---|---|---|---|---|---|---|"
 for _ in $(seq "$reps"); do
     for w in W1 W2; do
-        for p in fp32 bf16 "bf16 --param-dtype fp32" "bf16 --saved-activations fp32" fp16; do
+        for p in fp32 bf16 "bf16 --param-dtype bf16" "bf16 --saved-activations fp32" fp16; do
             if [ $w = W1 ]; then args=("${w1[@]}"); else args=("${w2[@]}"); fi
             out=$("$build/dtrain" train "${args[@]}" --threads 2 --steps "$steps" --log-every 1 --eval-batches 1 \
                   --precision $p 2>&1)   # (word-split on purpose: a flag may follow)

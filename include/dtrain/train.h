@@ -41,9 +41,12 @@ typedef enum dt_saved_acts {
  * dt_working_copy). The optimizer always steps float32 masters, and
  * checkpoints hold them; a 16-bit run resumes in fp32 and back. */
 typedef enum dt_param_dtype {
-    DT_PARAMS_AUTO = 0,   /* the products' input type where the products round their inputs: fp16 with
-                             --precision fp16; bf16 with --precision bf16 where its products run in bf16
-                             (dt_gemm_bf16_available: AMX); else fp32 */
+    DT_PARAMS_AUTO = 0,   /* fp32 whatever the precision, as autocast: the products round their own
+                             inputs, and the rest (LayerNorm's gains above all) keeps fp32 weights. A
+                             16-bit copy rounds gains near 1 to steps of 2^-8..2^-7 (bf16), so AdamW
+                             updates of ~lr do not reach them for many steps: 20 W1 steps in bf16 stray
+                             1.8x further from fp32, a small model on one batch 17x
+                             (docs/PERFORMANCE.md, "bf16 against PyTorch's autocast") */
     DT_PARAMS_FP32 = 1,
     DT_PARAMS_BF16 = 2,   /* a bf16 working copy: ZeRO gathers it in 16 bits (half the bytes) */
     DT_PARAMS_FP16 = 3,
@@ -75,8 +78,8 @@ typedef struct dt_train_opts {
                                       DT_PREC_FP16 (fp16 inputs, fp32 accumulation; with loss scaling) */
     int saved_activations;         /* dt_saved_acts: the activations backward reads, kept in 16 bits
                                       (dt_model_set_saved_dtype); AUTO (0) follows precision */
-    int param_dtype;               /* dt_param_dtype: the working copy of the weights; AUTO (0) follows
-                                      precision. A strategy that owns the optimizer must keep the same
+    int param_dtype;               /* dt_param_dtype: the working copy of the weights; AUTO (0) is
+                                      fp32. A strategy that owns the optimizer must keep the same
                                       (dt_strategy.param_dtype) */
     int loss_scale;                /* dt_loss_scale_mode (strategy.h, "loss scaling"): AUTO (0) is
                                       DYNAMIC with fp16, OFF otherwise */
@@ -136,7 +139,7 @@ int dt_train_loss_scaling(const dt_train_opts *o);
 /* The dtype train.saved_activations resolves to (AUTO: from precision):
  * DT_F32, DT_BF16 or DT_F16. */
 dt_dtype dt_train_saved_dtype(const dt_train_opts *o);
-/* The dtype train.param_dtype resolves to (AUTO: from precision). */
+/* The dtype train.param_dtype resolves to (AUTO: fp32). */
 dt_dtype dt_train_param_dtype(const dt_train_opts *o);
 dt_status dt_train_opts_validate(const dt_train_opts *o);
 

@@ -119,9 +119,9 @@ dt_dtype dt_train_param_dtype(const dt_train_opts *o) {
     case DT_PARAMS_BF16: return DT_BF16;
     case DT_PARAMS_FP16: return DT_F16;
     case DT_PARAMS_FP32: return DT_F32;
-    default:   /* where the products round their inputs anyway: every op then sees the weights they see */
-        return o->precision == DT_PREC_FP16 ? DT_F16
-             : o->precision == DT_PREC_BF16 && dt_gemm_bf16_available() ? DT_BF16 : DT_F32;
+    default:   /* fp32: a 16-bit copy costs fidelity (LayerNorm gains, train.h) and is opted into for
+                  ZeRO's halved gathers */
+        return DT_F32;
     }
 }
 

@@ -16,7 +16,9 @@
 #    process); rounded values in a checkpoint would change steps 3 and 4;
 #  - a bf16 checkpoint resumes in fp32 (--param-dtype fp32) and that run
 #    computes with fp32 weights (it differs from the bf16 continuation);
-#  - a bad value, and --node-params with a 16-bit copy, are refused.
+#  - a bad value, and --node-params with a 16-bit copy, are refused;
+#  - the default is fp32 weights also under --precision bf16 / fp16 (as
+#    autocast: only the products round; docs/PERFORMANCE.md has why).
 # usage: test_param_dtype.sh DTRAIN CKPT_CMP
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -45,6 +47,12 @@ t_run single --steps 3 --batch 2 --accum 4 --param-dtype bf16 || exit 1
 if grep -q "weights: a bf16 working copy of fp32 masters" "$tmp/single.out" && ! grep -q "working copy" "$tmp/fp32.out"; then
     echo "ok   start-up line: $(grep -o 'weights: [^;]*' "$tmp/single.out")"
 else echo "FAIL start-up line: $(grep -m1 'GEMM' "$tmp/single.out")"; fail=1; fi
+for prec in fp16 bf16; do
+    t_run "default_$prec" --steps 1 --batch 2 --precision "$prec" || exit 1
+    if grep -q "GEMM: " "$tmp/default_$prec.out" && ! grep -q "working copy" "$tmp/default_$prec.out"; then
+        echo "ok   --precision $prec alone keeps fp32 weights"
+    else echo "FAIL --precision $prec default weights: $(grep -o 'weights: [^;]*' "$tmp/default_$prec.out")"; fail=1; fi
+done
 l1a=$(awk '$1 == 1 { print $2 }' "$tmp/fp32.loss") l1b=$(awk '$1 == 1 { print $2 }' "$tmp/single.loss")
 if awk -v a="$l1a" -v b="$l1b" 'BEGIN { d = (a - b) / a; if (d < 0) d = -d; exit !(d < 0.01 && a != b) }'; then
     echo "ok   step 1 loss: fp32 weights $l1a, bf16 weights $l1b (within 1%, not equal: the forward reads rounded weights)"
