@@ -14,7 +14,7 @@
  * fp32, so there the products stay float32 and the start-up line says so.
  * DTRAIN_BF16=force computes bf16 numerics on every CPU, for tests and for
  * comparing with autocast: by oneDNN where it has bf16 kernels (AVX-512),
- * else emulated (below, emulate). Small products (M·N·K < 2^18) stay fp32:
+ * else emulated (gemm_rounded.c). Small products (M·N·K < 2^18) stay fp32:
  * the conversions and the primitive's set-up outweigh them.
  *
  * Emulated: both inputs rounded to bf16 and widened back to float32, then
@@ -142,36 +142,10 @@ int dt_ops_sgemm_bf16_applies(int64_t M, int64_t N, int64_t K) {
     return (double)M * (double)N * (double)K >= BF16_MIN_WORK && dt_gemm_bf16_active();
 }
 
-/* bf16 numerics without bf16 kernels: rows x cols of src, rounded to bf16
- * and widened back, compact in dst */
-static void round_rows(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
-    for (int64_t r = 0; r < rows; r++) dt_round_to(dst + r * cols, src + r * ld, DT_BF16, (size_t)cols);
-}
-
-static _Thread_local float *tl_emu;
-static _Thread_local size_t tl_emu_cap;
-
-static int emulate(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-    size_t n = (size_t)(ar * ac + br * bc);
-    if (n > tl_emu_cap) {
-        float *b = realloc(tl_emu, n * sizeof *b);
-        if (!b) return 0;
-        tl_emu = b;
-        tl_emu_cap = n;
-    }
-    float *a = tl_emu, *b = tl_emu + ar * ac;
-    round_rows(a, A, ar, ac, lda);
-    round_rows(b, B, br, bc, ldb);
-    dt_ops_sgemm_f32(ta, tb, M, N, K, alpha, a, ac, b, bc, beta, C, ldc);
-    return 1;
-}
-
 int dt_ops_sgemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     pthread_once(&g_once, init_once);
-    if (!kernels()) return emulate(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (!kernels()) return dt_ops_sgemm_rounded(DT_BF16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
     uint16_t *buf = scratch((size_t)(ar * ac + br * bc));
     if (!buf) return 0;

@@ -50,7 +50,7 @@ void dt_ops_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
     }
     if (dt_ops_sgemm_bf16_applies(M, N, K) && dt_ops_sgemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
         return;
-    if (dt_gemm_precision() == DT_PREC_FP16 && dt_ops_sgemm_fp16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+    if (dt_gemm_precision() == DT_PREC_FP16 && dt_ops_sgemm_rounded(DT_F16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
         return;
     dt_ops_sgemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -58,16 +58,14 @@ int dt_ops_sgemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 int dt_ops_sgemm_bf16_applies(int64_t M, int64_t N, int64_t K);
 /* ops_common.c: dt_ops_sgemm's float32 product, whatever the precision
- * (M, N, K > 0). gemm_fp16.c: the same product of A and B rounded to IEEE
- * half (fp32 accumulation); 0 when out of scratch memory (C untouched).
- * _round_fp16: rows x cols of src (leading dimension ld) rounded to half and
- * back, compact into dst; hw: F16C (dt_ops_fp16_hw), else the scalar code. */
+ * (M, N, K > 0). gemm_rounded.c: the same product of A and B rounded to
+ * `to` (DT_F16 or DT_BF16) and widened back (fp32 accumulation): fp16's
+ * products, and bf16's where oneDNN has none; 0 when out of scratch memory
+ * (C untouched). */
 void dt_ops_sgemm_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-int dt_ops_sgemm_fp16(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-int dt_ops_fp16_hw(void);
-void dt_ops_round_fp16(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld, int hw);
+int dt_ops_sgemm_rounded(dt_dtype to, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* gemm_small_m.c: A · Bᵀ on at most 64 rows with K >= 2048 computed as
  * (B · Aᵀ)ᵀ, faster there with OpenBLAS's AVX-512 kernels (bitwise the same)
  * and with oneDNN (measurements in the file). _shape and _kernels are the two halves
