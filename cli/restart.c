@@ -140,7 +140,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
         if (rc == 0 || rc == 2 || dt_cli_launcher_signalled() || restarts == max_restarts) break;
         long long reached = progress_step(prog), from = ckpt_step(save);
         if (reached >= 0 && from < reached) recomputed += reached - (from > 0 ? from : 0);   /* run again */
-        char why[160];
+        char why[400];   /* the exit, then which hosts did not answer (lost: < 300) */
         snprintf(why, sizeof why, "the job failed (exit %d)%s", rc, reached >= 0 ? "" : " before its first step");
         /* where the next attempt runs: the hosts that answer */
         char on[400] = "";

@@ -65,10 +65,13 @@ static void fmt_bytes(double b, char *buf, size_t n) {
 /* the limit of cgroup directory dir (v2, or v1 when v1) minus its usage, when it has one */
 static int cgroup_free(const char *dir, int v1, double *free_b, double *limit, double *used) {
     char p[4400];
-    snprintf(p, sizeof p, "%s/%s", dir, v1 ? "memory.limit_in_bytes" : "memory.max");
+    /* a path that does not fit is no limit we can read */
+    if (snprintf(p, sizeof p, "%s/%s", dir, v1 ? "memory.limit_in_bytes" : "memory.max") >= (int)sizeof p)
+        return 0;
     if (!read_num(p, limit)) return 0;
-    snprintf(p, sizeof p, "%s/%s", dir, v1 ? "memory.usage_in_bytes" : "memory.current");
-    if (!read_num(p, used)) *used = 0;
+    if (snprintf(p, sizeof p, "%s/%s", dir, v1 ? "memory.usage_in_bytes" : "memory.current") >= (int)sizeof p
+        || !read_num(p, used))
+        *used = 0;
     *free_b = *limit > *used ? *limit - *used : 0;
     return 1;
 }

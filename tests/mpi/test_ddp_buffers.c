@@ -92,7 +92,7 @@ static void run_sync_bn(int det, int bcast) {
         dtt_fwd_bwd(&l, dl, 1, &parts[me].b, 1.0f, &ll);
         T_OK(dt_ddp_finish_backward(dl));
         float loss_g = dtt_fwd_bwd(&g, NULL, 1, &all.b, 1.0f, &lg);
-        char what[160];
+        char what[200];   /* a buffer name is < 128 */
         snprintf(what, sizeof what, "step %d: SyncBN logits vs global-batch rows", st);
         T_NEAR(ls, lg + (size_t)me * nl, nl, 1e-5, what);
         if (N > 1 && st == 0) T_CHECK(t_rel_diff(ll, lg + (size_t)me * nl, nl) > 1e-3);   /* local BN differs */

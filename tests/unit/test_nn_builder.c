@@ -51,7 +51,7 @@ static dt_model *build_net(net *n, uint64_t seed) {
     assert_int_equal(dt_model_add_input(m, &(dt_input_spec){.name = "x", .dtype = DT_F32, .ndim = 1, .dims = {4}}), DT_OK);
     int64_t w[4] = {4, 6, 6, 3};
     for (int i = 0; i < 3; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "fc%d", i);
         n->fc[i] = dt_nn_add_linear(m, name, w[i], w[i + 1]);
         assert_non_null(n->fc[i]);
