@@ -112,6 +112,14 @@ typedef struct dt_strategy {
     dt_status (*after_backward)(void *self, dt_run *run, int last);
     /* sum a few doubles across ranks (metrics, norms, eval counts) */
     dt_status (*allreduce_sum)(void *self, double *x, int n);
+    /* Optional, collective over every rank of the job: DT_OK when every
+     * rank's `mine` is; a failing rank keeps its own error, the others get
+     * DT_ECOMM naming it (what: the operation). The trainer calls it where a
+     * rank can fail on its own parameters alone -- the fp16 working copy of
+     * parts that differ between ranks (tensor parallelism) -- so that no rank
+     * goes on into a collective the failed one never joins. NULL: every rank
+     * holds the same parameters and fails alike. */
+    dt_status (*agree_status)(void *self, dt_status mine, const char *what);
     void (*destroy)(void *self);
     /* Strategies that shard the optimizer (ZeRO) set owns_optimizer and the
      * three hooks below: the trainer then allocates no optimizer state, calls

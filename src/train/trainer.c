@@ -204,6 +204,17 @@ static dt_status scaled_verdict(dt_trainer *t, float *scale) {
     return DT_OK;
 }
 
+/* The working copy (train.param_dtype). fp16 refuses a parameter beyond its
+ * range; where ranks hold different parameters (tensor-parallel parts) one
+ * rank alone may refuse, so the strategy agrees on it before any collective. */
+static dt_status enter_working_copy(dt_trainer *t) {
+    dt_status s = dt_working_copy_enter(&t->wcopy, t->model);
+    if (t->wcopy.dtype == DT_F16 && t->strat.agree_status)
+        s = t->strat.agree_status(t->strat.self, s, "the fp16 working copy of the parameters");
+    if (s != DT_OK) dt_working_copy_leave(&t->wcopy, t->model);
+    return s;
+}
+
 static dt_status step_impl(dt_trainer *t, double *loss_out) {
     dt_model *m = t->model;
     int K = t->opts.accum;
@@ -213,7 +224,7 @@ static dt_status step_impl(dt_trainer *t, double *loss_out) {
     double t0 = dt_trace_now_us(t->trace);
     float lr = dt_lr_at(&t->sched, t->step);
     t->run.lr = lr;
-    DT_TRY(dt_working_copy_enter(&t->wcopy, m));   /* param_dtype: forward and backward read the rounded weights */
+    DT_TRY(enter_working_copy(t));   /* param_dtype: forward and backward read the rounded weights */
     if (t->strat.forward_backward) DT_TRY(step_scheduled(t, &loss_sum));
     for (int k = 0; !t->strat.forward_backward && k < K; k++) {
         int last = k == K - 1;
@@ -334,7 +345,7 @@ static dt_status evaluate_impl(dt_trainer *t, double *loss_out, double *acc_out)
     if (acc_out) *acc_out = NAN;
     dt_stop_set_stopped(0);
     if (t->strat.sync_params) DT_TRY(t->strat.sync_params(t->strat.self, &t->run));
-    DT_TRY(dt_working_copy_enter(&t->wcopy, t->model));   /* evaluated as trained: with the working copy */
+    DT_TRY(enter_working_copy(t));   /* evaluated as trained: with the working copy */
     dt_stop_sync *stop = calloc(1, sizeof *stop);   /* heap: see dt_stop_sync_abandon */
     if (!stop) return DT_ERR(DT_ENOMEM, "out of memory");
     dt_status st = dt_stop_sync_init(stop, t->strat.world);

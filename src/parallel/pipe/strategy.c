@@ -231,15 +231,36 @@ static dt_status s_setup(void *self, dt_run *r) {
     return dt_par_memory_report(p->comm.world, label, pb, gb, ob, !r->quiet);
 }
 
+/* The stage's working copy. fp16 refuses a parameter beyond its range, and
+ * the ranks of one replica's pipeline hold different parameters (stages, and
+ * tensor-parallel parts inside a stage): they agree before the schedule's
+ * first message, so none waits for one that refused -- first the stage's
+ * tensor-parallel ranks, then the stages (whose agreement carries theirs).
+ * Replicas hold the same parameters and fail alike; they are not asked,
+ * because they evaluate different numbers of rounds. */
+static dt_status enter_working_copy(dt_pipe *p) {
+    dt_status s = dt_working_copy_enter(&p->upd.wcopy, p->m);
+    if (p->upd.wcopy.dtype == DT_F16) {
+        if (p->tp.pg) s = dt_par_agree(p->tp.pg, s, "the fp16 working copy (rank: tensor-parallel rank in the stage)");
+        s = dt_par_agree(p->comm.pp, s, "the fp16 working copy (rank: pipeline stage)");
+    }
+    if (s != DT_OK) dt_working_copy_leave(&p->upd.wcopy, p->m);
+    return s;
+}
+
 static dt_status s_forward_backward(void *self, dt_run *r, const dt_batch *mb, int n, double *loss_sum) {
     dt_pipe *p = self;
     p->metrics.trace = r->trace;
     if (r->trace) dt_pg_set_trace(p->comm.pp, r->trace);
     p->metrics.stats.step_us = dt_par_now_us();
-    DT_TRY(dt_pipe_dp_begin(p, r));
+    DT_TRY(enter_working_copy(p));   /* param_dtype: the rounded weights until s_step; first: a refusal leaves no step begun */
+    dt_status s = dt_pipe_dp_begin(p, r);
+    if (s != DT_OK) {
+        dt_working_copy_leave(&p->upd.wcopy, p->m);
+        return s;
+    }
     p->step.grad_scale = r->scaler ? r->scaler->scale : 1.0f;   /* loss scaling: the last stage's seed */
-    DT_TRY(dt_working_copy_enter(&p->upd.wcopy, p->m));   /* param_dtype: the rounded weights until s_step */
-    dt_status s = dt_pipe_run_step(p, mb, n, loss_sum);
+    s = dt_pipe_run_step(p, mb, n, loss_sum);
     if (s != DT_OK) dt_working_copy_leave(&p->upd.wcopy, p->m);
     return s;
 }
@@ -305,15 +326,24 @@ static dt_status s_step(void *self, dt_run *r, float lr) {
     return DT_OK;
 }
 
+/* Before an evaluation (every rank): the fp16 working copy's range agreed
+ * over the world. Replicas evaluate unequal numbers of rounds (one past the
+ * end of a small set runs none and waits in the trainer's stop agreement),
+ * so the stages' own agreement in forward_only cannot reach them all. */
 static dt_status s_sync(void *self, dt_run *r) {
     (void)r;
-    return dt_pipe_dp_sync(self);
+    dt_pipe *p = self;
+    DT_TRY(dt_pipe_dp_sync(p));
+    if (p->upd.wcopy.dtype != DT_F16) return DT_OK;
+    dt_status s = dt_working_copy_enter(&p->upd.wcopy, p->m);
+    dt_working_copy_leave(&p->upd.wcopy, p->m);
+    return dt_par_agree(p->comm.world, s, "the fp16 working copy (rank: world rank)");
 }
 
 static dt_status s_forward_only(void *self, dt_run *r, const dt_batch *b, int n, double sums[3]) {
     (void)r;
     dt_pipe *p = self;
-    DT_TRY(dt_working_copy_enter(&p->upd.wcopy, p->m));   /* evaluated with the weights it trains with */
+    DT_TRY(enter_working_copy(p));   /* evaluated with the weights it trains with */
     dt_status s = dt_pipe_run_eval(p, b, n, sums);
     dt_working_copy_leave(&p->upd.wcopy, p->m);
     return s;

@@ -137,6 +137,11 @@ static dt_status s_allreduce_sum(void *self, double *x, int n) {
     return dt_par_allreduce_sum(s->world, x, n);
 }
 
+/* the ranks' parts differ, so one rank alone may fail on its own (fp16 working copy) */
+static dt_status s_agree_status(void *self, dt_status mine, const char *what) {
+    return dt_par_agree(((dt_tp *)self)->world, mine, what);
+}
+
 static dt_status s_grad_sumsq(void *self, dt_run *r, double *ss) { return dt_tp_grad_sumsq(self, r->model, ss); }
 static dt_status s_save(void *self, dt_run *r, const char *path) { return dt_tp_save(self, r, path); }
 static dt_status s_step(void *self, dt_run *r, float lr) { return dt_tp_zero_step(self, r, lr); }
@@ -182,8 +187,8 @@ dt_status dt_tp_strategy(dt_pg *world, const dt_tp_opts *o, dt_strategy *out) {
                          .collective_forward = 1,   /* tp_reduce in every forward */
                          .prepare_model = s_prepare, .agree = s_agree, .setup = s_setup,
                          .before_forward = s_before_forward, .after_backward = s_after_backward,
-                         .allreduce_sum = s_allreduce_sum, .grad_sumsq = s_grad_sumsq, .save = s_save,
-                         .destroy = s_destroy};
+                         .allreduce_sum = s_allreduce_sum, .agree_status = s_agree_status,
+                         .grad_sumsq = s_grad_sumsq, .save = s_save, .destroy = s_destroy};
     return DT_OK;
 }
 

@@ -1,0 +1,123 @@
+/* train.param_dtype fp16 refuses a parameter beyond fp16's range (nn.h
+ * dt_working_copy). Where ranks hold different parameters only the rank
+ * holding the culprit can see it; every rank must still end the step at
+ * once, with an error, rather than enter a collective the refusing rank
+ * never joins (before: the others waited for the watchdog).
+ *   - tp W (W = the world, GPT-2): rank W-1's part of h.0.mlp.c_fc.weight
+ *     (its own columns) holds 1e6. A training step and an evaluation fail on
+ *     every rank: rank W-1 with DT_EINVAL naming the parameter, the others
+ *     with DT_ECOMM naming rank W-1. With the value back in range the next
+ *     step trains on every rank, the same loss everywhere.
+ *   - pp 2 x W/2 replicas: the last stage's ln_f.weight holds 1e6 on its
+ *     ranks: they fail naming it, the first stage's ranks with DT_ECOMM.
+ * Without the agreement the test hangs (ctest's timeout fails it). */
+#include <math.h>
+#include <string.h>
+#include "mpi_check.h"
+#include "dtrain/parallel.h"
+#include "dtrain/pipeline.h"
+#include "dtrain/train.h"
+#include "mpi_trainer.h"
+#include "tmpdir.h"
+
+enum { SEQ = 8 };
+static dt_pg *world;
+static char dir[128], text_path[256];
+
+static void opts(dt_train_opts *o) {
+    dt_train_opts_default(o);
+    o->model = dt_model_cfg_default(DT_MODEL_GPT2);
+    o->model.n_layer = 2; o->model.n_embd = 16; o->model.n_head = 4; o->model.max_t = SEQ; o->model.vocab = 256;
+    o->data = DT_DATA_TEXT;
+    o->data_path = text_path;
+    o->batch = 4; o->seq = SEQ; o->steps = 4; o->quiet = 1; o->eval_batches = 1;
+    o->param_dtype = DT_PARAMS_FP16;
+}
+
+/* st failed on this rank as it should: the culprit's own error, or the others' pointer to it */
+static void check_refusal(dt_status st, int culprit, const char *param, const char *what) {
+    const char *msg = dt_error_message();
+    if (culprit) {
+        T_CHECK(st == DT_EINVAL);
+        T_CHECK(strstr(msg, param) != NULL);
+        T_CHECK(strstr(msg, "beyond fp16's range") != NULL);
+    } else {
+        T_CHECK(st == DT_ECOMM);
+        T_CHECK(strstr(msg, "fp16 working copy") != NULL);
+    }
+    if (st != (culprit ? DT_EINVAL : DT_ECOMM)) printf("rank %d, %s: %s\n", t_rank(), what, msg);
+}
+
+static void test_tp(void) {
+    t_begin("fp16 working copy under tp: one rank's part beyond 65504 ends the step on every rank");
+    int W = t_size(), r = t_rank();
+    dt_tp_opts to = {.size = W};
+    dt_ddp_opts_default(&to.ddp);
+    dt_strategy s;
+    T_OK(dt_tp_strategy(world, &to, &s));
+    dt_train_opts o;
+    opts(&o);
+    dt_trainer *t;
+    T_OK(dt_trainer_create(&o, &s, &t));
+    double loss, acc;
+    T_OK(dt_trainer_step(t, &loss));
+    dt_param *p = dt_model_find_param(t->model, "h.0.mlp.c_fc.weight");
+    T_CHECK(p != NULL && p->split.parts == W);
+    float keep = dt_f32(&p->value)[0];
+    if (r == W - 1) dt_f32(&p->value)[0] = 1e6f;   /* the masters: no working copy between steps */
+    dt_error_clear();
+    check_refusal(dt_trainer_step(t, &loss), r == W - 1, "h.0.mlp.c_fc.weight", "training step");
+    if (r != W - 1) {
+        char want[64];
+        snprintf(want, sizeof want, "failed on rank %d", W - 1);
+        T_CHECK(strstr(dt_error_message(), want) != NULL);
+    }
+    dt_error_clear();
+    check_refusal(dt_trainer_evaluate(t, &loss, &acc), r == W - 1, "h.0.mlp.c_fc.weight", "evaluation");
+    dt_f32(&p->value)[0] = keep;
+    T_OK(dt_trainer_step(t, &loss));   /* every rank goes on together */
+    float l = (float)loss;
+    T_CHECK(isfinite(l));
+    T_SAME_ON_RANKS(&l, 1, "the loss of the step after the refusal");
+    dt_trainer_free(t);
+    t_end();
+}
+
+static void test_pipeline(void) {
+    t_begin("fp16 working copy under pp 2: the last stage's parameter beyond 65504 ends the step on every rank");
+    dt_pipe_opts po;
+    dt_pipe_opts_default(&po);
+    po.stages = 2;
+    po.param_dtype = DT_F16;
+    dt_strategy s;
+    T_OK(dt_pipe_strategy(world, &po, &s));
+    dt_train_opts o;
+    opts(&o);
+    dt_trainer *t;
+    T_OK(dt_trainer_create(&o, &s, &t));
+    double loss, acc;
+    T_OK(dt_trainer_step(t, &loss));
+    dt_param *p = dt_model_find_param(t->model, "ln_f.weight");   /* the last stage's only */
+    int holder = p != NULL, holders = 0;
+    MPI_Allreduce(&holder, &holders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    T_CHECK(holders == t_size() / 2);
+    if (holder) dt_f32(&p->value)[0] = 1e6f;
+    dt_error_clear();
+    check_refusal(dt_trainer_step(t, &loss), holder, "ln_f.weight", "training step");
+    dt_error_clear();
+    check_refusal(dt_trainer_evaluate(t, &loss, &acc), holder, "ln_f.weight", "evaluation");
+    dt_trainer_free(t);
+    t_end();
+}
+
+int main(int argc, char **argv) {
+    t_init(&argc, &argv);
+    T_OK(dt_pg_world(&world));
+    t_text_corpus("fp16_copy_agree", "the", 200, dir, text_path);
+    test_tp();
+    test_pipeline();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (t_rank() == 0) dt_test_rm_rf(dir);
+    T_OK(dt_dist_finalize());
+    return 0;
+}
