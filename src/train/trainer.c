@@ -206,12 +206,12 @@ static dt_status scaled_verdict(dt_trainer *t, float *scale) {
 
 /* The working copy (train.param_dtype). fp16 refuses a parameter beyond its
  * range; where ranks hold different parameters (tensor-parallel parts) one
- * rank alone may refuse, so the strategy agrees on it before any collective. */
+ * rank alone may refuse, so the strategy agrees on it before any collective.
+ * On failure dt_trainer_step / _evaluate leave the copy. */
 static dt_status enter_working_copy(dt_trainer *t) {
     dt_status s = dt_working_copy_enter(&t->wcopy, t->model);
     if (t->wcopy.dtype == DT_F16 && t->strat.agree_status)
         s = t->strat.agree_status(t->strat.self, s, "the fp16 working copy of the parameters");
-    if (s != DT_OK) dt_working_copy_leave(&t->wcopy, t->model);
     return s;
 }
 
