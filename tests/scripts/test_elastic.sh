@@ -17,7 +17,7 @@
 #  - no machine enough: without --min-nproc a lost machine ends the job —
 #    here one that goes silent (link down first: no connection reset), which
 #    mpirun notices by TCP keepalives the launcher sets (about 20 s).
-# The probe timeout is 10 s (a live simulated host answers in ~0.1 s: a wide
+# The probe timeout is 5 s (a live simulated host answers in ~0.1 s: a wide
 # margin for a loaded machine; only the lost host waits it out).
 # Skipped (exit 77) where namespaces cannot be made.
 # usage: test_elastic.sh DTRAIN NETSIM [SEED]
@@ -42,11 +42,12 @@ steps=400
 base=(train --model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --data text --data-path "$tmp/corpus.txt"
       --eval-batches 2 --threads 1 --steps $steps --deterministic --log-every 1000 --save-every 2)
 # what netsim's 'run' gives mpirun, for dtrain's launcher on host dte0
+probe_s=5
 cat > "$tmp/env.sh" << EOF
 export SHELL=/bin/sh OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm=rsh
 export OMPI_MCA_plm_rsh_agent=$tmp/netsim/agent OMPI_MCA_plm_rsh_no_tree_spawn=1
 export OMPI_MCA_oob_tcp_if_include=10.214.0.0/24 OMPI_MCA_btl_tcp_if_include=10.214.0.0/24
-export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp DTRAIN_HOST_PROBE_TIMEOUT=10
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp DTRAIN_HOST_PROBE_TIMEOUT=$probe_s
 exec "\$@"
 EOF
 
@@ -102,7 +103,7 @@ elastic() {
     wait $guard
     ip -n "$victim" link set nsim0 up
     if [ "$want" = 0 ]; then   # not enough left: the job ends, saying why
-        if [ $rc -ne 0 ] && grep -q "$victim did not answer within 10 s: 2 slots left, fewer than the job's ranks" "$tmp/$tag.err"; then
+        if [ $rc -ne 0 ] && grep -q "$victim did not answer within $probe_s s: 2 slots left, fewer than the job's ranks" "$tmp/$tag.err"; then
             echo "ok   $tag: machine lost${SILENT:+ silently}, no --min-nproc: ends (exit $rc, ${t_lost}s after the loss): $(grep -m1 -o 'did not answer.*' "$tmp/$tag.err")"
         else
             echo "FAIL $tag: exit $rc:"; tail -5 "$tmp/$tag.err"; fail=1
