@@ -525,12 +525,17 @@ dt_param *dt_model_find_param(const dt_model *m, const char *name);
  * the optimizer steps them, checkpoints hold them. For a training step (and
  * an evaluation) enter() points every parameter's value at a float32 buffer
  * holding the masters rounded to dtype (nearest even), so every op -- matrix
- * products, LayerNorm's gain, the embedding lookup -- computes with the
- * rounded weights, the same values a ZeRO gather of 16-bit shards gives
- * (zero.h: param_dtype): layouts agree bit for bit. leave() points them back
- * at the masters (before the optimizer step). dtype DT_F32: both do nothing.
- * The buffer is param_flat.numel floats, allocated at the first enter();
- * fp16 refuses a master beyond 65504 (it would compute as inf). */
+ * products, convolutions, the embedding lookup -- computes with the rounded
+ * weights, the same values a ZeRO gather of 16-bit shards gives (zero.h:
+ * param_dtype): layouts agree bit for bit. Parameters of fewer than two
+ * dimensions (biases, LayerNorm's gains and shifts) stay exact: they are no
+ * product's input, they are a sliver of the bytes, and gains near 1 would
+ * round to steps of 2^-8..2^-7 in bf16, which AdamW's updates of about the
+ * learning rate do not reach for many steps (docs/PERFORMANCE.md).
+ * leave() points the values back at the masters (before the optimizer
+ * step). dtype DT_F32: both do nothing. The buffer is param_flat.numel
+ * floats, allocated at the first enter(); fp16 refuses a master beyond 65504
+ * (it would compute as inf). */
 typedef struct dt_working_copy {
     dt_dtype dtype;      /* DT_F32 (off), DT_BF16 or DT_F16 */
     float *buf;          /* round(param_flat), param_flat's layout */
@@ -538,6 +543,12 @@ typedef struct dt_working_copy {
     int active;          /* the views point into buf */
 } dt_working_copy;
 dt_status dt_working_copy_enter(dt_working_copy *w, dt_model *m);
+/* 1: p keeps float32 values in a 16-bit working copy (fewer than 2 dimensions) */
+int dt_param_copy_exact(const dt_param *p);
+/* dst = the working copy of src, both param_flat.numel floats at m's layout:
+ * every parameter rounded to `to` (nearest even) but the exact ones, copied
+ * (dst == src: rounded in place, the exact ones left). Gaps: rounded zeros. */
+void dt_model_round_params(const dt_model *m, float *dst, const float *src, dt_dtype to);
 void dt_working_copy_leave(dt_working_copy *w, dt_model *m);
 void dt_working_copy_free(dt_working_copy *w);
 /* Re-point values and grads into new flat buffers: values in `total`

@@ -42,13 +42,12 @@ typedef enum dt_saved_acts {
  * checkpoints hold them; a 16-bit run resumes in fp32 and back. */
 typedef enum dt_param_dtype {
     DT_PARAMS_AUTO = 0,   /* fp32 whatever the precision, as autocast: the products round their own
-                             inputs, and the rest (LayerNorm's gains above all) keeps fp32 weights. A
-                             16-bit copy rounds gains near 1 to steps of 2^-8..2^-7 (bf16), so AdamW
-                             updates of ~lr do not reach them for many steps: 20 W1 steps in bf16 stray
-                             1.8x further from fp32, a small model on one batch 17x
+                             inputs, so a 16-bit copy buys one process and DDP nothing and costs them
+                             +4 bytes per parameter; it also rounds the embeddings' lookups
                              (docs/PERFORMANCE.md, "bf16 against PyTorch's autocast") */
     DT_PARAMS_FP32 = 1,
-    DT_PARAMS_BF16 = 2,   /* a bf16 working copy: ZeRO gathers it in 16 bits (half the bytes) */
+    DT_PARAMS_BF16 = 2,   /* a bf16 working copy, 1-D parameters (biases, LayerNorm's) exact: ZeRO
+                             gathers it in 16 bits (about half the bytes) */
     DT_PARAMS_FP16 = 3,
 } dt_param_dtype;
 

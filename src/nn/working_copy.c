@@ -3,9 +3,11 @@
  * optimizer, checkpoints and everything else between steps.
  *
  * Invariant: while active, params[i]->value.data == buf + offsets[i] and
- * buf[k] == round16(param_flat[k]) for every k; while not, the views are
- * param_flat's. Entering rounds the whole flat buffer once (one read, one
- * write per element); leaving only moves pointers. */
+ * buf[k] == round16(param_flat[k]) for every k of a parameter with two or
+ * more dimensions, == param_flat[k] for the others (dt_param_copy_exact);
+ * while not, the views are param_flat's. Entering rounds the whole flat
+ * buffer once (one read, one write per element) and copies the 1-D ones
+ * back; leaving only moves pointers. */
 #include <stdint.h>
 #include <string.h>
 #include "dtrain/nn.h"
@@ -20,6 +22,21 @@ static int overflowed(const float *r, const float *x, size_t n) {
         bad |= ((a & 0x7f800000u) == 0x7f800000u) & ((b & 0x7f800000u) != 0x7f800000u);
     }
     return bad != 0;
+}
+
+int dt_param_copy_exact(const dt_param *p) { return p->value.ndim < 2; }
+
+void dt_model_round_params(const dt_model *m, float *dst, const float *src, dt_dtype to) {
+    if (dst != src) {   /* one pass over everything, then the exact ones back */
+        dt_round_to(dst, src, to, m->param_flat.numel);
+        for (int i = 0; i < m->n_params; i++)
+            if (dt_param_copy_exact(m->params[i]))
+                memcpy(dst + m->offsets[i], src + m->offsets[i], (size_t)m->params[i]->value.numel * sizeof(float));
+        return;
+    }
+    for (int i = 0; i < m->n_params; i++)   /* in place: only the rounded ones (the gaps hold zeros) */
+        if (!dt_param_copy_exact(m->params[i]))
+            dt_round_to(dst + m->offsets[i], src + m->offsets[i], to, (size_t)m->params[i]->value.numel);
 }
 
 static void point(dt_model *m, float *base) {
@@ -39,7 +56,7 @@ dt_status dt_working_copy_enter(dt_working_copy *w, dt_model *m) {
                           m->name, n, dt_dtype_name(w->dtype));
         w->n = n;
     }
-    dt_round_to(w->buf, m->param_flat.data, w->dtype, n);
+    dt_model_round_params(m, w->buf, m->param_flat.data, w->dtype);
     if (w->dtype == DT_F16 && overflowed(w->buf, m->param_flat.data, n)) {   /* beyond 65504: inf */
         for (int i = 0; i < m->n_params; i++) {
             const float *v = w->buf + m->offsets[i], *x = m->param_flat.data + m->offsets[i];

@@ -130,8 +130,8 @@ dt_status dt_trainer_run(dt_trainer *t) {
         dt_gemm_describe(desc, sizeof desc);
         dt_dtype sd = dt_train_saved_dtype(&t->opts), pd = dt_train_param_dtype(&t->opts);
         dt_log(DT_LOG_INFO, "dtrain: GEMM: %s; %s%s%s\n", desc, dt_gemm_precision_describe(),
-               pd == DT_BF16 ? "; weights: a bf16 working copy of fp32 masters"
-               : pd == DT_F16 ? "; weights: an fp16 working copy of fp32 masters" : "",
+               pd == DT_BF16 ? "; weights: a bf16 working copy of fp32 masters (1-D ones exact)"
+               : pd == DT_F16 ? "; weights: an fp16 working copy of fp32 masters (1-D ones exact)" : "",
                sd == DT_BF16 ? "; activations kept for backward in bf16" : sd == DT_F16 ? "; activations kept for backward in fp16"
                : t->opts.precision == DT_PREC_BF16 && t->opts.saved_activations == DT_SAVED_AUTO ? "; activations fp32 (--saved-activations bf16 halves them for ~10% "
                                                      "more step time)" : "");

@@ -15,11 +15,12 @@
  *      different offsets fail as only the shared path can), and ZeRO with
  *      node-shared memory equals ZeRO with no_shm bit for bit;
  *  (e) param_dtype bf16 / fp16 (the 16-bit working copy): the parameter
- *      all-gathers carry half the bytes while a float32 gradient wire keeps
- *      its bytes; the owned shards stay float32 masters (not all of them
- *      16-bit values), and at stages 1/2 every rank's whole flat copy, its
- *      own chunk included, is exactly round16(masters) -- the same on every
- *      rank. */
+ *      all-gathers carry half the bytes, plus the 1-D parameters (biases)
+ *      at 32 bits, while a float32 gradient wire keeps its bytes; the owned
+ *      shards stay float32 masters (not all of them 16-bit values), and at
+ *      stages 1/2 every rank's whole flat copy, its own chunk included, is
+ *      exactly round16(masters) but for the biases, which are the masters
+ *      themselves -- the same on every rank. */
 #include "mpi_check.h"
 #include "zero_testutil.h"
 
@@ -220,8 +221,16 @@ static void test_param_dtype(void) {
     dt_model *namer;
     dt_model_cfg cfg = dtt_mlp_cfg(20, 32, 16, 5);
     T_OK(dt_model_create(&cfg, 1, &namer));
-    size_t np = dtz_param_count(namer);
+    size_t np = dtz_param_count(namer), n_exact = 0;
+    unsigned char *exact = xcalloc(np, 1);   /* registration order: 1-D parameters (the biases) */
+    for (int i = 0, pos = 0; i < namer->n_params; pos += (int)namer->params[i]->value.numel, i++)
+        if (namer->params[i]->value.ndim == 1) {
+            memset(exact + pos, 1, (size_t)namer->params[i]->value.numel);
+            n_exact += (size_t)namer->params[i]->value.numel;
+        }
+    T_CHECK(n_exact > 0 && n_exact < np / 4);
     const dt_dtype types[2] = {DT_BF16, DT_F16};
+    const int N = t_size();
     for (int stage = 1; stage <= 3; stage++) {
         run_out f32;
         train_pd(stage, DT_F32, DT_F32, 1, steps, &f32, NULL);
@@ -230,14 +239,29 @@ static void test_param_dtype(void) {
             float *copy = NULL;
             train_pd(stage, DT_F32, types[ti], 1, steps, &h, &copy);
             T_CHECK(h.st.bytes_reduced == f32.st.bytes_reduced);        /* gradients: the float32 wire */
-            T_CHECK(h.st.bytes_gathered * 2 == f32.st.bytes_gathered);  /* parameters: 16 bits */
+            /* parameters: 16 bits, and the exact biases at 32 after each rank's chunk
+             * (a bucket's chunks each carry the most any holds: between a 1/N share of
+             * its biases and all of them). Stages 1/2 gather the whole layout G times;
+             * stage 3 gathers buckets as modules need them: fewer bytes than float32 */
+            T_CHECK(h.st.bytes_gathered > f32.st.bytes_gathered / 2 && h.st.bytes_gathered < f32.st.bytes_gathered);
+            if (stage < 3) {
+                size_t G = f32.st.bytes_gathered / (4 * f32.layout), extra = h.st.bytes_gathered - f32.st.bytes_gathered / 2;
+                T_CHECK(G >= 1 && f32.st.bytes_gathered == G * 4 * f32.layout);
+                T_CHECK(extra >= G * 4 * n_exact && extra <= G * 4 * n_exact * (size_t)N);
+            }
             T_CHECK(fabsf(h.last_loss - f32.last_loss) <= 0.05f * f32.last_loss);   /* trains as float32 does */
             size_t rounded = 0;   /* masters that are already 16-bit values */
-            for (size_t i = 0; i < np; i++) rounded += round16(h.master[i], types[ti]) == h.master[i];
+            size_t exact_unrounded = 0;   /* biases whose masters have more bits than the copy type */
+            for (size_t i = 0; i < np; i++) {
+                rounded += round16(h.master[i], types[ti]) == h.master[i];
+                exact_unrounded += exact[i] && round16(h.master[i], types[ti]) != h.master[i];
+            }
+            T_CHECK(exact_unrounded > n_exact / 2);   /* so the copy's exact biases above are not rounded values */
             T_CHECK(rounded < np / 2);   /* float32 masters: most carry more bits */
             if (copy) {
                 size_t bad = 0;
-                for (size_t i = 0; i < np; i++) bad += memcmp(&copy[i], &(float){round16(h.master[i], types[ti])}, 4) != 0;
+                for (size_t i = 0; i < np; i++)   /* the biases exact, the rest rounded */
+                    bad += memcmp(&copy[i], &(float){exact[i] ? h.master[i] : round16(h.master[i], types[ti])}, 4) != 0;
                 T_CHECK(bad == 0);
                 /* every rank computes with the same copy */
                 float *r0 = xcalloc(np, sizeof *r0);
@@ -255,6 +279,7 @@ static void test_param_dtype(void) {
         }
         free(f32.master);
     }
+    free(exact);
     dt_model_free(namer);
     t_end();
 }
@@ -477,6 +502,97 @@ static void test_zero_shm_vs_mpi(void) {
     t_end();
 }
 
+/* (f) fp16 param_dtype: a master beyond 65504 gathers as inf. Every rank
+ * receives the same payload, so every rank fails at once, naming the
+ * parameter and the rank whose shard holds it -- none waits in a collective
+ * another has left. With the value back in range (and the copy gathered
+ * again: dt_zero_gather_params) the next step trains, the same loss on every
+ * rank. A bias beyond 65504 travels exact (32 bits) and refuses nothing. */
+static dt_status try_step(dtz_net *n, const dtt_batch *b) {
+    dt_zero_set_lr(n->z, 1e-3f);
+    dt_graph_reset(n->g);
+    dt_status s = dt_zero_before_forward(n->z, n->g, 1);
+    dt_tensor *loss = s == DT_OK ? dt_model_forward(n->m, n->g, &b->b, NULL) : NULL;
+    if (s == DT_OK && !loss) s = dt_error_code();
+    if (s == DT_OK) s = dt_graph_backward_scaled(n->g, loss, 1.0f);
+    if (s == DT_OK) s = dt_zero_finish_backward(n->z);
+    if (s == DT_OK) s = dt_zero_step(n->z, NULL);
+    if (s == DT_OK) s = dt_zero_sync_params(n->z);   /* stages 1/2: the stepped shards gathered */
+    else if (dt_zero_sync_params(n->z) != DT_OK) s = DT_ECOMM;   /* drain what is in flight; keep the first error */
+    return s;
+}
+
+/* the last element of parameter `name`: the rank whose shard holds it, and its master there */
+static int owner_of_param(dt_zero *z, dt_model *m, const char *name, float **master) {
+    dt_param *p = dt_model_find_param(m, name);
+    T_CHECK(p != NULL);
+    size_t at = m->offsets[p->index] + (size_t)p->value.numel - 1;
+    for (int i = 0; i < dt_zero_num_buckets(z); i++) {
+        const dt_zero_bucket *b = dt_zero_bucket_at(z, i);
+        if (at < b->begin || at >= b->begin + b->numel) continue;
+        int q = (int)((at - b->begin) / b->shard);
+        *master = q == t_rank() ? dt_zero_shard_params(z, i) + (at - b->own_begin) : NULL;
+        return q;
+    }
+    T_CHECK(!"parameter in no bucket");
+    return -1;
+}
+
+static void test_fp16_range(void) {
+    t_begin("param_dtype fp16: a master beyond 65504 fails the step on every rank, naming it (stages 2/3)");
+    dtz_spec sp = dtz_mk_spec(dtt_mlp_cfg(20, 32, 16, 5), 16, 4);
+    for (int stage = 2; stage <= 3; stage++) {
+        dt_zero_opts o = dtz_opts(&sp, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
+        o.param_dtype = DT_F16;
+        o.dp.first_bucket_bytes = o.dp.bucket_bytes = 2048;
+        dtz_net n;
+        dtz_net_init(&n, &sp, 1 + (uint64_t)t_rank(), world, &o);
+        dtt_batch b;   /* the same batch on every rank: the same loss on every rank */
+        dtt_make_batch(&sp.cfg, dtt_key(0, 0, 0), sp.B, &b);
+        T_OK(try_step(&n, &b));
+        /* a bias: exact on the wire, no refusal */
+        float *bias = NULL;
+        owner_of_param(n.z, n.m, n.m->params[1]->name, &bias);
+        T_CHECK(n.m->params[1]->value.ndim == 1);
+        float keep_bias = bias ? *bias : 0;
+        if (bias) *bias = 1e6f;
+        T_OK(try_step(&n, &b));
+        if (bias) *bias = keep_bias;
+        /* a matrix */
+        const char *name = n.m->params[n.m->n_params - 2]->name;   /* the last matrix */
+        T_CHECK(n.m->params[n.m->n_params - 2]->value.ndim == 2);
+        float *w = NULL;
+        int q = owner_of_param(n.z, n.m, name, &w);
+        float keep = w ? *w : 0;
+        if (w) *w = 1e6f;
+        dt_error_clear();
+        dt_status st = try_step(&n, &b);
+        char want[64], msg[512];
+        snprintf(want, sizeof want, "in rank %d's master shard", q);
+        snprintf(msg, sizeof msg, "%s", dt_error_message());
+        T_CHECK(st == DT_EINVAL);
+        T_CHECK(strstr(msg, name) != NULL);
+        T_CHECK(strstr(msg, "beyond fp16's range") != NULL);
+        T_CHECK(strstr(msg, want) != NULL);
+        if (w) *w = keep;
+        T_OK(dt_zero_gather_params(n.z));   /* stage 2's copy holds the inf: gathered again */
+        dt_error_clear();
+        T_OK(try_step(&n, &b));   /* trains on, every rank */
+        dt_graph_reset(n.g);
+        T_OK(dt_zero_before_forward(n.z, n.g, 1));
+        dt_tensor *loss = dt_model_forward(n.m, n.g, &b.b, NULL);
+        T_CHECK(loss != NULL);
+        float l = dt_f32(loss)[0];
+        T_OK(dt_zero_sync_params(n.z));
+        T_CHECK(isfinite(l));
+        T_SAME_ON_RANKS(&l, 1, "the loss after the refusal");
+        if (t_rank() == 0) printf("  stage %d: every rank refused: %s\n", stage, msg);
+        dtt_batch_free(&b);
+        dtz_net_free(&n);
+    }
+    t_end();
+}
+
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     T_OK(dt_pg_world(&world));
@@ -485,6 +601,7 @@ int main(int argc, char **argv) {
     test_reference();
     test_converge_and_bytes();
     test_param_dtype();
+    test_fp16_range();
     T_OK(dt_dist_finalize());
     return 0;
 }

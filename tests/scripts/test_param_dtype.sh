@@ -16,6 +16,11 @@
 #    process); rounded values in a checkpoint would change steps 3 and 4;
 #  - a bf16 checkpoint resumes in fp32 (--param-dtype fp32) and that run
 #    computes with fp32 weights (it differs from the bf16 continuation);
+#  - 1-D parameters (biases, LayerNorm's) stay fp32 in the copy: an MLP
+#    with bf16 products (DTRAIN_BF16=force), which round their own inputs,
+#    trains bit for bit the same with a bf16 copy as with fp32 weights --
+#    one process, DDP, ZeRO-2 and ZeRO-3 (16-bit gathers) at 2 ranks --
+#    and with fp32 products the copy is not fp32's run (it does round);
 #  - a bad value, and --node-params with a 16-bit copy, are refused;
 #  - the default is fp32 weights also under --precision bf16 / fp16 (as
 #    autocast: only the products round; docs/PERFORMANCE.md has why).
@@ -112,4 +117,25 @@ t_run to_fp32 --steps 4 --resume "$tmp/z3_to_ddp_a.ck" --batch 2 --accum 2 --npr
 if [ -s "$tmp/to_fp32.loss" ] && ! cmp -s "$tmp/to_fp32.loss" "$tmp/z3_to_ddp.loss"; then
     echo "ok   a bf16 checkpoint resumed with fp32 weights: $(tr '\n' ' ' < "$tmp/to_fp32.loss")"
 else echo "FAIL fp32 resume of a bf16 checkpoint"; fail=1; fi
+# 1-D parameters exact: with products that round their inputs anyway, a bf16
+# copy that rounds only the matrices changes nothing (a rounded bias would).
+# DTRAIN_BF16=force: bf16 products on every CPU (oneDNN or emulated); every
+# product here is large enough to take them (M*N*K >= 2^18 at 64 rows a rank)
+mlp=(--model mlp --hidden 512,512 --batch 64 --threads 1 --eval-batches 1 --deterministic --lr 3e-3 --steps 4)
+args=mlp
+export DTRAIN_BF16=force
+t_run mlp_fp32w --precision bf16 --param-dtype fp32
+t_run mlp_bf16w --precision bf16 --param-dtype bf16 && t_same mlp_fp32w mlp_bf16w
+t_run mlp_ddp_fp32w --precision bf16 --param-dtype fp32 --nproc 2
+t_run mlp_ddp_bf16w --precision bf16 --param-dtype bf16 --nproc 2 && t_same mlp_ddp_fp32w mlp_ddp_bf16w
+for z in 2 3; do
+    t_run "mlp_zero${z}_bf16w" --precision bf16 --param-dtype bf16 --nproc 2 --zero $z --save-format consolidated &&
+        t_same mlp_ddp_fp32w "mlp_zero${z}_bf16w"
+done
+unset DTRAIN_BF16
+t_run mlp_fp32p_bf16w --precision fp32 --param-dtype bf16
+t_run mlp_fp32p --precision fp32
+if [ -s "$tmp/mlp_fp32p.loss" ] && ! cmp -s "$tmp/mlp_fp32p.loss" "$tmp/mlp_fp32p_bf16w.loss"; then
+    echo "ok   control: with fp32 products the MLP's bf16 copy is not fp32's run (its matrices are rounded)"
+else echo "FAIL control: the MLP's bf16 copy with fp32 products equals fp32 weights"; fail=1; fi
 exit $fail

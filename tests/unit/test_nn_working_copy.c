@@ -1,12 +1,13 @@
 /* dt_working_copy (nn.h): the 16-bit working copy of a model's parameters.
  *  - enter points every parameter's value at a buffer holding its master
  *    rounded to bf16 / fp16 (our own rounding here, not dtrain's converter),
- *    and leaves the masters in param_flat untouched; leave points them back;
+ *    the 1-D ones (biases) exact, and leaves the masters in param_flat
+ *    untouched; leave points them back;
  *  - enter after the masters changed rounds them again (a step's update is
  *    seen by the next step); enter twice is once;
  *  - fp32 does nothing (the views stay the masters);
  *  - fp16 refuses a master beyond 65504, naming the parameter, and leaves
- *    the views on the masters. */
+ *    the views on the masters; a bias beyond it is kept exact, not refused. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,17 +36,26 @@ static float round_bf16(float x) {   /* nearest even */
 }
 static float round_f16(float x) { return (float)(_Float16)x; }
 
-/* every parameter's view is the rounded master, bit for bit, and not the master's memory */
+/* every parameter's view is the rounded master, bit for bit -- the biases
+ * (1-D) the master itself, which carries more bits -- and not the master's memory */
 static void expect_rounded(const dt_model *m, const float *masters, dt_dtype t) {
+    int n_bias = 0;
     for (int i = 0; i < m->n_params; i++) {
         const dt_param *p = m->params[i];
         const float *v = p->value.data, *mv = masters + m->offsets[i];
+        int bias = p->value.ndim == 1;
+        size_t unrounded = 0;
+        n_bias += bias;
         assert_ptr_not_equal(v, m->param_flat.data + m->offsets[i]);
         for (int64_t k = 0; k < p->value.numel; k++) {
-            float want = t == DT_BF16 ? round_bf16(mv[k]) : round_f16(mv[k]);
+            float r = t == DT_BF16 ? round_bf16(mv[k]) : round_f16(mv[k]);
+            float want = bias ? mv[k] : r;
             assert_memory_equal(&v[k], &want, 4);
+            unrounded += r != mv[k];
         }
+        if (bias) assert_true(unrounded > 0);   /* so "exact" is not "rounded" here */
     }
+    assert_int_equal(n_bias, 2);   /* the MLP's two biases */
 }
 
 static void expect_masters(const dt_model *m) {
@@ -97,16 +107,23 @@ static void test_fp32_is_nothing(void **s) {
 static void test_f16_range(void **s) {
     (void)s;
     dt_model *m = small_mlp();
-    const dt_param *p = m->params[m->n_params - 1];
-    m->param_flat.data[m->offsets[m->n_params - 1] + 1] = 1e6f;
+    int wi = m->n_params - 1, bi = m->n_params - 1;   /* the last matrix, the last bias */
+    while (m->params[wi]->value.ndim != 2) wi--;
+    while (m->params[bi]->value.ndim != 1) bi--;
+    const dt_param *p = m->params[wi];
+    m->param_flat.data[m->offsets[bi] + 1] = 1e6f;   /* a bias stays float32: no refusal */
     dt_working_copy w = {.dtype = DT_F16};
+    assert_int_equal(dt_working_copy_enter(&w, m), DT_OK);
+    assert_true(((const float *)m->params[bi]->value.data)[1] == 1e6f);
+    dt_working_copy_leave(&w, m);
+    m->param_flat.data[m->offsets[wi] + 1] = 1e6f;
     assert_int_equal(dt_working_copy_enter(&w, m), DT_EINVAL);
     assert_non_null(strstr(dt_error_message(), p->name));
     assert_non_null(strstr(dt_error_message(), "65504"));
     expect_masters(m);
     w.dtype = DT_BF16;   /* bf16 has float32's range */
     assert_int_equal(dt_working_copy_enter(&w, m), DT_OK);
-    assert_true(((const float *)m->params[m->n_params - 1]->value.data)[1] == round_bf16(1e6f));
+    assert_true(((const float *)m->params[wi]->value.data)[1] == round_bf16(1e6f));
     dt_working_copy_leave(&w, m);
     dt_working_copy_free(&w);
     dt_model_free(m);

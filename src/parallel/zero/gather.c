@@ -85,7 +85,8 @@ dt_status dt_zero_wait_gather(dt_zero *z, int i) {
     if (!b->ag) return DT_OK;
     dt_status s = dt_work_wait(b->ag);
     b->ag = NULL;
-    dt_zero_wire_gathered(z, i);   /* wire buffer -> float32 parameters */
+    dt_status sw = dt_zero_wire_gathered(z, i, s == DT_OK);   /* wire buffer -> float32 parameters */
+    if (s == DT_OK) s = sw;
     forget_live(z, i);
     z->stats.gather_wait_us += dt_par_now_us() - t0;
     if (s == DT_OK) s = dt_zero_pump_gathers(z, INT_MAX);   /* keep the queue moving */
@@ -103,6 +104,6 @@ dt_status dt_zero_gather_params(dt_zero *z) {
     if (z->stage == 3) return DT_OK;
     for (int i = 0; i < z->lay.nb; i++) DT_TRY(allgather_bucket(z, i, NULL));
     if (z->lay.shard_param)   /* 16-bit param_dtype: the copy forward reads holds the rounded masters */
-        dt_round_to(z->m->param_flat.data, z->m->param_flat.data, z->opts.param_dtype, z->m->param_flat.numel);
+        dt_model_round_params(z->m, z->m->param_flat.data, z->m->param_flat.data, z->opts.param_dtype);
     return DT_OK;
 }

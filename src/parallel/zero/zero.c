@@ -95,7 +95,7 @@ static dt_status shard_storage(dt_zero *z) {
         memcpy(dt_zero_shard_param_ptr(z, i), m->param_flat.data + z->lay.b[i].pub.own_begin,
                z->lay.b[i].pub.shard * sizeof(float));
     if (z->stage < 3) {
-        dt_round_to(m->param_flat.data, m->param_flat.data, z->opts.param_dtype, m->param_flat.numel);
+        dt_model_round_params(m, m->param_flat.data, m->param_flat.data, z->opts.param_dtype);
         return DT_OK;
     }
     for (int i = 0; i < m->n_params; i++) m->params[i]->value.data = NULL;

@@ -24,7 +24,12 @@ typedef struct zbucket {
     /* the wire (zero/wire.c): payload buffers of the collectives in flight when the
      * payload is not the float32 data itself (16-bit wire, or a node-shared buffer) */
     void *rs_wire;           /* reduce-scatter input, numel wire elements */
-    void *ag_wire;           /* all-gather buffer, numel wire elements */
+    void *ag_wire;           /* all-gather buffer, N x pchunk parameter-payload elements */
+    size_t xn;               /* 16-bit param_dtype: float32 values each rank's all-gather chunk carries
+                                after its S 16-bit ones, the exact (1-D, nn.h dt_param_copy_exact)
+                                elements of its shard: the most any chunk holds, padded with zeros */
+    size_t pchunk;           /* all-gather elements per rank: S + xn floats in payload elements */
+    size_t pbegin;           /* where its all-gather payload starts in wire.ag_win (elements) */
     float *ag_dest;          /* where the gathered float32 values go when ag completes */
     int rs_pooled, ag_pooled;   /* the wire buffer came from the pool (else a shared window) */
 } zbucket;
@@ -35,6 +40,7 @@ typedef struct zwire {
     size_t es;               /* its element size */
     dt_dtype pdt;            /* the parameters' payload: opts.param_dtype when 16-bit, else dt */
     size_t pes;              /* its element size */
+    size_t ptotal;           /* payload elements of every bucket's all-gather (sum of N x pchunk) */
     float *shm_grads;        /* stage 1, float32 wire: the flat gradient buffer, node-shared */
     void *rs_win;            /* stage 1, 16-bit wire: node-shared reduce-scatter inputs (layout x es) */
     void *ag_win;            /* stages 1/2: node-shared all-gather buffers (layout x es), on ag_pg */
@@ -242,7 +248,10 @@ void dt_zero_wire_free(dt_zero *z);
 dt_status dt_zero_wire_reduce(dt_zero *z, int i, dt_work **w);
 void dt_zero_wire_reduced(dt_zero *z, int i);
 dt_status dt_zero_wire_gather(dt_zero *z, int i, float *dest, dt_work **w);
-void dt_zero_wire_gathered(dt_zero *z, int i);
+/* The gathered payload into float32 values. check (the collective
+ * succeeded): an fp16 payload holding inf (a master beyond 65504) fails,
+ * naming the parameter -- on every rank alike, all having the same payload. */
+dt_status dt_zero_wire_gathered(dt_zero *z, int i, int check);
 
 /* zero/reduce.c: gradients during backward. */
 dt_status dt_zero_grad_alloc(dt_param *p, void *user);       /* stages 2/3: on_grad_alloc */
