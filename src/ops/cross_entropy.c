@@ -32,19 +32,22 @@ static void cross_entropy_backward(dt_graph *g, dt_node *n) {
 #pragma omp parallel for schedule(static) if (N * V >= DT_OPS_PAR_MIN)
     for (int64_t r = 0; r < N; r++) {
         int32_t t = sv->targets[r];
-        if (t < 0) continue;
-        const float *xr = xd + r * V;
-        float *dxr = dx + r * V;
-        float m = sv->rmax[r], si = s * sv->rinv[r];
-        if (in_place) {   /* xr == dxr: each element read, then written */
-#pragma omp simd
-            for (int64_t j = 0; j < V; j++) dxr[j] = si * dt_ops_expf(xr[j] - m);
-        } else {
-#pragma omp simd
-            for (int64_t j = 0; j < V; j++) dxr[j] += si * dt_ops_expf(xr[j] - m);
-        }
-        dxr[t] -= s;
+        if (t >= 0) dt_ops_ce_row_grad(dx + r * V, xd + r * V, V, V, sv->rmax[r], s * sv->rinv[r], s, t, in_place);
     }
+}
+
+int dt_ops_ce_check_targets(const char *op, const int32_t *t, int64_t N, int64_t V, const dt_tensor *logits) {
+    if (N > 0 && !t) {
+        DT_ERR(DT_EINVAL, "%s: targets is NULL for logits %s", op, DT_OPS_SHAPE(logits));
+        return -1;
+    }
+    for (int64_t r = 0; r < N; r++)
+        if (t[r] >= V) {
+            DT_ERR(DT_EINVAL, "%s: target %d at row %lld out of range [0, %lld) for logits %s", op,
+                   (int)t[r], (long long)r, (long long)V, DT_OPS_SHAPE(logits));
+            return -1;
+        }
+    return 0;
 }
 
 static dt_tensor *cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *targets, int consume) {
@@ -55,19 +58,9 @@ static dt_tensor *cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *t
         return NULL;
     }
     int64_t V = logits->shape[logits->ndim - 1], N = logits->numel / V;
-    if (N > 0 && !targets) {
-        DT_ERR(DT_EINVAL, "cross_entropy: targets is NULL for logits %s", DT_OPS_SHAPE(logits));
-        return NULL;
-    }
+    if (dt_ops_ce_check_targets(op, targets, N, V, logits)) return NULL;
     int64_t nvalid = 0;
-    for (int64_t r = 0; r < N; r++) {
-        if (targets[r] >= V) {
-            DT_ERR(DT_EINVAL, "cross_entropy: target %d at row %lld out of range [0, %lld) for logits %s",
-                   (int)targets[r], (long long)r, (long long)V, DT_OPS_SHAPE(logits));
-            return NULL;
-        }
-        nvalid += targets[r] >= 0;
-    }
+    for (int64_t r = 0; r < N; r++) nvalid += targets[r] >= 0;
     dt_tensor *out = dt_graph_tensor(g, 0, NULL);
     ce_saved *sv = dt_graph_scratch(g, sizeof *sv);
     float *stats = dt_graph_scratch(g, 2 * (size_t)N * sizeof(float) + 1);
@@ -85,12 +78,7 @@ static dt_tensor *cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *t
             continue;
         }
         const float *xr = xd + r * V;
-        float m = xr[0];
-#pragma omp simd reduction(max : m)
-        for (int64_t j = 0; j < V; j++) m = xr[j] > m ? xr[j] : m;
-        float z = 0.0f;
-#pragma omp simd reduction(+ : z)
-        for (int64_t j = 0; j < V; j++) z += dt_ops_expf(xr[j] - m);
+        float m = dt_ops_row_max(xr, V), z = dt_ops_row_sumexp(xr, V, m);
         sv->rmax[r] = m;
         sv->rinv[r] = 1.0f / z;
         rloss[r] = (double)m + log((double)z) - (double)xr[t];

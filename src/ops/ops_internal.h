@@ -10,6 +10,7 @@
 #ifndef DT_OPS_INTERNAL_H
 #define DT_OPS_INTERNAL_H
 
+#include <float.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -188,6 +189,41 @@ static inline void dt_ops_softmax_row(float *y, const float *x, int64_t n) {
     float inv = 1.0f / s;
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) y[j] *= inv;
+}
+
+/* Cross-entropy's rows (cross_entropy.c; vocab_parallel.c, where a rank
+ * holds columns [start, start + nv) of V and the row statistics are the
+ * group's). Targets: < 0 ignores a row, else < V, or -1 + DT_EINVAL naming
+ * op, the row and the logits. Row max over x[0..nv) (-FLT_MAX for nv = 0) and
+ * the row's sum of exp(x - m). */
+int dt_ops_ce_check_targets(const char *op, const int32_t *t, int64_t N, int64_t V, const dt_tensor *logits);
+static inline float dt_ops_row_max(const float *x, int64_t nv) {
+    float m = -FLT_MAX;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < nv; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+static inline float dt_ops_row_sumexp(const float *x, int64_t nv, float m) {
+    float z = 0.0f;
+#pragma omp simd reduction(+ : z)
+    for (int64_t j = 0; j < nv; j++) z += dt_ops_expf(x[j] - m);
+    return z;
+}
+/* A row's gradient, s = dloss / n_valid, si = s / Z, target column t in the
+ * row's own columns (or outside [0, nv): another rank's):
+ *   dx_j (+)= si exp(x_j - m) - s [j == t] for j < nv; in place (dx == x,
+ *   each element read, then written) the columns [nv, C) become 0. */
+static inline void dt_ops_ce_row_grad(float *dx, const float *x, int64_t nv, int64_t C, float m, float si, float s,
+                                      int64_t t, int in_place) {
+    if (in_place) {
+#pragma omp simd
+        for (int64_t j = 0; j < nv; j++) dx[j] = si * dt_ops_expf(x[j] - m);
+        for (int64_t j = nv; j < C; j++) dx[j] = 0.0f;
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < nv; j++) dx[j] += si * dt_ops_expf(x[j] - m);
+    }
+    if (t >= 0 && t < nv) dx[t] -= s;
 }
 
 /* Tensor-parallel collectives of the ops (tp.c): the group is usable

@@ -41,18 +41,7 @@ static int check_split(const char *op, const dt_tensor *x, const int32_t *t, int
                DT_OPS_SHAPE(x), c->size, (long long)V, (long long)dt_vocab_part(V, c->size));
         return -1;
     }
-    int64_t N = x->numel / n;
-    if (N > 0 && !t) {
-        DT_ERR(DT_EINVAL, "%s: targets is NULL for logits %s", op, DT_OPS_SHAPE(x));
-        return -1;
-    }
-    for (int64_t r = 0; r < N; r++)
-        if (t[r] >= V) {
-            DT_ERR(DT_EINVAL, "%s: target %d at row %lld out of range [0, %lld)", op, (int)t[r], (long long)r,
-                   (long long)V);
-            return -1;
-        }
-    return 0;
+    return dt_ops_ce_check_targets(op, t, x->numel / n, V, x);
 }
 
 static void vp_backward(dt_graph *g, dt_node *n) {
@@ -66,23 +55,13 @@ static void vp_backward(dt_graph *g, dt_node *n) {
     const float *xd = dt_f32(x);
 #pragma omp parallel for schedule(static) if (N * C >= DT_OPS_PAR_MIN)
     for (int64_t r = 0; r < N; r++) {
-        const float *xr = xd + r * C;
-        float *dxr = dx + r * C;
         int32_t t = sv->targets[r];
         if (t < 0) {   /* ignored row: no gradient */
-            if (in_place) memset(dxr, 0, (size_t)C * sizeof *dxr);
+            if (in_place) memset(dx + r * C, 0, (size_t)C * sizeof *dx);
             continue;
         }
-        float m = sv->rmax[r], si = s * sv->rinv[r];
-        if (in_place) {   /* xr == dxr: each element read, then written */
-#pragma omp simd
-            for (int64_t j = 0; j < nv; j++) dxr[j] = si * dt_ops_expf(xr[j] - m);
-            for (int64_t j = nv; j < C; j++) dxr[j] = 0.0f;
-        } else {
-#pragma omp simd
-            for (int64_t j = 0; j < nv; j++) dxr[j] += si * dt_ops_expf(xr[j] - m);
-        }
-        if (t >= sv->start && t - sv->start < nv) dxr[t - sv->start] -= s;
+        dt_ops_ce_row_grad(dx + r * C, xd + r * C, nv, C, sv->rmax[r], s * sv->rinv[r], s, (int64_t)t - sv->start,
+                           in_place);
     }
 }
 
@@ -102,21 +81,14 @@ static dt_tensor *vp_cross_entropy(dt_graph *g, dt_tensor *x, const int32_t *tar
     const float *xd = dt_f32(x);
 #pragma omp parallel for schedule(static) if (N * C >= DT_OPS_PAR_MIN)
     for (int64_t r = 0; r < N; r++) {
-        const float *xr = xd + r * C;
-        float m = -FLT_MAX;   /* a part of padding only: the others' max wins */
-#pragma omp simd reduction(max : m)
-        for (int64_t j = 0; j < nv; j++) m = xr[j] > m ? xr[j] : m;
-        stats[r] = m;
+        stats[r] = dt_ops_row_max(xd + r * C, nv);   /* a part of padding only: -FLT_MAX, the others' max wins */
     }
     if (dt_ops_tp_max(c, op, stats, N) != DT_OK) return NULL;
 #pragma omp parallel for schedule(static) if (N * C >= DT_OPS_PAR_MIN)
     for (int64_t r = 0; r < N; r++) {
         const float *xr = xd + r * C;
-        float m = stats[r], z = 0.0f;
-#pragma omp simd reduction(+ : z)
-        for (int64_t j = 0; j < nv; j++) z += dt_ops_expf(xr[j] - m);
         int32_t t = targets[r];
-        zx[2 * r] = z;
+        zx[2 * r] = dt_ops_row_sumexp(xr, nv, stats[r]);
         zx[2 * r + 1] = t >= start && t - start < nv ? xr[t - start] : 0.0f;
     }
     if (dt_ops_tp_sum(c, op, zx, 2 * N) != DT_OK) return NULL;
@@ -165,11 +137,7 @@ int64_t dt_count_correct_vocab_parallel(const dt_tensor *logits, const int32_t *
     if (!buf) { DT_ERR(DT_ENOMEM, "%s: out of memory (%lld rows)", op, (long long)N); return -1; }
     float *mx = buf, *col = buf + N;
     const float *xd = dt_f32(logits);
-    for (int64_t r = 0; r < N; r++) {
-        float m = -FLT_MAX;
-        for (int64_t j = 0; j < nv; j++) m = xd[r * C + j] > m ? xd[r * C + j] : m;
-        mx[r] = m;
-    }
+    for (int64_t r = 0; r < N; r++) mx[r] = dt_ops_row_max(xd + r * C, nv);
     dt_status st = dt_ops_tp_max(c, op, mx, N);
     for (int64_t r = 0; st == DT_OK && r < N; r++) {
         col[r] = -FLT_MAX;   /* none here: another rank's column is lower than "infinity" */
