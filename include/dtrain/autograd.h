@@ -230,9 +230,9 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
  * dtype (DT_EINVAL), called inside a checkpoint or another pack16 (DT_ESTATE). */
 dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_dtype dtype);
 /* For ops: `data[n]`, a float32 buffer the op saved for its backward, may be
- * read back rounded to 16 bits (attention's probabilities, which autocast
- * also keeps in bf16): inside dt_graph_pack16 it is packed like an output.
- * Anywhere else, nothing happens. */
+ * read back rounded to 16 bits (a softmax's probabilities, say, which
+ * autocast keeps in bf16): inside dt_graph_pack16 it is packed like an
+ * output. Anywhere else, nothing happens. */
 void dt_graph_saved_may_round(dt_graph *g, float *data, int64_t n);
 /* For ops: `data[n]` (typically the op's input, another op's output) is read
  * by the op's backward where 16-bit rounding would hurt -- LayerNorm's input

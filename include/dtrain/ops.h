@@ -154,7 +154,9 @@ dt_tensor *dt_op_add_layernorm(dt_graph *g, dt_tensor *x, dt_tensor *h, dt_tenso
 /* Softmax over the last dim. */
 dt_tensor *dt_op_softmax(dt_graph *g, dt_tensor *x);
 /* Fused causal multi-head self-attention.
- * qkv[B, T, 3C] laid out as [q | k | v], each C = n_head * hs -> y[B, T, C]. */
+ * qkv[B, T, 3C] laid out as [q | k | v], each C = n_head * hs -> y[B, T, C].
+ * Keeps 2 floats per row and head for backward, which recomputes the
+ * probabilities: no [T, T] per head is held across the batch. */
 dt_tensor *dt_op_attention(dt_graph *g, dt_tensor *qkv, int n_head);
 /* y[n, C] = w[ids[i], :]; w[V, C]. ids out of range -> error. Output shape is
  * given by (ndim, shape) whose numel / C must equal n. */

@@ -14,10 +14,16 @@
  * granularity. Padded sizes: Tp = T rounded up to 32, HSp = hs rounded up to
  * 32; padding rows/columns of the packed copies are zero.
  *
- * Saved: P[B*H][Tp][Tp]. Invariant for row i < T: P[i][j] is the probability
- * for j <= i and 0 for i < j < round_up(i + 1, 4); nothing else is read.
- * Under dt_graph_pack16 backward reads P rounded to 16 bits (autocast keeps
- * it in bf16 too): rounding keeps 0 at 0, so the invariant holds.
+ * Saved: each row's softmax max and 1 / sum (stats[B*H][T][2]). No [T, T]
+ * block is held per head for the whole batch: forward computes P four rows
+ * at a time and uses them at once (y = P v), and backward recomputes a
+ * head's P into its thread's [Tp][Tp] workspace from the same tiles and the
+ * saved statistics, in one exp pass, hence with the same bits as forward's.
+ * Memory: O(threads x T^2) instead of O(B x H x T^2) (GPT-2 small at T 1024,
+ * B 8: 4.8 GB of probabilities no longer kept); the price is one more q k^T
+ * product per head in backward. Invariant of a
+ * head's P for row i < T: P[i][j] is the probability for j <= i and 0 for
+ * i < j < round_up(i + 1, 4); nothing else is read.
  *
  * (b, h) pairs are independent (disjoint columns of y and dqkv), so they run
  * in an OpenMP loop, each thread with its own packing workspace. */
@@ -96,60 +102,72 @@ static void unpack_tile(float *dst, int64_t ld, const float *tile, int64_t i0, i
     }
 }
 
-static size_t fwd_ws_floats(const att_dims *d, int keep) {
-    return (size_t)(2 * d->Tp * d->HSp + d->hs * d->Tp + (keep ? 0 : MK_R * d->Tp));
-}
+static size_t fwd_ws_floats(const att_dims *d) { return (size_t)(2 * d->Tp * d->HSp + d->hs * d->Tp + MK_R * d->Tp); }
 static size_t bwd_ws_floats(const att_dims *d) {
-    return (size_t)(3 * d->Tp * d->HSp + d->hs * d->Tp + d->Tp * d->Tp);
+    return (size_t)(3 * d->Tp * d->HSp + 2 * d->hs * d->Tp + 2 * d->Tp * d->Tp);
+}
+
+/* Rows i0 .. i0+3 of a head's P into Pt (stride Tp), columns 0 .. i0+3:
+ * S = Qp · Kt (Qp holds a q), then each row's softmax over j <= i, zeros up
+ * to the tile's end (rows >= T all zero). stats[2i], [2i+1]: row i's max and
+ * 1 / sum of exp -- written (recompute 0; NULL: not kept) or read back
+ * (recompute 1: P = exp(S - max) x inv in one pass, forward's bits exactly,
+ * ops_internal.h dt_ops_softmax_row_stats). */
+static void head_probs_rows(const att_dims *d, const float *Qp, const float *Kt, float *Pt, int64_t i0, float *stats,
+                            int recompute) {
+    const int64_t T = d->T, Tp = d->Tp, HSp = d->HSp, kend = i0 + MK_R;   /* columns 0 .. kend-1 cover j <= i */
+    for (int64_t j0 = 0; j0 < kend; j0 += MK_C) mk_nn(Qp + i0 * HSp, HSp, Kt + j0, Tp, d->hs, Pt + j0, Tp);
+    for (int64_t r = 0; r < MK_R; r++) {
+        float *row = Pt + r * Tp;
+        int64_t i = i0 + r, j = 0;
+        if (i < T && recompute) {
+            float m = stats[2 * i], inv = stats[2 * i + 1];
+#pragma omp simd
+            for (int64_t t = 0; t <= i; t++) row[t] = dt_ops_expf(row[t] - m) * inv;
+            j = i + 1;
+        } else if (i < T) {
+            dt_ops_softmax_row_stats(row, row, i + 1, stats ? stats + 2 * i : NULL);
+            j = i + 1;
+        }
+        for (; j < kend; j++) row[j] = 0.0f;
+    }
 }
 
 /* One (b, h). q points at the head's q columns in qkv (k, v at +C, +2C), y at
- * its columns of the output. keep: P is this head's [Tp][Tp] block; else P is
- * the 4-row tile scratch at the end of ws. */
-static void att_head_forward(const att_dims *d, const float *q, float *y, float *P, int keep, float *ws) {
+ * its columns of the output. */
+static void att_head_forward(const att_dims *d, const float *q, float *y, float *stats, float *ws) {
     const int64_t T = d->T, Tp = d->Tp, HSp = d->HSp, ld = 3 * d->C;
-    float *Qp = ws, *Vp = Qp + Tp * HSp, *Kt = Vp + Tp * HSp;   /* [Tp][HSp] x2, [hs][Tp] */
-    if (!keep) P = Kt + d->hs * Tp;
+    float *Qp = ws, *Vp = Qp + Tp * HSp, *Kt = Vp + Tp * HSp, *Pt = Kt + d->hs * Tp;   /* [Tp][HSp] x2, [hs][Tp], [4][Tp] */
     pack_rows(Qp, q, ld, d, d->scale);
     pack_rows(Vp, q + 2 * d->C, ld, d, 1.0f);
     pack_cols(Kt, q + d->C, ld, d);
     float tile[MK_R * MK_C];
     for (int64_t i0 = 0; i0 < T; i0 += MK_R) {
-        float *Pt = keep ? P + i0 * Tp : P;   /* rows i0 .. i0+3, stride Tp */
-        int64_t kend = i0 + MK_R;             /* columns 0 .. kend-1 cover j <= i */
-        /* S[i0:i0+4, 0:kend] = (a q) · k^T */
-        for (int64_t j0 = 0; j0 < kend; j0 += MK_C) mk_nn(Qp + i0 * HSp, HSp, Kt + j0, Tp, d->hs, Pt + j0, Tp);
-        for (int64_t r = 0; r < MK_R; r++) {
-            float *row = Pt + r * Tp;
-            int64_t i = i0 + r, j = 0;
-            if (i < T) {
-                dt_ops_softmax_row(row, row, i + 1);
-                j = i + 1;
-            }
-            for (; j < kend; j++) row[j] = 0.0f;
-        }
+        head_probs_rows(d, Qp, Kt, Pt, i0, stats, 0);
         /* y[i0:i0+4, :] = P[i0:i0+4, 0:kend] · v[0:kend, :] */
         for (int64_t c0 = 0; c0 < d->hs; c0 += MK_C) {
-            mk_nn(Pt, Tp, Vp + c0, HSp, kend, tile, MK_C);
+            mk_nn(Pt, Tp, Vp + c0, HSp, i0 + MK_R, tile, MK_C);
             unpack_tile(y, d->C, tile, i0, c0, d, 1.0f, 0);
         }
     }
 }
 
 /* One (b, h) backward; dq points at the head's q columns in dqkv. */
-static void att_head_backward(const att_dims *d, const float *q, float *dq, const float *dy, const float *P,
+static void att_head_backward(const att_dims *d, const float *q, float *dq, const float *dy, float *stats,
                               float *ws) {
     const int64_t T = d->T, Tp = d->Tp, HSp = d->HSp, ld = 3 * d->C;
-    float *Qp = ws, *Kp = Qp + Tp * HSp, *dYp = Kp + Tp * HSp, *Vt = dYp + Tp * HSp, *dS = Vt + d->hs * Tp;
+    float *Qp = ws, *Kp = Qp + Tp * HSp, *dYp = Kp + Tp * HSp, *Vt = dYp + Tp * HSp, *Kt = Vt + d->hs * Tp;
+    float *dS = Kt + d->hs * Tp, *P = dS + Tp * Tp;   /* [Tp][Tp] each */
     pack_rows(Qp, q, ld, d, d->scale);
     pack_rows(Kp, q + d->C, ld, d, 1.0f);
     pack_rows(dYp, dy, d->C, d, 1.0f);
     pack_cols(Vt, q + 2 * d->C, ld, d);
+    pack_cols(Kt, q + d->C, ld, d);
     float tile[MK_R * MK_C];
     for (int64_t i0 = 0; i0 < T; i0 += MK_R) {
-        float *St = dS + i0 * Tp;
-        const float *Pt = P + i0 * Tp;
+        float *St = dS + i0 * Tp, *Pt = P + i0 * Tp;
         int64_t kend = i0 + MK_R;
+        head_probs_rows(d, Qp, Kt, Pt, i0, stats, 1);   /* forward's P, rows i0 .. i0+3 */
         /* dP[i0:i0+4, 0:kend] = dy · v^T */
         for (int64_t j0 = 0; j0 < kend; j0 += MK_C) mk_nn(dYp + i0 * HSp, HSp, Vt + j0, Tp, d->hs, St + j0, Tp);
         /* dS = P (dP - sum_j dP P) on j <= i, 0 up to kend */
@@ -200,7 +218,8 @@ static void attention_backward(dt_graph *g, dt_node *n) {
     att_dims d = {.T = n->i[1], .C = n->i[2], .hs = n->i[2] / H, .scale = n->f[0]};
     d.Tp = round_up(d.T, MK_C);
     d.HSp = round_up(d.hs, MK_C);
-    const float *P = n->saved, *x = dt_f32(qkv), *dy = dt_f32(n->out->grad);
+    const float *x = dt_f32(qkv), *dy = dt_f32(n->out->grad);
+    float *stats = n->saved;
     int64_t tasks = B * H;
     int nthr = att_threads(tasks);
     size_t wsf = bwd_ws_floats(&d);
@@ -212,7 +231,7 @@ static void attention_backward(dt_graph *g, dt_node *n) {
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tasks; t++) {
             int64_t b = t / H, h = t % H, qo = b * d.T * 3 * d.C + h * d.hs;
-            att_head_backward(&d, x + qo, dqkv + qo, dy + b * d.T * d.C + h * d.hs, P + t * d.Tp * d.Tp, wt);
+            att_head_backward(&d, x + qo, dqkv + qo, dy + b * d.T * d.C + h * d.hs, stats + t * 2 * d.T, wt);
         }
     }
 }
@@ -234,14 +253,13 @@ dt_tensor *dt_op_attention(dt_graph *g, dt_tensor *qkv, int n_head) {
     d.scale = 1.0f / sqrtf((float)d.hs);
     int64_t tasks = B * H, shape[3] = {B, T, C};
     int nthr = att_threads(tasks);
-    /* keep P only when backward will need it */
+    /* each row's softmax max and 1 / sum, only when backward will need them */
     int keep = dt_graph_grad_enabled(g) && qkv->requires_grad;
-    size_t wsf = fwd_ws_floats(&d, keep);
+    size_t wsf = fwd_ws_floats(&d);
     dt_tensor *y = dt_graph_tensor(g, 3, shape);
-    float *P = keep ? dt_graph_scratch(g, (size_t)(tasks * d.Tp * d.Tp) * sizeof(float) + 1) : NULL;
+    float *stats = keep ? dt_graph_scratch(g, (size_t)(tasks * 2 * T) * sizeof(float) + 1) : NULL;
     float *ws = dt_graph_scratch(g, (size_t)nthr * wsf * sizeof(float) + 1);
-    if (!y || (keep && !P) || !ws) return NULL;
-    if (keep) dt_graph_saved_may_round(g, P, tasks * d.Tp * d.Tp);   /* 16-bit activations: P too */
+    if (!y || (keep && !stats) || !ws) return NULL;
     const float *x = dt_f32(qkv);
     float *yd = dt_f32(y);
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
@@ -251,12 +269,12 @@ dt_tensor *dt_op_attention(dt_graph *g, dt_tensor *qkv, int n_head) {
         for (int64_t t = 0; t < tasks; t++) {
             int64_t b = t / H, h = t % H;
             att_head_forward(&d, x + b * T * 3 * C + h * d.hs, yd + b * T * C + h * d.hs,
-                             keep ? P + t * d.Tp * d.Tp : NULL, keep, wt);
+                             keep ? stats + t * 2 * T : NULL, wt);
         }
     }
     dt_node *n = dt_graph_record(g, op, attention_backward, y, 1, &qkv);
     if (n) {
-        n->saved = P;
+        n->saved = stats;
         n->i[0] = B;
         n->i[1] = T;
         n->i[2] = C;

@@ -174,8 +174,10 @@ static inline float dt_ops_gelu_slope(float x) {
     return fmaf(x * s * (1.0f - s), du, s);
 }
 
-/* y[0..n) = softmax(x[0..n)); y may equal x. n >= 1. */
-static inline void dt_ops_softmax_row(float *y, const float *x, int64_t n) {
+/* y[0..n) = softmax(x[0..n)); y may equal x. n >= 1. *stats (optional)
+ * gets the row's max m and inv = 1 / sum exp(x - m): y[j] is then
+ * exactly dt_ops_expf(x[j] - m) * inv, which recomputes it bit for bit. */
+static inline void dt_ops_softmax_row_stats(float *y, const float *x, int64_t n, float *stats) {
     float m = x[0];
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
@@ -189,7 +191,12 @@ static inline void dt_ops_softmax_row(float *y, const float *x, int64_t n) {
     float inv = 1.0f / s;
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) y[j] *= inv;
+    if (stats) {
+        stats[0] = m;
+        stats[1] = inv;
+    }
 }
+static inline void dt_ops_softmax_row(float *y, const float *x, int64_t n) { dt_ops_softmax_row_stats(y, x, n, NULL); }
 
 /* Cross-entropy's rows (cross_entropy.c; vocab_parallel.c, where a rank
  * holds columns [start, start + nv) of V and the row statistics are the

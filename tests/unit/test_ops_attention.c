@@ -1,13 +1,15 @@
 /* attention (fused causal MHSA over qkv[B, T, 3C]) on the op harness
  * (tests/common/op_harness.h): values vs a naive double implementation (odd
- * sizes and T spanning several row tiles) on the grad path (keeps P) and the
- * no-grad path (tile scratch), gradients vs finite differences, causality,
- * bad shapes. */
+ * sizes and T spanning several row tiles) with and without gradients,
+ * gradients (backward recomputes the probabilities) vs finite differences,
+ * causality, bad shapes, and memory: no head's [T, T] kept. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include "op_harness.h"
 
@@ -106,7 +108,38 @@ static void test_causal(void **state) {
     dt_param_free(&x);
 }
 
+/* No [T, T] block per head is kept for the whole batch: the graph's arena
+ * (activations and op workspaces) peaks, through forward and backward,
+ * below half of what B x H heads' probabilities alone would take. Two
+ * threads: the per-thread workspaces are 2 x [Tp][Tp]. */
+static void test_memory(void **state) {
+    (void)state;
+    int64_t B = 16, T = 256, C = 64, H = 8, s[3] = {B, T, 3 * C};
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(2);
+    dt_param x;
+    oph_param(&x, "qkv", 3, s, 5, 1.0f);
+    dt_graph *g = dt_graph_create();
+    dt_tensor *y = dt_op_attention(g, &x.value, (int)H);
+    assert_non_null(y);
+    float *up = malloc((size_t)y->numel * sizeof *up);
+    assert_non_null(up);
+    for (int64_t i = 0; i < y->numel; i++) up[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
+    assert_int_equal(dt_graph_backward_from(g, y, up), DT_OK);
+    size_t probs = (size_t)(B * H * T * T) * sizeof(float), peak = dt_graph_arena_bytes(g);
+    printf("attention B%lld T%lld H%lld: arena peak %.1f MiB, probabilities of every head %.1f MiB\n", (long long)B,
+           (long long)T, (long long)H, (double)peak / 1048576.0, (double)probs / 1048576.0);
+    assert_true(peak < probs / 2);
+    double g2 = 0;   /* backward did run */
+    for (int64_t i = 0; i < x.value.numel; i++) g2 += (double)dt_f32(&x.grad)[i] * dt_f32(&x.grad)[i];
+    assert_true(g2 > 0);
+    free(up);
+    dt_graph_free(g);
+    dt_param_free(&x);
+    omp_set_num_threads(threads);
+}
+
 int main(void) {
-    const struct CMUnitTest extra[] = {cmocka_unit_test(test_causal)};
+    const struct CMUnitTest extra[] = {cmocka_unit_test(test_causal), cmocka_unit_test(test_memory)};
     return OPH_RUN("ops_attention", table, extra);
 }
