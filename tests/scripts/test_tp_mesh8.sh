@@ -26,29 +26,10 @@ run() {
         echo "FAIL $tag: $* (exit $?), got:"; tail -20 "$tmp/$tag.out"; fail=1; return 1
     fi
 }
-# near REF TAG: every line of TAG has REF's line of the same step and kind
-# (training loss, evaluation loss within 1e-6 relative, evaluation accuracy
-# exactly); TAG ends at REF's last step
-near() {
-    local why
-    if why=$(awk -v tol=1e-6 '
-        function val(line, key) { return match(line, "\"" key "\":[-0-9.e+]+") ? substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3) : "" }
-        function id(line) { return val(line, "step") (val(line, "eval_loss") != "" ? " eval" : "") }
-        function loss(line) { return val(line, "eval_loss") != "" ? val(line, "eval_loss") : val(line, "loss") }
-        FNR == NR { ref[id($0)] = loss($0); acc[id($0)] = val($0, "eval_accuracy"); last = id($0); next }
-        { k = id($0); b = loss($0); n++; if (k ~ / eval$/) ne++
-          if (!(k in ref) || b == "") { printf "step %s: not in the reference", k; bad = 1; exit 1 }
-          a = ref[k] + 0; d = a - b; if (d < 0) d = -d; s = a < 0 ? -a : a
-          if (d > tol * s) { printf "step %s: loss %s vs %s", k, ref[k], b; bad = 1; exit 1 }
-          if (val($0, "eval_accuracy") != acc[k]) { printf "step %s: accuracy %s vs %s", k, acc[k], val($0, "eval_accuracy"); bad = 1; exit 1 }
-          end = k }
-        END { if (bad) exit 1; if (!n || end != last) { printf "ends at step \"%s\", the reference at \"%s\"", end, last; exit 1 }
-              printf "%d lines, %d evaluations", n, ne }' "$tmp/$1.jsonl" "$tmp/$2.jsonl"); then
-        echo "ok   $2 ~ $1 (1e-6): $why"
-    else
-        echo "FAIL $2 vs $1: $why"; fail=1
-    fi
-}
+# shellcheck source=lib/train_compare.sh
+. "$(dirname "$0")/lib/train_compare.sh"
+# near REF TAG: lib/train_compare.sh t_near_metrics
+near() { t_near_metrics "$1" "$2" acc; }
 
 run ddp "${ddp[@]}" --steps 4 --quiet
 run mesh "${mesh[@]}" --steps 4 && near ddp mesh

@@ -40,31 +40,10 @@ run() {
         echo "FAIL $tag: $* (exit $?), got:"; cat "$tmp/$tag.out"; fail=1; return 1
     fi
 }
-# near REF TAG [train]: every line of TAG (a training step's loss, or the
-# evaluation's unless "train") has REF's line of the same step and kind,
-# within 1e-6 relative, and the evaluation's token accuracy exactly (the
-# last stage's argmax over vocabulary-split logits); TAG ends at REF's last step
-near() {
-    local why
-    if why=$(awk -v tol=1e-6 -v train="${3:-}" '
-        function val(line, key) { return match(line, "\"" key "\":[-0-9.e+]+") ? substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3) : "" }
-        function id(line) { return val(line, "step") (val(line, "eval_loss") != "" ? " eval" : "") }
-        function loss(line) { return val(line, "eval_loss") != "" ? val(line, "eval_loss") : val(line, "loss") }
-        train != "" && val($0, "eval_loss") != "" { next }
-        FNR == NR { ref[id($0)] = loss($0); acc[id($0)] = val($0, "eval_accuracy"); last = id($0); next }
-        { k = id($0); b = loss($0); n++
-          if (!(k in ref) || b == "") { printf "step %s: not in the reference", k; bad = 1; exit 1 }
-          a = ref[k] + 0; d = a - b; if (d < 0) d = -d; s = a < 0 ? -a : a
-          if (d > tol * s) { printf "step %s: loss %s vs %s", k, ref[k], b; bad = 1; exit 1 }
-          if (val($0, "eval_accuracy") != acc[k]) { printf "step %s: accuracy %s vs %s", k, acc[k], val($0, "eval_accuracy"); bad = 1; exit 1 }
-          end = k }
-        END { if (bad) exit 1; if (!n || end != last) { printf "ends at step \"%s\", the reference at \"%s\"", end, last; exit 1 } }' \
-        "$tmp/$1.jsonl" "$tmp/$2.jsonl"); then
-        echo "ok   $2 ~ $1 (1e-6)"
-    else
-        echo "FAIL $2 vs $1: $why"; fail=1
-    fi
-}
+# shellcheck source=lib/train_compare.sh
+. "$(dirname "$0")/lib/train_compare.sh"
+# near REF TAG [train]: lib/train_compare.sh t_near_metrics
+near() { t_near_metrics "$1" "$2" acc ${3:+train}; }
 # refused TAG WANT ARGS...: fails before training, saying WANT
 refused() {
     local tag=$1 want=$2; shift 2
