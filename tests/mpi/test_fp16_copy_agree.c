@@ -10,12 +10,16 @@
  *     step trains on every rank, the same loss everywhere.
  *   - pp 2 x W/2 replicas: the last stage's h.1.mlp.c_fc.weight holds 1e6 on its
  *     ranks: they fail naming it, the first stage's ranks with DT_ECOMM.
+ *   - ZeRO-3 with a weight beyond 65504 from --init: every rank fails the
+ *     step and the evaluation naming it (ZeRO's gathered payload carries
+ *     the inf to every rank alike).
  * Without the agreement the test hangs (ctest's timeout fails it). */
 #include <math.h>
 #include <string.h>
 #include "mpi_check.h"
 #include "dtrain/parallel.h"
 #include "dtrain/pipeline.h"
+#include "dtrain/zero.h"
 #include "dtrain/train.h"
 #include "mpi_trainer.h"
 #include "tmpdir.h"
@@ -111,12 +115,58 @@ static void test_pipeline(void) {
     t_end();
 }
 
+/* ZeRO-3 (the trainer's strategy): no agreement is needed, every rank
+ * receives the same gathered payload; the step and the evaluation fail on
+ * every rank with DT_EINVAL naming the parameter and the rank whose master
+ * shard holds it, and freeing the trainer returns (nothing left waiting). */
+static void test_zero3(void) {
+    t_begin("fp16 working copy under ZeRO-3: a weight beyond 65504 (from --init) ends the step on every rank");
+    dt_train_opts o;
+    opts(&o);
+    char init[300];   /* beside the corpus (every rank has its path) */
+    snprintf(init, sizeof init, "%s", text_path);
+    char *slash = strrchr(init, '/');
+    T_CHECK(slash != NULL);
+    snprintf(slash, sizeof init - (size_t)(slash - init), "/init.safetensors");
+    if (t_rank() == 0) {   /* the model's own initial weights, one of them beyond fp16's range */
+        dt_model *m;
+        T_OK(dt_model_create(&o.model, o.seed, &m));
+        dt_param *p = dt_model_find_param(m, "h.1.mlp.c_proj.weight");
+        T_CHECK(p != NULL && p->value.ndim == 2);
+        dt_f32(&p->value)[p->value.numel - 1] = 1e6f;
+        T_OK(dt_model_save_params(m, init));
+        dt_model_free(m);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    o.init = init;
+    dt_zero_opts zo;
+    dt_zero_opts_default(&zo);
+    zo.stage = 3;
+    zo.param_dtype = DT_F16;
+    dt_strategy s;
+    T_OK(dt_zero_strategy(world, &zo, DT_ZERO_CKPT_CONSOLIDATED, &s));
+    dt_trainer *t;
+    T_OK(dt_trainer_create(&o, &s, &t));
+    double loss, acc;
+    for (int k = 0; k < 2; k++) {   /* a step, then an evaluation */
+        dt_error_clear();
+        dt_status st = k == 0 ? dt_trainer_step(t, &loss) : dt_trainer_evaluate(t, &loss, &acc);
+        T_CHECK(st == DT_EINVAL);
+        T_CHECK(strstr(dt_error_message(), "h.1.mlp.c_proj.weight") != NULL);
+        T_CHECK(strstr(dt_error_message(), "beyond fp16's range") != NULL);
+        T_CHECK(strstr(dt_error_message(), "master shard") != NULL);
+    }
+    dt_trainer_free(t);
+    t_end();
+}
+
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     T_OK(dt_pg_world(&world));
     t_text_corpus("fp16_copy_agree", "the", 200, dir, text_path);
     test_tp();
     test_pipeline();
+    test_zero3();
     MPI_Barrier(MPI_COMM_WORLD);
     if (t_rank() == 0) dt_test_rm_rf(dir);
     T_OK(dt_dist_finalize());
