@@ -21,7 +21,7 @@
  *
  * What changes numerically: an op's backward reads its inputs (another op's
  * output) rounded to 16 bits, and the saved buffers an op declared
- * (attention's probabilities); the rest of an op's saved state (LayerNorm's
+ * (dt_graph_saved_may_round); the rest of an op's saved state (LayerNorm's
  * statistics, dropout's keys, parameters) stays exact.
  * Under --precision bf16 a linear layer's weight gradient reads the input
  * its forward product rounded to bf16 anyway.
