@@ -19,6 +19,10 @@
  * at a time and uses them at once (y = P v), and backward recomputes a
  * head's P into its thread's [Tp][Tp] workspace from the same tiles and the
  * saved statistics, in one exp pass, hence with the same bits as forward's.
+ * (Inside dt_graph_pack16, q and k come back rounded to 16 bits while the
+ * statistics stay exact, so the recomputed P is forward's up to that
+ * rounding -- measured closer to fp32's gradient than saving P in bf16 was,
+ * and half the error that rounding q, k, v in forward too gave: PERFORMANCE.md.)
  * Memory: O(threads x T^2) instead of O(B x H x T^2) (GPT-2 small at T 1024,
  * B 8: 4.8 GB of probabilities no longer kept); the price is one more q k^T
  * product per head in backward. Invariant of a
