@@ -160,10 +160,10 @@ static int wants_det(const dt_pg *pg, int op, dt_dtype dtype, int *avg) {
     return det && !(pg->size <= 2 && (dtype == DT_F32 || !*avg));
 }
 
-dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtype dtype, int op,
-                       dt_work **wp) {
-    if (wp) *wp = NULL;
-    const char *fn = "dt_allreduce";
+/* An allreduce's arguments: the group, count and type, the op, both buffers
+ * (in == out, or not overlapping). */
+static dt_status check_allreduce(dt_pg *pg, const char *fn, const void *in, const void *out, int64_t count,
+                                 dt_dtype dtype, int op) {
     DT_TRY(check_common(pg, fn, count, dtype));
     DT_TRY(check_op(pg, fn, op));
     DT_TRY(check_buf(pg, fn, "input", in, count));
@@ -171,6 +171,14 @@ dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
     size_t nb = (size_t)count * dt_dtype_size(dtype);
     if (in != out && overlaps(in, nb, out, nb))
         return DT_ERR(DT_EINVAL, "%s on %s: input and output overlap (only in == out is allowed)", fn, pg->name);
+    return DT_OK;
+}
+
+dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_dtype dtype, int op,
+                       dt_work **wp) {
+    if (wp) *wp = NULL;
+    DT_TRY(check_allreduce(pg, "dt_allreduce", in, out, count, dtype, op));
+    size_t nb = (size_t)count * dt_dtype_size(dtype);
     int avg, det = wants_det(pg, op, dtype, &avg);
     /* in place on node-shared memory: no messages, rank-ordered sum (so also
      * deterministic); every rank must pass the same offset (checked) */
@@ -200,14 +208,8 @@ dt_status dt_allreduce(dt_pg *pg, const void *in, void *out, int64_t count, dt_d
  * when it can be; else the plain allreduce. */
 dt_status dt_allreduce_node(dt_pg *pg, const float *in, float *out, int64_t count, int op, dt_work **wp) {
     if (wp) *wp = NULL;
-    const char *fn = "dt_allreduce_node";
-    DT_TRY(check_common(pg, fn, count, DT_F32));
-    DT_TRY(check_op(pg, fn, op));
-    DT_TRY(check_buf(pg, fn, "input", in, count));
-    DT_TRY(check_buf(pg, fn, "output", out, count));
+    DT_TRY(check_allreduce(pg, "dt_allreduce_node", in, out, count, DT_F32, op));
     size_t nb = (size_t)count * sizeof(float);
-    if (in != out && overlaps(in, nb, out, nb))
-        return DT_ERR(DT_EINVAL, "%s on %s: input and output overlap (only in == out is allowed)", fn, pg->name);
     dt_status st = DT_OK;
     dt_shm *stage = count > 0 && pg->size > 1 ? dt__node_stage(pg, (size_t)count, &st) : NULL;
     DT_TRY(st);
