@@ -1,5 +1,7 @@
 /* Fashion-MNIST as a dt_dataset: train = train-*, eval = t10k-* of one IDX
- * directory; samples float [1, rows, cols], one label in [0, 10). */
+ * directory; samples float [1, rows, cols], one label in [0, 10). Under
+ * an uneven split (part_world > 1) a rank keeps only its share of the
+ * training images. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,9 +45,11 @@ dt_status dt_dataset_open_fashion_mnist(const dt_dataset_opts *o, dt_dataset *ou
         }
         dt_part_range(t->count, o->part_rank, o->part_world, &a, &b);
         if (s == DT_OK) {
-            memmove(t->images, t->images + a * px, (size_t)((b - a) * px) * sizeof *t->images);
+            memmove(t->pixels, t->pixels + a * px, (size_t)((b - a) * px) * sizeof *t->pixels);
             memmove(t->labels, t->labels + a, (size_t)(b - a) * sizeof *t->labels);
             t->count = b - a;
+            uint8_t *kept = realloc(t->pixels, (size_t)((b - a) * px));   /* the other shares' pages back */
+            if (kept) t->pixels = kept;
         }
     }
     if (s != DT_OK) { fm_destroy(f); return s; }

@@ -1,5 +1,6 @@
-/* Fashion-MNIST: IDX images [N, rows, cols] + labels [N] -> float [N, 1, rows, cols]
- * normalised with the dataset mean/std, labels int32 in [0, 10). */
+/* Fashion-MNIST: IDX images [N, rows, cols] + labels [N], the images kept as
+ * uint8 and normalised with the dataset mean/std per batch (float
+ * [n, 1, rows, cols]), labels int32 in [0, 10). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,20 +63,16 @@ dt_status dt_fashion_mnist_load(const char *dir, const char *split, dt_image_dat
     }
     if (st != DT_OK) goto done;
 
-    int64_t n = im.count, px = im.item_size;
-    float *x = malloc((size_t)(n * px) * sizeof(float));
-    int32_t *y = malloc((size_t)n * sizeof(int32_t));
-    if (!x || !y) {
-        free(x);
-        free(y);
-        st = DT_ERR(DT_ENOMEM, "%s: out of memory for %lld images", ipath, (long long)n);
+    int64_t n = im.count;
+    int32_t *y = malloc((size_t)n * sizeof(int32_t) + 1);
+    if (!y) {
+        st = DT_ERR(DT_ENOMEM, "%s: out of memory for %lld labels", lpath, (long long)n);
         goto done;
     }
-    const float scale = 1.0f / (255.0f * FMNIST_STD), shift = FMNIST_MEAN / FMNIST_STD;
-    for (int64_t i = 0; i < n * px; i++) x[i] = (float)im.data[i] * scale - shift;
     for (int64_t i = 0; i < n; i++) y[i] = lb.data[i];
 
-    out->images = x;
+    out->pixels = im.data;   /* the file's bytes, kept as they are */
+    im.data = NULL;
     out->labels = y;
     out->count = n;
     out->rows = (int)im.dims[1];
@@ -89,17 +86,28 @@ done:
 
 void dt_image_dataset_free(dt_image_dataset *d) {
     if (!d) return;
-    free(d->images);
+    free(d->pixels);
     free(d->labels);
     memset(d, 0, sizeof *d);
 }
 
-/* idx[i] must lie in [0, d->count); x is [n, 1, rows, cols], y is [n]. */
+/* idx[i] must lie in [0, d->count); x is [n, 1, rows, cols], y is [n].
+ * A pixel v becomes v * scale - shift = (v/255 - mean)/std, through a
+ * 256-entry table (the same float for the same byte in every batch). */
 void dt_image_batch(const dt_image_dataset *d, const int64_t *idx, int64_t n, float *x, int32_t *y) {
     size_t px = (size_t)d->rows * (size_t)d->cols;
+    float value[256];
+    if (x) {
+        const float scale = 1.0f / (255.0f * FMNIST_STD), shift = FMNIST_MEAN / FMNIST_STD;
+        for (int v = 0; v < 256; v++) value[v] = (float)v * scale - shift;
+    }
     for (int64_t i = 0; i < n; i++) {
         int64_t j = idx[i];
-        if (x) memcpy(x + (size_t)i * px, d->images + (size_t)j * px, px * sizeof(float));
+        if (x) {
+            const uint8_t *p = d->pixels + (size_t)j * px;
+            float *o = x + (size_t)i * px;
+            for (size_t k = 0; k < px; k++) o[k] = value[p[k]];
+        }
         if (y) y[i] = d->labels[j];
     }
 }

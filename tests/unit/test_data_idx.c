@@ -312,26 +312,32 @@ static void test_fmnist_synthetic(void **state) {
     assert_int_equal(ds.rows, 28);
     assert_int_equal(ds.cols, 28);
     assert_int_equal(ds.n_classes, 10);
-    for (int i = 0; i < 3 * 784; i++) {
-        float want = ((float)px[i] / 255.0f - 0.2860f) / 0.3530f;
-        assert_float_equal(ds.images[i], want, 1e-5);
-    }
-    assert_float_equal(ds.images[0], -0.2860f / 0.3530f, 1e-5);
-    assert_float_equal(ds.images[1], (1.0f - 0.2860f) / 0.3530f, 1e-5);
+    /* the file's bytes are kept as they are */
+    assert_memory_equal(ds.pixels, px, 3 * 784);
     assert_int_equal(ds.labels[0], 9);
     assert_int_equal(ds.labels[2], 4);
 
-    /* dt_image_batch gathers the requested samples in order */
-    int64_t idx[2] = {2, 0};
-    float x[2 * 784];
-    int32_t y[2];
-    dt_image_batch(&ds, idx, 2, x, y);
-    assert_memory_equal(x, ds.images + 2 * 784, 784 * sizeof(float));
-    assert_memory_equal(x + 784, ds.images, 784 * sizeof(float));
+    /* dt_image_batch gathers the requested samples in order, normalised */
+    int64_t idx[3] = {2, 0, 1};
+    float x[3 * 784];
+    int32_t y[3];
+    dt_image_batch(&ds, idx, 3, x, y);
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 784; i++) {
+            float want = ((float)px[idx[s] * 784 + i] / 255.0f - 0.2860f) / 0.3530f;
+            assert_float_equal(x[s * 784 + i], want, 1e-5);
+        }
+    assert_float_equal(x[784], -0.2860f / 0.3530f, 1e-5);          /* sample 0, pixel 0: 0 */
+    assert_float_equal(x[785], (1.0f - 0.2860f) / 0.3530f, 1e-5);   /* sample 0, pixel 1: 255 */
     assert_int_equal(y[0], 4);
     assert_int_equal(y[1], 9);
+    assert_int_equal(y[2], 0);
+    /* labels only */
+    int32_t y2[1];
+    dt_image_batch(&ds, idx, 1, NULL, y2);
+    assert_int_equal(y2[0], 4);
     dt_image_dataset_free(&ds);
-    assert_null(ds.images);
+    assert_null(ds.pixels);
     free(px);
 }
 
@@ -355,7 +361,7 @@ static void test_fmnist_count_mismatch(void **state) {
     write_fmnist("fm_cnt", "t10k", 1, 3, 2, px, labels);
     dt_image_dataset ds;
     assert_int_equal(dt_fashion_mnist_load(fpath("fm_cnt"), "test", &ds), DT_EFORMAT);
-    assert_null(ds.images);
+    assert_null(ds.pixels);
     assert_msg_has("count mismatch");
     assert_msg_has("t10k-labels-idx1-ubyte.gz");
     free(px);
@@ -438,12 +444,20 @@ static void test_fmnist_real_test_split(void **state) {
     /* normalised with the dataset's own stats: mean ~0, std ~1, range [-0.81, 2.02] */
     double s = 0, s2 = 0, lo = 1e9, hi = -1e9;
     int64_t np = ds.count * 784;
+    float *x = malloc((size_t)np * sizeof *x);
+    int64_t *all = malloc((size_t)ds.count * sizeof *all);
+    assert_non_null(x);
+    assert_non_null(all);
+    for (int64_t i = 0; i < ds.count; i++) all[i] = i;
+    dt_image_batch(&ds, all, ds.count, x, NULL);
     for (int64_t i = 0; i < np; i++) {
-        double v = ds.images[i];
+        double v = x[i];
         s += v; s2 += v * v;
         if (v < lo) lo = v;
         if (v > hi) hi = v;
     }
+    free(x);
+    free(all);
     double mean = s / (double)np, sd = sqrt(s2 / (double)np - mean * mean);
     assert_true(fabs(mean) < 0.02);
     assert_true(fabs(sd - 1.0) < 0.02);

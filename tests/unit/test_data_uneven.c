@@ -234,6 +234,9 @@ static void test_fashion_mnist(void **state) {
             void *xs[1] = {x};
             dt_dataset_batch(&d, DT_SPLIT_TRAIN, &i, 1, xs, &y);
             assert_int_equal(y, (first[r] + i) % 10);
+            /* its pixels are image first[r] + i's (each of value first[r] + i), normalised */
+            float want = ((float)(first[r] + i) / 255.0f - 0.2860f) / 0.3530f;
+            for (int k = 0; k < 4; k++) assert_float_equal(x[k], want, 1e-5);
         }
         dt_dataset_close(&d);
     }
