@@ -154,6 +154,24 @@ def train(init, batches, L, H, lr, bf16):
     return losses, {k: v.detach() for k, v in P.items()}
 
 
+def one_step_grads(init, batch, L, H, bf16):
+    """The gradient of the first batch's loss at the initial weights."""
+    P = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    x, y = batch
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = gpt2_loss(P, x, y, L, H)
+    loss.backward()
+    return {k: v.grad.detach().double() for k, v in P.items()}
+
+
+def dtrain_grads(init, path, lr):
+    """dtrain's gradient from one SGD step (no momentum, no decay) at learning
+    rate lr: (w0 - w1) / lr. lr is large (1000) so that w1 - w0 dwarfs w0 and
+    the subtraction loses nothing that matters (float32 of w1: ~6e-8 of g)."""
+    w1 = read_safetensors(path)[1]
+    return {k: (init[k].double() - w1[k].double()) / lr for k in init}
+
+
 def metrics_losses(path, steps):
     got = {}
     for line in open(path):
@@ -191,6 +209,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtrain", nargs=2, action="append", metavar=("LABEL", "RUN"), default=[],
                     help="a dtrain run: RUN.jsonl (metrics) and RUN.st (final checkpoint); the first is fp32")
+    ap.add_argument("--dtrain-grad", nargs=2, action="append", metavar=("LABEL", "CKPT"), default=[],
+                    help="a dtrain checkpoint after one SGD step at --grad-lr from --init on the first batch "
+                         "(its gradient is (init - ckpt) / lr); the first is fp32")
+    ap.add_argument("--grad-lr", type=float, default=1000.0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -212,6 +234,19 @@ def main():
     for label, (mx, last), pg in rows:
         print(f"{label:44} {mx:13.3e} {last:14.3e} {pg:12.3e}")
     print(f"{'dtrain fp32 against PyTorch fp32':44} {same[0][0]:13.3e} {same[0][1]:14.3e} {same[1]:12.3e}")
+    grads = {}
+    if a.dtrain_grad:
+        # the one-step gradient: it does not compound over steps as the loss
+        # gaps do (a perturbation at one sensitive step grows for the rest)
+        g32, g16 = one_step_grads(init, batches[0], L, H, False), one_step_grads(init, batches[0], L, H, True)
+        dg = [(label, dtrain_grads(init, ck, a.grad_lr)) for label, ck in a.dtrain_grad]
+        grads["PyTorch autocast bf16"] = rel_param_gap(g32, g16)
+        for label, g in dg[1:]:
+            grads[f"dtrain {label}"] = rel_param_gap(dg[0][1], g)
+        grads["dtrain fp32 against PyTorch fp32"] = rel_param_gap(g32, dg[0][1])
+        print(f"{'one-step gradient at the initial weights':44} {'gap':>12}   (||g - g_fp32|| / ||g_fp32||)")
+        for label, gap in grads.items():
+            print(f"{label:44} {gap:12.3e}")
     print("losses (step: PyTorch fp32, PyTorch bf16, " + ", ".join(f"dtrain {l}" for l, _ in a.dtrain) + ")")
     for s in range(a.steps):
         print(f"{s + 1:4}: {t32[s]:.6f} {t16[s]:.6f} " + " ".join(f"{r[1][s]:.6f}" for r in runs))
@@ -219,6 +254,7 @@ def main():
                "dtrain": {label: d for label, d, _ in runs},
                "gaps": {label: {"max_loss": mx, "last_loss": last, "weights": pg} for label, (mx, last), pg in rows},
                "dtrain_fp32_vs_torch_fp32": {"max_loss": same[0][0], "last_loss": same[0][1], "weights": same[1]},
+               "one_step_grad_gaps": grads,
                "torch": torch.__version__},
               open(a.out, "w"), indent=1)
 

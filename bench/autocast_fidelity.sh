@@ -8,7 +8,9 @@
 # CPU (oneDNN's kernels on AVX-512, emulated below: ops.h); it is run with
 # bf16 products and bf16 saved activations (--precision bf16's defaults where
 # its products run in bf16), then also with a bf16 working copy of the
-# weights (--param-dtype bf16), then with the products alone in bf16. Every
+# weights (--param-dtype bf16), then with the products alone in bf16; and
+# each framework's one-step gradient at the initial weights, which does not
+# compound over steps as the loss gaps do. Every
 # flag is spelled out, so the rows do not depend on the CPU's defaults. A last row checks that
 # the two fp32 runs are the same training. The model is W1's GPT-2 shape
 # (../shared/WORKLOADS.md) unless overridden.
@@ -55,9 +57,21 @@ go fp32
 DTRAIN_BF16=force go bf16 --precision bf16 --saved-activations bf16 --param-dtype fp32
 DTRAIN_BF16=force go bf16_weights --precision bf16 --saved-activations bf16 --param-dtype bf16
 DTRAIN_BF16=force go bf16_products --precision bf16 --saved-activations fp32 --param-dtype fp32
+# one SGD step at learning rate 1000 from the same weights and first batch:
+# (w0 - w1) / 1000 is each run's gradient (autocast_fidelity.py --dtrain-grad)
+grad() {   # label, extra flags...
+    local label=$1; shift
+    "$build/dtrain" "${run[@]}" --init "$tmp/init.st" --steps 1 --optim sgd --lr 1000 --save "$tmp/grad_$label.st" "$@" \
+        > "$tmp/grad_$label.out" 2>&1 || { cat "$tmp/grad_$label.out"; exit 1; }
+}
+grad fp32
+DTRAIN_BF16=force grad bf16 --precision bf16 --saved-activations bf16 --param-dtype fp32
+DTRAIN_BF16=force grad bf16_products --precision bf16 --saved-activations fp32 --param-dtype fp32
 echo "model: GPT-2 L=$layers C=$embd H=$heads T=$seq B=$batch, $steps steps, AdamW lr $lr; $(lscpu | grep -m1 'Model name' | sed 's/ \+/ /g')"
 "$py" bench/autocast_fidelity.py --init "$tmp/init.st" --corpus "$tmp/corpus.txt" --seq "$seq" --batch "$batch" \
     --steps "$steps" --lr "$lr" --threads "$threads" --out "${OUT:-autocast_fidelity.json}" \
     --dtrain fp32 "$tmp/fp32" --dtrain "bf16 products + saved activations" "$tmp/bf16" \
     --dtrain "bf16 + weights (--param-dtype bf16)" "$tmp/bf16_weights" \
-    --dtrain "bf16 products only" "$tmp/bf16_products"
+    --dtrain "bf16 products only" "$tmp/bf16_products" \
+    --dtrain-grad fp32 "$tmp/grad_fp32.st" --dtrain-grad "bf16 products + saved activations" "$tmp/grad_bf16.st" \
+    --dtrain-grad "bf16 products only" "$tmp/grad_bf16_products.st" --grad-lr 1000
