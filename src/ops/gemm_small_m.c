@@ -10,8 +10,10 @@
  * kernels (SkylakeX, Cooperlake, SapphireRapids) each element is the same dot
  * product summed over k in the same order either way, so the result is
  * bitwise the same (test_ops_gemm_small_m checks it); the AVX2 and older
- * kernels round some elements differently, and it was not measured there,
- * so they keep the direct call. oneDNN's direct product is slower still on
+ * kernels round some elements differently, and there the swap is slower
+ * (AMD Zen 3, Zen kernels, 2 threads, direct / swapped: M 64, N 2048,
+ * K 2048: 88 / 60 GFLOP/s; M 32: 64 / 43; only N 10 gains, 14 / 19), so
+ * they keep the direct call. oneDNN's direct product is slower still on
  * these shapes (68 GFLOP/s on 64 x 2048 x 2048, same machine), so the rule
  * holds for it too, with x copied out transposed so that oneDNN runs its NN
  * kernel (211 GFLOP/s; its NT one on the swapped shape: 157). No bitwise
