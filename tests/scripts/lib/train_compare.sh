@@ -41,7 +41,7 @@ t_close() {   # t_close REF TAG: the same steps, training losses within 1e-6 rel
 # exactly; with train only training lines count. TAG ends at REF's last step
 # (a resumed run logs only the steps after its checkpoint).
 t_near_metrics() {
-    local ref=$1 tag=$2 acc=0 train="" why; shift 2
+    local ref=$1 tag=$2 acc=0 train="" why o; shift 2
     for o in "$@"; do case $o in acc) acc=1 ;; train) train=1 ;; esac; done
     if why=$(awk -v tol=1e-6 -v acc="$acc" -v train="$train" '
         function val(line, key) { return match(line, "\"" key "\":[-0-9.e+]+") ? substr(line, RSTART + length(key) + 3, RLENGTH - length(key) - 3) : "" }
