@@ -45,12 +45,37 @@ static int param_groups(cli_flags *f, char *err, int errlen) {
 }
 
 
+/* A flag whose value is one of a few names: the table maps each to its value,
+ * and an unknown name is refused listing them. */
+typedef struct cli_name { const char *name; int value; } cli_name;
+#define CLI_NAMES(t) (t), N_ARGS(t)
+
+static int name_flag(const char *flag, const char *v, const cli_name *t, int n, int *out, char *err, int errlen) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v, t[i].name)) { *out = t[i].value; return 0; }
+    int k = snprintf(err, (size_t)errlen, "%s: unknown '%s' (", flag, v);
+    for (int i = 0; i < n && k > 0 && k < errlen; i++) k += snprintf(err + k, (size_t)(errlen - k), "%s%s", i ? ", " : "", t[i].name);
+    if (k > 0 && k < errlen) snprintf(err + k, (size_t)(errlen - k), ")");
+    return -1;
+}
+
+static const cli_name k_wire[] = {{"none", DT_F32}, {"bf16", DT_BF16}, {"fp16", DT_F16}};
+static const cli_name k_overlap[] = {{"interleaved", DT_ZERO_OVERLAP_INTERLEAVED},
+                                     {"after-backward", DT_ZERO_OVERLAP_AFTER_BACKWARD}, {"off", DT_ZERO_OVERLAP_OFF}};
+static const cli_name k_save_format[] = {{"sharded", DT_ZERO_CKPT_SHARDED}, {"consolidated", DT_ZERO_CKPT_CONSOLIDATED}};
+static const cli_name k_progress[] = {{"poll", DT_PROGRESS_POLL}, {"thread", DT_PROGRESS_THREAD}};
+static const cli_name k_param_dtype[] = {{"fp32", DT_PARAMS_FP32}, {"bf16", DT_PARAMS_BF16}, {"fp16", DT_PARAMS_FP16}};
+static const cli_name k_pp_wire[] = {{"fp32", DT_F32}, {"bf16", DT_BF16}, {"fp16", DT_F16}};
+
 /* --pp P --microbatches M --batch B: micro-batches of B / M, M per step. */
 static int pipe_flags(cli_flags *f, char *err, int errlen) {
     dt_pipe_opts *p = &f->dist.pipe;
     int piped = p->stages != 1 || f->schedule || f->microbatches != INT_MIN || p->n_split || p->max_outstanding ||
-                p->virtual_stages;
+                p->virtual_stages || f->pp_wire;
     if (!piped) return 0;
+    int w = DT_F32;
+    if (f->pp_wire && name_flag("--pp-wire", f->pp_wire, CLI_NAMES(k_pp_wire), &w, err, errlen)) return -1;
+    p->wire = (dt_dtype)w;
     f->dist.pipelined = 1;
     if (p->stages < 1) { snprintf(err, (size_t)errlen, "--pp must be >= 1 (got %d)", p->stages); return -1; }
     if (f->schedule && dt_pipe_kind_parse(f->schedule, &p->schedule)) {
@@ -148,7 +173,7 @@ static int bucket_flag(const char *flag, float mb, char *err, int errlen) {
 /* --uneven: ranks run different numbers of steps, finished through join */
 static int uneven_flags(cli_flags *f, char *err, int errlen) {
     int piped = f->dist.pipe.stages != 1 || f->schedule || f->microbatches != INT_MIN || f->dist.pipe.n_split ||
-                f->dist.pipe.max_outstanding || f->dist.pipe.virtual_stages;
+                f->dist.pipe.max_outstanding || f->dist.pipe.virtual_stages || f->pp_wire;
     const char *bad = piped ? "a pipeline (--pp and its flags)"
                     : f->dist.zero_stage == 3 ? "--zero 3 (its parameter gathers run in module hooks a rank without data does not run)"
                     : f->dp.sync_bn ? "--sync-bn (its collectives run inside forward and backward)" : NULL;
@@ -156,27 +181,6 @@ static int uneven_flags(cli_flags *f, char *err, int errlen) {
     f->dp.join = 1;
     return 0;
 }
-
-/* A flag whose value is one of a few names: the table maps each to its value,
- * and an unknown name is refused listing them. */
-typedef struct cli_name { const char *name; int value; } cli_name;
-#define CLI_NAMES(t) (t), N_ARGS(t)
-
-static int name_flag(const char *flag, const char *v, const cli_name *t, int n, int *out, char *err, int errlen) {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(v, t[i].name)) { *out = t[i].value; return 0; }
-    int k = snprintf(err, (size_t)errlen, "%s: unknown '%s' (", flag, v);
-    for (int i = 0; i < n && k > 0 && k < errlen; i++) k += snprintf(err + k, (size_t)(errlen - k), "%s%s", i ? ", " : "", t[i].name);
-    if (k > 0 && k < errlen) snprintf(err + k, (size_t)(errlen - k), ")");
-    return -1;
-}
-
-static const cli_name k_wire[] = {{"none", DT_F32}, {"bf16", DT_BF16}, {"fp16", DT_F16}};
-static const cli_name k_overlap[] = {{"interleaved", DT_ZERO_OVERLAP_INTERLEAVED},
-                                     {"after-backward", DT_ZERO_OVERLAP_AFTER_BACKWARD}, {"off", DT_ZERO_OVERLAP_OFF}};
-static const cli_name k_save_format[] = {{"sharded", DT_ZERO_CKPT_SHARDED}, {"consolidated", DT_ZERO_CKPT_CONSOLIDATED}};
-static const cli_name k_progress[] = {{"poll", DT_PROGRESS_POLL}, {"thread", DT_PROGRESS_THREAD}};
-static const cli_name k_param_dtype[] = {{"fp32", DT_PARAMS_FP32}, {"bf16", DT_PARAMS_BF16}, {"fp16", DT_PARAMS_FP16}};
 
 /* The data-parallel flags into f->dp, then into DDP's and ZeRO's options
  * (a pipeline copies those in pipe_flags); --bucket-mb not given leaves each

@@ -51,6 +51,7 @@ static const setting_flag k_flags[] = {
     {"pipe.virtual_stages", "--virtual-stages"},
     {"pipe.max_outstanding", "--max-outstanding"},
     {"pipe.split", "--pp-split"},
+    {"pipe.wire", "--pp-wire"},
     {"pipe.zero_stage", "--zero (per stage)"},
     {"tp.size", "--tp"},
     {"tp.sequence_parallel", "--sequence-parallel"},

@@ -37,7 +37,7 @@ typedef struct cli_flags {
     const char *param_dtype;        /* --param-dtype fp32|bf16|fp16 */
     const char *optim_state;        /* --optim-state fp32|bf16 */
     const char *loss_scale;         /* --loss-scale dynamic|off|S */
-    const char *compress, *progress, *overlap_step, *save_format, *recompute, *schedule;
+    const char *compress, *progress, *overlap_step, *save_format, *recompute, *schedule, *pp_wire;
     int microbatches;
     int zero_prefetch;   /* INT_MIN: not given */
     int no_bcast;

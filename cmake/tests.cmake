@@ -128,6 +128,15 @@ foreach(np 2 4)
                    $<TARGET_FILE:ckpt_cmp> ${np})
   set_tests_properties(test_pipeline_bitwise_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()
+# --pp-wire bf16|fp16: the pipeline's messages rounded to 16 bits; the same
+# bits under every schedule, reducer and chunking with the same cuts, within
+# 1e-4 of the float32 wire (np 2: the 2-rank cases; np 4: replicas, 4 stages).
+foreach(np 2 4)
+  add_test(NAME test_pipeline_wire_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_wire.sh $<TARGET_FILE:dtrain_cli>
+                   $<TARGET_FILE:ckpt_cmp> ${np})
+  set_tests_properties(test_pipeline_wire_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 300)
+endforeach()
 # Tensor parallelism (--tp) equals one process and DDP within 1e-6; whole-
 # tensor checkpoints across layouts; refusals (launches dtrain --nproc itself).
 foreach(np 2 4)

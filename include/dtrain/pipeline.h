@@ -54,7 +54,8 @@
  * Messages: activations and gradients are point-to-point (dist.h dt_send /
  * dt_recv) on the pipeline group, their shapes fixed by the blocks'
  * declarations and checked between neighbours at set-up; the progress engine
- * moves them while the stage computes (the tape's tick).
+ * moves them while the stage computes (the tape's tick). They travel as
+ * float32, or in 16 bits on request (dt_pipe_opts.wire).
  */
 #ifndef DTRAIN_PIPELINE_H
 #define DTRAIN_PIPELINE_H
@@ -107,6 +108,18 @@ typedef struct dt_pipe_opts {
      * or a 16-bit working copy of float32 masters (nn.h dt_working_copy;
      * with ZeRO, zero.param_dtype is set from it). */
     dt_dtype param_dtype;
+    /* What activations and their gradients travel between stages as: DT_F32
+     * (default; the pipeline then equals one process bit for bit, above) or
+     * DT_BF16 / DT_F16: half the bytes on every pipeline link, rounded to
+     * nearest even by the sender and widened to float32 by the receiver, which
+     * computes in float32 as before (Megatron-LM sends its pipeline dtype).
+     * The rounding makes a run differ from one process; it is the same for
+     * every schedule and replica count with the same cut. fp16 saturates
+     * beyond 65504 (an activation becomes inf: the step's loss is not finite)
+     * and flushes gradients below 6e-8 to zero unless the loss is scaled
+     * (--precision fp16). Tied-parameter rows and the data-parallel
+     * reductions are not affected (ddp / zero's dp.wire). */
+    dt_dtype wire;
 } dt_pipe_opts;
 
 void dt_pipe_opts_default(dt_pipe_opts *o);
@@ -132,6 +145,7 @@ typedef struct dt_pipe_stats {
     double bubble;            /* idle inside the schedule: 1 - compute / schedule */
     size_t param_bytes;       /* this rank's parameters */
     size_t arena_bytes;       /* activation memory: the tapes' high-water marks */
+    size_t sent_bytes;        /* activations and gradients this rank sent to other stages (payload) */
     int graphs;               /* tapes alive at the peak (micro-batches in flight x chunks) */
 } dt_pipe_stats;
 dt_status dt_pipe_strategy_stats(const dt_strategy *s, dt_pipe_stats *out);

@@ -5,6 +5,7 @@
 # a hang, a crash, a sanitizer report or a silently wrong run. Mismatches:
 # --layers (ZeRO-2: was a heap overflow), --heads and --batch (trained
 # silently), --steps (hung), ZeRO-2 vs DDP (hung), pipeline vs DDP both ways,
+# the pipeline's --pp and --pp-wire (a 16-bit sender and a float32 receiver),
 # the progress mode; one odd rank among 4 in the middle and at the end.
 # Identical settings still train.
 # usage: test_config_agreement.sh DTRAIN NP MPIEXEC [MPIEXEC ARGS...]
@@ -73,6 +74,7 @@ else
     expect $O "" "--layers 3" "--layers: rank 1 has 3, $R 2"
     expect $O "--zero 2" "" "strategy: rank 1 has ddp, $R zero-2"
     expect $O "--pp 2" "--pp 4" "--pp: rank 1 has 4, $R 2"
+    expect $O "--pp 2" "--pp 2 --pp-wire bf16" "--pp-wire: rank 1 has bf16, $R fp32"
     expect 0 "" "--zero 1 --steps 7" "strategy: ranks 1-3 have ddp, rank 0 has zero-1"
 fi
 # the control: the same settings everywhere train to the end

@@ -7,6 +7,8 @@
 #  - ZeRO with --node-params (one parameter copy per host) equals private
 #    parameters on one machine, 2 x 2 and 3 + 1;
 #  - the start-up line names the machines and the hierarchical path;
+#  - a pipeline's 16-bit wire (--pp-wire bf16) saves the predicted bytes per
+#    step on each host's link (interface counters);
 #  - a SIGSTOPped rank on the other host is named, with its host, by the
 #    stall warning of the ranks that wait for it.
 # Skipped (exit 77, ctest SKIP_RETURN_CODE) where namespaces cannot be made.
@@ -76,6 +78,38 @@ if "$ns" run -np 4 --host dtm0:2,dtm1:2 -- "$bin" train --model gpt2 --layers 2 
     says bf16 "ddp on 2 machines x 2 ranks: gradients reduced hierarchically \(inside each machine, then across machines in 2 lanes, as bf16\)"
 else
     echo "FAIL --compress bf16 across machines:"; tail -5 "$tmp/bf16.out"; fail=1
+fi
+
+# --pp-wire bf16 across machines: stage 0 on dtm0, stage 1 on dtm1. A step
+# sends --batch x --seq x --embd = 16 x 32 x 32 activations one way and as
+# many gradients back, so the 16-bit wire must save 2 bytes of each, 32768
+# bytes per step, on each host's link (tied rows, the loss and the clip norm
+# stay float32: the saving is predicted, not the ratio). Measured from the
+# interface counters: a 9-step run minus a 1-step run (set-up and the final
+# evaluation cancel), per step, bf16 against float32.
+tx() { ip netns exec "dtm$1" cat /sys/class/net/nsim0/statistics/tx_bytes; }
+pptx() {   # pptx WIRE STEPS: "bytes sent by dtm0 dtm1" during the run
+    local a0 a1
+    a0=$(tx 0); a1=$(tx 1)
+    "$ns" run -np 2 --host dtm0:1,dtm1:1 -- "$bin" train --model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 \
+        --data text --data-path "$tmp/corpus.txt" --eval-batches 1 --threads 1 --batch 16 --microbatches 4 --pp 2 \
+        --pp-split 2,2 --steps "$2" --pp-wire "$1" > "$tmp/ppw.out" 2>&1 || { tail -3 "$tmp/ppw.out" >&2; return 1; }
+    echo "$(( $(tx 0) - a0 )) $(( $(tx 1) - a1 ))"
+}
+if f9=$(pptx fp32 9) && f1=$(pptx fp32 1) && b9=$(pptx bf16 9) && b1=$(pptx bf16 1); then
+    read -r -a F9 <<< "$f9"; read -r -a F1 <<< "$f1"; read -r -a B9 <<< "$b9"; read -r -a B1 <<< "$b1"
+    for h in 0 1; do
+        fs=$(( (F9[h] - F1[h]) / 8 )) bs=$(( (B9[h] - B1[h]) / 8 ))
+        saved=$((fs - bs))
+        # 32768 payload bytes, within 10% (packet headers; measured: within 1.5%)
+        if [ "$saved" -ge 29500 ] && [ "$saved" -le 36000 ]; then
+            echo "ok   --pp-wire bf16: dtm$h sends $bs bytes per step against $fs in float32 (saves $saved, payload 32768)"
+        else
+            echo "FAIL --pp-wire bf16: dtm$h sends $bs bytes per step against $fs in float32: saves $saved, want ~32768"; fail=1
+        fi
+    done
+else
+    echo "FAIL --pp-wire across machines: a run failed"; fail=1
 fi
 
 # the launcher: dtrain --hosts starts the ranks itself (through netsim's ssh

@@ -53,6 +53,7 @@ void dt_par_describe_pipe(const dt_pipe_opts *o, dt_agree *a) {
     dt_agree_add(a, "pipe.max_outstanding", "%d", o->max_outstanding);
     dt_agree_add(a, "pipe.split", "%s", split);
     dt_agree_add(a, "pipe.zero_stage", "%d", o->zero_stage);
+    dt_agree_add(a, "pipe.wire", "%s", o->wire == DT_F32 ? "fp32" : dt_par_wire_name(o->wire));   /* as --pp-wire */
     dt_agree_add(a, "tp.size", "%d", o->tp_size > 1 ? o->tp_size : 1);
     dt_agree_add(a, "tp.sequence_parallel", "%d", o->sequence_parallel ? 1 : 0);
     if (o->zero_stage) dt_par_describe_zero(&o->zero, a);

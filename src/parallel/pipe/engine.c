@@ -272,6 +272,7 @@ void dt_pipe_engine_free(dt_pipe *p) {
         dt_pipe_slot *s = &p->step.slots[i];
         dt_work_wait(s->recv_act); dt_work_wait(s->recv_grad); dt_work_wait(s->send_act); dt_work_wait(s->send_grad);
         free(s->act); free(s->grad);
+        free(s->in16); free(s->out16); free(s->gout16);
     }
     free(p->step.slots);
     for (int i = 0; i < p->tapes.n_pool; i++) dt_graph_free(p->tapes.pool[i]);
@@ -287,13 +288,46 @@ static int64_t act_numel(const dt_pipe *p, int block, int in, const dt_batch *b)
     return nd ? dt_shape_numel(nd, sh) : 0;
 }
 
-static dt_status grow(float **buf, int64_t *have, int64_t need) {
-    if (need <= *have) return DT_OK;
-    float *x = realloc(*buf, (size_t)need * sizeof(float));
-    if (!x) return DT_ERR(DT_ENOMEM, "pipeline: out of memory for a %lld-float message buffer", (long long)need);
+static int wire16(const dt_pipe *p) { return p->o.wire != DT_F32; }
+
+static dt_status grow16(uint16_t **buf, int64_t need) {
+    uint16_t *x = realloc(*buf, (size_t)need * sizeof *x);
+    if (!x) return DT_ERR(DT_ENOMEM, "pipeline: out of memory for a %lld-element 16-bit message buffer", (long long)need);
     *buf = x;
+    return DT_OK;
+}
+
+/* The slot's buffers of its input side (in: act, in16) or output side (grad,
+ * out16, gout16) hold at least need elements. */
+static dt_status grow(dt_pipe *p, dt_pipe_slot *s, int in, int64_t need) {
+    int64_t *have = in ? &s->act_n : &s->grad_n;
+    if (need <= *have) return DT_OK;
+    float **f = in ? &s->act : &s->grad;
+    float *x = realloc(*f, (size_t)need * sizeof(float));
+    if (!x) return DT_ERR(DT_ENOMEM, "pipeline: out of memory for a %lld-float message buffer", (long long)need);
+    *f = x;
+    if (wire16(p)) {
+        if (in) DT_TRY(grow16(&s->in16, need));
+        else {
+            DT_TRY(grow16(&s->out16, need));
+            DT_TRY(grow16(&s->gout16, need));
+        }
+    }
     *have = need;
     return DT_OK;
+}
+
+/* Sends n floats from x to virtual stage v's rank on tag, as o.wire: rounded
+ * into buf16 first when the wire is 16-bit (buf16 then stays in use until the
+ * send completes). */
+static dt_status send_wire(dt_pipe *p, const float *x, int64_t n, uint16_t *buf16, int v, int tag, dt_work **w) {
+    const void *b = x;
+    if (wire16(p)) {
+        dt_convert(buf16, p->o.wire, x, DT_F32, (size_t)n);
+        b = buf16;
+    }
+    p->metrics.sent_bytes += (size_t)n * dt_dtype_size(p->o.wire);
+    return dt_send(p->comm.pp, b, n, p->o.wire, dt_pipe_rank_of(p, v), tag, w);
 }
 
 static dt_status prepare_slots(dt_pipe *p, const dt_batch *mb, int M) {
@@ -311,8 +345,8 @@ static dt_status prepare_slots(dt_pipe *p, const dt_batch *mb, int M) {
             dt_pipe_slot *s = &p->step.slots[c * M + j];
             s->x = s->out = NULL;
             s->b_done = 0;
-            if (v > 0) DT_TRY(grow(&s->act, &s->act_n, act_numel(p, p->lay.vfirst[v], 1, &mb[j])));
-            if (v + 1 < p->lay.S) DT_TRY(grow(&s->grad, &s->grad_n, act_numel(p, p->lay.vfirst[v + 1] - 1, 0, &mb[j])));
+            if (v > 0) DT_TRY(grow(p, s, 1, act_numel(p, p->lay.vfirst[v], 1, &mb[j])));
+            if (v + 1 < p->lay.S) DT_TRY(grow(p, s, 0, act_numel(p, p->lay.vfirst[v + 1] - 1, 0, &mb[j])));
         }
     }
     return DT_OK;
@@ -323,12 +357,14 @@ static dt_status post_receives(dt_pipe *p, const dt_batch *mb, int M) {
         int v = dt_pipe_vstage(p, c);
         for (int j = 0; j < M; j++) {
             dt_pipe_slot *s = &p->step.slots[c * M + j];
+            int w16 = wire16(p);
             if (v > 0)
-                DT_TRY(dt_recv(p->comm.pp, s->act, act_numel(p, p->lay.vfirst[v], 1, &mb[j]), DT_F32, dt_pipe_rank_of(p, v - 1),
-                               TAG_ACT(p, v, j), &s->recv_act));
+                DT_TRY(dt_recv(p->comm.pp, w16 ? (void *)s->in16 : (void *)s->act, act_numel(p, p->lay.vfirst[v], 1, &mb[j]),
+                               p->o.wire, dt_pipe_rank_of(p, v - 1), TAG_ACT(p, v, j), &s->recv_act));
             if (v + 1 < p->lay.S)
-                DT_TRY(dt_recv(p->comm.pp, s->grad, act_numel(p, p->lay.vfirst[v + 1] - 1, 0, &mb[j]), DT_F32,
-                               dt_pipe_rank_of(p, v + 1), TAG_GRAD(p, v, j), &s->recv_grad));
+                DT_TRY(dt_recv(p->comm.pp, w16 ? (void *)s->gout16 : (void *)s->grad,
+                               act_numel(p, p->lay.vfirst[v + 1] - 1, 0, &mb[j]), p->o.wire, dt_pipe_rank_of(p, v + 1),
+                               TAG_GRAD(p, v, j), &s->recv_grad));
         }
     }
     return DT_OK;
@@ -377,6 +413,7 @@ static dt_status do_forward(dt_pipe *p, int c, int j) {
         if (wait_timed(p, &s->recv_act) != DT_OK) return fail(p, "receiving the activation", c, j);
         int64_t sh[DT_MAX_DIMS];
         int nd = dt_model_block_shape(p->m, p->lay.vfirst[v], 1, b, sh);
+        if (wire16(p)) dt_convert(s->act, DT_F32, s->in16, p->o.wire, (size_t)dt_shape_numel(nd, sh));
         if (!(s->x = dt_graph_input(s->g, nd, sh, s->act, 1))) return fail(p, "activation input", c, j);
     }
     double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->metrics.trace);
@@ -389,8 +426,12 @@ static dt_status do_forward(dt_pipe *p, int c, int j) {
     s->out = y;
     p->metrics.compute_us += dt_par_now_us() - t0;
     trace_action(p, 'F', c, j, tt);
-    if (v + 1 < p->lay.S &&
-        dt_send(p->comm.pp, y->data, y->numel, DT_F32, dt_pipe_rank_of(p, v + 1), TAG_ACT(p, v + 1, j), &s->send_act) != DT_OK)
+    if (v + 1 < p->lay.S && y->numel > s->grad_n) {
+        DT_ERR(DT_ESTATE, "blocks %d..%d returned %lld elements, their declared output has %lld", p->lay.vfirst[v],
+               p->lay.vfirst[v + 1] - 1, (long long)y->numel, (long long)s->grad_n);
+        return fail(p, "forward", c, j);
+    }
+    if (v + 1 < p->lay.S && send_wire(p, y->data, y->numel, s->out16, v + 1, TAG_ACT(p, v + 1, j), &s->send_act) != DT_OK)
         return fail(p, "sending the activation", c, j);
     return DT_OK;
 }
@@ -402,6 +443,7 @@ static dt_status do_backward(dt_pipe *p, int c, int j) {
     if (fault_hook(p, 'B', j) != DT_OK) return fail(p, "backward", c, j);
     if (!s->g || !s->out) return DT_ERR(DT_ESTATE, "pipeline stage %d: B of micro-batch %d before its F", p->lay.stage, j);
     if (v + 1 < p->lay.S && wait_timed(p, &s->recv_grad) != DT_OK) return fail(p, "receiving the gradient", c, j);
+    if (v + 1 < p->lay.S && wire16(p)) dt_convert(s->grad, DT_F32, s->gout16, p->o.wire, (size_t)s->out->numel);
     double t0 = dt_par_now_us(), tt = dt_trace_now_us(p->metrics.trace);
     dt_pipe_ties_redirect(p, c);
     dt_status st = v + 1 == p->lay.S ? dt_graph_backward_scaled(s->g, s->out, p->step.loss_scale)
@@ -411,8 +453,7 @@ static dt_status do_backward(dt_pipe *p, int c, int j) {
     trace_action(p, 'B', c, j, tt);
     if (v > 0) {
         const float *gx = dt_graph_grad(s->g, s->x);
-        if (!gx || dt_send(p->comm.pp, gx, s->x->numel, DT_F32, dt_pipe_rank_of(p, v - 1), TAG_GRAD(p, v - 1, j),
-                           &s->send_grad) != DT_OK)
+        if (!gx || send_wire(p, gx, s->x->numel, s->in16, v - 1, TAG_GRAD(p, v - 1, j), &s->send_grad) != DT_OK)
             return fail(p, "sending the input gradient", c, j);
     }
     if (dt_pipe_ties_export(p, c, j) != DT_OK) return fail(p, "sending tied-parameter rows", c, j);
@@ -488,6 +529,7 @@ static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_su
     p->step.loss_sum = 0;
     p->step.loss_scale = (p->step.grad_scale > 0 ? p->step.grad_scale : 1.0f) / (float)M;
     p->metrics.compute_us = p->metrics.wait_us = 0;
+    p->metrics.sent_bytes = 0;
     p->tapes.peak = p->tapes.live;
     set_deferral(p);
     DT_TRY(post_receives(p, mb, M));
@@ -512,6 +554,7 @@ static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_su
     st->bubble = st->schedule_us > 0 ? 1.0 - p->metrics.compute_us / st->schedule_us : 0;
     st->compute_us = p->metrics.compute_us;
     st->wait_us = p->metrics.wait_us;
+    st->sent_bytes = p->metrics.sent_bytes;
     st->graphs = p->tapes.peak;
     size_t arena = 0;
     for (int i = 0; i < p->tapes.n_pool; i++) arena += dt_graph_arena_bytes(p->tapes.pool[i]);
@@ -532,8 +575,11 @@ dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_s
 /* ---- evaluation: every batch forward through the stages, in order ---- */
 typedef struct eval_item { dt_graph *g; dt_work *send; } eval_item;
 
-static dt_status eval_one(dt_pipe *p, const dt_batch *b, int c, float *act, dt_work **recv, eval_item *it,
-                          double sums[3]) {
+/* act: the float32 input (widened from act16 with a 16-bit wire); out16: the
+ * 16-bit send buffer of this item, out_n elements (two alternate: the
+ * previous item's send may still be under way). */
+static dt_status eval_one(dt_pipe *p, const dt_batch *b, int c, float *act, const uint16_t *act16, uint16_t *out16,
+                          int64_t out_n, dt_work **recv, eval_item *it, double sums[3]) {
     int v = dt_pipe_vstage(p, c);
     DT_TRY(pool_get(p, &it->g));
     dt_graph_set_grad_enabled(it->g, 0);
@@ -543,12 +589,15 @@ static dt_status eval_one(dt_pipe *p, const dt_batch *b, int c, float *act, dt_w
         DT_TRY(wait_timed(p, recv));
         int64_t sh[DT_MAX_DIMS];
         int nd = dt_model_block_shape(p->m, p->lay.vfirst[v], 1, b, sh);
+        if (wire16(p)) dt_convert(act, DT_F32, act16, p->o.wire, (size_t)dt_shape_numel(nd, sh));
         if (!(x = dt_graph_input(it->g, nd, sh, act, 0))) return dt_error_code();
     }
     dt_tensor *y = dt_model_run_blocks(p->m, it->g, b, p->lay.vfirst[v], p->lay.vfirst[v + 1], x);
     if (!y) return dt_error_code() ? dt_error_code() : DT_EINVAL;
-    if (v + 1 < p->lay.S)
-        return dt_send(p->comm.pp, y->data, y->numel, DT_F32, dt_pipe_rank_of(p, v + 1), TAG_ACT(p, v + 1, 0), &it->send);
+    if (v + 1 < p->lay.S && y->numel > out_n)
+        return DT_ERR(DT_ESTATE, "blocks %d..%d returned %lld elements, their declared output has %lld", p->lay.vfirst[v],
+                      p->lay.vfirst[v + 1] - 1, (long long)y->numel, (long long)out_n);
+    if (v + 1 < p->lay.S) return send_wire(p, y->data, y->numel, out16, v + 1, TAG_ACT(p, v + 1, 0), &it->send);
     dt_tensor *logits = NULL, *loss = dt_model_loss(p->m, it->g, b, y, &logits);
     if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;
     double rows = (double)(b->B * b->T);
@@ -560,31 +609,40 @@ static dt_status eval_one(dt_pipe *p, const dt_batch *b, int c, float *act, dt_w
 
 dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3]) {
     /* one receive buffer per (batch, chunk); activations arrive in batch
-     * order on one tag per link, matched in posting order */
-    int64_t per = 0;
+     * order on one tag per link, matched in posting order. per: the largest
+     * input, per_out: the largest output (16-bit send buffers) */
+    int64_t per = 0, per_out = 0;
     for (int i = 0; i < n; i++)
         for (int c = 0; c < p->lay.V; c++) {
             int v = dt_pipe_vstage(p, c);
             int64_t k = v > 0 ? act_numel(p, p->lay.vfirst[v], 1, &b[i]) : 0;
+            int64_t o = v + 1 < p->lay.S ? act_numel(p, p->lay.vfirst[v + 1] - 1, 0, &b[i]) : 0;
             if (k > per) per = k;
+            if (o > per_out) per_out = o;
         }
-    float *act = malloc((size_t)(per ? per : 1) * (size_t)n * (size_t)p->lay.V * sizeof(float));
+    size_t slots = (size_t)(per ? per : 1) * (size_t)n * (size_t)p->lay.V;
+    int w16 = wire16(p);
+    float *act = malloc(slots * sizeof(float));
+    uint16_t *act16 = w16 ? malloc(slots * sizeof *act16) : NULL;
+    uint16_t *out16 = w16 ? malloc((size_t)(per_out ? per_out : 1) * 2 * sizeof *out16) : NULL;
     dt_work **recv = calloc((size_t)n * (size_t)p->lay.V, sizeof *recv);
     eval_item prev = {0}, cur = {0};
-    dt_status s = act && recv ? notice_post(p) : DT_ERR(DT_ENOMEM, "pipeline eval: out of memory");
+    dt_status s = act && recv && (!w16 || (act16 && out16)) ? notice_post(p) : DT_ERR(DT_ENOMEM, "pipeline eval: out of memory");
     at(p, -1, -1);
     for (int i = 0; i < n && s == DT_OK; i++)
         for (int c = 0; c < p->lay.V && s == DT_OK; c++) {
             int v = dt_pipe_vstage(p, c);
+            size_t at_k = ((size_t)i * (size_t)p->lay.V + (size_t)c) * (size_t)per;
             if (v > 0)
-                s = dt_recv(p->comm.pp, act + ((size_t)i * (size_t)p->lay.V + (size_t)c) * (size_t)per,
-                            act_numel(p, p->lay.vfirst[v], 1, &b[i]), DT_F32, dt_pipe_rank_of(p, v - 1), TAG_ACT(p, v, 0),
+                s = dt_recv(p->comm.pp, w16 ? (void *)(act16 + at_k) : (void *)(act + at_k),
+                            act_numel(p, p->lay.vfirst[v], 1, &b[i]), p->o.wire, dt_pipe_rank_of(p, v - 1), TAG_ACT(p, v, 0),
                             &recv[i * p->lay.V + c]);
         }
     for (int i = 0; i < n && s == DT_OK; i++)
         for (int c = 0; c < p->lay.V && s == DT_OK; c++) {
-            s = eval_one(p, &b[i], c, act + ((size_t)i * (size_t)p->lay.V + (size_t)c) * (size_t)per, &recv[i * p->lay.V + c],
-                         &cur, sums);
+            size_t k = (size_t)i * (size_t)p->lay.V + (size_t)c;
+            s = eval_one(p, &b[i], c, act + k * (size_t)per, w16 ? act16 + k * (size_t)per : NULL,
+                         w16 ? out16 + (k % 2) * (size_t)per_out : NULL, per_out, &recv[k], &cur, sums);
             /* the previous item's output is sent by now or soon: its tape can go
              * (after a failure it may never be: the tape stays, unused) */
             dt_status w = s == DT_OK ? wait_timed(p, &prev.send) : DT_OK;
@@ -597,7 +655,7 @@ dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3])
     if (s == DT_OK) s = w;
     if (prev.g) pool_put(p, prev.g);
     if (cur.g) { dt_work_wait(cur.send); pool_put(p, cur.g); }
-    if (s != DT_OK) {   /* receives may still be pending: leave act and recv to MPI */
+    if (s != DT_OK) {   /* receives and a send may still be pending: leave their buffers to MPI */
         p->comm.broken = 1;
         s = fail(p, "evaluation", 0, 0);
         at(p, -1, -1);   /* peers: "failed (see its error)" */
@@ -605,6 +663,8 @@ dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3])
         return s;
     }
     free(act);
+    free(act16);
+    free(out16);
     free(recv);
     return DT_OK;
 }

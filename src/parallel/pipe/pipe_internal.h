@@ -215,7 +215,14 @@ typedef struct dt_pipe_slot {
     dt_tensor *x;             /* input activation (graph input), NULL on virtual stage 0 */
     dt_tensor *out;           /* output activation, or the loss on the last virtual stage */
     float *act, *grad;        /* receive buffers: input activation, output gradient */
-    int64_t act_n, grad_n;    /* their elements */
+    int64_t act_n, grad_n;    /* their elements (and the 16-bit buffers' of each side) */
+    /* o.wire 16-bit: the messages' own buffers, widened into act / grad on
+     * arrival and rounded from the output / input gradient before sending.
+     * in16 receives the input activation (done at F) and then sends the input
+     * gradient (from B); out16 sends the output, gout16 receives its gradient
+     * (posted at the start of the step while out16's send may be under way:
+     * two buffers). NULL with a float32 wire. */
+    uint16_t *in16, *out16, *gout16;
     dt_work *recv_act, *recv_grad, *send_act, *send_grad;
     int b_done;               /* its B ran (the authority's tied W waits for it) */
 } dt_pipe_slot;
@@ -340,6 +347,7 @@ typedef struct dt_pipe_ckpt {
 typedef struct dt_pipe_metrics {
     dt_pipe_stats stats;
     double compute_us, wait_us;
+    size_t sent_bytes;        /* this step so far (engine.c send_wire) */
     dt_trace *trace;
 } dt_pipe_metrics;
 

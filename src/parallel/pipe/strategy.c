@@ -32,6 +32,8 @@ static dt_status make_groups(dt_pipe *p) {
                       "of pipe.stages x tp.size = %d)", W, p->o.stages, T, p->o.stages * T);
     if (p->o.stages > DT_PIPE_MAX_STAGES)
         return DT_ERR(DT_EINVAL, "pipeline: at most %d stages (got pipe.stages %d)", DT_PIPE_MAX_STAGES, p->o.stages);
+    if (p->o.wire != DT_F32 && p->o.wire != DT_BF16 && p->o.wire != DT_F16)
+        return DT_ERR(DT_EINVAL, "pipe.wire: dtype %d is not DT_F32, DT_BF16 or DT_F16", (int)p->o.wire);
     p->lay.P = p->o.stages;
     p->lay.T = T;
     p->lay.D = W / (p->lay.P * T);
@@ -92,6 +94,9 @@ static void print_partition(const dt_pipe *p, const dt_pipe_probe *pr, const dt_
     if (p->lay.V > 1) at += snprintf(line + at, sizeof line - (size_t)at, " (%d chunks per rank)", p->lay.V);
     at += snprintf(line + at, sizeof line - (size_t)at, ", %d micro-batches: theoretical bubble %.1f%%\n", p->step.M,
                    100.0 * dt_pipe_bubble_formula(p->o.schedule, p->lay.P, p->step.M, p->lay.V));
+    if (p->o.wire != DT_F32)
+        at += snprintf(line + at, sizeof line - (size_t)at, "  activations and their gradients travel between stages as "
+                       "%s (computed in float32)\n", dt_par_wire_name(p->o.wire));
     if (p->lay.T > 1)
         at += snprintf(line + at, sizeof line - (size_t)at, "  tensor-parallel stages: attention by heads, MLP by columns "
                        "over %d consecutive ranks (all-reduces through %s); parameter counts below are one tp rank's\n",
