@@ -11,7 +11,8 @@
 #    ZeRO-1/2/3) and 4 stages or 2 ranks x 2 interleaved chunks with the same
 #    three cuts give the same bits (every tensor of the final checkpoint and
 #    the logged losses);
-#  - bf16 and fp16 round differently (both differ from each other);
+#  - bf16 and fp16 round differently (both differ from each other); fp16
+#    on the wire works under --precision fp16's loss scaling;
 #  - a bad value is refused naming the flag and the choices.
 # The bytes it saves on a link are measured across simulated hosts by
 # test_multihost.sh.
@@ -75,6 +76,8 @@ if [ "$np" -lt 4 ]; then
     else
         echo "ok   fp16 != bf16"
     fi
+    # fp16 on the wire under fp16's loss scaling (scaled gradients, skipped steps agreed)
+    run h16 "${pp[@]}" --precision fp16 && run h16_fp16 "${pp[@]}" --precision fp16 --pp-wire fp16 && near h16 h16_fp16
     run f32_explicit "${pp[@]}" --pp-wire fp32 && same f32 f32_explicit
     run bf16_gpipe "${pp[@]}" --pp-wire bf16 --schedule gpipe && same bf16 bf16_gpipe
     run bf16_gpipe2 "${pp[@]}" --pp-wire bf16 --schedule gpipe --max-outstanding 2 && same bf16 bf16_gpipe2
