@@ -41,57 +41,68 @@ declare -A room_rank=( [parallel/common]=0 [parallel/ddp]=1 [parallel/zero]=1 [p
 bad=0
 fail() { echo "layering: $*" >&2; bad=1; }
 
-layer_of_file() {   # path relative to root -> layer name (empty: not checked)
-  case $1 in
-    include/dtrain/*) local h=${1#include/dtrain/}
-                      [ -n "${header[$h]:-}" ] || { fail "$1: header not in the layer table of scripts/check_layers.sh"; return; }
-                      echo "${header[$h]}" ;;
-    src/*/*/*)        local l=${1#src/}; echo "${l%%/*}" ;;
-    src/*/*)          local l=${1#src/}; echo "${l%%/*}" ;;
-    cli/*)            echo cli ;;
+# The file's layer into fl (empty: not checked) and its room into fr
+# ("layer/room" for src/<layer>/<room>/x, else empty); 1 when it is unusable
+# (said). Sets globals, no subshell: this runs once per file.
+classify() {
+  local f=$1 l
+  fl="" fr=""
+  case $f in
+    include/dtrain/*) local h=${f#include/dtrain/}
+                      [ -n "${header[$h]:-}" ] || { fail "$f: header not in the layer table of scripts/check_layers.sh"; return 1; }
+                      fl=${header[$h]} ;;
+    src/*/*)          l=${f#src/}; fl=${l%%/*} ;;
+    cli/*)            fl=cli ;;
   esac
+  [ -n "$fl" ] || return 0
+  [ -n "${rank[$fl]:-}" ] || { fail "$f: folder src/$fl is not a layer (add it to scripts/check_layers.sh)"; fl=""; return 1; }
+  case $f in
+    src/*/*/*) fr=${f#src/}; fr=${fr%/*}
+               [ -n "${room_rank[$fr]:-}" ] || { fail "$f: folder src/$fr is not a room (add it to room_rank in scripts/check_layers.sh)"; fl=""; return 1; } ;;
+  esac
+  return 0
 }
 
 cd "$root"
 files=$(find include/dtrain src cli -name '*.[ch]' 2>/dev/null | sort)
 [ -n "$files" ] || { echo "layering: no sources under $root" >&2; exit 1; }
+declare -A file_layer file_room
 for f in $files; do
-  fl=$(layer_of_file "$f")
-  [ -n "$fl" ] || continue
-  [ -n "${rank[$fl]:-}" ] || { fail "$f: folder src/$fl is not a layer (add it to scripts/check_layers.sh)"; continue; }
-  fr=""   # the file's room: "layer/room" for src/<layer>/<room>/x
-  case $f in
-    src/*/*/*) fr=${f#src/}; fr=${fr%/*}
-               [ -n "${room_rank[$fr]:-}" ] || { fail "$f: folder src/$fr is not a room (add it to room_rank in scripts/check_layers.sh)"; continue; } ;;
-  esac
-  while IFS=: read -r line inc; do
-    # the included header's room, when it is one: "layer/room/x.h", or a bare
-    # "x.h" from a file in a room
-    ir=""
-    case $inc in
-      dtrain/*) ;;
-      */*/*)    ir=${inc%/*} ;;
-      */*)      ;;
-      *)        ir=$fr ;;
-    esac
-    if [ -n "$fr" ] && [ -n "$ir" ] && [ "$ir" != "$fr" ] && [ "${ir%%/*}" = "${fr%%/*}" ]; then
-      if [ -z "${room_rank[$ir]:-}" ]; then fail "$f:$line: includes $inc from unknown room '$ir'"
-      elif [ "${room_rank[$ir]}" -ge "${room_rank[$fr]}" ]; then
-        fail "$f:$line: room '$fr' includes $inc of room '$ir', which is not below it"
-      fi
-    fi
-    case $inc in
-      dtrain/*) il=${header[${inc#dtrain/}]:-}
-                [ -n "$il" ] || { fail "$f:$line: includes $inc, which is not in the layer table"; continue; } ;;
-      */*)      il=${inc%%/*} ;;
-      *)        il=$fl ;;
-    esac
-    [ -n "${rank[$il]:-}" ] || { fail "$f:$line: includes $inc from unknown layer '$il'"; continue; }
-    if [ "${rank[$il]}" -gt "${rank[$fl]}" ]; then
-      fail "$f:$line: layer '$fl' includes $inc of higher layer '$il'"
-    fi
-  done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" | sed -E 's/^([0-9]+):.*"([^"]+)".*/\1:\2/')
+  classify "$f" || true
+  file_layer[$f]=$fl
+  file_room[$f]=$fr
 done
+# every include of every file at once: "file:line:header"
+# shellcheck disable=SC2086  # (the file list splits on purpose; no names with spaces)
+while IFS=: read -r f line inc; do
+  fl=${file_layer[$f]:-} fr=${file_room[$f]:-}
+  [ -n "$fl" ] || continue
+  # the included header's room, when it is one: "layer/room/x.h", or a bare
+  # "x.h" from a file in a room
+  ir=""
+  case $inc in
+    dtrain/*) ;;
+    */*/*)    ir=${inc%/*} ;;
+    */*)      ;;
+    *)        ir=$fr ;;
+  esac
+  if [ -n "$fr" ] && [ -n "$ir" ] && [ "$ir" != "$fr" ] && [ "${ir%%/*}" = "${fr%%/*}" ]; then
+    if [ -z "${room_rank[$ir]:-}" ]; then fail "$f:$line: includes $inc from unknown room '$ir'"
+    elif [ "${room_rank[$ir]}" -ge "${room_rank[$fr]}" ]; then
+      fail "$f:$line: room '$fr' includes $inc of room '$ir', which is not below it"
+    fi
+  fi
+  case $inc in
+    dtrain/*) il=${header[${inc#dtrain/}]:-}
+              [ -n "$il" ] || { fail "$f:$line: includes $inc, which is not in the layer table"; continue; } ;;
+    */*)      il=${inc%%/*} ;;
+    *)        il=$fl ;;
+  esac
+  [ -n "${rank[$il]:-}" ] || { fail "$f:$line: includes $inc from unknown layer '$il'"; continue; }
+  if [ "${rank[$il]}" -gt "${rank[$fl]}" ]; then
+    fail "$f:$line: layer '$fl' includes $inc of higher layer '$il'"
+  fi
+done < <(grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' $files | sed -E 's/^([^:]+):([0-9]+):.*"([^"]+)".*/\1:\2:\3/')
 
 if [ $bad -ne 0 ]; then
   echo "layering: FAILED (order: ${layers[*]})" >&2
