@@ -90,6 +90,54 @@ void dt_trainer_trace_path(const dt_trainer *t, char *buf, size_t n) {
     else snprintf(buf, n, "%s", t->opts.trace);
 }
 
+/* a status and message, one float per byte */
+#define VERDICT_LEN 1024
+
+/* Every rank of pg ends with the verdict of the lowest rank whose s failed
+ * (its status and message) or DT_OK when none did, so all fail alike and at
+ * once: a failure only some ranks can see (their own paths, rank 0's lock)
+ * would otherwise leave the others waiting in the next collective, and the
+ * job's one error line is the same whichever rank is quickest. Collective
+ * over pg. */
+static dt_status share_verdict(dt_pg *pg, dt_status s) {
+    int n = dt_pg_size(pg), me = dt_pg_rank(pg), root = -1;
+    char mine[VERDICT_LEN];
+    snprintf(mine, sizeof mine, "%s", s != DT_OK ? dt_error_message() : "");
+    float *v = calloc((size_t)n + 1 + VERDICT_LEN, sizeof *v), failed = s != DT_OK;
+    if (!v) return s != DT_OK ? s : DT_ERR(DT_ENOMEM, "out of memory");
+    dt_status b = dt_allgather(pg, &failed, v, 1, DT_F32, NULL);
+    for (int r = 0; b == DT_OK && r < n && root < 0; r++)
+        if (v[r] != 0.0f) root = r;
+    float *m = v + n;
+    if (b == DT_OK && root >= 0) {
+        if (me == root) {
+            m[0] = (float)s;
+            for (int i = 0; i < VERDICT_LEN - 1 && mine[i]; i++) m[1 + i] = (float)(unsigned char)mine[i];
+        }
+        dt_work *w = NULL;
+        b = dt_broadcast(pg, m, 1 + VERDICT_LEN, DT_F32, root, &w);
+        if (b == DT_OK) b = dt_work_wait(w);
+    }
+    dt_status out = s != DT_OK ? DT_ERR(s, "%s", mine) : b;
+    if (b == DT_OK && root >= 0 && root != me) {   /* the lowest refusing rank's error, alike everywhere */
+        char msg[VERDICT_LEN];
+        int i = 0;
+        for (; i < VERDICT_LEN - 1 && m[1 + i] != 0.0f; i++) msg[i] = (char)(unsigned char)m[1 + i];
+        msg[i] = 0;
+        out = DT_ERR((dt_status)m[0], "%s", msg);
+    }
+    free(v);
+    return out;
+}
+
+/* The job's world when the trainer's ranks are all of it (else NULL: the
+ * caller's groups are its own business). */
+static dt_status world_of(const dt_trainer *t, dt_pg **pg) {
+    *pg = NULL;
+    if (t->strat.world > 1 && dt_dist_initialized() && t->strat.world == dt_dist_world_size()) return dt_pg_world(pg);
+    return DT_OK;
+}
+
 dt_status dt_trainer_check_outputs(const dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
     int rank0 = t->strat.rank == 0;
@@ -104,42 +152,22 @@ dt_status dt_trainer_check_outputs(const dt_trainer *t) {
     return DT_OK;
 }
 
-/* rank 0's status and message, one float per byte */
-#define VERDICT_LEN 1024
-
 dt_status dt_trainer_claim_outputs(dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
-    if (!o->save || !t->strat.save_is_dir) return DT_OK;   /* (alike on every rank: agreed) */
     dt_pg *pg = NULL;
-    if (t->strat.world > 1 && dt_dist_initialized() && t->strat.world == dt_dist_world_size()) DT_TRY(dt_pg_world(&pg));
+    DT_TRY(world_of(t, &pg));
     int root = pg ? dt_pg_rank(pg) == 0 : t->strat.rank == 0;
-    dt_status s = DT_OK;
-    if (root) {
+    /* several ranks: the paths are checked here, after the configuration
+     * agreement, where every rank is (one rank: at creation's start) */
+    dt_status s = t->strat.world > 1 ? dt_trainer_check_outputs(t) : DT_OK;
+    if (s == DT_OK && root && o->save && t->strat.save_is_dir) {
         dt_status l = dt_ckpt_lock_dir(o->save, &t->save_lock);
         if (l != DT_OK) s = DT_ERR(l, "train.save: %s", dt_error_message());
     }
     if (!pg) return s;
-    float *v = calloc(1 + VERDICT_LEN, sizeof *v);
-    if (!v) { (void)dt_pg_free(pg); return DT_ERR(DT_ENOMEM, "out of memory"); }
-    if (root && s != DT_OK) {
-        const char *msg = dt_error_message();
-        v[0] = (float)s;
-        for (int i = 0; i < VERDICT_LEN - 1 && msg[i]; i++) v[1 + i] = (float)(unsigned char)msg[i];
-    }
-    dt_work *w = NULL;
-    dt_status b = dt_broadcast(pg, v, 1 + VERDICT_LEN, DT_F32, 0, &w);
-    if (b == DT_OK) b = dt_work_wait(w);
+    s = share_verdict(pg, s);
     dt_status f = dt_pg_free(pg);
-    if (b == DT_OK) b = f;
-    if (s == DT_OK && b == DT_OK && v[0] != 0.0f) {   /* rank 0 refused: so does every rank, alike */
-        char msg[VERDICT_LEN];
-        int i = 0;
-        for (; i < VERDICT_LEN - 1 && v[1 + i] != 0.0f; i++) msg[i] = (char)(unsigned char)v[1 + i];
-        msg[i] = 0;
-        s = DT_ERR((dt_status)v[0], "%s", msg);
-    }
-    free(v);
-    return s != DT_OK ? s : b;
+    return s != DT_OK ? s : f;
 }
 
 dt_status dt_trainer_finish(dt_trainer *t) {

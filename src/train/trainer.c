@@ -49,7 +49,9 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
                    dt_dtype_name((dt_dtype)t->strat.param_dtype));
     if (!t->strat.owns_optimizer) t->wcopy.dtype = pd;
     if (s == DT_OK) s = dt_trainer_check_unfreeze(t);
-    if (s == DT_OK) s = dt_trainer_check_outputs(t);   /* before any work a bad path would waste */
+    /* one rank: before any work a bad path would waste; several: in
+     * claim_outputs, after the agreement, where all ranks meet */
+    if (s == DT_OK && t->strat.world <= 1) s = dt_trainer_check_outputs(t);
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_trainer_fit_model(t);
     /* the strategy's say in the build (tp: this rank's part) before the
@@ -64,7 +66,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     if (s == DT_OK) s = dt_trainer_check_sample(t);   /* the same on every rank */
     if (s == DT_OK) s = dt_trainer_freeze(t);   /* before the agreement lists "frozen" and any strategy sees it */
     if (s == DT_OK) s = dt_trainer_agree(t);   /* before the strategy's first collective */
-    if (s == DT_OK) s = dt_trainer_claim_outputs(t);   /* the save directory's lock (rank 0), before step 1 */
+    if (s == DT_OK) s = dt_trainer_claim_outputs(t);   /* paths agreed, the save directory's lock (rank 0), before step 1 */
     /* a mode only when asked: none must not unmark blocks a user's builder marked */
     if (s == DT_OK && o->recompute != DT_RECOMPUTE_NONE) dt_model_set_recompute(t->model, o->recompute);
     /* as recompute: AUTO resolving to fp32 leaves a user's builder's marks alone; asked for, it sets every block */

@@ -27,12 +27,15 @@ dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n);
 int dt_trainer_batch_slots(const dt_trainer *t);
 dt_batch dt_trainer_batch_in(dt_trainer *t, int slot, dt_split split, int64_t n);
 void dt_trainer_free_data(dt_trainer *t);
-/* --save, --trace, --metrics writable on the ranks that write them (outputs.c) */
+/* --save, --trace, --metrics writable on the ranks that write them
+ * (outputs.c): this rank's own check, at creation's start for one rank. */
 dt_status dt_trainer_check_outputs(const dt_trainer *t);
 /* After the configuration agreement (the first collective), on every rank:
- * rank 0 locks a sharded train.save directory (one writer per directory)
- * and its verdict reaches every rank, so a refusal is the same error
- * everywhere (collective over the world when the trainer's ranks are all of it). */
+ * with several ranks each checks its own paths there (a path only rank 0
+ * writes fails on rank 0 alone), rank 0 locks a sharded train.save directory
+ * (one writer per directory), and every rank then gets the lowest failing
+ * rank's error, so the job fails at once and alike, before step 1
+ * (collective over the world when the trainer's ranks are all of it). */
 dt_status dt_trainer_claim_outputs(dt_trainer *t);
 /* memcheck.c: refuses (collectively, alike on every rank) a run whose
  * estimate exceeds the memory available to a rank on its machine; before

@@ -2,7 +2,8 @@
 # Output paths are checked at start-up on every rank that writes them: a
 # sharded --save DIR (ZeRO), a consolidated --save FILE and per-rank --trace
 # files that cannot be written fail before step 1 with the flag and path named,
-# never after training; writable ones produce every rank's file and leave no
+# never after training, on every rank alike (one line, no rank: the ranks
+# agree on the check); writable ones produce every rank's file and leave no
 # probe files behind.
 # usage: test_output_paths.sh DTRAIN NP
 set -uo pipefail
@@ -26,10 +27,14 @@ expect_early() {   # expect_early NEEDLE ARGS...
 touch "$tmp/a_file"
 expect_early "--save /nonexistent_dt_dir/ck" --zero 2 --save /nonexistent_dt_dir/ck
 expect_early "--save $tmp/a_file: exists and is not a directory" --zero 1 --save "$tmp/a_file"
-expect_early "--save /nonexistent_dt_dir/ck.st" --zero 1 --save-format consolidated --save /nonexistent_dt_dir/ck.st
-expect_early "--save /nonexistent_dt_dir/ck.st" --save /nonexistent_dt_dir/ck.st
-expect_early "--trace /nonexistent_dt_dir/t.json.rank" --trace /nonexistent_dt_dir/t.json
-expect_early "--metrics /nonexistent_dt_dir/m.jsonl" --metrics /nonexistent_dt_dir/m.jsonl
+# paths only rank 0 writes: every rank fails with its error at once, so the
+# job's one line has no rank in it (without that agreement the others went
+# on into the first collective and rank 0 named itself after a timeout)
+expect_early "dtrain: error: --save /nonexistent_dt_dir/ck.st" --zero 1 --save-format consolidated --save /nonexistent_dt_dir/ck.st
+expect_early "dtrain: error: --save /nonexistent_dt_dir/ck.st" --save /nonexistent_dt_dir/ck.st
+expect_early "dtrain: error: --metrics /nonexistent_dt_dir/m.jsonl" --metrics /nonexistent_dt_dir/m.jsonl
+# every rank's own file: the lowest rank's error is the job's
+expect_early "dtrain: error: --trace /nonexistent_dt_dir/t.json.rank0" --trace /nonexistent_dt_dir/t.json
 
 # writable: every rank's trace, the sharded set, the metrics; nothing else
 out=$(timeout -k 15 120 "$bin" "${run[@]}" --steps 2 --zero 1 --save "$tmp/ck" --trace "$tmp/t.json" \
