@@ -114,11 +114,11 @@ typedef struct dt_pipe_opts {
      * nearest even by the sender and widened to float32 by the receiver, which
      * computes in float32 as before (Megatron-LM sends its pipeline dtype).
      * The rounding makes a run differ from one process; it is the same for
-     * every schedule and replica count with the same cut. fp16 saturates
-     * beyond 65504 (an activation becomes inf: the step's loss is not finite)
-     * and flushes gradients below 6e-8 to zero unless the loss is scaled
-     * (--precision fp16). Tied-parameter rows and the data-parallel
-     * reductions are not affected (ddp / zero's dp.wire). */
+     * every schedule and replica count with the same cut. fp16 overflows to
+     * inf from 65520 (an activation: the step's loss is not finite) and
+     * rounds gradients below about 3e-8 to zero unless the loss is scaled
+     * (--precision fp16). Tied-parameter rows always travel as float32; the
+     * data-parallel reductions have their own wire (ddp / zero's dp.wire). */
     dt_dtype wire;
 } dt_pipe_opts;
 
@@ -145,8 +145,8 @@ typedef struct dt_pipe_stats {
     double bubble;            /* idle inside the schedule: 1 - compute / schedule */
     size_t param_bytes;       /* this rank's parameters */
     size_t arena_bytes;       /* activation memory: the tapes' high-water marks */
-    size_t sent_bytes;        /* activations and gradients this rank sent to other stages (payload) */
     int graphs;               /* tapes alive at the peak (micro-batches in flight x chunks) */
+    size_t sent_bytes;        /* activations and gradients this rank sent to other stages (payload) */
 } dt_pipe_stats;
 dt_status dt_pipe_strategy_stats(const dt_strategy *s, dt_pipe_stats *out);
 

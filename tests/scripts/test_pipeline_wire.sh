@@ -3,7 +3,8 @@
 # --pp-wire bf16|fp16: a pipeline's activations and their gradients travel
 # between stages in 16 bits (rounded by the sender, widened by the receiver).
 #  - the rounding happens: the run differs from the float32 wire, yet its
-#    losses stay within 1e-4 (relative) of it, eval included;
+#    losses stay within 1e-4 (relative) of it, eval included; evaluation
+#    itself rounds (at --lr 0, same weights, its loss differs);
 #  - it depends only on the cut (given here: the default cut is measured, so
 #    it can move between runs, and the rounding with it), not on how the
 #    stages are driven: every schedule (gpipe, with and without --max-outstanding, 1f1b, zb-h1) and,
@@ -14,8 +15,9 @@
 #  - bf16 and fp16 round differently (both differ from each other); fp16
 #    on the wire works under --precision fp16's loss scaling;
 #  - a bad value is refused naming the flag and the choices.
-# The bytes it saves on a link are measured across simulated hosts by
-# test_multihost.sh.
+# The bytes it saves on each link, so that both directions (activations on
+# stage 0's, gradients on stage 1's) travel in 16 bits, are measured across
+# simulated hosts by test_multihost.sh.
 # usage: test_pipeline_wire.sh DTRAIN CKPT_CMP NP   (NP 2: the 2-rank cases; 4: those with replicas)
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_recompute_bitwise.sh)
@@ -78,6 +80,15 @@ if [ "$np" -lt 4 ]; then
     fi
     # fp16 on the wire under fp16's loss scaling (scaled gradients, skipped steps agreed)
     run h16 "${pp[@]}" --precision fp16 && run h16_fp16 "${pp[@]}" --precision fp16 --pp-wire fp16 && near h16 h16_fp16
+    # evaluation rounds too: at --lr 0 the weights never move, so only the
+    # wire can make bf16's evaluation differ from fp32's
+    run f32_lr0 "${pp[@]}" --lr 0 --steps 1 && run bf16_lr0 "${pp[@]}" --lr 0 --steps 1 --pp-wire bf16 &&
+    if e32=$(grep -o '"eval_loss":[0-9.e+-]*' "$tmp/f32_lr0.jsonl") && e16=$(grep -o '"eval_loss":[0-9.e+-]*' "$tmp/bf16_lr0.jsonl") &&
+       [ "$e32" != "$e16" ] && awk -v a="${e32#*:}" -v b="${e16#*:}" 'BEGIN { d = (a - b) / a; exit !(d < 1e-4 && d > -1e-4) }'; then
+        echo "ok   evaluation through the bf16 wire: ${e16#*:} against ${e32#*:} (same weights)"
+    else
+        echo "FAIL evaluation through the bf16 wire: '${e16:-}' against '${e32:-}' (want different, within 1e-4)"; fail=1
+    fi
     run f32_explicit "${pp[@]}" --pp-wire fp32 && same f32 f32_explicit
     run bf16_gpipe "${pp[@]}" --pp-wire bf16 --schedule gpipe && same bf16 bf16_gpipe
     run bf16_gpipe2 "${pp[@]}" --pp-wire bf16 --schedule gpipe --max-outstanding 2 && same bf16 bf16_gpipe2

@@ -426,10 +426,13 @@ static dt_status do_forward(dt_pipe *p, int c, int j) {
     s->out = y;
     p->metrics.compute_us += dt_par_now_us() - t0;
     trace_action(p, 'F', c, j, tt);
-    if (v + 1 < p->lay.S && y->numel > s->grad_n) {
-        DT_ERR(DT_ESTATE, "blocks %d..%d returned %lld elements, their declared output has %lld", p->lay.vfirst[v],
-               p->lay.vfirst[v + 1] - 1, (long long)y->numel, (long long)s->grad_n);
-        return fail(p, "forward", c, j);
+    if (v + 1 < p->lay.S) {   /* what the next stage's receive expects */
+        int64_t want = act_numel(p, p->lay.vfirst[v + 1] - 1, 0, b);
+        if (y->numel != want) {
+            DT_ERR(DT_ESTATE, "blocks %d..%d returned %lld elements, their declared output has %lld", p->lay.vfirst[v],
+                   p->lay.vfirst[v + 1] - 1, (long long)y->numel, (long long)want);
+            return fail(p, "forward", c, j);
+        }
     }
     if (v + 1 < p->lay.S && send_wire(p, y->data, y->numel, s->out16, v + 1, TAG_ACT(p, v + 1, j), &s->send_act) != DT_OK)
         return fail(p, "sending the activation", c, j);
@@ -594,9 +597,10 @@ static dt_status eval_one(dt_pipe *p, const dt_batch *b, int c, float *act, cons
     }
     dt_tensor *y = dt_model_run_blocks(p->m, it->g, b, p->lay.vfirst[v], p->lay.vfirst[v + 1], x);
     if (!y) return dt_error_code() ? dt_error_code() : DT_EINVAL;
-    if (v + 1 < p->lay.S && y->numel > out_n)
+    int64_t want = v + 1 < p->lay.S ? act_numel(p, p->lay.vfirst[v + 1] - 1, 0, b) : 0;
+    if (v + 1 < p->lay.S && (y->numel != want || want > out_n))
         return DT_ERR(DT_ESTATE, "blocks %d..%d returned %lld elements, their declared output has %lld", p->lay.vfirst[v],
-                      p->lay.vfirst[v + 1] - 1, (long long)y->numel, (long long)out_n);
+                      p->lay.vfirst[v + 1] - 1, (long long)y->numel, (long long)want);
     if (v + 1 < p->lay.S) return send_wire(p, y->data, y->numel, out16, v + 1, TAG_ACT(p, v + 1, 0), &it->send);
     dt_tensor *logits = NULL, *loss = dt_model_loss(p->m, it->g, b, y, &logits);
     if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;
@@ -627,7 +631,14 @@ dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3])
     uint16_t *out16 = w16 ? malloc((size_t)(per_out ? per_out : 1) * 2 * sizeof *out16) : NULL;
     dt_work **recv = calloc((size_t)n * (size_t)p->lay.V, sizeof *recv);
     eval_item prev = {0}, cur = {0};
-    dt_status s = act && recv && (!w16 || (act16 && out16)) ? notice_post(p) : DT_ERR(DT_ENOMEM, "pipeline eval: out of memory");
+    dt_status s;
+    if (!act || !recv || (w16 && (!act16 || !out16))) {   /* nothing posted yet: freed now; fails below */
+        free(act); free(act16); free(out16); free(recv);
+        act = NULL; act16 = out16 = NULL; recv = NULL;
+        s = DT_ERR(DT_ENOMEM, "pipeline eval: out of memory");
+    } else {
+        s = notice_post(p);
+    }
     at(p, -1, -1);
     for (int i = 0; i < n && s == DT_OK; i++)
         for (int c = 0; c < p->lay.V && s == DT_OK; c++) {

@@ -94,7 +94,7 @@ static void print_partition(const dt_pipe *p, const dt_pipe_probe *pr, const dt_
     if (p->lay.V > 1) at += snprintf(line + at, sizeof line - (size_t)at, " (%d chunks per rank)", p->lay.V);
     at += snprintf(line + at, sizeof line - (size_t)at, ", %d micro-batches: theoretical bubble %.1f%%\n", p->step.M,
                    100.0 * dt_pipe_bubble_formula(p->o.schedule, p->lay.P, p->step.M, p->lay.V));
-    if (p->o.wire != DT_F32)
+    if (p->o.wire != DT_F32 && p->lay.S > 1)
         at += snprintf(line + at, sizeof line - (size_t)at, "  activations and their gradients travel between stages as "
                        "%s (computed in float32)\n", dt_par_wire_name(p->o.wire));
     if (p->lay.T > 1)
