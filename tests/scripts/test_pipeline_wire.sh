@@ -28,19 +28,18 @@ gpt2=(--model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --data tex
       --eval-batches 2 --threads 1 --steps 4)
 fail=0
 
-# run TAG ARGS...: train GPT-2, keep TAG.ck and TAG.jsonl (timings dropped)
-run() {
-    local tag=$1; shift
-    if ! "$bin" train "${gpt2[@]}" --quiet "$@" --save "$tmp/$tag.ck" --metrics "$tmp/$tag.jsonl" < /dev/null > "$tmp/$tag.out" 2>&1; then
-        echo "FAIL $tag: $*"; cat "$tmp/$tag.out"; fail=1; return 1
-    fi
-    sed -i 's/,"ms":[0-9.e+-]*//' "$tmp/$tag.jsonl"
-}
-same() {   # same REF TAG: bit for bit
-    if "$cmp" "$tmp/$1.ck" "$tmp/$2.ck" step optim_step epoch cursor > "$tmp/cmp.out" && cmp -s "$tmp/$1.jsonl" "$tmp/$2.jsonl"; then
+# t_run TAG ARGS...: train GPT-2 quietly, keep TAG.ck and TAG.jsonl (tests/scripts/lib/train_compare.sh)
+# shellcheck source=tests/scripts/lib/train_compare.sh
+. "$(dirname "$0")/lib/train_compare.sh"
+# shellcheck disable=SC2034  # (t_run reads it through args)
+quiet=("${gpt2[@]}" --quiet)
+args=quiet
+nums() { sed 's/,"ms":[0-9.e+-]*//' "$tmp/$1.jsonl"; }   # TAG's metrics without the timings
+same() {   # same REF TAG: bit for bit, the checkpoint and every logged loss, eval included (t_same: training only)
+    if "$cmp" "$tmp/$1.ck" "$tmp/$2.ck" step optim_step epoch cursor > "$tmp/cmp.out" && cmp -s <(nums "$1") <(nums "$2"); then
         echo "ok   $2 == $1"
     else
-        echo "FAIL $2 != $1:"; cat "$tmp/cmp.out"; diff "$tmp/$1.jsonl" "$tmp/$2.jsonl"; fail=1
+        echo "FAIL $2 != $1:"; cat "$tmp/cmp.out"; diff <(nums "$1") <(nums "$2"); fail=1
     fi
 }
 # near REF TAG: some parameter differs, and every logged loss (training and
@@ -63,15 +62,15 @@ near() {
 
 pp=(--batch 8 --microbatches 4 --pp 2 --nproc 2 --pp-split 2,2)
 if [ "$np" -lt 4 ]; then
-    run f32 "${pp[@]}"
-    run bf16 "${pp[@]}" --pp-wire bf16 && near f32 bf16
+    t_run f32 "${pp[@]}"
+    t_run bf16 "${pp[@]}" --pp-wire bf16 && near f32 bf16
     if "$bin" train "${gpt2[@]}" "${pp[@]}" --pp-wire bf16 --steps 1 2>&1 |
            grep -q "activations and their gradients travel between stages as bf16 (computed in float32)"; then
         echo "ok   the start-up lines name the bf16 wire"
     else
         echo "FAIL: no start-up line names the bf16 wire"; fail=1
     fi
-    run fp16 "${pp[@]}" --pp-wire fp16 && near f32 fp16
+    t_run fp16 "${pp[@]}" --pp-wire fp16 && near f32 fp16
     if [ ! -e "$tmp/bf16.ck" ] || [ ! -e "$tmp/fp16.ck" ] ||
        "$cmp" "$tmp/bf16.ck" "$tmp/fp16.ck" step optim_step epoch cursor > /dev/null 2>&1; then
         echo "FAIL fp16 == bf16 bit for bit (or a run failed)"; fail=1
@@ -79,20 +78,20 @@ if [ "$np" -lt 4 ]; then
         echo "ok   fp16 != bf16"
     fi
     # fp16 on the wire under fp16's loss scaling (scaled gradients, skipped steps agreed)
-    run h16 "${pp[@]}" --precision fp16 && run h16_fp16 "${pp[@]}" --precision fp16 --pp-wire fp16 && near h16 h16_fp16
+    t_run h16 "${pp[@]}" --precision fp16 && t_run h16_fp16 "${pp[@]}" --precision fp16 --pp-wire fp16 && near h16 h16_fp16
     # evaluation rounds too: at --lr 0 the weights never move, so only the
     # wire can make bf16's evaluation differ from fp32's
-    run f32_lr0 "${pp[@]}" --lr 0 --steps 1 && run bf16_lr0 "${pp[@]}" --lr 0 --steps 1 --pp-wire bf16 &&
+    t_run f32_lr0 "${pp[@]}" --lr 0 --steps 1 && t_run bf16_lr0 "${pp[@]}" --lr 0 --steps 1 --pp-wire bf16 &&
     if e32=$(grep -o '"eval_loss":[0-9.e+-]*' "$tmp/f32_lr0.jsonl") && e16=$(grep -o '"eval_loss":[0-9.e+-]*' "$tmp/bf16_lr0.jsonl") &&
        [ "$e32" != "$e16" ] && awk -v a="${e32#*:}" -v b="${e16#*:}" 'BEGIN { d = (a - b) / a; exit !(d < 1e-4 && d > -1e-4) }'; then
         echo "ok   evaluation through the bf16 wire: ${e16#*:} against ${e32#*:} (same weights)"
     else
         echo "FAIL evaluation through the bf16 wire: '${e16:-}' against '${e32:-}' (want different, within 1e-4)"; fail=1
     fi
-    run f32_explicit "${pp[@]}" --pp-wire fp32 && same f32 f32_explicit
-    run bf16_gpipe "${pp[@]}" --pp-wire bf16 --schedule gpipe && same bf16 bf16_gpipe
-    run bf16_gpipe2 "${pp[@]}" --pp-wire bf16 --schedule gpipe --max-outstanding 2 && same bf16 bf16_gpipe2
-    run bf16_zbh1 "${pp[@]}" --pp-wire bf16 --schedule zb-h1 && same bf16 bf16_zbh1
+    t_run f32_explicit "${pp[@]}" --pp-wire fp32 && same f32 f32_explicit
+    t_run bf16_gpipe "${pp[@]}" --pp-wire bf16 --schedule gpipe && same bf16 bf16_gpipe
+    t_run bf16_gpipe2 "${pp[@]}" --pp-wire bf16 --schedule gpipe --max-outstanding 2 && same bf16 bf16_gpipe2
+    t_run bf16_zbh1 "${pp[@]}" --pp-wire bf16 --schedule zb-h1 && same bf16 bf16_zbh1
     rc=0; out=$("$bin" train "${gpt2[@]}" "${pp[@]}" --pp-wire fp8 2>&1) || rc=$?
     if [ "$rc" -ne 0 ] && grep -q -- "--pp-wire: unknown 'fp8' (fp32, bf16, fp16)" <<< "$out"; then
         echo "ok   --pp-wire fp8 refused: $(grep -m1 -o -- "--pp-wire: unknown.*" <<< "$out")"
@@ -102,18 +101,18 @@ if [ "$np" -lt 4 ]; then
 else
     # 2 stages x 2 replicas: the stages' reducers do not change the bits
     pd=(--batch 8 --microbatches 4 --pp 2 --nproc 4 --pp-split 2,2 --pp-wire bf16)
-    run f32_dp2 --batch 8 --microbatches 4 --pp 2 --nproc 4 --pp-split 2,2
-    run bf16_dp2 "${pd[@]}" && near f32_dp2 bf16_dp2
-    run bf16_dp2_zero1 "${pd[@]}" --zero 1 && same bf16_dp2 bf16_dp2_zero1
-    run bf16_dp2_zero2 "${pd[@]}" --zero 2 --schedule zb-h1 && same bf16_dp2 bf16_dp2_zero2
-    run bf16_dp2_zero3 "${pd[@]}" --zero 3 && same bf16_dp2 bf16_dp2_zero3
+    t_run f32_dp2 --batch 8 --microbatches 4 --pp 2 --nproc 4 --pp-split 2,2
+    t_run bf16_dp2 "${pd[@]}" && near f32_dp2 bf16_dp2
+    t_run bf16_dp2_zero1 "${pd[@]}" --zero 1 && same bf16_dp2 bf16_dp2_zero1
+    t_run bf16_dp2_zero2 "${pd[@]}" --zero 2 --schedule zb-h1 && same bf16_dp2 bf16_dp2_zero2
+    t_run bf16_dp2_zero3 "${pd[@]}" --zero 3 && same bf16_dp2 bf16_dp2_zero3
     # 4 stages: three links rounded
     p4=(--batch 8 --microbatches 4 --pp 4 --nproc 4 --pp-split 1,1,1,1)
-    run f32_pp4 "${p4[@]}"
-    run bf16_pp4 "${p4[@]}" --pp-wire bf16 && near f32_pp4 bf16_pp4
-    run bf16_pp4_gpipe "${p4[@]}" --pp-wire bf16 --schedule gpipe && same bf16_pp4 bf16_pp4_gpipe
+    t_run f32_pp4 "${p4[@]}"
+    t_run bf16_pp4 "${p4[@]}" --pp-wire bf16 && near f32_pp4 bf16_pp4
+    t_run bf16_pp4_gpipe "${p4[@]}" --pp-wire bf16 --schedule gpipe && same bf16_pp4 bf16_pp4_gpipe
     # the same three cuts on 2 ranks x 2 chunks (interleaved): the same roundings
-    run bf16_pp2v2 --batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule interleaved --virtual-stages 2 \
+    t_run bf16_pp2v2 --batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule interleaved --virtual-stages 2 \
         --pp-split 1,1,1,1 --pp-wire bf16 && same bf16_pp4 bf16_pp2v2
 fi
 exit $fail
