@@ -104,7 +104,8 @@ int dt_cli_hosts_subset(const dt_cli_hosts *h, const int *keep, dt_cli_hosts *ou
 typedef struct dt_cli_restart {
     int max_restarts, min_nproc;   /* min_nproc 0: the job's own world */
     int stages, accum;             /* --pp; micro-steps per replica and step */
-    long long batch;
+    long long batch;               /* the library's: a micro-batch */
+    long long eval_batches;        /* the library's (micro-batches of `batch` for a pipeline); 0: all */
     const char *save;
 } dt_cli_restart;
 int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h,

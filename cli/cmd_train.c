@@ -111,6 +111,13 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
     p->zero_stage = f->dist.zero_stage;
     p->ddp = f->dist.ddp;
     p->zero = f->dist.zero;
+    /* the library's train.batch is the micro-batch: --eval-batches still
+     * counts batches of --batch (the same sequences as without a pipeline) */
+    if (f->o.eval_batches > INT64_MAX / M) {
+        snprintf(err, (size_t)errlen, "--eval-batches %lld is too large (0: all)", (long long)f->o.eval_batches);
+        return -1;
+    }
+    if (f->o.eval_batches > 0) f->o.eval_batches *= M;   /* (a negative count is refused as given) */
     f->o.batch /= M;
     f->o.accum = M;
     return 0;
@@ -355,7 +362,8 @@ static int launch(int argc, char **argv, const cli_flags *f) {
         rc = 2;
     } else {
         dt_cli_restart rs = {.max_restarts = f->max_restarts, .min_nproc = f->min_nproc, .save = f->o.save,
-                             .stages = f->dist.pipe.stages, .accum = f->o.accum, .batch = f->o.batch};
+                             .stages = f->dist.pipe.stages, .accum = f->o.accum, .batch = f->o.batch,
+                             .eval_batches = f->o.eval_batches};
         rc = f->max_restarts > 0 && !f->print_launch
                  ? dt_cli_relaunch_restarting(argc, argv, np, f->o.threads, &h, &rs)
                  : dt_cli_relaunch(argc, argv, np, f->o.threads, &h, f->print_launch);

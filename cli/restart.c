@@ -43,13 +43,15 @@ static long long progress_step(const char *file) {
 
 /* flag (and its value) that a restart replaces: 2 = "--flag VALUE", 1 =
  * "--flag=VALUE", 0. resize: the world changes, and with it the micro-steps
- * (--accum; a pipeline's --batch and --microbatches) */
-static int replaced(char **argv, int i, int ckpt, int resize, int piped) {
+ * (--accum; a pipeline's --batch and --microbatches, and --eval-batches,
+ * which counts batches of --batch: evalb, when it is given) */
+static int replaced(char **argv, int i, int ckpt, int resize, int piped, int evalb) {
     static const char *const drop[] = {"--max-restarts", "--min-nproc", "--resume", "--init",
-                                       "--accum", "--batch", "--microbatches"};
+                                       "--accum", "--batch", "--microbatches", "--eval-batches"};
     for (size_t j = 0; j < sizeof drop / sizeof *drop; j++) {
         if ((j == 2 || j == 3) && !ckpt) continue;               /* no checkpoint yet: the job's own */
-        if (j >= 4 && (!resize || (j == 4) == piped)) continue;  /* --accum, or a pipeline's two */
+        if (j >= 4 && j < 7 && (!resize || (j == 4) == piped)) continue;  /* --accum, or a pipeline's two */
+        if (j == 7 && (!resize || !piped || !evalb)) continue;
         size_t l = strlen(drop[j]);
         if (!strcmp(argv[i], drop[j])) return 2;
         if (!strncmp(argv[i], drop[j], l) && argv[i][l] == '=') return 1;
@@ -80,7 +82,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     }
     close(fd);
     setenv(DT_CLI_PROGRESS_ENV, prog, 1);
-    char **av = calloc((size_t)argc + 7, sizeof *av);
+    char **av = calloc((size_t)argc + 9, sizeof *av);
     long long *resumed = calloc((size_t)max_restarts + 1, sizeof *resumed);
     int *worlds = calloc((size_t)max_restarts + 1, sizeof *worlds);
     int *alive = calloc((size_t)(h->n > 0 ? h->n : 1), sizeof *alive);
@@ -98,7 +100,10 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     dt_cli_hosts sub = {0};
     const dt_cli_hosts *where = h;
     int world = nproc, accum = r->accum;
-    char v_accum[24], v_batch[24];
+    char v_accum[24], v_batch[24], v_eval[24];
+    /* a pipeline's evaluation set, eval_batches micro-batches, kept when
+     * --batch changes (rounded up to whole batches of the new --batch) */
+    long long evalb = piped ? r->eval_batches : 0;
     int rc = 0, restarts = 0;
     long long recomputed = 0;
     for (;;) {
@@ -110,7 +115,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
             av[k++] = argv[0];
             av[k++] = argv[1];
             for (int i = 2; i < argc; i++) {
-                int rp = replaced(argv, i, ckpt, resize, piped);
+                int rp = replaced(argv, i, ckpt, resize, piped, evalb > 0);
                 if (rp == 2) i++;
                 else if (!rp) av[k++] = argv[i];
             }
@@ -118,6 +123,11 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
                 snprintf(v_accum, sizeof v_accum, "%d", accum);
                 snprintf(v_batch, sizeof v_batch, "%lld", r->batch * accum);
                 if (piped) {
+                    if (evalb > 0) {
+                        snprintf(v_eval, sizeof v_eval, "%lld", (evalb + accum - 1) / accum);
+                        av[k++] = "--eval-batches";
+                        av[k++] = v_eval;
+                    }
                     av[k++] = "--batch";
                     av[k++] = v_batch;
                     av[k++] = "--microbatches";
@@ -176,6 +186,9 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
             if (acc != accum)
                 snprintf(on + strlen(on), sizeof on - strlen(on), ", %s %d keeps the global batch",
                          piped ? "--microbatches" : "--accum", acc);
+            if (acc != accum && evalb > 0)
+                snprintf(on + strlen(on), sizeof on - strlen(on), " and --eval-batches %lld the evaluation%s",
+                         (evalb + acc - 1) / acc, evalb % acc ? " (rounded up to whole batches)" : "");
             world = W;
             accum = acc;
         }

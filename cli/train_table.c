@@ -147,10 +147,10 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--save-sync", DT_ARG_FLAG, &o->save_sync, NULL, "write every checkpoint before training goes on (no background writer)", 0, 0},
         {"--resume", DT_ARG_STR, &o->resume, "FILE|DIR", "continue from a checkpoint file or set (bit-for-bit; the model, its settings and --optim come from it: "
          "a flag that contradicts it is refused; --steps must be at least its step)", 0, 0},
-        {"--metrics", DT_ARG_STR, &o->metrics, "FILE", "append one JSON line per step (checked writable at start-up)", 0, 0},
+        {"--metrics", DT_ARG_STR, &o->metrics, "FILE", "append one JSON line per training step and one per evaluation (step, eval_loss, eval_accuracy; dtrain eval too); checked writable at start-up", 0, 0},
         {"--trace", DT_ARG_STR, &o->trace, "FILE", "write a Chrome/Perfetto trace (per rank: FILE.rankN)", 0, 0},
         {"--log-every", DT_ARG_I64, &o->log_every, "N", "progress line interval when not on a terminal", 0, 0},
-        {"--eval-batches", DT_ARG_I64, &o->eval_batches, "N", "LM evaluation batches (default: all)", 0, 0},
+        {"--eval-batches", DT_ARG_I64, &o->eval_batches, "N", "LM evaluation: the first N batches of --batch sequences of the validation split, the same sequences whatever --nproc, --pp or --microbatches (default: all)", 0, 0},
         {"--sample-every", DT_ARG_I64, &o->sample_every, "K", "GPT-2: every K steps print a sample from the model "
          "(--sample-tokens after the validation split's first 8 tokens; temperature 0.8, top-k 40; one process or DDP)", 0, 0},
         {"--sample-tokens", DT_ARG_INT, &o->sample_tokens, "N", "tokens per --sample-every sample (default 64)", 0, 0},

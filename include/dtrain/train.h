@@ -235,7 +235,11 @@ dt_status dt_trainer_save_background(dt_trainer *t, const char *path);
 dt_status dt_trainer_save_settle(dt_trainer *t);
 /* Loss and accuracy (fraction of targets predicted right) on the dataset's
  * eval split: all of it, or --eval-batches batches where the dataset allows.
- * Collective; stops between batches on an agreed stop request (see below). */
+ * Collective; stops between batches on an agreed stop request (see below).
+ * With opts.metrics, appends {"step", "eval_loss", "eval_accuracy"} there
+ * (the lead rank; not when stopped): training's final evaluation, and
+ * `dtrain eval`'s, which appends to a training run's file without
+ * dropping anything. */
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss, double *accuracy);
 
 /* ---- stopping at a step boundary (preemption: SIGTERM, SIGINT) ----

@@ -172,10 +172,5 @@ dt_status dt_trainer_run(dt_trainer *t) {
         else                    /* "test accuracy: 0.8765  test loss: 0.3456" */
             dt_log(DT_LOG_INFO, "%s %s: %.4f  %s loss: %.4f\n", d->eval_name, d->metric, acc, d->eval_name, loss);
     }
-    if (t->metrics.f) {
-        const char *keys[3] = {"step", "eval_loss", "eval_accuracy"};
-        double vals[3] = {(double)t->step, loss, acc};
-        DT_TRY(dt_jsonl_write(&t->metrics, 3, keys, vals));
-    }
     return DT_OK;
 }

@@ -10,7 +10,8 @@
 #    resumed the same checkpoint at 2 ranks --accum 2 by hand.
 #  - ZeRO-2 (its sharded set resharded from 4 ranks to 2) and a pipeline,
 #    pp 2 x dp 2 -> pp 2 x dp 1 with twice the micro-batches, compared the
-#    same way.
+#    same way. The final evaluations are compared too: a pipeline's restart
+#    keeps the evaluated sequences (--eval-batches rescaled with --batch).
 #  - spare hosts: --hosts with 3 machines for 4 ranks, one lost: the job
 #    continues at 4 ranks on the two left, its losses those of the
 #    uninterrupted run.
@@ -133,11 +134,24 @@ elastic() {
     local r
     if r=$(same_losses "$tmp/$tag.jsonl" "$tmp/$tag.ref.jsonl" "$from"); then echo "ok   $tag: $r (resumed by hand: ${ref[*]})"
     else echo "FAIL $tag vs resumed by hand: $r"; fail=1; fi
+    # and the final evaluation, on the same sequences (a pipeline's restart
+    # rescales --eval-batches with --batch)
+    local ea eb
+    ea=$(grep -oE '"eval_loss":[0-9.e+-]+' "$tmp/$tag.jsonl" | tail -1 | cut -d: -f2)
+    eb=$(grep -oE '"eval_loss":[0-9.e+-]+' "$tmp/$tag.ref.jsonl" | tail -1 | cut -d: -f2)
+    if [ -n "$ea" ] && [ -n "$eb" ] && awk -v a="$ea" -v b="$eb" 'BEGIN { d = a - b; exit !(d * d <= 1e-12 * b * b) }'; then
+        echo "ok   $tag: final evaluation $ea, resumed by hand $eb"
+    else
+        echo "FAIL $tag: final evaluation '$ea', resumed by hand '$eb'"; fail=1
+    fi
 }
 
 elastic ddp dte0:2,dte1:2 dte1 2 2 --nproc 2 --batch 2 --accum 2 -- --batch 2
 elastic zero2 dte0:2,dte1:2 dte1 2 2 --nproc 2 --batch 2 --accum 2 --zero 2 -- --batch 2 --zero 2
-elastic pp dte0:2,dte1:2 dte1 2 2 --nproc 2 --pp 2 --batch 8 --microbatches 4 -- --pp 2 --batch 4 --microbatches 2
+# (pp: --eval-batches 2 of --batch 4 are the 8 sequences of 1 batch of 8)
+elastic pp dte0:2,dte1:2 dte1 2 2 --nproc 2 --pp 2 --batch 8 --microbatches 4 --eval-batches 1 -- --pp 2 --batch 4 --microbatches 2
+grep -q "restart 1 of 2 .*--microbatches 4 keeps the global batch and --eval-batches 1 the evaluation$" "$tmp/pp.err" ||
+    { echo "FAIL pp: the restart does not say it keeps the evaluation:"; grep restart "$tmp/pp.err"; fail=1; }
 # spares: 4 ranks continue on the two machines left, as if nothing happened
 elastic spare dte0:2,dte1:2,dte2:2 dte1 - 4 --nproc 4 --batch 2 -- --batch 2
 SILENT=1 elastic short dte0:2,dte1:2 dte1 - 0 -- --batch 2

@@ -3,6 +3,9 @@
 # GPT-2, saved after 3 steps as a single file, a ZeRO-3 set (--nproc 2) and a
 # pipeline set (--pp 2), `dtrain eval --init X` and `eval --resume X` without
 # any model flag print the same result line as with every model flag given;
+# `eval --metrics` appends that result to the training run's metrics file;
+# a pipeline evaluates the same sequences as one process (1e-6), at 2 or 8
+# micro-batches;
 # `train --resume X` without model flags trains on; a model flag (or --model,
 # or --optim on --resume) that contradicts the file is refused, naming the
 # flag's value and the file's. Results are compared between runs, never with
@@ -42,8 +45,38 @@ for m in mlp cnn gpt2; do
         # shellcheck disable=SC2206
         strat=(${kind#*:})
         if ! timeout -k 15 300 "$bin" train "${flags[@]}" "${run[@]}" "${strat[@]}" --steps 3 --quiet --save "$ck" \
-                < /dev/null > "$tmp/$tag.train" 2>&1; then
+                --metrics "$tmp/$tag.jsonl" < /dev/null > "$tmp/$tag.train" 2>&1; then
             echo "FAIL $tag: training run:"; tail -3 "$tmp/$tag.train"; fail=1; continue
+        fi
+        # eval --metrics appends its result to the training run's file: 3 step
+        # lines, training's final evaluation, then eval's (in the same layout),
+        # at the checkpoint's step 3, with the loss eval printed and the same
+        # as training's
+        res=$(evaluate "$tmp/$tag.metrics" --resume "$ck" "${run[@]}" "${strat[@]}" --metrics "$tmp/$tag.jsonl")
+        printed=$(grep -oE 'loss: [0-9.]+' <<< "$res" | cut -d' ' -f2)
+        mapfile -t ev < <(grep -oE '"step":3,"eval_loss":[0-9.e+-]+' "$tmp/$tag.jsonl" | cut -d: -f3)
+        if [ "$(wc -l < "$tmp/$tag.jsonl")" -ne 5 ] || [ "${#ev[@]}" -ne 2 ] || [ "${ev[0]}" != "${ev[1]}" ] ||
+           [ "$(printf '%.4f' "${ev[1]}")" != "$printed" ]; then
+            echo "FAIL $tag eval --metrics: printed '$res', file:"; cat "$tmp/$tag.jsonl"; fail=1
+        else
+            echo "ok $tag eval --metrics appends {\"step\":3,\"eval_loss\":${ev[1]}}, training's lines kept"
+        fi
+        # the pipeline evaluates the sequences one process does, whatever its
+        # micro-batches: --eval-batches counts batches of --batch (it counted
+        # micro-batches once: 2 micro-batches evaluated half the set)
+        if [ "${kind%%:*}" = pp ]; then
+            evaluate "$tmp/$tag.one" --resume "$ck" "${run[@]}" --metrics "$tmp/$tag.one.jsonl" > /dev/null
+            one=$(grep -oE '"eval_loss":[0-9.e+-]+' "$tmp/$tag.one.jsonl" | cut -d: -f2)
+            for mb in 2 8; do
+                evaluate "$tmp/$tag.mb$mb" --resume "$ck" "${run[@]}" "${strat[@]}" --microbatches $mb \
+                    --metrics "$tmp/$tag.mb$mb.jsonl" > /dev/null
+                got=$(grep -oE '"eval_loss":[0-9.e+-]+' "$tmp/$tag.mb$mb.jsonl" | cut -d: -f2)
+                if [ -n "$one" ] && [ -n "$got" ] && awk -v a="$got" -v b="$one" 'BEGIN { d = a - b; exit !(d * d <= 1e-12 * b * b) }'; then
+                    echo "ok $tag eval --microbatches $mb: loss $got, one process $one"
+                else
+                    echo "FAIL $tag eval --microbatches $mb: loss '$got', one process '$one'"; fail=1
+                fi
+            done
         fi
         for how in init resume; do
             full=$(evaluate "$tmp/$tag.$how.full" "--$how" "$ck" "${flags[@]}" "${run[@]}")

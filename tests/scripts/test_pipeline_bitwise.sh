@@ -2,6 +2,8 @@
 # Pipeline parallelism trains bit-identically to the run it stands for:
 #   --pp P --microbatches M --batch B  ==  one process --batch B/M --accum M
 #   --pp P x D replicas                ==  DDP at D ranks --batch B/M --accum M
+#     (--eval-batches N counts batches of --batch: N x M for the references,
+#     which evaluate the same sequences in the same micro-batches)
 #     (the replicas of a stage run DDP or ZeRO-1/2: bitwise the same; ZeRO-3:
 #     test_pipeline_zero3.sh)
 # for GPT-2 (tied wte across the first and last stage) and the MLP, every
@@ -39,8 +41,8 @@ same() {   # same REF TAG
 }
 
 # references
-run g_single gpt2 --batch 2 --accum 4
-run m_single mlp --batch 16 --accum 2
+run g_single gpt2 --batch 2 --accum 4 --eval-batches 8
+run m_single mlp --batch 16 --accum 2 --eval-batches 4
 
 while IFS='|' read -r ref tag model need extra; do
     [ "$need" -le "$np" ] || continue
@@ -67,8 +69,8 @@ CONFIGS
 # P x D: against DDP at D ranks with the same micro-batches; each stage's
 # replicas run DDP (default) or ZeRO-1/2 over the stage's parameters
 if [ "$np" -ge 4 ]; then
-    run g_ddp2 gpt2 --batch 2 --accum 4 --nproc 2
-    run m_ddp2 mlp --batch 16 --accum 2 --nproc 2
+    run g_ddp2 gpt2 --batch 2 --accum 4 --nproc 2 --eval-batches 8
+    run m_ddp2 mlp --batch 16 --accum 2 --nproc 2 --eval-batches 4
     while IFS='|' read -r ref tag model extra; do
         # shellcheck disable=SC2086
         run "$tag" "$model" $extra && same "$ref" "$tag"

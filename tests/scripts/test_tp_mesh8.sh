@@ -16,7 +16,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$tmp/corpus.txt"
 gpt2=(--model gpt2 --layers 2 --embd 32 --heads 4 --max-t 32 --seq 32 --data text --data-path "$tmp/corpus.txt"
       --eval-batches 2 --threads 1 --clip 0.05)
-mesh=(--tp 2 --pp 2 --nproc 8 --batch 4 --microbatches 2)
+# (--eval-batches counts batches of --batch: 1 of 4 is DDP's 2 of 2)
+mesh=(--tp 2 --pp 2 --nproc 8 --batch 4 --microbatches 2 --eval-batches 1)
 ddp=(--nproc 2 --batch 2 --accum 2)
 fail=0
 

@@ -56,11 +56,13 @@ refused() {
     fi
 }
 
-# two micro-batches of 2 (--pp 2's default M = P), four of 1 for interleaved
-run single --batch 2 --accum 2 --quiet
-run single_sgd --batch 2 --accum 2 "${sgd[@]}" --quiet
-run single4_sgd --batch 1 --accum 4 "${sgd[@]}" --quiet
-run single4 --batch 1 --accum 4 --quiet
+# two micro-batches of 2 (--pp 2's default M = P), four of 1 for interleaved;
+# --eval-batches counts batches of --batch, so a reference standing for M
+# micro-batches evaluates N x M of its own (the pipeline's sequences)
+run single --batch 2 --accum 2 --eval-batches 4 --quiet
+run single_sgd --batch 2 --accum 2 --eval-batches 4 "${sgd[@]}" --quiet
+run single4_sgd --batch 1 --accum 4 --eval-batches 8 "${sgd[@]}" --quiet
+run single4 --batch 1 --accum 4 --eval-batches 8 --quiet
 run tpp_1f1b "${tpp[@]}" --batch 4 && near single tpp_1f1b
 run tpp_1f1b_sgd "${tpp[@]}" --batch 4 "${sgd[@]}" --quiet && near single_sgd tpp_1f1b_sgd
 run tpp_gpipe_sgd "${tpp[@]}" --batch 4 --schedule gpipe "${sgd[@]}" --quiet && near single_sgd tpp_gpipe_sgd
@@ -102,12 +104,12 @@ run tps_1f1b_sgd "${tpp[@]}" "${sp[@]}" --batch 4 "${sgd[@]}" --quiet && near si
 run tps_gpipe_sgd "${tpp[@]}" "${sp[@]}" --batch 4 --schedule gpipe "${sgd[@]}" --quiet && near single_sgd tps_gpipe_sgd
 run tps_inter_sgd "${tpp[@]}" "${sp[@]}" --batch 4 --microbatches 4 --schedule interleaved "${sgd[@]}" --quiet &&
     near single4_sgd tps_inter_sgd
-run single4_drop --batch 1 --accum 4 --dropout 0.1 --quiet &&
+run single4_drop --batch 1 --accum 4 --eval-batches 8 --dropout 0.1 --quiet &&
     run tps_zbh1_drop "${tpp[@]}" "${sp[@]}" --batch 4 --microbatches 4 --schedule zb-h1 --recompute blocks --dropout 0.1 \
         --quiet && near single4_drop tps_zbh1_drop
 run dp2_tps_sgd --tp 2 --pp 1 --schedule 1f1b --nproc 4 "${sp[@]}" --batch 4 "${sgd[@]}" --quiet && near ddp2_sgd dp2_tps_sgd
 run tps_half "${tpp[@]}" "${sp[@]}" --batch 4 --steps 2 --save "$tmp/tps.ck" --quiet &&
-    run from_tps --batch 2 --accum 2 --resume "$tmp/tps.ck" --quiet && near single from_tps
+    run from_tps --batch 2 --accum 2 --eval-batches 4 --resume "$tmp/tps.ck" --quiet && near single from_tps
 run tps_from_single "${tpp[@]}" "${sp[@]}" --batch 4 --resume "$tmp/single.st" --quiet && near single tps_from_single
 
 # with ZeRO inside the stages (dp 1; across replicas: test_tp_zero.sh)

@@ -165,7 +165,8 @@ run mem_z3 "${mesh[@]}" "${mem[@]}" --zero 3 && memcheck mem_z3 $((P / 2)) $((P 
 pp=(--batch 8 --microbatches 4 --pp 2 --pp-split 2,2 --tp 2 --nproc 4 "${sgd[@]}")
 run ppd "${pp[@]}" && for st in 1 3; do run "ppz$st" "${pp[@]}" "${zb[@]}" --zero "$st" && same ppd "ppz$st"; done
 # its sets hold whole tensors: one process (the same 4 micro-batches of 2) and --tp 2 --zero 3 resume them
-one_pp=(--batch 2 --accum 4 "${sgd[@]}")
+# (--eval-batches counts batches of --batch: the pipeline's 2 of 8 are 8 of 2)
+one_pp=(--batch 2 --accum 4 --eval-batches 8 "${sgd[@]}")
 run single_pp "${one_pp[@]}" --quiet && near single_pp ppd
 if run ppz3_half "${pp[@]}" "${zb[@]}" --zero 3 "${half[@]}"; then
     run from_ppz3_single "${one_pp[@]}" --resume "$tmp/ppz3_half.ck" && near single_pp from_ppz3_single
