@@ -186,6 +186,9 @@ struct dt_trainer {
     double bg_t0, bg_copy_s, bg_wait_s;   /* the save in flight: started, copy, wait for the one before */
     int save_lock;                 /* rank 0: descriptor holding a sharded train.save directory's
                                       lock for the trainer's life (io.h dt_ckpt_lock_dir); -1: none */
+    size_t model_params_whole;     /* the whole model's with tensor-parallel parts counted once,
+                                      also before the strategy's setup (model_params: this rank's
+                                      parts when they are split) */
 };
 
 /* The memory check dt_trainer_create runs before the model exists (unless

@@ -117,13 +117,13 @@ dt_status dt_trainer_run(dt_trainer *t) {
     int64_t log_every = o->log_every > 0 ? o->log_every : (t->total_steps >= 20 ? t->total_steps / 20 : 1);
     const dt_dataset *d = &t->data;
     if (lead) {
-        size_t whole = dt_model_num_params_whole(t->model);   /* > model_params: this rank holds tp parts */
+        size_t whole = t->model_params_whole;   /* > model_params: this rank holds tp parts */
         char part[64] = "";
         if (whole != t->model_params) snprintf(part, sizeof part, " (%zu on each tensor-parallel rank)", t->model_params);
-        dt_log(DT_LOG_INFO, "dtrain: %s, %zu parameters%s, %s x%d, %lld steps of %lld %s\n",
-               t->model->name, whole, part, t->strat.name,
-               t->strat.world, (long long)(t->total_steps - t->step), (long long)items_per_step(t),
-               d->unit);
+        long long left = (long long)(t->total_steps - t->step);
+        dt_log(DT_LOG_INFO, "dtrain: %s, %zu parameters%s, %s x%d, %lld step%s of %lld %s\n",
+               t->model->name, whole, part, t->strat.name, t->strat.world, left, left == 1 ? "" : "s",
+               (long long)items_per_step(t), d->unit);
     }
     if (lead) {
         char desc[192];

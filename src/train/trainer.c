@@ -99,7 +99,10 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
         s = example_batch(t);
     }
     if (s == DT_OK && o->resume && !t->strat.load) s = dt_checkpoint_load(t, o->resume);
-    if (s == DT_OK) t->model_params = dt_model_num_params(t->model);
+    if (s == DT_OK) {   /* before setup: a pipeline stage then holds only its part */
+        t->model_params = dt_model_num_params(t->model);
+        t->model_params_whole = dt_model_num_params_whole(t->model);
+    }
     if (s == DT_OK && t->strat.setup) s = t->strat.setup(t->strat.self, &t->run);
     t->run.example = (dt_batch){0};   /* setup only: the buffers are reused for training */
     if (s == DT_OK && o->resume && t->strat.load) s = t->strat.load(t->strat.self, &t->run, o->resume);

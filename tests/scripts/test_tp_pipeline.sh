@@ -71,6 +71,17 @@ run tpp_inter_sgd "${tpp[@]}" --batch 4 --microbatches 4 --schedule interleaved 
 run tpp_zbh1 "${tpp[@]}" --batch 4 --microbatches 4 --schedule zb-h1 --recompute blocks --quiet && near single4 tpp_zbh1
 if grep -c 'mesh: dp 1 x pp 2 x tp 2' "$tmp/tpp_1f1b.out" > /dev/null; then echo "ok   mesh line"
 else echo "FAIL no 'mesh: dp 1 x pp 2 x tp 2' line, got:"; cat "$tmp/tpp_1f1b.out"; fail=1; fi
+# the start-up line counts the whole model, as one process does, however it is
+# held (a stage holds its part only: rank 0's stage was once counted)
+if run count_single --batch 4 --steps 1 && run count_pp --pp 2 --nproc 2 --batch 4 --steps 1; then
+    want=$(grep -m1 -oE '^dtrain: gpt2, [0-9]+ parameters' "$tmp/count_single.out")
+    if [ -n "$want" ] && grep -q "^$want, pipeline x2," "$tmp/count_pp.out" &&
+       grep -qE "^$want \([0-9]+ on each tensor-parallel rank\), pipeline x4," "$tmp/tpp_1f1b.out"; then
+        echo "ok   parameter count: '$want' at pp 2 and at pp 2 x tp 2"
+    else
+        echo "FAIL parameter count: one process '$want', got:"; grep -h 'parameters' "$tmp/count_pp.out" "$tmp/tpp_1f1b.out"; fail=1
+    fi
+fi
 # the data-parallel axis at np 4: one stage (--schedule makes it a pipeline)
 # x 2 replicas x tp 2, DDP over the ranks of equal tp rank == DDP on 2 ranks
 run ddp2_sgd --nproc 2 --batch 4 "${sgd[@]}" --quiet

@@ -209,7 +209,7 @@ static void test_default_handler_prints_to_stdout(void **state) {
     assert_non_null(f);
     char line[256];
     assert_non_null(fgets(line, sizeof line, f));
-    assert_string_equal(line, "dtrain: gpt2, 7664 parameters, single x1, 1 steps of 64 tokens\n");
+    assert_string_equal(line, "dtrain: gpt2, 7664 parameters, single x1, 1 step of 64 tokens\n");
     assert_non_null(fgets(line, sizeof line, f));
     assert_int_equal(strncmp(line, gemm_head(), strlen(gemm_head())), 0);
     assert_non_null(fgets(line, sizeof line, f));
