@@ -11,7 +11,8 @@
  * never complete (a peer's pending sends), so the cleanup could hang: the
  * printing rank calls MPI_Abort once its line is out and the others wait to
  * be killed. A failed rank whose peers do not join within DT_CLI_AGREE_S
- * (they wait in a collective for it) prints its own line and aborts. The
+ * (they wait in a collective for it) prints its own line and aborts (a
+ * communication error waits twice that, a collective timeout 1 s more). The
  * --nproc launcher runs mpirun --quiet, which drops the abort banner. */
 #include <limits.h>
 #include <mpi.h>
@@ -64,8 +65,13 @@ int dt_cli_report(dt_status s, int rank, int world, int clean) {
         done = 1;
     } else {
         /* a communication error waits twice as long: the rank whose failure
-         * it saw times out first, prints the real cause and aborts us */
-        double wait = DT_CLI_AGREE_S * (dt_error_code() == DT_ECOMM ? 2 : 1);
+         * it saw times out first, prints the real cause and aborts us. A
+         * collective timeout needs only a little longer than that rank: the
+         * timeout came after the peer failed (it was still waiting for it
+         * then), so the peer's own DT_CLI_AGREE_S ends first; a peer that is
+         * stopped or hung never joins, and a longer wait only delays the end */
+        double wait = dt_error_code() != DT_ECOMM ? DT_CLI_AGREE_S
+                    : dt_dist_collective_timed_out() ? DT_CLI_AGREE_S + 1 : 2 * DT_CLI_AGREE_S;
         for (double end = wall_s() + wait; !done && wall_s() < end;) {
             MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE);
             if (!done) nanosleep(&(struct timespec){0, 2000000}, NULL);

@@ -317,6 +317,9 @@ dt_status dt_dist_init(int *argc, char ***argv, const dt_dist_opts *opts);
  * become invalid), then MPI_Finalize if dt_dist_init initialised MPI. */
 dt_status dt_dist_finalize(void);
 int dt_dist_initialized(void);            /* 1 between init and finalize */
+/* 1 once a wait of this process failed by opts.collective_timeout_s (its
+ * DT_ECOMM is first-hand: a peer made no progress), not by a peer's error */
+int dt_dist_collective_timed_out(void);
 dt_progress_mode dt_dist_progress_mode(void);   /* the mode in effect (never DEFAULT) */
 int dt_dist_world_rank(void);
 int dt_dist_world_size(void);

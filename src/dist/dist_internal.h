@@ -195,6 +195,8 @@ typedef struct dt_dist_state {
     int flat;                   /* never hierarchical (dt_dist_opts.collectives / DTRAIN_COLLECTIVES) */
     char (*hosts)[64];          /* [world_size] each world rank's host name (MPI_Get_processor_name) */
     int timed_out;              /* a group was left after a collective timeout: no MPI_Finalize */
+    int waited_out;             /* a wait of this process failed by the collective timeout
+                                   (set by the waiting thread: dt_dist_collective_timed_out) */
     double last_tick;
 } dt_dist_state;
 extern dt_dist_state dt__dist;

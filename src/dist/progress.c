@@ -198,6 +198,7 @@ static int thread_wait(dt_pg *pg, const dt_work *w, double t0, double *next_warn
 }
 
 static dt_status timed_out(dt_pg *pg) {
+    dt__dist.waited_out = 1;
     char msg[512];
     dt__pg_broken(pg, msg, sizeof msg);
     return dt_error_set(DT_ECOMM, __FILE__, __LINE__, "%s", msg);
