@@ -104,7 +104,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--batch", DT_ARG_I64, &o->batch, "B", "batch size per rank and micro-step; with --pp per replica and step, split into --microbatches (default 64)", 0, 0},
         {"--seq", DT_ARG_I64, &o->seq, "T", "LM sequence length (default 64, at most the model's --max-t)", 0, 0},
         {"--steps", DT_ARG_I64, &o->steps, "N", "optimizer steps (overrides --epochs)", 0, 0},
-        {"--epochs", DT_ARG_INT, &o->epochs, "N", "epochs when --steps is not given (default 1)", 0, 0},
+        {"--epochs", DT_ARG_INT, &o->epochs, "N", "epochs when --steps is not given (default 1); an epoch is its whole steps (of --batch x --accum per rank), the samples left over are skipped, in every layout alike", 0, 0},
         {"--recompute", DT_ARG_STR, &f->recompute, "none|blocks", "activation recompute: blocks keeps only the input of every block but the last and re-runs its forward in backward (less memory, ~1/3 more compute; default none)", 0, 0},
         {"--accum", DT_ARG_INT, &o->accum, "K", "micro-steps per optimizer step (gradient accumulation, default 1)", 0, 0},
         {"--optim", DT_ARG_STR, &f->optim, "adamw|sgd", "optimizer (default adamw)", 0, 0},

@@ -168,6 +168,18 @@ static int64_t next_batch(dt_trainer *t, int k) {
     return n;
 }
 
+/* A step never spans two epochs: fewer than batch x accum samples left in
+ * this one are dropped, as one process at --batch B x K drops them (else a
+ * pipeline, or --accum K, trained on other samples than --batch B x K from
+ * the second epoch on). A whole epoch smaller than a step (cursor 0) is still
+ * drawn across epochs, micro-batch by micro-batch. */
+static dt_status skip_epoch_tail(dt_trainer *t) {
+    const dt_sampler *sp = &t->sampler;
+    int64_t step = t->opts.batch * t->opts.accum;
+    if (sp->cursor == 0 || sp->per_rank - sp->cursor >= step) return DT_OK;
+    return dt_sampler_seek(&t->sampler, sp->epoch + 1, 0);
+}
+
 /* All K micro-batches first, then the strategy runs them (pipeline). */
 static dt_status step_scheduled(dt_trainer *t, double *loss_sum) {
     int K = t->opts.accum;
@@ -230,6 +242,7 @@ static dt_status step_impl(dt_trainer *t, double *loss_out) {
     float lr = dt_lr_at(&t->sched, t->step);
     t->run.lr = lr;
     DT_TRY(enter_working_copy(t));   /* param_dtype: forward and backward read the rounded weights */
+    DT_TRY(skip_epoch_tail(t));
     if (t->strat.forward_backward) DT_TRY(step_scheduled(t, &loss_sum));
     for (int k = 0; !t->strat.forward_backward && k < K; k++) {
         int last = k == K - 1;
