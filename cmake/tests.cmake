@@ -358,7 +358,7 @@ set_tests_properties(test_memory_check PROPERTIES LABELS mpi PROCESSORS 2 TIMEOU
 # train on one process's samples over 3 epochs with a tail (src/train/trainer.c)
 add_test(NAME test_epoch_tail
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_epoch_tail.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
-set_tests_properties(test_epoch_tail PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
+set_tests_properties(test_epoch_tail PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
 
 # Checkpoints drive the CLI (issue 27): eval --init / --resume of MLP, CNN and
 # GPT-2 files, ZeRO-3 and pipeline sets without model flags equals eval with

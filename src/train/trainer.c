@@ -411,13 +411,12 @@ static dt_status evaluate_impl(dt_trainer *t, double *loss_out, double *acc_out)
 }
 
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) {
-    double loss = 0, acc = 0;
+    double loss = NAN, acc = NAN;   /* unless it completes */
     dt_status s = evaluate_impl(t, &loss, &acc);
     dt_working_copy_leave(&t->wcopy, t->model);
-    if (s != DT_OK) return s;
     if (loss_out) *loss_out = loss;
     if (acc_out) *acc_out = acc;
-    if (t->metrics.f && !dt_train_stopped()) {   /* (a stopped evaluation has no result) */
+    if (s == DT_OK && t->metrics.f && !dt_train_stopped()) {   /* (a stopped evaluation has no result) */
         const char *keys[3] = {"step", "eval_loss", "eval_accuracy"};
         double vals[3] = {(double)t->step, loss, acc};
         s = dt_jsonl_write(&t->metrics, 3, keys, vals);

@@ -2,8 +2,9 @@
 # A step never spans two epochs (src/train/trainer.c, skip_epoch_tail):
 # with --epochs 3 on a set whose size per rank leaves a tail of whole
 # micro-batches, one process --batch 8, --batch 2 --accum 4, a pipeline
-# --pp 2 --batch 8 (micro-batches of 4), DDP --nproc 2 --batch 4 and
-# --nproc 2 --batch 2 --accum 2 train on the same samples every step: the
+# --pp 2 --batch 8 (micro-batches of 4), DDP --nproc 2 --batch 4,
+# --nproc 2 --batch 2 --accum 2, DDP at 4 ranks and --pp 2 x 2 replicas
+# train on the same samples every step: the
 # same number of steps, losses within 1e-6 relative. (Before, the micro-batch
 # runs carried the tail into the next epoch's first step and drifted from
 # there.) Each run's checkpoint records the same epoch and cursor.
@@ -29,6 +30,9 @@ t_run accum --batch 2 --accum 4 && t_close one accum
 t_run pp --nproc 2 --pp 2 --batch 8 --pp-split 2,2 && t_close one pp
 t_run ddp --nproc 2 --batch 4 && t_close one ddp
 t_run ddp_accum --nproc 2 --batch 2 --accum 2 && t_close one ddp_accum
+# 4 ranks: DDP, and 2 stages x 2 replicas (a replica's --batch 4 in 2 micro-batches)
+t_run ddp4 --nproc 4 --batch 2 && t_close one ddp4
+t_run pp_dp2 --nproc 4 --pp 2 --batch 4 --pp-split 2,2 && t_close one pp_dp2
 # the data position each saved: epoch and cursor in the global order agree
 pos() { "$bin" inspect "$tmp/$1.ck" 2>/dev/null | grep -m1 -oE 'data epoch [0-9]+, cursor [0-9]+'; }
 for tag in accum pp; do
