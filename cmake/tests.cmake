@@ -360,6 +360,12 @@ add_test(NAME test_epoch_tail
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_epoch_tail.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
 set_tests_properties(test_epoch_tail PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
 
+# --freeze checkpoints move between layouts: one process -> ZeRO 1/3, a
+# pipeline (x ZeRO replicas), tp x ZeRO-3, and ZeRO / pipeline -> one process
+add_test(NAME test_freeze_layouts
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_freeze_layouts.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
+set_tests_properties(test_freeze_layouts PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
+
 # Checkpoints drive the CLI (issue 27): eval --init / --resume of MLP, CNN and
 # GPT-2 files, ZeRO-3 and pipeline sets without model flags equals eval with
 # them; a flag contradicting the file is refused naming both values.

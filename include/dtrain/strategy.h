@@ -257,6 +257,16 @@ dt_status dt_checkpoint_read_states(const dt_ckpt *c, const char *what, const dt
 dt_status dt_checkpoint_meta_steps(dt_ckpt_meta *mb, const dt_model *m, dt_optimizer *const *opts, int n);
 dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
                                     dt_optimizer *const *opts, int n);
+/* For a writer that holds only some of the parameters (a pipeline stage):
+ * param_steps is parameter i's own count, -1 when no optimizer of opts has
+ * it (frozen here); meta_steps_list records own[0..n) of the whole model's
+ * parameters (own[g] < 0: took every step), `what` naming it in errors;
+ * apply_steps_of reads indices below n_listed (the whole model's), g being
+ * m's parameter local_of[g] (< 0: not held here; local_of NULL: g itself). */
+int64_t dt_checkpoint_param_steps(const dt_model *m, int i, dt_optimizer *const *opts, int n);
+dt_status dt_checkpoint_meta_steps_list(dt_ckpt_meta *mb, const int64_t *own, int n, const char *what);
+dt_status dt_checkpoint_apply_steps_of(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
+                                       dt_optimizer *const *opts, int n, const int *local_of, int n_listed);
 /* Tensor `name` of a checkpoint, shaped as p's whole tensor, into dst: the
  * whole of it, or this rank's part when p is split (tensor parallelism:
  * checkpoints hold whole tensors, so any split reads any checkpoint). */

@@ -295,7 +295,10 @@ dt_status dt_zero_load(dt_zero *z, dt_run *run, const char *path);
  * read_states: this rank's owned ranges of every state (values sharded,
  * dt_zero_values_sharded: and of the parameter values; then call
  * dt_zero_gather_params, collectively, once every rank has read), and the
- * step count. */
+ * step counts: the optimizer's, and each parameter's from the checkpoint's
+ * "optim_steps" (strategy.h: dt_checkpoint_apply_steps_of, whose local_of
+ * and n_listed map the indices it lists to r->model's; NULL, 0: its own). A
+ * state the checkpoint lacks is allowed for a parameter that took no step. */
 int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ckpt_piece *pc, char (*names)[192]);
 /* bf16 optimizer state (optim.h): the pieces above point at fp32 copies that
  * exist only between state_open and state_close (every bucket's optimizer's
@@ -303,7 +306,8 @@ int dt_zero_state_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ck
  * Nothing to do with fp32 state. save, load and read_states open their own. */
 dt_status dt_zero_state_open(dt_zero *z);
 void dt_zero_state_close(dt_zero *z, int store);
-dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step);
+dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step, const int *local_of,
+                             int n_listed);
 /* Values sharded (stage 3, or a 16-bit param_dtype): the pieces of this
  * rank's owned ranges of the parameter values (the float32 masters), for
  * parameters with !skip[index]; pc has room for n_params pieces (names: the

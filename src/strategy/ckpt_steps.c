@@ -22,6 +22,12 @@ static int find(const dt_model *m, int i, dt_optimizer *const *opts, int n, dt_o
     return 0;
 }
 
+int64_t dt_checkpoint_param_steps(const dt_model *m, int i, dt_optimizer *const *opts, int n) {
+    dt_optimizer *o;
+    int k;
+    return find(m, i, opts, n, &o, &k) ? dt_optimizer_segment_steps(o, k) : -1;
+}
+
 /* -1: parameter i took every step; else its own count (0 without a segment:
  * frozen, so that unfreezing it after a resume starts it from step 0). */
 static int64_t own_steps(const dt_model *m, int i, dt_optimizer *const *opts, int n) {
@@ -32,25 +38,35 @@ static int64_t own_steps(const dt_model *m, int i, dt_optimizer *const *opts, in
     return s == o->step ? -1 : s;
 }
 
-dt_status dt_checkpoint_meta_steps(dt_ckpt_meta *mb, const dt_model *m, dt_optimizer *const *opts, int n) {
+dt_status dt_checkpoint_meta_steps_list(dt_ckpt_meta *mb, const int64_t *own, int n, const char *what) {
     if (mb->n >= DT_CKPT_META_MAX) return DT_ERR(DT_EINVAL, "checkpoint metadata: more than %d keys", DT_CKPT_META_MAX);
     size_t len = 0, cap = sizeof mb->steps;
     mb->steps[0] = 0;
-    for (int i = 0; i < m->n_params;) {
-        int64_t s = own_steps(m, i, opts, n);
+    for (int i = 0; i < n;) {
         int j = i + 1;
-        while (j < m->n_params && own_steps(m, j, opts, n) == s) j++;
-        if (s >= 0) {
-            int w = snprintf(mb->steps + len, cap - len, "%s%d-%d:%lld", len ? "," : "", i, j - 1, (long long)s);
+        while (j < n && own[j] == own[i]) j++;
+        if (own[i] >= 0) {
+            int w = snprintf(mb->steps + len, cap - len, "%s%d-%d:%lld", len ? "," : "", i, j - 1, (long long)own[i]);
             if (w < 0 || (size_t)w >= cap - len)
-                return DT_ERR(DT_EINVAL, "checkpoint metadata: the per-parameter step counts of model %s do not fit "
-                              "in %zu bytes (parameters from '%s' on)", m->name, cap, m->params[i]->name);
+                return DT_ERR(DT_EINVAL, "checkpoint metadata: the per-parameter step counts of %s do not fit in %zu "
+                              "bytes (parameters from index %d on)", what, cap, i);
             len += (size_t)w;
         }
         i = j;
     }
     mb->m[mb->n++] = (dt_st_meta){"optim_steps", mb->steps};
     return DT_OK;
+}
+
+dt_status dt_checkpoint_meta_steps(dt_ckpt_meta *mb, const dt_model *m, dt_optimizer *const *opts, int n) {
+    int64_t *own = malloc((size_t)(m->n_params + 1) * sizeof *own);
+    if (!own) return DT_ERR(DT_ENOMEM, "checkpoint metadata: out of memory");
+    for (int i = 0; i < m->n_params; i++) own[i] = own_steps(m, i, opts, n);
+    char what[160];
+    snprintf(what, sizeof what, "model %s", m->name);
+    dt_status s = dt_checkpoint_meta_steps_list(mb, own, m->n_params, what);
+    free(own);
+    return s;
 }
 
 /* One "FIRST-LAST:STEPS" entry at *p; advances *p past it and a comma. */
@@ -69,8 +85,8 @@ static int parse_run(const char **p, long *first, long *last, long long *steps) 
     return 0;
 }
 
-dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
-                                    dt_optimizer *const *opts, int n) {
+dt_status dt_checkpoint_apply_steps_of(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
+                                       dt_optimizer *const *opts, int n, const int *local_of, int n_listed) {
     dt_optimizer *o;
     int k;
     for (int i = 0; i < m->n_params; i++)   /* unlisted: stepped every step */
@@ -80,11 +96,12 @@ dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const
     for (const char *p = v; *p;) {
         long first, last;
         long long steps;
-        if (parse_run(&p, &first, &last, &steps) || first < 0 || last < first || last >= m->n_params)
+        if (parse_run(&p, &first, &last, &steps) || first < 0 || last < first || last >= n_listed)
             return DT_ERR(DT_EFORMAT, "%s: metadata 'optim_steps' = '%s' is malformed (expected FIRST-LAST:STEPS runs "
-                          "of parameter indices below %d)", what, v, m->n_params);
-        for (long i = first; i <= last; i++) {
-            if (!find(m, (int)i, opts, n, &o, &k)) continue;
+                          "of parameter indices below %d)", what, v, n_listed);
+        for (long g = first; g <= last; g++) {
+            int i = local_of ? local_of[g] : (int)g;
+            if (i < 0 || !find(m, i, opts, n, &o, &k)) continue;
             dt_status s = dt_optimizer_set_segment_steps(o, k, steps);
             if (s != DT_OK)
                 return DT_ERR(DT_EFORMAT, "%s: metadata 'optim_steps': parameter '%s' took %lld steps, more than the "
@@ -92,4 +109,9 @@ dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const
         }
     }
     return DT_OK;
+}
+
+dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
+                                    dt_optimizer *const *opts, int n) {
+    return dt_checkpoint_apply_steps_of(get, src, what, m, opts, n, NULL, m->n_params);
 }

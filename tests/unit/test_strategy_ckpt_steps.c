@@ -135,11 +135,47 @@ static void test_frozen_recorded_as_zero(void **st) {
     dt_model_free(m);
 }
 
+/* A pipeline stage holds some of the model's parameters: the writer records
+ * a list over the whole model (own[g] < 0: every step), and a stage applies
+ * it through local_of (global index -> its parameter, -1 not held here). */
+static void test_list_and_map(void **st) {
+    (void)st;
+    dt_ckpt_meta mb = {.n = 0};
+    static const int64_t own[7] = {-1, 0, 0, 4, -1, -1, 2};
+    assert_int_equal(dt_checkpoint_meta_steps_list(&mb, own, 7, "the model"), DT_OK);
+    assert_string_equal(meta_get(&mb, "optim_steps"), "1-2:0,3-3:4,6-6:2");
+    dt_model *m = mlp();   /* this stage: globals 2, 3, 5, 6 as its parameters 0..3 */
+    static const int local_of[7] = {-1, -1, 0, 1, -1, 2, 3};
+    dt_optim_cfg c = dt_optim_cfg_default(DT_OPTIM_ADAMW);
+    dt_optimizer o;
+    assert_int_equal(dt_optimizer_init_model(&o, &c, m), DT_OK);
+    o.step = 5;
+    dt_optimizer *po = &o;
+    assert_int_equal(dt_checkpoint_apply_steps_of(meta_get, &mb, "set", m, &po, 1, local_of, 7), DT_OK);
+    static const int64_t want[4] = {0, 4, 5, 2};
+    for (int i = 0; i < 4; i++) assert_int_equal(dt_checkpoint_param_steps(m, i, &po, 1), want[i]);
+    /* an index of the whole model past this stage's parameters is not malformed; past the model's is */
+    dt_ckpt_meta bad = {.n = 1};
+    bad.m[0] = (dt_st_meta){"optim_steps", "7-7:1"};
+    assert_int_equal(dt_checkpoint_apply_steps_of(meta_get, &bad, "set", m, &po, 1, local_of, 7), DT_EFORMAT);
+    assert_non_null(strstr(dt_error_message(), "below 7"));
+    /* frozen here: no optimizer has it */
+    m->params[1]->requires_grad = 0;
+    dt_optimizer f;
+    assert_int_equal(dt_optimizer_init_model(&f, &c, m), DT_OK);
+    dt_optimizer *pf = &f;
+    assert_int_equal(dt_checkpoint_param_steps(m, 1, &pf, 1), -1);
+    dt_optimizer_free(&o);
+    dt_optimizer_free(&f);
+    dt_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_frozen_recorded_as_zero),
+        cmocka_unit_test(test_list_and_map),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,9 +6,14 @@
  * states, and the buffers its blocks use; the other replicas write nothing
  * (an empty shard: the set has one file per rank) — under ZeRO every replica
  * writes its owned ranges of the states instead (dt_zero_state_pieces). Rank 0 writes the index with every
- * tensor of the whole model (captured before the stage dropped the others).
+ * tensor of the whole model (captured before the stage dropped the others)
+ * and each parameter's own step count ("optim_steps", by global index,
+ * gathered from the stages: gather_steps), so a parameter saved frozen
+ * (zeros for its state) starts from step 0 wherever it is unfrozen.
  * Loading reads every parameter the rank holds (tied holders too: they step
- * their copy with the same state), its states and all buffers. Outcomes are
+ * their copy with the same state), its step counts, its states (one a file
+ * lacks: a parameter saved frozen, zero state if it took no step) and all
+ * buffers. Outcomes are
  * agreed over the world, so a failure on one rank is an error on all.
  * ZeRO-3 keeps values only as shards: every replica writes its owned ranges
  * of the values as of the states (a tied copy: on its authority only), and
@@ -31,13 +36,16 @@
 #include "pipe_internal.h"
 #include "parallel/zero/zero_internal.h"
 
-dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr) {
+dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr, const int *global, int n_kept) {
     dt_model *m = p->m;
     p->ck.n_global = m->n_params;
     p->ck.gname = calloc((size_t)(m->n_params + 1), sizeof *p->ck.gname);
     p->ck.gshape = calloc((size_t)(m->n_params + 1), sizeof *p->ck.gshape);
+    p->ck.local_of = malloc((size_t)(m->n_params + 1) * sizeof *p->ck.local_of);
     p->ck.buffer_mine = calloc((size_t)(m->n_buffers + 1), 1);
-    if (!p->ck.gname || !p->ck.gshape || !p->ck.buffer_mine) return DT_ERR(DT_ENOMEM, "out of memory");
+    if (!p->ck.gname || !p->ck.gshape || !p->ck.local_of || !p->ck.buffer_mine) return DT_ERR(DT_ENOMEM, "out of memory");
+    for (int i = 0; i < m->n_params; i++) p->ck.local_of[i] = -1;
+    for (int j = 0; j < n_kept; j++) p->ck.local_of[global[j]] = j;
     for (int i = 0; i < m->n_params; i++) {
         snprintf(p->ck.gname[i], sizeof p->ck.gname[i], "%s", m->params[i]->name);
         p->ck.gshape[i] = (dt_ckpt_shape){.name = p->ck.gname[i]};
@@ -49,8 +57,8 @@ dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr) {
 }
 
 void dt_pipe_ckpt_free(dt_pipe *p) {
-    free(p->ck.gname); free(p->ck.gshape); free(p->ck.buffer_mine);
-    p->ck.gname = NULL; p->ck.gshape = NULL; p->ck.buffer_mine = NULL;
+    free(p->ck.gname); free(p->ck.gshape); free(p->ck.local_of); free(p->ck.buffer_mine);
+    p->ck.gname = NULL; p->ck.gshape = NULL; p->ck.local_of = NULL; p->ck.buffer_mine = NULL;
 }
 
 /* Values only in ZeRO's owned shards: stage 3, or a 16-bit param_dtype (the
@@ -164,7 +172,53 @@ static dt_status write_my_shard_open(dt_pipe *p, dt_run *r, const char *dir, con
     return s;
 }
 
-static dt_status write_index(dt_pipe *p, dt_run *r, const char *dir, const char *set) {
+/* The stage's optimizers: ZeRO's buckets' or the stage's one; *ostep their step. */
+static int stage_optimizers(dt_pipe *p, dt_optimizer ***opts, int64_t *ostep) {
+    if (!p->dp.zero) {
+        *opts = malloc(sizeof **opts);
+        if (*opts) (*opts)[0] = &p->upd.optim;
+        *ostep = p->upd.optim.step;
+        return *opts ? 1 : -1;
+    }
+    *opts = malloc((size_t)(p->dp.zero->lay.nb + 1) * sizeof **opts);
+    *ostep = dt_zero_optim_step(p->dp.zero);
+    return *opts ? dt_zero_optimizers(p->dp.zero, *opts) : -1;
+}
+
+/* own[global index]: each parameter's own step count, -1 for every step
+ * (strategy.h: dt_checkpoint_meta_steps_list), put together from the stages
+ * that hold them: one allreduce over the world, in which the rank that saves
+ * a parameter's value (replica 0, tp rank 0, a tied one's authority) adds
+ * count + 2 as two exact float halves and every other rank adds 0.
+ * Collective; every rank gets own. */
+static dt_status gather_steps(dt_pipe *p, int64_t *own) {
+    dt_model *m = p->m;
+    int ng = p->ck.n_global;
+    dt_optimizer **opts = NULL;
+    int64_t ostep = 0;
+    int n = stage_optimizers(p, &opts, &ostep);
+    float *v = calloc((size_t)(2 * ng + 1), sizeof *v);
+    dt_status s = dt_par_agree(p->comm.world, n < 0 || !v ? DT_ERR(DT_ENOMEM, "pipeline checkpoint: out of memory") : DT_OK,
+                               "pipeline checkpoint");
+    for (int g = 0; g < ng && s == DT_OK; g++) {
+        int i = p->ck.local_of[g], t = i >= 0 ? p->ties.of[i] : -1;
+        if (i < 0 || p->lay.replica != 0 || p->lay.tp_rank != 0 || (t >= 0 && !p->ties.list[t].is_authority)) continue;
+        int64_t st = dt_checkpoint_param_steps(m, i, opts, n);   /* -1: frozen here, recorded as 0 steps */
+        int64_t e = (st < 0 ? 0 : st == ostep ? -1 : st) + 2;
+        v[2 * g] = (float)(e >> 20);
+        v[2 * g + 1] = (float)(e & 0xfffff);
+    }
+    if (s == DT_OK) s = dt_allreduce(p->comm.world, v, v, 2 * (int64_t)ng, DT_F32, DT_RED_SUM, NULL);
+    for (int g = 0; g < ng && s == DT_OK; g++) {
+        int64_t e = ((int64_t)v[2 * g] << 20) + (int64_t)v[2 * g + 1];
+        own[g] = e >= 2 ? e - 2 : -1;   /* (every parameter has a saver; none: as all-stepped) */
+    }
+    free(v);
+    free(opts);
+    return s;
+}
+
+static dt_status write_index(dt_pipe *p, dt_run *r, const char *dir, const char *set, const int64_t *own) {
     dt_model *m = p->m;
     int ns = dt_optim_state_per_elem(r->optim), np = p->ck.n_global, k = 0;
     dt_ckpt_shape *sh = calloc((size_t)((1 + ns) * np + m->n_buffers + 1), sizeof *sh);
@@ -184,7 +238,8 @@ static dt_status write_index(dt_pipe *p, dt_run *r, const char *dir, const char 
     dt_ckpt_meta meta;
     dt_checkpoint_meta(r, p->dp.zero ? "pipeline+zero" : "pipeline",
                        p->dp.zero ? dt_zero_optim_step(p->dp.zero) : p->upd.optim.step, &meta);
-    dt_status s = dt_ckpt_write_index(dir, set, dt_pg_size(p->comm.world), 0, sh, k, meta.m, meta.n);
+    dt_status s = dt_checkpoint_meta_steps_list(&meta, own, np, "the pipeline's model");
+    if (s == DT_OK) s = dt_ckpt_write_index(dir, set, dt_pg_size(p->comm.world), 0, sh, k, meta.m, meta.n);
     free(sh);
     free(sname);
     return s;
@@ -207,8 +262,12 @@ dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
     nonce = ((uint32_t)v[1] << 16) | (uint32_t)v[2];
     char set[DT_CKPT_SET_MAX];
     dt_ckpt_set_id(*r->step, nonce, set);
-    dt_status s = dt_par_agree(p->comm.world, write_my_shard(p, r, dir, set), dir);
-    if (s == DT_OK) s = dt_par_agree(p->comm.world, me == 0 ? write_index(p, r, dir, set) : DT_OK, dir);
+    int64_t *own = malloc((size_t)(p->ck.n_global + 1) * sizeof *own);
+    dt_status s = dt_par_agree(p->comm.world, own ? write_my_shard(p, r, dir, set) : DT_ERR(DT_ENOMEM, "%s: out of memory", dir),
+                               dir);
+    if (s == DT_OK) s = gather_steps(p, own);
+    if (s == DT_OK) s = dt_par_agree(p->comm.world, me == 0 ? write_index(p, r, dir, set, own) : DT_OK, dir);
+    free(own);
     if (s == DT_OK) return s;
     /* the set did not commit: each rank removes its own shard of it (the previous set stays) */
     char keep[1024];
@@ -220,9 +279,12 @@ dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
 static const char *ckpt_get(const void *src, const char *key) { return dt_ckpt_get_meta(src, key); }
 
 /* Parameter values (whole tensors; a tensor-parallel part keeps its slice)
- * and, without ZeRO, the optimizer states of every parameter. */
+ * and, without ZeRO, the optimizer states of every parameter (after the step
+ * counts: a state the checkpoint lacks is a parameter saved frozen, right
+ * only if it took no step; it starts from zero state). */
 static dt_status load_values_states(dt_pipe *p, dt_run *r, const dt_ckpt *ck, int ns) {
     dt_model *m = p->m;
+    dt_optimizer *o = &p->upd.optim;
     for (int i = 0; i < m->n_params; i++) {
         dt_param *q = m->params[i];
         int64_t full[DT_MAX_DIMS];
@@ -232,9 +294,17 @@ static dt_status load_values_states(dt_pipe *p, dt_run *r, const dt_ckpt *ck, in
         for (int k = 0; k < ns && !p->dp.zero; k++) {
             char nm[192];
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(r->optim, k), q->name);
+            float *st = dt_optimizer_state_of(o, k, m->offsets[i]);   /* frozen here: none */
+            if (!dt_ckpt_find(ck, nm, NULL, NULL)) {
+                int64_t took = dt_checkpoint_param_steps(m, i, &o, 1);
+                if (took > 0)
+                    return DT_ERR(DT_EFORMAT, "%s: no optimizer state '%s' for parameter '%s', which took %lld steps",
+                                  dt_ckpt_path(ck), nm, q->name, (long long)took);
+                if (st) memset(st, 0, (size_t)q->value.numel * sizeof *st);
+                continue;
+            }
             DT_TRY(dt_ckpt_expect(ck, nm, nd, full));
-            float *st = dt_optimizer_state_of(&p->upd.optim, k, m->offsets[i]);
-            if (st) DT_TRY(dt_checkpoint_read_param(ck, nm, q, st));   /* frozen: none */
+            if (st) DT_TRY(dt_checkpoint_read_param(ck, nm, q, st));
         }
     }
     return DT_OK;
@@ -245,6 +315,11 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
     int64_t ostep = 0;
     int ns = dt_optim_state_per_elem(r->optim);
     DT_TRY(dt_checkpoint_apply_meta(r, ckpt_get, ck, dt_ckpt_path(ck), &ostep));
+    if (!p->dp.zero) {   /* the step counts first (ZeRO: dt_zero_read_states) */
+        dt_optimizer *o = &p->upd.optim;
+        o->step = ostep;
+        DT_TRY(dt_checkpoint_apply_steps_of(ckpt_get, ck, dt_ckpt_path(ck), m, &o, 1, p->ck.local_of, p->ck.n_global));
+    }
     /* bf16 state (optim.h): read into its fp32 copy, rounded as it is stored */
     DT_TRY(dt_optimizer_state_open(&p->upd.optim));
     dt_status s = load_values_states(p, r, ck, ns);
@@ -256,8 +331,7 @@ static dt_status load_local(dt_pipe *p, dt_run *r, const dt_ckpt *ck) {
         DT_TRY(dt_ckpt_read(ck, m->buffers[i]->name, 0, (size_t)b->numel, dt_f32(b)));
     }
     /* owned ranges; values read whole above (stage 3: owned ranges too) */
-    if (p->dp.zero) return dt_zero_read_states(p->dp.zero, r, ck, ostep);
-    p->upd.optim.step = ostep;
+    if (p->dp.zero) return dt_zero_read_states(p->dp.zero, r, ck, ostep, p->ck.local_of, p->ck.n_global);
     return DT_OK;
 }
 

@@ -333,11 +333,14 @@ typedef struct dt_pipe_update {
 
 /* Checkpoints (pipe/ckpt.c): every parameter of the whole model, captured
  * before the stage dropped the others' (n_global names and shapes, for the
- * index), and buffer_mine[buffer index]: the buffers this rank writes. */
+ * index), local_of[global index]: its index in the stage's model (-1: not
+ * held here; the "optim_steps" metadata counts global indices), and
+ * buffer_mine[buffer index]: the buffers this rank writes. */
 typedef struct dt_pipe_ckpt {
     int n_global;
     char (*gname)[128];
     dt_ckpt_shape *gshape;
+    int *local_of;
     unsigned char *buffer_mine;
 } dt_pipe_ckpt;
 
@@ -427,7 +430,8 @@ dt_status dt_pipe_tp_whole(dt_pipe *p, const dt_param *q, const float *local, fl
 void dt_pipe_tp_free(dt_pipe *p);
 
 /* pipe/ckpt.c: sharded checkpoints under global names (any layout reads them) */
-dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr);   /* before dt_model_keep_params */
+/* before dt_model_keep_params, which keeps global[0..n_kept) as the stage's parameters 0..n_kept) */
+dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr, const int *global, int n_kept);
 void dt_pipe_ckpt_free(dt_pipe *p);
 dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir);
 dt_status dt_pipe_load(dt_pipe *p, dt_run *r, const char *path);

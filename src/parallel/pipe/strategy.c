@@ -141,7 +141,7 @@ static dt_status take_stage(dt_pipe *p, const dt_pipe_probe *pr) {
                        "needs each parameter in one chunk per rank (choose another pipe.split)", m->params[k]->name,
                        chunks, p->lay.stage);
     }
-    if (s == DT_OK) s = dt_pipe_ckpt_capture(p, pr);
+    if (s == DT_OK) s = dt_pipe_ckpt_capture(p, pr, global, n);
     if (s == DT_OK) s = dt_model_keep_params(m, keep);
     if (s == DT_OK) s = dt_pipe_ties_setup(p, pr, global);
     free(keep);

@@ -340,16 +340,43 @@ static dt_status read_owned_by(const zc *c, int k, dt_zero_range_reader read, vo
     return DT_OK;
 }
 
+/* A load's source: the checkpoint, and the bucket optimizers whose step
+ * counts (restored first) say which states may be missing. */
+typedef struct zload {
+    const dt_ckpt *ck;
+    const dt_model *m;
+    dt_optimizer **opts;
+    int n;
+} zload;
+
+static dt_status zload_init(zload *l, const zc *c, const dt_ckpt *ck) {
+    *l = (zload){.ck = ck, .m = c->m};
+    if (!(l->opts = malloc((size_t)(c->z->lay.nb + 1) * sizeof *l->opts))) return DT_ERR(DT_ENOMEM, "out of memory");
+    l->n = dt_zero_optimizers(c->z, l->opts);
+    return DT_OK;
+}
+
+/* State `name` of p is not in the checkpoint: right only if p never took a
+ * step (saved frozen; its zero state, already in the shard, is PyTorch's
+ * never-stepped state) or is frozen here (-1: nothing is read). */
+static dt_status missing_state(const zload *l, const dt_param *p, const char *name) {
+    int64_t st = dt_checkpoint_param_steps(l->m, p->index, l->opts, l->n);
+    if (st <= 0) return DT_OK;
+    return DT_ERR(DT_EFORMAT, "%s: no optimizer state '%s' for parameter '%s', which took %lld steps",
+                  dt_ckpt_path(l->ck), name, p->name, (long long)st);
+}
+
 /* A tensor-parallel part (p->split.parts > 1: src/parallel/tp/) is a range
  * of this rank's part, while the checkpoint holds the whole tensor: the part
  * is cut from it (dt_checkpoint_read_param, one part of scratch) and the
  * range copied. A parameter lies in one bucket, so each is read once. */
 static dt_status ckpt_range(void *user, int k, const dt_param *p, const char *name, size_t start, size_t n, float *dst) {
-    (void)k;
-    if (p->split.parts <= 1) return dt_ckpt_read(user, name, start, n, dst);
+    const zload *l = user;
+    if (k >= 0 && !dt_ckpt_find(l->ck, name, NULL, NULL)) return missing_state(l, p, name);
+    if (p->split.parts <= 1) return dt_ckpt_read(l->ck, name, start, n, dst);
     float *part = dt_calloc((size_t)p->value.numel * sizeof *part);   /* padding rows read as 0 */
     if (!part) return DT_ERR(DT_ENOMEM, "zero checkpoint: out of memory reading part of %s", name);
-    dt_status s = dt_checkpoint_read_param(user, name, p, part);
+    dt_status s = dt_checkpoint_read_param(l->ck, name, p, part);
     if (s == DT_OK) memcpy(dst, part + start, n * sizeof *dst);
     dt_free(part);
     return s;
@@ -363,8 +390,19 @@ static dt_status expect_param(const dt_ckpt *ck, const char *name, const dt_para
     return dt_ckpt_expect(ck, name, nd, full);
 }
 
-static dt_status read_owned(const zc *c, const dt_ckpt *ck, int k) {
-    return read_owned_by(c, k, ckpt_range, (void *)ck);
+/* Every state's shape, where the checkpoint has it (missing_state: where not). */
+static dt_status expect_states(const zc *c, const zload *l) {
+    for (int k = 0; k < c->ns; k++)
+        for (int i = 0; i < c->m->n_params; i++) {
+            const char *nm = c->sname[k * c->m->n_params + i];
+            DT_TRY(dt_ckpt_find(l->ck, nm, NULL, NULL) ? expect_param(l->ck, nm, c->m->params[i])
+                                                        : missing_state(l, c->m->params[i], nm));
+        }
+    return DT_OK;
+}
+
+static dt_status read_owned(const zc *c, const zload *l, int k) {
+    return read_owned_by(c, k, ckpt_range, (void *)l);
 }
 
 dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reader read, void *user) {
@@ -378,25 +416,24 @@ dt_status dt_zero_read_owned_states(dt_zero *z, dt_model *m, dt_zero_range_reade
     return s;
 }
 
+/* Step counts first: they say which states a checkpoint may lack. */
 static dt_status load_local(const zc *c, const dt_ckpt *ck) {
     dt_model *m = c->m;
     int64_t ostep = 0;
+    zload l;
     DT_TRY(dt_checkpoint_apply_meta(c->r, ckpt_get, ck, dt_ckpt_path(ck), &ostep));
-    for (int i = 0; i < m->n_params; i++) DT_TRY(expect_param(ck, m->params[i]->name, m->params[i]));
-    for (int k = 0; k < c->ns; k++)
-        for (int i = 0; i < m->n_params; i++) DT_TRY(expect_param(ck, c->sname[k * m->n_params + i], m->params[i]));
-    for (int i = 0; i < m->n_buffers; i++) {
-        const dt_tensor *v = &m->buffers[i]->value;
-        DT_TRY(dt_ckpt_expect(ck, m->buffers[i]->name, v->ndim, v->shape));
-        DT_TRY(dt_ckpt_read(ck, m->buffers[i]->name, 0, (size_t)v->numel, dt_f32(v)));
-    }
-    for (int k = -1; k < c->ns; k++) DT_TRY(read_owned(c, ck, k));
+    DT_TRY(zload_init(&l, c, ck));
     dt_zero_set_optim_step(c->z, ostep);
-    dt_optimizer **opts = malloc((size_t)(c->z->lay.nb + 1) * sizeof *opts);
-    if (!opts) return DT_ERR(DT_ENOMEM, "out of memory");
-    int n = dt_zero_optimizers(c->z, opts);
-    dt_status s = dt_checkpoint_apply_steps(ckpt_get, ck, dt_ckpt_path(ck), m, opts, n);
-    free(opts);
+    dt_status s = dt_checkpoint_apply_steps(ckpt_get, ck, dt_ckpt_path(ck), m, l.opts, l.n);
+    for (int i = 0; i < m->n_params && s == DT_OK; i++) s = expect_param(ck, m->params[i]->name, m->params[i]);
+    if (s == DT_OK) s = expect_states(c, &l);
+    for (int i = 0; i < m->n_buffers && s == DT_OK; i++) {
+        const dt_tensor *v = &m->buffers[i]->value;
+        s = dt_ckpt_expect(ck, m->buffers[i]->name, v->ndim, v->shape);
+        if (s == DT_OK) s = dt_ckpt_read(ck, m->buffers[i]->name, 0, (size_t)v->numel, dt_f32(v));
+    }
+    for (int k = -1; k < c->ns && s == DT_OK; k++) s = read_owned(c, &l, k);
+    free(l.opts);
     return s;
 }
 
@@ -424,19 +461,25 @@ int dt_zero_value_pieces(dt_zero *z, dt_run *r, const unsigned char *skip, dt_ck
     return n;
 }
 
-dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step) {
+dt_status dt_zero_read_states(dt_zero *z, dt_run *r, const dt_ckpt *ck, int64_t optim_step, const int *local_of,
+                             int n_listed) {
     zc c;
+    zload l = {0};
     dt_status s = zc_init(&c, z, r);
+    if (s == DT_OK) s = zload_init(&l, &c, ck);
+    if (s == DT_OK) {
+        dt_zero_set_optim_step(z, optim_step);
+        s = dt_checkpoint_apply_steps_of(ckpt_get, ck, dt_ckpt_path(ck), c.m, l.opts, l.n, local_of,
+                                         local_of ? n_listed : c.m->n_params);
+    }
     int open = s == DT_OK && (s = dt_zero_state_open(z)) == DT_OK;
     /* stage 3 (or a 16-bit param_dtype): the owned values too (the caller
      * read no whole tensors into the model) */
-    if (s == DT_OK && dt_zero_values_sharded(z)) s = read_owned(&c, ck, -1);
-    for (int k = 0; k < c.ns && s == DT_OK; k++) {
-        for (int i = 0; i < c.m->n_params && s == DT_OK; i++) s = expect_param(ck, c.sname[k * c.m->n_params + i], c.m->params[i]);
-        if (s == DT_OK) s = read_owned(&c, ck, k);
-    }
+    if (s == DT_OK && dt_zero_values_sharded(z)) s = read_owned(&c, &l, -1);
+    if (s == DT_OK) s = expect_states(&c, &l);
+    for (int k = 0; k < c.ns && s == DT_OK; k++) s = read_owned(&c, &l, k);
     if (open) dt_zero_state_close(z, s == DT_OK);   /* bf16 state: rounded as it is stored */
-    if (s == DT_OK) dt_zero_set_optim_step(z, optim_step);
+    free(l.opts);
     zc_free(&c);
     return s;
 }
