@@ -339,14 +339,16 @@ static dt_status eval_round(dt_trainer *t, eval_group *q, int slots, int64_t sta
     /* without collective forwards a rank past the end has nothing to run */
     if (!counted && !t->strat.collective_forward) return DT_OK;
     for (int64_t i = 0; i < n; i++) t->idx[i] = s0 + i;
+    double e0 = dt_trace_now_us(t->trace);
     dt_batch b = dt_trainer_batch(t, DT_SPLIT_EVAL, n);
     dt_graph_reset(t->graph);
     dt_tensor *logits = NULL, *loss = dt_model_forward(t->model, t->graph, &b, &logits);
     if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;
+    int64_t correct = counted ? dt_model_count_correct(t->model, logits, b.y) : 0;   /* split logits: collective */
+    dt_trace_event(t->trace, "evaluate", "compute", 0, e0, dt_trace_now_us(t->trace));
     if (!counted) return DT_OK;
     int64_t rows = n * d->sample.targets;
     sums[0] += dt_f32(loss)[0] * (double)rows;
-    int64_t correct = dt_model_count_correct(t->model, logits, b.y);   /* split logits: collective */
     if (correct < 0) return dt_error_code() ? dt_error_code() : DT_EINVAL;
     sums[1] += (double)correct;
     sums[2] += (double)rows;

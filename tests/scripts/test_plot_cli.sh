@@ -65,12 +65,16 @@ done
 legend=$(xp "count(//*[local-name()='text'][contains(., \"b&c's.jsonl\")])")
 [ "${legend:-0}" -ge 1 ] && ok "the legend names the runs' files" || bad "no legend entry for b&c's.jsonl"
 
-# per rank: compute = the forward, backward and optimizer events, communication = the
-# compute thread's "comm" events (trainer and DDP record them one after another)
+# per rank: compute = the forward, backward, optimizer and evaluation events, communication
+# = the compute thread's "comm" events (trainer and DDP record them one after another).
+# The final evaluation's batches are compute events too, so its time is not drawn as idle
+# (before, only its collectives were traced).
 for r in 0 1; do
+    ne=$(grep -o '"name":"evaluate","cat":"compute"' "tr.json.rank$r" | wc -l)
+    [ "$ne" -ge 1 ] && ok "rank $r: $ne evaluation batches traced as compute" || bad "rank $r: no evaluation in the trace"
     read -r comp comm <<< "$(awk -v r="$r" '/"ph":"X"/ && /"tid":0[,}]/ {
             d = $0; sub(/.*"dur":/, "", d); d += 0
-            if (/"name":"(forward|backward|optimizer)"/) c += d; else if (/"cat":"comm"/) m += d }
+            if (/"name":"(forward|backward|optimizer|evaluate)"/) c += d; else if (/"cat":"comm"/) m += d }
         END {printf "%.3f %.3f\n", c, m}' "tr.json.rank$r")"
     sel="//*[local-name()='g'][@class='rank'][@data-rank='$r']"
     gc=$(xp "string($sel/@data-compute-us)"); gm=$(xp "string($sel/@data-comm-us)")

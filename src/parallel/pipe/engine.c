@@ -581,15 +581,27 @@ typedef struct eval_item { dt_graph *g; dt_work *send; } eval_item;
 /* act: the float32 input (widened from act16 with a 16-bit wire); out16: the
  * 16-bit send buffer of this item, out_n elements (two alternate: the
  * previous item's send may still be under way). */
+static dt_status eval_blocks(dt_pipe *p, const dt_batch *b, int c, float *act, const uint16_t *act16, uint16_t *out16,
+                             int64_t out_n, eval_item *it, double sums[3]);
+
+/* The wait for the input, then the blocks (traced as "evaluate" compute). */
 static dt_status eval_one(dt_pipe *p, const dt_batch *b, int c, float *act, const uint16_t *act16, uint16_t *out16,
                           int64_t out_n, dt_work **recv, eval_item *it, double sums[3]) {
+    if (dt_pipe_vstage(p, c) > 0) DT_TRY(wait_timed(p, recv));
+    double t0 = dt_trace_now_us(p->metrics.trace);
+    dt_status s = eval_blocks(p, b, c, act, act16, out16, out_n, it, sums);
+    dt_trace_event(p->metrics.trace, "evaluate", "compute", 0, t0, dt_trace_now_us(p->metrics.trace));
+    return s;
+}
+
+static dt_status eval_blocks(dt_pipe *p, const dt_batch *b, int c, float *act, const uint16_t *act16, uint16_t *out16,
+                             int64_t out_n, eval_item *it, double sums[3]) {
     int v = dt_pipe_vstage(p, c);
     DT_TRY(pool_get(p, &it->g));
     dt_graph_set_grad_enabled(it->g, 0);
     dt_graph_set_training(it->g, 0);
     dt_tensor *x = NULL;
     if (v > 0) {
-        DT_TRY(wait_timed(p, recv));
         int64_t sh[DT_MAX_DIMS];
         int nd = dt_model_block_shape(p->m, p->lay.vfirst[v], 1, b, sh);
         if (wire16(p)) dt_convert(act, DT_F32, act16, p->o.wire, (size_t)dt_shape_numel(nd, sh));
