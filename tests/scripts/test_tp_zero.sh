@@ -130,6 +130,12 @@ run zero3_half --nproc 2 --zero 3 "${half[@]}" &&
     run z3_from_zero3 "${mesh[@]}" "${zb[@]}" --zero 3 --resume "$tmp/zero3_half.ck" && near dp2 z3_from_zero3
 run ddp_half "${mesh[@]}" "${half[@]}" &&
     run z3_from_ddp "${mesh[@]}" "${zb[@]}" --zero 3 --resume "$tmp/ddp_half.ck" && same ddp z3_from_ddp
+# inspect names the layout that wrote each (it said "tp" for --tp 2 --zero 3)
+for w in "z3_half:tp+zero-3" "ddp_half:tp"; do
+    got=$("$bin" inspect "$tmp/${w%%:*}.ck" 2> /dev/null | grep -m1 '^strategy')
+    if [[ "$got" == "strategy"*" ${w#*:};"* ]]; then echo "ok   inspect ${w%%:*}: $got"
+    else echo "FAIL inspect ${w%%:*}: want strategy ${w#*:}, got '$got'"; fail=1; fi
+done
 
 # ---- the memory report ----
 # Each rank's tensor-parallel part of GPT-2 (C = 128, L = 2 blocks, V = 256,

@@ -108,12 +108,12 @@ dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path) {
         if (!opts) st = DT_ERR(DT_ENOMEM, "out of memory");
         if (st == DT_OK) {
             int n = dt_zero_optimizers(s->zero, opts);
-            dt_checkpoint_meta(r, "tp", dt_zero_optim_step(s->zero), &mb);
+            dt_checkpoint_meta(r, dt_tp_label(s), dt_zero_optim_step(s->zero), &mb);
             st = dt_checkpoint_meta_steps(&mb, m, opts, n);
         }
         free(opts);
     } else if (st == DT_OK) {
-        dt_checkpoint_meta(r, "tp", o->step, &mb);
+        dt_checkpoint_meta(r, dt_tp_label(s), o->step, &mb);
         st = dt_checkpoint_meta_steps(&mb, m, &o, 1);
     }
     if (st == DT_OK && s->rank == 0) st = dt_safetensors_write(path, ss.e, ss.n, mb.m, mb.n);

@@ -202,8 +202,7 @@ dt_status dt_tp_zero_strategy(dt_pg *world, const dt_tp_opts *tp, const dt_zero_
     dt_tp *s = out->self;
     s->zero_stage = st;
     s->zopts = *zero;
-    static const char *names[4] = {"tp", "tp+zero-1", "tp+zero-2", "tp+zero-3"};
-    out->name = names[st];
+    out->name = dt_tp_label(s);
     out->owns_optimizer = 1;
     out->param_dtype = zero->param_dtype;
     out->step = s_step;

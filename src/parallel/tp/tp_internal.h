@@ -173,6 +173,9 @@ dt_status dt_tp_zero_setup(dt_tp *s, dt_run *r);
 dt_status dt_tp_zero_sumsq(dt_tp *s, double *ss);
 dt_status dt_tp_zero_step(dt_tp *s, dt_run *r, float lr);
 void dt_tp_zero_free(dt_tp *s);
+/* zero.c: "tp", or "tp+zero-<stage>" — the strategy's name, its memory
+ * report's and its checkpoints' "strategy". */
+const char *dt_tp_label(const dt_tp *s);
 /* ckpt.c: one safetensors file of whole tensors, written by world rank 0. Collective. */
 dt_status dt_tp_save(dt_tp *s, dt_run *r, const char *path);
 

@@ -9,6 +9,11 @@
 #include "parallel/zero/zero_internal.h"
 #include "tp_internal.h"
 
+const char *dt_tp_label(const dt_tp *s) {
+    static const char *labels[4] = {"tp", "tp+zero-1", "tp+zero-2", "tp+zero-3"};
+    return labels[s->zero_stage >= 1 && s->zero_stage <= 3 ? s->zero_stage : 0];
+}
+
 dt_status dt_tp_zero_setup(dt_tp *s, dt_run *r) {
     dt_model *m = r->model;
     dt_zero_opts zo = s->zopts;
@@ -34,8 +39,7 @@ dt_status dt_tp_zero_setup(dt_tp *s, dt_run *r) {
     s->zero->trace = r->trace;
     if (s->opts.sequence_parallel) DT_TRY(dt_tp_check_replicated_shards(s, s->zero));   /* seq.c: the sum's premise */
     dt_zero_memory mem = dt_zero_get_memory(s->zero);
-    static const char *labels[4] = {"tp", "tp+zero-1", "tp+zero-2", "tp+zero-3"};
-    return dt_par_memory_report(s->world, labels[s->zero_stage], mem.param_bytes, mem.grad_bytes, mem.optim_bytes,
+    return dt_par_memory_report(s->world, dt_tp_label(s), mem.param_bytes, mem.grad_bytes, mem.optim_bytes,
                                 !r->quiet);
 }
 
