@@ -103,7 +103,9 @@ typedef struct dt_train_opts {
     int64_t stop_after;            /* testing aid: stop (as if killed) after this many steps; 0 = off */
     int eval_only;                 /* the trainer is created to evaluate (dt_trainer_evaluate), not to
                                       train: a train.resume checkpoint's step is not compared with
-                                      train.steps / train.epochs, nor with train.unfreeze_at */
+                                      train.steps / train.epochs, nor with train.unfreeze_at; every
+                                      parameter is frozen (no gradients, no optimizer state, in any
+                                      strategy) and dt_trainer_step is refused */
     const char *const *freeze;     /* --freeze: n_freeze glob patterns (fnmatch) over parameter names;
                                       matches get requires_grad = 0 before the strategy's setup, so
                                       they keep their values exactly; a pattern matching nothing fails */

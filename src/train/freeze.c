@@ -8,6 +8,8 @@
 
 dt_status dt_trainer_freeze(dt_trainer *t) {
     dt_model *m = t->model;
+    if (t->opts.eval_only)   /* nothing trains: no gradients, no optimizer state, in any strategy */
+        for (int i = 0; i < m->n_params; i++) m->params[i]->requires_grad = 0;
     for (int k = 0; k < t->opts.n_freeze; k++)
         if (dt_model_freeze(m, t->opts.freeze[k]) == 0)
             return DT_ERR(DT_EINVAL, "train.freeze '%s' matches no parameter of model %s (names look like '%s')",

@@ -300,6 +300,9 @@ static dt_status step_impl(dt_trainer *t, double *loss_out) {
 }
 
 dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
+    if (t->opts.eval_only)
+        return DT_ERR(DT_EINVAL, "dt_trainer_step: this trainer was created with train.eval_only (to evaluate): it has "
+                      "no gradients or optimizer state");
     dt_status s = step_impl(t, loss_out);
     dt_working_copy_leave(&t->wcopy, t->model);   /* also after a failure: between steps the views are the masters' */
     return s;

@@ -4,6 +4,7 @@
 # pipeline set (--pp 2), `dtrain eval --init X` and `eval --resume X` without
 # any model flag print the same result line as with every model flag given;
 # `eval --metrics` appends that result to the training run's metrics file;
+# eval allocates no gradient or optimizer memory in any layout;
 # a pipeline evaluates the same sequences as one process (1e-6), at 2 or 8
 # micro-batches;
 # `train --resume X` without model flags trains on; a model flag (or --model,
@@ -60,6 +61,17 @@ for m in mlp cnn gpt2; do
             echo "FAIL $tag eval --metrics: printed '$res', file:"; cat "$tmp/$tag.jsonl"; fail=1
         else
             echo "ok $tag eval --metrics appends {\"step\":3,\"eval_loss\":${ev[1]}}, training's lines kept"
+        fi
+        # evaluation trains nothing: no gradients and no optimizer state on any
+        # rank (the memory report, MiB: params / grads / optimizer state / RSS;
+        # before, DDP, ZeRO and pipelines allocated both for eval)
+        if [ -n "${kind#*:}" ]; then
+            mem=$(grep -A4 'memory per rank' "$tmp/$tag.metrics" | grep -E '^  rank [0-9]+:')
+            if [ "$(wc -l <<< "$mem")" -ne 2 ] || grep -vqE '^  rank [0-9]+: [0-9.]+ / 0\.00 / 0\.00 / ' <<< "$mem"; then
+                echo "FAIL $tag eval allocates gradients or optimizer state:"; cat "$tmp/$tag.metrics"; fail=1
+            else
+                echo "ok $tag eval: no gradient or optimizer memory on either rank"
+            fi
         fi
         # the pipeline evaluates the sequences one process does, whatever its
         # micro-batches: --eval-batches counts batches of --batch (it counted

@@ -134,6 +134,37 @@ static void test_round_trip_and_corruption(void **state) {
     free(buf); free(p); free(q);
 }
 
+/* train.eval_only: the checkpoint's parameters evaluate exactly as the
+ * trainer that saved them, with no gradient memory, and a step is refused
+ * naming the option (there is nothing to step). */
+static void test_eval_only(void **state) {
+    (void)state;
+    dt_train_opts o;
+    opts_gpt2(&o);
+    o.model.dropout = 0;
+    char ck[160];
+    snprintf(ck, sizeof ck, "%s/eval.safetensors", dir);
+    dt_trainer *t;
+    assert_int_equal(dt_trainer_create(&o, NULL, &t), DT_OK);
+    for (int i = 0; i < 3; i++) assert_int_equal(dt_trainer_step(t, NULL), DT_OK);
+    assert_int_equal(dt_checkpoint_save(t, ck), DT_OK);
+    double want, acc;
+    assert_int_equal(dt_trainer_evaluate(t, &want, &acc), DT_OK);
+    assert_true(t->model->grad_flat.numel > 0);
+    dt_trainer_free(t);
+    dt_train_opts oe = o;
+    oe.eval_only = 1;
+    oe.resume = ck;
+    assert_int_equal(dt_trainer_create(&oe, NULL, &t), DT_OK);
+    assert_int_equal(t->model->grad_flat.numel, 0);
+    double got;
+    assert_int_equal(dt_trainer_evaluate(t, &got, &acc), DT_OK);
+    assert_true(got == want);
+    assert_int_equal(dt_trainer_step(t, NULL), DT_EINVAL);
+    assert_non_null(strstr(dt_error_message(), "eval_only"));
+    dt_trainer_free(t);
+}
+
 static int teardown(void **state) {
     (void)state;
     dt_test_rm_rf(dir);
@@ -145,6 +176,7 @@ int main(void) {
         cmocka_unit_test(test_resume_bitwise_gpt2_adamw_dropout),
         cmocka_unit_test(test_resume_bitwise_mlp_sgd),
         cmocka_unit_test(test_round_trip_and_corruption),
+        cmocka_unit_test(test_eval_only),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
