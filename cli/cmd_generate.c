@@ -132,6 +132,13 @@ int dt_cli_generate(int argc, char **argv) {
         prompt = malloc((size_t)n_prompt * sizeof *prompt);
         for (int i = 0; prompt && i < n_prompt; i++) prompt[i] = (unsigned char)text[i];
     }
+    for (int i = 0; prompt && i < n_prompt; i++)   /* before anything is printed */
+        if (prompt[i] < 0 || prompt[i] >= cm.cfg.vocab) {
+            fprintf(stderr, "dtrain: --prompt-ids: id %d (number %d of the list) is outside the vocabulary of %s "
+                    "(0..%d)\n", (int)prompt[i], i + 1, path, cm.cfg.vocab - 1);
+            free(prompt);
+            return 2;
+        }
     int32_t *out = malloc(((size_t)f.tokens + 1) * sizeof *out);
     dt_model *m = NULL;
     dt_status s = prompt && out ? DT_OK : DT_ERR(DT_ENOMEM, "out of memory");

@@ -266,7 +266,12 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
     }
     o->freeze = f->freeze;
     if (param_groups(f, err, errlen)) return -1;
-    if (f->nproc != INT_MIN && !f->hosts && !f->hostfile && !getenv("SLURM_JOB_ID") &&
+    if (f->nproc != INT_MIN && f->nproc < 1) {   /* (wherever the ranks go) */
+        snprintf(err, (size_t)errlen, "--nproc must be >= 1 (got %d)", f->nproc);
+        return -1;
+    }
+    /* on this machine: at most 8 x its cores (a host list or a Slurm allocation counts its own slots) */
+    if (f->nproc != INT_MIN && !f->hosts && !f->hostfile && !(getenv("SLURM_JOB_ID") && getenv("SLURM_JOB_NODELIST")) &&
         dt_cli_nproc_check(f->nproc, err, errlen))
         return -1;
     if (f->dist.zero_stage < 0 || f->dist.zero_stage > 3) {
@@ -384,13 +389,16 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
         return 0;
     }
     if (r < 0) { fprintf(stderr, "dtrain: %s\n", err); return 2; }
-    int launching = f.hosts || f.hostfile || f.print_launch || (f.nproc != INT_MIN && f.nproc > 1);
+    /* inside a Slurm allocation (not in one of its srun steps) the default is all its tasks */
+    int slurm = getenv("SLURM_JOB_ID") && getenv("SLURM_JOB_NODELIST") && !getenv("SLURM_STEP_ID") &&
+                !getenv("SLURM_STEPID");
+    int launching = f.hosts || f.hostfile || f.print_launch || (f.nproc != INT_MIN ? f.nproc > 1 : slurm);
     if (f.max_restarts) {
         const char *bad = f.max_restarts < 0 ? "must be >= 0"
                         : eval_only ? "applies to dtrain train"
                         : !f.o.save ? "needs --save PATH (each restart resumes from it)"
                         : f.o.uneven ? "does not combine with --uneven (which cannot resume)"
-                        : !launching ? "needs a job dtrain launches (--nproc N > 1, --hosts or --hostfile)"
+                        : !launching ? "needs a job dtrain launches (--nproc N > 1, --hosts, --hostfile or a Slurm allocation)"
                         : NULL;
         if (bad) { fprintf(stderr, "dtrain: --max-restarts %d %s\n", f.max_restarts, bad); return 2; }
     }

@@ -312,7 +312,7 @@ set_tests_properties(test_elastic PROPERTIES LABELS "mpi;slow" PROCESSORS 4 TIME
 # command (--print-launch) and the refusals of bad input.
 add_test(NAME test_launch_hosts
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_launch_hosts.sh $<TARGET_FILE:dtrain_cli>)
-set_tests_properties(test_launch_hosts PROPERTIES LABELS unit TIMEOUT 120)
+set_tests_properties(test_launch_hosts PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 120)
 
 # Install and link it: cmake --install into a temporary prefix, examples/
 # built out of tree with pkg-config (shared and static) and find_package,

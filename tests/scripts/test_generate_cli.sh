@@ -51,6 +51,10 @@ out=$(gen --init "$tmp/v300.st" --prompt hi); rc=$?
 [ $rc -ne 0 ] && grep -q -- "--prompt-ids" <<< "$out" && ok "--prompt on vocab 300 refused: $out" || bad "--prompt on vocab 300: exit $rc: $out"
 out=$(gen --init "$tmp/v300.st" --prompt-ids 300); rc=$?
 [ $rc -ne 0 ] && grep -q "id 300" <<< "$out" && ok "id outside the vocabulary refused: $out" || bad "id 300: exit $rc: $out"
+# refused before anything is printed (a byte vocabulary echoed 'A' and byte 300 % 256 first)
+out=$("$bin" generate --threads 1 --init "$tmp/rep.st" --prompt-ids 65,300 2> /dev/null); rc=$?
+[ $rc -eq 2 ] && [ -z "$out" ] && ok "id 300 on a byte vocabulary: exit 2, nothing on stdout" ||
+    bad "id 300 on a byte vocabulary: exit $rc, stdout '$out'"
 
 # refusals name the flag
 while IFS='|' read -r what args want; do

@@ -45,6 +45,20 @@ has "hostfile: passed on, ranks = its slots" " -np 5 .*--hostfile $tmp/hosts --m
 has "Slurm: the allocation's tasks, mpirun reads its nodes" " -np 6 --allow-run-as-root --map-by slot|-np 6 --map-by slot" \
     env SLURM_JOB_ID=7 SLURM_JOB_NODELIST='n[1-3]' SLURM_TASKS_PER_NODE='2(x3)' "$bin" train --print-launch
 has "this machine: --nproc as before" " -np 2 .*--bind-to none" "$bin" train --nproc 2 --print-launch
+# inside an allocation dtrain launches all its tasks without --nproc (it ran one process);
+# ranks under mpirun: Open MPI's own leaks are not ours (see test_recompute_bitwise.sh)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+noleak="ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+has "Slurm: no --nproc, a real run on all the allocation's tasks" "ddp on 1 machine x 2 ranks" \
+    env "$noleak" SLURM_JOB_ID=7 SLURM_JOB_NODELIST=localhost SLURM_TASKS_PER_NODE=2 timeout 120 "$bin" train --model mlp \
+    --hidden 8 --threads 1 --steps 1 --batch 8
+has "Slurm: in an srun step, one process as before" "mlp, [0-9]+ parameters, single x1" \
+    env "$noleak" SLURM_JOB_ID=7 SLURM_JOB_NODELIST=localhost SLURM_TASKS_PER_NODE=2 SLURM_STEP_ID=0 timeout 120 "$bin" train \
+    --model mlp --hidden 8 --threads 1 --steps 1 --batch 8
+refuses "hosts: --nproc 0 is not a slot count problem" "^dtrain: --nproc must be >= 1 \(got 0\)$" \
+    "$bin" train --hosts a:2,b:2 --nproc 0
+refuses "a Slurm job id without a node list: this machine's cap" "--nproc 100: at most [0-9]+ ranks on this machine" \
+    env SLURM_JOB_ID=7 "$bin" train --nproc 100
 
 refuses "bad host name" "--hosts: host 'b!' has a '!'" "$bin" train --hosts 'a:2,b!:2'
 refuses "zero slots" "--hosts: host 'a' with 0 slots" "$bin" train --hosts a:0
