@@ -431,6 +431,7 @@ struct dt_model {
     const dt_tp_comm *tp;            /* tensor-parallel group of a model built with cfg.tp_size > 1
                                         (set by the strategy before the first forward) */
     dt_status build_err;             /* first failed add_*; reported by dt_model_build */
+    char build_msg[512];             /* its message (later errors overwrite the thread's) */
     int built;
     /* Optional: replaces blocks + loss head in dt_model_forward (tests,
      * models that are not a list of blocks). */

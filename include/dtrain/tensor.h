@@ -46,7 +46,10 @@ typedef struct dt_tensor {
 static inline float *dt_f32(const dt_tensor *t) { return (float *)t->data; }
 
 int64_t dt_shape_numel(int ndim, const int64_t *shape);
-/* Fill t's shape fields (no storage). Fails on ndim > 4 or negative dims. */
+/* The most elements a tensor may have (2^56: its bytes fit a size_t with room). */
+#define DT_TENSOR_MAX_NUMEL ((int64_t)1 << 56)
+/* Fill t's shape fields (no storage). Fails on ndim > 4, negative dims or
+ * more than DT_TENSOR_MAX_NUMEL elements. */
 dt_status dt_tensor_set_shape(dt_tensor *t, int ndim, const int64_t *shape);
 /* Owned, zero-filled, 64-byte aligned. */
 dt_status dt_tensor_alloc(dt_tensor *t, dt_dtype dtype, int ndim, const int64_t *shape);

@@ -34,7 +34,7 @@ dt_status dt_model_add_block(dt_model *m, const char *name, dt_block_fn fn, void
     dt_block *nb = s == DT_OK ? dt_nn_grow(m->blocks, m->n_blocks, sizeof *nb) : NULL;
     if (s == DT_OK && !nb) s = DT_ERR(DT_ENOMEM, "out of memory adding block %s", name);
     if (nb) m->blocks = nb;
-    if (s != DT_OK) { m->build_err = s; return s; }
+    if (s != DT_OK) { dt_nn_build_failed(m, s); return s; }
     dt_block *b = &m->blocks[m->n_blocks++];
     memset(b, 0, sizeof *b);
     snprintf(b->name, sizeof b->name, "%s", name);
@@ -53,7 +53,7 @@ dt_status dt_model_set_loss(dt_model *m, dt_loss_kind kind, int64_t classes) {
     if (kind != DT_LOSS_CROSS_ENTROPY) s = DT_ERR(DT_EINVAL, "model %s: unknown loss %d", m->name, (int)kind);
     else if (classes < 2) s = DT_ERR(DT_EINVAL, "model %s: cross-entropy over %lld classes (needs >= 2)", m->name,
                                     (long long)classes);
-    if (s != DT_OK) { m->build_err = s; return s; }
+    if (s != DT_OK) { dt_nn_build_failed(m, s); return s; }
     m->loss = kind;
     m->classes = classes;
     m->loss_parts = 1;

@@ -7,17 +7,26 @@
 #include <string.h>
 #include "model_internal.h"
 
-/* Record the first builder failure (the message is already set). */
-static void *failed(dt_model *m, dt_status s) {
-    if (m->build_err == DT_OK) m->build_err = s;
+void *dt_nn_build_failed(dt_model *m, dt_status s) {
+    if (m->build_err == DT_OK) {
+        m->build_err = s;
+        snprintf(m->build_msg, sizeof m->build_msg, "%s", dt_error_message());
+    }
     return NULL;
+}
+
+/* A failure below the builder (a shape, an allocation), named after what was added. */
+static void *failed_adding(dt_model *m, dt_status s, const char *what, const char *name) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", dt_error_message());
+    return dt_nn_build_failed(m, DT_ERR(s, "model %s: %s '%s': %s", m->name, what, name, why));
 }
 
 /* Builder calls after dt_model_build, or after an earlier failure, do nothing. */
 static int closed(dt_model *m, const char *what, const char *name) {
     if (m->build_err != DT_OK) return 1;
     if (m->built) {
-        failed(m, DT_ERR(DT_ESTATE, "model %s: cannot add %s '%s' after dt_model_build", m->name, what, name));
+        dt_nn_build_failed(m, DT_ERR(DT_ESTATE, "model %s: cannot add %s '%s' after dt_model_build", m->name, what, name));
         return 1;
     }
     return 0;
@@ -40,7 +49,7 @@ dt_status dt_model_new(const char *name, uint64_t seed, dt_model **out) {
 
 static int name_ok(dt_model *m, const char *what, const char *name, size_t cap) {
     if (name && *name && strlen(name) < cap) return 1;
-    failed(m, DT_ERR(DT_EINVAL, "model %s: %s name '%s' must be 1..%zu characters", m->name, what,
+    dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: %s name '%s' must be 1..%zu characters", m->name, what,
                      name ? name : "(null)", cap - 1));
     return 0;
 }
@@ -49,12 +58,12 @@ dt_module *dt_model_add_module(dt_model *m, const char *name) {
     if (closed(m, "module", name) || !name_ok(m, "module", name, sizeof ((dt_module *)0)->name)) return NULL;
     for (int i = 0; i < m->n_modules; i++)
         if (!strcmp(m->modules[i]->name, name))
-            return failed(m, DT_ERR(DT_EINVAL, "model %s: module '%s' added twice", m->name, name));
+            return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: module '%s' added twice", m->name, name));
     dt_module *mod = calloc(1, sizeof *mod);
     dt_module **arr = dt_nn_grow(m->modules, m->n_modules, sizeof *arr);
     if (!mod || !arr) {
         free(mod);
-        return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding module %s", name));
+        return dt_nn_build_failed(m, DT_ERR(DT_ENOMEM, "out of memory adding module %s", name));
     }
     m->modules = arr;
     snprintf(mod->name, sizeof mod->name, "%s", name);
@@ -78,24 +87,24 @@ dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int 
     snprintf(name, sizeof name, "%s%s%s", mod ? mod->name : "", mod ? "." : "", leaf ? leaf : "");
     if (closed(m, "parameter", name) || !name_ok(m, "parameter", name, sizeof ((dt_param *)0)->name)) return NULL;
     if ((unsigned)init.kind > DT_INIT_NORMAL)
-        return failed(m, DT_ERR(DT_EINVAL, "model %s: parameter %s has unknown initialiser %d", m->name, name,
+        return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: parameter %s has unknown initialiser %d", m->name, name,
                                 (int)init.kind));
     if (dt_model_find_param(m, name))
-        return failed(m, DT_ERR(DT_EINVAL, "model %s: parameter '%s' added twice", m->name, name));
+        return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: parameter '%s' added twice", m->name, name));
     dt_param *p = calloc(1, sizeof *p);
     dt_param **arr = dt_nn_grow(m->params, m->n_params, sizeof *arr);
     if (!p || !arr) {
         free(p);
-        return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding parameter %s", name));
+        return dt_nn_build_failed(m, DT_ERR(DT_ENOMEM, "out of memory adding parameter %s", name));
     }
     m->params = arr;
     dt_status s = dt_param_init(p, name, ndim, shape);
-    if (s != DT_OK) { free(p); return failed(m, s); }
+    if (s != DT_OK) { free(p); return failed_adding(m, s, "parameter", name); }
     p->index = m->n_params;
     m->params[m->n_params++] = p;
     if (mod) {
         dt_param **mp = dt_nn_grow(mod->params, mod->n_params, sizeof *mp);
-        if (!mp) return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding parameter %s", name));
+        if (!mp) return dt_nn_build_failed(m, DT_ERR(DT_ENOMEM, "out of memory adding parameter %s", name));
         mod->params = mp;
         mod->params[mod->n_params++] = p;
     }
@@ -109,12 +118,12 @@ dt_named_buffer *dt_model_add_buffer(dt_model *m, const char *name, int ndim, co
     dt_named_buffer **arr = dt_nn_grow(m->buffers, m->n_buffers, sizeof *arr);
     if (!b || !arr) {
         free(b);
-        return failed(m, DT_ERR(DT_ENOMEM, "out of memory adding buffer %s", name));
+        return dt_nn_build_failed(m, DT_ERR(DT_ENOMEM, "out of memory adding buffer %s", name));
     }
     m->buffers = arr;
     snprintf(b->name, sizeof b->name, "%s", name);
     dt_status s = dt_tensor_alloc(&b->value, DT_F32, ndim, shape);
-    if (s != DT_OK) { free(b); return failed(m, s); }
+    if (s != DT_OK) { free(b); return failed_adding(m, s, "buffer", name); }
     for (int64_t i = 0; i < b->value.numel; i++) dt_f32(&b->value)[i] = fill;
     m->buffers[m->n_buffers++] = b;
     return b;
@@ -130,7 +139,7 @@ dt_status dt_model_add_input(dt_model *m, const dt_input_spec *spec) {
     for (int i = 0; !bad && i < m->n_inputs; i++)
         if (!strcmp(m->inputs[i].name, spec->name)) bad = "is declared twice";
     if (bad) {
-        failed(m, DT_ERR(DT_EINVAL, "model %s: input '%s' %s", m->name,
+        dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: input '%s' %s", m->name,
                          spec && memchr(spec->name, 0, sizeof spec->name) ? spec->name : "?", bad));
         return m->build_err;
     }
@@ -153,7 +162,7 @@ static dt_status default_layout(dt_model *m) {
 }
 
 dt_status dt_model_build(dt_model *m) {
-    if (m->build_err != DT_OK) return DT_ERR(m->build_err, "model %s: building failed earlier (see the first error)", m->name);
+    if (m->build_err != DT_OK) return DT_ERR(m->build_err, "%s", m->build_msg);   /* the first builder error */
     if (m->built) return DT_ERR(DT_ESTATE, "model %s: dt_model_build called twice", m->name);
     if (!m->forward) DT_TRY(dt_model_check_blocks(m));
     DT_TRY(default_layout(m));

@@ -8,6 +8,10 @@
 void dt_model_arch_fingerprint(dt_model *m);
 /* n values of initialiser `in`, drawn from r (model.c: every parameter's). */
 void dt_nn_init_values(float *x, int64_t n, dt_rng *r, dt_init in);
+/* Records a builder failure s (its message already set): the first one and
+ * its message stay in m, every later add_* does nothing and dt_model_build
+ * returns it (model.c). Returns NULL, for `return dt_nn_build_failed(...)`. */
+void *dt_nn_build_failed(dt_model *m, dt_status s);
 /* Blocks chain, inputs and loss head are consistent (blocks.c). */
 dt_status dt_model_check_blocks(const dt_model *m);
 

@@ -52,8 +52,7 @@ dt_param *dt_model_add_param_split(dt_model *m, dt_module *mod, const char *leaf
                              mod ? "." : "", leaf, s->dim,
                              ndim >= 1 && s->dim >= 0 && s->dim < ndim ? (long long)full_shape[s->dim] : -1LL, s->pad,
                              s->groups, s->parts, s->index);
-        if (m->build_err == DT_OK) m->build_err = e;
-        return NULL;
+        return dt_nn_build_failed(m, e);
     }
     int64_t local_shape[DT_MAX_DIMS], numel = 1;
     for (int d = 0; d < ndim; d++) {
@@ -65,8 +64,7 @@ dt_param *dt_model_add_param_split(dt_model *m, dt_module *mod, const char *leaf
     if (!p) return NULL;
     float *full = malloc((size_t)numel * sizeof *full);
     if (!full) {
-        if (m->build_err == DT_OK) m->build_err = DT_ERR(DT_ENOMEM, "out of memory initialising parameter %s", p->name);
-        return NULL;
+        return dt_nn_build_failed(m, DT_ERR(DT_ENOMEM, "out of memory initialising parameter %s", p->name));
     }
     dt_nn_init_values(full, numel, &m->init_rng, init);
     p->split = split;

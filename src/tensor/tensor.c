@@ -47,8 +47,14 @@ int64_t dt_shape_numel(int ndim, const int64_t *shape) {
 dt_status dt_tensor_set_shape(dt_tensor *t, int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > DT_MAX_DIMS)
         return DT_ERR(DT_EINVAL, "tensor rank %d not supported (0..%d)", ndim, DT_MAX_DIMS);
-    for (int i = 0; i < ndim; i++)
-        if (shape[i] < 0) return DT_ERR(DT_EINVAL, "negative dimension %lld", (long long)shape[i]);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return DT_ERR(DT_EINVAL, "negative dimension %lld (dimension %d)", (long long)shape[i], i);
+        if (shape[i] && n > DT_TENSOR_MAX_NUMEL / shape[i])   /* the element count, and its bytes, must fit */
+            return DT_ERR(DT_EINVAL, "tensor shape: %d dimensions up to %lld x %lld are more than %lld elements",
+                          ndim, (long long)n, (long long)shape[i], (long long)DT_TENSOR_MAX_NUMEL);
+        n *= shape[i];
+    }
     t->ndim = ndim;
     for (int i = 0; i < DT_MAX_DIMS; i++) t->shape[i] = i < ndim ? shape[i] : 1;
     t->numel = dt_shape_numel(ndim, shape);
@@ -60,7 +66,9 @@ dt_status dt_tensor_alloc(dt_tensor *t, dt_dtype dtype, int ndim, const int64_t 
     DT_TRY(dt_tensor_set_shape(t, ndim, shape));
     t->dtype = dtype;
     t->data = dt_calloc((size_t)t->numel * dt_dtype_size(dtype));
-    if (!t->data) return DT_ENOMEM;
+    if (!t->data)
+        return DT_ERR(DT_ENOMEM, "out of memory for a tensor of %lld elements (%.1f MiB)", (long long)t->numel,
+                      (double)t->numel * (double)dt_dtype_size(dtype) / (1 << 20));
     t->owns_data = 1;
     return DT_OK;
 }
