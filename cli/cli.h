@@ -89,6 +89,7 @@ double dt_cli_probe_timeout(void);
  * micro-steps per replica in *accum; 0 when there is none. */
 typedef struct dt_cli_elastic {
     int nproc, min_nproc, stages, accum;
+    int tp;   /* --tp (0 or 1: none): a replica is stages x tp ranks */
 } dt_cli_elastic;
 int dt_cli_elastic_world(const dt_cli_elastic *e, int slots, int *accum);
 /* out: the hosts of h with keep[i] (a --host list, no hostfile); -1 when out
@@ -104,6 +105,7 @@ int dt_cli_hosts_subset(const dt_cli_hosts *h, const int *keep, dt_cli_hosts *ou
 typedef struct dt_cli_restart {
     int max_restarts, min_nproc;   /* min_nproc 0: the job's own world */
     int stages, accum;             /* --pp; micro-steps per replica and step */
+    int tp;                        /* --tp */
     long long batch;               /* the library's: a micro-batch */
     long long eval_batches;        /* the library's (micro-batches of `batch` for a pipeline); 0: all */
     const char *save;

@@ -1,15 +1,16 @@
 /* The world a restart runs on when machines were lost (restart.c).
  *
- * A job of N ranks = S pipeline stages x D = N / S replicas; each replica
+ * A job of N ranks = S pipeline stages x T tensor-parallel ranks x D = N /
+ * (S T) replicas (R = S T ranks per replica); each replica
  * runs A micro-steps of b samples per optimizer step (--accum A, or a
  * pipeline's A micro-batches of --batch / A). One step consumes the global
  * batch b x A x D samples, positions [s x bAD, (s+1) x bAD) of the sampler's
  * global order at any world size (sampler.c), so a restart on W ranks that
- * keeps A x D (A' = A x D / D', D' = W / S) sees the same samples in every
+ * keeps A x D (A' = A x D / D', D' = W / R) sees the same samples in every
  * step and continues the loss curve where it was.
  *
  * The world chosen is the largest W with min_nproc <= W <= min(N, slots
- * that answer), S | W and D' | A x D: never larger than the job as
+ * that answer), R | W and D' | A x D: never larger than the job as
  * launched, so spare machines (a host list with more slots than N) replace
  * lost ones first and only then does the world shrink. */
 #include <stdio.h>
@@ -18,13 +19,13 @@
 #include "cli.h"
 
 int dt_cli_elastic_world(const dt_cli_elastic *e, int slots, int *accum_out) {
-    int S = e->stages > 0 ? e->stages : 1;
-    if (e->nproc % S) return 0;
-    long long units = (long long)e->accum * (e->nproc / S);   /* A x D: micro-steps per step, all replicas */
+    int S = e->stages > 0 ? e->stages : 1, R = S * (e->tp > 0 ? e->tp : 1);   /* ranks per replica */
+    if (e->nproc % R) return 0;
+    long long units = (long long)e->accum * (e->nproc / R);   /* A x D: micro-steps per step, all replicas */
     int top = slots < e->nproc ? slots : e->nproc;
-    for (int W = top; W >= e->min_nproc && W >= S; W--) {
-        if (W % S) continue;
-        int D = W / S;
+    for (int W = top; W >= e->min_nproc && W >= R; W--) {
+        if (W % R) continue;
+        int D = W / R;
         if (units % D) continue;
         *accum_out = (int)(units / D);
         return W;

@@ -96,7 +96,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     }
     int piped = r->stages > 1;
     dt_cli_elastic el = {.nproc = nproc, .min_nproc = r->min_nproc > 0 ? r->min_nproc : nproc,
-                         .stages = piped ? r->stages : 1, .accum = r->accum};
+                         .stages = piped ? r->stages : 1, .accum = r->accum, .tp = r->tp};
     dt_cli_hosts sub = {0};
     const dt_cli_hosts *where = h;
     int world = nproc, accum = r->accum;

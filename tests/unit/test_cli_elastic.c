@@ -17,6 +17,24 @@ static int world(int nproc, int min_nproc, int stages, int accum, int slots, int
     return dt_cli_elastic_world(&e, slots, acc);
 }
 
+/* --tp T: a replica is stages x T ranks, so the world is a multiple of it.
+ * 4 ranks = 2 replicas x tp 2 x accum 3, 3 slots left: 3 ranks would not
+ * split into tp groups of 2 (it chose 3 before and every attempt failed),
+ * so 2 ranks = 1 replica x accum 6. */
+static void test_tensor_parallel_replicas(void **st) {
+    (void)st;
+    int acc = -1;
+    dt_cli_elastic e = {.nproc = 4, .min_nproc = 2, .stages = 1, .accum = 3, .tp = 2};
+    assert_int_equal(dt_cli_elastic_world(&e, 3, &acc), 2);
+    assert_int_equal(acc, 6);
+    /* pp 2 x tp 2 x 2 replicas = 8 ranks, 6 slots: one replica of 4 ranks, twice the micro-steps */
+    dt_cli_elastic p = {.nproc = 8, .min_nproc = 4, .stages = 2, .accum = 2, .tp = 2};
+    assert_int_equal(dt_cli_elastic_world(&p, 6, &acc), 4);
+    assert_int_equal(acc, 4);
+    /* fewer slots than one replica: none */
+    assert_int_equal(dt_cli_elastic_world(&p, 3, &acc), 0);
+}
+
 static void test_all_answer_keeps_the_world(void **st) {
     (void)st;
     int acc;
@@ -80,6 +98,7 @@ static void test_subset_keeps_the_answering_hosts_in_order(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tensor_parallel_replicas),
         cmocka_unit_test(test_all_answer_keeps_the_world),
         cmocka_unit_test(test_shrink_keeps_the_global_batch),
         cmocka_unit_test(test_pipeline_stages_divide_the_world),
