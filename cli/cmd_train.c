@@ -377,10 +377,33 @@ static int launch(int argc, char **argv, const cli_flags *f) {
     return rc;
 }
 
+/* Flags of training alone: `dtrain eval` lists none of them and refuses each
+ * one given (it trains nothing and writes no checkpoint; they were accepted
+ * and ignored once, --save even creating its directory's lock). */
+static const char *const train_only[] = {
+    "--steps", "--epochs", "--accum", "--recompute", "--lr", "--min-lr", "--warmup", "--wd", "--momentum", "--nesterov",
+    "--beta1", "--beta2", "--eps", "--freeze", "--unfreeze-at", "--no-decay", "--lr-scale", "--clip", "--optim-state",
+    "--loss-scale", "--loss-scale-init", "--loss-scale-window", "--save", "--save-every", "--save-sync", "--save-format",
+    "--sample-every", "--sample-tokens", "--stop-after", "--max-restarts", "--min-nproc", "--bucket-mb",
+    "--first-bucket-mb", "--find-unused", "--no-overlap", "--overlap-step", "--uneven", "--sync-bn",
+    "--no-broadcast-buffers"};
+
+static int is_train_only(const char *flag) {
+    for (size_t i = 0; i < sizeof train_only / sizeof *train_only; i++)
+        if (!strcmp(flag, train_only[i])) return 1;
+    return 0;
+}
+
 int dt_cli_train(int argc, char **argv, int eval_only) {
     static cli_flags f;   /* large (pattern buffers, the table); one per process */
     char err[512];
     int r = dt_cli_train_flags(&f, argc, argv, err, sizeof err);
+    if (r == 1 && eval_only) {   /* eval's own flags only */
+        int n = 0;
+        for (int k = 0; k < f.n_table; k++)
+            if (!is_train_only(f.table[k].name)) f.table[n++] = f.table[k];
+        f.n_table = n;
+    }
     if (r == 1) {
         dt_args_help(f.table, f.n_table, eval_only
             ? "usage: dtrain eval --init FILE|DIR [options]\n       dtrain eval --resume FILE|DIR [options]\n\nEvaluate a model (weights from --init or --resume: a file or a ZeRO / pipeline set) on the test/validation split.\nA dtrain checkpoint names its model and settings: give no model flags (one that contradicts the file is refused);\nweights without them (Hugging Face) need --model and its flags."
@@ -389,6 +412,12 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
         return 0;
     }
     if (r < 0) { fprintf(stderr, "dtrain: %s\n", err); return 2; }
+    for (int k = 0; eval_only && k < f.n_table; k++)
+        if (f.given[k] && is_train_only(f.table[k].name)) {
+            fprintf(stderr, "dtrain: %s applies to dtrain train: eval trains nothing and writes no checkpoint\n",
+                    f.table[k].name);
+            return 2;
+        }
     /* inside a Slurm allocation (not in one of its srun steps) the default is all its tasks */
     int slurm = getenv("SLURM_JOB_ID") && getenv("SLURM_JOB_NODELIST") && !getenv("SLURM_STEP_ID") &&
                 !getenv("SLURM_STEPID");

@@ -4,7 +4,8 @@
 # pipeline set (--pp 2), `dtrain eval --init X` and `eval --resume X` without
 # any model flag print the same result line as with every model flag given;
 # `eval --metrics` appends that result to the training run's metrics file;
-# eval allocates no gradient or optimizer memory in any layout;
+# eval allocates no gradient or optimizer memory in any layout, and refuses
+# (and does not list) the flags of training alone;
 # a pipeline evaluates the same sequences as one process (1e-6), at 2 or 8
 # micro-batches;
 # `train --resume X` without model flags trains on; a model flag (or --model,
@@ -128,6 +129,23 @@ check_refused() {   # check_refused WHAT WANT1 WANT2 ARGS...
     fi
 }
 check_refused "eval --model cnn on a gpt2 file" "--model cnn" "--model gpt2" eval --resume "$ck" --model cnn "${run[@]}"
+# flags of training alone are refused by eval (they were accepted and ignored:
+# --save wrote nothing but created the directory's lock), and its --help lists none
+for tf in "--save $tmp/e-save" "--steps 10" "--lr 0.1" "--save-every 1" "--freeze h.0.*"; do
+    # shellcheck disable=SC2086
+    out=$(timeout -k 15 60 "$bin" eval --resume "$ck" "${run[@]}" $tf < /dev/null 2>&1); rc=$?
+    if [ $rc -eq 2 ] && [[ "$out" == "dtrain: ${tf%% *} applies to dtrain train"* ]] && [ ! -e "$tmp/e-save" ]; then
+        echo "ok eval ${tf%% *} refused: $out"
+    else
+        echo "FAIL eval ${tf%% *}: want exit 2 and 'applies to dtrain train', got (exit $rc): $out"; fail=1
+    fi
+done
+help=$("$bin" eval --help 2>&1)
+if grep -qE '^  --(save|steps|lr|save-every|freeze) ' <<< "$help" || ! grep -qE '^  --resume ' <<< "$help"; then
+    echo "FAIL eval --help lists training flags (or not --resume)"; fail=1
+else
+    echo "ok eval --help lists eval's flags only"
+fi
 check_refused "train --resume --optim sgd on an adamw file" "--optim sgd" "--optim adamw" \
     train --resume "$ck" --optim sgd --steps 5 "${run[@]}"
 check_refused "train --init --heads 4" "--heads 4" "--heads 3" train --init "$ck" --heads 4 --steps 1 "${run[@]}"
