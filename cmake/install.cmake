@@ -2,8 +2,9 @@
 #   lib/libdtrain.so.X.Y (SONAME libdtrain.so.X.Y, a 0.x series: minor = ABI), libdtrain.a
 #   include/dtrain/*.h (dtrain/dtrain.h includes them all; dtrain/version.h)
 #   bin/dtrain
-#   lib/pkgconfig/dtrain.pc           pkg-config --cflags --libs dtrain (shared),
-#                                     --static for the archive
+#   lib/pkgconfig/dtrain.pc           pkg-config --cflags --libs dtrain (shared, with an
+#                                     rpath to lib/); the archive: lib/libdtrain.a by path
+#                                     and `pkg-config --static --libs` for its dependencies
 #   lib/cmake/dtrain/dtrainConfig.cmake   find_package(dtrain) -> dtrain::dtrain
 #     (the shared library; carries MPI and OpenMP usage requirements; OpenBLAS,
 #     oneDNN, cJSON and zlib are its private dependencies)

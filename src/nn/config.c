@@ -43,6 +43,7 @@ int dt_model_cfg_max_seq(const dt_model_cfg *c, const char **key) {
 }
 
 dt_status dt_model_create(const dt_model_cfg *cfg, uint64_t seed, dt_model **out) {
+    if (!cfg || !out) return DT_ERR(DT_EINVAL, "dt_model_create: %s is NULL", !cfg ? "cfg" : "out");
     *out = NULL;
     DT_TRY(dt_model_cfg_validate(cfg));
     const dt_model_builtin *b = dt_model_builtin_of(cfg->kind);

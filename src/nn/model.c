@@ -33,6 +33,7 @@ static int closed(dt_model *m, const char *what, const char *name) {
 }
 
 dt_status dt_model_new(const char *name, uint64_t seed, dt_model **out) {
+    if (!out) return DT_ERR(DT_EINVAL, "dt_model_new: out is NULL");
     *out = NULL;
     if (!name || !*name || strlen(name) >= sizeof ((dt_model *)0)->name)
         return DT_ERR(DT_EINVAL, "model name '%s' must be 1..%zu characters", name ? name : "(null)",

@@ -21,6 +21,7 @@ static dt_status example_batch(dt_trainer *t) {
 }
 
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out) {
+    if (!o || !out) return DT_ERR(DT_EINVAL, "dt_trainer_create: %s is NULL", !o ? "opts" : "out");
     *out = NULL;
     DT_TRY(dt_train_opts_validate(o));
     dt_trainer *t = calloc(1, sizeof *t);

@@ -120,6 +120,10 @@ static void test_builder_errors_are_sticky(void **state) {
     (void)state;
     dt_model *m;
     assert_int_equal(dt_model_new("", 1, &m), DT_EINVAL);
+    assert_int_equal(dt_model_new("x", 1, NULL), DT_EINVAL);   /* NULL arguments: an error, not a crash */
+    assert_msg_has("out is NULL");
+    assert_int_equal(dt_model_create(NULL, 1, &m), DT_EINVAL);
+    assert_msg_has("cfg is NULL");
     assert_int_equal(dt_model_new("e", 1, &m), DT_OK);
     assert_non_null(dt_model_add_module(m, "a"));
     assert_null(dt_model_add_module(m, "a"));

@@ -152,6 +152,9 @@ static void test_eval_only(void **state) {
     assert_int_equal(dt_trainer_evaluate(t, &want, &acc), DT_OK);
     assert_true(t->model->grad_flat.numel > 0);
     dt_trainer_free(t);
+    assert_int_equal(dt_trainer_create(NULL, NULL, &t), DT_EINVAL);   /* NULL arguments: an error, not a crash */
+    assert_int_equal(dt_trainer_create(&o, NULL, NULL), DT_EINVAL);
+    assert_non_null(strstr(dt_error_message(), "out is NULL"));
     dt_train_opts oe = o;
     oe.eval_only = 1;
     oe.resume = ck;
