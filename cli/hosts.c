@@ -86,6 +86,12 @@ static int parse_file(const char *path, dt_cli_hosts *h, char *err, int errlen) 
         ln++;
         snprintf(where, sizeof where, "--hostfile %.500s line %d", path, ln);
         line[strcspn(line, "#\n")] = 0;
+        if (strchr(line, '\r')) {   /* mpirun reads the file itself: no guessing what it makes of a CR */
+            snprintf(err, (size_t)errlen, "%s ends in a carriage return (a DOS/Windows text file): convert it, "
+                     "e.g. sed -i 's/\\r$//' %.300s", where, path);
+            rc = -1;
+            break;
+        }
         char *p = line;
         while (isspace((unsigned char)*p)) p++;
         if (!*p) continue;
