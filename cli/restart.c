@@ -10,8 +10,11 @@
  * The ranks tell the launcher how far they got through a progress file
  * (DTRAIN_PROGRESS_FILE: rank 0 rewrites the completed step count after each
  * step, train.progress_file), so the summary can say which steps were
- * computed twice. */
+ * computed twice; with ranks on other machines it lies beside the
+ * checkpoint, which they all see (progress_dir). */
+#define _XOPEN_SOURCE 700   /* realpath */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +42,29 @@ static long long progress_step(const char *file) {
         fclose(f);
     }
     return v;
+}
+
+/* Where the progress file goes: on this machine $TMPDIR (or /tmp); with ranks
+ * on other machines (rank 0 among them, wherever it lands) the directory of
+ * --save, which every machine reads (restarts resume from it), as an
+ * absolute path (a remote rank's working directory may differ). */
+static int progress_dir(const dt_cli_hosts *h, const char *save, char *out, size_t len) {
+    if (h->n == 0 && !h->slurm) {
+        const char *tmpdir = getenv("TMPDIR");
+        snprintf(out, len, "%s", tmpdir && *tmpdir ? tmpdir : "/tmp");
+        return 0;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", save);
+    char *sl = strrchr(dir, '/');
+    if (!sl) snprintf(dir, sizeof dir, ".");
+    else if (sl == dir) sl[1] = 0;
+    else *sl = 0;
+    if (!realpath(dir, out) || strlen(out) >= len) {
+        fprintf(stderr, "dtrain: --max-restarts: the directory of --save %s: %s\n", save, strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
 /* flag (and its value) that a restart replaces: 2 = "--flag VALUE", 1 =
@@ -71,13 +97,12 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
                                const dt_cli_restart *r) {
     const char *save = r->save;
     int max_restarts = r->max_restarts;
-    char prog[4096];
-    const char *tmpdir = getenv("TMPDIR");
-    if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
-    snprintf(prog, sizeof prog, "%s/dtrain-progress.XXXXXX", tmpdir);
+    char pdir[PATH_MAX], prog[PATH_MAX + 32];
+    if (progress_dir(h, save, pdir, sizeof pdir)) return 1;
+    snprintf(prog, sizeof prog, "%s/.dtrain-progress.XXXXXX", pdir);
     int fd = mkstemp(prog);
     if (fd < 0) {
-        fprintf(stderr, "dtrain: --max-restarts: cannot create a file in %s: %s\n", tmpdir, strerror(errno));
+        fprintf(stderr, "dtrain: --max-restarts: cannot create a file in %s: %s\n", pdir, strerror(errno));
         return 1;
     }
     close(fd);
