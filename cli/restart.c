@@ -56,6 +56,7 @@ static int progress_dir(const dt_cli_hosts *h, const char *save, char *out, size
     }
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", save);
+    for (size_t l = strlen(dir); l > 1 && dir[l - 1] == '/'; l--) dir[l - 1] = 0;   /* "ck/": a set's directory */
     char *sl = strrchr(dir, '/');
     if (!sl) snprintf(dir, sizeof dir, ".");
     else if (sl == dir) sl[1] = 0;

@@ -431,7 +431,6 @@ struct dt_model {
     const dt_tp_comm *tp;            /* tensor-parallel group of a model built with cfg.tp_size > 1
                                         (set by the strategy before the first forward) */
     dt_status build_err;             /* first failed add_*; reported by dt_model_build */
-    char build_msg[512];             /* its message (later errors overwrite the thread's) */
     int built;
     /* Optional: replaces blocks + loss head in dt_model_forward (tests,
      * models that are not a list of blocks). */
@@ -444,6 +443,7 @@ struct dt_model {
     uint32_t arch_crc; int arch_n;
     void (*destroy)(dt_model *m);
     void *impl;
+    char build_msg[512];             /* build_err's message (later errors overwrite the thread's) */
 };
 
 /* A built-in model from its configuration, built by its registry entry

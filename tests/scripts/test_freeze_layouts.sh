@@ -43,4 +43,12 @@ for name in zero1 pp pp_zero; do
     t_run "save_$name" "${flags[@]}" "${frz[@]}" || continue
     t_run "back_$name" --batch 8 --steps 4 --resume "$tmp/save_$name.ck" && t_near_metrics ref "back_$name" train
 done
+# a frozen tied parameter (GPT-2's wte: the embedding and the lm-head, on the
+# first and last stage): a pipeline writes it once and records its 0 steps
+# once (both stages wrote it, and the counts summed to 2)
+t_run wfrozen --batch 8 --freeze 'wte.*' --steps 2 || exit 1
+t_run wref --batch 8 --steps 4 --resume "$tmp/wfrozen.ck" || exit 1
+t_run wsave_pp --nproc 2 --pp 2 --batch 8 --freeze 'wte.*' --steps 2 &&
+    t_run wback_pp --batch 8 --steps 4 --resume "$tmp/wsave_pp.ck" && t_near_metrics wref wback_pp train
+t_run wload_pp --nproc 2 --pp 2 --batch 8 --steps 4 --resume "$tmp/wfrozen.ck" && t_near_metrics wref wload_pp train
 exit $fail

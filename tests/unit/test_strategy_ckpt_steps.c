@@ -154,7 +154,7 @@ static void test_list_and_map(void **st) {
     assert_int_equal(dt_checkpoint_apply_steps_of(meta_get, &mb, "set", m, &po, 1, local_of, 7), DT_OK);
     static const int64_t want[4] = {0, 4, 5, 2};
     for (int i = 0; i < 4; i++) assert_int_equal(dt_checkpoint_param_steps(m, i, &po, 1), want[i]);
-    /* an index of the whole model past this stage's parameters is not malformed; past the model's is */
+    /* an index past the whole model's parameters is malformed (7 of 7; 4..6 above lie past this stage's 4) */
     dt_ckpt_meta bad = {.n = 1};
     bad.m[0] = (dt_st_meta){"optim_steps", "7-7:1"};
     assert_int_equal(dt_checkpoint_apply_steps_of(meta_get, &bad, "set", m, &po, 1, local_of, 7), DT_EFORMAT);

@@ -42,10 +42,16 @@ dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr, const int *g
     p->ck.gname = calloc((size_t)(m->n_params + 1), sizeof *p->ck.gname);
     p->ck.gshape = calloc((size_t)(m->n_params + 1), sizeof *p->ck.gshape);
     p->ck.local_of = malloc((size_t)(m->n_params + 1) * sizeof *p->ck.local_of);
+    p->ck.saver = calloc((size_t)(n_kept + 1), 1);
     p->ck.buffer_mine = calloc((size_t)(m->n_buffers + 1), 1);
-    if (!p->ck.gname || !p->ck.gshape || !p->ck.local_of || !p->ck.buffer_mine) return DT_ERR(DT_ENOMEM, "out of memory");
+    if (!p->ck.gname || !p->ck.gshape || !p->ck.local_of || !p->ck.saver || !p->ck.buffer_mine)
+        return DT_ERR(DT_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_params; i++) p->ck.local_of[i] = -1;
-    for (int j = 0; j < n_kept; j++) p->ck.local_of[global[j]] = j;
+    for (int j = 0; j < n_kept; j++) {
+        int last = dt_pipe_last_user(p, pr, global[j]);   /* a virtual stage; < 0: unused, kept on stage 0 */
+        p->ck.local_of[global[j]] = j;
+        p->ck.saver[j] = (unsigned char)(last < 0 ? p->lay.stage == 0 : dt_pipe_rank_of(p, last) == p->lay.stage);
+    }
     for (int i = 0; i < m->n_params; i++) {
         snprintf(p->ck.gname[i], sizeof p->ck.gname[i], "%s", m->params[i]->name);
         p->ck.gshape[i] = (dt_ckpt_shape){.name = p->ck.gname[i]};
@@ -57,8 +63,8 @@ dt_status dt_pipe_ckpt_capture(dt_pipe *p, const dt_pipe_probe *pr, const int *g
 }
 
 void dt_pipe_ckpt_free(dt_pipe *p) {
-    free(p->ck.gname); free(p->ck.gshape); free(p->ck.local_of); free(p->ck.buffer_mine);
-    p->ck.gname = NULL; p->ck.gshape = NULL; p->ck.local_of = NULL; p->ck.buffer_mine = NULL;
+    free(p->ck.gname); free(p->ck.gshape); free(p->ck.local_of); free(p->ck.saver); free(p->ck.buffer_mine);
+    p->ck.gname = NULL; p->ck.gshape = NULL; p->ck.local_of = NULL; p->ck.saver = NULL; p->ck.buffer_mine = NULL;
 }
 
 /* Values only in ZeRO's owned shards: stage 3, or a 16-bit param_dtype (the
@@ -69,11 +75,11 @@ static int zero3(const dt_pipe *p) { return p->dp.zero && dt_zero_values_sharded
 /* ZeRO in tensor-parallel stages: saved from the replicas' shards put together */
 static int zero_tp(const dt_pipe *p) { return p->dp.zero && p->lay.T > 1; }
 
-/* Writes parameter i whole: replica 0, a tied one on its authority only;
+/* Writes parameter i whole: replica 0 of its saver stage (a tied one: its
+ * authority; frozen and held by several stages: the last that uses it);
  * none at ZeRO-3 (owned ranges instead) but in tensor-parallel stages. */
 static int saver_of(const dt_pipe *p, int i) {
-    int t = p->ties.of[i];
-    return (zero_tp(p) || !zero3(p)) && p->lay.replica == 0 && (t < 0 || p->ties.list[t].is_authority);
+    return (zero_tp(p) || !zero3(p)) && p->lay.replica == 0 && p->ck.saver[i];
 }
 
 /* ZeRO in tensor-parallel stages: flat[0] the values, flat[1 + k] state k of
@@ -187,9 +193,10 @@ static int stage_optimizers(dt_pipe *p, dt_optimizer ***opts, int64_t *ostep) {
 
 /* own[global index]: each parameter's own step count, -1 for every step
  * (strategy.h: dt_checkpoint_meta_steps_list), put together from the stages
- * that hold them: one allreduce over the world, in which the rank that saves
- * a parameter's value (replica 0, tp rank 0, a tied one's authority) adds
- * count + 2 as two exact float halves and every other rank adds 0.
+ * that hold them: one allreduce over the world, in which replica 0's tp rank
+ * 0 of the parameter's saver stage (ck.saver) adds count + 2 as two exact
+ * float halves and 1 as a contributor (divided out, so a second contributor
+ * could not double a count); every other rank adds 0.
  * Collective; every rank gets own. */
 static dt_status gather_steps(dt_pipe *p, int64_t *own) {
     dt_model *m = p->m;
@@ -197,21 +204,22 @@ static dt_status gather_steps(dt_pipe *p, int64_t *own) {
     dt_optimizer **opts = NULL;
     int64_t ostep = 0;
     int n = stage_optimizers(p, &opts, &ostep);
-    float *v = calloc((size_t)(2 * ng + 1), sizeof *v);
+    float *v = calloc((size_t)(3 * ng + 1), sizeof *v);
     dt_status s = dt_par_agree(p->comm.world, n < 0 || !v ? DT_ERR(DT_ENOMEM, "pipeline checkpoint: out of memory") : DT_OK,
                                "pipeline checkpoint");
     for (int g = 0; g < ng && s == DT_OK; g++) {
-        int i = p->ck.local_of[g], t = i >= 0 ? p->ties.of[i] : -1;
-        if (i < 0 || p->lay.replica != 0 || p->lay.tp_rank != 0 || (t >= 0 && !p->ties.list[t].is_authority)) continue;
+        int i = p->ck.local_of[g];
+        if (i < 0 || p->lay.replica != 0 || p->lay.tp_rank != 0 || !p->ck.saver[i]) continue;
         int64_t st = dt_checkpoint_param_steps(m, i, opts, n);   /* -1: frozen here, recorded as 0 steps */
         int64_t e = (st < 0 ? 0 : st == ostep ? -1 : st) + 2;
-        v[2 * g] = (float)(e >> 20);
-        v[2 * g + 1] = (float)(e & 0xfffff);
+        v[3 * g] = (float)(e >> 20);
+        v[3 * g + 1] = (float)(e & 0xfffff);
+        v[3 * g + 2] = 1.0f;
     }
-    if (s == DT_OK) s = dt_allreduce(p->comm.world, v, v, 2 * (int64_t)ng, DT_F32, DT_RED_SUM, NULL);
+    if (s == DT_OK) s = dt_allreduce(p->comm.world, v, v, 3 * (int64_t)ng, DT_F32, DT_RED_SUM, NULL);
     for (int g = 0; g < ng && s == DT_OK; g++) {
-        int64_t e = ((int64_t)v[2 * g] << 20) + (int64_t)v[2 * g + 1];
-        own[g] = e >= 2 ? e - 2 : -1;   /* (every parameter has a saver; none: as all-stepped) */
+        int64_t k = (int64_t)v[3 * g + 2], e = ((int64_t)v[3 * g] << 20) + (int64_t)v[3 * g + 1];
+        own[g] = k > 0 && e / k >= 2 ? e / k - 2 : -1;   /* (every parameter has a holder; none: as all-stepped) */
     }
     free(v);
     free(opts);
@@ -263,8 +271,9 @@ dt_status dt_pipe_save(dt_pipe *p, dt_run *r, const char *dir) {
     char set[DT_CKPT_SET_MAX];
     dt_ckpt_set_id(*r->step, nonce, set);
     int64_t *own = malloc((size_t)(p->ck.n_global + 1) * sizeof *own);
-    dt_status s = dt_par_agree(p->comm.world, own ? write_my_shard(p, r, dir, set) : DT_ERR(DT_ENOMEM, "%s: out of memory", dir),
-                               dir);
+    /* agreed before the shard, whose writing has collectives of its own (tp, replicas) */
+    dt_status s = dt_par_agree(p->comm.world, own ? DT_OK : DT_ERR(DT_ENOMEM, "%s: out of memory", dir), dir);
+    if (s == DT_OK) s = dt_par_agree(p->comm.world, write_my_shard(p, r, dir, set), dir);
     if (s == DT_OK) s = gather_steps(p, own);
     if (s == DT_OK) s = dt_par_agree(p->comm.world, me == 0 ? write_index(p, r, dir, set, own) : DT_OK, dir);
     free(own);

@@ -334,13 +334,18 @@ typedef struct dt_pipe_update {
 /* Checkpoints (pipe/ckpt.c): every parameter of the whole model, captured
  * before the stage dropped the others' (n_global names and shapes, for the
  * index), local_of[global index]: its index in the stage's model (-1: not
- * held here; the "optim_steps" metadata counts global indices), and
- * buffer_mine[buffer index]: the buffers this rank writes. */
+ * held here; the "optim_steps" metadata counts global indices),
+ * saver[local index]: this rank's stage is the one that writes the
+ * parameter (the last that uses it, as a tie's authority; an unused one:
+ * stage 0), so a parameter held by several stages is written once, frozen
+ * (no tie) or not, and buffer_mine[buffer index]: the buffers this rank
+ * writes. */
 typedef struct dt_pipe_ckpt {
     int n_global;
     char (*gname)[128];
     dt_ckpt_shape *gshape;
     int *local_of;
+    unsigned char *saver;
     unsigned char *buffer_mine;
 } dt_pipe_ckpt;
 

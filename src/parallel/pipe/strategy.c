@@ -222,8 +222,8 @@ static dt_status s_setup(void *self, dt_run *r) {
     p->tapes.defer = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
     p->upd.norm_skip = calloc((size_t)(p->m->n_params ? p->m->n_params : 1), 1);
     if (!p->tapes.defer || !p->upd.norm_skip) return DT_ERR(DT_ENOMEM, "out of memory");
-    for (int i = 0; i < p->m->n_params; i++)   /* a tied gradient counts once: on its authority */
-        p->upd.norm_skip[i] = (unsigned char)(p->ties.of[i] >= 0 && !p->ties.list[p->ties.of[i]].is_authority);
+    for (int i = 0; i < p->m->n_params; i++)   /* a tied gradient counts once: on its authority (the saver) */
+        p->upd.norm_skip[i] = (unsigned char)!p->ck.saver[i];
     size_t f = sizeof(float), pb = p->m->param_flat.numel * f, gb = p->m->grad_flat.numel * f,
            ob = dt_optim_state_bytes(r->optim) * dt_model_num_trainable(p->m);   /* (frozen: none) */
     if (p->dp.zero) dt_pipe_dp_memory(p, &pb, &gb, &ob);
