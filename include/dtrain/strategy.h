@@ -264,6 +264,12 @@ dt_status dt_checkpoint_apply_steps(dt_ckpt_meta_get get, const void *src, const
  * apply_steps_of reads indices below n_listed (the whole model's), g being
  * m's parameter local_of[g] (< 0: not held here; local_of NULL: g itself). */
 int64_t dt_checkpoint_param_steps(const dt_model *m, int i, dt_optimizer *const *opts, int n);
+/* Every loader's rule for a state the checkpoint lacks (after the step
+ * counts are restored): DT_OK when parameter i took no step (saved frozen:
+ * it starts from zero state) or is frozen here, else DT_EFORMAT naming
+ * `what`, the state and the steps it took. */
+dt_status dt_checkpoint_state_missing(const char *what, const dt_model *m, int i, dt_optimizer *const *opts, int n,
+                                      const char *state);
 dt_status dt_checkpoint_meta_steps_list(dt_ckpt_meta *mb, const int64_t *own, int n, const char *what);
 dt_status dt_checkpoint_apply_steps_of(dt_ckpt_meta_get get, const void *src, const char *what, const dt_model *m,
                                        dt_optimizer *const *opts, int n, const int *local_of, int n_listed);

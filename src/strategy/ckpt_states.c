@@ -20,10 +20,9 @@ static dt_status read_states(const dt_ckpt *c, const char *what, const dt_model 
             char nm[192];
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(&o->cfg, s), p->name);
             if (!dt_ckpt_find(c, nm, NULL, NULL)) {
-                int k = dt_optimizer_find_segment(o, m->offsets[i]);
-                if (k >= 0 && dt_optimizer_segment_steps(o, k) == 0) continue;   /* saved frozen, never stepped */
-                return DT_ERR(DT_EFORMAT, "%s: no optimizer state '%s' for parameter '%s', which took %lld steps", what,
-                              nm, p->name, (long long)(k >= 0 ? dt_optimizer_segment_steps(o, k) : -1));
+                dt_optimizer *mo = (dt_optimizer *)o;   /* (only read) */
+                DT_TRY(dt_checkpoint_state_missing(what, m, i, &mo, 1, nm));
+                continue;
             }
             DT_TRY(dt_checkpoint_read_param(c, nm, p, dst));
         }

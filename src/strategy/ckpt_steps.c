@@ -28,6 +28,14 @@ int64_t dt_checkpoint_param_steps(const dt_model *m, int i, dt_optimizer *const 
     return find(m, i, opts, n, &o, &k) ? dt_optimizer_segment_steps(o, k) : -1;
 }
 
+dt_status dt_checkpoint_state_missing(const char *what, const dt_model *m, int i, dt_optimizer *const *opts, int n,
+                                      const char *state) {
+    int64_t st = dt_checkpoint_param_steps(m, i, opts, n);
+    if (st <= 0) return DT_OK;   /* saved frozen and never stepped, or frozen here */
+    return DT_ERR(DT_EFORMAT, "%s: no optimizer state '%s' for parameter '%s', which took %lld steps", what, state,
+                  m->params[i]->name, (long long)st);
+}
+
 /* -1: parameter i took every step; else its own count (0 without a segment:
  * frozen, so that unfreezing it after a resume starts it from step 0). */
 static int64_t own_steps(const dt_model *m, int i, dt_optimizer *const *opts, int n) {

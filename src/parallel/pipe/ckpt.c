@@ -194,9 +194,8 @@ static int stage_optimizers(dt_pipe *p, dt_optimizer ***opts, int64_t *ostep) {
 /* own[global index]: each parameter's own step count, -1 for every step
  * (strategy.h: dt_checkpoint_meta_steps_list), put together from the stages
  * that hold them: one allreduce over the world, in which replica 0's tp rank
- * 0 of the parameter's saver stage (ck.saver) adds count + 2 as two exact
- * float halves and 1 as a contributor (divided out, so a second contributor
- * could not double a count); every other rank adds 0.
+ * 0 of the parameter's one saver stage (ck.saver) adds count + 2 as two
+ * exact float halves; every other rank adds 0.
  * Collective; every rank gets own. */
 static dt_status gather_steps(dt_pipe *p, int64_t *own) {
     dt_model *m = p->m;
@@ -204,7 +203,7 @@ static dt_status gather_steps(dt_pipe *p, int64_t *own) {
     dt_optimizer **opts = NULL;
     int64_t ostep = 0;
     int n = stage_optimizers(p, &opts, &ostep);
-    float *v = calloc((size_t)(3 * ng + 1), sizeof *v);
+    float *v = calloc((size_t)(2 * ng + 1), sizeof *v);
     dt_status s = dt_par_agree(p->comm.world, n < 0 || !v ? DT_ERR(DT_ENOMEM, "pipeline checkpoint: out of memory") : DT_OK,
                                "pipeline checkpoint");
     for (int g = 0; g < ng && s == DT_OK; g++) {
@@ -212,14 +211,13 @@ static dt_status gather_steps(dt_pipe *p, int64_t *own) {
         if (i < 0 || p->lay.replica != 0 || p->lay.tp_rank != 0 || !p->ck.saver[i]) continue;
         int64_t st = dt_checkpoint_param_steps(m, i, opts, n);   /* -1: frozen here, recorded as 0 steps */
         int64_t e = (st < 0 ? 0 : st == ostep ? -1 : st) + 2;
-        v[3 * g] = (float)(e >> 20);
-        v[3 * g + 1] = (float)(e & 0xfffff);
-        v[3 * g + 2] = 1.0f;
+        v[2 * g] = (float)(e >> 20);
+        v[2 * g + 1] = (float)(e & 0xfffff);
     }
-    if (s == DT_OK) s = dt_allreduce(p->comm.world, v, v, 3 * (int64_t)ng, DT_F32, DT_RED_SUM, NULL);
+    if (s == DT_OK) s = dt_allreduce(p->comm.world, v, v, 2 * (int64_t)ng, DT_F32, DT_RED_SUM, NULL);
     for (int g = 0; g < ng && s == DT_OK; g++) {
-        int64_t k = (int64_t)v[3 * g + 2], e = ((int64_t)v[3 * g] << 20) + (int64_t)v[3 * g + 1];
-        own[g] = k > 0 && e / k >= 2 ? e / k - 2 : -1;   /* (every parameter has a holder; none: as all-stepped) */
+        int64_t e = ((int64_t)v[2 * g] << 20) + (int64_t)v[2 * g + 1];
+        own[g] = e >= 2 ? e - 2 : -1;   /* (every parameter has one saver; none: as all-stepped) */
     }
     free(v);
     free(opts);
@@ -305,10 +303,7 @@ static dt_status load_values_states(dt_pipe *p, dt_run *r, const dt_ckpt *ck, in
             snprintf(nm, sizeof nm, "optim.%s.%s", dt_checkpoint_state_name(r->optim, k), q->name);
             float *st = dt_optimizer_state_of(o, k, m->offsets[i]);   /* frozen here: none */
             if (!dt_ckpt_find(ck, nm, NULL, NULL)) {
-                int64_t took = dt_checkpoint_param_steps(m, i, &o, 1);
-                if (took > 0)
-                    return DT_ERR(DT_EFORMAT, "%s: no optimizer state '%s' for parameter '%s', which took %lld steps",
-                                  dt_ckpt_path(ck), nm, q->name, (long long)took);
+                DT_TRY(dt_checkpoint_state_missing(dt_ckpt_path(ck), m, i, &o, 1, nm));
                 if (st) memset(st, 0, (size_t)q->value.numel * sizeof *st);
                 continue;
             }

@@ -360,10 +360,7 @@ static dt_status zload_init(zload *l, const zc *c, const dt_ckpt *ck) {
  * step (saved frozen; its zero state, already in the shard, is PyTorch's
  * never-stepped state) or is frozen here (-1: nothing is read). */
 static dt_status missing_state(const zload *l, const dt_param *p, const char *name) {
-    int64_t st = dt_checkpoint_param_steps(l->m, p->index, l->opts, l->n);
-    if (st <= 0) return DT_OK;
-    return DT_ERR(DT_EFORMAT, "%s: no optimizer state '%s' for parameter '%s', which took %lld steps",
-                  dt_ckpt_path(l->ck), name, p->name, (long long)st);
+    return dt_checkpoint_state_missing(dt_ckpt_path(l->ck), l->m, p->index, l->opts, l->n, name);
 }
 
 /* A tensor-parallel part (p->split.parts > 1: src/parallel/tp/) is a range
