@@ -68,6 +68,11 @@ typedef struct dt_cli_hosts {
 int dt_cli_hosts_parse(const char *hosts, const char *hostfile, dt_cli_hosts *h, char *err, int errlen);
 int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen);
 int dt_cli_hosts_max_slots(const dt_cli_hosts *h);
+/* a --hosts / --hostfile name for this machine (no DNS lookup: its host
+ * name, short or long, "localhost", an address it has); dt_cli_hosts_here:
+ * some of h's ranks are expected to run on this machine */
+int dt_cli_host_is_here(const char *name);
+int dt_cli_hosts_here(const dt_cli_hosts *h);
 void dt_cli_hosts_free(dt_cli_hosts *h);
 
 /* launch.c: re-run this command under mpirun: N ranks on this machine or on
@@ -120,14 +125,20 @@ void dt_cli_signals_install(void);
 int dt_cli_stop_status(void);
 /* launcher: waits for mpirun (pid child), passing our signals on (held in
  * the signal mask until then; *unblock is the mask to restore); its status.
- * dir: the launch directory shared with the nproc ranks on this machine
- * (NULL: ranks elsewhere, signals go through mpirun); see signals.c */
-int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int nproc);
-/* rank: in the launch directory (DTRAIN_LAUNCH_DIR, if set) say this rank
- * handles stop signals now, and take up a stop the launcher got before.
- * Call right after dt_cli_signals_install. */
+ * dir: the launch directory shared with the job's ranks on this machine
+ * (NULL: none could be made); where: which of the nproc ranks run here
+ * (every one, some expected, none expected); see signals.c */
+typedef enum { DT_LAUNCH_ALL_HERE, DT_LAUNCH_SOME_HERE, DT_LAUNCH_ELSEWHERE } dt_cli_launch_where;
+int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int nproc, dt_cli_launch_where where);
+/* rank: in the launch directory (DTRAIN_LAUNCH_DIR, if set, and only on the
+ * machine DTRAIN_LAUNCH_MACHINE names) say this rank handles stop signals
+ * now, and take up a stop the launcher got before. Call right after
+ * dt_cli_signals_install. */
 #define DT_CLI_LAUNCH_DIR_ENV "DTRAIN_LAUNCH_DIR"
+#define DT_CLI_LAUNCH_MACHINE_ENV "DTRAIN_LAUNCH_MACHINE"
 void dt_cli_launch_ready(void);
+/* "hostname/boot id": one machine (one kernel's process ids) */
+int dt_cli_machine_key(char *buf, size_t n);
 /* launcher: the directory and its files, after mpirun exited */
 void dt_cli_launch_dir_remove(const char *dir);
 #endif

@@ -2,12 +2,17 @@
  * Slurm allocation dtrain runs inside (mpirun then reads the allocation
  * itself: Debian's Open MPI has Slurm support). Checked before anything is
  * launched, with messages that name the host or line at fault. */
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 #include "cli.h"
 
 static int add_host(dt_cli_hosts *h, const char *name, size_t len, long slots, const char *where, char *err,
@@ -221,6 +226,45 @@ int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen) {
         }
         freeaddrinfo(ai);
     }
+    return 0;
+}
+
+/* an address literal ("10.0.0.1", "::1") one of this machine's interfaces has */
+static int local_address(const char *name) {
+    unsigned char want[16], have[16];
+    int fam = inet_pton(AF_INET, name, want) == 1 ? AF_INET : inet_pton(AF_INET6, name, want) == 1 ? AF_INET6 : 0;
+    if (!fam) return 0;
+    if (fam == AF_INET && want[0] == 127) return 1;   /* loopback */
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs)) return 0;
+    int found = 0;
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != fam) continue;
+        if (fam == AF_INET) memcpy(have, &((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr, 4);
+        else memcpy(have, &((struct sockaddr_in6 *)(void *)i->ifa_addr)->sin6_addr, 16);
+        found = !memcmp(want, have, fam == AF_INET ? 4 : 16);
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* Names only (no DNS: a name server must not delay a launch): "localhost",
+ * this machine's host name, either one's short form ("node1" for
+ * "node1.cluster" and the reverse), any case; an address of its own. */
+int dt_cli_host_is_here(const char *name) {
+    char me[256] = "";
+    if (!strcasecmp(name, "localhost") || local_address(name)) return 1;
+    if (gethostname(me, sizeof me - 1) || !*me) return 0;
+    size_t a = strcspn(me, "."), b = strcspn(name, ".");
+    return !strcasecmp(name, me) || (a == b && !strncasecmp(name, me, a) && (!me[a] || !name[b]));
+}
+
+int dt_cli_hosts_here(const dt_cli_hosts *h) {
+    if (h->n == 0 && !h->slurm) return 1;
+    /* a Slurm batch script runs on the allocation's first node, which mpirun fills first */
+    if (h->slurm) return getenv("SLURMD_NODENAME") != NULL;
+    for (int i = 0; i < h->n; i++)
+        if (dt_cli_host_is_here(h->name[i])) return 1;
     return 0;
 }
 

@@ -30,14 +30,6 @@ static double mono_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int is_this_machine(const char *name) {
-    char me[256] = "";
-    if (!strcmp(name, "localhost") || !strcmp(name, "127.0.0.1")) return 1;
-    if (gethostname(me, sizeof me - 1)) return 0;
-    size_t n = strcspn(me, ".");   /* "node1" names "node1.cluster" */
-    return !strcmp(name, me) || (strlen(name) == n && !strncmp(name, me, n));
-}
-
 double dt_cli_probe_timeout(void) {
     const char *e = getenv(DT_CLI_PROBE_TIMEOUT_ENV);
     double t = e && *e ? strtod(e, NULL) : 30.0;
@@ -51,7 +43,7 @@ int dt_cli_hosts_probe(const dt_cli_hosts *h, int *alive, double timeout_s) {
     fflush(NULL);
     for (int i = 0; i < h->n; i++) {
         alive[i] = 0;
-        if (is_this_machine(h->name[i])) {
+        if (dt_cli_host_is_here(h->name[i])) {
             alive[i] = 1;
             continue;
         }

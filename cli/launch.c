@@ -84,11 +84,13 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
     snprintf(th, sizeof th, "%d", per_rank);
     setenv("OMP_NUM_THREADS", th, 1);
     setenv("DTRAIN_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
-    /* on this machine the launcher and its ranks share a directory for stop
+    /* the launcher and its ranks on this machine share a directory for stop
      * requests (signals.c); it reaches them with the environment (DTRAIN_*) */
-    char dir[4096] = "";
+    char dir[4096] = "", machine[512];
     unsetenv(DT_CLI_LAUNCH_DIR_ENV);
-    if (local && !print_only) {
+    unsetenv(DT_CLI_LAUNCH_MACHINE_ENV);
+    /* (with other machines only where this one can be told apart) */
+    if (!print_only && (local || !dt_cli_machine_key(machine, sizeof machine))) {
         const char *tmpdir = getenv("TMPDIR");
         if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
         if (snprintf(dir, sizeof dir, "%s/dtrain-launch.XXXXXX", tmpdir) >= (int)sizeof dir || !mkdtemp(dir)) {
@@ -96,6 +98,7 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
             return 1;
         }
         setenv(DT_CLI_LAUNCH_DIR_ENV, dir, 1);
+        if (!local) setenv(DT_CLI_LAUNCH_MACHINE_ENV, machine, 1);
     }
     size_t nenv = 0;
     for (char **e = environ; *e; e++) nenv += forwarded(*e);
@@ -200,7 +203,8 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
         dt_cli_launch_dir_remove(*dir ? dir : NULL);
         return 1;
     }
-    int rc = dt_cli_launch_wait((int)child, &old, *dir ? dir : NULL, nproc);
+    dt_cli_launch_where where = local ? DT_LAUNCH_ALL_HERE : dt_cli_hosts_here(h) ? DT_LAUNCH_SOME_HERE : DT_LAUNCH_ELSEWHERE;
+    int rc = dt_cli_launch_wait((int)child, &old, *dir ? dir : NULL, nproc, where);
     dt_cli_launch_dir_remove(*dir ? dir : NULL);
     return rc;
 }

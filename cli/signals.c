@@ -25,10 +25,20 @@
  * SIGTERMs mpirun, and TERM_GRACE_S later SIGKILLs mpirun's process group
  * and every rank it knows. Its exit status is then 128 + the first signal.
  *
- * With --hosts / --hostfile / Slurm the ranks on other machines cannot see
- * the directory: the first signal goes to mpirun as SIGUSR1, which Open MPI
- * forwards to every rank it has started (ess_base_forward_signals), the
- * second as SIGTERM; the same bounded escalation applies. mpirun's own
+ * With --hosts / --hostfile / Slurm the directory reaches only the ranks on
+ * the launcher's machine (DTRAIN_LAUNCH_MACHINE: its host name and boot id;
+ * a rank elsewhere that sees the path on a shared file system leaves it
+ * alone). One rank's request is enough: the ranks agree on a stop at every
+ * step boundary (src/train/stop.c), so the others stop at the same step.
+ * When ranks are expected here (dt_cli_hosts_here) or some are ready, the
+ * first signal goes only through the directory, at any moment of start-up.
+ * Otherwise, or when none is ready STUCK_START_S after the stop, it goes to
+ * mpirun as SIGUSR1, which Open MPI forwards to the ranks
+ * (ess_base_forward_signals), but not before mpirun is MPIRUN_SETTLE_S old:
+ * one it got in its first ~0.2 s was lost (the job trained to its end) or
+ * ended the job at once with status 0 (Open MPI 4.1, simulated hosts); from
+ * then on even ranks that had not started yet stopped before step 1. A second signal goes to mpirun as SIGTERM; the same
+ * bounded escalation applies. mpirun's own
  * SIGTERM / SIGINT handling would instead SIGCONT the ranks, SIGTERM them
  * odls_base_sigkill_timeout (default 1) s later and SIGKILL them after as
  * long again: too short for a checkpoint but for small models.
@@ -51,6 +61,7 @@
 #define RANKS_GONE_S 10.0    /* every rank exited, mpirun still running */
 #define STUCK_START_S 20.0   /* a stop pending, no new rank ready */
 #define TERM_GRACE_S 5.0     /* mpirun SIGTERMed: then SIGKILL */
+#define MPIRUN_SETTLE_S 1.0  /* a SIGUSR1 mpirun gets younger is lost or ends it with status 0 */
 
 static volatile sig_atomic_t g_seen;    /* signals received (ranks and launcher) */
 static volatile sig_atomic_t g_first;   /* the first one's number */
@@ -97,10 +108,24 @@ int dt_cli_stop_status(void) {
 
 /* ---- rank side of the launch directory ---- */
 
+int dt_cli_machine_key(char *buf, size_t n) {
+    char host[256] = "", boot[64] = "";
+    if (gethostname(host, sizeof host - 1)) host[0] = 0;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    return snprintf(buf, n, "%s/%s", host, boot) < (int)n ? 0 : -1;
+}
+
 void dt_cli_launch_ready(void) {
-    const char *dir = getenv(DT_CLI_LAUNCH_DIR_ENV);
-    char path[4096];
+    const char *dir = getenv(DT_CLI_LAUNCH_DIR_ENV), *machine = getenv(DT_CLI_LAUNCH_MACHINE_ENV);
+    char path[4096], me[512];
     if (!dir || !*dir || snprintf(path, sizeof path, "%s/ready.%ld", dir, (long)getpid()) >= (int)sizeof path) return;
+    /* on another machine a pid means nothing to the launcher */
+    if (machine && (dt_cli_machine_key(me, sizeof me) || strcmp(me, machine))) return;
     int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return;   /* (not this machine's launcher: it signals through mpirun) */
     close(fd);
@@ -125,8 +150,9 @@ static double mono_s(void) {
 }
 
 typedef struct launch_watch {
-    const char *dir;   /* NULL: ranks on other machines */
-    int nproc;
+    const char *dir;   /* NULL: no directory (out of memory) */
+    int nproc;         /* ranks in the job, on any machine */
+    dt_cli_launch_where where;
     pid_t *pid;        /* ranks seen ready, n of them */
     int n;
 } launch_watch;
@@ -193,14 +219,14 @@ void dt_cli_launch_dir_remove(const char *dir) {
     rmdir(dir);
 }
 
-int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int nproc) {
-    launch_watch w = {.dir = dir, .nproc = nproc};
+int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int nproc, dt_cli_launch_where where) {
+    launch_watch w = {.dir = dir, .nproc = nproc, .where = where};
     if (dir && !(w.pid = calloc((size_t)(nproc > 0 ? nproc : 1), sizeof *w.pid))) w.dir = NULL;
     install(on_launcher_signal);
     sigprocmask(SIG_SETMASK, unblock, NULL);   /* signals held since the fork arrive now */
     if (child <= 0) { free(w.pid); return 1; }
-    int st = 0, acted = 0, killed = 0, rc;
-    double last_ready = mono_s(), gone_since = 0, term_at = 0;
+    int st = 0, acted = 0, killed = 0, forward = 0, forwarded = 0, rc;
+    double started = mono_s(), last_ready = started, gone_since = 0, term_at = 0, first_at = 0;
     for (;;) {
         pid_t r = waitpid((pid_t)child, &st, WNOHANG);
         if (r == (pid_t)child) break;
@@ -214,17 +240,23 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
                     write_stop(w.dir, g_first);
                     scan_ready(&w);   /* after the file: a rank not listed now reads it */
                     signal_ranks(&w, g_first);
-                } else {
-                    kill((pid_t)child, SIGUSR1);
                 }
-                last_ready = now;
+                /* no rank of ours here to take it to the others: through mpirun */
+                if (!w.dir || (w.where == DT_LAUNCH_ELSEWHERE && w.n == 0)) forward = 1;
+                last_ready = first_at = now;
             } else {        /* a second: at once */
                 signal_ranks(&w, g_last);
                 if (!term_at) { kill((pid_t)child, SIGTERM); term_at = now; }
             }
             acted = seen;
         }
-        if (w.dir && !term_at) {
+        /* ranks were expected here and none came: the stop goes through mpirun after all */
+        if (acted && w.n == 0 && w.where != DT_LAUNCH_ALL_HERE && now - first_at > STUCK_START_S) forward = 1;
+        if (forward && !forwarded && !term_at && now - started >= MPIRUN_SETTLE_S) {
+            kill((pid_t)child, SIGUSR1);
+            forwarded = 1;
+        }
+        if (w.dir && w.where == DT_LAUNCH_ALL_HERE && !term_at) {
             int alive = 0;
             for (int i = 0; i < w.n; i++) alive += running(w.pid[i]);
             if (w.n == w.nproc && !alive) {

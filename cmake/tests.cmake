@@ -31,6 +31,7 @@ endforeach()
 # The CLI's flag parsing, tested in process: it links the CLI's code.
 target_link_libraries(test_cli_flags PRIVATE dtrain_cli_lib)
 target_link_libraries(test_cli_elastic PRIVATE dtrain_cli_lib)
+target_link_libraries(test_cli_launch_here PRIVATE dtrain_cli_lib)
 
 # The progress mode comes from DTRAIN_PROGRESS, which dt_dist_init honours
 # (tests/common/mpi_check.h: t_init checks the mode matches it). Every MPI

@@ -10,7 +10,12 @@
 #  - a pipeline's 16-bit wire (--pp-wire bf16) saves the predicted bytes per
 #    step on each host's link (interface counters);
 #  - a SIGSTOPped rank on the other host is named, with its host, by the
-#    stall warning of the ranks that wait for it.
+#    stall warning of the ranks that wait for it;
+#  - a stop signal to a --hosts launcher at once after it started mpirun
+#    stops the job before its first step (exit 143, checkpoint saved), the
+#    launcher on a machine with ranks (the launch directory, then the step
+#    agreement) and on one without (mpirun's SIGUSR1 forwarding); before, it
+#    was lost (the job trained to its end) or ended the job with status 0.
 # Skipped (exit 77, ctest SKIP_RETURN_CODE) where namespaces cannot be made.
 # usage: test_multihost.sh DTRAIN CKPT_CMP NETSIM
 set -uo pipefail
@@ -24,7 +29,7 @@ ip netns del "$probe"
 tmp=$(mktemp -d)
 export NETSIM_PREFIX=dtm NETSIM_SUBNET=10.213.0 NETSIM_STATE=$tmp/netsim OMP_NUM_THREADS=1
 trap '"$ns" down --kill > /dev/null 2>&1; rm -rf "$tmp"' EXIT
-if ! "$ns" up --hosts 2 --rate 10gbit > "$tmp/up.out" 2>&1; then echo "FAIL: netsim up:"; cat "$tmp/up.out"; exit 1; fi
+if ! "$ns" up --hosts 3 --rate 10gbit > "$tmp/up.out" 2>&1; then echo "FAIL: netsim up:"; cat "$tmp/up.out"; exit 1; fi
 fail=0
 for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$tmp/corpus.txt"
 gpt2=(train --model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --data text --data-path "$tmp/corpus.txt"
@@ -142,5 +147,35 @@ kill -TERM "$job" 2>/dev/null; wait "$job" 2>/dev/null
 re="rank (0|1): warning: collective stalled: .* on world has waited [0-9.]+ s: .*3 on dtm1 \((its last operation #[0-9]+, )?idle [0-9.]+ s\)"
 if grep -qE "$re" "$tmp/wd.err"; then echo "ok   watchdog across hosts: $(grep -m1 -oE "$re" "$tmp/wd.err")"
 else echo "FAIL watchdog: no warning on dtm0 naming rank 3 on dtm1:"; head -6 "$tmp/wd.err"; fail=1; fi
+
+# a stop at start-up: SIGTERM to the launcher as soon as it has started
+# mpirun (+0 / +0.1 s); the launcher on dtm0 (with 2 of the ranks) and on
+# dtm2 (none of them)
+cat > "$tmp/env.sh" << EOF
+export SHELL=/bin/sh OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm=rsh
+export OMPI_MCA_plm_rsh_agent=$NETSIM_STATE/agent OMPI_MCA_plm_rsh_no_tree_spawn=1
+export OMPI_MCA_oob_tcp_if_include=$NETSIM_SUBNET.0/24 OMPI_MCA_btl_tcp_if_include=$NETSIM_SUBNET.0/24
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp
+exec "\$@"
+EOF
+for at in dtm0 dtm2; do
+    for d in 0 0.1; do
+        ck=$tmp/stop_$at.ck; rm -rf "$ck"
+        "$ns" exec "$at" sh "$tmp/env.sh" "$bin" train --model mlp --hidden 32 --batch 8 --steps 100000 --threads 1 \
+            --log-every 100000 --hosts dtm0:2,dtm1:2 --save "$ck" < /dev/null > "$tmp/stop.out" 2>&1 &
+        job=$!
+        for _ in $(seq 2000); do   # (netsim's exec becomes dtrain, which forks mpirun)
+            [ "$(readlink "/proc/$job/exe")" = "$(readlink -f "$bin")" ] && [ -n "$(pgrep -P $job)" ] && break; sleep 0.005
+        done
+        sleep "$d"; kill -TERM $job; wait $job; rc=$?
+        step=$("$bin" inspect "$ck" 2>/dev/null | awk '$1 == "step" {print $2; exit}')
+        if [ $rc -eq 143 ] && grep -q "^interrupted at step 0, saved to $ck" "$tmp/stop.out" && [ "$step" = 0 ]; then
+            echo "ok   stop $d s after the launcher on $at started mpirun: exit 143, $(grep -m1 '^interrupted' "$tmp/stop.out")"
+        else
+            echo "FAIL stop $d s after the launcher on $at started mpirun: exit $rc, checkpoint step '${step:-}':"
+            tail -3 "$tmp/stop.out"; fail=1
+        fi
+    done
+done
 
 exit $fail

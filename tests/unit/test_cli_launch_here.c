@@ -1,0 +1,108 @@
+/* Which ranks a launcher can reach through its launch directory (cli/hosts.c,
+ * cli/signals.c): host names that mean this machine, and a rank that takes
+ * up the directory only on the machine the launcher names. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "cli.h"
+#include "dtrain/train.h"
+
+static void test_names_of_this_machine(void **st) {
+    (void)st;
+    char me[256] = "", name[300];
+    assert_int_equal(gethostname(me, sizeof me - 1), 0);
+    assert_true(dt_cli_host_is_here(me));
+    assert_true(dt_cli_host_is_here("localhost"));
+    assert_true(dt_cli_host_is_here("LocalHost"));
+    assert_true(dt_cli_host_is_here("127.0.0.1"));
+    assert_true(dt_cli_host_is_here("127.0.1.1"));   /* (Debian's /etc/hosts name for itself) */
+    /* case does not matter in a host name */
+    snprintf(name, sizeof name, "%s", me);
+    for (char *c = name; *c; c++) *c = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+    assert_true(dt_cli_host_is_here(name));
+    /* the short and the long form name one machine */
+    size_t dot = strcspn(me, ".");
+    if (me[dot]) {
+        snprintf(name, sizeof name, "%.*s", (int)dot, me);
+        assert_true(dt_cli_host_is_here(name));
+    } else {
+        snprintf(name, sizeof name, "%s.cluster.example", me);
+        assert_true(dt_cli_host_is_here(name));
+    }
+    /* other machines */
+    snprintf(name, sizeof name, "%sx", me);
+    assert_false(dt_cli_host_is_here(name));
+    snprintf(name, sizeof name, "x%s", me);
+    assert_false(dt_cli_host_is_here(name));
+    assert_false(dt_cli_host_is_here("node-that-is-not-here.example"));
+    assert_false(dt_cli_host_is_here("192.0.2.77"));   /* TEST-NET-1: never a real interface's */
+    assert_false(dt_cli_host_is_here(""));
+}
+
+static void test_hosts_with_this_machine(void **st) {
+    (void)st;
+    char me[256] = "", list[600], err[256];
+    assert_int_equal(gethostname(me, sizeof me - 1), 0);
+    dt_cli_hosts h;
+    snprintf(list, sizeof list, "node-a.example:2,%s:2", me);
+    assert_int_equal(dt_cli_hosts_parse(list, NULL, &h, err, sizeof err), 0);
+    assert_true(dt_cli_hosts_here(&h));
+    dt_cli_hosts_free(&h);
+    assert_int_equal(dt_cli_hosts_parse("node-a.example:2,node-b.example:2", NULL, &h, err, sizeof err), 0);
+    assert_false(dt_cli_hosts_here(&h));
+    dt_cli_hosts_free(&h);
+}
+
+static int exists(const char *dir, const char *name) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* A rank makes ready.<pid> and takes up "stop" only where the launcher's
+ * machine key is its own: on another machine that sees the directory (a
+ * shared file system) its pid would name some other process here. */
+static void test_rank_takes_the_directory_only_on_the_launchers_machine(void **st) {
+    (void)st;
+    char dir[] = "/tmp/dtrain-test-launch.XXXXXX", key[512], ready[64], path[4200];
+    assert_non_null(mkdtemp(dir));
+    snprintf(ready, sizeof ready, "ready.%ld", (long)getpid());
+    snprintf(path, sizeof path, "%s/stop", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("15\n", f);
+    fclose(f);
+    setenv(DT_CLI_LAUNCH_DIR_ENV, dir, 1);
+
+    setenv(DT_CLI_LAUNCH_MACHINE_ENV, "other-machine/00000000-0000-0000-0000-000000000000", 1);
+    dt_cli_launch_ready();
+    assert_false(exists(dir, ready));
+    assert_int_equal(dt_train_stop_requested(), 0);
+
+    assert_int_equal(dt_cli_machine_key(key, sizeof key), 0);
+    assert_non_null(strchr(key, '/'));
+    setenv(DT_CLI_LAUNCH_MACHINE_ENV, key, 1);
+    dt_cli_launch_ready();
+    assert_true(exists(dir, ready));
+    assert_int_equal(dt_train_stop_requested(), 15);
+
+    unsetenv(DT_CLI_LAUNCH_MACHINE_ENV);
+    unsetenv(DT_CLI_LAUNCH_DIR_ENV);
+    dt_cli_launch_dir_remove(dir);
+    assert_int_equal(access(dir, F_OK), -1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names_of_this_machine),
+        cmocka_unit_test(test_hosts_with_this_machine),
+        cmocka_unit_test(test_rank_takes_the_directory_only_on_the_launchers_machine),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
