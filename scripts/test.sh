@@ -12,9 +12,9 @@ scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DDTRAIN_SANITIZE=ON
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp
 (cd build-asan && ctest --output-on-failure -j1 -LE slow)
 # libFuzzer harnesses of the file readers (tests/fuzz): built with clang and
-# run 20 s each from their seed corpora (about 80 s in all)
+# run 12 s each from their seed corpora (about 50 s in all)
 if command -v clang >/dev/null; then
     cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DDTRAIN_FUZZ=ON -DDTRAIN_WERROR=ON >/dev/null
     cmake --build build-fuzz -j"$(nproc)" --target fuzz_all
-    tests/scripts/run_fuzz.sh build-fuzz 20
+    tests/scripts/run_fuzz.sh build-fuzz 12
 fi

@@ -2,8 +2,9 @@
 # The collective watchdog from the CLI: the last rank SIGSTOPped for 5 s
 # makes the others warn (--stall-warn 2) naming it, and the run goes on once
 # it continues; stopped for good with --collective-timeout 4, the job ends
-# with an error naming the collective and the rank within bounded time: the
-# 4 s, then just over the 10 s a failed peer would take to report (errors.c).
+# with one error line (not one per waiting rank) naming the collective and
+# the rank within bounded time: the 4 s, then just over the 10 s a failed
+# peer would take to report (errors.c).
 # usage: test_collective_watchdog.sh DTRAIN NP MPIEXEC [MPIEXEC ARGS...]
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -63,6 +64,9 @@ wait "$job"; rc=$?
 re="error: collective timed out \(--collective-timeout 4 s\): [a-z_()]+ #[0-9]+ \([0-9.]+[KMG]?i?B F32\) on world has waited [0-9.]+ s: .*(rank|ranks|,) $last \("
 if [ "$rc" -eq 0 ]; then echo "FAIL: exit 0 after a timeout"; fail=1
 elif ! grep -qE "$re" "$tmp/err2"; then echo "FAIL: no timeout error naming rank $last (rc $rc), stderr:"; head -8 "$tmp/err2"; fail=1
+elif [ "$(grep -cE '^dtrain: (rank [0-9]+: )?error:' "$tmp/err2")" -ne 1 ]; then
+    echo "FAIL: not one error line but $(grep -cE '^dtrain: (rank [0-9]+: )?error:' "$tmp/err2") (one per waiting rank?):"
+    grep -E '^dtrain: (rank [0-9]+: )?error:' "$tmp/err2" | cut -c1-120; fail=1
 elif [ "$el" -gt 22 ]; then echo "FAIL: took ${el}s (want the 4 s timeout and about 11 s for the error report; it took 24 s or more while a timeout waited 20 s for it)"; fail=1
 else echo "ok   timeout after ${el}s: $(grep -m1 -oE 'collective timed out.*' "$tmp/err2")"; fi
 exit $fail
