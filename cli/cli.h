@@ -69,10 +69,11 @@ int dt_cli_hosts_parse(const char *hosts, const char *hostfile, dt_cli_hosts *h,
 int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen);
 int dt_cli_hosts_max_slots(const dt_cli_hosts *h);
 /* a --hosts / --hostfile name for this machine (no DNS lookup: its host
- * name, short or long, "localhost", an address it has); dt_cli_hosts_here:
- * some of h's ranks are expected to run on this machine */
+ * name, short or long, "localhost", an IPv4 address it has);
+ * dt_cli_hosts_here: some of nproc ranks, which fill h's hosts in order,
+ * are expected on this machine */
 int dt_cli_host_is_here(const char *name);
-int dt_cli_hosts_here(const dt_cli_hosts *h);
+int dt_cli_hosts_here(const dt_cli_hosts *h, int nproc);
 void dt_cli_hosts_free(dt_cli_hosts *h);
 
 /* launch.c: re-run this command under mpirun: N ranks on this machine or on
@@ -137,7 +138,8 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
 #define DT_CLI_LAUNCH_DIR_ENV "DTRAIN_LAUNCH_DIR"
 #define DT_CLI_LAUNCH_MACHINE_ENV "DTRAIN_LAUNCH_MACHINE"
 void dt_cli_launch_ready(void);
-/* "hostname/boot id": one machine (one kernel's process ids) */
+/* "hostname/boot id/pid namespace": one machine's process ids; -1 when a
+ * part cannot be read */
 int dt_cli_machine_key(char *buf, size_t n);
 /* launcher: the directory and its files, after mpirun exited */
 void dt_cli_launch_dir_remove(const char *dir);

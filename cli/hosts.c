@@ -229,7 +229,7 @@ int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen) {
     return 0;
 }
 
-/* an address literal ("10.0.0.1", "::1") one of this machine's interfaces has */
+/* an address literal ("10.0.0.1"; --hosts takes no IPv6) one of this machine's interfaces has */
 static int local_address(const char *name) {
     unsigned char want[16], have[16];
     int fam = inet_pton(AF_INET, name, want) == 1 ? AF_INET : inet_pton(AF_INET6, name, want) == 1 ? AF_INET6 : 0;
@@ -259,11 +259,12 @@ int dt_cli_host_is_here(const char *name) {
     return !strcasecmp(name, me) || (a == b && !strncasecmp(name, me, a) && (!me[a] || !name[b]));
 }
 
-int dt_cli_hosts_here(const dt_cli_hosts *h) {
+int dt_cli_hosts_here(const dt_cli_hosts *h, int nproc) {
     if (h->n == 0 && !h->slurm) return 1;
     /* a Slurm batch script runs on the allocation's first node, which mpirun fills first */
     if (h->slurm) return getenv("SLURMD_NODENAME") != NULL;
-    for (int i = 0; i < h->n; i++)
+    /* --map-by slot: the first hosts take the ranks; spare ones take none */
+    for (int i = 0, placed = 0; i < h->n && placed < nproc; placed += h->slots[i++])
         if (dt_cli_host_is_here(h->name[i])) return 1;
     return 0;
 }

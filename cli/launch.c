@@ -203,7 +203,7 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
         dt_cli_launch_dir_remove(*dir ? dir : NULL);
         return 1;
     }
-    dt_cli_launch_where where = local ? DT_LAUNCH_ALL_HERE : dt_cli_hosts_here(h) ? DT_LAUNCH_SOME_HERE : DT_LAUNCH_ELSEWHERE;
+    dt_cli_launch_where where = local ? DT_LAUNCH_ALL_HERE : dt_cli_hosts_here(h, nproc) ? DT_LAUNCH_SOME_HERE : DT_LAUNCH_ELSEWHERE;
     int rc = dt_cli_launch_wait((int)child, &old, *dir ? dir : NULL, nproc, where);
     dt_cli_launch_dir_remove(*dir ? dir : NULL);
     return rc;

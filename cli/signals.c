@@ -1,14 +1,15 @@
 /* Preemption: SIGTERM / SIGINT / SIGUSR1 ask the trainer to stop at the next
  * step boundary (the ranks agree on it, save, and exit with 128 + the signal
- * number, as a shell reports a death by that signal); a second signal
- * restores the default action and re-raises it: the process dies at once.
+ * number, as a shell reports a death by that signal); a second SIGTERM or
+ * SIGINT restores the default action and re-raises it: the process dies at
+ * once. SIGUSR1 only ever asks: it is what launchers pass on, and repeat.
  *
  * The --nproc launcher (launch.c) runs mpirun as a child in a process group of
  * its own, so a terminal's Ctrl-C reaches only the launcher, and passes the
  * stop on itself. A signal may come at any moment, also before mpirun has
  * started a rank or before a rank could handle it (its default action would
  * kill it; a rank killed while Open MPI starts can leave mpirun hanging), so
- * on this machine the launcher never lets mpirun forward it:
+ * to ranks on its own machine the launcher passes it itself:
  *   - it shares a private directory with its ranks (DTRAIN_LAUNCH_DIR, made
  *     with mkdtemp): a rank, once its handlers are installed (first thing in
  *     dt_cli_run, before MPI_Init), creates ready.<pid> there, then reads the
@@ -18,12 +19,13 @@
  *     ready before that listing gets the signal; one ready after it finds
  *     the file. Either way every rank has the request, whenever it started,
  *     and stops before or after its current step (src/train/run.c).
- * The launcher waits with bounded patience: when every rank has exited but
- * mpirun has not after RANKS_GONE_S, or a stop is pending and no further rank
- * has become ready for STUCK_START_S, or after a second signal (sent on to
- * the ranks, which die at once, and to mpirun as SIGTERM, its abort), it
- * SIGTERMs mpirun, and TERM_GRACE_S later SIGKILLs mpirun's process group
- * and every rank it knows. Its exit status is then 128 + the first signal.
+ * With every rank here, the launcher waits with bounded patience: when every
+ * rank has exited but mpirun has not after RANKS_GONE_S, or a stop is pending
+ * and no further rank has become ready for STUCK_START_S, or after a second
+ * signal (sent on to the ranks, which die at once, and to mpirun as SIGTERM,
+ * its abort), it SIGTERMs mpirun, and TERM_GRACE_S later SIGKILLs mpirun's
+ * process group and every rank it knows. Its exit status is then 128 + the
+ * first signal.
  *
  * With --hosts / --hostfile / Slurm the directory reaches only the ranks on
  * the launcher's machine (DTRAIN_LAUNCH_MACHINE: its host name and boot id;
@@ -33,12 +35,14 @@
  * When ranks are expected here (dt_cli_hosts_here) or some are ready, the
  * first signal goes only through the directory, at any moment of start-up.
  * Otherwise, or when none is ready STUCK_START_S after the stop, it goes to
- * mpirun as SIGUSR1, which Open MPI forwards to the ranks
- * (ess_base_forward_signals), but not before mpirun is MPIRUN_SETTLE_S old:
- * one it got in its first ~0.2 s was lost (the job trained to its end) or
- * ended the job at once with status 0 (Open MPI 4.1, simulated hosts); from
- * then on even ranks that had not started yet stopped before step 1. A second signal goes to mpirun as SIGTERM; the same
- * bounded escalation applies. mpirun's own
+ * mpirun as SIGUSR1, which Open MPI forwards to the ranks it has started
+ * (ess_base_forward_signals): first when mpirun is MPIRUN_SETTLE_S old (one
+ * it got in its first ~0.2 s was lost, the job trained to its end, or ended
+ * the job at once with status 0: Open MPI 4.1, simulated hosts), then again
+ * at twice that age and so on while the job runs, for ranks on machines
+ * whose daemons were not up yet (a repeated SIGUSR1 only asks again). A
+ * second signal goes to mpirun as SIGTERM (and SIGKILL TERM_GRACE_S later).
+ * mpirun's own
  * SIGTERM / SIGINT handling would instead SIGCONT the ranks, SIGTERM them
  * odls_base_sigkill_timeout (default 1) s later and SIGKILL them after as
  * long again: too short for a checkpoint but for small models.
@@ -62,6 +66,7 @@
 #define STUCK_START_S 20.0   /* a stop pending, no new rank ready */
 #define TERM_GRACE_S 5.0     /* mpirun SIGTERMed: then SIGKILL */
 #define MPIRUN_SETTLE_S 1.0  /* a SIGUSR1 mpirun gets younger is lost or ends it with status 0 */
+#define FORWARD_LAST_S 64.0  /* SIGUSR1 to mpirun at ages 1, 2, 4 ... up to this */
 
 static volatile sig_atomic_t g_seen;    /* signals received (ranks and launcher) */
 static volatile sig_atomic_t g_first;   /* the first one's number */
@@ -73,7 +78,10 @@ static void die_now(int sig) {
 }
 
 static void on_rank_signal(int sig) {
-    if (g_seen++) { die_now(sig); return; }
+    if (g_seen++) {
+        if (sig != SIGUSR1) die_now(sig);   /* (a launcher's repeat: the same stop) */
+        return;
+    }
     g_first = sig;
     /* mpirun's abort may close our stdout before we have saved: a progress
      * line must not kill us (SIGPIPE) on the way to the checkpoint */
@@ -109,7 +117,7 @@ int dt_cli_stop_status(void) {
 /* ---- rank side of the launch directory ---- */
 
 int dt_cli_machine_key(char *buf, size_t n) {
-    char host[256] = "", boot[64] = "";
+    char host[256] = "", boot[64] = "", pidns[64] = "";
     if (gethostname(host, sizeof host - 1)) host[0] = 0;
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
     if (f) {
@@ -117,7 +125,11 @@ int dt_cli_machine_key(char *buf, size_t n) {
         fclose(f);
         boot[strcspn(boot, "\n")] = 0;
     }
-    return snprintf(buf, n, "%s/%s", host, boot) < (int)n ? 0 : -1;
+    /* containers on one kernel with one host name: their own process ids */
+    ssize_t l = readlink("/proc/self/ns/pid", pidns, sizeof pidns - 1);
+    pidns[l > 0 ? l : 0] = 0;
+    if (!*host || !*boot || !*pidns) return -1;
+    return snprintf(buf, n, "%s/%s/%s", host, boot, pidns) < (int)n ? 0 : -1;
 }
 
 void dt_cli_launch_ready(void) {
@@ -150,7 +162,7 @@ static double mono_s(void) {
 }
 
 typedef struct launch_watch {
-    const char *dir;   /* NULL: no directory (out of memory) */
+    const char *dir;   /* NULL: none (out of memory; this machine not told apart) */
     int nproc;         /* ranks in the job, on any machine */
     dt_cli_launch_where where;
     pid_t *pid;        /* ranks seen ready, n of them */
@@ -225,7 +237,8 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
     install(on_launcher_signal);
     sigprocmask(SIG_SETMASK, unblock, NULL);   /* signals held since the fork arrive now */
     if (child <= 0) { free(w.pid); return 1; }
-    int st = 0, acted = 0, killed = 0, forward = 0, forwarded = 0, rc;
+    int st = 0, acted = 0, killed = 0, forward = 0, rc;
+    double next_forward = MPIRUN_SETTLE_S;   /* mpirun's age at the next SIGUSR1 */
     double started = mono_s(), last_ready = started, gone_since = 0, term_at = 0, first_at = 0;
     for (;;) {
         pid_t r = waitpid((pid_t)child, &st, WNOHANG);
@@ -252,9 +265,9 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
         }
         /* ranks were expected here and none came: the stop goes through mpirun after all */
         if (acted && w.n == 0 && w.where != DT_LAUNCH_ALL_HERE && now - first_at > STUCK_START_S) forward = 1;
-        if (forward && !forwarded && !term_at && now - started >= MPIRUN_SETTLE_S) {
+        if (forward && !term_at && now - started >= next_forward && next_forward <= FORWARD_LAST_S) {
             kill((pid_t)child, SIGUSR1);
-            forwarded = 1;
+            next_forward = 2 * (now - started);
         }
         if (w.dir && w.where == DT_LAUNCH_ALL_HERE && !term_at) {
             int alive = 0;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,10 +53,12 @@ static void test_hosts_with_this_machine(void **st) {
     dt_cli_hosts h;
     snprintf(list, sizeof list, "node-a.example:2,%s:2", me);
     assert_int_equal(dt_cli_hosts_parse(list, NULL, &h, err, sizeof err), 0);
-    assert_true(dt_cli_hosts_here(&h));
+    assert_true(dt_cli_hosts_here(&h, 4));
+    assert_true(dt_cli_hosts_here(&h, 3));    /* rank 2 is here */
+    assert_false(dt_cli_hosts_here(&h, 2));   /* both on node-a: this machine is a spare */
     dt_cli_hosts_free(&h);
     assert_int_equal(dt_cli_hosts_parse("node-a.example:2,node-b.example:2", NULL, &h, err, sizeof err), 0);
-    assert_false(dt_cli_hosts_here(&h));
+    assert_false(dt_cli_hosts_here(&h, 4));
     dt_cli_hosts_free(&h);
 }
 
@@ -98,11 +101,28 @@ static void test_rank_takes_the_directory_only_on_the_launchers_machine(void **s
     assert_int_equal(access(dir, F_OK), -1);
 }
 
+/* SIGUSR1 is what a launcher passes on, through mpirun and again: a
+ * repeat asks for the same stop, it does not kill the rank (a second
+ * SIGTERM or SIGINT does) */
+static void test_repeated_sigusr1_only_asks(void **st) {
+    (void)st;
+    dt_cli_signals_install();
+    raise(SIGUSR1);
+    assert_int_equal(dt_train_stop_requested(), SIGUSR1);
+    raise(SIGUSR1);
+    raise(SIGUSR1);
+    assert_int_equal(dt_train_stop_requested(), SIGUSR1);   /* (alive) */
+    signal(SIGUSR1, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_of_this_machine),
         cmocka_unit_test(test_hosts_with_this_machine),
         cmocka_unit_test(test_rank_takes_the_directory_only_on_the_launchers_machine),
+        cmocka_unit_test(test_repeated_sigusr1_only_asks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
