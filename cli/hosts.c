@@ -102,23 +102,30 @@ static int parse_file(const char *path, dt_cli_hosts *h, char *err, int errlen) 
         if (!*p) continue;
         size_t len = strcspn(p, " \t");
         char *rest = p + len;
-        long slots = 1;
-        while (isspace((unsigned char)*rest)) rest++;
-        if (*rest) {
-            char *end;
-            if (strncmp(rest, "slots=", 6)) {
-                snprintf(err, (size_t)errlen, "%s: '%s' (expected \"host slots=N\")", where, rest);
-                rc = -1;
-                break;
-            }
+        long slots = 1, max_slots = 0;
+        /* "slots=N" and Open MPI's "max_slots=M" (how far mpirun may
+         * oversubscribe it; dtrain places N), in any order */
+        while (!rc) {
+            while (isspace((unsigned char)*rest)) rest++;
+            if (!*rest) break;
+            int is_max = !strncmp(rest, "max_slots=", 10);
+            char *num = rest + (is_max ? 10 : 6), *end;
             errno = 0;
-            slots = strtol(rest + 6, &end, 10);
-            while (isspace((unsigned char)*end)) end++;
-            if (end == rest + 6 || errno || *end) {
-                snprintf(err, (size_t)errlen, "%s: '%s' (expected \"host slots=N\")", where, rest);
+            long v = is_max || !strncmp(rest, "slots=", 6) ? strtol(num, &end, 10) : -1;
+            if (v < 0 || end == num || errno || (*end && !isspace((unsigned char)*end))) {
+                snprintf(err, (size_t)errlen, "%s: '%s' (expected \"host slots=N\", optionally \"max_slots=M\")", where, rest);
                 rc = -1;
                 break;
             }
+            if (is_max) max_slots = v;
+            else slots = v;
+            rest = end;
+        }
+        if (rc) break;
+        if (max_slots && max_slots < slots) {
+            snprintf(err, (size_t)errlen, "%s: max_slots=%ld is below slots=%ld", where, max_slots, slots);
+            rc = -1;
+            break;
         }
         rc = add_host(h, p, len, slots, where, err, errlen);
     }
