@@ -451,6 +451,36 @@ static void test_shm_collectives(void) {
     t_end();
 }
 
+static void freeze_all(dt_model *m) {
+    for (int i = 0; i < m->n_params; i++) m->params[i]->requires_grad = 0;
+    T_OK(dt_model_refresh_grads(m));
+}
+
+/* Nothing trainable (what dtrain eval makes of a model): stages 1/2 make no
+ * node-shared window (before: the gradients of stage 1 and the gather
+ * window, 2 x the parameters per rank, RssShmem) and no gradient memory;
+ * the parameters still load and gather. */
+static void test_nothing_trains_no_windows(void) {
+    t_begin("ZeRO-1/2 with every parameter frozen: no node-shared windows, no gradients");
+    dt_model_cfg cfg = dtt_mlp_cfg(20, 32, 16, 5);
+    for (int stage = 1; stage <= 2; stage++) {
+        dtz_spec s = dtz_mk_spec(cfg, 1, 1);
+        s.prepare = freeze_all;
+        dt_zero_opts o = dtz_opts(&s, stage, DT_ZERO_OVERLAP_AFTER_BACKWARD);
+        o.dp.shm = DT_DP_SHM_AUTO;
+        dtz_net n;
+        dtz_net_init(&n, &s, 1 + (uint64_t)t_rank(), world, &o);
+        dt_zero_memory mem = dt_zero_get_memory(n.z);
+        T_CHECK(mem.shm_bytes == 0);
+        T_CHECK(mem.grad_bytes <= 64 * sizeof(float));   /* (the layout's padding only: 1285 parameters) */
+        T_CHECK(mem.optim_bytes == 0);
+        T_CHECK(!n.m->grad_flat.borrowed);   /* (stage 1 lent it the gradient window) */
+        T_OK(dt_zero_gather_params(n.z));
+        dtz_net_free(&n);
+    }
+    t_end();
+}
+
 /* ZeRO through node-shared memory == ZeRO through MPI, bit for bit: masters
  * and every rank's full parameters. */
 static void test_zero_shm_vs_mpi(void) {
@@ -598,6 +628,7 @@ int main(int argc, char **argv) {
     T_OK(dt_pg_world(&world));
     test_shm_collectives();
     test_zero_shm_vs_mpi();
+    test_nothing_trains_no_windows();
     test_reference();
     test_converge_and_bytes();
     test_param_dtype();

@@ -86,6 +86,12 @@ dt_status dt_zero_wire_setup(dt_zero *z) {
     /* every rank takes the same branches: options are agreed, and
      * dt_pg_alloc_shared's answer is the group's */
     if (z->opts.dp.shm == DT_DP_SHM_OFF || z->world < 2 || z->stage > 2 || z->lay.total == 0) return DT_OK;
+    /* nothing trains (evaluation; every parameter frozen): no gradient to
+     * reduce and no step's gather, so no window (a W2 evaluation under
+     * ZeRO-1 held 2 x its parameters in them per rank) */
+    int trains = 0;
+    for (int i = 0; i < z->lay.nb; i++) trains |= z->lay.b[i].pub.trainable;
+    if (!trains) return DT_OK;
     if (z->stage == 1 && W->dt == DT_F32) {   /* the gradients themselves, as DDP */
         DT_TRY(dt_pg_alloc_shared(z->pg, z->lay.total, &W->shm_grads));
         if (W->shm_grads) {
