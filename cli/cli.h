@@ -68,6 +68,9 @@ typedef struct dt_cli_hosts {
 int dt_cli_hosts_parse(const char *hosts, const char *hostfile, dt_cli_hosts *h, char *err, int errlen);
 int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen);
 int dt_cli_hosts_max_slots(const dt_cli_hosts *h);
+/* "a:2, b:2, c:2" into out (n bytes); when it does not fit, as many as fit
+ * and the last: "a:2, b:2, ..., z:2" */
+void dt_cli_hosts_list(const dt_cli_hosts *h, const char *sep, char *out, size_t n);
 /* a --hosts / --hostfile name for this machine (no DNS lookup: its host
  * name, short or long, "localhost", an IPv4 address it has);
  * dt_cli_hosts_here: some of nproc ranks, which fill h's hosts in order,

@@ -41,15 +41,12 @@ int dt_cli_hosts_subset(const dt_cli_hosts *h, const int *keep, dt_cli_hosts *ou
         dt_cli_hosts_free(out);
         return -1;
     }
-    size_t o = 0;
     for (int i = 0; i < h->n; i++) {
         if (!keep[i]) continue;
         memcpy(out->name[out->n], h->name[i], sizeof *out->name);
         out->slots[out->n++] = h->slots[i];
         out->total += h->slots[i];
-        if (o < sizeof out->desc)
-            o += (size_t)snprintf(out->desc + o, sizeof out->desc - o, "%s%s:%d", out->n > 1 ? "," : "", h->name[i],
-                                  h->slots[i]);
     }
+    dt_cli_hosts_list(out, ",", out->desc, sizeof out->desc);
     return 0;   /* no hostfile: the list goes to mpirun as --host */
 }

@@ -210,11 +210,32 @@ int dt_cli_hosts_parse(const char *hosts, const char *hostfile, dt_cli_hosts *h,
     } else {
         return 0;   /* this machine */
     }
-    size_t o = (size_t)snprintf(h->desc, sizeof h->desc, "%d host%s (", h->n, h->n == 1 ? "" : "s");
-    for (int i = 0; i < h->n && o < sizeof h->desc; i++)
-        o += (size_t)snprintf(h->desc + o, sizeof h->desc - o, "%s%s:%d", i ? ", " : "", h->name[i], h->slots[i]);
-    if (o < sizeof h->desc) snprintf(h->desc + o, sizeof h->desc - o, ")");
+    char list[sizeof h->desc - 24];
+    dt_cli_hosts_list(h, ", ", list, sizeof list);
+    snprintf(h->desc, sizeof h->desc, "%d host%s (%s)", h->n, h->n == 1 ? "" : "s", list);
     return 0;
+}
+
+void dt_cli_hosts_list(const dt_cli_hosts *h, const char *sep, char *out, size_t n) {
+    char last[300];
+    size_t o = 0;
+    out[0] = 0;
+    if (n < 8) return;
+    snprintf(last, sizeof last, "%s...%s%s:%d", sep, sep, h->n ? h->name[h->n - 1] : "", h->n ? h->slots[h->n - 1] : 0);
+    for (int i = 0; i < h->n; i++) {
+        char e[300];
+        int len = snprintf(e, sizeof e, "%s%s:%d", i ? sep : "", h->name[i], h->slots[i]);
+        /* room for this one and, unless it is the last, the tail ", ..., last:N" */
+        size_t need = (size_t)len + (i + 1 < h->n ? strlen(last) : 0);
+        if (o + need >= n) {
+            const char *tail = o ? last : last + strlen(sep);   /* (nothing before it: no separator) */
+            if (o + strlen(tail) < n) snprintf(out + o, n - o, "%s", tail);
+            else snprintf(out + o, n - o, "%s...", i ? sep : "");
+            return;
+        }
+        memcpy(out + o, e, (size_t)len + 1);
+        o += (size_t)len;
+    }
 }
 
 /* Host names must resolve, unless the user launches through an agent of

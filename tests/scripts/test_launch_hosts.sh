@@ -63,6 +63,9 @@ refuses "a Slurm job id without a node list: this machine's cap" "--nproc 100: a
 refuses "bad host name" "--hosts: host 'b!' has a '!'" "$bin" train --hosts 'a:2,b!:2'
 refuses "zero slots" "--hosts: host 'a' with 0 slots" "$bin" train --hosts a:0
 refuses "bad slot count" "--hosts a:x: after 'a:' a slot count" "$bin" train --hosts a:x
+many=$(for i in $(seq 1 60); do printf 'node%03d:4,' "$i"; done)
+refuses "60 hosts: the list cut in the middle, the last one named" \
+    "--nproc 1000: 60 hosts \(node001:4, node002:4, .*, \.\.\., node060:4\) has 240 slots$" "$bin" train --hosts "${many%,}" --nproc 1000
 refuses "host twice" "--hosts: host 'a' listed twice" "$bin" train --hosts a:1,a:2
 refuses "more ranks than slots" "--nproc 5: 2 hosts \(a:2, b:2\) has 4 slots" "$bin" train --hosts a:2,b:2 --nproc 5
 refuses "hosts and hostfile" "--hosts and --hostfile: give one of them" "$bin" train --hosts a:2 --hostfile "$tmp/hosts"
