@@ -102,7 +102,8 @@ static int parse_file(const char *path, dt_cli_hosts *h, char *err, int errlen) 
         if (!*p) continue;
         size_t len = strcspn(p, " \t");
         char *rest = p + len;
-        long slots = 1, max_slots = 0;
+        long slots = 1, max_slots = -1;
+        int got_slots = 0;
         /* "slots=N" and Open MPI's "max_slots=M" (how far mpirun may
          * oversubscribe it; dtrain places N), in any order */
         while (!rc) {
@@ -118,11 +119,17 @@ static int parse_file(const char *path, dt_cli_hosts *h, char *err, int errlen) 
                 break;
             }
             if (is_max) max_slots = v;
-            else slots = v;
+            else slots = v, got_slots = 1;
             rest = end;
         }
         if (rc) break;
-        if (max_slots && max_slots < slots) {
+        if (max_slots == 0) {
+            snprintf(err, (size_t)errlen, "%s: max_slots=0 (at least 1)", where);
+            rc = -1;
+            break;
+        }
+        if (max_slots > 0 && !got_slots) slots = max_slots;   /* as Open MPI reads "host max_slots=M" */
+        if (max_slots > 0 && max_slots < slots) {
             snprintf(err, (size_t)errlen, "%s: max_slots=%ld is below slots=%ld", where, max_slots, slots);
             rc = -1;
             break;

@@ -91,6 +91,7 @@ static void on_rank_signal(int sig) {
 
 /* the launcher only counts: its wait loop acts (kill, files) */
 static void on_launcher_signal(int sig) {
+    if (g_seen && sig == SIGUSR1) return;   /* only asks again: not the second signal */
     if (!g_seen) g_first = sig;
     g_last = sig;
     g_seen++;
@@ -267,7 +268,7 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
         if (acted && w.n == 0 && w.where != DT_LAUNCH_ALL_HERE && now - first_at > STUCK_START_S) forward = 1;
         if (forward && !term_at && now - started >= next_forward && next_forward <= FORWARD_LAST_S) {
             kill((pid_t)child, SIGUSR1);
-            next_forward = 2 * (now - started);
+            while (next_forward <= now - started) next_forward *= 2;   /* 1, 2, 4 ... 64 s */
         }
         if (w.dir && w.where == DT_LAUNCH_ALL_HERE && !term_at) {
             int alive = 0;

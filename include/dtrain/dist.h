@@ -320,6 +320,9 @@ int dt_dist_initialized(void);            /* 1 between init and finalize */
 /* 1 once a wait of this process failed by opts.collective_timeout_s (its
  * DT_ECOMM is first-hand: a peer made no progress), not by a peer's error */
 int dt_dist_collective_timed_out(void);
+/* after such a timeout: the lowest world rank it did not name as late or
+ * idle (the ranks that can still report), -1 when not known */
+int dt_dist_timeout_first_live(void);
 dt_progress_mode dt_dist_progress_mode(void);   /* the mode in effect (never DEFAULT) */
 int dt_dist_world_rank(void);
 int dt_dist_world_size(void);

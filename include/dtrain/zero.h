@@ -84,8 +84,10 @@
  * through a node-shared buffer of the layout in the wire dtype, so the
  * reduce-scatters and all-gathers run without messages, bitwise as through
  * MPI. Stage 2 gradients and stage 3 are not moved: full-size shared buffers
- * would cost the memory those stages exist to save. dt_zero_memory.shm_bytes
- * reports the node-shared bytes per rank.
+ * would cost the memory those stages exist to save. A model with nothing to
+ * train (every parameter frozen, e.g. for evaluation) gets no window: no
+ * gradient to reduce, no step to gather. dt_zero_memory.shm_bytes reports
+ * the node-shared bytes per rank.
  *
  * Node-shared parameters (opts.node_params; any number of machines; dist.h
  * section 10): the model's parameters live once per machine in memory its

@@ -180,6 +180,7 @@ dt_status dt_dist_finalize(void) {
 
 int dt_dist_initialized(void) { return dt__dist.initialized; }
 int dt_dist_collective_timed_out(void) { return dt__dist.waited_out; }
+int dt_dist_timeout_first_live(void) { return dt__dist.waited_out ? dt__dist.first_live1 - 1 : -1; }
 dt_progress_mode dt_dist_progress_mode(void) { return dt__dist.mode; }
 int dt_dist_world_rank(void) { return dt__dist.world_rank; }
 int dt_dist_world_size(void) { return dt__dist.initialized ? dt__dist.world_size : 1; }

@@ -197,6 +197,8 @@ typedef struct dt_dist_state {
     int timed_out;              /* a group was left after a collective timeout: no MPI_Finalize */
     int waited_out;             /* a wait of this process failed by the collective timeout
                                    (set by the waiting thread: dt_dist_collective_timed_out) */
+    int first_live1;            /* after waited_out: 1 + the lowest world rank its timeout did
+                                   not name, 0 none known (dt_dist_timeout_first_live) */
     double last_tick;
 } dt_dist_state;
 extern dt_dist_state dt__dist;

@@ -246,7 +246,8 @@ static void add_rank(char *o, size_t n, size_t *at, int *k, const char *piece) {
 
 /* "allreduce #12 (1.0MiB F32) on world has waited 2.0 s: rank 1 has not
  * joined it (its last operation #11, idle 2.0 s)" */
-static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double now, char *o, size_t n) {
+static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double now, char *o, size_t n,
+                           unsigned char *named) {
     char d[160];
     dt__work_describe(op, d, sizeof d);
     size_t at = (size_t)snprintf(o, n, "%s has waited %.1f s", d, waited);
@@ -273,7 +274,11 @@ static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double n
         } else {   /* another machine: its last snapshot, if recent */
             wd_remote *e = wd->remote ? &wd->remote[r] : NULL;
             double got = e ? (double)atomic_load_explicit(&e->recv_us, memory_order_relaxed) * 1e-6 : 0;
-            if (!e || got <= 0 || now - got > fresh) { unknown++; continue; }
+            if (!e || got <= 0 || now - got > fresh) {   /* (no fresh news: counted among the named) */
+                unknown++;
+                if (named) named[r] = 1;
+                continue;
+            }
             nc = atomic_load_explicit(&e->ncoll, memory_order_relaxed);
             last = atomic_load_explicit(&e->last_seq1, memory_order_relaxed);
             quiet = (double)atomic_load_explicit(&e->idle_us, memory_order_relaxed) * 1e-6 + (now - got);
@@ -290,9 +295,11 @@ static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double n
                                (unsigned long long)(last - 1), quiet);
             else snprintf(piece, sizeof piece, "%s (no operation yet, idle %.1f s)", who, quiet);
             add_rank(late, sizeof late, &la, &nl, piece);
+            if (named) named[r] = 1;
         } else if (stale) {
             snprintf(piece, sizeof piece, "%s (idle %.1f s)", who, quiet);
             add_rank(idle, sizeof idle, &ia, &ni, piece);
+            if (named) named[r] = 1;
         }
     }
     if (p2p && at < n)
@@ -309,6 +316,37 @@ static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double n
     if (unknown && at < n) snprintf(o + at, n - at, " (%d rank%s on other machines not inspected)", unknown, unknown == 1 ? "" : "s");
 }
 
+/* (a point-to-point wait names its peer whatever the snapshot says) */
+static int p2p_root_named(const dt_pg *pg, const dt_work *w, unsigned char *named) {
+    if (!named) return 0;
+    if ((w->kind == DT_OPK_SEND || w->kind == DT_OPK_RECV) && w->root >= 0 && w->root < pg->size) named[w->root] = 1;
+    return 1;
+}
+
+/* The lowest world rank this timeout did not name (group ranks translated),
+ * kept once: the rank that reports the job's error (cli/errors.c). */
+static void note_first_live(dt_pg *pg, const unsigned char *named) {
+    if (dt__dist.first_live1) return;
+    MPI_Group g, wg;
+    int first = -1;
+    if (MPI_Comm_group(pg->comm[0], &g) != MPI_SUCCESS) return;
+    if (MPI_Comm_group(MPI_COMM_WORLD, &wg) == MPI_SUCCESS) {
+        unsigned char *out = calloc((size_t)dt__dist.world_size, 1);
+        for (int r = 0; out && r < pg->size; r++) {
+            int wr = MPI_UNDEFINED;
+            if (named[r] && MPI_Group_translate_ranks(g, 1, &r, wg, &wr) == MPI_SUCCESS && wr >= 0 &&
+                wr < dt__dist.world_size)
+                out[wr] = 1;
+        }
+        for (int r = 0; out && r < dt__dist.world_size && first < 0; r++)
+            if (!out[r]) first = r;
+        free(out);
+        MPI_Group_free(&wg);
+    }
+    MPI_Group_free(&g);
+    dt__dist.first_live1 = first + 1;
+}
+
 int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn) {
     double warn = dt__dist.stall_warn_s, limit = dt__dist.timeout_s;
     if ((warn <= 0 && limit <= 0) || !w) return 0;
@@ -319,11 +357,14 @@ int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn) {
     if (!timeout && (warn <= 0 || now < *next_warn)) return 0;
     *next_warn = now + warn;
     char msg[900];
-    describe_stall(pg, w, now - t0, now, msg, sizeof msg);
+    unsigned char *named = timeout ? calloc((size_t)pg->size, 1) : NULL;
+    describe_stall(pg, w, now - t0, now, msg, sizeof msg, named);
     if (!timeout) {
         dt_log(DT_LOG_WARN, "collective stalled: %s\n", msg);
         return 0;
     }
+    if (p2p_root_named(pg, w, named)) note_first_live(pg, named);
+    free(named);
     pg->timed_out = 1;
     if (!pg->broken) {
         pg->broken = 1;

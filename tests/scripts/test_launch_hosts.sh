@@ -71,11 +71,13 @@ refuses "more ranks than slots" "--nproc 5: 2 hosts \(a:2, b:2\) has 4 slots" "$
 refuses "hosts and hostfile" "--hosts and --hostfile: give one of them" "$bin" train --hosts a:2 --hostfile "$tmp/hosts"
 printf 'n1 slot=2\n' > "$tmp/bad"
 refuses "hostfile: bad line named" "--hostfile $tmp/bad line 1: 'slot=2'" "$bin" train --hostfile "$tmp/bad"
-printf 'n1 slots=2 max_slots=4\nn2 max_slots=8 slots=3\n' > "$tmp/maxs"
-has "hostfile: Open MPI's max_slots= accepted, ranks = the slots" " -np 5 .*--hostfile $tmp/maxs" \
+printf 'n1 slots=2 max_slots=4\nn2 max_slots=8 slots=3\nn3 max_slots=3\n' > "$tmp/maxs"
+has "hostfile: Open MPI's max_slots= accepted, ranks = the slots (max_slots alone: as many)" " -np 8 .*--hostfile $tmp/maxs" \
     "$bin" train --hostfile "$tmp/maxs" --print-launch
 printf 'n1 slots=4 max_slots=2\n' > "$tmp/bad"
 refuses "hostfile: max_slots below slots" "--hostfile $tmp/bad line 1: max_slots=2 is below slots=4" "$bin" train --hostfile "$tmp/bad"
+printf 'n1 max_slots=0\n' > "$tmp/bad"
+refuses "hostfile: max_slots=0" "--hostfile $tmp/bad line 1: max_slots=0 \(at least 1\)" "$bin" train --hostfile "$tmp/bad"
 printf 'n1 slots=2 max_slots=x\n' > "$tmp/bad"
 refuses "hostfile: bad max_slots" "--hostfile $tmp/bad line 1: 'max_slots=x'" "$bin" train --hostfile "$tmp/bad"
 printf 'a slots=2\r\nb\r\n' > "$tmp/crlf"   # (the first line's CR was taken as a space, the second's named raw)
