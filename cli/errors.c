@@ -13,7 +13,7 @@
  * be killed. A failed rank whose peers do not join within DT_CLI_AGREE_S
  * (they wait in a collective for it) prints its own line and aborts (a
  * communication error waits twice that, a collective timeout 1 s more, and
- * all but the lowest rank that timeout found alive DT_CLI_TIER_S more). The
+ * all but the lowest rank that timeout found alive 4 x DT_CLI_TIER_S more). The
  * --nproc launcher runs mpirun --quiet, which drops the abort banner. */
 #include <limits.h>
 #include <mpi.h>
@@ -24,7 +24,7 @@
 #include "cli.h"
 
 #define DT_CLI_AGREE_S 10.0
-#define DT_CLI_TIER_S 4.0
+#define DT_CLI_TIER_S 2.0
 
 static double wall_s(void) {   /* comparable across the ranks of a machine (and NTP-synced ones) */
     struct timespec ts;
@@ -75,14 +75,15 @@ int dt_cli_report(dt_status s, int rank, int world, int clean) {
         double wait = dt_error_code() != DT_ECOMM ? DT_CLI_AGREE_S
                     : dt_dist_collective_timed_out() ? DT_CLI_AGREE_S + 1 : 2 * DT_CLI_AGREE_S;
         /* A timeout usually ends every live rank's wait at once: the lowest
-         * rank it did not name as late or idle reports (each live rank
-         * works it out alike from the watchdog's view), the others wait
-         * DT_CLI_TIER_S longer, so its abort ends them before they print:
-         * one line, not one per rank (an abort took up to 3 s to end
-         * ranks across simulated hosts). Unknown: by rank, 0 first. */
+         * rank it found alive reports (each live rank works it out alike
+         * from the watchdog's view), the others wait 4 x DT_CLI_TIER_S
+         * longer, so its abort ends them before they print: one line, not
+         * one per rank (the abort took over 4 s to end a rank beside two
+         * stopped ones, simulated hosts). Not known: by rank, 0 first, 1
+         * DT_CLI_TIER_S later, the others 3 x DT_CLI_TIER_S. */
         if (dt_dist_collective_timed_out()) {
             int first = dt_dist_timeout_first_live();
-            wait += first >= 0 ? (rank == first ? 0 : DT_CLI_TIER_S) : DT_CLI_TIER_S / 2 * (rank < 2 ? rank : 3);
+            wait += first >= 0 ? (rank == first ? 0 : 4 * DT_CLI_TIER_S) : DT_CLI_TIER_S * (rank < 2 ? rank : 3);
         }
         for (double end = wall_s() + wait; !done && wall_s() < end;) {
             MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE);

@@ -320,8 +320,9 @@ int dt_dist_initialized(void);            /* 1 between init and finalize */
 /* 1 once a wait of this process failed by opts.collective_timeout_s (its
  * DT_ECOMM is first-hand: a peer made no progress), not by a peer's error */
 int dt_dist_collective_timed_out(void);
-/* after such a timeout: the lowest world rank it did not name as late or
- * idle (the ranks that can still report), -1 when not known */
+/* after such a timeout: the lowest world rank it found alive (heartbeat
+ * within half the wait), -1 when not known (only a collective of the whole
+ * world, with the watchdog's view of every rank, knows) */
 int dt_dist_timeout_first_live(void);
 dt_progress_mode dt_dist_progress_mode(void);   /* the mode in effect (never DEFAULT) */
 int dt_dist_world_rank(void);

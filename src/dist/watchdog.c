@@ -295,7 +295,7 @@ static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double n
                                (unsigned long long)(last - 1), quiet);
             else snprintf(piece, sizeof piece, "%s (no operation yet, idle %.1f s)", who, quiet);
             add_rank(late, sizeof late, &la, &nl, piece);
-            if (named) named[r] = 1;
+            if (named && stale) named[r] = 1;   /* (late but moving: alive) */
         } else if (stale) {
             snprintf(piece, sizeof piece, "%s (idle %.1f s)", who, quiet);
             add_rank(idle, sizeof idle, &ia, &ni, piece);
@@ -316,15 +316,10 @@ static void describe_stall(dt_pg *pg, const dt_work *op, double waited, double n
     if (unknown && at < n) snprintf(o + at, n - at, " (%d rank%s on other machines not inspected)", unknown, unknown == 1 ? "" : "s");
 }
 
-/* (a point-to-point wait names its peer whatever the snapshot says) */
-static int p2p_root_named(const dt_pg *pg, const dt_work *w, unsigned char *named) {
-    if (!named) return 0;
-    if ((w->kind == DT_OPK_SEND || w->kind == DT_OPK_RECV) && w->root >= 0 && w->root < pg->size) named[w->root] = 1;
-    return 1;
-}
-
-/* The lowest world rank this timeout did not name (group ranks translated),
- * kept once: the rank that reports the job's error (cli/errors.c). */
+/* The lowest world rank this timeout found alive (not silent: no heartbeat
+ * for half the wait, or no fresh news from its machine), group ranks
+ * translated, kept once: the rank that reports the job's error
+ * (cli/errors.c). Only from a view of every rank (see dt__wd_check). */
 static void note_first_live(dt_pg *pg, const unsigned char *named) {
     if (dt__dist.first_live1) return;
     MPI_Group g, wg;
@@ -357,13 +352,17 @@ int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn) {
     if (!timeout && (warn <= 0 || now < *next_warn)) return 0;
     *next_warn = now + warn;
     char msg[900];
-    unsigned char *named = timeout ? calloc((size_t)pg->size, 1) : NULL;
+    /* a view of every rank: a collective of the whole world with the
+     * watchdog's window (else the reporter stays unknown: errors.c's order) */
+    int whole = timeout && pg->wd && pg->size == dt__dist.world_size && w->kind != DT_OPK_SEND &&
+                w->kind != DT_OPK_RECV;
+    unsigned char *named = whole ? calloc((size_t)pg->size, 1) : NULL;
     describe_stall(pg, w, now - t0, now, msg, sizeof msg, named);
     if (!timeout) {
         dt_log(DT_LOG_WARN, "collective stalled: %s\n", msg);
         return 0;
     }
-    if (p2p_root_named(pg, w, named)) note_first_live(pg, named);
+    if (named) note_first_live(pg, named);
     free(named);
     pg->timed_out = 1;
     if (!pg->broken) {

@@ -54,7 +54,8 @@ else echo "ok   stopped rank $last named: $(grep -m1 -oE 'collective stalled: .*
 stopped=("$last"); [ "$np" -ge 4 ] && stopped=(0 1)
 "${mpi[@]}" -n "$np" "$bin" "${args[@]}" --stall-warn 1 --collective-timeout 4 > "$tmp/out2" 2> "$tmp/err2" < /dev/null &
 job=$!
-victims=(); for r in "${stopped[@]}"; do victims+=("$(rank_pid "$r" "$job")"); done
+victims=(); for r in "${stopped[@]}"; do v=$(rank_pid "$r" "$job"); [ -n "$v" ] && victims+=("$v"); done
+if [ ${#victims[@]} -ne ${#stopped[@]} ]; then echo "FAIL: ranks ${stopped[*]} not all found"; kill -TERM "$job"; exit 1; fi
 training "$tmp/out2"; sleep 1
 kill -STOP "${victims[@]}"
 t0=$(date +%s)
