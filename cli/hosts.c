@@ -264,21 +264,18 @@ int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen) {
     return 0;
 }
 
-/* an address literal ("10.0.0.1"; --hosts takes no IPv6) one of this machine's interfaces has */
+/* an IPv4 literal ("10.0.0.1", 127.x.x.x) one of this machine's interfaces
+ * has (--hosts takes no IPv6: add_host refuses ':') */
 static int local_address(const char *name) {
-    unsigned char want[16], have[16];
-    int fam = inet_pton(AF_INET, name, want) == 1 ? AF_INET : inet_pton(AF_INET6, name, want) == 1 ? AF_INET6 : 0;
-    if (!fam) return 0;
-    if (fam == AF_INET && want[0] == 127) return 1;   /* loopback */
+    struct in_addr want;
+    if (inet_pton(AF_INET, name, &want) != 1) return 0;
+    if ((ntohl(want.s_addr) >> 24) == 127) return 1;   /* loopback */
     struct ifaddrs *ifs = NULL;
     if (getifaddrs(&ifs)) return 0;
     int found = 0;
-    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
-        if (!i->ifa_addr || i->ifa_addr->sa_family != fam) continue;
-        if (fam == AF_INET) memcpy(have, &((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr, 4);
-        else memcpy(have, &((struct sockaddr_in6 *)(void *)i->ifa_addr)->sin6_addr, 16);
-        found = !memcmp(want, have, fam == AF_INET ? 4 : 16);
-    }
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next)
+        found = i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+                ((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr.s_addr == want.s_addr;
     freeifaddrs(ifs);
     return found;
 }

@@ -28,9 +28,9 @@
  * first signal.
  *
  * With --hosts / --hostfile / Slurm the directory reaches only the ranks on
- * the launcher's machine (DTRAIN_LAUNCH_MACHINE: its host name and boot id;
- * a rank elsewhere that sees the path on a shared file system leaves it
- * alone). One rank's request is enough: the ranks agree on a stop at every
+ * the launcher's machine (DTRAIN_LAUNCH_MACHINE: host name, boot id and pid
+ * namespace; a rank elsewhere that sees the path on a shared file system
+ * leaves it alone). One rank's request is enough: the ranks agree on a stop at every
  * step boundary (src/train/stop.c), so the others stop at the same step.
  * When ranks are expected here (dt_cli_hosts_here) or some are ready, the
  * first signal goes only through the directory, at any moment of start-up.
