@@ -2,7 +2,8 @@
  * step boundary (the ranks agree on it, save, and exit with 128 + the signal
  * number, as a shell reports a death by that signal); a second SIGTERM or
  * SIGINT restores the default action and re-raises it: the process dies at
- * once. SIGUSR1 only ever asks: it is what launchers pass on, and repeat.
+ * once. SIGUSR1 only ever asks: it is what launchers pass on, and repeat
+ * (SIGURG is our launcher's SIGUSR1 through mpirun, below).
  *
  * The --nproc launcher (launch.c) runs mpirun as a child in a process group of
  * its own, so a terminal's Ctrl-C reaches only the launcher, and passes the
@@ -35,13 +36,17 @@
  * When ranks are expected here (dt_cli_hosts_here) or some are ready, the
  * first signal goes only through the directory, at any moment of start-up.
  * Otherwise, or when none is ready STUCK_START_S after the stop, it goes to
- * mpirun as SIGUSR1, which Open MPI forwards to the ranks it has started
- * (ess_base_forward_signals): first when mpirun is MPIRUN_SETTLE_S old (one
- * it got in its first ~0.2 s was lost, the job trained to its end, or ended
- * the job at once with status 0: Open MPI 4.1, simulated hosts), then again
- * at twice that age and so on while the job runs, for ranks on machines
- * whose daemons were not up yet (a repeated SIGUSR1 only asks again). A
- * second signal goes to mpirun as SIGTERM (and SIGKILL TERM_GRACE_S later).
+ * mpirun as SIGURG, which launch.c has Open MPI forward to the ranks it has
+ * started (ess_base_forward_signals) and a rank takes as SIGUSR1: first when
+ * mpirun is MPIRUN_SETTLE_S old (a SIGUSR1 it got in its first ~0.2 s was
+ * lost, the job trained to its end, or ended the job at once with status 0:
+ * Open MPI 4.1, simulated hosts), then again at twice that age and so on
+ * while the job runs, for ranks on machines whose daemons were not up yet (a
+ * repeated ask only asks again). SIGURG, not SIGUSR1, because its default
+ * action is to be ignored: a rank that is still loading, before its handlers
+ * are installed, lets it pass and takes a later one, where SIGUSR1 killed it
+ * and failed the job. A second signal goes to mpirun as SIGTERM (and SIGKILL
+ * TERM_GRACE_S later).
  * mpirun's own
  * SIGTERM / SIGINT handling would instead SIGCONT the ranks, SIGTERM them
  * odls_base_sigkill_timeout (default 1) s later and SIGKILL them after as
@@ -66,7 +71,7 @@
 #define STUCK_START_S 20.0   /* a stop pending, no new rank ready */
 #define TERM_GRACE_S 5.0     /* mpirun SIGTERMed: then SIGKILL */
 #define MPIRUN_SETTLE_S 1.0  /* a SIGUSR1 mpirun gets younger is lost or ends it with status 0 */
-#define FORWARD_LAST_S 64.0  /* SIGUSR1 to mpirun at ages 1, 2, 4 ... up to this */
+#define FORWARD_LAST_S 64.0  /* SIGURG to mpirun at ages 1, 2, 4 ... up to this */
 
 static volatile sig_atomic_t g_seen;    /* signals received (ranks and launcher) */
 static volatile sig_atomic_t g_first;   /* the first one's number */
@@ -78,6 +83,7 @@ static void die_now(int sig) {
 }
 
 static void on_rank_signal(int sig) {
+    if (sig == SIGURG) sig = SIGUSR1;   /* the launcher's ask through mpirun (above) */
     if (g_seen++) {
         if (sig != SIGUSR1) die_now(sig);   /* (a launcher's repeat: the same stop) */
         return;
@@ -97,18 +103,19 @@ static void on_launcher_signal(int sig) {
     g_seen++;
 }
 
-static void install(void (*fn)(int)) {
+/* n = 3: the stop signals; 4: and SIGURG (ranks only: nothing sends it to a launcher) */
+static void install(void (*fn)(int), int n) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = fn;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    const int sigs[] = {SIGTERM, SIGINT, SIGUSR1};
-    for (int i = 0; i < 3; i++) sigaddset(&sa.sa_mask, sigs[i]);   /* one handler at a time */
-    for (int i = 0; i < 3; i++) sigaction(sigs[i], &sa, NULL);
+    const int sigs[] = {SIGTERM, SIGINT, SIGUSR1, SIGURG};
+    for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]);   /* one handler at a time */
+    for (int i = 0; i < n; i++) sigaction(sigs[i], &sa, NULL);
 }
 
-void dt_cli_signals_install(void) { install(on_rank_signal); }
+void dt_cli_signals_install(void) { install(on_rank_signal, 4); }
 
 int dt_cli_stop_status(void) {
     int code = dt_train_stopped();
@@ -235,11 +242,11 @@ void dt_cli_launch_dir_remove(const char *dir) {
 int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int nproc, dt_cli_launch_where where) {
     launch_watch w = {.dir = dir, .nproc = nproc, .where = where};
     if (dir && !(w.pid = calloc((size_t)(nproc > 0 ? nproc : 1), sizeof *w.pid))) w.dir = NULL;
-    install(on_launcher_signal);
+    install(on_launcher_signal, 3);
     sigprocmask(SIG_SETMASK, unblock, NULL);   /* signals held since the fork arrive now */
     if (child <= 0) { free(w.pid); return 1; }
     int st = 0, acted = 0, killed = 0, forward = 0, rc;
-    double next_forward = MPIRUN_SETTLE_S;   /* mpirun's age at the next SIGUSR1 */
+    double next_forward = MPIRUN_SETTLE_S;   /* mpirun's age at the next SIGURG */
     double started = mono_s(), last_ready = started, gone_since = 0, term_at = 0, first_at = 0;
     for (;;) {
         pid_t r = waitpid((pid_t)child, &st, WNOHANG);
@@ -267,7 +274,7 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
         /* ranks were expected here and none came: the stop goes through mpirun after all */
         if (acted && w.n == 0 && w.where != DT_LAUNCH_ALL_HERE && now - first_at > STUCK_START_S) forward = 1;
         if (forward && !term_at && now - started >= next_forward && next_forward <= FORWARD_LAST_S) {
-            kill((pid_t)child, SIGUSR1);
+            kill((pid_t)child, SIGURG);
             while (next_forward <= now - started) next_forward *= 2;   /* 1, 2, 4 ... 64 s */
         }
         if (w.dir && w.where == DT_LAUNCH_ALL_HERE && !term_at) {
@@ -298,7 +305,7 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
     free(w.pid);
     if (st < 0) return 1;
     rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    /* stopped on the SIGUSR1 we sent, or ended by us: report the signal we got */
+    /* stopped on the ask we sent (the ranks' SIGUSR1), or ended by us: report the signal we got */
     if (g_seen && (rc == 128 + SIGUSR1 || term_at)) rc = 128 + g_first;
     return rc;
 }

@@ -286,9 +286,11 @@ set_tests_properties(test_uneven_np2 PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 
 # and pp x dp across 2 x 2 and 3 + 1 ranks equal one machine bit for bit; the
 # watchdog names a stopped rank on the other host. Skipped (77) without
 # namespaces or without ../shared.
+# slow_start holds the ranks of one simulated host before main() (a slow machine).
+add_library(slow_start MODULE ${CMAKE_SOURCE_DIR}/tests/tools/slow_start.c)
 add_test(NAME test_multihost
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_multihost.sh $<TARGET_FILE:dtrain_cli>
-                 $<TARGET_FILE:ckpt_cmp> ${CMAKE_SOURCE_DIR}/../shared/tools/netsim.sh)
+                 $<TARGET_FILE:ckpt_cmp> ${CMAKE_SOURCE_DIR}/../shared/tools/netsim.sh $<TARGET_FILE:slow_start>)
 # (Release pass only: a minute of TCP between namespaces; the hierarchical
 # collectives it runs have their own sanitizer tests, test_dist_hier and the
 # simulated-machine twins)

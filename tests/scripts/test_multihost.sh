@@ -14,13 +14,17 @@
 #  - a stop signal to a --hosts launcher at once after it started mpirun
 #    stops the job before its first step (exit 143, checkpoint saved), the
 #    launcher on a machine with ranks (the launch directory, then the step
-#    agreement) and on one without (mpirun's SIGUSR1 forwarding); before, it
-#    was lost (the job trained to its end) or ended the job with status 0.
+#    agreement) and on one without (mpirun's forwarding); before, it was
+#    lost (the job trained to its end) or ended the job with status 0;
+#  - the same stop while one host's ranks are still loading (held 4 s
+#    before main() by SLOW_START, as on a slow machine): the launcher's
+#    asks through mpirun reach them before they handle signals; as SIGUSR1
+#    they killed them and failed the job, as SIGURG they pass.
 # Skipped (exit 77, ctest SKIP_RETURN_CODE) where namespaces cannot be made.
-# usage: test_multihost.sh DTRAIN CKPT_CMP NETSIM
+# usage: test_multihost.sh DTRAIN CKPT_CMP NETSIM SLOW_START
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-bin=$1 cmp=$2 ns=$3
+bin=$1 cmp=$2 ns=$3 slow=$4
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: simulated hosts need root (network namespaces)"; exit 77; }
 [ -x "$ns" ] || { echo "SKIP: $ns not found (the shared tools live beside the repository)"; exit 77; }
 probe=dtm-probe-$$
@@ -153,34 +157,47 @@ else echo "FAIL watchdog: no warning on dtm0 naming rank 3 on dtm1:"; head -6 "$
 # dtm2 (none of them)
 cat > "$tmp/env.sh" << EOF
 export SHELL=/bin/sh OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm=rsh
-export OMPI_MCA_plm_rsh_agent=$NETSIM_STATE/agent OMPI_MCA_plm_rsh_no_tree_spawn=1
+export OMPI_MCA_plm_rsh_agent=\${DT_AGENT:-$NETSIM_STATE/agent} OMPI_MCA_plm_rsh_no_tree_spawn=1
 export OMPI_MCA_oob_tcp_if_include=$NETSIM_SUBNET.0/24 OMPI_MCA_btl_tcp_if_include=$NETSIM_SUBNET.0/24
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp
 exec "\$@"
 EOF
-for at in dtm0 dtm2; do
-    for d in 0 0.1; do
-        ck=$tmp/stop_$at.ck; rm -rf "$ck"
-        "$ns" exec "$at" sh "$tmp/env.sh" "$bin" train --model mlp --hidden 32 --batch 8 --steps 100000 --threads 1 \
-            --log-every 100000 --hosts dtm0:2,dtm1:2 --save "$ck" < /dev/null > "$tmp/stop.out" 2>&1 &
-        job=$! started=""
-        for _ in $(seq 2000); do   # (netsim's exec becomes dtrain, which forks mpirun)
-            [ "$(readlink "/proc/$job/exe")" = "$(readlink -f "$bin")" ] && [ -n "$(pgrep -P $job)" ] && started=1 && break
-            sleep 0.005
-        done
-        [ -z "$started" ] && { echo "FAIL stop on $at: the launcher did not start mpirun within 10 s"; fail=1; }
-        sleep "$d"; kill -TERM $job; wait $job; rc=$?
-        step=$("$bin" inspect "$ck" 2>/dev/null | awk '$1 == "step" {print $2; exit}')
-        # (from dtm2 the stop goes through mpirun 1 s after its start: on a fast
-        # machine the ranks may have trained a few steps by then)
-        want=0; [ $at = dtm2 ] && want=${step:-x}
-        if [ $rc -eq 143 ] && grep -qE "^interrupted at step $want, saved to $ck" "$tmp/stop.out" && [ "$step" = "$want" ]; then
-            echo "ok   stop $d s after the launcher on $at started mpirun: exit 143, $(grep -m1 '^interrupted' "$tmp/stop.out")"
-        else
-            echo "FAIL stop $d s after the launcher on $at started mpirun: exit $rc, checkpoint step '${step:-}':"
-            tail -3 "$tmp/stop.out"; fail=1
-        fi
+# (netsim's ssh stand-in, with dtm1's ranks held before main())
+cat > "$tmp/slow_agent" << EOF
+#!/bin/sh
+for a; do [ "\$a" = dtm1 ] && export LD_PRELOAD="$slow" DT_TEST_HOLD_S=4; done
+exec "$NETSIM_STATE/agent" "\$@"
+EOF
+chmod 755 "$tmp/slow_agent"
+# stop_case AT DELAY [AGENT]: SIGTERM to a launcher on AT, DELAY s after it forked mpirun
+stop_case() {
+    local at=$1 d=$2 how=""
+    [ -n "${3:-}" ] && how=", dtm1's ranks held 4 s before main()"
+    local ck=$tmp/stop_$at.ck started="" job rc step want
+    rm -rf "$ck"
+    DT_AGENT=${3:-} "$ns" exec "$at" sh "$tmp/env.sh" "$bin" train --model mlp --hidden 32 --batch 8 --steps 100000 \
+        --threads 1 --log-every 100000 --hosts dtm0:2,dtm1:2 --save "$ck" < /dev/null > "$tmp/stop.out" 2>&1 &
+    job=$!
+    for _ in $(seq 2000); do   # (netsim's exec becomes dtrain, which forks mpirun)
+        [ "$(readlink "/proc/$job/exe")" = "$(readlink -f "$bin")" ] && [ -n "$(pgrep -P $job)" ] && started=1 && break
+        sleep 0.005
     done
+    [ -z "$started" ] && { echo "FAIL stop on $at: the launcher did not start mpirun within 10 s"; fail=1; }
+    sleep "$d"; kill -TERM $job; wait $job; rc=$?
+    step=$("$bin" inspect "$ck" 2>/dev/null | awk '$1 == "step" {print $2; exit}')
+    # (from dtm2 the stop goes through mpirun 1 s after its start: on a fast
+    # machine the ranks may have trained a few steps by then)
+    want=0; [ $at = dtm2 ] && want=${step:-x}
+    if [ $rc -eq 143 ] && grep -qE "^interrupted at step $want, saved to $ck" "$tmp/stop.out" && [ "$step" = "$want" ]; then
+        echo "ok   stop $d s after the launcher on $at started mpirun$how: exit 143, $(grep -m1 '^interrupted' "$tmp/stop.out")"
+    else
+        echo "FAIL stop $d s after the launcher on $at started mpirun$how: exit $rc, checkpoint step '${step:-}':"
+        tail -3 "$tmp/stop.out"; fail=1
+    fi
+}
+for at in dtm0 dtm2; do
+    for d in 0 0.1; do stop_case $at $d; done
 done
+stop_case dtm2 0 "$tmp/slow_agent"
 
 exit $fail

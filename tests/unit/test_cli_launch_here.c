@@ -1,6 +1,7 @@
 /* Which ranks a launcher can reach through its launch directory (cli/hosts.c,
  * cli/signals.c): host names that mean this machine, and a rank that takes
- * up the directory only on the machine the launcher names. */
+ * up the directory only on the machine the launcher names; the signals that
+ * reach a rank through mpirun. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -10,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "cli.h"
 #include "dtrain/train.h"
@@ -117,8 +120,33 @@ static void test_repeated_sigusr1_only_asks(void **st) {
     signal(SIGINT, SIG_DFL);
 }
 
+/* SIGURG is our launcher's SIGUSR1 through mpirun (signals.c): a rank that
+ * has no handlers yet ignores it (SIGUSR1 killed it and failed the job), one
+ * that has takes it as SIGUSR1, and a repeat only asks again. In a child:
+ * the handlers' state is per process. */
+static void test_sigurg_is_the_launchers_ask(void **st) {
+    (void)st;
+    pid_t p = fork();
+    assert_true(p >= 0);
+    if (p == 0) {
+        raise(SIGURG);   /* still loading: passes */
+        if (dt_train_stop_requested()) _exit(2);
+        dt_cli_signals_install();
+        raise(SIGURG);
+        if (dt_train_stop_requested() != SIGUSR1) _exit(3);
+        raise(SIGURG);
+        raise(SIGURG);
+        _exit(dt_train_stop_requested() == SIGUSR1 ? 0 : 4);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(p, &status, 0), p);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sigurg_is_the_launchers_ask),   /* (first: no handler and no stop request here yet) */
         cmocka_unit_test(test_names_of_this_machine),
         cmocka_unit_test(test_hosts_with_this_machine),
         cmocka_unit_test(test_rank_takes_the_directory_only_on_the_launchers_machine),
