@@ -155,7 +155,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
          "(--sample-tokens after the validation split's first 8 tokens; temperature 0.8, top-k 40; one process or DDP)", 0, 0},
         {"--sample-tokens", DT_ARG_INT, &o->sample_tokens, "N", "tokens per --sample-every sample (default 64)", 0, 0},
         {"--stop-after", DT_ARG_I64, &o->stop_after, "N", "stop after N steps without the final save (simulates a crash)", 0, 0},
-        {"--quiet", DT_ARG_FLAG, &o->quiet, NULL, "no progress output", 0, 0},
+        {"--quiet", DT_ARG_FLAG, &o->quiet, NULL, "no start-up or progress lines (the final evaluation's result, stops and errors still print)", 0, 0},
         {"--no-memory-check", DT_ARG_FLAG, &o->no_memory_check, NULL, "start even when the estimated memory per rank "
          "(parameters, gradients, optimizer state, activations) exceeds what the machine or the job's cgroup has free "
          "for its ranks (default: refused before allocating)", 0, 0},

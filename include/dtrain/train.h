@@ -99,7 +99,7 @@ typedef struct dt_train_opts {
     const char *trace;             /* Chrome trace path (per rank: suffix .rankN) */
     int64_t log_every;             /* non-terminal progress interval (0 = auto) */
     int64_t eval_batches;          /* LM eval: number of batches (0 = auto) */
-    int quiet;
+    int quiet;                     /* no start-up or progress lines; the final result still prints */
     int64_t stop_after;            /* testing aid: stop (as if killed) after this many steps; 0 = off */
     int eval_only;                 /* the trainer is created to evaluate (dt_trainer_evaluate), not to
                                       train: a train.resume checkpoint's step is not compared with

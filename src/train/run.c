@@ -109,7 +109,8 @@ static dt_status stop_early(dt_trainer *t, int code, int in_eval) {
 
 dt_status dt_trainer_run(dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
-    int lead = t->strat.rank == t->lead_rank && !o->quiet;
+    int leader = t->strat.rank == t->lead_rank;   /* the result line: also when quiet */
+    int lead = leader && !o->quiet;                /* start-up and progress lines */
     /* Under mpirun every rank's stdout is a pty even when the user's is not:
      * the --nproc launcher passes the real answer down in DTRAIN_TTY. */
     const char *tty_env = getenv("DTRAIN_TTY");
@@ -166,7 +167,7 @@ dt_status dt_trainer_run(dt_trainer *t) {
     DT_TRY(dt_trainer_evaluate(t, &loss, &acc));
     if ((code = dt_train_stopped()) != 0) return stop_early(t, code, 1);
     DT_TRY(dt_trainer_save_settle(t));
-    if (lead) {
+    if (leader) {
         if (d->headline_loss)   /* "validation loss: 1.2345  (token accuracy 0.4567)" */
             dt_log(DT_LOG_INFO, "%s loss: %.4f  (%s %.4f)\n", d->eval_name, loss, d->metric, acc);
         else                    /* "test accuracy: 0.8765  test loss: 0.3456" */

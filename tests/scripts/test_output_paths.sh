@@ -4,7 +4,7 @@
 # files that cannot be written fail before step 1 with the flag and path named,
 # never after training, on every rank alike (one line, no rank: the ranks
 # agree on the check); writable ones produce every rank's file and leave no
-# probe files behind.
+# probe files behind. --quiet leaves the result line alone.
 # usage: test_output_paths.sh DTRAIN NP
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -47,4 +47,12 @@ done
 [ "$(grep -c '"step"' "$tmp/m.jsonl")" -eq 3 ] || { echo "FAIL metrics: want 2 step lines + 1 eval line"; fail=1; }
 if find "$tmp" -name '.dtrain-probe*' | grep -c . > /dev/null; then echo "FAIL probe files left behind"; fail=1; fi
 [ $fail -eq 0 ] && echo "ok   writable outputs: $np traces, sharded set, metrics"
+
+# --quiet: no start-up or progress lines, but the result, once for the job
+out=$(timeout -k 15 120 "$bin" "${run[@]}" --steps 2 --quiet < /dev/null 2>&1); rc=$?
+if [ $rc -eq 0 ] && [ "$(wc -l <<< "$out")" -eq 1 ] && grep -qE "^test accuracy: [0-9.]+  test loss: [0-9.]+$" <<< "$out"; then
+    echo "ok   --quiet prints the result only: $out"
+else
+    echo "FAIL --quiet (rc $rc): want the one line 'test accuracy: ...  test loss: ...', got:"; echo "$out" | head -5; fail=1
+fi
 exit $fail
