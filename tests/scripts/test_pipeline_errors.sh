@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Bad pipeline configurations fail on every rank with one clear message and
 # never hang: ranks not divisible by --pp, more stages than blocks, a
-# schedule's micro-batch rule, a split that does not add up.
+# schedule's micro-batch rule, a split that does not add up. At 4 ranks the
+# start-up line of 2 stages x 2 replicas describes every stage's replica
+# group, also when one stays inside a machine and the other spans two.
 # usage: test_pipeline_errors.sh DTRAIN NP
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -26,5 +28,16 @@ else
     expect "4 virtual stages (--pp 4 x --virtual-stages 1) but model mlp has only 2 blocks" --pp 4 --nproc 4
     expect "--pp-split has 3 entries" --pp 4 --nproc 4 --pp-split 1,1,1 --hidden 32,32,32
     expect "6 virtual stages" --pp 2 --nproc 4 --schedule interleaved --virtual-stages 3 --microbatches 2
+    # line MACHINES PATTERN: the start-up line of pp 2 x dp 2 on simulated machines (one id per rank)
+    line() {
+        local out
+        out=$(DTRAIN_TEST_MACHINES=$1 timeout -k 15 120 "$bin" train --model mlp --hidden 32 --threads 1 --steps 1 \
+              --pp 2 --nproc 4 --batch 16 --microbatches 2 < /dev/null 2>&1)
+        if grep -qE -- "$2" <<< "$out"; then echo "ok   machines $1: $(grep -m1 -oE -- "$2" <<< "$out")"
+        else echo "FAIL machines $1: /$2/ not in:"; grep "dtrain:" <<< "$out" | head -8; fail=1; fi
+    }
+    line 0,0,0,0 "pipeline stages x 2 replicas: ddp gradients in shared memory, summed in place$"
+    line 0,1,2,3 "pipeline stages x 2 replicas: ddp gradients reduced by MPI collectives$"
+    line 0,0,0,1 "pipeline stages x 2 replicas: ddp gradients in shared memory on 2 of 4 ranks, by MPI collectives on the rest"
 fi
 exit $fail
