@@ -102,7 +102,7 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
     }
     size_t nenv = 0;
     for (char **e = environ; *e; e++) nenv += forwarded(*e);
-    char **av = calloc((size_t)argc + 40 + 2 * nenv, sizeof *av);
+    char **av = calloc((size_t)argc + 32 + 2 * nenv, sizeof *av);
     char **names = calloc(nenv + 1, sizeof *names);
     char *hostlist = NULL;
     if (!av || !names) { free(av); free(names); dt_cli_launch_dir_remove(*dir ? dir : NULL); return 1; }
@@ -135,17 +135,6 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
         static char *const keep[] = {"--mca", "oob_tcp_keepalive_time", "10", "--mca", "oob_tcp_keepalive_intvl", "2",
                                      "--mca", "oob_tcp_keepalive_probes", "5"};
         for (size_t i = 0; i < sizeof keep / sizeof *keep; i++) av[k++] = keep[i];
-    }
-    /* a stop from a launcher with no rank on its machine goes through mpirun
-     * as SIGURG (signals.c), which Open MPI forwards only when asked; a list
-     * of the user's own is kept, "none" too (then nothing is forwarded) */
-    const char *fwd_env = getenv("OMPI_MCA_ess_base_forward_signals");
-    char fwd[256] = "SIGURG";
-    if (fwd_env && *fwd_env && snprintf(fwd, sizeof fwd, "%s,SIGURG", fwd_env) >= (int)sizeof fwd) fwd[0] = 0;
-    if (fwd[0] && !(fwd_env && !strcmp(fwd_env, "none"))) {
-        av[k++] = "--mca";
-        av[k++] = "ess_base_forward_signals";
-        av[k++] = fwd;
     }
     /* what every rank must decide alike (GEMM library and kernels, threads) */
     size_t ne = 0;

@@ -36,17 +36,21 @@
  * When ranks are expected here (dt_cli_hosts_here) or some are ready, the
  * first signal goes only through the directory, at any moment of start-up.
  * Otherwise, or when none is ready STUCK_START_S after the stop, it goes to
- * mpirun as SIGURG, which launch.c has Open MPI forward to the ranks it has
- * started (ess_base_forward_signals) and a rank takes as SIGUSR1: first when
- * mpirun is MPIRUN_SETTLE_S old (a SIGUSR1 it got in its first ~0.2 s was
- * lost, the job trained to its end, or ended the job at once with status 0:
- * Open MPI 4.1, simulated hosts), then again at twice that age and so on
- * while the job runs, for ranks on machines whose daemons were not up yet (a
+ * mpirun as SIGURG, which Open MPI 4.1 forwards to the ranks it has started
+ * (by default: SIGURG is in ess/base's forwardable table) and a rank sent by
+ * kill() takes as SIGUSR1: first when mpirun is MPIRUN_SETTLE_S old (a
+ * SIGUSR1 it got in its first ~0.2 s was lost, the job trained to its end, or
+ * ended the job at once with status 0: Open MPI 4.1, simulated hosts), then
+ * at twice that age up to FORWARD_EVERY_S, then every FORWARD_EVERY_S while
+ * the job runs, for ranks on machines whose daemons were not up yet (a
  * repeated ask only asks again). SIGURG, not SIGUSR1, because its default
  * action is to be ignored: a rank that is still loading, before its handlers
  * are installed, lets it pass and takes a later one, where SIGUSR1 killed it
- * and failed the job. A second signal goes to mpirun as SIGTERM (and SIGKILL
- * TERM_GRACE_S later).
+ * and failed the job. (The kernel's own SIGURG, urgent data on a socket that
+ * named the process its owner, is no stop: si_code tells them apart.) With
+ * OMPI_MCA_ess_base_forward_signals=none mpirun forwards nothing, so the
+ * stop goes to it as SIGTERM, its abort, said on stderr. A second signal
+ * goes to mpirun as SIGTERM (and SIGKILL TERM_GRACE_S later).
  * mpirun's own
  * SIGTERM / SIGINT handling would instead SIGCONT the ranks, SIGTERM them
  * odls_base_sigkill_timeout (default 1) s later and SIGKILL them after as
@@ -71,7 +75,7 @@
 #define STUCK_START_S 20.0   /* a stop pending, no new rank ready */
 #define TERM_GRACE_S 5.0     /* mpirun SIGTERMed: then SIGKILL */
 #define MPIRUN_SETTLE_S 1.0  /* a SIGUSR1 mpirun gets younger is lost or ends it with status 0 */
-#define FORWARD_LAST_S 64.0  /* SIGURG to mpirun at ages 1, 2, 4 ... up to this */
+#define FORWARD_EVERY_S 64.0 /* SIGURG to mpirun at ages 1, 2, 4 ... 64, then every 64 s */
 
 static volatile sig_atomic_t g_seen;    /* signals received (ranks and launcher) */
 static volatile sig_atomic_t g_first;   /* the first one's number */
@@ -83,7 +87,6 @@ static void die_now(int sig) {
 }
 
 static void on_rank_signal(int sig) {
-    if (sig == SIGURG) sig = SIGUSR1;   /* the launcher's ask through mpirun (above) */
     if (g_seen++) {
         if (sig != SIGUSR1) die_now(sig);   /* (a launcher's repeat: the same stop) */
         return;
@@ -95,6 +98,15 @@ static void on_rank_signal(int sig) {
     dt_train_request_stop(sig);
 }
 
+/* SIGURG sent by a process (si_code <= 0: kill, tgkill, sigqueue): the
+ * launcher's ask through mpirun (above), a SIGUSR1; the kernel's (SI_KERNEL,
+ * a socket's urgent data) is none */
+static void on_rank_sigurg(int sig, siginfo_t *si, void *ctx) {
+    (void)sig;
+    (void)ctx;
+    if (si && si->si_code <= 0) on_rank_signal(SIGUSR1);
+}
+
 /* the launcher only counts: its wait loop acts (kill, files) */
 static void on_launcher_signal(int sig) {
     if (g_seen && sig == SIGUSR1) return;   /* only asks again: not the second signal */
@@ -103,8 +115,9 @@ static void on_launcher_signal(int sig) {
     g_seen++;
 }
 
-/* n = 3: the stop signals; 4: and SIGURG (ranks only: nothing sends it to a launcher) */
-static void install(void (*fn)(int), int n) {
+/* the stop signals to fn; SIGURG to urg (ranks) or left alone (NULL: the
+ * launcher, to which nothing sends it) */
+static void install(void (*fn)(int), void (*urg)(int, siginfo_t *, void *)) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = fn;
@@ -112,10 +125,16 @@ static void install(void (*fn)(int), int n) {
     sigemptyset(&sa.sa_mask);
     const int sigs[] = {SIGTERM, SIGINT, SIGUSR1, SIGURG};
     for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]);   /* one handler at a time */
-    for (int i = 0; i < n; i++) sigaction(sigs[i], &sa, NULL);
+    for (int i = 0; i < 3; i++) sigaction(sigs[i], &sa, NULL);
+    if (urg) {
+        sa.sa_handler = NULL;
+        sa.sa_sigaction = urg;
+        sa.sa_flags = SA_RESTART | SA_SIGINFO;
+        sigaction(SIGURG, &sa, NULL);
+    }
 }
 
-void dt_cli_signals_install(void) { install(on_rank_signal, 4); }
+void dt_cli_signals_install(void) { install(on_rank_signal, on_rank_sigurg); }
 
 int dt_cli_stop_status(void) {
     int code = dt_train_stopped();
@@ -242,10 +261,12 @@ void dt_cli_launch_dir_remove(const char *dir) {
 int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int nproc, dt_cli_launch_where where) {
     launch_watch w = {.dir = dir, .nproc = nproc, .where = where};
     if (dir && !(w.pid = calloc((size_t)(nproc > 0 ? nproc : 1), sizeof *w.pid))) w.dir = NULL;
-    install(on_launcher_signal, 3);
+    install(on_launcher_signal, NULL);
     sigprocmask(SIG_SETMASK, unblock, NULL);   /* signals held since the fork arrive now */
     if (child <= 0) { free(w.pid); return 1; }
     int st = 0, acted = 0, killed = 0, forward = 0, rc;
+    const char *fwd = getenv("OMPI_MCA_ess_base_forward_signals");
+    int no_forward = fwd && !strcmp(fwd, "none");   /* the user's: mpirun forwards nothing */
     double next_forward = MPIRUN_SETTLE_S;   /* mpirun's age at the next SIGURG */
     double started = mono_s(), last_ready = started, gone_since = 0, term_at = 0, first_at = 0;
     for (;;) {
@@ -273,9 +294,17 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
         }
         /* ranks were expected here and none came: the stop goes through mpirun after all */
         if (acted && w.n == 0 && w.where != DT_LAUNCH_ALL_HERE && now - first_at > STUCK_START_S) forward = 1;
-        if (forward && !term_at && now - started >= next_forward && next_forward <= FORWARD_LAST_S) {
+        if (forward && !term_at && no_forward) {
+            fprintf(stderr, "dtrain: OMPI_MCA_ess_base_forward_signals=none: mpirun passes no signal on to the ranks, "
+                            "so the stop ends the job through mpirun's SIGTERM (ranks get odls_base_sigkill_timeout "
+                            "seconds, no checkpoint unless they finish it)\n");
+            kill((pid_t)child, SIGTERM);
+            term_at = now;
+        }
+        if (forward && !term_at && now - started >= next_forward) {
             kill((pid_t)child, SIGURG);
-            while (next_forward <= now - started) next_forward *= 2;   /* 1, 2, 4 ... 64 s */
+            while (next_forward <= now - started)   /* 1, 2, 4 ... 64 s, then every 64 s */
+                next_forward = next_forward < FORWARD_EVERY_S ? 2 * next_forward : next_forward + FORWARD_EVERY_S;
         }
         if (w.dir && w.where == DT_LAUNCH_ALL_HERE && !term_at) {
             int alive = 0;

@@ -171,7 +171,7 @@ add_test(NAME test_tp_zero_np4
 set_tests_properties(test_tp_zero_np4 PROPERTIES LABELS "mpi;slow" PROCESSORS 4 TIMEOUT 300)
 foreach(np 2 4)
   add_test(NAME test_pipeline_errors_np${np}
-           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_errors.sh $<TARGET_FILE:dtrain_cli> ${np})
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pipeline_errors.sh $<TARGET_FILE:dtrain_cli> ${np} ${DT_MPIEXEC})
   set_tests_properties(test_pipeline_errors_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
   add_test(NAME test_output_paths_np${np}
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_output_paths.sh $<TARGET_FILE:dtrain_cli> ${np})

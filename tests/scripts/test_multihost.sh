@@ -19,7 +19,9 @@
 #  - the same stop while one host's ranks are still loading (held 4 s
 #    before main() by SLOW_START, as on a slow machine): the launcher's
 #    asks through mpirun reach them before they handle signals; as SIGUSR1
-#    they killed them and failed the job, as SIGURG they pass.
+#    they killed them and failed the job, as SIGURG they pass; with the
+#    user's OMPI_MCA_ess_base_forward_signals=none the stop ends the job
+#    through mpirun's SIGTERM instead of being lost.
 # Skipped (exit 77, ctest SKIP_RETURN_CODE) where namespaces cannot be made.
 # usage: test_multihost.sh DTRAIN CKPT_CMP NETSIM SLOW_START
 set -uo pipefail
@@ -198,6 +200,24 @@ stop_case() {
 for at in dtm0 dtm2; do
     for d in 0 0.1; do stop_case $at $d; done
 done
+# (the held ranks survive the asks sent while they load; the stop reaches
+# them through dtm0's ranks and the step agreement, or a later ask)
 stop_case dtm2 0 "$tmp/slow_agent"
+# the user turned mpirun's forwarding off (OMPI_MCA_ess_base_forward_signals=none):
+# from dtm2 the stop ends the job through mpirun's SIGTERM, and says so,
+# instead of being lost (the job trained to its end)
+OMPI_MCA_ess_base_forward_signals=none "$ns" exec dtm2 sh "$tmp/env.sh" "$bin" train --model mlp --hidden 32 --batch 8 \
+    --steps 100000000 --threads 1 --log-every 100000000 --hosts dtm0:2,dtm1:2 < /dev/null > "$tmp/none.out" 2>&1 &
+job=$!
+for _ in $(seq 300); do [ -n "$(pgrep -P $job)" ] && break; sleep 0.02; done
+sleep 2; kill -TERM $job
+for _ in $(seq 300); do kill -0 $job 2> /dev/null || break; sleep 0.1; done
+if kill -0 $job 2> /dev/null; then
+    echo "FAIL forward list 'none': the job still runs 30 s after the stop"; kill -KILL $job; fail=1
+elif wait $job; [ $? -eq 143 ] && grep -q "ess_base_forward_signals=none: mpirun passes no signal on" "$tmp/none.out"; then
+    echo "ok   forward list 'none': the stop ends the job through mpirun (exit 143), said on stderr"
+else
+    echo "FAIL forward list 'none':"; tail -3 "$tmp/none.out"; fail=1
+fi
 
 exit $fail

@@ -3,11 +3,14 @@
 # never hang: ranks not divisible by --pp, more stages than blocks, a
 # schedule's micro-batch rule, a split that does not add up. At 4 ranks the
 # start-up line of 2 stages x 2 replicas describes every stage's replica
-# group, also when one stays inside a machine and the other spans two.
-# usage: test_pipeline_errors.sh DTRAIN NP
+# group, also when one stays inside a machine and the other spans two, and
+# its collective runs also where ranks differ on --quiet (one rank's choice).
+# usage: test_pipeline_errors.sh DTRAIN NP MPIEXEC ARGS...
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 bin=$1 np=$2
+shift 2
+mpiexec=("$@")
 fail=0
 mlp=(--model mlp --hidden 32 --threads 1 --quiet --steps 2)   # 2 blocks
 expect() {   # expect NEEDLE ARGS...
@@ -39,5 +42,13 @@ else
     line 0,0,0,0 "pipeline stages x 2 replicas: ddp gradients in shared memory, summed in place$"
     line 0,1,2,3 "pipeline stages x 2 replicas: ddp gradients reduced by MPI collectives$"
     line 0,0,0,1 "pipeline stages x 2 replicas: ddp gradients in shared memory on 2 of 4 ranks, by MPI collectives on the rest"
+    # rank 0 reports, the others are --quiet: the line's collective must still run on all of them
+    pq=(train --model mlp --hidden 32 --threads 1 --steps 1 --pp 2 --batch 16 --microbatches 2)
+    out=$(timeout -k 15 120 "${mpiexec[@]}" -n 1 "$bin" "${pq[@]}" : -n 3 "$bin" "${pq[@]}" --quiet < /dev/null 2>&1); rc=$?
+    if [ $rc -eq 0 ] && grep -q "ddp gradients in shared memory" <<< "$out" && grep -q "^test accuracy: " <<< "$out"; then
+        echo "ok   pp 2 x dp 2, ranks 1-3 --quiet: trains and reports"
+    else
+        echo "FAIL pp 2 x dp 2, ranks 1-3 --quiet (rc $rc$([ $rc -eq 124 ] && echo ': hang')):"; echo "$out" | tail -5; fail=1
+    fi
 fi
 exit $fail

@@ -11,6 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -120,10 +125,41 @@ static void test_repeated_sigusr1_only_asks(void **st) {
     signal(SIGINT, SIG_DFL);
 }
 
+static volatile sig_atomic_t g_urg_code = -100;
+static void note_sigurg(int sig, siginfo_t *si, void *ctx) {
+    (void)sig;
+    (void)ctx;
+    g_urg_code = si ? si->si_code : -99;
+}
+
+/* The kernel's SIGURG: one urgent (out-of-band) byte arriving on a loopback
+ * TCP connection whose receiving end names this process its owner. 0: sent. */
+static int kernel_sigurg(void) {
+    int l = socket(AF_INET, SOCK_STREAM, 0), c = socket(AF_INET, SOCK_STREAM, 0), a = -1, rc = -1;
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof sin);
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sin;
+    if (l >= 0 && c >= 0 && !bind(l, (struct sockaddr *)&sin, sizeof sin) && !listen(l, 1) &&
+        !getsockname(l, (struct sockaddr *)&sin, &len) && !connect(c, (struct sockaddr *)&sin, sizeof sin) &&
+        (a = accept(l, NULL, NULL)) >= 0 && !fcntl(a, F_SETOWN, getpid()) && send(c, "!", 1, MSG_OOB) == 1) {
+        char b;
+        for (int i = 0; i < 200 && recv(a, &b, 1, MSG_OOB | MSG_DONTWAIT) != 1; i++)   /* arrived: signalled */
+            nanosleep(&(struct timespec){0, 5000000}, NULL);
+        rc = 0;
+    }
+    if (a >= 0) close(a);
+    if (c >= 0) close(c);
+    if (l >= 0) close(l);
+    return rc;
+}
+
 /* SIGURG is our launcher's SIGUSR1 through mpirun (signals.c): a rank that
  * has no handlers yet ignores it (SIGUSR1 killed it and failed the job), one
- * that has takes it as SIGUSR1, and a repeat only asks again. In a child:
- * the handlers' state is per process. */
+ * that has takes it as SIGUSR1, and a repeat only asks again; the kernel's
+ * SIGURG (a socket's urgent data) asks nothing. In a child: the handlers'
+ * state is per process. */
 static void test_sigurg_is_the_launchers_ask(void **st) {
     (void)st;
     pid_t p = fork();
@@ -131,7 +167,15 @@ static void test_sigurg_is_the_launchers_ask(void **st) {
     if (p == 0) {
         raise(SIGURG);   /* still loading: passes */
         if (dt_train_stop_requested()) _exit(2);
+        /* the kernel's SIGURG exists here and says so in si_code */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = note_sigurg;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGURG, &sa, NULL);
+        if (kernel_sigurg() || g_urg_code <= 0) _exit(5);
         dt_cli_signals_install();
+        if (kernel_sigurg() || dt_train_stop_requested()) _exit(6);   /* no stop from a socket */
         raise(SIGURG);
         if (dt_train_stop_requested() != SIGUSR1) _exit(3);
         raise(SIGURG);

@@ -230,10 +230,12 @@ static dt_status s_setup(void *self, dt_run *r) {
     p->metrics.stats.param_bytes = pb;
     char label[32];
     snprintf(label, sizeof label, p->dp.zero ? "pipeline+zero-%d" : "pipeline", p->o.zero_stage);
-    if (!r->quiet && p->dp.ddp) {   /* every stage's replica group: one may span machines, another not */
+    if (p->dp.ddp) {   /* every stage's replica group: one may span machines, another not */
         double shm[2] = {dt_ddp_uses_shared_memory(p->dp.ddp) ? 1.0 : 0.0, 1.0};
-        DT_TRY(dt_par_allreduce_sum(p->comm.world, shm, 2));   /* (ranks in shared memory, ranks) */
-        if (dt_pg_rank(p->comm.world) == 0) {
+        /* (ranks in shared memory, ranks); on every rank, quiet or not: quiet is
+         * one rank's choice (train/fingerprint.c), a collective is every rank's */
+        DT_TRY(dt_par_allreduce_sum(p->comm.world, shm, 2));
+        if (!r->quiet && dt_pg_rank(p->comm.world) == 0) {
             if (shm[0] == shm[1] || shm[0] == 0)
                 dt_log(DT_LOG_INFO, "dtrain: pipeline stages x %d replicas: ddp gradients %s\n", p->lay.D,
                        shm[0] ? "in shared memory, summed in place" : "reduced by MPI collectives");
