@@ -144,6 +144,11 @@ void dt_cli_launch_ready(void);
 /* "hostname/boot id/pid namespace": one machine's process ids; -1 when a
  * part cannot be read */
 int dt_cli_machine_key(char *buf, size_t n);
+/* launcher: 1 when Open MPI is set to forward no signal to the ranks
+ * (ess_base_forward_signals = none: the environment, else the user's
+ * ~/.openmpi/mca-params.conf, else /etc/openmpi/openmpi-mca-params.conf),
+ * with the setting that says so in why */
+int dt_cli_mpirun_forwards_nothing(char *why, size_t n);
 /* launcher: the directory and its files, after mpirun exited */
 void dt_cli_launch_dir_remove(const char *dir);
 #endif

@@ -48,8 +48,9 @@
  * are installed, lets it pass and takes a later one, where SIGUSR1 killed it
  * and failed the job. (The kernel's own SIGURG, urgent data on a socket that
  * named the process its owner, is no stop: si_code tells them apart.) With
- * OMPI_MCA_ess_base_forward_signals=none mpirun forwards nothing, so the
- * stop goes to it as SIGTERM, its abort, said on stderr. A second signal
+ * ess_base_forward_signals = none (environment or MCA parameter file) mpirun
+ * forwards nothing, so the stop goes to it as SIGTERM, its abort, said on
+ * stderr. A second signal
  * goes to mpirun as SIGTERM (and SIGKILL TERM_GRACE_S later).
  * mpirun's own
  * SIGTERM / SIGINT handling would instead SIGCONT the ranks, SIGTERM them
@@ -258,6 +259,58 @@ void dt_cli_launch_dir_remove(const char *dir) {
     rmdir(dir);
 }
 
+/* Whether Open MPI is told to forward no signal at all (cli.h; the synonym
+ * ess_hnp_forward_signals counts too): the environment first, then the
+ * user's and the system's MCA parameter files, in Open MPI's precedence.
+ * 0: mpirun forwards (SIGURG by default). */
+static int param_says_none(const char *value) {
+    while (*value == ' ' || *value == '\t') value++;
+    size_t n = strcspn(value, " \t\r\n#");
+    return n == 4 && !strncmp(value, "none", 4);
+}
+
+/* -1: FILE does not set it; else whether it says none */
+static int file_says_none(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[1024];
+    int found = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *p = line + strspn(line, " \t");
+        static const char *const names[] = {"ess_base_forward_signals", "ess_hnp_forward_signals"};
+        for (int i = 0; i < 2; i++) {
+            size_t l = strlen(names[i]);
+            if (strncmp(p, names[i], l)) continue;
+            const char *q = p + l + strspn(p + l, " \t");
+            if (*q == '=') found = param_says_none(q + 1);   /* (the last line wins) */
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+int dt_cli_mpirun_forwards_nothing(char *why, size_t n) {
+    static const char *const env[] = {"OMPI_MCA_ess_base_forward_signals", "OMPI_MCA_ess_hnp_forward_signals"};
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(env[i]);
+        if (v && *v) {
+            snprintf(why, n, "%s=%s", env[i], v);
+            return param_says_none(v);
+        }
+    }
+    char user[4096] = "";
+    const char *home = getenv("HOME");
+    if (home && *home) snprintf(user, sizeof user, "%s/.openmpi/mca-params.conf", home);
+    const char *files[] = {user, "/etc/openmpi/openmpi-mca-params.conf"};
+    for (int i = 0; i < 2; i++) {
+        int r = files[i][0] ? file_says_none(files[i]) : -1;
+        if (r < 0) continue;
+        snprintf(why, n, "ess_base_forward_signals = none in %s", files[i]);
+        return r;
+    }
+    return 0;
+}
+
 int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int nproc, dt_cli_launch_where where) {
     launch_watch w = {.dir = dir, .nproc = nproc, .where = where};
     if (dir && !(w.pid = calloc((size_t)(nproc > 0 ? nproc : 1), sizeof *w.pid))) w.dir = NULL;
@@ -265,8 +318,8 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
     sigprocmask(SIG_SETMASK, unblock, NULL);   /* signals held since the fork arrive now */
     if (child <= 0) { free(w.pid); return 1; }
     int st = 0, acted = 0, killed = 0, forward = 0, rc;
-    const char *fwd = getenv("OMPI_MCA_ess_base_forward_signals");
-    int no_forward = fwd && !strcmp(fwd, "none");   /* the user's: mpirun forwards nothing */
+    char why[4200] = "";
+    int no_forward = dt_cli_mpirun_forwards_nothing(why, sizeof why);   /* the user's choice */
     double next_forward = MPIRUN_SETTLE_S;   /* mpirun's age at the next SIGURG */
     double started = mono_s(), last_ready = started, gone_since = 0, term_at = 0, first_at = 0;
     for (;;) {
@@ -294,10 +347,10 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
         }
         /* ranks were expected here and none came: the stop goes through mpirun after all */
         if (acted && w.n == 0 && w.where != DT_LAUNCH_ALL_HERE && now - first_at > STUCK_START_S) forward = 1;
-        if (forward && !term_at && no_forward) {
-            fprintf(stderr, "dtrain: OMPI_MCA_ess_base_forward_signals=none: mpirun passes no signal on to the ranks, "
-                            "so the stop ends the job through mpirun's SIGTERM (ranks get odls_base_sigkill_timeout "
-                            "seconds, no checkpoint unless they finish it)\n");
+        if (forward && !term_at && no_forward && now - started >= MPIRUN_SETTLE_S) {
+            fprintf(stderr, "dtrain: %s: mpirun passes no signal on to the ranks, so the stop ends the job through "
+                            "mpirun's SIGTERM (ranks get odls_base_sigkill_timeout seconds, no checkpoint unless they "
+                            "finish it)\n", why);
             kill((pid_t)child, SIGTERM);
             term_at = now;
         }

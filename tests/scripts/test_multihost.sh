@@ -208,12 +208,17 @@ stop_case dtm2 0 "$tmp/slow_agent"
 # instead of being lost (the job trained to its end)
 OMPI_MCA_ess_base_forward_signals=none "$ns" exec dtm2 sh "$tmp/env.sh" "$bin" train --model mlp --hidden 32 --batch 8 \
     --steps 100000000 --threads 1 --log-every 100000000 --hosts dtm0:2,dtm1:2 < /dev/null > "$tmp/none.out" 2>&1 &
-job=$!
-for _ in $(seq 300); do [ -n "$(pgrep -P $job)" ] && break; sleep 0.02; done
+job=$! started=""
+for _ in $(seq 2000); do   # (as in stop_case: dtrain itself, with mpirun started)
+    [ "$(readlink "/proc/$job/exe")" = "$(readlink -f "$bin")" ] && [ -n "$(pgrep -P $job)" ] && started=1 && break
+    sleep 0.005
+done
 sleep 2; kill -TERM $job
 for _ in $(seq 300); do kill -0 $job 2> /dev/null || break; sleep 0.1; done
-if kill -0 $job 2> /dev/null; then
-    echo "FAIL forward list 'none': the job still runs 30 s after the stop"; kill -KILL $job; fail=1
+if [ -z "$started" ]; then
+    echo "FAIL forward list 'none': the launcher did not start mpirun within 10 s"; kill -KILL $job; wait $job; fail=1
+elif kill -0 $job 2> /dev/null; then
+    echo "FAIL forward list 'none': the job still runs 30 s after the stop"; kill -KILL $job; wait $job; fail=1
 elif wait $job; [ $? -eq 143 ] && grep -q "ess_base_forward_signals=none: mpirun passes no signal on" "$tmp/none.out"; then
     echo "ok   forward list 'none': the stop ends the job through mpirun (exit 143), said on stderr"
 else
