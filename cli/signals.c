@@ -50,12 +50,11 @@
  * named the process its owner, is no stop: si_code tells them apart.) With
  * ess_base_forward_signals = none (environment or MCA parameter file) mpirun
  * forwards nothing, so the stop goes to it as SIGTERM, its abort, said on
- * stderr. A second signal
- * goes to mpirun as SIGTERM (and SIGKILL TERM_GRACE_S later).
- * mpirun's own
- * SIGTERM / SIGINT handling would instead SIGCONT the ranks, SIGTERM them
- * odls_base_sigkill_timeout (default 1) s later and SIGKILL them after as
- * long again: too short for a checkpoint but for small models.
+ * stderr. A second signal goes to mpirun as SIGTERM (and SIGKILL
+ * TERM_GRACE_S later). mpirun's own SIGTERM / SIGINT handling would instead
+ * SIGCONT the ranks, SIGTERM them odls_base_sigkill_timeout (default 1) s
+ * later and SIGKILL them after as long again: too short for a checkpoint
+ * but for small models.
  * Under a plain `mpirun`, send mpirun SIGUSR1 to stop the job this way, or
  * give the ranks more time with --mca odls_base_sigkill_timeout S (mpirun
  * then takes 2 S to exit). */
@@ -259,10 +258,7 @@ void dt_cli_launch_dir_remove(const char *dir) {
     rmdir(dir);
 }
 
-/* Whether Open MPI is told to forward no signal at all (cli.h; the synonym
- * ess_hnp_forward_signals counts too): the environment first, then the
- * user's and the system's MCA parameter files, in Open MPI's precedence.
- * 0: mpirun forwards (SIGURG by default). */
+/* an MCA value (after '=', to a comment or the end) is "none" */
 static int param_says_none(const char *value) {
     while (*value == ' ' || *value == '\t') value++;
     size_t n = strcspn(value, " \t\r\n#");
@@ -289,6 +285,8 @@ static int file_says_none(const char *path) {
     return found;
 }
 
+/* (cli.h) The synonym ess_hnp_forward_signals counts too; the environment
+ * first, then the user's and the system's file, as Open MPI's precedence. */
 int dt_cli_mpirun_forwards_nothing(char *why, size_t n) {
     static const char *const env[] = {"OMPI_MCA_ess_base_forward_signals", "OMPI_MCA_ess_hnp_forward_signals"};
     for (int i = 0; i < 2; i++) {
@@ -319,7 +317,7 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
     if (child <= 0) { free(w.pid); return 1; }
     int st = 0, acted = 0, killed = 0, forward = 0, rc;
     char why[4200] = "";
-    int no_forward = dt_cli_mpirun_forwards_nothing(why, sizeof why);   /* the user's choice */
+    int no_forward = -1;   /* the user's "forward nothing": read once a stop must go through mpirun */
     double next_forward = MPIRUN_SETTLE_S;   /* mpirun's age at the next SIGURG */
     double started = mono_s(), last_ready = started, gone_since = 0, term_at = 0, first_at = 0;
     for (;;) {
@@ -347,6 +345,7 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
         }
         /* ranks were expected here and none came: the stop goes through mpirun after all */
         if (acted && w.n == 0 && w.where != DT_LAUNCH_ALL_HERE && now - first_at > STUCK_START_S) forward = 1;
+        if (forward && no_forward < 0) no_forward = dt_cli_mpirun_forwards_nothing(why, sizeof why);
         if (forward && !term_at && no_forward && now - started >= MPIRUN_SETTLE_S) {
             fprintf(stderr, "dtrain: %s: mpirun passes no signal on to the ranks, so the stop ends the job through "
                             "mpirun's SIGTERM (ranks get odls_base_sigkill_timeout seconds, no checkpoint unless they "
