@@ -64,8 +64,9 @@ pp=(--batch 8 --microbatches 4 --pp 2 --nproc 2 --pp-split 2,2)
 if [ "$np" -lt 4 ]; then
     t_run f32 "${pp[@]}"
     t_run bf16 "${pp[@]}" --pp-wire bf16 && near f32 bf16
-    if "$bin" train "${gpt2[@]}" "${pp[@]}" --pp-wire bf16 --steps 1 2>&1 |
-           grep -q "activations and their gradients travel between stages as bf16 (computed in float32)"; then
+    # (the output whole first: grep -q leaving a pipe early can SIGPIPE mpirun, and pipefail then fails the check)
+    out=$("$bin" train "${gpt2[@]}" "${pp[@]}" --pp-wire bf16 --steps 1 2>&1)
+    if grep -q "activations and their gradients travel between stages as bf16 (computed in float32)" <<< "$out"; then
         echo "ok   the start-up lines name the bf16 wire"
     else
         echo "FAIL: no start-up line names the bf16 wire"; fail=1
