@@ -8,14 +8,14 @@
  *   dP = dy v^T,  dv += P^T dy,  dS = P (dP - rowsum(dP P)),
  *   dq += a dS k,  dk += a dS^T q
  *
- * The products use two register-blocked micro-kernels (4 x 32 output tiles,
- * plain C that the compiler vectorises) on per-head packed copies of q, k, v
- * and dy, so every tile skips the masked upper triangle at 4-row / 32-column
- * granularity. Padded sizes: Tp = T rounded up to 32, HSp = hs rounded up to
+ * The products use two register-blocked micro-kernels (8 x 32 output tiles,
+ * att_tiles.h: AVX-512 where the build has it, portable C elsewhere, the same
+ * bits on both) on per-head packed copies of q, k, v and dy, so every tile
+ * skips the masked upper triangle at 8-row / 32-column granularity. Padded sizes: Tp = T rounded up to 32, HSp = hs rounded up to
  * 32; padding rows/columns of the packed copies are zero.
  *
  * Saved: each row's softmax max and 1 / sum (stats[B*H][T][2]). No [T, T]
- * block is held per head for the whole batch: forward computes P four rows
+ * block is held per head for the whole batch: forward computes P eight rows
  * at a time and uses them at once (y = P v), and backward recomputes a
  * head's P into its thread's [Tp][Tp] workspace from the same tiles and the
  * saved statistics, in one exp pass, hence with the same bits as forward's.
@@ -27,56 +27,38 @@
  * B 8: 4.8 GB of probabilities no longer kept); the price is one more q k^T
  * product per head in backward. Invariant of a
  * head's P for row i < T: P[i][j] is the probability for j <= i and 0 for
- * i < j < round_up(i + 1, 4); nothing else is read.
+ * i < j < round_up(i + 1, ATT_R); nothing else is read.
  *
  * (b, h) pairs are independent (disjoint columns of y and dqkv), so they run
  * in an OpenMP loop, each thread with its own packing workspace. */
 #include <omp.h>
+#include "att_tiles.h"
 #include "ops_internal.h"
 
-#define MK_R 4    /* rows per micro-tile */
-#define MK_C 32   /* columns per micro-tile */
-
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-/* C[4][32] = A[4, K] · B[K, 32]; A and B row-major with strides lda, ldb. */
-static inline void mk_nn(const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb,
-                         int64_t K, float *restrict C, int64_t ldc) {
-    float acc[MK_R][MK_C] = {{0}};
-    for (int64_t k = 0; k < K; k++) {
-        const float *b = B + k * ldb;
-        for (int r = 0; r < MK_R; r++) {
-            float a = A[r * lda + k];
-            for (int c = 0; c < MK_C; c++) acc[r][c] = fmaf(a, b[c], acc[r][c]);
-        }
-    }
-    for (int r = 0; r < MK_R; r++)
-        for (int c = 0; c < MK_C; c++) C[r * ldc + c] = acc[r][c];
-}
-
-/* C[4][32] = A[K, 4]^T · B[K, 32]; A's 4 columns are contiguous in each row. */
-static inline void mk_tn(const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb,
-                         int64_t K, float *restrict C, int64_t ldc) {
-    float acc[MK_R][MK_C] = {{0}};
-    for (int64_t k = 0; k < K; k++) {
-        const float *a = A + k * lda, *b = B + k * ldb;
-        for (int r = 0; r < MK_R; r++)
-            for (int c = 0; c < MK_C; c++) acc[r][c] = fmaf(a[r], b[c], acc[r][c]);
-    }
-    for (int r = 0; r < MK_R; r++)
-        for (int c = 0; c < MK_C; c++) C[r * ldc + c] = acc[r][c];
-}
 
 typedef struct att_dims {
     int64_t T, C, hs, Tp, HSp;
     float scale;
 } att_dims;
 
+/* The packs read one head's hs columns of T rows that lie 3C floats apart:
+ * a stride the hardware prefetchers follow late, so each pack asks for the
+ * row PF_ROWS ahead itself. */
+#define PF_ROWS 8
+static inline void prefetch_row(const float *p, int64_t n) {
+    for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 0, 3);
+}
+static inline void prefetch_row_w(float *p, int64_t n) {
+    for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 1, 3);
+}
+
 /* dst[Tp][HSp] = alpha * src[i, c] (row stride ld) for i < T, c < hs; zero padding. */
 static void pack_rows(float *dst, const float *src, int64_t ld, const att_dims *d, float alpha) {
     for (int64_t i = 0; i < d->Tp; i++) {
         float *o = dst + i * d->HSp;
         int64_t c = 0;
+        if (i + PF_ROWS < d->T) prefetch_row(src + (i + PF_ROWS) * ld, d->hs);
         if (i < d->T)
             for (; c < d->hs; c++) o[c] = alpha * src[i * ld + c];
         for (; c < d->HSp; c++) o[c] = 0.0f;
@@ -85,20 +67,31 @@ static void pack_rows(float *dst, const float *src, int64_t ld, const att_dims *
 
 /* dst[hs][Tp] = src^T: dst[c][j] = src[j, c] for j < T; zero for j >= T. */
 static void pack_cols(float *dst, const float *src, int64_t ld, const att_dims *d) {
-    for (int64_t c = 0; c < d->hs; c++) {
-        float *o = dst + c * d->Tp;
-        for (int64_t j = 0; j < d->T; j++) o[j] = src[j * ld + c];
-        for (int64_t j = d->T; j < d->Tp; j++) o[j] = 0.0f;
+    const int64_t T = d->T, Tp = d->Tp;
+    for (int64_t j0 = 0; j0 < Tp; j0 += ATT_R) {   /* ATT_R source rows at a time, read along the row */
+        for (int64_t j = j0 + PF_ROWS; j < j0 + PF_ROWS + ATT_R && j < T; j++) prefetch_row(src + j * ld, d->hs);
+        const int64_t n = T - j0 < ATT_R ? (T - j0 > 0 ? T - j0 : 0) : ATT_R;   /* rows < T in this block */
+        if (n == ATT_R) {
+            const float *r0 = src + j0 * ld;   /* att_transpose8 moves 8 rows: ATT_R is 8 */
+            int64_t c = 0;
+            for (; c + 8 <= d->hs; c += 8) att_transpose8(r0 + c, ld, dst + c * Tp + j0, Tp);
+            for (; c < d->hs; c++)
+                for (int64_t j = 0; j < ATT_R; j++) dst[c * Tp + j0 + j] = r0[j * ld + c];
+        } else {
+            for (int64_t c = 0; c < d->hs; c++)
+                for (int64_t j = 0; j < ATT_R; j++) dst[c * Tp + j0 + j] = j < n ? src[(j0 + j) * ld + c] : 0.0f;
+        }
     }
 }
 
 /* dst[i, c0 + c] (+)= alpha * tile[r][c] for rows i = i0 + r < T, columns < hs. */
 static void unpack_tile(float *dst, int64_t ld, const float *tile, int64_t i0, int64_t c0, const att_dims *d,
                         float alpha, int accumulate) {
-    int64_t w = d->hs - c0 < MK_C ? d->hs - c0 : MK_C;
-    for (int r = 0; r < MK_R && i0 + r < d->T; r++) {
+    int64_t w = d->hs - c0 < ATT_C ? d->hs - c0 : ATT_C;
+    for (int r = 0; r < ATT_R && i0 + r < d->T; r++) {
         float *o = dst + (i0 + r) * ld + c0;
-        const float *t = tile + r * MK_C;
+        if (i0 + r + ATT_R < d->T) prefetch_row_w(o + ATT_R * ld, w);   /* the next tile's row */
+        const float *t = tile + r * ATT_C;
         if (accumulate)
             for (int64_t c = 0; c < w; c++) o[c] += alpha * t[c];
         else
@@ -106,12 +99,12 @@ static void unpack_tile(float *dst, int64_t ld, const float *tile, int64_t i0, i
     }
 }
 
-static size_t fwd_ws_floats(const att_dims *d) { return (size_t)(2 * d->Tp * d->HSp + d->hs * d->Tp + MK_R * d->Tp); }
+static size_t fwd_ws_floats(const att_dims *d) { return (size_t)(2 * d->Tp * d->HSp + d->hs * d->Tp + ATT_R * d->Tp); }
 static size_t bwd_ws_floats(const att_dims *d) {
     return (size_t)(3 * d->Tp * d->HSp + 2 * d->hs * d->Tp + 2 * d->Tp * d->Tp);
 }
 
-/* Rows i0 .. i0+3 of a head's P into Pt (stride Tp), columns 0 .. i0+3:
+/* Rows i0 .. i0+7 of a head's P into Pt (stride Tp), columns 0 .. i0+7:
  * S = Qp · Kt (Qp holds a q), then each row's softmax over j <= i, zeros up
  * to the tile's end (rows >= T all zero). stats[2i], [2i+1]: row i's max and
  * 1 / sum of exp -- written (recompute 0; NULL: not kept) or read back
@@ -119,9 +112,9 @@ static size_t bwd_ws_floats(const att_dims *d) {
  * ops_internal.h dt_ops_softmax_row_stats). */
 static void head_probs_rows(const att_dims *d, const float *Qp, const float *Kt, float *Pt, int64_t i0, float *stats,
                             int recompute) {
-    const int64_t T = d->T, Tp = d->Tp, HSp = d->HSp, kend = i0 + MK_R;   /* columns 0 .. kend-1 cover j <= i */
-    for (int64_t j0 = 0; j0 < kend; j0 += MK_C) mk_nn(Qp + i0 * HSp, HSp, Kt + j0, Tp, d->hs, Pt + j0, Tp);
-    for (int64_t r = 0; r < MK_R; r++) {
+    const int64_t T = d->T, Tp = d->Tp, HSp = d->HSp, kend = i0 + ATT_R;   /* columns 0 .. kend-1 cover j <= i */
+    for (int64_t j0 = 0; j0 < kend; j0 += ATT_C) att_tile_nn(Qp + i0 * HSp, HSp, Kt + j0, Tp, d->hs, Pt + j0, Tp);
+    for (int64_t r = 0; r < ATT_R; r++) {
         float *row = Pt + r * Tp;
         int64_t i = i0 + r, j = 0;
         if (i < T && recompute) {
@@ -141,16 +134,16 @@ static void head_probs_rows(const att_dims *d, const float *Qp, const float *Kt,
  * its columns of the output. */
 static void att_head_forward(const att_dims *d, const float *q, float *y, float *stats, float *ws) {
     const int64_t T = d->T, Tp = d->Tp, HSp = d->HSp, ld = 3 * d->C;
-    float *Qp = ws, *Vp = Qp + Tp * HSp, *Kt = Vp + Tp * HSp, *Pt = Kt + d->hs * Tp;   /* [Tp][HSp] x2, [hs][Tp], [4][Tp] */
+    float *Qp = ws, *Vp = Qp + Tp * HSp, *Kt = Vp + Tp * HSp, *Pt = Kt + d->hs * Tp;   /* [Tp][HSp] x2, [hs][Tp], [ATT_R][Tp] */
     pack_rows(Qp, q, ld, d, d->scale);
     pack_rows(Vp, q + 2 * d->C, ld, d, 1.0f);
     pack_cols(Kt, q + d->C, ld, d);
-    float tile[MK_R * MK_C];
-    for (int64_t i0 = 0; i0 < T; i0 += MK_R) {
+    float tile[ATT_R * ATT_C];
+    for (int64_t i0 = 0; i0 < T; i0 += ATT_R) {
         head_probs_rows(d, Qp, Kt, Pt, i0, stats, 0);
-        /* y[i0:i0+4, :] = P[i0:i0+4, 0:kend] · v[0:kend, :] */
-        for (int64_t c0 = 0; c0 < d->hs; c0 += MK_C) {
-            mk_nn(Pt, Tp, Vp + c0, HSp, i0 + MK_R, tile, MK_C);
+        /* y[i0:i0+8, :] = P[i0:i0+8, 0:kend] · v[0:kend, :] */
+        for (int64_t c0 = 0; c0 < d->hs; c0 += ATT_C) {
+            att_tile_nn(Pt, Tp, Vp + c0, HSp, i0 + ATT_R, tile, ATT_C);
             unpack_tile(y, d->C, tile, i0, c0, d, 1.0f, 0);
         }
     }
@@ -167,15 +160,15 @@ static void att_head_backward(const att_dims *d, const float *q, float *dq, cons
     pack_rows(dYp, dy, d->C, d, 1.0f);
     pack_cols(Vt, q + 2 * d->C, ld, d);
     pack_cols(Kt, q + d->C, ld, d);
-    float tile[MK_R * MK_C];
-    for (int64_t i0 = 0; i0 < T; i0 += MK_R) {
+    float tile[ATT_R * ATT_C];
+    for (int64_t i0 = 0; i0 < T; i0 += ATT_R) {
         float *St = dS + i0 * Tp, *Pt = P + i0 * Tp;
-        int64_t kend = i0 + MK_R;
-        head_probs_rows(d, Qp, Kt, Pt, i0, stats, 1);   /* forward's P, rows i0 .. i0+3 */
-        /* dP[i0:i0+4, 0:kend] = dy · v^T */
-        for (int64_t j0 = 0; j0 < kend; j0 += MK_C) mk_nn(dYp + i0 * HSp, HSp, Vt + j0, Tp, d->hs, St + j0, Tp);
+        int64_t kend = i0 + ATT_R;
+        head_probs_rows(d, Qp, Kt, Pt, i0, stats, 1);   /* forward's P, rows i0 .. i0+7 */
+        /* dP[i0:i0+8, 0:kend] = dy · v^T */
+        for (int64_t j0 = 0; j0 < kend; j0 += ATT_C) att_tile_nn(dYp + i0 * HSp, HSp, Vt + j0, Tp, d->hs, St + j0, Tp);
         /* dS = P (dP - sum_j dP P) on j <= i, 0 up to kend */
-        for (int64_t r = 0; r < MK_R; r++) {
+        for (int64_t r = 0; r < ATT_R; r++) {
             const float *pr = Pt + r * Tp;
             float *sr = St + r * Tp;
             int64_t i = i0 + r, j = 0;
@@ -189,20 +182,20 @@ static void att_head_backward(const att_dims *d, const float *q, float *dq, cons
             }
             for (; j < kend; j++) sr[j] = 0.0f;
         }
-        /* dq[i0:i0+4, :] += a dS[i0:i0+4, 0:kend] · k */
-        for (int64_t c0 = 0; c0 < d->hs; c0 += MK_C) {
-            mk_nn(St, Tp, Kp + c0, HSp, kend, tile, MK_C);
+        /* dq[i0:i0+8, :] += a dS[i0:i0+8, 0:kend] · k */
+        for (int64_t c0 = 0; c0 < d->hs; c0 += ATT_C) {
+            att_tile_nn(St, Tp, Kp + c0, HSp, kend, tile, ATT_C);
             unpack_tile(dq, ld, tile, i0, c0, d, d->scale, 1);
         }
     }
-    /* rows j0 .. j0+3 of dv and dk sum over i >= j0 (the causal lower part) */
-    for (int64_t j0 = 0; j0 < T; j0 += MK_R) {
-        for (int64_t c0 = 0; c0 < d->hs; c0 += MK_C) {
+    /* rows j0 .. j0+7 of dv and dk sum over i >= j0 (the causal lower part) */
+    for (int64_t j0 = 0; j0 < T; j0 += ATT_R) {
+        for (int64_t c0 = 0; c0 < d->hs; c0 += ATT_C) {
             /* dv[j, :] += sum_i P[i, j] dy[i, :] */
-            mk_tn(P + j0 * Tp + j0, Tp, dYp + j0 * HSp + c0, HSp, T - j0, tile, MK_C);
+            att_tile_tn(P + j0 * Tp + j0, Tp, dYp + j0 * HSp + c0, HSp, T - j0, tile, ATT_C);
             unpack_tile(dq + 2 * d->C, ld, tile, j0, c0, d, 1.0f, 1);
             /* dk[j, :] += sum_i dS[i, j] (a q[i, :]) */
-            mk_tn(dS + j0 * Tp + j0, Tp, Qp + j0 * HSp + c0, HSp, T - j0, tile, MK_C);
+            att_tile_tn(dS + j0 * Tp + j0, Tp, Qp + j0 * HSp + c0, HSp, T - j0, tile, ATT_C);
             unpack_tile(dq + d->C, ld, tile, j0, c0, d, 1.0f, 1);
         }
     }
@@ -220,8 +213,8 @@ static void attention_backward(dt_graph *g, dt_node *n) {
     if (!dqkv) return;
     int64_t B = n->i[0], H = n->i[3];
     att_dims d = {.T = n->i[1], .C = n->i[2], .hs = n->i[2] / H, .scale = n->f[0]};
-    d.Tp = round_up(d.T, MK_C);
-    d.HSp = round_up(d.hs, MK_C);
+    d.Tp = round_up(d.T, ATT_C);
+    d.HSp = round_up(d.hs, ATT_C);
     const float *x = dt_f32(qkv), *dy = dt_f32(n->out->grad);
     float *stats = n->saved;
     int64_t tasks = B * H;
@@ -253,7 +246,7 @@ dt_tensor *dt_op_attention(dt_graph *g, dt_tensor *qkv, int n_head) {
                DT_OPS_SHAPE(qkv));
         return NULL;
     }
-    att_dims d = {.T = T, .C = C, .hs = C / H, .Tp = round_up(T, MK_C), .HSp = round_up(C / H, MK_C)};
+    att_dims d = {.T = T, .C = C, .hs = C / H, .Tp = round_up(T, ATT_C), .HSp = round_up(C / H, ATT_C)};
     d.scale = 1.0f / sqrtf((float)d.hs);
     int64_t tasks = B * H, shape[3] = {B, T, C};
     int nthr = att_threads(tasks);
