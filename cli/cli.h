@@ -91,6 +91,10 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
 int dt_cli_hosts_probe(const dt_cli_hosts *h, int *alive, double timeout_s);
 double dt_cli_probe_timeout(void);
 
+/* CLOCK_MONOTONIC in seconds: the launcher's timers (probe deadlines, when to
+ * ask mpirun again). The CLI keeps to the public API, so not the library's. */
+double dt_cli_mono_s(void);
+
 /* elastic.c: the world of a restart on the slots that answer. The job as
  * launched: nproc ranks = stages x replicas, accum micro-steps per replica
  * and step. Returns the largest world W in [min_nproc, min(nproc, slots)]

@@ -24,12 +24,6 @@
 #define DT_MPIEXEC "mpirun"
 #endif
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 double dt_cli_probe_timeout(void) {
     const char *e = getenv(DT_CLI_PROBE_TIMEOUT_ENV);
     double t = e && *e ? strtod(e, NULL) : 30.0;
@@ -70,7 +64,7 @@ int dt_cli_hosts_probe(const dt_cli_hosts *h, int *alive, double timeout_s) {
         }
         if (pid[i] > 0) setpgid(pid[i], pid[i]);
     }
-    double end = mono_s() + timeout_s;
+    double end = dt_cli_mono_s() + timeout_s;
     for (;;) {
         int pending = 0;
         for (int i = 0; i < h->n; i++) {
@@ -87,7 +81,7 @@ int dt_cli_hosts_probe(const dt_cli_hosts *h, int *alive, double timeout_s) {
             }
         }
         if (!pending) break;
-        if (mono_s() >= end) {   /* no answer in time: not alive */
+        if (dt_cli_mono_s() >= end) {   /* no answer in time: not alive */
             for (int i = 0; i < h->n; i++)
                 if (pid[i] > 0) kill(-pid[i], SIGKILL);
             for (int i = 0; i < h->n; i++)

@@ -182,12 +182,6 @@ void dt_cli_launch_ready(void) {
 
 /* ---- launcher side ---- */
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 typedef struct launch_watch {
     const char *dir;   /* NULL: none (out of memory; this machine not told apart) */
     int nproc;         /* ranks in the job, on any machine */
@@ -319,12 +313,12 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
     char why[4200] = "";
     int no_forward = -1;   /* the user's "forward nothing": read once a stop must go through mpirun */
     double next_forward = MPIRUN_SETTLE_S;   /* mpirun's age at the next SIGURG */
-    double started = mono_s(), last_ready = started, gone_since = 0, term_at = 0, first_at = 0;
+    double started = dt_cli_mono_s(), last_ready = started, gone_since = 0, term_at = 0, first_at = 0;
     for (;;) {
         pid_t r = waitpid((pid_t)child, &st, WNOHANG);
         if (r == (pid_t)child) break;
         if (r < 0 && errno != EINTR) { st = -1; break; }
-        double now = mono_s();
+        double now = dt_cli_mono_s();
         if (scan_ready(&w)) last_ready = now;
         int seen = g_seen;
         if (seen > acted) {

@@ -13,11 +13,6 @@ dt_dist_state dt__dist;
 /* Built-in progress mode (see the measurements in dtrain/dist.h). */
 #define DT_DEFAULT_PROGRESS DT_PROGRESS_POLL
 
-double dt__now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 dt_status dt__check_init(const char *fn) {
     if (!dt__dist.initialized) return DT_ERR(DT_ESTATE, "%s: dt_dist_init has not been called", fn);
@@ -151,7 +146,7 @@ dt_status dt_dist_init(int *argc, char ***argv, const dt_dist_opts *opts) {
         if (g->we_init_mpi) MPI_Finalize();
         return DT_ERR(DT_ECOMM, "dt_dist_init: cannot create 16-bit reduction ops (%d)", rc);
     }
-    g->last_tick = dt__now();
+    g->last_tick = dt_mono_s();
     g->initialized = 1;
     return DT_OK;
 }
@@ -197,12 +192,12 @@ void dt__registry_remove(dt_pg *pg) {
 
 void dt_dist_poll(void) {
     for (dt_pg *p = dt__dist.groups; p; p = p->reg_next) dt_pg_poll(p);
-    dt__dist.last_tick = dt__now();
+    dt__dist.last_tick = dt_mono_s();
 }
 
 void dt_dist_tick(void) {
     if (!dt__dist.groups) return;
-    double t = dt__now();
+    double t = dt_mono_s();
     if (t - dt__dist.last_tick < dt__dist.tick_s) return;
     dt_dist_poll();
 }

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include "dtrain/dist.h"
+#include "util/clock.h"
 
 /* Phase p of a multi-phase operation runs on its own communicators (comm[p]
  * for the flat kinds; topo.node/lane_*[p] for the hierarchical one).
@@ -202,7 +203,6 @@ typedef struct dt_dist_state {
     double last_tick;
 } dt_dist_state;
 extern dt_dist_state dt__dist;
-double dt__now(void);                     /* monotonic seconds */
 void dt__registry_add(dt_pg *pg);
 void dt__registry_remove(dt_pg *pg);
 dt_status dt__check_init(const char *fn);

@@ -42,7 +42,7 @@ static dt_status pg_create(MPI_Comm comm, const char *name, dt_pg **out) {
     snprintf(pg->name, sizeof pg->name, "%s", name);
     pg->mode = dt__dist.mode;
     pg->deterministic = dt__dist.deterministic;
-    pg->last_poll = dt__now();
+    pg->last_poll = dt_mono_s();
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv_work, NULL);
     pthread_cond_init(&pg->cv_done, NULL);

@@ -151,7 +151,7 @@ static int poll_pg(dt_pg *pg) {
             prev = w;
         }
     }
-    pg->last_poll = dt__now();
+    pg->last_poll = dt_mono_s();
     dt__wd_beat(pg, pg->last_poll);
     return changed;
 }
@@ -170,7 +170,7 @@ int dt__poll_all(dt_pg *pg) {
 /* 1: the collective timeout passed (the watchdog looks every 256 rounds). */
 static int poll_until(dt_pg *pg, const dt_work *w) {
     int idle = 0, k = 0;
-    double t0 = dt__now(), next_warn = t0 + dt__dist.stall_warn_s;
+    double t0 = dt_mono_s(), next_warn = t0 + dt__dist.stall_warn_s;
     while (w ? !w->done : pg->head != NULL) {
         if (pg->timed_out) return 1;
         if (dt__poll_all(pg)) idle = 0;
@@ -211,7 +211,7 @@ void dt_pg_poll(dt_pg *pg) {
 
 void dt_pg_tick(dt_pg *pg) {
     if (!pg || pg->mode != DT_PROGRESS_POLL || !pg->head) return;
-    if (dt__now() - pg->last_poll >= dt__dist.tick_s) poll_pg(pg);
+    if (dt_mono_s() - pg->last_poll >= dt__dist.tick_s) poll_pg(pg);
 }
 
 /* ---- issue ---- */
@@ -281,7 +281,7 @@ dt_status dt_work_wait(dt_work *w) {
         if (poll_until(pg, w)) return timed_out(pg);
     } else {
         pthread_mutex_lock(&pg->mu);
-        double t0 = dt__now(), next_warn = t0 + dt__dist.stall_warn_s;
+        double t0 = dt_mono_s(), next_warn = t0 + dt__dist.stall_warn_s;
         int to = 0;
         while (!w->done && !to) to = thread_wait(pg, w, t0, &next_warn);
         pthread_mutex_unlock(&pg->mu);
@@ -310,7 +310,7 @@ dt_status dt_pg_wait_all(dt_pg *pg) {
         if (poll_until(pg, NULL)) return timed_out(pg);
     } else {
         pthread_mutex_lock(&pg->mu);
-        double t0 = dt__now(), next_warn = t0 + dt__dist.stall_warn_s;
+        double t0 = dt_mono_s(), next_warn = t0 + dt__dist.stall_warn_s;
         int to = 0;
         while (pg->inflight > 0 && !to) to = thread_wait(pg, NULL, t0, &next_warn);
         pthread_mutex_unlock(&pg->mu);
@@ -393,7 +393,7 @@ void *dt__comm_thread(void *arg) {
             }
         }
         if (pend) progressed |= test_p2p(&pend);
-        if (progressed) dt__wd_beat(pg, dt__now());
+        if (progressed) dt__wd_beat(pg, dt_mono_s());
         if (progressed) idle = 0;
         else if (++idle > 64) nap();
         else sched_yield();

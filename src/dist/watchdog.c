@@ -195,7 +195,7 @@ void dt__wd_create(dt_pg *pg) {
         if (wd->mine) {
             atomic_store_explicit(&wd->mine->ncoll, 0, memory_order_relaxed);
             atomic_store_explicit(&wd->mine->last_seq1, 0, memory_order_relaxed);
-            atomic_store_explicit(&wd->mine->beat_us, to_us(dt__now()), memory_order_relaxed);
+            atomic_store_explicit(&wd->mine->beat_us, to_us(dt_mono_s()), memory_order_relaxed);
         }
         MPI_Barrier(node);   /* every slot initialised before anyone reads it */
         pg->wd = wd->mine ? wd : NULL;
@@ -345,7 +345,7 @@ static void note_first_live(dt_pg *pg, const unsigned char *named) {
 int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn) {
     double warn = dt__dist.stall_warn_s, limit = dt__dist.timeout_s;
     if ((warn <= 0 && limit <= 0) || !w) return 0;
-    double now = dt__now();
+    double now = dt_mono_s();
     dt__wd_beat(pg, now);
     wd_cross(pg, now, now - t0);
     int timeout = limit > 0 && now - t0 >= limit;

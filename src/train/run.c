@@ -6,13 +6,8 @@
 #include <unistd.h>
 #include "stop_internal.h"
 #include "trainer_internal.h"
+#include "util/clock.h"
 #include "util/log_internal.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 static void fmt_eta(double s, char *buf, size_t n) {
     long v = s > 0 ? (long)(s + 0.5) : 0;
@@ -38,7 +33,7 @@ static void write_progress(const char *path, int64_t step) {
 static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lead, int64_t log_every, int *code) {
     const dt_train_opts *o = &t->opts;
     const char *unit = t->data.rate_unit;
-    double t_start = now_s(), t_prev = t_start;
+    double t_start = dt_mono_s(), t_prev = t_start;
     int64_t first = t->step;
     /* uneven: this rank's own steps, then join (uneven.c) */
     int64_t end = o->uneven ? t->own_steps : t->total_steps;
@@ -56,7 +51,7 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
         if (every_rank) DT_TRY(dt_stop_sync_begin(stop));
         DT_TRY(dt_trainer_step(t, &loss));
         if (every_rank) DT_TRY(dt_stop_sync_end(stop, code));
-        double tn = now_s(), dt = tn - t_prev;
+        double tn = dt_mono_s(), dt = tn - t_prev;
         t_prev = tn;
         double rate = items_per_step(t) / (dt > 0 ? dt : 1e-9);
         double avg = (tn - t_start) / (double)(t->step - first);

@@ -14,13 +14,8 @@
 #include <stdio.h>
 #include <time.h>
 #include "trainer_internal.h"
+#include "util/clock.h"
 #include "util/log_internal.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Sum of x over ranks (DT_OK alone without a strategy sum: one process). */
 static dt_status sum_ranks(dt_trainer *t, double *x, int n) {
@@ -71,7 +66,7 @@ dt_status dt_trainer_save_settle(dt_trainer *t) {
     if (s == DT_OK && t->strat.rank == t->lead_rank && !t->opts.quiet)
         dt_log(DT_LOG_INFO, "dtrain: checkpoint of step %lld written to %s in the background (%.1f s; training "
                "paused %.0f ms: %.0f for the copy, %.0f waiting for the previous save; %.1f MiB held on rank %d)\n",
-               (long long)step, t->opts.save, now_s() - t->bg_t0, (t->bg_copy_s + t->bg_wait_s) * 1e3,
+               (long long)step, t->opts.save, dt_mono_s() - t->bg_t0, (t->bg_copy_s + t->bg_wait_s) * 1e3,
                t->bg_copy_s * 1e3, t->bg_wait_s * 1e3, (double)dt_bg_writer_peak_bytes(t->bg) / 1048576.0,
                t->strat.rank);
     return s;
@@ -79,25 +74,25 @@ dt_status dt_trainer_save_settle(dt_trainer *t) {
 
 dt_status dt_trainer_save_background(dt_trainer *t, const char *path) {
     if (t->opts.save_sync) {
-        double t0 = now_s();
+        double t0 = dt_mono_s();
         DT_TRY(save_failed(t, dt_trainer_save(t, path), t->step));
         if (t->strat.rank == t->lead_rank && !t->opts.quiet)
             dt_log(DT_LOG_INFO, "dtrain: checkpoint of step %lld written to %s (%.1f s; training paused for the "
-                   "whole write, --save-sync)\n", (long long)t->step, path, now_s() - t0);
+                   "whole write, --save-sync)\n", (long long)t->step, path, dt_mono_s() - t0);
         return DT_OK;
     }
-    double w0 = now_s();
+    double w0 = dt_mono_s();
     DT_TRY(dt_trainer_save_settle(t));
-    double waited = now_s() - w0;
+    double waited = dt_mono_s() - w0;
     if (!t->bg) {
         t->bg_step = -1;
         DT_TRY(dt_bg_writer_create(&t->bg));
     }
-    double t0 = now_s();
+    double t0 = dt_mono_s();
     dt_bg_writer_capture(t->bg);
     dt_status s = dt_trainer_save(t, path);   /* collective parts run now; files are queued */
     dt_bg_writer_capture(NULL);
-    t->bg_copy_s = now_s() - t0;
+    t->bg_copy_s = dt_mono_s() - t0;
     t->bg_wait_s = waited;
     t->bg_t0 = t0;
     t->bg_step = t->step;

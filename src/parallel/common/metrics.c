@@ -5,13 +5,10 @@
 #include <sys/resource.h>
 #include <time.h>
 #include "common_internal.h"
+#include "util/clock.h"
 #include "util/log_internal.h"
 
-double dt_par_now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
+double dt_par_now_us(void) { return dt_mono_s() * 1e6; }
 
 /* Each double travels as three floats (hi + mid + lo: 72 bits of mantissa
  * >= a double's 53), so a value only one rank contributes (a pipeline's loss,
