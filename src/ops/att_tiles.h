@@ -7,19 +7,23 @@
  *
  * Invariant, on every instruction set: each C[r][c] is the chain
  *   acc = 0; for k = 0 .. K-1: acc = fma(a_k, b_k, acc)
- * in increasing k, one rounding per step. The AVX-512 kernel, the portable
- * kernel and the kernels before them (4 x 32 tiles) therefore give the same
- * bits, and trailing or leading zero terms (the causal mask's zeros inside
- * a tile) change nothing: fma(0, b, acc) == acc for finite b and acc != -0,
- * and acc starts at +0 and never becomes -0 in round-to-nearest.
+ * in increasing k, one rounding per step, so the AVX-512 kernel and the
+ * portable one give the same bits for the same K. The causal mask's zeros
+ * inside a tile add zero terms: leading ones (acc stays +0) change nothing;
+ * a trailing one changes nothing either (fma(0, b, acc) == acc for finite b)
+ * except a -0 sum, which it turns into +0 (a sum that underflows below zero,
+ * or one flushed to zero). A non-finite b makes 0 * b a NaN, so an inf in a
+ * row of v, k, q or dy reaches every row of its tile: the sum was non-finite
+ * anyway, but within 8 rows now where the 4 x 32 tiles before kept it to 4.
  *
  * Why 8 x 32 with AVX-512: 16 accumulators, two loads of B and eight
  * broadcasts of A per k: enough independent FMAs to cover the FMA latency on
  * CPUs with two 512-bit FMA ports, and fewer loads than FMAs (the 4 x 32
  * tile it replaces re-loaded B for every row: 12 loads per 8 FMAs, load-bound
  * where two FMAs issue per cycle). Elsewhere the portable kernel runs the
- * tile as two 4 x 32 halves, which the compiler vectorises within 16 AVX2
- * registers. */
+ * tile as two 4 x 32 halves, the previous kernel's code and speed (under
+ * AVX2 its 16 accumulators plus a broadcast do not fit the 16 ymm
+ * registers, so two of them spill, as before). */
 #ifndef DT_OPS_ATT_TILES_H
 #define DT_OPS_ATT_TILES_H
 

@@ -9,10 +9,13 @@
  *   dq += a dS k,  dk += a dS^T q
  *
  * The products use two register-blocked micro-kernels (8 x 32 output tiles,
- * att_tiles.h: AVX-512 where the build has it, portable C elsewhere, the same
- * bits on both) on per-head packed copies of q, k, v and dy, so every tile
- * skips the masked upper triangle at 8-row / 32-column granularity. Padded sizes: Tp = T rounded up to 32, HSp = hs rounded up to
- * 32; padding rows/columns of the packed copies are zero.
+ * att_tiles.h: AVX-512 where the build has it, portable C elsewhere; the
+ * tiles give the same bits on both, though the op as a whole does not, as
+ * its omp simd sums and exp follow the vector width) on per-head packed
+ * copies of q, k, v and dy, so every tile skips the masked upper triangle
+ * at 8-row / 32-column granularity. Padded sizes: Tp = T rounded up to 32,
+ * HSp = hs rounded up to 32; padding rows/columns of the packed copies are
+ * zero.
  *
  * Saved: each row's softmax max and 1 / sum (stats[B*H][T][2]). No [T, T]
  * block is held per head for the whole batch: forward computes P eight rows
@@ -25,9 +28,9 @@
  * and half the error that rounding q, k, v in forward too gave: PERFORMANCE.md.)
  * Memory: O(threads x T^2) instead of O(B x H x T^2) (GPT-2 small at T 1024,
  * B 8: 4.8 GB of probabilities no longer kept); the price is one more q k^T
- * product per head in backward. Invariant of a
- * head's P for row i < T: P[i][j] is the probability for j <= i and 0 for
- * i < j < round_up(i + 1, ATT_R); nothing else is read.
+ * product per head in backward. Invariant of a head's P for row i < T:
+ * P[i][j] is the probability for j <= i and 0 for i < j < round_up(i + 1,
+ * ATT_R); nothing else is read.
  *
  * (b, h) pairs are independent (disjoint columns of y and dqkv), so they run
  * in an OpenMP loop, each thread with its own packing workspace. */
@@ -42,15 +45,18 @@ typedef struct att_dims {
     float scale;
 } att_dims;
 
-/* The packs read one head's hs columns of T rows that lie 3C floats apart:
- * a stride the hardware prefetchers follow late, so each pack asks for the
- * row PF_ROWS ahead itself. */
+/* The packs read one head's hs columns of T rows that lie 3C floats apart
+ * (dy's: C): a stride the hardware prefetchers follow late, so each pack
+ * asks for the row PF_ROWS ahead itself. n floats from p, p[n - 1]'s line
+ * included (an unaligned row spans one line more than n / 16). */
 #define PF_ROWS 8
 static inline void prefetch_row(const float *p, int64_t n) {
     for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 0, 3);
+    __builtin_prefetch(p + n - 1, 0, 3);
 }
 static inline void prefetch_row_w(float *p, int64_t n) {
     for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 1, 3);
+    __builtin_prefetch(p + n - 1, 1, 3);
 }
 
 /* dst[Tp][HSp] = alpha * src[i, c] (row stride ld) for i < T, c < hs; zero padding. */
@@ -70,7 +76,7 @@ static void pack_cols(float *dst, const float *src, int64_t ld, const att_dims *
     const int64_t T = d->T, Tp = d->Tp;
     for (int64_t j0 = 0; j0 < Tp; j0 += ATT_R) {   /* ATT_R source rows at a time, read along the row */
         for (int64_t j = j0 + PF_ROWS; j < j0 + PF_ROWS + ATT_R && j < T; j++) prefetch_row(src + j * ld, d->hs);
-        const int64_t n = T - j0 < ATT_R ? (T - j0 > 0 ? T - j0 : 0) : ATT_R;   /* rows < T in this block */
+        const int64_t n = T - j0 >= ATT_R ? ATT_R : (T > j0 ? T - j0 : 0);   /* rows < T in this block */
         if (n == ATT_R) {
             const float *r0 = src + j0 * ld;   /* att_transpose8 moves 8 rows: ATT_R is 8 */
             int64_t c = 0;
