@@ -502,6 +502,9 @@ foreach(t ${DT_ALL_TESTS})
 endforeach()
 
 # test_att_tiles compares attention's tiles as this build compiles them with
-# the portable ones, compiled into a second file without AVX-512
-target_sources(test_att_tiles PRIVATE ${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_portable.c)
-set_source_files_properties(${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_portable.c PROPERTIES COMPILE_OPTIONS "-mno-avx512f")
+# the kernels of builds without AVX-512 and without AVX (src/ops/att_tiles.h)
+target_sources(test_att_tiles PRIVATE ${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_avx2.c
+                                      ${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_scalar.c)
+target_include_directories(test_att_tiles PRIVATE ${CMAKE_SOURCE_DIR}/tests/unit)
+set_source_files_properties(${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_avx2.c PROPERTIES COMPILE_OPTIONS "-mno-avx512f")
+set_source_files_properties(${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_scalar.c PROPERTIES COMPILE_OPTIONS "-mno-avx")

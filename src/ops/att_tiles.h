@@ -20,10 +20,10 @@
  * broadcasts of A per k: enough independent FMAs to cover the FMA latency on
  * CPUs with two 512-bit FMA ports, and fewer loads than FMAs (the 4 x 32
  * tile it replaces re-loaded B for every row: 12 loads per 8 FMAs, load-bound
- * where two FMAs issue per cycle). Elsewhere the portable kernel runs the
- * tile as two 4 x 32 halves, the previous kernel's code and speed (under
- * AVX2 its 16 accumulators plus a broadcast do not fit the 16 ymm
- * registers, so two of them spill, as before). */
+ * where two FMAs issue per cycle). With AVX2 and FMA (16 ymm registers)
+ * the tile runs as four 4 x 16 quarters of 8 accumulators each; plain C
+ * there (two 4 x 32 halves, the previous kernel) spilled two accumulators
+ * every k. Without either, the portable kernel runs the two halves. */
 #ifndef DT_OPS_ATT_TILES_H
 #define DT_OPS_ATT_TILES_H
 
@@ -74,6 +74,43 @@ static inline void att_tile_tn(const float *restrict A, int64_t lda, const float
         _mm512_storeu_ps(C + r * ldc, lo[r]);
         _mm512_storeu_ps(C + r * ldc + 16, hi[r]);
     }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+/* C[4][16] = A[4 rows] x B[K][16]: 8 accumulators, two loads of B and four
+ * broadcasts per k -- what fits 16 ymm registers without spilling. A tile is
+ * four of them. tn: A's element (r, k) at A[k * lda + r], else A[r * lda + k]. */
+static inline void att_quarter_avx2(int tn, const float *restrict A, int64_t lda, const float *restrict B,
+                                    int64_t ldb, int64_t K, float *restrict C, int64_t ldc) {
+    __m256 lo[4], hi[4];
+    for (int r = 0; r < 4; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
+        for (int r = 0; r < 4; r++) {
+            const __m256 a = _mm256_broadcast_ss(tn ? A + k * lda + r : A + r * lda + k);
+            lo[r] = _mm256_fmadd_ps(a, b0, lo[r]);
+            hi[r] = _mm256_fmadd_ps(a, b1, hi[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        _mm256_storeu_ps(C + r * ldc, lo[r]);
+        _mm256_storeu_ps(C + r * ldc + 8, hi[r]);
+    }
+}
+
+static inline void att_tile_nn(const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb, int64_t K,
+                               float *restrict C, int64_t ldc) {
+    for (int r0 = 0; r0 < ATT_R; r0 += 4)
+        for (int c0 = 0; c0 < ATT_C; c0 += 16)
+            att_quarter_avx2(0, A + r0 * lda, lda, B + c0, ldb, K, C + r0 * ldc + c0, ldc);
+}
+
+static inline void att_tile_tn(const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb, int64_t K,
+                               float *restrict C, int64_t ldc) {
+    for (int r0 = 0; r0 < ATT_R; r0 += 4)
+        for (int c0 = 0; c0 < ATT_C; c0 += 16)
+            att_quarter_avx2(1, A + r0, lda, B + c0, ldb, K, C + r0 * ldc + c0, ldc);
 }
 
 #else /* portable: two 4 x 32 halves */

@@ -1,11 +1,12 @@
 /* Attention's register-blocked tiles (src/ops/att_tiles.h) against their
  * definition: every output is the fma chain over k = 0 .. K-1 in order,
  * starting from +0 -- the same bits whichever kernel the build picks. This
- * build's kernel (AVX-512 where the compiler targets it) and the portable
- * one (att_tiles_portable.c, built without AVX-512) are both compared with
- * that chain, byte for byte, over K from 1 to 300, padded strides and inputs
- * with exact zeros (the causal mask's), so a kernel that reorders the sum
- * (split accumulators, a blocked k) fails here. Plus the 8 x 8 transpose. */
+ * build's kernel (AVX-512 where the compiler targets it), a build's without
+ * AVX-512 (AVX2 + FMA where available) and a build's without AVX (portable
+ * C) -- att_tiles_variant.h -- are each compared with that chain, byte for
+ * byte, over K from 1 to 300, padded strides and inputs with exact zeros (the
+ * causal mask's), so a kernel that reorders the sum (split accumulators, a
+ * blocked k) fails here. Plus the 8 x 8 transpose, all three ways. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,7 +15,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "att_tiles_portable.h"
+#include "att_tiles_variant.h"
 #include "ops/att_tiles.h"
 
 typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t);
@@ -84,35 +85,53 @@ static void test_native_tn(void **state) {
     (void)state;
     check_kernel(1, native_tn);
 }
-static void test_portable_nn(void **state) {
+static void test_avx2_nn(void **state) {
     (void)state;
-    check_kernel(0, att_portable_nn);
+    check_kernel(0, avx2_nn);
 }
-static void test_portable_tn(void **state) {
+static void test_avx2_tn(void **state) {
     (void)state;
-    check_kernel(1, att_portable_tn);
+    check_kernel(1, avx2_tn);
+}
+static void test_scalar_nn(void **state) {
+    (void)state;
+    check_kernel(0, scalar_nn);
+}
+static void test_scalar_tn(void **state) {
+    (void)state;
+    check_kernel(1, scalar_tn);
 }
 
-/* both transposes: dst[c][j] == src[j][c], nothing outside the block written */
+/* every transpose: dst[c][j] == src[j][c], nothing outside the block written */
 static void test_transpose8(void **state) {
     (void)state;
     enum { LDS = 13, LDD = 11 };
-    float src[8 * LDS], dst[2][8 * LDD];
+    void (*const fns[3])(const float *, int64_t, float *, int64_t) = {att_transpose8, avx2_transpose8,
+                                                                      scalar_transpose8};
+    float src[8 * LDS], dst[8 * LDD];
     for (int i = 0; i < 8 * LDS; i++) src[i] = (float)i + 0.5f;
-    for (int v = 0; v < 2; v++) {
-        for (int i = 0; i < 8 * LDD; i++) dst[v][i] = -1.0f;
-        if (v == 0) att_transpose8(src, LDS, dst[v], LDD);
-        else att_portable_transpose8(src, LDS, dst[v], LDD);
+    for (int v = 0; v < 3; v++) {
+        for (int i = 0; i < 8 * LDD; i++) dst[i] = -1.0f;
+        fns[v](src, LDS, dst, LDD);
         for (int c = 0; c < 8; c++)
-            for (int j = 0; j < LDD; j++)
-                assert_true(dst[v][c * LDD + j] == (j < 8 ? src[j * LDS + c] : -1.0f));
+            for (int j = 0; j < LDD; j++) assert_true(dst[c * LDD + j] == (j < 8 ? src[j * LDS + c] : -1.0f));
     }
 }
 
 int main(void) {
+    print_message("kernels: this build %s, without AVX-512 %s, without AVX %s\n",
+#if defined(__AVX512F__)
+                  "AVX-512",
+#elif defined(__AVX2__) && defined(__FMA__)
+                  "AVX2",
+#else
+                  "portable C",
+#endif
+                  avx2_kernel(), scalar_kernel());
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_native_nn),   cmocka_unit_test(test_native_tn), cmocka_unit_test(test_portable_nn),
-        cmocka_unit_test(test_portable_tn), cmocka_unit_test(test_transpose8),
+        cmocka_unit_test(test_native_nn), cmocka_unit_test(test_native_tn), cmocka_unit_test(test_avx2_nn),
+        cmocka_unit_test(test_avx2_tn),   cmocka_unit_test(test_scalar_nn), cmocka_unit_test(test_scalar_tn),
+        cmocka_unit_test(test_transpose8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
