@@ -9,9 +9,9 @@
  *   dq += a dS k,  dk += a dS^T q
  *
  * The products use two register-blocked micro-kernels (8 x 32 output tiles,
- * att_tiles.h: AVX-512 where the build has it, portable C elsewhere; the
- * tiles give the same bits on both, though the op as a whole does not, as
- * its omp simd sums and exp follow the vector width) on per-head packed
+ * att_tiles.h: AVX-512 or AVX2 + FMA where the build has it, portable C
+ * elsewhere; the tiles give the same bits on all, though the op as a whole
+ * does not, as its omp simd sums and exp follow the vector width) on per-head packed
  * copies of q, k, v and dy, so every tile skips the masked upper triangle
  * at 8-row / 32-column granularity. Padded sizes: Tp = T rounded up to 32,
  * HSp = hs rounded up to 32; padding rows/columns of the packed copies are
