@@ -7,8 +7,9 @@
  *
  * Invariant, on every instruction set: each C[r][c] is the chain
  *   acc = 0; for k = 0 .. K-1: acc = fma(a_k, b_k, acc)
- * in increasing k, one rounding per step, so the AVX-512 kernel and the
- * portable one give the same bits for the same K. The causal mask's zeros
+ * in increasing k, one rounding per step, so the AVX-512, the AVX2 and the
+ * portable kernel give the same bits for the same K (finite inputs: which
+ * of several NaNs comes out is the instruction's choice). The causal mask's zeros
  * inside a tile add zero terms: leading ones (acc stays +0) change nothing;
  * a trailing one changes nothing either (fma(0, b, acc) == acc for finite b)
  * except a -0 sum, which it turns into +0 (a sum that underflows below zero,
@@ -23,7 +24,8 @@
  * where two FMAs issue per cycle). With AVX2 and FMA (16 ymm registers)
  * the tile runs as four 4 x 16 quarters of 8 accumulators each; plain C
  * there (two 4 x 32 halves, the previous kernel) spilled two accumulators
- * every k. Without either, the portable kernel runs the two halves. */
+ * every k. Without AVX2 + FMA the portable kernel runs the two halves.
+ * ATT_KERNEL names the kernel this build compiled. */
 #ifndef DT_OPS_ATT_TILES_H
 #define DT_OPS_ATT_TILES_H
 
@@ -38,6 +40,7 @@
 _Static_assert(ATT_R == 8, "attention.c packs k and v in blocks of ATT_R rows with att_transpose8");
 
 #if defined(__AVX512F__)
+#define ATT_KERNEL "AVX-512"
 
 static inline void att_tile_nn(const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb, int64_t K,
                                float *restrict C, int64_t ldc) {
@@ -77,10 +80,12 @@ static inline void att_tile_tn(const float *restrict A, int64_t lda, const float
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
+#define ATT_KERNEL "AVX2"
 
 /* C[4][16] = A[4 rows] x B[K][16]: 8 accumulators, two loads of B and four
- * broadcasts per k -- what fits 16 ymm registers without spilling. A tile is
- * four of them. tn: A's element (r, k) at A[k * lda + r], else A[r * lda + k]. */
+ * broadcasts per k in the source (gcc folds the B loads into the FMAs, which
+ * Zen's three load ports absorb) -- what fits 16 ymm registers without
+ * spilling. A tile is four of them. tn: A's element (r, k) at A[k * lda + r], else A[r * lda + k]. */
 static inline void att_quarter_avx2(int tn, const float *restrict A, int64_t lda, const float *restrict B,
                                     int64_t ldb, int64_t K, float *restrict C, int64_t ldc) {
     __m256 lo[4], hi[4];
@@ -114,6 +119,7 @@ static inline void att_tile_tn(const float *restrict A, int64_t lda, const float
 }
 
 #else /* portable: two 4 x 32 halves */
+#define ATT_KERNEL "portable C"
 
 enum { ATT_H = ATT_R / 2 };
 

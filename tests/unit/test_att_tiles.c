@@ -119,15 +119,8 @@ static void test_transpose8(void **state) {
 }
 
 int main(void) {
-    print_message("kernels: this build %s, without AVX-512 %s, without AVX %s\n",
-#if defined(__AVX512F__)
-                  "AVX-512",
-#elif defined(__AVX2__) && defined(__FMA__)
-                  "AVX2",
-#else
-                  "portable C",
-#endif
-                  avx2_kernel(), scalar_kernel());
+    print_message("kernels: this build %s, without AVX-512 %s, without AVX %s\n", ATT_KERNEL, avx2_kernel(),
+                  scalar_kernel());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_native_nn), cmocka_unit_test(test_native_tn), cmocka_unit_test(test_avx2_nn),
         cmocka_unit_test(test_avx2_tn),   cmocka_unit_test(test_scalar_nn), cmocka_unit_test(test_scalar_tn),
