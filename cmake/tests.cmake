@@ -505,5 +505,7 @@ endforeach()
 # the kernels of builds without AVX-512 and without AVX (src/ops/att_tiles.h)
 target_sources(test_att_tiles PRIVATE ${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_avx2.c
                                       ${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_scalar.c)
-set_source_files_properties(${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_avx2.c PROPERTIES COMPILE_OPTIONS "-mno-avx512f")
-set_source_files_properties(${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_scalar.c PROPERTIES COMPILE_OPTIONS "-mno-avx")
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|i.86")   # elsewhere all three are the portable kernel
+  set_source_files_properties(${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_avx2.c PROPERTIES COMPILE_OPTIONS "-mno-avx512f")
+  set_source_files_properties(${CMAKE_SOURCE_DIR}/tests/unit/att_tiles_scalar.c PROPERTIES COMPILE_OPTIONS "-mno-avx")
+endif()
