@@ -85,7 +85,8 @@ static inline void att_tile_tn(const float *restrict A, int64_t lda, const float
 /* C[4][16] = A[4 rows] x B[K][16]: 8 accumulators, two loads of B and four
  * broadcasts per k in the source (gcc folds the B loads into the FMAs, which
  * Zen's three load ports absorb) -- what fits 16 ymm registers without
- * spilling. A tile is four of them. tn: A's element (r, k) at A[k * lda + r], else A[r * lda + k]. */
+ * spilling. A tile is four of them. tn: A's element (r, k) at
+ * A[k * lda + r], else at A[r * lda + k]. */
 static inline void att_quarter_avx2(int tn, const float *restrict A, int64_t lda, const float *restrict B,
                                     int64_t ldb, int64_t K, float *restrict C, int64_t ldc) {
     __m256 lo[4], hi[4];
