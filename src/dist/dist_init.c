@@ -5,14 +5,12 @@
 #endif
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 #include "dist/dist_internal.h"
 
 dt_dist_state dt__dist;
 
 /* Built-in progress mode (see the measurements in dtrain/dist.h). */
 #define DT_DEFAULT_PROGRESS DT_PROGRESS_POLL
-
 
 dt_status dt__check_init(const char *fn) {
     if (!dt__dist.initialized) return DT_ERR(DT_ESTATE, "%s: dt_dist_init has not been called", fn);

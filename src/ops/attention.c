@@ -77,16 +77,11 @@ static void pack_cols(float *dst, const float *src, int64_t ld, const att_dims *
     for (int64_t j0 = 0; j0 < Tp; j0 += ATT_R) {   /* ATT_R source rows at a time, read along the row */
         for (int64_t j = j0 + PF_ROWS; j < j0 + PF_ROWS + ATT_R && j < T; j++) prefetch_row(src + j * ld, d->hs);
         const int64_t n = T - j0 >= ATT_R ? ATT_R : (T > j0 ? T - j0 : 0);   /* rows < T in this block */
-        if (n == ATT_R) {
-            const float *r0 = src + j0 * ld;   /* att_transpose8 moves 8 rows: ATT_R is 8 */
-            int64_t c = 0;
-            for (; c + 8 <= d->hs; c += 8) att_transpose8(r0 + c, ld, dst + c * Tp + j0, Tp);
-            for (; c < d->hs; c++)
-                for (int64_t j = 0; j < ATT_R; j++) dst[c * Tp + j0 + j] = r0[j * ld + c];
-        } else {
-            for (int64_t c = 0; c < d->hs; c++)
-                for (int64_t j = 0; j < ATT_R; j++) dst[c * Tp + j0 + j] = j < n ? src[(j0 + j) * ld + c] : 0.0f;
-        }
+        int64_t c = 0;
+        if (n == ATT_R)   /* a full block, 8 columns at a time (att_transpose8 moves 8 rows: ATT_R is 8) */
+            for (; c + 8 <= d->hs; c += 8) att_transpose8(src + j0 * ld + c, ld, dst + c * Tp + j0, Tp);
+        for (; c < d->hs; c++)   /* the columns left, or a block reaching past row T */
+            for (int64_t j = 0; j < ATT_R; j++) dst[c * Tp + j0 + j] = j < n ? src[(j0 + j) * ld + c] : 0.0f;
     }
 }
 

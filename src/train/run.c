@@ -2,7 +2,6 @@
 #include <fcntl.h>
 #include <stdio.h>   /* snprintf */
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 #include "stop_internal.h"
 #include "trainer_internal.h"

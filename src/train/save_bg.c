@@ -12,7 +12,6 @@
  * loads; after a failure the ranks agree on, every rank removes the shard
  * files it wrote for the set (dt_bg_writer_abandon). */
 #include <stdio.h>
-#include <time.h>
 #include "trainer_internal.h"
 #include "util/clock.h"
 #include "util/log_internal.h"

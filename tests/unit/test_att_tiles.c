@@ -20,13 +20,6 @@
 
 typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, float *, int64_t);
 
-static void native_nn(const float *A, int64_t lda, const float *B, int64_t ldb, int64_t K, float *C, int64_t ldc) {
-    att_tile_nn(A, lda, B, ldb, K, C, ldc);
-}
-static void native_tn(const float *A, int64_t lda, const float *B, int64_t ldb, int64_t K, float *C, int64_t ldc) {
-    att_tile_tn(A, lda, B, ldb, K, C, ldc);
-}
-
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 /* uniform in [-1, 1), a quarter of the values exactly 0 */
 static float draw(void) {
@@ -77,29 +70,22 @@ static void check_kernel(int tn, tile_fn fn) {
     }
 }
 
-static void test_native_nn(void **state) {
-    (void)state;
-    check_kernel(0, native_nn);
-}
-static void test_native_tn(void **state) {
-    (void)state;
-    check_kernel(1, native_tn);
-}
-static void test_avx2_nn(void **state) {
-    (void)state;
-    check_kernel(0, avx2_nn);
-}
-static void test_avx2_tn(void **state) {
-    (void)state;
-    check_kernel(1, avx2_tn);
-}
-static void test_scalar_nn(void **state) {
-    (void)state;
-    check_kernel(0, scalar_nn);
-}
-static void test_scalar_tn(void **state) {
-    (void)state;
-    check_kernel(1, scalar_tn);
+/* one kernel of one build: name, 1 for tn (else nn), the function */
+typedef struct tile_case {
+    const char *name;
+    int tn;
+    tile_fn fn;
+} tile_case;
+
+static const tile_case cases[] = {
+    {"this build, nn", 0, att_tile_nn}, {"this build, tn", 1, att_tile_tn},
+    {"no AVX-512, nn", 0, avx2_nn},     {"no AVX-512, tn", 1, avx2_tn},
+    {"no AVX, nn", 0, scalar_nn},       {"no AVX, tn", 1, scalar_tn},
+};
+
+static void test_kernel(void **state) {
+    const tile_case *c = *state;
+    check_kernel(c->tn, c->fn);
 }
 
 /* every transpose: dst[c][j] == src[j][c], nothing outside the block written */
@@ -121,10 +107,11 @@ static void test_transpose8(void **state) {
 int main(void) {
     print_message("kernels: this build %s, without AVX-512 %s, without AVX %s\n", ATT_KERNEL, avx2_kernel(),
                   scalar_kernel());
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_native_nn), cmocka_unit_test(test_native_tn), cmocka_unit_test(test_avx2_nn),
-        cmocka_unit_test(test_avx2_tn),   cmocka_unit_test(test_scalar_nn), cmocka_unit_test(test_scalar_tn),
-        cmocka_unit_test(test_transpose8),
-    };
+    enum { NK = sizeof cases / sizeof cases[0] };
+    struct CMUnitTest tests[NK + 1];
+    for (int i = 0; i < NK; i++)
+        tests[i] = (struct CMUnitTest){
+            .name = cases[i].name, .test_func = test_kernel, .initial_state = (void *)&cases[i]};
+    tests[NK] = (struct CMUnitTest)cmocka_unit_test(test_transpose8);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

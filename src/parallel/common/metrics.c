@@ -3,7 +3,6 @@
  * bytes and peak RSS, logged by rank 0; DDP and ZeRO). */
 #include <stdlib.h>
 #include <sys/resource.h>
-#include <time.h>
 #include "common_internal.h"
 #include "util/clock.h"
 #include "util/log_internal.h"
