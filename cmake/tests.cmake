@@ -215,7 +215,8 @@ endforeach()
 # --zero with --compress bf16|fp16 (and --no-shm) trains GPT-2 through the
 # CLI (--nproc 2); a bad --compress value is refused.
 add_test(NAME test_zero_wire_cli
-         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_zero_wire_cli.sh $<TARGET_FILE:dtrain_cli>)
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_zero_wire_cli.sh $<TARGET_FILE:dtrain_cli>
+                 $<TARGET_FILE:ckpt_cmp>)
 set_tests_properties(test_zero_wire_cli PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 600)
 
 # Ranks started with different settings (MPMD) fail at start-up naming the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The collective watchdog from the CLI: the last rank SIGSTOPped for 5 s
 # makes the others warn (--stall-warn 2) naming it, and the run goes on once
-# it continues; stopped for good with --collective-timeout 4, the job ends
+# it continues (rank 0 logs steps again); stopped for good with --collective-timeout 4, the job ends
 # with one error line (not one per waiting rank) naming the collective and
 # the rank within bounded time: the 4 s, then just over the 10 s a failed
 # peer would take to report (errors.c).
@@ -37,14 +37,20 @@ job=$!
 victim=$(rank_pid "$last" "$job")
 training "$tmp/out1"; sleep 1
 pre=$(grep -c "collective stalled" "$tmp/err1")
-kill -STOP "$victim"; sleep 5; kill -CONT "$victim"; sleep 2
+kill -STOP "$victim"; sleep 5
+n0=$(grep -c "^step " "$tmp/out1")   # (what was in flight at the stop has landed by now)
+kill -CONT "$victim"
+# going on = new step lines (a run hung in the stalled collective stays alive too)
+went_on=1
+for _ in $(seq 150); do [ "$(grep -c "^step " "$tmp/out1")" -gt "$n0" ] && { went_on=0; break; }; sleep 0.2; done
 kill -0 "$job" 2>/dev/null; alive=$?
 kill -TERM "$job" 2>/dev/null; wait "$job" 2>/dev/null
 re="warning: collective stalled: [a-z_()]+ #[0-9]+ \([0-9.]+[KMG]?i?B F32\) on world has waited [0-9.]+ s: .*(rank|ranks|,) $last \((its last operation #[0-9]+, )?idle [0-9.]+ s\)"
 if [ -z "$victim" ]; then echo "FAIL: rank $last not found"; fail=1
 elif [ "$pre" -ne 0 ]; then echo "FAIL: a stall warning before the stop:"; head -3 "$tmp/err1"; fail=1
 elif ! grep -qE "$re" "$tmp/err1"; then echo "FAIL: no stall warning naming rank $last, stderr:"; head -5 "$tmp/err1"; fail=1
-elif [ "$alive" -ne 0 ]; then echo "FAIL: the run did not go on after SIGCONT"; head -5 "$tmp/err1"; fail=1
+elif [ "$alive" -ne 0 ] || [ "$went_on" -ne 0 ]; then
+    echo "FAIL: the run did not go on after SIGCONT (alive: $alive, new step lines: $went_on; 0 = yes)"; head -5 "$tmp/err1"; tail -2 "$tmp/out1"; fail=1
 else echo "ok   stopped rank $last named: $(grep -m1 -oE 'collective stalled: .*' "$tmp/err1")"; fi
 
 # 2. --collective-timeout: the job fails within bounded time, with one error

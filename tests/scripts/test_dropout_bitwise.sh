@@ -6,9 +6,11 @@
 #  - bit for bit (final checkpoint, tests/tools/ckpt_cmp, and the logged
 #    losses): one process --batch 2 --accum 4 == --recompute blocks ==
 #    --pp 2 --batch 8 --microbatches 4 (1F1B; ZB-H1 with recompute), and
-#    DDP --nproc 2 --batch 2 --accum 2 --deterministic == ZeRO-1 at 2 ranks;
+#    DDP --nproc 2 --batch 2 --accum 2 --deterministic == ZeRO-1 at 2 ranks,
+#    DDP --nproc 4 --batch 2 == ZeRO-1 and ZeRO-3 at 4 ranks, and --pp 2 at 4
+#    ranks (2 replicas, --batch 4 --microbatches 2) == DDP --nproc 2;
 #  - to rounding (training losses within 1e-6 relative): one process ==
-#    --batch 4 --accum 2 == DDP --nproc 2. These change how the global batch
+#    --batch 4 --accum 2 == DDP --nproc 2 == DDP --nproc 4. These change how the global batch
 #    is cut into micro-batches, i.e. the order of the loss and gradient sums,
 #    and are not bitwise without dropout either (a different mask moves the
 #    first loss by ~1e-3).
@@ -38,5 +40,9 @@ same|single|pp2|--batch 8 --microbatches 4 --pp 2 --nproc 2
 same|single|pp2_zbh1_recompute|--batch 8 --microbatches 4 --pp 2 --nproc 2 --schedule zb-h1 --recompute blocks
 same|ddp2|zero1_np2|--batch 2 --accum 2 --nproc 2 --zero 1
 close|single|accum2|--batch 4 --accum 2
+close|single|ddp4|--batch 2 --nproc 4
+same|ddp4|zero1_np4|--batch 2 --nproc 4 --zero 1
+same|ddp4|zero3_np4|--batch 2 --nproc 4 --zero 3 --save-format consolidated
+same|ddp2|pp2_dp2|--batch 4 --microbatches 2 --pp 2 --nproc 4
 CONFIGS
 exit $fail

@@ -5,8 +5,8 @@
 #  - a GPT-2 trained 20 steps in bf16 ends within 1% of the fp32 run's loss
 #    and is not the fp32 run (the products did change);
 #  - the start-up line says which precision the products run in;
-#  - two bf16 runs are identical, and DDP at 2 ranks (--deterministic) equals
-#    its ZeRO-2 twin bit for bit (every rank computes alike);
+#  - two bf16 runs are identical, and DDP at 2 and 4 ranks (--deterministic)
+#    equals its ZeRO-2 twin bit for bit (every rank computes alike);
 #  - a bf16 checkpoint (fp32 masters) resumes in fp32 and back;
 #  - unknown values are refused with one line (fp16: test_fp16.sh).
 # usage: test_precision.sh DTRAIN CKPT_CMP
@@ -42,12 +42,16 @@ else echo "FAIL step 20 loss: fp32 $a, bf16 $b"; fail=1; fi
 "$bin" "${run[@]}" --precision bf16 --metrics "$tmp/bf16b.jsonl" > /dev/null 2>&1
 if cmp -s <(cut -d, -f1-2 "$tmp/bf16.jsonl") <(cut -d, -f1-2 "$tmp/bf16b.jsonl"); then echo "ok   two bf16 runs identical"
 else echo "FAIL two bf16 runs differ"; fail=1; fi
-# every rank alike: DDP == ZeRO-2 at 2 ranks, bit for bit (--deterministic)
-"$bin" "${run[@]}" --precision bf16 --nproc 2 --deterministic --save "$tmp/ddp.st" > "$tmp/ddp.out" 2>&1 &&
-"$bin" "${run[@]}" --precision bf16 --nproc 2 --deterministic --zero 2 --save-format consolidated --save "$tmp/z2.st" > "$tmp/z2.out" 2>&1
-if "$cmp" "$tmp/ddp.st" "$tmp/z2.st" step optim_step epoch cursor > "$tmp/cmp.out" 2>&1; then
-    echo "ok   bf16 DDP == ZeRO-2 at 2 ranks: $(tail -1 "$tmp/cmp.out" 2>/dev/null)"
-else echo "FAIL bf16 DDP != ZeRO-2:"; cat "$tmp/cmp.out"; tail -3 "$tmp/ddp.out" "$tmp/z2.out"; fail=1; fi
+# every rank alike: DDP == ZeRO-2 at 2 and at 4 ranks, bit for bit
+# (--deterministic; at 4 ranks a reduction-order difference would show)
+for np in 2 4; do
+    "$bin" "${run[@]}" --precision bf16 --nproc $np --deterministic --save "$tmp/ddp$np.st" > "$tmp/ddp$np.out" 2>&1 &&
+    "$bin" "${run[@]}" --precision bf16 --nproc $np --deterministic --zero 2 --save-format consolidated \
+        --save "$tmp/z2_$np.st" > "$tmp/z2_$np.out" 2>&1
+    if "$cmp" "$tmp/ddp$np.st" "$tmp/z2_$np.st" step optim_step epoch cursor > "$tmp/cmp$np.out" 2>&1; then
+        echo "ok   bf16 DDP == ZeRO-2 at $np ranks: $(tail -1 "$tmp/cmp$np.out" 2>/dev/null)"
+    else echo "FAIL bf16 DDP != ZeRO-2 at $np ranks:"; cat "$tmp/cmp$np.out"; tail -3 "$tmp/ddp$np.out" "$tmp/z2_$np.out"; fail=1; fi
+done
 # fp32 masters: a bf16 checkpoint resumes in fp32, and an fp32 one in bf16
 if "$bin" "${run[@]}" --steps 22 --resume "$tmp/bf16.st" --precision fp32 > "$tmp/r1.out" 2>&1 &&
    "$bin" "${run[@]}" --steps 22 --resume "$tmp/fp32.st" --precision bf16 > "$tmp/r2.out" 2>&1; then

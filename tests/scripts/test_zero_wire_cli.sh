@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # --compress with --zero: `dtrain train --zero 2 --compress bf16 --nproc 2`
 # trains GPT-2 (the loss falls), --zero 1 --compress fp16 --no-shm too, the
-# two 16-bit wires give other results than float32 (the flag reaches ZeRO),
-# and a bad --compress value is refused naming the flag and the choices.
-# usage: test_zero_wire_cli.sh DTRAIN_BINARY
+# two 16-bit wires give other weights than float32 with otherwise the same
+# flags (the flag reaches ZeRO; tensors compared, not files: the metadata names
+# the stage), and a bad --compress value is refused naming the flag and the
+# choices.
+# usage: test_zero_wire_cli.sh DTRAIN_BINARY CKPT_CMP
 set -uo pipefail
 # Ranks under mpirun: Open MPI unloads its plugins at finalize, so
 # LeakSanitizer sees their allocations from an unknown module (see
 # test_recompute_bitwise.sh).
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 bin=$1
+cmp_bin=$2
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$tmp/corpus.txt"
 model=(--model gpt2 --layers 2 --embd 32 --heads 2 --max-t 32 --seq 32 --batch 4
@@ -34,15 +37,25 @@ while IFS='|' read -r tag extra; do
 done <<'CONFIGS'
 zero2_f32|--zero 2
 zero2_bf16|--zero 2 --compress bf16
+zero1_f32_noshm|--zero 1 --no-shm
 zero1_fp16_noshm|--zero 1 --compress fp16 --no-shm
 CONFIGS
 
-# the wire changes the result (rounded gradients), so the flag was applied
-for tag in zero2_bf16 zero1_fp16_noshm; do
-    if [ -f "$tmp/$tag.st" ] && [ -f "$tmp/zero2_f32.st" ] && cmp -s "$tmp/$tag.st" "$tmp/zero2_f32.st"; then
-        echo "FAIL $tag: checkpoint identical to float32's: --compress did not reach ZeRO"; fail=1
+# the wire changes the result (rounded gradients), so the flag was applied:
+# each 16-bit run against the float32 run with the same other flags
+while read -r tag ref; do
+    "$cmp_bin" "$tmp/$ref.st" "$tmp/$tag.st" > "$tmp/$tag.cmp" 2>&1; rc=$?
+    if [ $rc -eq 1 ]; then
+        echo "ok   $tag: weights differ from $ref's ($(head -1 "$tmp/$tag.cmp"))"
+    elif [ $rc -eq 0 ]; then
+        echo "FAIL $tag: every tensor equals $ref's: --compress did not reach ZeRO"; fail=1
+    else
+        echo "FAIL $tag: cannot compare with $ref:"; cat "$tmp/$tag.cmp"; fail=1
     fi
-done
+done <<'PAIRS'
+zero2_bf16 zero2_f32
+zero1_fp16_noshm zero1_f32_noshm
+PAIRS
 
 # a bad value is refused before anything runs, naming the flag and the choices
 out=$("$bin" train "${model[@]}" --zero 2 --compress int8 < /dev/null 2>&1); rc=$?
