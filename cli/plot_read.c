@@ -3,6 +3,7 @@
  * {"traceEvents":[...]}, pid = rank, tid 0 the compute thread, tid 1 the
  * communication lane; src/io/trace.c writes them). */
 #include <ctype.h>
+#include <limits.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -130,7 +131,7 @@ static int cmp_begin(const void *a, const void *b) {
 /* length of the union of the intervals (sorts them) */
 static double iv_union(ivals *v) {
     size_t k = v->n / 2;
-    qsort(v->a, k, 2 * sizeof(double), cmp_begin);
+    if (k) qsort(v->a, k, 2 * sizeof(double), cmp_begin);
     double total = 0, b = 0, e = 0;
     for (size_t i = 0; i < k; i++) {
         double bi = v->a[2 * i], ei = v->a[2 * i + 1];
@@ -179,6 +180,15 @@ static int num(const cJSON *o, const char *k, double *v) {
     return 1;
 }
 
+/* an event's pid as a rank: a whole number in [0, INT_MAX] (a pid of 1e300
+ * must not become a rank by an undefined conversion) */
+static int rank_num(const cJSON *o, int *rank) {
+    double p;
+    if (!num(o, "pid", &p) || p < 0 || p > INT_MAX || p != floor(p)) return 0;
+    *rank = (int)p;
+    return 1;
+}
+
 /* one rank's split: the compute thread (tid 0) computing, blocked on
  * communication, or neither; the communication lane (tid 1) apart */
 static int split_rank(const cJSON *evs, int pid, dt_plot_rank *r) {
@@ -188,8 +198,9 @@ static int split_rank(const cJSON *evs, int pid, dt_plot_rank *r) {
     const cJSON *e;
     cJSON_ArrayForEach(e, evs) {
         const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph");
-        double p, tid, ts, dur;
-        if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !num(e, "pid", &p) || (int)p != pid ||
+        double tid, ts, dur;
+        int p;
+        if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !rank_num(e, &p) || p != pid ||
             !num(e, "tid", &tid) || !num(e, "ts", &ts) || !num(e, "dur", &dur) || dur < 0)
             continue;
         if (ts < lo) lo = ts;
@@ -223,6 +234,14 @@ int dt_plot_read_trace(dt_plot_data *d, const char *path, char *err, size_t n) {
     char *text = read_all(path, &len, err, n);
     if (!text) return -1;
     cJSON *doc = cJSON_ParseWithLength(text, len);
+    if (!doc) {   /* (cut short by a killed run, most often) */
+        const char *at = cJSON_GetErrorPtr();
+        size_t off = at && at >= text && at <= text + len ? (size_t)(at - text) : len;
+        snprintf(err, n, "%s: not valid JSON at byte %zu of %zu%s", path, off, len,
+                 off + 16 >= len ? " (near its end: truncated?)" : "");
+        free(text);
+        return -1;
+    }
     free(text);
     const cJSON *evs = cJSON_GetObjectItemCaseSensitive(doc, "traceEvents");
     if (!cJSON_IsArray(evs)) {
@@ -235,9 +254,13 @@ int dt_plot_read_trace(dt_plot_data *d, const char *path, char *err, size_t n) {
     const cJSON *e;
     cJSON_ArrayForEach(e, evs) {   /* each pid with complete events, once */
         const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph");
-        double p;
-        if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !num(e, "pid", &p)) continue;
-        int pid = (int)p, seen = 0;
+        if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X")) continue;
+        int pid, seen = 0;
+        if (!rank_num(e, &pid)) {
+            snprintf(err, n, "%s: a complete event (\"ph\":\"X\") whose pid is not a rank (a whole number >= 0)", path);
+            rc = -2;   /* (said) */
+            break;
+        }
         for (int i = 0; i < d->nranks && !seen; i++) seen = d->ranks[i].path == path && d->ranks[i].rank == pid;
         if (seen) continue;
         dt_plot_rank *r = realloc(d->ranks, (size_t)(d->nranks + 1) * sizeof *r);
@@ -250,7 +273,8 @@ int dt_plot_read_trace(dt_plot_data *d, const char *path, char *err, size_t n) {
         d->nranks++;
         found++;
     }
-    if (rc) snprintf(err, n, "%s: out of memory", path);
+    if (rc == -1) snprintf(err, n, "%s: out of memory", path);
+    else if (rc == -2) rc = -1;
     else if (!found) {
         snprintf(err, n, "%s: a trace without complete events (\"ph\":\"X\"): nothing to plot", path);
         rc = -1;

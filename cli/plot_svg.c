@@ -101,7 +101,9 @@ static axis make_axis(double lo, double hi, int log_scale) {
         if (a.hi <= a.lo) a.hi = a.lo + 1;
         return a;
     }
-    if (!(hi > lo)) {   /* one value: a band around it */
+    /* one value, or values a tick step could not tell apart (0.3 and
+     * 0.30000000000000004: a step below their ulp would never advance) */
+    if (!(hi - lo > fmax(fabs(lo), fabs(hi)) * 1e-9)) {   /* a band around them */
         double pad = lo != 0 ? fabs(lo) * 0.1 : 1;
         lo -= pad;
         hi += pad;
@@ -171,14 +173,30 @@ static void draw_axes(sbuf *b, int top, const axis *x, const axis *y, const char
 
 typedef struct line { const dt_plot_series *s; const char *key, *run; int color, dashed; } line;
 
-static void legend_entry(sbuf *b, int top, int i, const line *l, const char *label) {
+#define LEGEND_ROOM ((PH - MB - MT - 8) / 18 + 1)   /* legend lines beside a panel */
+
+/* a run's name in the legend: its file name, or the path as given when
+ * another run has the same file name (runA/metrics.jsonl, runB/metrics.jsonl) */
+static const char *run_name(const line *ls, int n, int i) {
+    for (int j = 0; j < n; j++)
+        if (strcmp(ls[j].run, ls[i].run) && !strcmp(base(ls[j].run), base(ls[i].run))) return ls[i].run;
+    return base(ls[i].run);
+}
+
+static void legend_entry(sbuf *b, int top, int i, const line *l, const char *name, const char *label) {
     int x = W - MR + 16, y = top + MT + 8 + 18 * i;
-    if (y > top + PH - MB) return;   /* more entries than room: the data stays in the series */
     put(b, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\"%s/>", x, y, x + 24, y,
         palette[l->color % NPAL], l->dashed ? " stroke-dasharray=\"6 4\"" : "");
     put(b, "<text x=\"%d\" y=\"%d\">", x + 30, y + 4);
-    esc(b, base(l->run));
+    esc(b, name);
     put(b, "%s%s</text>\n", label ? " " : "", label ? label : "");
+}
+
+/* more lines than room: the last line says how many are not listed (their
+ * series are drawn, each named by its data-run attribute) */
+static void legend_more(sbuf *b, int top, int more) {
+    put(b, "<text x=\"%d\" y=\"%d\" fill=\"#333\">+%d more not listed</text>\n", W - MR + 16,
+        top + MT + 8 + 18 * (LEGEND_ROOM - 1) + 4, more);
 }
 
 static void draw_lines(sbuf *b, int top, const char *title, const char *ylabel, const line *ls, int n, int log_y,
@@ -236,8 +254,10 @@ static void draw_lines(sbuf *b, int top, const char *title, const char *ylabel, 
                 put(b, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"3.5\" fill=\"%s\"/>", map(&ax, l->s->x[k], x0, x1),
                     map(&ay, l->s->y[k], y1, y0), col);
         put(b, "</g>\n");
-        legend_entry(b, top, i, l, name_series ? (l->dashed ? "validation" : "training") : NULL);
+        if (n <= LEGEND_ROOM || i < LEGEND_ROOM - 1)
+            legend_entry(b, top, i, l, run_name(ls, n, i), name_series ? (l->dashed ? "validation" : "training") : NULL);
     }
+    if (n > LEGEND_ROOM) legend_more(b, top, n - (LEGEND_ROOM - 1));
     put(b, "</g>\n");
 }
 

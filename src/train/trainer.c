@@ -20,6 +20,23 @@ static dt_status example_batch(dt_trainer *t) {
     return DT_OK;
 }
 
+/* train.init / train.resume can be opened: checked before the data, so that
+ * an unreadable file is what the error names, not what a model built
+ * without it makes of the data (the CLI takes the model from the file) */
+static dt_status ckpt_readable(const dt_train_opts *o) {
+    const char *path = o->init ? o->init : o->resume;
+    if (!path) return DT_OK;
+    dt_ckpt *c;
+    dt_status e = dt_ckpt_open(path, &c);
+    if (e != DT_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", dt_error_message());
+        return DT_ERR(e, "train.%s: %s", o->init ? "init" : "resume", why);
+    }
+    dt_ckpt_close(c);
+    return DT_OK;
+}
+
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out) {
     if (!o || !out) return DT_ERR(DT_EINVAL, "dt_trainer_create: %s is NULL", !o ? "opts" : "out");
     *out = NULL;
@@ -53,6 +70,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     /* one rank: before any work a bad path would waste; several: in
      * claim_outputs, after the agreement, where all ranks meet */
     if (s == DT_OK && t->strat.world <= 1) s = dt_trainer_check_outputs(t);
+    if (s == DT_OK) s = ckpt_readable(o);
     if (s == DT_OK) s = dt_trainer_load_data(t);
     if (s == DT_OK) s = dt_trainer_fit_model(t);
     /* the strategy's say in the build (tp: this rank's part) before the

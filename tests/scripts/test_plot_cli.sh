@@ -7,7 +7,9 @@
 # (step, value); per rank, the compute and communication times are the sums
 # of the trace's own events. Bad input is one error line naming the file (and
 # line), an output that is not .svg is refused, a failed plot leaves an
-# existing picture alone.
+# existing picture alone. Values closer than a tick step can resolve still
+# plot; runs with one file name are told apart in the legend, and runs past
+# its room are counted there.
 # usage: test_plot_cli.sh DTRAIN_BINARY
 set -uo pipefail
 bin=$1
@@ -86,6 +88,26 @@ for r in 0 1; do
     else bad "rank $r: bar compute '$gc' comm '$gm' idle '$gi' span '$gs'; trace sums $comp, $comm"; fi
 done
 
+# values a tick step cannot tell apart (0.3 and 0.1 * 3): a picture, not a
+# loop that never ends (it ran until killed)
+printf '{"step":1,"loss":2.5,"lr":0.3}\n{"step":2,"loss":2.4,"lr":0.30000000000000004}\n' > ulp.jsonl
+out=$(timeout 20 "$bin" plot ulp.jsonl -o ulp.svg 2>&1); rc=$?
+ticks=$(grep -o '<text' ulp.svg 2> /dev/null | wc -l)
+[ $rc -eq 0 ] && xmllint --noout ulp.svg 2> /dev/null && [ "$ticks" -lt 200 ] && ok "values 1 ulp apart: $ticks labels" ||
+    bad "values 1 ulp apart: exit $rc (124: hung), $ticks labels: $out"
+
+# runs with the same file name are told apart by their paths; more runs than
+# the legend has room for: the last line counts the rest
+mkdir -p runA runB
+cp a.jsonl runA/metrics.jsonl; cp a.jsonl runB/metrics.jsonl
+"$bin" plot runA/metrics.jsonl runB/metrics.jsonl -o same.svg > /dev/null 2>&1 &&
+    grep -q '>runA/metrics.jsonl training<' same.svg && grep -q '>runB/metrics.jsonl training<' same.svg &&
+    ok "same file names: the legend shows the paths" || bad "same file names: $(grep -o '>[^<]*training<' same.svg | head -4 | tr '\n' ' ')"
+many=(); for i in $(seq 1 14); do cp a.jsonl "r$i.jsonl"; many+=("r$i.jsonl"); done
+"$bin" plot "${many[@]}" -o many.svg > /dev/null 2>&1 && xmllint --noout many.svg 2> /dev/null &&
+    grep -q '>+[0-9]* more not listed<' many.svg && ok "14 runs: $(grep -o '+[0-9]* more not listed' many.svg | head -1)" ||
+    bad "14 runs: no '+N more' line in the legend"
+
 # --log-loss: the loss panel says so; still well-formed
 "$bin" plot a.jsonl -o log.svg --log-loss > /dev/null 2>&1 && xmllint --noout log.svg 2> /dev/null &&
     grep -q 'log scale' log.svg && ok "--log-loss" || bad "--log-loss"
@@ -94,6 +116,8 @@ done
 echo "kept" > old.svg
 printf '{"step":1,"loss":2.5}\n{"step":2,"loss":\n' > broken.jsonl
 printf '{"step":1,"tokens":5}\n' > nothing.jsonl
+head -c 120 tr.json.rank0 > cut.json   # a trace cut short (a killed run)
+printf '{"traceEvents":[{"ph":"X","pid":1e300,"tid":0,"ts":1,"dur":2,"name":"forward"}]}' > pid.json
 while IFS='|' read -r what want_rc want args; do
     # shellcheck disable=SC2086
     out=$("$bin" plot $args 2>&1); rc=$?
@@ -104,6 +128,8 @@ done <<CASES
 missing file|1|missing.jsonl: cannot open|a.jsonl missing.jsonl -o old.svg
 a line that is not JSON|1|broken.jsonl:2: not a JSON object|a.jsonl broken.jsonl -o old.svg
 nothing to plot|1|no plottable series|nothing.jsonl -o old.svg
+a trace cut short|1|cut.json: not valid JSON at byte|cut.json -o old.svg
+a pid that is no rank|1|pid.json: a complete event ("ph":"X") whose pid is not a rank|pid.json -o old.svg
 not .svg|2|only SVG|a.jsonl -o curves.png
 no output|2|needs -o|a.jsonl
 no input|2|needs a metrics or trace file|-o old.svg

@@ -97,7 +97,7 @@ static void test_missing_and_corrupt_files(void **state) {
     expect_error("train --data-path /nonexistent/dir --steps 1", "/nonexistent/dir");
     expect_error("train --model gpt2 --data shard --data-path /nonexistent.bin --steps 1", "/nonexistent.bin");
     expect_error("train --resume /nonexistent.safetensors --steps 1", "/nonexistent.safetensors");
-    char dir[64], path[128], args[256];
+    char dir[64], path[128], args[512];
     assert_int_equal(dt_test_tmpdir(dir, sizeof dir, "cli_errors"), 0);
     snprintf(path, sizeof path, "%s/dt_cli_garbage.safetensors", dir);
     FILE *f = fopen(path, "w");
@@ -105,6 +105,25 @@ static void test_missing_and_corrupt_files(void **state) {
     fclose(f);
     snprintf(args, sizeof args, "train --init %s --steps 1", path);
     expect_error(args, "dt_cli_garbage.safetensors");
+    /* the model comes from --init / --resume: when the file cannot be read,
+     * the error names it, not what the default model makes of token data */
+    char shard[160];
+    snprintf(shard, sizeof shard, "%s/tokens.bin", dir);
+    int32_t header[256] = {20240520, 1, 2000};
+    uint16_t tokens[2000];
+    for (int i = 0; i < 2000; i++) tokens[i] = (uint16_t)(i % 100);
+    f = fopen(shard, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(header, sizeof header, 1, f), 1);
+    assert_int_equal(fwrite(tokens, sizeof tokens, 1, f), 1);
+    fclose(f);
+    snprintf(args, sizeof args, "eval --init %s/missing.st --data shard --data-path %s", dir, shard);
+    expect_error(args, "--init: ");
+    expect_error(args, "missing.st");
+    snprintf(args, sizeof args, "eval --init %s --data shard --data-path %s", path, shard);
+    expect_error(args, "dt_cli_garbage.safetensors");
+    snprintf(args, sizeof args, "train --resume %s/missing.st --data shard --data-path %s --steps 1", dir, shard);
+    expect_error(args, "--resume: ");
     dt_test_rm_rf(dir);
 }
 
