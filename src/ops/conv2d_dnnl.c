@@ -14,7 +14,16 @@
  * libgomp's pool with our loops and OpenBLAS.
  *
  * Backward accumulates (dx +=, dw +=, db +=) like every op: oneDNN writes its
- * results to arena scratch first. */
+ * results to arena scratch first.
+ *
+ * 16-bit precision (--precision fp16, and bf16 where the GEMMs compute bf16:
+ * gemm_bf16.c): a convolution's products take 16-bit inputs with fp32
+ * accumulation, as every matrix product's do (im2col's go through
+ * dt_ops_sgemm). Here the fp32 primitives multiply inputs rounded to the
+ * 16-bit type and widened back (x and w forward; dy and w for dx; x and dy
+ * for dw): a product of two 16-bit values is exact in fp32, so these are
+ * the 16-bit numerics, at fp32's speed plus a rounding pass. bf16, as for a
+ * GEMM, only from 2^18 multiply-adds (N·OH·OW x OC x C·KH·KW). */
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,6 +219,33 @@ static void from_layout(conv_arg *a, void *buf, void *plain, int *err) {
 
 static void set(dnnl_memory_t m, void *h) { dnnl_memory_set_data_handle(m, h); }
 
+/* the type a convolution's inputs are rounded to (F32: none) */
+static dt_dtype rounding(const conv_key *k) {
+    if (dt_gemm_precision() == DT_PREC_FP16) return DT_F16;
+    int64_t OH = (k->H + 2 * k->pad - k->KH) / k->stride + 1, OW = (k->W + 2 * k->pad - k->KW) / k->stride + 1;
+    return dt_ops_sgemm_bf16_applies(k->N * OH * OW, k->OC, k->C * k->KH * k->KW) ? DT_BF16 : DT_F32;
+}
+
+/* n floats of src rounded to `to` in arena scratch (src itself for F32) */
+static const float *rounded(dt_graph *g, const float *src, size_t n, dt_dtype to, int *err) {
+    if (to == DT_F32 || *err) return src;
+    float *buf = dt_graph_scratch(g, n * sizeof(float));
+    if (!buf) { *err = 1; return NULL; }
+    dt_round_to(buf, src, to, n);
+    return buf;
+}
+
+/* db[oc] += sum over n, p of dy[n, oc, p] (in double, as im2col's) */
+static void bias_grad(float *db, const float *dy, int64_t N, int64_t OC, int64_t P) {
+#pragma omp parallel for schedule(static)
+    for (int64_t oc = 0; oc < OC; oc++) {
+        double s = 0;
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t q = 0; q < P; q++) s += dy[(i * OC + oc) * P + q];
+        db[oc] += (float)s;
+    }
+}
+
 typedef struct conv_saved { conv_prims *p; void *src; } conv_saved;   /* src in f_src.md */
 
 static void conv_dnnl_backward(dt_graph *g, dt_node *n) {
@@ -221,7 +257,9 @@ static void conv_dnnl_backward(dt_graph *g, dt_node *n) {
     if (!dx && !dw && !db) return;
     int err = 0;
     size_t wn = (size_t)(k->OC * k->C * k->KH * k->KW);
-    const float *dy = dt_f32(n->out->grad);
+    int64_t OH = (k->H + 2 * k->pad - k->KH) / k->stride + 1, OW = (k->W + 2 * k->pad - k->KW) / k->stride + 1;
+    dt_dtype to = rounding(k);   /* (the saved src was rounded in forward) */
+    const float *dy32 = dt_f32(n->out->grad), *dy = rounded(g, dy32, (size_t)(k->N * k->OC * OH * OW), to, &err);
     if (dw || db) {
         void *ddst = to_layout(g, &p->w_ddst, dy, &err);
         void *src = sv->src;
@@ -250,12 +288,14 @@ static void conv_dnnl_backward(dt_graph *g, dt_node *n) {
             from_layout(&p->w_dw, dwb, dw_plain, &err);
         }
         if (!err && dw) dt_ops_acc(dw, dw_plain, (int64_t)wn);
-        if (!err && db) dt_ops_acc(db, db_plain, k->OC);
+        if (!err && db && to == DT_F32) dt_ops_acc(db, db_plain, k->OC);
+        else if (!err && db) bias_grad(db, dy32, k->N, k->OC, OH * OW);   /* a sum, not a product: fp32 dy */
     }
     if (dx && !err) {
         size_t xn = (size_t)(k->N * k->C * k->H * k->W);
         void *ddst = to_layout(g, &p->d_ddst, dy, &err);
-        void *wl = err ? NULL : to_layout(g, &p->d_w, dt_f32(w), &err);
+        const float *wr = rounded(g, dt_f32(w), wn, to, &err);
+        void *wl = err ? NULL : to_layout(g, &p->d_w, wr, &err);
         float *dx_plain = err ? NULL : dt_graph_scratch(g, xn * sizeof(float));
         if (!dx_plain) err = 1;
         void *dsrc = err ? NULL : out_buf(g, &p->d_dsrc, dx_plain, &err);
@@ -285,8 +325,11 @@ int dt_conv2d_dnnl(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int st
     conv_saved *sv = dt_graph_scratch(g, sizeof *sv);
     if (!y || !sv) return 1;
     int err = 0;
-    void *src = to_layout(g, &p->f_src, dt_f32(x), &err);
-    void *wl = err ? NULL : to_layout(g, &p->f_w, dt_f32(w), &err);
+    dt_dtype to = rounding(&k);
+    const float *xr = rounded(g, dt_f32(x), (size_t)(k.N * k.C * k.H * k.W), to, &err);
+    const float *wr = rounded(g, dt_f32(w), (size_t)(k.OC * k.C * k.KH * k.KW), to, &err);
+    void *src = err ? NULL : to_layout(g, &p->f_src, xr, &err);
+    void *wl = err ? NULL : to_layout(g, &p->f_w, wr, &err);
     void *dst = err ? NULL : out_buf(g, &p->f_dst, dt_f32(y), &err);
     if (!err) {
         set(p->f_src.mem, src);

@@ -2,7 +2,8 @@
  * direct convolution, backward via finite differences, bad args, and (not
  * table entries) chunked-batch backward vs per-image, accumulation, no-grad
  * recording nothing — every case under both backends (oneDNN, im2col);
- * oneDNN against im2col on the demo CNN's shapes. */
+ * oneDNN against im2col on the demo CNN's shapes; 16-bit precision rounds
+ * every product's inputs on both. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -290,6 +291,73 @@ static void test_conv2d_onednn_matches_im2col(void **state) {
     }
 }
 
+/* y, dx, dw of conv(x, w) (5x5, pad 2) under precision prec, for the loss
+ * sum(y * R), into out[0..2] (allocated) */
+static void conv_grads(dt_precision prec, dt_param *x, dt_param *w, const float *R, float *out[3]) {
+    assert_int_equal(dt_gemm_set_precision(prec), DT_OK);
+    memset(x->grad.data, 0, (size_t)x->grad.numel * sizeof(float));
+    memset(w->grad.data, 0, (size_t)w->grad.numel * sizeof(float));
+    dt_graph *g = dt_graph_create();
+    dt_tensor *y = dt_op_conv2d(g, &x->value, &w->value, NULL, 1, 2);
+    assert_non_null(y);
+    assert_int_equal(dt_graph_backward(g, oph_wsum(g, y, R)), DT_OK);
+    const dt_tensor *t[3] = {y, &x->grad, &w->grad};
+    for (int i = 0; i < 3; i++) {
+        out[i] = malloc((size_t)t[i]->numel * sizeof(float));
+        memcpy(out[i], dt_f32(t[i]), (size_t)t[i]->numel * sizeof(float));
+    }
+    dt_graph_free(g);
+    assert_int_equal(dt_gemm_set_precision(DT_PREC_FP32), DT_OK);
+}
+
+/* 16-bit precision: a convolution's products take 16-bit inputs with fp32
+ * accumulation on either backend, as dt_sgemm's: y, dx and dw are the fp32
+ * op's on x, w and the upstream gradient rounded beforehand, to within the
+ * order of fp32 additions (1e-5 of the largest value; oneDNN's kernels do
+ * not promise one order from run to run), and at least 10 times further
+ * from the fp32 op's on the inputs as they are (what rounding moves).
+ * bf16: DTRAIN_BF16=force, set in main. */
+static void test_conv2d_16bit_rounds_inputs(void **state) {
+    (void)state;
+    const struct { const char *backend; dt_precision prec; dt_dtype to; } cases[] = {
+        {"onednn", DT_PREC_FP16, DT_F16}, {"im2col", DT_PREC_FP16, DT_F16},
+        {"onednn", DT_PREC_BF16, DT_BF16}, {"im2col", DT_PREC_BF16, DT_BF16}};
+    const int64_t N = 8, C = 3, H = 12, OC = 16;   /* 8·12·12 x 16 x 75 = 1.4M multiply-adds: past bf16's 2^18 */
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        assert_int_equal(dt_conv_set_backend(cases[c].backend), DT_OK);
+        dt_param x, w, xr, wr;
+        oph_param(&x, "x", 4, (int64_t[]){N, C, H, H}, 51, 1.0f);
+        oph_param(&w, "w", 4, (int64_t[]){OC, C, 5, 5}, 52, 1.0f);
+        oph_param(&xr, "x", 4, (int64_t[]){N, C, H, H}, 51, 1.0f);
+        oph_param(&wr, "w", 4, (int64_t[]){OC, C, 5, 5}, 52, 1.0f);
+        dt_round_to(xr.value.data, xr.value.data, cases[c].to, (size_t)xr.value.numel);
+        dt_round_to(wr.value.data, wr.value.data, cases[c].to, (size_t)wr.value.numel);
+        int64_t n[3] = {N * OC * H * H, x.grad.numel, w.grad.numel};
+        float *R = malloc((size_t)n[0] * sizeof *R), *Rr = malloc((size_t)n[0] * sizeof *Rr);
+        dt_rng r;
+        dt_rng_seed(&r, 9);
+        for (int64_t i = 0; i < n[0]; i++) R[i] = dt_rng_uniform(&r) - 0.5f;
+        dt_round_to(Rr, R, cases[c].to, (size_t)n[0]);
+        float *got[3], *want[3], *plain[3];
+        conv_grads(cases[c].prec, &x, &w, R, got);
+        conv_grads(DT_PREC_FP32, &xr, &wr, Rr, want);
+        conv_grads(DT_PREC_FP32, &x, &w, R, plain);
+        for (int t = 0; t < 3; t++) {
+            double scale = 0;
+            for (int64_t i = 0; i < n[t]; i++) scale = fmax(scale, fabs(want[t][i]));
+            double tol = 1e-5 * scale, to_want = oph_max_diff(got[t], want[t], n[t]),
+                   to_plain = oph_max_diff(got[t], plain[t], n[t]);
+            if (!(scale > 0) || to_want > tol || to_plain < 10 * tol)
+                fail_msg("%s %s: tensor %d (y, dx, dw): %g from the fp32 op's on rounded inputs (at most %g), %g from "
+                         "its on the inputs as they are (at least %g)", cases[c].backend,
+                         cases[c].to == DT_F16 ? "fp16" : "bf16", t, to_want, tol, to_plain, 10 * tol);
+            free(got[t]); free(want[t]); free(plain[t]);
+        }
+        free(R); free(Rr);
+        dt_param_free(&x); dt_param_free(&w); dt_param_free(&xr); dt_param_free(&wr);
+    }
+}
+
 static int use_onednn(void **state) { (void)state; return dt_conv_set_backend("onednn") != DT_OK; }
 static int use_im2col(void **state) { (void)state; return dt_conv_set_backend("im2col") != DT_OK; }
 
@@ -299,7 +367,9 @@ int main(void) {
         cmocka_unit_test(test_conv2d_grads_accumulate),
         cmocka_unit_test(test_conv2d_no_grad_records_nothing),
     };
-    const struct CMUnitTest cross[] = {cmocka_unit_test(test_conv2d_onednn_matches_im2col)};
+    setenv("DTRAIN_BF16", "force", 1);   /* bf16 numerics on any CPU (only where the precision says bf16) */
+    const struct CMUnitTest cross[] = {cmocka_unit_test(test_conv2d_onednn_matches_im2col),
+                                       cmocka_unit_test(test_conv2d_16bit_rounds_inputs)};
     int bad = oph_run_group("conv2d_onednn", table, OPH_LEN(table), extra, OPH_LEN(extra), use_onednn);
     bad += oph_run_group("conv2d_im2col", table, OPH_LEN(table), extra, OPH_LEN(extra), use_im2col);
     return bad + cmocka_run_group_tests_name("conv2d_cross", cross, NULL, NULL);
