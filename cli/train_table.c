@@ -99,8 +99,8 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
     if (nm < 0) return -1;
     dt_arg a[] = {
         {"--data", DT_ARG_STR, &f->data, "KIND", f->data_help, 0, 0},
-        {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file; shard: a .bin file or a directory of them (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},
-        {"--val-path", DT_ARG_STR, &o->val_path, "PATH", "LM validation file (default: last 10% of the data)", 0, 0},
+        {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file; shard: a .bin file or a directory of them; a text directory: every file but *.dat and *.u8 (fortune indexes and twins); in a directory, links to files count, each file once, subdirectories not read (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},
+        {"--val-path", DT_ARG_STR, &o->val_path, "PATH", "LM validation file or directory (default: the last 10% of the data); a file inside --data-path's directory is left out of training", 0, 0},
         {"--batch", DT_ARG_I64, &o->batch, "B", "batch size per rank and micro-step; with --pp per replica and step, split into --microbatches (default 64)", 0, 0},
         {"--seq", DT_ARG_I64, &o->seq, "T", "LM sequence length (default 64, at most the model's --max-t)", 0, 0},
         {"--steps", DT_ARG_I64, &o->steps, "N", "optimizer steps (overrides --epochs)", 0, 0},

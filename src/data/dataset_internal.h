@@ -12,9 +12,18 @@ dt_status dt_dataset_open_shard(const dt_dataset_opts *o, dt_dataset *out);
  * (cumulative, non-decreasing) for the k-th file in name order. */
 typedef struct dt_text_files { int64_t *end; int n; } dt_text_files;
 void dt_text_files_free(dt_text_files *f);
-/* dt_text_load of a directory, also returning the file boundaries; a path
- * that is not a directory fails (nothing to split). */
-dt_status dt_text_load_files(const char *dir, dt_token_dataset *out, dt_text_files *files);
+/* list_dir.c: the files of a data directory whose names `want` accepts:
+ * regular files and links to one, in name order, each file once, never the
+ * file hold_out names (may be NULL); full paths, freed by dt_data_names_free. */
+dt_status dt_data_list_dir(const char *dir, int (*want)(const char *name), const char *hold_out, char ***names,
+                           int *n);
+void dt_data_names_free(char **names, int n);
+
+/* dt_text_load of a file or directory without the held-out file (see
+ * dt_data_list_dir); _files: of a directory, also returning the file
+ * boundaries (a path that is not a directory fails: nothing to split). */
+dt_status dt_text_load_path(const char *path, const char *hold_out, dt_token_dataset *out);
+dt_status dt_text_load_files(const char *dir, const char *hold_out, dt_token_dataset *out, dt_text_files *files);
 /* token_part.c: keeps in tr (the training tokens, a prefix of the stream f
  * describes) the files of part `rank` of `world` (file k -> part k % world).
  * Fails on every part alike, naming the part, when some part would get
@@ -30,17 +39,21 @@ void dt_part_range(int64_t n, int rank, int world, int64_t *a, int64_t *b);
  * when some part would get fewer than T + 1 tokens. */
 dt_status dt_tokens_keep_range(dt_token_dataset *tr, int rank, int world, int T, const char *path);
 /* shard_dir.c: llm.c shards from a file or a directory of *.bin shards (name
- * order, concatenated); _files also returns where each shard ends. */
-dt_status dt_token_shard_load_path(const char *path, dt_token_dataset *out);
-dt_status dt_token_shard_load_files(const char *dir, dt_token_dataset *out, dt_text_files *files);
+ * order, concatenated, without the held-out file); _files also returns where
+ * each shard ends. */
+dt_status dt_token_shard_load_path(const char *path, const char *hold_out, dt_token_dataset *out);
+dt_status dt_token_shard_load_files(const char *dir, const char *hold_out, dt_token_dataset *out, dt_text_files *files);
 
 /* Token-window datasets (text, shard): reads path (and o->val_path) with
  * load, holds out the last 10% when there is no val_path, and checks there is
  * at least one training window of o->seq + 1 tokens. With o->part_world > 1
  * the training split of a directory is cut by file (load_files), that of one
- * file into ranges (dt_tokens_keep_range). */
-typedef dt_status (*dt_token_load_fn)(const char *path, dt_token_dataset *out);
-typedef dt_status (*dt_token_load_files_fn)(const char *path, dt_token_dataset *out, dt_text_files *files);
+ * file into ranges (dt_tokens_keep_range). A val_path inside the training
+ * directory is held out of training (hold_out); one that is the training
+ * directory or file itself is refused. */
+typedef dt_status (*dt_token_load_fn)(const char *path, const char *hold_out, dt_token_dataset *out);
+typedef dt_status (*dt_token_load_files_fn)(const char *path, const char *hold_out, dt_token_dataset *out,
+                                            dt_text_files *files);
 dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_load_fn load,
                                  dt_token_load_files_fn load_files, dt_dataset *out);
 #endif

@@ -49,10 +49,17 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
     t->T = (int)o->seq;
     dt_token_dataset all = {0};
     dt_text_files files = {0};
-    dt_status s = by_file ? load_files(path, &all, &files) : load(path, &all);
+    struct stat ds, vs;   /* the validation data cannot be the training data itself */
+    dt_status s = o->val_path && stat(path, &ds) == 0 && stat(o->val_path, &vs) == 0 && ds.st_dev == vs.st_dev &&
+                          ds.st_ino == vs.st_ino
+                      ? DT_ERR(DT_EINVAL, "train.val_path %s is the training data (train.data_path %s) itself: "
+                               "give a separate validation file or directory", o->val_path, path)
+                      : DT_OK;
+    /* a validation file inside the training directory is held out of training */
+    if (s == DT_OK) s = by_file ? load_files(path, o->val_path, &all, &files) : load(path, o->val_path, &all);
     if (s == DT_OK && o->val_path) {
         t->split[DT_SPLIT_TRAIN] = all;
-        s = load(o->val_path, &t->split[DT_SPLIT_EVAL]);
+        s = load(o->val_path, NULL, &t->split[DT_SPLIT_EVAL]);
     } else if (s == DT_OK) {
         s = split_tail(&all, t);
     }

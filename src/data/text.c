@@ -1,11 +1,10 @@
 /* Byte-level text datasets: every byte of a file (or of every regular file in a
  * directory, sorted by name) becomes one token in [0, 256).
  *
- * Directory rules: only regular files are read; symlinks are skipped (fortune
- * dirs link foo.u8 -> foo, which would duplicate data), as are names ending in
- * ".dat" (fortune index files) and ".u8". Subdirectories are not descended.
+ * Directory rules (list_dir.c): regular files and links to one, each file
+ * once, in name order, but not names ending in ".dat" (fortune index files)
+ * or ".u8" (fortune dirs' UTF-8 twins); subdirectories are not descended.
  * Also here: the generic token-dataset helpers (free, windows, batch). */
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,10 +57,6 @@ static int ends_with(const char *s, const char *suffix) {
     return ls >= lx && memcmp(s + ls - lx, suffix, lx) == 0;
 }
 
-static int cmp_names(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* files (may be NULL): room for one more end offset */
 static dt_status files_reserve(dt_text_files *f, int *cap, const char *dir) {
     if (!f || f->n < *cap) return DT_OK;
@@ -73,66 +68,35 @@ static dt_status files_reserve(dt_text_files *f, int *cap, const char *dir) {
     return DT_OK;
 }
 
-/* Append every eligible file of dir, in strcmp order of names; files (may be
- * NULL) gets where each one ends in b. */
-static dt_status text_append_dir(tokbuf *b, const char *dir, dt_text_files *files) {
-    DIR *d = opendir(dir);
-    if (!d) return DT_ERR(DT_EIO, "%s: cannot open directory: %s", dir, strerror(errno));
-    char **names = NULL;
-    size_t n = 0, cap = 0;
+static int text_name(const char *nm) { return !ends_with(nm, ".dat") && !ends_with(nm, ".u8"); }
+
+/* Append every eligible file of dir (not hold_out), in strcmp order of
+ * names; files (may be NULL) gets where each one ends in b. */
+static dt_status text_append_dir(tokbuf *b, const char *dir, const char *hold_out, dt_text_files *files) {
+    char **names;
+    int n;
+    DT_TRY(dt_data_list_dir(dir, text_name, hold_out, &names, &n));
     dt_status st = DT_OK;
-    struct dirent *e;
-    char path[4096];
-    while ((e = readdir(d)) != NULL) {
-        const char *nm = e->d_name;
-        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
-        if (ends_with(nm, ".dat") || ends_with(nm, ".u8")) continue;
-        int len = snprintf(path, sizeof path, "%s/%s", dir, nm);
-        if (len < 0 || (size_t)len >= sizeof path) {
-            st = DT_ERR(DT_EINVAL, "%s/%s: path too long", dir, nm);
-            break;
-        }
-        struct stat sb;
-        if (lstat(path, &sb) != 0) {
-            st = DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
-            break;
-        }
-        if (!S_ISREG(sb.st_mode)) continue;   /* skips symlinks, dirs, devices */
-        if (n == cap) {
-            size_t ncap = cap ? cap * 2 : 64;
-            char **nn = realloc(names, ncap * sizeof *nn);
-            if (!nn) { st = DT_ERR(DT_ENOMEM, "%s: out of memory listing directory", dir); break; }
-            names = nn;
-            cap = ncap;
-        }
-        names[n] = strdup(nm);
-        if (!names[n]) { st = DT_ERR(DT_ENOMEM, "%s: out of memory listing directory", dir); break; }
-        n++;
+    int cap = 0;
+    for (int i = 0; i < n && st == DT_OK; i++) {
+        st = text_append_file(b, names[i]);
+        if (st == DT_OK) st = files_reserve(files, &cap, dir);
+        if (st == DT_OK && files) files->end[files->n++] = b->n;
     }
-    closedir(d);
-    if (st == DT_OK) {
-        if (n > 1) qsort(names, n, sizeof *names, cmp_names);
-        int cap = 0;
-        for (size_t i = 0; i < n && st == DT_OK; i++) {
-            snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-            st = text_append_file(b, path);
-            if (st == DT_OK) st = files_reserve(files, &cap, dir);
-            if (st == DT_OK && files) files->end[files->n++] = b->n;
-        }
-    }
-    for (size_t i = 0; i < n; i++) free(names[i]);
-    free(names);
+    dt_data_names_free(names, n);
     return st;
 }
 
-dt_status dt_text_load(const char *path, dt_token_dataset *out) {
+dt_status dt_text_load(const char *path, dt_token_dataset *out) { return dt_text_load_path(path, NULL, out); }
+
+dt_status dt_text_load_path(const char *path, const char *hold_out, dt_token_dataset *out) {
     if (!path || !out) return DT_ERR(DT_EINVAL, "dt_text_load: NULL argument");
     memset(out, 0, sizeof *out);
     struct stat sb;
     if (stat(path, &sb) != 0) return DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
     tokbuf b = {0};
     dt_status st;
-    if (S_ISDIR(sb.st_mode)) st = text_append_dir(&b, path, NULL);
+    if (S_ISDIR(sb.st_mode)) st = text_append_dir(&b, path, hold_out, NULL);
     else if (S_ISREG(sb.st_mode)) st = text_append_file(&b, path);
     else st = DT_ERR(DT_EINVAL, "%s: not a regular file or directory", path);
     if (st == DT_OK && b.n == 0)
@@ -147,7 +111,7 @@ dt_status dt_text_load(const char *path, dt_token_dataset *out) {
     return DT_OK;
 }
 
-dt_status dt_text_load_files(const char *dir, dt_token_dataset *out, dt_text_files *files) {
+dt_status dt_text_load_files(const char *dir, const char *hold_out, dt_token_dataset *out, dt_text_files *files) {
     memset(out, 0, sizeof *out);
     memset(files, 0, sizeof *files);
     struct stat sb;
@@ -155,7 +119,7 @@ dt_status dt_text_load_files(const char *dir, dt_token_dataset *out, dt_text_fil
     if (!S_ISDIR(sb.st_mode))
         return DT_ERR(DT_EINVAL, "%s: not a directory (an uneven split gives each rank whole files of a directory)", dir);
     tokbuf b = {0};
-    dt_status st = text_append_dir(&b, dir, files);
+    dt_status st = text_append_dir(&b, dir, hold_out, files);
     if (st == DT_OK && b.n == 0) st = DT_ERR(DT_EFORMAT, "%s: no text data (no eligible files)", dir);
     if (st != DT_OK) {
         free(b.v);

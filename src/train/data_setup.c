@@ -84,6 +84,9 @@ void dt_trainer_free_data(dt_trainer *t) {
 dt_status dt_trainer_check_sizes(const dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
     const dt_dataset *d = &t->data;
+    if (d->size[DT_SPLIT_EVAL] <= 0 && o->val_path)
+        return DT_ERR(DT_EINVAL, "the %s split, train.val_path %s, holds no sample (token data: none of train.seq %lld "
+                      "+ 1 tokens); a run ends by evaluating on it", d->eval_name, o->val_path, (long long)o->seq);
     if (d->size[DT_SPLIT_EVAL] <= 0)
         return DT_ERR(DT_EINVAL, "the %s split of %s (train.data %s) holds no sample (token data: none of train.seq %lld "
                       "+ 1 tokens); a run ends by evaluating on it", d->eval_name, d->source, d->name, (long long)o->seq);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dtrain/data.h"
 #include "dtrain/train.h"
@@ -188,6 +189,58 @@ static void test_shard_vocab_covers_val(void **state) {
     assert_msg_has("ids up to 999");
 }
 
+/* llm.c's layout: train and val shards in one directory. With train.val_path
+ * naming the val shard, the directory's training data is the other shards
+ * only (the val shard was trained on too); the directory itself as
+ * val_path is refused; a validation split too short names val_path. */
+static void test_shard_val_inside_dir_held_out(void **state) {
+    (void)state;
+    char dir[512], ptr[600], pva[600];
+    snprintf(dir, sizeof dir, "%s/llmc", g_dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    uint16_t tr[100], va[40];
+    for (int i = 0; i < 100; i++) tr[i] = (uint16_t)(i % 50);
+    for (int i = 0; i < 40; i++) va[i] = (uint16_t)(i % 30);
+    snprintf(ptr, sizeof ptr, "%s/tiny_train.bin", dir);
+    snprintf(pva, sizeof pva, "%s/tiny_val.bin", dir);
+    assert_int_equal(dt_token_shard_write(ptr, tr, 100), DT_OK);
+    assert_int_equal(dt_token_shard_write(pva, va, 40), DT_OK);
+    dt_dataset d;
+    dt_dataset_opts o = {.path = dir, .val_path = pva, .seq = 4};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 99 / 4);   /* 139 / 4 with the val shard in */
+    assert_int_equal(d.size[DT_SPLIT_EVAL], 39 / 4);
+    dt_dataset_close(&d);
+    /* split by file between two parts: each gets one training shard, none the val shard */
+    char ptr2[600];
+    snprintf(ptr2, sizeof ptr2, "%s/tiny_train2.bin", dir);
+    assert_int_equal(dt_token_shard_write(ptr2, tr, 100), DT_OK);
+    o.part_world = 2;
+    for (o.part_rank = 0; o.part_rank < 2; o.part_rank++) {
+        assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+        assert_int_equal(d.size[DT_SPLIT_TRAIN], 99 / 4);
+        assert_int_equal(d.size[DT_SPLIT_EVAL], 39 / 4);
+        dt_dataset_close(&d);
+    }
+    dt_dataset_opts same = {.path = dir, .val_path = dir, .seq = 4};
+    assert_int_equal(dt_dataset_open("shard", &same, &d), DT_EINVAL);
+    assert_msg_has("is the training data");
+    /* a validation split shorter than a window names the validation file */
+    uint16_t few[3] = {1, 2, 3};
+    char pshort[600];
+    snprintf(pshort, sizeof pshort, "%s/short.bin", g_dir);
+    assert_int_equal(dt_token_shard_write(pshort, few, 3), DT_OK);
+    dt_train_opts to;
+    dt_train_opts_default(&to);
+    to.model = dt_model_cfg_default(DT_MODEL_GPT2);
+    to.model.n_layer = 1; to.model.n_embd = 16; to.model.n_head = 2; to.model.max_t = 8;
+    to.data = "shard"; to.data_path = ptr; to.val_path = pshort; to.seq = 4; to.batch = 2; to.steps = 1;
+    dt_trainer *t = NULL;
+    assert_int_equal(dt_trainer_create(&to, NULL, &t), DT_EINVAL);
+    assert_msg_has("train.val_path");
+    assert_msg_has("short.bin");
+}
+
 static void test_shape_strings(void **state) {
     (void)state;
     char buf[128];
@@ -212,6 +265,7 @@ int main(void) {
         cmocka_unit_test(test_text_val_path),
         cmocka_unit_test(test_token_errors_name_the_file),
         cmocka_unit_test(test_shard_vocab_covers_val),
+        cmocka_unit_test(test_shard_val_inside_dir_held_out),
         cmocka_unit_test(test_shape_strings),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
