@@ -115,8 +115,8 @@ int main(int argc, char **argv) {
     }
     if (s == DT_OK) s = dt_trainer_evaluate(t, NULL, &acc);
     if (s == DT_OK && dt_pg_rank(world) == 0)
-        printf("resmlp: %s, loss %.4f -> %.4f over %lld steps, test accuracy %.4f\n", zero ? "zero" : "ddp", first,
-               loss, (long long)o.steps, acc);
+        printf("resmlp: %s%s, loss %.4f -> %.4f over %lld steps, test accuracy %.4f\n", zero ? "zero" : "ddp",
+               o.recompute == DT_RECOMPUTE_BLOCKS ? " with recompute" : "", first, loss, (long long)o.steps, acc);
     if (s != DT_OK) fprintf(stderr, "resmlp: error: %s\n", dt_error_message());
     dt_trainer_free(t);
     if (world) dt_pg_free(world);

@@ -17,4 +17,7 @@ if command -v clang >/dev/null; then
     cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DDTRAIN_FUZZ=ON -DDTRAIN_WERROR=ON >/dev/null
     cmake --build build-fuzz -j"$(nproc)" --target fuzz_all
     tests/scripts/run_fuzz.sh build-fuzz 12
+else
+    echo "FAIL: clang not found, so the fuzzers cannot run (scripts/deps.sh installs it)"
+    exit 1
 fi

@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 256; i++) x[i] = 1.0f;
 
     t_begin("no warning when every rank joins at once");
+    MPI_Barrier(MPI_COMM_WORLD);   /* (start-up skew, under ASan on a busy machine, is not what is tested) */
     T_OK(dt_allreduce(w, x, x, 256, DT_F32, DT_RED_SUM, NULL));
     T_CHECK(g_nwarn == 0);
     t_end();
@@ -40,6 +41,7 @@ int main(int argc, char **argv) {
     t_begin("a late rank is named by every waiting rank");
     for (int i = 0; i < 256; i++) x[i] = 1.0f;
     dt_work *h = NULL;
+    MPI_Barrier(MPI_COMM_WORLD);
     if (rank == last) sleep_s(2.0);
     double t0 = t_now();
     T_OK(dt_allreduce(w, x, x, 256, DT_F32, DT_RED_SUM, &h));   /* #1 on world */
@@ -48,8 +50,11 @@ int main(int argc, char **argv) {
     if (rank != last) {
         char want[256];
         snprintf(want, sizeof want, "collective stalled: allreduce #1 (1.0KiB F32) on world has waited ");
-        T_CHECK(g_nwarn >= 1 && g_nwarn <= 5);   /* every 0.5 s while it lasts */
-        T_CHECK(t_now() - t0 > 1.0);
+        double waited = t_now() - t0;
+        /* every 0.5 s while it lasts: bounded by how long it lasted here (a
+         * late rank slowed past its 2 s by a busy machine makes more) */
+        T_CHECK(g_nwarn >= 1 && g_nwarn <= (int)(waited / 0.5) + 1);
+        T_CHECK(waited > 1.0);
         if (strncmp(g_warn, want, strlen(want))) fprintf(stderr, "got '%s'\n", g_warn);
         T_CHECK(!strncmp(g_warn, want, strlen(want)));
         snprintf(want, sizeof want, "rank %d (its last operation #0, idle ", last);

@@ -64,7 +64,7 @@ while IFS='|' read -r what args want; do
 done <<CASES
 no checkpoint|--prompt abc|needs --init
 missing file|--init $tmp/none.st|cannot open
-negative temperature|--init $tmp/rep.st --temperature -1|--temperature
+negative temperature|--init $tmp/rep.st --temperature -1|--temperature must be >= 0 (got -1)
 bad id list|--init $tmp/rep.st --prompt-ids 1,,2|--prompt-ids: invalid list
 both prompts|--init $tmp/rep.st --prompt a --prompt-ids 1|exclusive
 CASES

@@ -25,7 +25,7 @@ expect_early() {   # expect_early NEEDLE ARGS...
     else echo "ok   $* -> $needle"; fi
 }
 touch "$tmp/a_file"
-expect_early "--save /nonexistent_dt_dir/ck" --zero 2 --save /nonexistent_dt_dir/ck
+expect_early "--save /nonexistent_dt_dir/ck: cannot create files in /nonexistent_dt_dir" --zero 2 --save /nonexistent_dt_dir/ck
 expect_early "--save $tmp/a_file: exists and is not a directory" --zero 1 --save "$tmp/a_file"
 # paths only rank 0 writes: every rank fails with its error at once, so the
 # job's one line has no rank in it (without that agreement the others went

@@ -25,7 +25,7 @@ expect() {   # expect NEEDLE ARGS...
 if [ "$np" -eq 2 ]; then
     expect "3 stages (the world size must be a multiple of --pp)" --pp 3 --nproc 2 --batch 30 --microbatches 3
     expect "--pp-split adds up to 3 blocks" --pp 2 --nproc 2 --pp-split 1,2
-    expect "interleaved" --pp 2 --nproc 2 --schedule interleaved --microbatches 3 --batch 30
+    expect "micro-batches to be a multiple of --pp (P, 2P, ...; got M=3, P=2)" --pp 2 --nproc 2 --schedule interleaved --microbatches 3 --batch 30
     expect "cannot be combined with ZeRO's interleaved step overlap" --pp 2 --nproc 2 --zero 1 --overlap-step interleaved --clip 1
 else
     expect "4 virtual stages (--pp 4 x --virtual-stages 1) but model mlp has only 2 blocks" --pp 4 --nproc 4

@@ -8,7 +8,8 @@
 # state (rng0 / rng1, now ignored) did, so that file is what the keyed
 # dropout logs; the checkpoint itself is unchanged and must still load.
 # Losses must match to 1e-4 relative (bitwise on the CPU they were made on;
-# other CPUs' BLAS kernels round differently).
+# other CPUs' BLAS kernels round differently); accuracies, which move in
+# steps of one sample or token (1/128 for gpt2's evaluation), to 0.02.
 # usage: test_pre_blocks_checkpoints.sh DTRAIN_BINARY
 set -uo pipefail
 bin=$1
@@ -30,7 +31,8 @@ for name in mlp cnn gpt2; do
           for (i = 1; i <= n; i++) if (want[i] != have[i]) {
               if (want[i] + 0 != want[i] || have[i] + 0 != have[i]) { bad = 1; continue }
               d = want[i] - have[i]; if (d < 0) d = -d; s = want[i] < 0 ? -want[i] : want[i]
-              if (d > 1e-4 * (s > 1 ? s : 1)) bad = 1 } }
+              if (i > 1 && want[i - 1] ~ /accuracy/) { if (d > 0.02) bad = 1 }
+              else if (d > 1e-4 * (s > 1 ? s : 1)) bad = 1 } }
         END { exit bad }'; then
         echo "ok   $name: within 1e-4"
     else

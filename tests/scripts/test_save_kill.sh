@@ -64,6 +64,9 @@ kills() {
         if [ "$s" -lt "$last" ]; then echo "FAIL $tag kill $k: checkpoint went back from step $last to $s"; fail=1; return; fi
         last=$s
     done
+    if [ "$mid" -eq 0 ]; then   # (seen: 8-10 of 10) the feature under test was never hit
+        echo "FAIL $tag: none of the $n kills came while a checkpoint was being written (no temp file seen)"; fail=1; return
+    fi
     echo "ok   $tag: $n kills ($mid while a temp file was being written); checkpoint loads after each, now at step $last"
     # a completed run from it: no temp file left, and it evaluates
     if ! "$bin" "${base[@]}" --steps $((last + 2)) "$@" --resume "$ck" --save "$ck" > "$dir/final.out" 2>&1; then
