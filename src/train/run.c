@@ -127,7 +127,9 @@ dt_status dt_trainer_run(dt_trainer *t) {
         dt_log(DT_LOG_INFO, "dtrain: GEMM: %s; %s%s%s\n", desc, dt_gemm_precision_describe(),
                pd == DT_BF16 ? "; weights: a bf16 working copy of fp32 masters (1-D ones exact)"
                : pd == DT_F16 ? "; weights: an fp16 working copy of fp32 masters (1-D ones exact)" : "",
-               sd == DT_BF16 ? "; activations kept for backward in bf16" : sd == DT_F16 ? "; activations kept for backward in fp16"
+               sd != DT_F32 && t->opts.recompute == DT_RECOMPUTE_BLOCKS
+                   ? "; activations: every block recomputed in backward, so none kept in 16 bits"
+               : sd == DT_BF16 ? "; activations kept for backward in bf16" : sd == DT_F16 ? "; activations kept for backward in fp16"
                : t->opts.precision == DT_PREC_BF16 && t->opts.saved_activations == DT_SAVED_AUTO ? "; activations fp32 (--saved-activations bf16 halves them for ~10% "
                                                      "more step time)" : "");
         if (dt_gemm_backend_in_use() == DT_GEMM_OPENBLAS) dt_blas_warn_fallback();

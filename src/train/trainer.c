@@ -114,7 +114,9 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
                           .lr = o->optim.lr, .quiet = o->quiet, .step = &t->step, .sampler = &t->sampler,
                           .seed = o->seed, .rank = t->strat.data_rank, .world = t->strat.data_world,
                           .accum = o->accum, .optimizer = t->strat.owns_optimizer ? NULL : &t->optim,
-                          .scaler = dt_train_loss_scaling(o) ? &t->scaler : NULL};
+                          .scaler = dt_train_loss_scaling(o) ? &t->scaler : NULL,
+                          .param_copy_bytes = t->wcopy.dtype != DT_F32 && !o->eval_only
+                                                  ? t->model->param_flat.numel * sizeof(float) : 0};
         s = example_batch(t);
     }
     if (s == DT_OK && o->resume && !t->strat.load) s = dt_checkpoint_load(t, o->resume);

@@ -21,6 +21,7 @@
 #    trains bit for bit the same with a bf16 copy as with fp32 weights --
 #    one process, DDP, ZeRO-2 and ZeRO-3 (16-bit gathers) at 2 ranks --
 #    and with fp32 products the copy is not fp32's run (it does round);
+#  - DDP's memory report counts the masters beside the copy;
 #  - a bad value, and --node-params with a 16-bit copy, are refused;
 #  - the default is fp32 weights also under --precision bf16 / fp16 (as
 #    autocast: only the products round; docs/PERFORMANCE.md has why).
@@ -91,6 +92,14 @@ t_run ddp2_fp32 --steps 3 --batch 2 --accum 2 --nproc 2
 if ! "$cmp" "$tmp/ddp2_fp32.ck" "$tmp/zero3_compress.ck" step optim_step > /dev/null 2>&1; then
     echo "ok   control: ZeRO-3 with --compress bf16 (a 16-bit wire, exact own chunk) is not DDP's run"
 else echo "FAIL control: ZeRO-3 --compress bf16 equals DDP fp32: the layouts above prove nothing"; fail=1; fi
+
+# the memory report counts the masters beside the working copy: DDP's
+# parameters per rank are twice fp32's (they were reported as fp32's alone)
+params_mib() { grep -A1 "memory per rank" "$tmp/$1.out" | awk -F'[:/]' '/rank 0:/ { print $2 + 0 }'; }
+a=$(params_mib ddp2_fp32) b=$(params_mib ddp2)
+if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { d = b - 2 * a; exit !(a > 0 && d < 0.02 && d > -0.02) }'; then
+    echo "ok   memory report: DDP params $a MiB per rank in fp32, $b with a bf16 working copy"
+else echo "FAIL memory report: DDP params '$a' MiB in fp32, '$b' with a bf16 working copy (want twice)"; fail=1; fi
 
 # checkpoints hold the masters: resumed under another layout, bit for bit
 resume() {   # resume REF TAG FIRST_ARGS | SECOND_ARGS: 2 steps under FIRST, resumed to 4 under SECOND

@@ -53,6 +53,9 @@ t_run fp32 --batch 2 --accum 4 || exit 1
 t_run single --batch 2 --accum 4 --saved-activations bf16 || exit 1
 says fp32 "!"
 says single "activations kept for backward in bf16"
+# every block recomputed: nothing is kept to pack, and the line says so
+t_run recomp --batch 2 --accum 4 --recompute blocks --saved-activations bf16 &&
+    says recomp "every block recomputed in backward, so none kept in 16 bits"
 l1a=$(awk '$1 == 1 { print $2 }' "$tmp/fp32.loss") l1b=$(awk '$1 == 1 { print $2 }' "$tmp/single.loss")
 l3a=$(awk '$1 == 3 { print $2 }' "$tmp/fp32.loss") l3b=$(awk '$1 == 3 { print $2 }' "$tmp/single.loss")
 if [ -n "$l1a" ] && [ "$l1a" = "$l1b" ]; then echo "ok   step 1 loss bitwise the fp32 run's ($l1a): the forward is unchanged"

@@ -29,7 +29,7 @@ static dt_status s_setup(void *self, dt_run *r) {
     }
     const dt_model *m = r->model;   /* frozen parameters: no gradient, no optimizer state */
     size_t f = sizeof(float), trainable = dt_model_num_trainable(m);
-    return dt_par_memory_report(s->pg, "ddp", m->param_flat.numel * f, m->grad_flat.numel * f,
+    return dt_par_memory_report(s->pg, "ddp", m->param_flat.numel * f + r->param_copy_bytes, m->grad_flat.numel * f,
                                 dt_optim_state_bytes(r->optim) * trainable, !r->quiet);
 }
 static dt_status s_before_forward(void *self, dt_run *r, int last) {

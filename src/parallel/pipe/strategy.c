@@ -227,6 +227,7 @@ static dt_status s_setup(void *self, dt_run *r) {
     size_t f = sizeof(float), pb = p->m->param_flat.numel * f, gb = p->m->grad_flat.numel * f,
            ob = dt_optim_state_bytes(r->optim) * dt_model_num_trainable(p->m);   /* (frozen: none) */
     if (p->dp.zero) dt_pipe_dp_memory(p, &pb, &gb, &ob);
+    else if (p->o.param_dtype != DT_F32) pb *= 2;   /* the stage's float32 masters beside its working copy */
     p->metrics.stats.param_bytes = pb;
     char label[32];
     snprintf(label, sizeof label, p->dp.zero ? "pipeline+zero-%d" : "pipeline", p->o.zero_stage);

@@ -89,7 +89,7 @@ static dt_status s_setup(void *self, dt_run *r) {
         DT_TRY(st);
     }
     size_t f = sizeof(float), trainable = dt_model_num_trainable(m);
-    return dt_par_memory_report(s->world, "tp", m->param_flat.numel * f, m->grad_flat.numel * f,
+    return dt_par_memory_report(s->world, "tp", m->param_flat.numel * f + r->param_copy_bytes, m->grad_flat.numel * f,
                                 dt_optim_state_bytes(r->optim) * trainable, !r->quiet);
 }
 
