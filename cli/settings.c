@@ -45,6 +45,7 @@ static const setting_flag k_flags[] = {
     {"zero.overlap_step", "--overlap-step"},
     {"zero.prefetch", "--zero-prefetch"},
     {"zero.node_params", "--node-params"},
+    {"zero.param_dtype", "--param-dtype"},
     {"zero.save_format", "--save-format"},
     {"pipe.stages", "--pp"},
     {"pipe.schedule", "--schedule"},

@@ -339,6 +339,7 @@ dt_status dt_pg_split(dt_pg *parent, int color, int key, dt_pg **out); /* collec
 dt_status dt_pg_free(dt_pg *pg);
 int dt_pg_rank(const dt_pg *pg);
 int dt_pg_size(const dt_pg *pg);
+int dt_pg_world_rank(const dt_pg *pg, int r);     /* group rank r's world rank (-1: out of range) */
 const char *dt_pg_name(const dt_pg *pg);          /* "world", "world/3" (color 3), ... */
 void dt_pg_set_deterministic(dt_pg *pg, int on);  /* same value on every rank */
 int dt_pg_deterministic(const dt_pg *pg);

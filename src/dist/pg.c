@@ -159,6 +159,11 @@ dt_status dt_pg_free(dt_pg *pg) {
 
 int dt_pg_rank(const dt_pg *pg) { return pg ? pg->rank : 0; }
 int dt_pg_size(const dt_pg *pg) { return pg ? pg->size : 1; }
+
+int dt_pg_world_rank(const dt_pg *pg, int r) {
+    if (!pg || r < 0 || r >= pg->size) return -1;
+    return pg->topo.world_of ? pg->topo.world_of[r] : r;
+}
 const char *dt_pg_name(const dt_pg *pg) { return pg ? pg->name : "(null)"; }
 void dt_pg_set_deterministic(dt_pg *pg, int on) { if (pg) pg->deterministic = on != 0; }
 int dt_pg_deterministic(const dt_pg *pg) { return pg ? pg->deterministic : 0; }

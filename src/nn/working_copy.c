@@ -63,7 +63,7 @@ dt_status dt_working_copy_enter(dt_working_copy *w, dt_model *m) {
             for (int64_t k = 0; k < m->params[i]->value.numel; k++)
                 if (overflowed(v + k, x + k, 1))
                     return DT_ERR(DT_EINVAL, "parameter %s: element %lld (%g) is beyond fp16's range (65504): "
-                                  "use param_dtype bf16 or fp32", m->params[i]->name, (long long)k, (double)x[k]);
+                                  "use train.param_dtype bf16 or fp32", m->params[i]->name, (long long)k, (double)x[k]);
         }
     }
     point(m, w->buf);

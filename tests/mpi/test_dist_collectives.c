@@ -215,6 +215,9 @@ static void test_split(dt_pg *world) {
     for (int r = me % 2; r < n; r += 2) { members++; if (r > me) below++; }
     T_CHECK(dt_pg_size(half) == members);
     T_CHECK(dt_pg_rank(half) == below);
+    /* group rank k is the k-th largest world rank of my parity (the key -me) */
+    for (int k = 0, r = n - 1 - ((n - 1 - me % 2) % 2); k < members; k++, r -= 2) T_CHECK(dt_pg_world_rank(half, k) == r);
+    T_CHECK(dt_pg_world_rank(half, members) == -1 && dt_pg_world_rank(half, -1) == -1);
     T_CHECK(strstr(dt_pg_name(half), "world/") == dt_pg_name(half));
     float v = (float)(me + 1), s = 0;
     for (int r = me % 2; r < n; r += 2) s += (float)(r + 1);

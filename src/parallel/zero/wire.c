@@ -254,10 +254,11 @@ static dt_status refuse_overflow(const dt_zero *z, const zbucket *b, int q, size
         size_t a = z->m->offsets[p->index];
         if (at >= a && at < a + (size_t)p->value.numel)
             return DT_ERR(DT_EINVAL, "parameter %s: element %zu is beyond fp16's range (65504) in rank %d's master "
-                          "shard (its fp16 working copy gathers as inf): use param_dtype bf16 or fp32",
-                          p->name, at - a, q);
+                          "shard (its fp16 working copy gathers as inf): use train.param_dtype bf16 or fp32",
+                          p->name, at - a, dt_pg_world_rank(z->ag_pg, q));
     }
-    return DT_ERR(DT_EINVAL, "zero: bucket %d: a padding element gathered as inf from rank %d", b->pub.index, q);
+    return DT_ERR(DT_EINVAL, "zero: bucket %d: a padding element gathered as inf from rank %d", b->pub.index,
+                  dt_pg_world_rank(z->ag_pg, q));
 }
 
 dt_status dt_zero_wire_gathered(dt_zero *z, int i, int check) {

@@ -39,8 +39,9 @@ static dt_status validate(const dt_zero_opts *o) {
     if (o->param_dtype != DT_F32 && o->param_dtype != DT_BF16 && o->param_dtype != DT_F16)
         return DT_ERR(DT_EINVAL, "zero: param_dtype must be F32, BF16 or F16 (got %s)", dt_dtype_name(o->param_dtype));
     if (o->node_params && o->param_dtype != DT_F32)
-        return DT_ERR(DT_EINVAL, "zero: node_params shares the float32 masters; a %s working copy of the parameters "
-                      "needs private ones (use param_dtype fp32 or leave node_params off)", dt_dtype_name(o->param_dtype));
+        return DT_ERR(DT_EINVAL, "zero: zero.node_params shares the float32 masters; a %s working copy of the parameters "
+                      "needs private ones (use zero.param_dtype fp32 or leave zero.node_params off)",
+                      dt_dtype_name(o->param_dtype));
     if (o->node_params && o->dp.join)
         return DT_ERR(DT_EINVAL, "zero: node_params does not combine with dp.join");
     if (o->dp.join && o->stage == 3)
