@@ -247,8 +247,9 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         if (!strcmp(f->loss_scale, "dynamic")) o->loss_scale = DT_LOSS_SCALE_DYNAMIC;
         else if (!strcmp(f->loss_scale, "off")) o->loss_scale = DT_LOSS_SCALE_OFF;
         else if (*f->loss_scale && !*end && v > 0 && v <= 3.4e38) {
-            if (o->loss_scale_init > 0) {
-                snprintf(err, (size_t)errlen, "--loss-scale-init applies to --loss-scale dynamic, not to a fixed scale");
+            if (o->loss_scale_init > 0 || o->loss_scale_window > 0) {
+                snprintf(err, (size_t)errlen, "%s applies to --loss-scale dynamic, not to a fixed scale",
+                         o->loss_scale_init > 0 ? "--loss-scale-init" : "--loss-scale-window");
                 return -1;
             }
             o->loss_scale = DT_LOSS_SCALE_FIXED;

@@ -86,4 +86,6 @@ refuses() {   # refuses MESSAGE ARGS...
 refuses "--loss-scale: 'big' is not dynamic, off or a positive number" --loss-scale big
 refuses "--loss-scale-init applies to --loss-scale dynamic" --loss-scale 1024
 refuses "needs loss scaling (--precision fp16, or --loss-scale dynamic)" --precision fp32 --loss-scale-window 5
+gpt2=("${gpt2[@]:0:${#gpt2[@]}-2}")   # without --loss-scale-init: the window alone with a fixed scale
+refuses "--loss-scale-window applies to --loss-scale dynamic, not to a fixed scale" --loss-scale 1024 --loss-scale-window 5
 exit $fail
