@@ -172,6 +172,8 @@ int dt_cli_inspect(int argc, char **argv) {
             dt_ckpt_info t;
             if (why && why[i] && dt_ckpt_tensor_at(c, i, &t) == DT_OK) printf("  %s: %s\n", t.name, why[i]);
         }
+    } else if (!checked && unchecked) {   /* a file from elsewhere: nothing to verify, and not "ok" */
+        printf("checksums   none recorded: %d tensors not checked\n", unchecked);
     } else {
         printf("checksums   ok: %d tensors verified%s", checked, unchecked ? "" : "\n");
         if (unchecked) printf(", %d without a recorded checksum (not checked)\n", unchecked);

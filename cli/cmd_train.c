@@ -407,7 +407,7 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     }
     if (r == 1) {
         dt_args_help(f.table, f.n_table, eval_only
-            ? "usage: dtrain eval --init FILE|DIR [options]\n       dtrain eval --resume FILE|DIR [options]\n\nEvaluate a model (weights from --init or --resume: a file or a ZeRO / pipeline set) on the test/validation split.\nA dtrain checkpoint names its model and settings: give no model flags (one that contradicts the file is refused);\nweights without them (Hugging Face) need --model and its flags."
+            ? "usage: dtrain eval --init FILE|DIR [options]\n       dtrain eval --resume FILE|DIR [options]\n\nEvaluate a model (weights from --init or --resume: a file or a ZeRO / pipeline set) on the test/validation split\n(Fashion-MNIST: its test set; text and shards: --val-path, else the last 10% of --data-path, as training held out).\nA dtrain checkpoint names its model and settings: give no model flags (one that contradicts the file is refused);\nweights without them (Hugging Face) need --model and its flags."
             : "usage: dtrain train [options]\n       mpirun -np N dtrain train [options]\n\nTrain a model; prints a progress line per step and the test accuracy (images) or validation loss (text) at the end.",
             "data: fashion-mnist (IDX, gzip) | text (bytes of a file or a directory of files) | shard (llm.c .bin tokens)\n");
         return 0;

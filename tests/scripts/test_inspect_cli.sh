@@ -98,4 +98,15 @@ out=$("$bin" inspect "$tmp/truncset" 2>&1); rc=$?
 out=$("$bin" inspect 2>&1); rc=$?
 [ $rc -eq 2 ] && ok "no argument: exit 2: $out" || bad "no argument: exit $rc: $out"
 "$bin" inspect --help | grep -c "usage: dtrain inspect FILE|DIR" > /dev/null || bad "inspect --help"
+# a safetensors file from elsewhere, without recorded checksums: nothing is
+# verified, and inspect does not call that "ok"
+python3 - "$tmp/foreign.safetensors" << 'PY'
+import json, struct, sys
+h = json.dumps({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<2f", 1.0, 2.0))
+PY
+out=$("$bin" inspect "$tmp/foreign.safetensors" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q '^checksums   none recorded: 1 tensors not checked' <<< "$out" && ! grep -q 'checksums   ok' <<< "$out"; then
+    ok "no recorded checksums: $(grep '^checksums' <<< "$out")"
+else bad "no recorded checksums: exit $rc: $(grep '^checksums' <<< "$out")"; fi
 exit $fail
