@@ -50,8 +50,10 @@ typedef struct dt_token_dataset {
     int64_t n_tokens;
     int vocab;              /* 256 for bytes; from the data for shards (max id + 1 lower bound) */
 } dt_token_dataset;
-/* Bytes of a text file, or of every regular file in a directory (sorted by name,
- * fortune index files *.dat skipped), each byte one token (vocab 256). */
+/* Bytes of a text file, or of every file in a directory (sorted by name; links
+ * to files read, each file once, a dangling link an error; fortune index files
+ * *.dat and UTF-8 twins *.u8 skipped; subdirectories not read), each byte one
+ * token (vocab 256). */
 #define DT_FORTUNES_DIR "/usr/share/games/fortunes"
 dt_status dt_text_load(const char *path, dt_token_dataset *out);
 /* llm.c token shard: header of 256 int32 (magic 20240520, version 1, n_tokens),
