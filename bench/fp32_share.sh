@@ -31,7 +31,7 @@ echo "$(lscpu | grep -m1 'Model name' | sed 's/  */ /g'); $(grep -m1 'cpu family
 # one bench_train run: "ms best_ms share% best_share%" from its RESULT and best-step lines
 train_row() {   # env-setting... -- args...
     local out
-    out=$(env "$@" 2>&1) || { echo "fp32_share.sh: failed: $*" >&2; echo "$out" | tail -5 >&2; exit 1; }
+    out=$(env "$@" 2>&1) || { echo "fp32_share.sh: failed: $*" >&2; echo "$out" | tail -5 >&2; return 1; }
     local ms best sg gf
     ms=$(grep -oE ' ms=[0-9.]+' <<< "$out" | cut -d= -f2)
     best=$(grep -oE 'best_ms=[0-9.]+' <<< "$out" | cut -d= -f2)
@@ -51,7 +51,8 @@ for r in $(seq "$rounds"); do
         steps=6; [ $w = W3 ] && steps=$w3steps
         for lib in default openblas onednn; do
             e=(OMP_NUM_THREADS=2); [ $lib != default ] && e+=("DTRAIN_GEMM=$lib")
-            echo "| $r | $w | $lib | $(train_row "${e[@]}" "$build/bench_train" $w "$steps") |"
+            row=$(train_row "${e[@]}" "$build/bench_train" $w "$steps") || exit 1
+            echo "| $r | $w | $lib | $row |"
         done
     done
 done
@@ -74,6 +75,10 @@ done
 echo
 echo "## 3. W3 DDP 2 x 1: OpenBLAS's SkylakeX kernels set by dtrain's re-execution vs by the user"
 echo
+if ! grep -m1 '^flags' /proc/cpuinfo | grep -qw avx512f; then   # SkylakeX kernels need AVX-512
+    echo "(skipped: this CPU has no AVX-512, and the issue's A/B is about OpenBLAS's SkylakeX kernels)"
+    exit 0
+fi
 force=()
 probe=$(DTRAIN_GEMM=openblas OMP_NUM_THREADS=1 "$build/bench_train" W3 2 2>&1)   # whole, then grep: no SIGPIPE
 if ! grep -q 'set by dtrain' <<< "$probe"; then
@@ -88,7 +93,8 @@ for r in $(seq "$rounds"); do
         x=()
         if [ $who = dtrain ]; then for f in "${force[@]}"; do x+=(-x "$f"); done
         else x=(-x OPENBLAS_CORETYPE=SkylakeX); fi
-        echo "| $r | $who | $(train_row mpiexec -n 2 --bind-to core -x OMP_NUM_THREADS=1 -x DTRAIN_GEMM=openblas "${x[@]}" \
-            "$build/bench_train" W3 "$w3steps") |"
+        row=$(train_row mpiexec -n 2 --bind-to core -x OMP_NUM_THREADS=1 -x DTRAIN_GEMM=openblas "${x[@]}" \
+            "$build/bench_train" W3 "$w3steps") || exit 1
+        echo "| $r | $who | $row |"
     done
 done

@@ -136,7 +136,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
          "Updates compute in fp32 and round to nearest even on every store; parameters stay fp32; checkpoints hold "
          "the state as fp32, so either resumes from either (a bf16 run rounds it on load)", 0, 0},
         {"--loss-scale", DT_ARG_STR, &f->loss_scale, "dynamic|off|S", "multiply the loss gradient by a scale and divide the gradients by it before clipping and the step; a step with an inf/nan gradient on any rank is skipped on every rank (counted in the metrics' \"skipped\"; it still counts toward --steps). dynamic (default with fp16; off otherwise): halve on overflow, double after --loss-scale-window clean steps; S: a fixed scale", 0, 0},
-        {"--loss-scale-init", DT_ARG_FLOAT, &o->loss_scale_init, "S", "the dynamic loss scale's first value (default 65536); a resumed run continues from its checkpoint's scale, as a restart must (this flag then has no effect)", 0, 0},
+        {"--loss-scale-init", DT_ARG_FLOAT, &o->loss_scale_init, "S", "the dynamic loss scale's first value (default 65536); a run resumed from a checkpoint that recorded a scale continues from it, as a restart must (this flag then has no effect)", 0, 0},
         {"--loss-scale-window", DT_ARG_INT, &o->loss_scale_window, "N", "clean steps before the dynamic loss scale doubles (default 2000)", 0, 0},
         {"--keep-denormals", DT_ARG_FLAG, &o->keep_denormals, NULL,
          "IEEE denormals (default: flush to zero; denormal arithmetic is many times slower)", 0, 0},

@@ -123,7 +123,7 @@ target_link_libraries(ckpt_bf16 PRIVATE dtrain)
 # recompute bit for bit (masks keyed by sample position, not a generator).
 add_test(NAME test_dropout_bitwise
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_dropout_bitwise.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
-set_tests_properties(test_dropout_bitwise PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
+set_tests_properties(test_dropout_bitwise PROPERTIES LABELS mpi PROCESSORS 4 TIMEOUT 300)
 
 # Pipeline parallelism equals one process (and DDP) bit for bit, every
 # schedule, checkpoints across layouts (launches dtrain --nproc itself).
@@ -468,7 +468,7 @@ set_tests_properties(test_process_name PROPERTIES LABELS unit TIMEOUT 120 SKIP_R
 # close to fp32, deterministic, DDP == ZeRO-2, checkpoints across precisions.
 add_test(NAME test_precision
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_precision.sh $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:ckpt_cmp>)
-set_tests_properties(test_precision PROPERTIES LABELS "mpi;slow" PROCESSORS 2 TIMEOUT 300)
+set_tests_properties(test_precision PROPERTIES LABELS "mpi;slow" PROCESSORS 4 TIMEOUT 300)
 # --param-dtype bf16|fp16: a 16-bit working copy of fp32 masters: every
 # layout bitwise where fp32 is, checkpoints hold the masters across layouts.
 add_test(NAME test_param_dtype

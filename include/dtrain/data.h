@@ -96,6 +96,9 @@ typedef struct dt_dataset_opts {
      * two thirds; 4 parts: 1/10, 2/10, 3/10, 4/10). Every part must hold at
      * least one window (one image), else every part fails naming the short one. */
     int part_rank, part_world;
+    /* 1: only the validation split is read (evaluation): val_path may then
+     * be, or hold, the training data (token data refuses that when training) */
+    int eval_only;
 } dt_dataset_opts;
 
 typedef struct dt_dataset {

@@ -86,9 +86,6 @@ typedef struct dt_run {
     float lr;                     /* learning rate of the step being run */
     dt_loss_scaler *scaler;       /* NULL: no loss scaling. Else a strategy with step() or
                                      forward_backward follows it (above) */
-    size_t param_copy_bytes;      /* the trainer's float32 masters beside a 16-bit working copy of
-                                     the parameters (train.param_dtype; 0: none): a memory report
-                                     of a strategy without its own optimizer counts them */
     int skipped;                  /* step() sets it: 1 when it skipped (a gradient not finite) */
     int quiet;                    /* 1: strategies print nothing */
     /* position: what a checkpoint records besides tensors */
@@ -101,6 +98,9 @@ typedef struct dt_run {
      * `batch` samples, not drawn from the sampler), for strategies that probe
      * the model (a pipeline measures and partitions its blocks). */
     dt_batch example;
+    size_t param_copy_bytes;      /* the trainer's float32 masters beside a 16-bit working copy of
+                                     the parameters (train.param_dtype; 0: none): a memory report
+                                     of a strategy without its own optimizer counts them */
 } dt_run;
 
 typedef struct dt_strategy {

@@ -191,6 +191,7 @@ struct dt_trainer {
     size_t model_params_whole;     /* the whole model's with tensor-parallel parts counted once,
                                       also before the strategy's setup (model_params: this rank's
                                       parts when they are split) */
+    int finished;                  /* dt_trainer_finish ran: every call but dt_trainer_free is refused */
 };
 
 /* The memory check dt_trainer_create runs before the model exists (unless
@@ -215,8 +216,9 @@ void dt_trainer_free(dt_trainer *t);
 /* Ends a run: releases the strategy (so nothing records into the trace any
  * more; collective when it is), writes the trace file and closes the metrics
  * file, returning the first failure (a full disk, an I/O error). Only
- * dt_trainer_free may follow. dt_trainer_free alone does the same but cannot
- * report a failure: call this first when the run succeeded. */
+ * dt_trainer_free may follow (another finish returns DT_OK; step, evaluate,
+ * save and run return DT_ESTATE). dt_trainer_free alone does the same but
+ * cannot report a failure: call this first when the run succeeded. */
 dt_status dt_trainer_finish(dt_trainer *t);
 /* One optimizer step; *loss = mean loss over the micro-batches (and ranks). */
 dt_status dt_trainer_step(dt_trainer *t, double *loss);

@@ -13,10 +13,11 @@ dt_status dt_dataset_open_shard(const dt_dataset_opts *o, dt_dataset *out);
 typedef struct dt_text_files { int64_t *end; int n; } dt_text_files;
 void dt_text_files_free(dt_text_files *f);
 /* list_dir.c: the files of a data directory whose names `want` accepts:
- * regular files and links to one, in name order, each file once, never the
- * file hold_out names (may be NULL); full paths, freed by dt_data_names_free. */
+ * regular files and links to one (not another user's links), in name order,
+ * each file once, never the file hold_out names (may be NULL; *held, may be
+ * NULL: 1 when it was among them); full paths, freed by dt_data_names_free. */
 dt_status dt_data_list_dir(const char *dir, int (*want)(const char *name), const char *hold_out, char ***names,
-                           int *n);
+                           int *n, int *held);
 void dt_data_names_free(char **names, int n);
 
 /* dt_text_load of a file or directory without the held-out file (see

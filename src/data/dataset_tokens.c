@@ -37,6 +37,27 @@ static dt_status split_tail(dt_token_dataset *all, tokens *t) {
     return DT_OK;
 }
 
+/* Training on the validation data would make its loss meaningless: the
+ * validation path may not be the training path, nor a directory holding
+ * the training file. (A validation file inside the training directory is
+ * held out of training instead.) */
+static dt_status val_apart(const char *path, const char *val_path) {
+    struct stat ds, vs;
+    if (stat(path, &ds) != 0 || stat(val_path, &vs) != 0) return DT_OK;   /* (the loads name a missing path) */
+    if (ds.st_dev == vs.st_dev && ds.st_ino == vs.st_ino)
+        return DT_ERR(DT_EINVAL, "train.val_path %s is the training data (train.data_path %s) itself: give a separate "
+                      "validation file or directory", val_path, path);
+    if (!S_ISDIR(vs.st_mode) || !S_ISREG(ds.st_mode)) return DT_OK;
+    const char *slash = strrchr(path, '/');
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    struct stat ps;
+    if (stat(parent[0] ? parent : "/", &ps) == 0 && ps.st_dev == vs.st_dev && ps.st_ino == vs.st_ino)
+        return DT_ERR(DT_EINVAL, "train.val_path %s holds the training file train.data_path %s: validate on a "
+                      "directory or file without it", val_path, path);
+    return DT_OK;
+}
+
 dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_load_fn load,
                                  dt_token_load_files_fn load_files, dt_dataset *out) {
     if (o->seq <= 0 || o->seq > INT_MAX)
@@ -49,12 +70,7 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
     t->T = (int)o->seq;
     dt_token_dataset all = {0};
     dt_text_files files = {0};
-    struct stat ds, vs;   /* the validation data cannot be the training data itself */
-    dt_status s = o->val_path && stat(path, &ds) == 0 && stat(o->val_path, &vs) == 0 && ds.st_dev == vs.st_dev &&
-                          ds.st_ino == vs.st_ino
-                      ? DT_ERR(DT_EINVAL, "train.val_path %s is the training data (train.data_path %s) itself: "
-                               "give a separate validation file or directory", o->val_path, path)
-                      : DT_OK;
+    dt_status s = o->val_path && !o->eval_only ? val_apart(path, o->val_path) : DT_OK;
     /* a validation file inside the training directory is held out of training */
     if (s == DT_OK) s = by_file ? load_files(path, o->val_path, &all, &files) : load(path, o->val_path, &all);
     if (s == DT_OK && o->val_path) {

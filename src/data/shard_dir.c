@@ -16,12 +16,13 @@ static int is_bin(const char *nm) {
 
 /* the directory's *.bin files (dt_data_list_dir's rules), sorted; *n of them */
 static dt_status list_shards(const char *dir, const char *hold_out, char ***out, int *n) {
-    DT_TRY(dt_data_list_dir(dir, is_bin, hold_out, out, n));
+    int held;
+    DT_TRY(dt_data_list_dir(dir, is_bin, hold_out, out, n, &held));
     if (*n > 0) return DT_OK;
     dt_data_names_free(*out, *n);
     *out = NULL;
     return DT_ERR(DT_EINVAL, "%s: no token shards (*.bin files) in the directory%s", dir,
-                  hold_out ? " besides the validation file" : "");
+                  held ? " besides the validation file" : "");
 }
 
 dt_status dt_token_shard_load_files(const char *dir, const char *hold_out, dt_token_dataset *out, dt_text_files *files) {

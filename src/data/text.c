@@ -75,7 +75,7 @@ static int text_name(const char *nm) { return !ends_with(nm, ".dat") && !ends_wi
 static dt_status text_append_dir(tokbuf *b, const char *dir, const char *hold_out, dt_text_files *files) {
     char **names;
     int n;
-    DT_TRY(dt_data_list_dir(dir, text_name, hold_out, &names, &n));
+    DT_TRY(dt_data_list_dir(dir, text_name, hold_out, &names, &n, NULL));
     dt_status st = DT_OK;
     int cap = 0;
     for (int i = 0; i < n && st == DT_OK; i++) {

@@ -12,6 +12,8 @@
 static dt_status check_dims(const dt_model *m, const char *block, const char *which, int ndim, const int64_t *dims) {
     if (ndim < 0 || ndim > 3 || (ndim == 0 && !strcmp(which, "output")))
         return DT_ERR(DT_EINVAL, "model %s: block %s %s has %d dims (1..3 per sample)", m->name, block, which, ndim);
+    if (ndim > 0 && !dims)
+        return DT_ERR(DT_EINVAL, "model %s: block %s %s has %d dims but no sizes (NULL)", m->name, block, which, ndim);
     for (int i = 0; i < ndim; i++)
         if (dims[i] <= 0 && dims[i] != DT_DIM_SEQ && dims[i] != DT_DIM_SEQ_PART)
             return DT_ERR(DT_EINVAL, "model %s: block %s %s dim %d is %lld", m->name, block, which, i,
@@ -21,6 +23,7 @@ static dt_status check_dims(const dt_model *m, const char *block, const char *wh
 
 dt_status dt_model_add_block(dt_model *m, const char *name, dt_block_fn fn, void *user, int in_ndim,
                              const int64_t *in_dims, int out_ndim, const int64_t *out_dims) {
+    if (!m) return DT_ERR(DT_EINVAL, "cannot add block '%s': the model is NULL", name ? name : "(null)");
     if (m->build_err != DT_OK) return m->build_err;
     dt_status s = DT_OK;
     if (m->built) s = DT_ERR(DT_ESTATE, "model %s: cannot add block %s after dt_model_build", m->name, name ? name : "?");

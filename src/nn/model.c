@@ -22,8 +22,13 @@ static void *failed_adding(dt_model *m, dt_status s, const char *what, const cha
     return dt_nn_build_failed(m, DT_ERR(s, "model %s: %s '%s': %s", m->name, what, name, why));
 }
 
-/* Builder calls after dt_model_build, or after an earlier failure, do nothing. */
+/* Builder calls after dt_model_build, or after an earlier failure, do
+ * nothing; on a NULL model they fail (the error names what was added). */
 static int closed(dt_model *m, const char *what, const char *name) {
+    if (!m) {
+        DT_ERR(DT_EINVAL, "cannot add %s '%s': the model is NULL", what, name ? name : "(null)");
+        return 1;
+    }
     if (m->build_err != DT_OK) return 1;
     if (m->built) {
         dt_nn_build_failed(m, DT_ERR(DT_ESTATE, "model %s: cannot add %s '%s' after dt_model_build", m->name, what, name));
@@ -52,6 +57,14 @@ static int name_ok(dt_model *m, const char *what, const char *name, size_t cap) 
     if (name && *name && strlen(name) < cap) return 1;
     dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: %s name '%s' must be 1..%zu characters", m->name, what,
                      name ? name : "(null)", cap - 1));
+    return 0;
+}
+
+/* a shape for a parameter or buffer: dims given when ndim > 0 */
+static int shape_ok(dt_model *m, const char *what, const char *name, int ndim, const int64_t *shape) {
+    if (ndim <= 0 || shape) return 1;
+    dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: %s '%s' has %d dimensions but no shape (NULL)", m->name, what,
+                                 name, ndim));
     return 0;
 }
 
@@ -87,6 +100,16 @@ dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int 
     char name[160];
     snprintf(name, sizeof name, "%s%s%s", mod ? mod->name : "", mod ? "." : "", leaf ? leaf : "");
     if (closed(m, "parameter", name) || !name_ok(m, "parameter", name, sizeof ((dt_param *)0)->name)) return NULL;
+    if (!leaf || !*leaf)
+        return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: parameter '%s' has no leaf name", m->name, name));
+    if (mod && (mod->index < 0 || mod->index >= m->n_modules || m->modules[mod->index] != mod))
+        return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: parameter '%s': module %s is not this model's",
+                                            m->name, name, mod->name));
+    if (!shape_ok(m, "parameter", name, ndim, shape)) return NULL;
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] == 0)   /* the optimizer, the layouts and the checkpoints all need an element */
+            return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: parameter '%s' has dimension %d of size 0 (a "
+                                                "parameter needs at least one element)", m->name, name, i));
     if ((unsigned)init.kind > DT_INIT_NORMAL)
         return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: parameter %s has unknown initialiser %d", m->name, name,
                                 (int)init.kind));
@@ -115,6 +138,13 @@ dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int 
 
 dt_named_buffer *dt_model_add_buffer(dt_model *m, const char *name, int ndim, const int64_t *shape, float fill) {
     if (closed(m, "buffer", name) || !name_ok(m, "buffer", name, sizeof ((dt_named_buffer *)0)->name)) return NULL;
+    if (!shape_ok(m, "buffer", name, ndim, shape)) return NULL;
+    /* a checkpoint holds parameters and buffers under their names: one name, one tensor */
+    for (int i = 0; i < m->n_buffers; i++)
+        if (!strcmp(m->buffers[i]->name, name))
+            return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: buffer '%s' added twice", m->name, name));
+    if (dt_model_find_param(m, name))
+        return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: buffer '%s' has a parameter's name", m->name, name));
     dt_named_buffer *b = calloc(1, sizeof *b);
     dt_named_buffer **arr = dt_nn_grow(m->buffers, m->n_buffers, sizeof *arr);
     if (!b || !arr) {
@@ -163,6 +193,7 @@ static dt_status default_layout(dt_model *m) {
 }
 
 dt_status dt_model_build(dt_model *m) {
+    if (!m) return DT_ERR(DT_EINVAL, "dt_model_build: the model is NULL");
     if (m->build_err != DT_OK) return DT_ERR(m->build_err, "%s", m->build_msg);   /* the first builder error */
     if (m->built) return DT_ERR(DT_ESTATE, "model %s: dt_model_build called twice", m->name);
     if (!m->forward) DT_TRY(dt_model_check_blocks(m));
@@ -187,6 +218,7 @@ void dt_model_free(dt_model *m) {
 size_t dt_model_num_params(const dt_model *m) { return m->n_elems; }
 
 dt_param *dt_model_find_param(const dt_model *m, const char *name) {
+    if (!m || !name) return NULL;
     for (int i = 0; i < m->n_params; i++)
         if (!strcmp(m->params[i]->name, name)) return m->params[i];
     return NULL;

@@ -261,7 +261,7 @@ static void conv_dnnl_backward(dt_graph *g, dt_node *n) {
     dt_dtype to = rounding(k);   /* (the saved src was rounded in forward) */
     const float *dy32 = dt_f32(n->out->grad), *dy = rounded(g, dy32, (size_t)(k->N * k->OC * OH * OW), to, &err);
     if (dw || db) {
-        void *ddst = to_layout(g, &p->w_ddst, dy, &err);
+        void *ddst = err ? NULL : to_layout(g, &p->w_ddst, dy, &err);
         void *src = sv->src;
         if (p->src_to_wsrc && !err) {
             src = dt_graph_scratch(g, dnnl_memory_desc_get_size(&p->w_src.md));

@@ -7,7 +7,7 @@
 
 dt_status dt_trainer_load_data(dt_trainer *t) {
     const dt_train_opts *o = &t->opts;
-    dt_dataset_opts dopts = {.path = o->data_path, .val_path = o->val_path, .seq = o->seq};
+    dt_dataset_opts dopts = {.path = o->data_path, .val_path = o->val_path, .seq = o->seq, .eval_only = o->eval_only};
     if (o->uneven) {   /* this data rank's files only (data.h) */
         dopts.part_rank = t->strat.data_rank;
         dopts.part_world = t->strat.data_world;

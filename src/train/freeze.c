@@ -41,6 +41,7 @@ dt_status dt_trainer_check_unfreeze(const dt_trainer *t) {
 }
 
 dt_status dt_trainer_refresh_trainable(dt_trainer *t) {
+    DT_TRY(dt_trainer_usable(t, "dt_trainer_refresh_trainable"));
     if (t->strat.refresh_trainable) DT_TRY(t->strat.refresh_trainable(t->strat.self, &t->run));
     else if (!can_refresh(t))
         return DT_ERR(DT_EINVAL, "strategy %s cannot change the trainable parameters during a run (train.unfreeze_at, "

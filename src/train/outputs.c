@@ -171,6 +171,9 @@ dt_status dt_trainer_claim_outputs(dt_trainer *t) {
 }
 
 dt_status dt_trainer_finish(dt_trainer *t) {
+    if (!t) return DT_ERR(DT_EINVAL, "dt_trainer_finish: trainer is NULL");
+    if (t->finished) return DT_OK;   /* finished once: nothing left to report */
+    t->finished = 1;
     dt_status s = DT_OK;
     dt_bg_writer_free(t->bg);   /* (settled on success; else queued files are written, no set commits
                                     unless every shard of it is complete) */

@@ -102,6 +102,7 @@ static dt_status stop_early(dt_trainer *t, int code, int in_eval) {
 }
 
 dt_status dt_trainer_run(dt_trainer *t) {
+    DT_TRY(dt_trainer_usable(t, "dt_trainer_run"));
     const dt_train_opts *o = &t->opts;
     int leader = t->strat.rank == t->lead_rank;   /* the result line: also when quiet */
     int lead = leader && !o->quiet;                /* start-up and progress lines */

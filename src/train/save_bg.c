@@ -72,6 +72,7 @@ dt_status dt_trainer_save_settle(dt_trainer *t) {
 }
 
 dt_status dt_trainer_save_background(dt_trainer *t, const char *path) {
+    DT_TRY(dt_trainer_usable(t, "dt_trainer_save_background"));
     if (t->opts.save_sync) {
         double t0 = dt_mono_s();
         DT_TRY(save_failed(t, dt_trainer_save(t, path), t->step));

@@ -77,8 +77,11 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
      * memory check, which sizes that part */
     if (s == DT_OK && t->strat.prepare_model) s = t->strat.prepare_model(t->strat.self, &t->opts.model);
     if (s == DT_OK) s = dt_trainer_check_memory(t);   /* sized, not yet allocated */
+    if (s == DT_OK && o->build_model) dt_error_clear();   /* what it says, if it fails, is its own */
     if (s == DT_OK) s = o->build_model ? o->build_model(o->build_user, o->seed, &t->model)
                                        : dt_model_create(&t->opts.model, o->seed, &t->model);
+    if (s != DT_OK && o->build_model && !dt_error_message()[0])   /* a user's builder that said nothing */
+        s = DT_ERR(s, "train.build_model failed (returned %s without a message)", dt_status_name(s));
     if (s == DT_OK && !t->model) s = DT_ERR(DT_EINVAL, "build_model returned no model");
     if (s == DT_OK && !t->model->built) s = DT_ERR(DT_EINVAL, "model %s: build_model must end with dt_model_build", t->model->name);
     if (s == DT_OK) s = dt_trainer_check_data(t);
@@ -115,8 +118,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
                           .seed = o->seed, .rank = t->strat.data_rank, .world = t->strat.data_world,
                           .accum = o->accum, .optimizer = t->strat.owns_optimizer ? NULL : &t->optim,
                           .scaler = dt_train_loss_scaling(o) ? &t->scaler : NULL,
-                          .param_copy_bytes = t->wcopy.dtype != DT_F32 && !o->eval_only
-                                                  ? t->model->param_flat.numel * sizeof(float) : 0};
+                          .param_copy_bytes = t->wcopy.dtype != DT_F32 ? t->model->param_flat.numel * sizeof(float) : 0};
         s = example_batch(t);
     }
     if (s == DT_OK && o->resume && !t->strat.load) s = dt_checkpoint_load(t, o->resume);
@@ -151,14 +153,23 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     return DT_OK;
 }
 
+dt_status dt_trainer_usable(const dt_trainer *t, const char *fn) {
+    if (!t) return DT_ERR(DT_EINVAL, "%s: trainer is NULL", fn);
+    if (t->finished)
+        return DT_ERR(DT_ESTATE, "%s: dt_trainer_finish already ran (its strategy and outputs are closed): only "
+                      "dt_trainer_free may follow", fn);
+    return DT_OK;
+}
+
 dt_status dt_trainer_save(dt_trainer *t, const char *path) {
+    DT_TRY(dt_trainer_usable(t, "dt_trainer_save"));
     if (t->strat.save) return t->strat.save(t->strat.self, &t->run, path);
     return dt_checkpoint_save(t, path);
 }
 
 void dt_trainer_free(dt_trainer *t) {
     if (!t) return;
-    dt_trainer_finish(t);   /* strategy, trace, metrics; an error path: the result has nowhere to go */
+    if (!t->finished) dt_trainer_finish(t);   /* strategy, trace, metrics; an error path: the result has nowhere to go */
     dt_graph_free(t->graph);   /* before the model: resetting the tape touches its params */
     if (t->model) dt_working_copy_leave(&t->wcopy, t->model);
     dt_model_free(t->model);
@@ -321,6 +332,7 @@ static dt_status step_impl(dt_trainer *t, double *loss_out) {
 }
 
 dt_status dt_trainer_step(dt_trainer *t, double *loss_out) {
+    DT_TRY(dt_trainer_usable(t, "dt_trainer_step"));
     if (t->opts.eval_only)
         return DT_ERR(DT_EINVAL, "dt_trainer_step: this trainer was created with train.eval_only (to evaluate): it has "
                       "no gradients or optimizer state");
@@ -438,6 +450,9 @@ static dt_status evaluate_impl(dt_trainer *t, double *loss_out, double *acc_out)
 
 dt_status dt_trainer_evaluate(dt_trainer *t, double *loss_out, double *acc_out) {
     double loss = NAN, acc = NAN;   /* unless it completes */
+    if (loss_out) *loss_out = loss;
+    if (acc_out) *acc_out = acc;
+    DT_TRY(dt_trainer_usable(t, "dt_trainer_evaluate"));
     dt_status s = evaluate_impl(t, &loss, &acc);
     dt_working_copy_leave(&t->wcopy, t->model);
     if (loss_out) *loss_out = loss;

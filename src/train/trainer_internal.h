@@ -24,6 +24,9 @@ dt_status dt_trainer_check_data(dt_trainer *t);
 dt_batch dt_trainer_batch(dt_trainer *t, dt_split split, int64_t n);
 /* Batch buffers hold this many micro-batches (accum when the strategy takes
  * them all at once, else 1); slot k's indices are t->idx[k*batch ..]. */
+/* DT_OK when t may be used by fn (a public entry point): not NULL, not
+ * finished (its strategy is gone: only dt_trainer_free may follow) */
+dt_status dt_trainer_usable(const dt_trainer *t, const char *fn);
 int dt_trainer_batch_slots(const dt_trainer *t);
 dt_batch dt_trainer_batch_in(dt_trainer *t, int slot, dt_split split, int64_t n);
 void dt_trainer_free_data(dt_trainer *t);

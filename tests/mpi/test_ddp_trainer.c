@@ -87,6 +87,11 @@ static void run_trainer(int accum, int det) {
     float ef = (float)el;
     T_SAME_ON_RANKS(&ef, 1, "evaluation loss");
     free(init);
+    /* finished, its strategy is gone: a step or an evaluation is refused
+     * (they used the freed strategy: a use after free) */
+    T_OK(dt_trainer_finish(t));
+    T_CHECK(dt_trainer_step(t, NULL) == DT_ESTATE);
+    T_CHECK(dt_trainer_evaluate(t, NULL, NULL) == DT_ESTATE);
     dt_trainer_free(t);
 }
 

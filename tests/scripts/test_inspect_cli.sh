@@ -100,11 +100,10 @@ out=$("$bin" inspect 2>&1); rc=$?
 "$bin" inspect --help | grep -c "usage: dtrain inspect FILE|DIR" > /dev/null || bad "inspect --help"
 # a safetensors file from elsewhere, without recorded checksums: nothing is
 # verified, and inspect does not call that "ok"
-python3 - "$tmp/foreign.safetensors" << 'PY'
-import json, struct, sys
-h = json.dumps({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
-open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<2f", 1.0, 2.0))
-PY
+hdr='{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'   # (< 256 bytes); then 1.0f, 2.0f
+# shellcheck disable=SC2059
+{ printf "\\x$(printf %02x ${#hdr})\\0\\0\\0\\0\\0\\0\\0"; printf '%s' "$hdr"; printf '\0\0\x80\x3f\0\0\0\x40'; } \
+    > "$tmp/foreign.safetensors"
 out=$("$bin" inspect "$tmp/foreign.safetensors" 2>&1); rc=$?
 if [ $rc -eq 0 ] && grep -q '^checksums   none recorded: 1 tensors not checked' <<< "$out" && ! grep -q 'checksums   ok' <<< "$out"; then
     ok "no recorded checksums: $(grep '^checksums' <<< "$out")"

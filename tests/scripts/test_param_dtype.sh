@@ -46,7 +46,7 @@ refused() {   # refused RC WANT ARGS...: exit RC (2: a flag's value, 1: the opti
     else echo "FAIL $*: exit $rc: $out"; fail=1; fi
 }
 refused 2 "param-dtype: unknown 'fp8' (fp32, bf16, fp16)" --param-dtype fp8
-refused 1 "node_params shares the float32 masters" --param-dtype bf16 --zero 2 --node-params --nproc 2
+refused 1 "--node-params shares the float32 masters" --param-dtype bf16 --zero 2 --node-params --nproc 2
 
 t_run fp32 --steps 3 --batch 2 --accum 4 || exit 1
 t_run single --steps 3 --batch 2 --accum 4 --param-dtype bf16 || exit 1

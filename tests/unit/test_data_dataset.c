@@ -225,6 +225,12 @@ static void test_shard_val_inside_dir_held_out(void **state) {
     dt_dataset_opts same = {.path = dir, .val_path = dir, .seq = 4};
     assert_int_equal(dt_dataset_open("shard", &same, &d), DT_EINVAL);
     assert_msg_has("is the training data");
+    dt_dataset_opts holds = {.path = ptr, .val_path = dir, .seq = 4};   /* the validation directory holds it */
+    assert_int_equal(dt_dataset_open("shard", &holds, &d), DT_EINVAL);
+    assert_msg_has("holds the training file");
+    same.eval_only = 1;   /* evaluating only: scoring the training data is the caller's choice */
+    assert_int_equal(dt_dataset_open("shard", &same, &d), DT_OK);
+    dt_dataset_close(&d);
     /* a validation split shorter than a window names the validation file */
     uint16_t few[3] = {1, 2, 3};
     char pshort[600];

@@ -126,6 +126,18 @@ static void test_text_dir_sorted_skips_index_and_links(void **state) {
     assert_msg_has("omega");
     assert_int_equal(unlink(p), 0);
 
+    /* a link another user owns is not followed (one planted in a shared
+     * directory could point at a file only the victim may read); making one
+     * needs root (lchown), which the suite's machines are */
+    snprintf(p, sizeof p, "%s/planted", dir);   assert_int_equal(symlink("alpha", p), 0);
+    if (lchown(p, 65534, 65534) == 0) {
+        assert_int_equal(dt_text_load(dir, &d), DT_EINVAL);
+        assert_msg_has("planted: a link owned by another user (uid 65534)");
+    } else {
+        print_message("(not root: the other user's link is not checked)\n");
+    }
+    assert_int_equal(unlink(p), 0);
+
     /* a symlink passed directly is followed */
     snprintf(p, sizeof p, "%s/beta", dir);
     assert_int_equal(dt_text_load(p, &d), DT_OK);

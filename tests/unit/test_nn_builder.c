@@ -195,6 +195,63 @@ static void test_builder_errors_are_sticky(void **state) {
     }
 }
 
+/* Misuse of the builder is an error naming the culprit, never a crash: a
+ * NULL model, a NULL shape, a parameter with an empty dimension (it broke
+ * the optimizer's layout later, naming nothing), no leaf name, another
+ * model's module, a buffer added twice or under a parameter's name (both
+ * failed only at the first checkpoint save). */
+static void test_builder_misuse(void **state) {
+    (void)state;
+    int64_t d3[1] = {3}, empty[2] = {0, 4};
+    dt_error_clear();
+    assert_null(dt_model_add_module(NULL, "a"));
+    assert_msg_has("cannot add module 'a': the model is NULL");
+    assert_null(dt_model_add_param(NULL, NULL, "w", 1, d3, DT_INIT_ZERO));
+    assert_msg_has("the model is NULL");
+    assert_null(dt_model_add_buffer(NULL, "b", 1, d3, 0.f));
+    assert_int_equal(dt_model_build(NULL), DT_EINVAL);
+    assert_int_equal(dt_model_add_block(NULL, "b", noop, NULL, 0, NULL, 1, d3), DT_EINVAL);
+    assert_null(dt_model_find_param(NULL, "w"));
+    struct { const char *needle; int case_; } cases[] = {
+        {"parameter 'p.w' has 1 dimensions but no shape (NULL)", 0},
+        {"parameter 'p.w' has dimension 0 of size 0", 1},
+        {"parameter 'p.' has no leaf name", 2},
+        {"parameter 'q.w': module q is not this model's", 3},
+        {"buffer 'stats' added twice", 4},
+        {"buffer 'p.w' has a parameter's name", 5},
+        {"buffer 'stats' has 2 dimensions but no shape (NULL)", 6},
+        {"block b input has 1 dims but no sizes (NULL)", 7},
+    };
+    dt_model *other;
+    assert_int_equal(dt_model_new("other", 1, &other), DT_OK);
+    dt_module *q = dt_model_add_module(other, "q");
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        dt_model *m;
+        assert_int_equal(dt_model_new("e", 1, &m), DT_OK);
+        dt_module *p = dt_model_add_module(m, "p");
+        int c = cases[k].case_;
+        if (c == 0) assert_null(dt_model_add_param(m, p, "w", 1, NULL, DT_INIT_ZERO));
+        if (c == 1) assert_null(dt_model_add_param(m, p, "w", 2, empty, DT_INIT_ZERO));
+        if (c == 2) assert_null(dt_model_add_param(m, p, NULL, 1, d3, DT_INIT_ZERO));
+        if (c == 3) assert_null(dt_model_add_param(m, q, "w", 1, d3, DT_INIT_ZERO));
+        if (c == 4) {
+            assert_non_null(dt_model_add_buffer(m, "stats", 1, d3, 0.f));
+            assert_null(dt_model_add_buffer(m, "stats", 1, d3, 0.f));
+        }
+        if (c == 5) {
+            assert_non_null(dt_model_add_param(m, p, "w", 1, d3, DT_INIT_ZERO));
+            assert_null(dt_model_add_buffer(m, "p.w", 1, d3, 0.f));
+        }
+        if (c == 6) assert_null(dt_model_add_buffer(m, "stats", 2, NULL, 0.f));
+        if (c == 7) assert_int_equal(dt_model_add_block(m, "b", noop, NULL, 1, NULL, 1, d3), DT_EINVAL);
+        assert_msg_has(cases[k].needle);
+        assert_int_not_equal(dt_model_build(m), DT_OK);   /* and the build reports it again */
+        assert_msg_has(cases[k].needle);
+        dt_model_free(m);
+    }
+    dt_model_free(other);
+}
+
 /* Blocks [0, k) then [k, n) and the loss head equal the whole forward,
  * loss and gradients bitwise; a block returning other than it declared is
  * an error naming it. */
@@ -307,6 +364,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registration_and_init),
         cmocka_unit_test(test_builder_errors_are_sticky),
+        cmocka_unit_test(test_builder_misuse),
         cmocka_unit_test(test_ranges_equal_whole_forward),
         cmocka_unit_test(test_block_shapes_resolve_seq),
         cmocka_unit_test(test_check_sample),

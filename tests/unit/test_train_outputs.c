@@ -12,6 +12,7 @@
 
 #include <dirent.h>
 #include <stdio.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -158,7 +159,16 @@ static void test_trace_write_failure_reported(void **state) {
     assert_int_equal(dt_trainer_finish(t), DT_EIO);
     assert_non_null(strstr(dt_error_message(), trace));
     assert_int_equal(dt_trainer_finish(t), DT_OK);   /* finished once: nothing left to report */
+    /* its strategy and outputs are gone: every other call is refused, naming finish */
+    assert_int_equal(dt_trainer_step(t, NULL), DT_ESTATE);
+    assert_non_null(strstr(dt_error_message(), "dt_trainer_finish already ran"));
+    double loss = 0;
+    assert_int_equal(dt_trainer_evaluate(t, &loss, NULL), DT_ESTATE);
+    assert_true(isnan(loss));
+    assert_int_equal(dt_trainer_save(t, trace), DT_ESTATE);
+    assert_int_equal(dt_trainer_run(t), DT_ESTATE);
     dt_trainer_free(t);
+    assert_int_equal(dt_trainer_step(NULL, NULL), DT_EINVAL);
 
     /* and when it works, the file is there after dt_trainer_finish */
     assert_int_equal(mkdir(sub, 0700), 0);

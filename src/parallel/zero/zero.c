@@ -34,8 +34,8 @@ static dt_status validate(const dt_zero_opts *o) {
                       "so it cannot be combined with the interleaved step overlap (use after-backward or off)");
     if (o->prefetch < 0) return DT_ERR(DT_EINVAL, "zero: prefetch must be >= 0 (got %d)", o->prefetch);
     if (o->node_params && o->dp.wire != DT_F32)
-        return DT_ERR(DT_EINVAL, "zero: node_params shares float32 parameters; a %s wire would round the other "
-                      "shards each step (use the float32 wire)", dt_dtype_name(o->dp.wire));
+        return DT_ERR(DT_EINVAL, "zero: zero.node_params shares float32 parameters; a %s wire would round the "
+                      "other shards each step (use the float32 wire)", dt_dtype_name(o->dp.wire));
     if (o->param_dtype != DT_F32 && o->param_dtype != DT_BF16 && o->param_dtype != DT_F16)
         return DT_ERR(DT_EINVAL, "zero: param_dtype must be F32, BF16 or F16 (got %s)", dt_dtype_name(o->param_dtype));
     if (o->node_params && o->param_dtype != DT_F32)
@@ -43,7 +43,7 @@ static dt_status validate(const dt_zero_opts *o) {
                       "needs private ones (use zero.param_dtype fp32 or leave zero.node_params off)",
                       dt_dtype_name(o->param_dtype));
     if (o->node_params && o->dp.join)
-        return DT_ERR(DT_EINVAL, "zero: node_params does not combine with dp.join");
+        return DT_ERR(DT_EINVAL, "zero: zero.node_params does not combine with dp.join");
     if (o->dp.join && o->stage == 3)
         return DT_ERR(DT_EINVAL, "zero: dp.join supports stages 1 and 2 only (stage 3 gathers parameters from "
                       "module hooks, which a rank without data does not run)");
