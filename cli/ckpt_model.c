@@ -71,6 +71,22 @@ int dt_cli_ckpt_check(const cli_flags *f, const dt_model_cfg *c, char *err, int 
     return 0;
 }
 
+/* --resume continues the saved run bit for bit, so its data order and
+ * dropout masks (train.seed) come from the file: --seed not given takes the
+ * file's, one that contradicts it is refused. (--init starts a new run: its
+ * --seed is free.) */
+int dt_cli_ckpt_seed(cli_flags *f, char *err, int errlen) {
+    if (!f->o.resume || !f->ckpt.has_seed) return 0;
+    if (dt_cli_flag_given(f, "--seed") && f->o.seed != f->ckpt.seed) {
+        snprintf(err, (size_t)errlen, "--seed %llu contradicts %s, saved with --seed %llu (leave --seed out: a resumed "
+                 "run keeps its data order)", (unsigned long long)f->o.seed, f->o.resume,
+                 (unsigned long long)f->ckpt.seed);
+        return -1;
+    }
+    f->o.seed = f->ckpt.seed;
+    return 0;
+}
+
 int dt_cli_ckpt_optim(const cli_flags *f, dt_optim_kind *kind, char *err, int errlen) {
     const char *file = f->o.resume ? f->ckpt.optimizer : "";   /* --init takes parameters only */
     dt_optim_kind k;

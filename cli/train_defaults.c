@@ -22,7 +22,7 @@ static int resolve_model(cli_flags *f, char *err, int errlen) {
             dt_cli_flag_names(dt_error_message(), err, (size_t)errlen);   /* arch.channels: --channels */
             return -1;
         }
-    if (dt_cli_ckpt_check(f, &c, err, errlen)) return -1;
+    if (dt_cli_ckpt_check(f, &c, err, errlen) || dt_cli_ckpt_seed(f, err, errlen)) return -1;
     f->o.model = c;
     /* --seq not given: 64, or less when the model's context is shorter */
     int max_seq = dt_model_cfg_max_seq(&c, NULL);

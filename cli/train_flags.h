@@ -77,6 +77,8 @@ int dt_cli_train_defaults(cli_flags *f, char *err, int errlen);
  * one; -1 with err when --optim names the other. */
 int dt_cli_ckpt_read(cli_flags *f, char *err, int errlen);
 int dt_cli_ckpt_check(const cli_flags *f, const dt_model_cfg *c, char *err, int errlen);
+/* --resume: the file's train.seed unless --seed is given (then they must agree) */
+int dt_cli_ckpt_seed(cli_flags *f, char *err, int errlen);
 int dt_cli_ckpt_optim(const cli_flags *f, dt_optim_kind *kind, char *err, int errlen);
 /* the row of flag ("--seq") was given on the command line */
 int dt_cli_flag_given(const cli_flags *f, const char *flag);

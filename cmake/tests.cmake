@@ -107,6 +107,12 @@ add_test(NAME test_pre_blocks_checkpoints
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_pre_blocks_checkpoints.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_pre_blocks_checkpoints PROPERTIES LABELS unit TIMEOUT 300)
 
+# --resume takes the checkpoint's --seed (data order, dropout): bit for bit
+# without repeating it; a contradicting --seed is refused.
+add_test(NAME test_resume_seed
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_resume_seed.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_resume_seed PROPERTIES LABELS unit TIMEOUT 300)
+
 # --recompute blocks is bitwise --recompute none, in one process and at 2/4 ranks.
 add_test(NAME test_recompute_bitwise
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_recompute_bitwise.sh $<TARGET_FILE:dtrain_cli>)

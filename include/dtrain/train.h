@@ -297,6 +297,8 @@ typedef struct dt_ckpt_model {
     int n_fields;                  /* the settings the file records, as recorded */
     dt_arch_field fields[DT_ARCH_FIELDS_MAX];
     char optimizer[16];            /* "adamw" | "sgd"; "" when not recorded */
+    int has_seed;                  /* 1: seed is the saved run's train.seed (its data order and init) */
+    uint64_t seed;
 } dt_ckpt_model;
 dt_status dt_checkpoint_read_model(const char *path, dt_ckpt_model *out);
 dt_status dt_model_save_params(const dt_model *m, const char *path);

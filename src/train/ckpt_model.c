@@ -1,13 +1,25 @@
 /* The model a checkpoint records (train.h, dt_checkpoint_read_model): its
  * built-in's name and arch.* settings, read from the metadata of a file or a
  * sharded set's index, so a caller can build it again without describing it. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "dtrain/train.h"
 
 static dt_status read_model(const dt_ckpt *c, const char *path, dt_ckpt_model *out) {
     const char *name = dt_ckpt_get_meta(c, "model"), *opt = dt_ckpt_get_meta(c, "optimizer");
     if (opt) snprintf(out->optimizer, sizeof out->optimizer, "%s", opt);
+    const char *seed = dt_ckpt_get_meta(c, "seed");
+    if (seed) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(seed, &end, 10);
+        if (!*seed || *end || errno || *seed == '-')
+            return DT_ERR(DT_EFORMAT, "checkpoint %s: metadata 'seed' = '%s' is not a whole number", path, seed);
+        out->seed = v;
+        out->has_seed = 1;
+    }
     if (!name) return DT_OK;
     snprintf(out->name, sizeof out->name, "%s", name);
     if (dt_model_builtin_find(name, &out->kind) != DT_OK) return DT_OK;   /* a user's model */

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# --resume continues the saved run bit for bit without repeating --seed: the
+# data order (the shuffle) and the dropout masks come from the checkpoint's
+# seed (it used to take the command line's default, 1, and train on another
+# order); a --seed that contradicts the file is refused naming both; --init
+# (a new run from saved weights) keeps its own --seed.
+# usage: test_resume_seed.sh DTRAIN_BINARY
+set -uo pipefail
+bin=$1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$tmp/corpus.txt"
+run=(train --model gpt2 --layers 1 --embd 32 --heads 2 --max-t 16 --seq 16 --batch 4 --dropout 0.1 --data text
+     --data-path "$tmp/corpus.txt" --eval-batches 2 --threads 1 --quiet)
+fail=0
+loss_at() { grep -oE "\"step\":$2,\"loss\":[0-9.e+-]+" "$1" | cut -d: -f3; }
+
+"$bin" "${run[@]}" --steps 6 --seed 9 --metrics "$tmp/whole.jsonl" > "$tmp/whole.out" 2>&1 &&
+"$bin" "${run[@]}" --steps 4 --seed 9 --save "$tmp/part.st" > "$tmp/part.out" 2>&1 &&
+"$bin" "${run[@]}" --steps 6 --resume "$tmp/part.st" --metrics "$tmp/resumed.jsonl" > "$tmp/resumed.out" 2>&1 ||
+    { echo "FAIL a run failed:"; tail -3 "$tmp"/*.out; exit 1; }
+for s in 5 6; do
+    a=$(loss_at "$tmp/whole.jsonl" $s) b=$(loss_at "$tmp/resumed.jsonl" $s)
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "ok   step $s without --seed: $b, the uninterrupted run's"
+    else echo "FAIL step $s: resumed without --seed $b, uninterrupted $a"; fail=1; fi
+done
+out=$("$bin" "${run[@]}" --steps 6 --resume "$tmp/part.st" --seed 1 2>&1); rc=$?
+if [ $rc -eq 2 ] && grep -q -- "--seed 1 contradicts $tmp/part.st, saved with --seed 9" <<< "$out"; then echo "ok   refused: $out"
+else echo "FAIL --seed 1 on a --seed 9 checkpoint: exit $rc: $out"; fail=1; fi
+if "$bin" "${run[@]}" --steps 2 --init "$tmp/part.st" --seed 3 > "$tmp/init.out" 2>&1; then echo "ok   --init with its own --seed"
+else echo "FAIL --init --seed 3:"; tail -2 "$tmp/init.out"; fail=1; fi
+exit $fail
