@@ -63,6 +63,10 @@ typedef struct dt_loss_scaler {
     int64_t skipped;    /* steps this run skipped */
 } dt_loss_scaler;
 #define DT_LOSS_SCALE_INIT 65536.0f    /* 2^16, as GradScaler */
+/* The largest scale: 1 / S (times a clip factor) must stay a normal float,
+ * which the flush-to-zero threads (ops.h) would otherwise turn into 0 and
+ * with it every gradient (seen past 2^126). fp16 needs far less (~2^24). */
+#define DT_LOSS_SCALE_MAX 18446744073709551616.0f   /* 2^64 */
 #define DT_LOSS_SCALE_WINDOW 2000
 dt_status dt_loss_scaler_init(dt_loss_scaler *ls, float scale, int dynamic, int window);
 /* sumsq: the global squared norm of the scaled gradients (< 0: not taken,

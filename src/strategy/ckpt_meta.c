@@ -114,7 +114,7 @@ static dt_status apply_scaler(dt_run *r, dt_ckpt_meta_get get, const void *src, 
     uint64_t good = 0;
     if (get(src, "loss_scale_good")) DT_TRY(meta_u64(get, src, what, "loss_scale_good", 0, &good));
     if (good > INT64_MAX) return DT_ERR(DT_EFORMAT, "%s: metadata 'loss_scale_good' out of range", what);
-    r->scaler->scale = s;
+    r->scaler->scale = s < DT_LOSS_SCALE_MAX ? s : DT_LOSS_SCALE_MAX;   /* (saved before the cap: past it) */
     r->scaler->good = (int64_t)good;
     return DT_OK;
 }

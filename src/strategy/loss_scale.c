@@ -7,8 +7,9 @@
 #include "dtrain/strategy.h"
 
 dt_status dt_loss_scaler_init(dt_loss_scaler *ls, float scale, int dynamic, int window) {
-    if (!(scale > 0.0f) || !isfinite(scale))
-        return DT_ERR(DT_EINVAL, "train.loss_scale_init: the loss scale must be finite and > 0, got %g", (double)scale);
+    if (!(scale > 0.0f) || !isfinite(scale) || scale > DT_LOSS_SCALE_MAX)
+        return DT_ERR(DT_EINVAL, "train.loss_scale_init: the loss scale must be > 0 and at most 2^64 (%g), got %g",
+                      (double)DT_LOSS_SCALE_MAX, (double)scale);
     if (window < 1) return DT_ERR(DT_EINVAL, "train.loss_scale_window must be >= 1, got %d", window);
     *ls = (dt_loss_scaler){.scale = scale, .dynamic = dynamic != 0, .window = window};
     return DT_OK;
@@ -35,6 +36,6 @@ void dt_loss_scaler_update(dt_loss_scaler *ls, int skipped) {
     if (!ls->dynamic) return;
     if (++ls->good >= ls->window) {
         ls->good = 0;
-        if (isfinite(ls->scale * 2.0f)) ls->scale *= 2.0f;
+        if (ls->scale * 2.0f <= DT_LOSS_SCALE_MAX) ls->scale *= 2.0f;   /* 1 / S stays a normal float */
     }
 }

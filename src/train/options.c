@@ -67,8 +67,9 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     if ((unsigned)o->param_dtype > DT_PARAMS_FP16)
         return DT_ERR(DT_EINVAL, "train.param_dtype: unknown mode %d", o->param_dtype);
     if ((unsigned)o->loss_scale > DT_LOSS_SCALE_DYNAMIC) return DT_ERR(DT_EINVAL, "train.loss_scale: unknown mode %d", o->loss_scale);
-    if (!(o->loss_scale_init >= 0.0f) || isinf(o->loss_scale_init))
-        return DT_ERR(DT_EINVAL, "train.loss_scale_init must be finite and > 0 (0: 65536), got %g", (double)o->loss_scale_init);
+    if (!(o->loss_scale_init >= 0.0f) || o->loss_scale_init > DT_LOSS_SCALE_MAX)
+        return DT_ERR(DT_EINVAL, "train.loss_scale_init must be > 0 and at most 2^64 (0: 65536), got %g",
+                      (double)o->loss_scale_init);
     if (o->loss_scale == DT_LOSS_SCALE_FIXED && o->loss_scale_init == 0.0f)
         return DT_ERR(DT_EINVAL, "train.loss_scale: a fixed loss scale needs its value (train.loss_scale_init)");
     if (o->loss_scale_window < 0) return DT_ERR(DT_EINVAL, "train.loss_scale_window must be >= 1 (0: 2000), got %d", o->loss_scale_window);

@@ -46,10 +46,19 @@ static void test_dynamic(void **st) {
     ls.scale = FLT_MIN;
     dt_loss_scaler_update(&ls, 1);
     assert_true(ls.scale == FLT_MIN);
-    ls.scale = 0x1p127f;
+    /* ... and it grows no further than 2^64: its inverse, times a clip
+     * factor, must stay a normal float (flushed to zero it zeroed every
+     * gradient once the scale passed 2^126) */
+    ls.scale = 0x1p63f;
     ls.good = 2;
     dt_loss_scaler_update(&ls, 0);
-    assert_true(ls.scale == 0x1p127f);
+    assert_true(ls.scale == 0x1p64f);
+    ls.good = 2;
+    dt_loss_scaler_update(&ls, 0);
+    assert_true(ls.scale == 0x1p64f);
+    ss = (1e6 * 0x1p64) * (1e6 * 0x1p64);   /* a norm a clip of 1 divides by a million */
+    assert_int_equal(dt_loss_scaler_verdict(&ls, ss, 1.0f, &f), 0);
+    assert_true(f >= FLT_MIN);
 }
 
 static void test_fixed(void **st) {
@@ -69,6 +78,9 @@ static void test_bad(void **st) {
     dt_loss_scaler ls;
     assert_int_equal(dt_loss_scaler_init(&ls, 0.0f, 1, 10), DT_EINVAL);
     assert_int_equal(dt_loss_scaler_init(&ls, INFINITY, 1, 10), DT_EINVAL);
+    assert_int_equal(dt_loss_scaler_init(&ls, 0x1p65f, 1, 10), DT_EINVAL);
+    assert_non_null(strstr(dt_error_message(), "at most 2^64"));
+    assert_int_equal(dt_loss_scaler_init(&ls, 0x1p64f, 0, 10), DT_OK);
     assert_int_equal(dt_loss_scaler_init(&ls, 2.0f, 1, 0), DT_EINVAL);
     assert_non_null(strstr(dt_error_message(), "loss_scale_window"));
     dt_error_clear();
