@@ -69,6 +69,16 @@ bad:
     return -1;
 }
 
+/* s is one of the table's flags (alone or as --flag=value) */
+static int is_flag(const dt_arg *table, int n, const char *s) {
+    if (strncmp(s, "--", 2)) return 0;
+    const char *eq = strchr(s, '=');
+    size_t len = eq ? (size_t)(eq - s) : strlen(s);
+    for (int k = 0; k < n; k++)
+        if (strlen(table[k].name) == len && !strncmp(table[k].name, s, len)) return 1;
+    return !strcmp(s, "--help");
+}
+
 int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, unsigned char *given, char *err,
                   int errlen) {
     if (given) memset(given, 0, (size_t)n);
@@ -92,6 +102,11 @@ int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, u
         }
         const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!v) { snprintf(err, (size_t)errlen, "%s needs a value (%s)", a->name, a->meta ? a->meta : "value"); return -1; }
+        if (!eq && is_flag(table, n, v)) {   /* "--save --quiet": a forgotten value, not a file named --quiet */
+            snprintf(err, (size_t)errlen, "%s needs a value (%s), not the flag %s (a value that starts with -- goes as "
+                     "%s=VALUE)", a->name, a->meta ? a->meta : "value", v, a->name);
+            return -1;
+        }
         if (parse_value(a, v, err, errlen)) return -1;
     }
     return 0;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "dtrain/generate.h"
 #include "dtrain/train.h"
 #include "args.h"
@@ -100,6 +101,13 @@ int dt_cli_generate(int argc, char **argv) {
     if (f.temperature < 0) { fprintf(stderr, "dtrain: --temperature must be >= 0 (got %g)\n", (double)f.temperature); return 2; }
     if (f.top_k < 0) { fprintf(stderr, "dtrain: --top-k must be >= 0 (got %d)\n", f.top_k); return 2; }
     if (f.threads < 0) { fprintf(stderr, "dtrain: --threads must be >= 0 (got %d)\n", f.threads); return 2; }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);   /* as train's bound (OpenMP crashed creating 99999 threads) */
+    if (cores < 1) cores = 1;
+    if (f.threads > 8 * cores) {
+        fprintf(stderr, "dtrain: --threads %d: at most %ld (8 x the %ld cores of this machine)\n", f.threads, 8 * cores,
+                cores);
+        return 2;
+    }
     if (f.threads > 0) omp_set_num_threads(f.threads);
 
     dt_ckpt_model cm;

@@ -1,6 +1,7 @@
 /* dtrain: command-line entry point. */
 #include <stdio.h>
 #include <string.h>
+#include "dtrain/version.h"
 #include "cli.h"
 
 static void usage(FILE *f) {
@@ -10,13 +11,15 @@ static void usage(FILE *f) {
                "  eval      evaluate saved weights (dtrain eval --help)\n"
                "  generate  sample text from a GPT-2 checkpoint (dtrain generate --help)\n"
                "  inspect   describe a checkpoint and verify its checksums (dtrain inspect --help)\n"
-               "  plot      draw loss, learning rate, ms/step and per-rank time as SVG (dtrain plot --help)\n");
+               "  plot      draw loss, learning rate, ms/step and per-rank time as SVG (dtrain plot --help)\n"
+               "\n  dtrain --version   the version of dtrain (library and CLI)\n");
 }
 
 int main(int argc, char **argv) {
     dt_blas_fix_core(argv);   /* may re-execute with OPENBLAS_CORETYPE set (ops.h) */
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) { printf("dtrain %s\n", DTRAIN_VERSION); return 0; }
     if (!strcmp(argv[1], "train")) return dt_cli_train(argc, argv, 0);
     if (!strcmp(argv[1], "eval")) return dt_cli_train(argc, argv, 1);
     if (!strcmp(argv[1], "generate")) return dt_cli_generate(argc, argv);

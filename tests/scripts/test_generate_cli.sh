@@ -65,6 +65,7 @@ done <<CASES
 no checkpoint|--prompt abc|needs --init
 missing file|--init $tmp/none.st|cannot open
 negative temperature|--init $tmp/rep.st --temperature -1|--temperature must be >= 0 (got -1)
+threads past the machine|--init $tmp/rep.st --threads 99999|--threads 99999: at most
 bad id list|--init $tmp/rep.st --prompt-ids 1,,2|--prompt-ids: invalid list
 both prompts|--init $tmp/rep.st --prompt a --prompt-ids 1|exclusive
 CASES

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include "dtrain/version.h"
 #include "tmpdir.h"
 
 /* Runs the CLI with args; returns exit code, stderr's first line in err. */
@@ -37,6 +38,9 @@ static void test_bad_flags(void **state) {
     expect_error("train --lr abc", "--lr: invalid value 'abc'");
     expect_error("train --batch 0 --steps 1", "--batch must be positive");
     expect_error("train --recompute layers", "--recompute: unknown mode 'layers' (none, blocks)");
+    /* a forgotten value: the next flag is not taken as it (a file named --quiet was written) */
+    expect_error("train --save --quiet --steps 1", "--save needs a value (FILE), not the flag --quiet");
+    expect_error("train --metrics --save=x.st", "--metrics needs a value (FILE), not the flag --save=x.st");
     expect_error("train --model resnet", "unknown model 'resnet'");
     expect_error("train --model gpt2 --data fashion-mnist", "takes 'ids' int32");
     /* the library names the models' settings (arch.max_t); the CLI writes their flags */
@@ -158,6 +162,18 @@ static void test_outputs_checked_at_startup(void **state) {
     expect_fails_before_training("--save", "/tmp");   /* a directory where a file goes */
 }
 
+static void test_version(void **state) {
+    (void)state;
+    char cmd[512], out[256], want[64];
+    snprintf(cmd, sizeof cmd, "%s --version", DT_CLI_PATH);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    assert_int_equal(pclose(p), 0);
+    snprintf(want, sizeof want, "dtrain %s\n", dt_version());   /* the library's own, as linked */
+    assert_string_equal(out, want);
+}
+
 static void test_help_lists_flags(void **state) {
     (void)state;
     char cmd[512];
@@ -177,6 +193,7 @@ int main(void) {
         cmocka_unit_test(test_missing_and_corrupt_files),
         cmocka_unit_test(test_outputs_checked_at_startup),
         cmocka_unit_test(test_help_lists_flags),
+        cmocka_unit_test(test_version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
