@@ -1,3 +1,4 @@
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -8,6 +9,10 @@
 static int parse_value(const dt_arg *a, const char *v, char *err, int errlen) {
     char *end = NULL;
     errno = 0;
+    /* numbers start with a digit or a sign: strto* would skip leading blanks
+     * (" -1" as an unsigned was 2^64 - 1) */
+    if (a->type != DT_ARG_STR && a->type != DT_ARG_STRS && a->type != DT_ARG_FLAG && (isspace((unsigned char)*v)))
+        goto bad;
     switch (a->type) {
     case DT_ARG_INT: {
         long x = strtol(v, &end, 10);
@@ -41,9 +46,13 @@ static int parse_value(const dt_arg *a, const char *v, char *err, int errlen) {
         const char *p = v;
         while (*p) {
             long x = strtol(p, &end, 10);
-            if (end == p || x <= 0 || x > 1 << 20 || n >= a->list_cap) goto bad;
+            if (end == p || x <= 0 || x > 1 << 20 || isspace((unsigned char)*p)) goto bad;
+            if (n >= a->list_cap) {
+                snprintf(err, (size_t)errlen, "%s: at most %d values (got more in '%s')", a->name, a->list_cap, v);
+                return -1;
+            }
             ((int *)a->list)[n++] = (int)x;
-            if (*end == ',') end++;
+            if (*end == ',' && end[1]) end++;   /* (a trailing comma is no list) */
             else if (*end) goto bad;
             p = end;
         }

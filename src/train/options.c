@@ -74,7 +74,7 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
         return DT_ERR(DT_EINVAL, "train.loss_scale: a fixed loss scale needs its value (train.loss_scale_init)");
     if (o->loss_scale_window < 0) return DT_ERR(DT_EINVAL, "train.loss_scale_window must be >= 1 (0: 2000), got %d", o->loss_scale_window);
     if (o->uneven && dt_train_loss_scaling(o))   /* the verdict is a collective every rank must join */
-        return DT_ERR(DT_EINVAL, "train.uneven does not combine with train.loss_scale (every rank must agree on each step's skip)");
+        return DT_ERR(DT_EINVAL, "train.uneven does not combine with loss scaling (train.loss_scale, on by default with train.precision fp16): every rank must agree on each step's skip");
     if (o->min_lr < 0 || o->min_lr > o->optim.lr) return DT_ERR(DT_EINVAL, "train.min_lr must be in [0, train.optim.lr]");
     if (o->warmup < 0) return DT_ERR(DT_EINVAL, "train.warmup must be >= 0");
     if (o->threads < 0) return DT_ERR(DT_EINVAL, "train.threads must be >= 0");

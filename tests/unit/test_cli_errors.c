@@ -38,6 +38,10 @@ static void test_bad_flags(void **state) {
     expect_error("train --lr abc", "--lr: invalid value 'abc'");
     expect_error("train --batch 0 --steps 1", "--batch must be positive");
     expect_error("train --recompute layers", "--recompute: unknown mode 'layers' (none, blocks)");
+    /* numbers as written: no leading blank (" -1" read as the unsigned 2^64 - 1), no trailing comma */
+    expect_error("train --seed ' -1' --steps 1", "--seed: invalid value ' -1'");
+    expect_error("train --hidden 16, --steps 1", "--hidden: invalid value '16,'");
+    expect_error("train --hidden 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17 --steps 1", "--hidden: at most 16 values");
     /* a forgotten value: the next flag is not taken as it (a file named --quiet was written) */
     expect_error("train --save --quiet --steps 1", "--save needs a value (FILE), not the flag --quiet");
     expect_error("train --metrics --save=x.st", "--metrics needs a value (FILE), not the flag --save=x.st");
