@@ -8,6 +8,34 @@
 #include <string.h>
 #include "train_flags.h"
 
+/* A model flag given must be a setting of the model that runs (--hidden
+ * with --model gpt2 was accepted and did nothing); the error says whose it is. */
+static int model_flags_apply(const cli_flags *f, dt_model_kind kind, char *err, int errlen) {
+    const dt_model_builtin *run = dt_model_builtin_of(kind);
+    char flag[DT_SETTING_NAME_MAX + 3];
+    for (int r = 1; r < f->n_model_rows; r++) {
+        if (!f->given[r]) continue;
+        const char *name = f->table[r].name;
+        int mine = 0;
+        for (int k = 0; run && k < run->n_settings && !mine; k++)
+            mine = run->settings[k].meta && !dt_cli_model_flag(run->settings[k].key, flag, sizeof flag) &&
+                   !strcmp(flag, name);
+        if (mine) continue;
+        char whose[160] = "";
+        for (int i = 0; i < dt_model_builtin_count(); i++) {
+            const dt_model_builtin *b = dt_model_builtin_at(i, NULL);
+            int has = 0;
+            for (int k = 0; k < b->n_settings && !has; k++)
+                has = b->settings[k].meta && !dt_cli_model_flag(b->settings[k].key, flag, sizeof flag) &&
+                      !strcmp(flag, name);
+            if (has) snprintf(whose + strlen(whose), sizeof whose - strlen(whose), "%s%s", whose[0] ? ", " : "", b->name);
+        }
+        snprintf(err, (size_t)errlen, "%s is not a setting of --model %s (it is %s's)", name, run ? run->name : "?", whose);
+        return -1;
+    }
+    return 0;
+}
+
 static int resolve_model(cli_flags *f, char *err, int errlen) {
     dt_model_kind kind = f->o.model.kind;   /* dt_train_opts_default's */
     if (f->model && dt_model_builtin_find(f->model, &kind) != DT_OK) {
@@ -15,6 +43,8 @@ static int resolve_model(cli_flags *f, char *err, int errlen) {
         return -1;
     }
     if (dt_cli_ckpt_read(f, err, errlen)) return -1;   /* --resume / --init: the file's model */
+    if (f->ckpt.builtin) kind = f->ckpt.kind;
+    if (model_flags_apply(f, kind, err, errlen)) return -1;
     dt_model_cfg c = f->ckpt.builtin ? f->ckpt.cfg : dt_model_cfg_default(kind);
     dt_args_overlay(f->table, f->n_table, f->given, &f->model_flags, sizeof f->model_flags, &c);
     for (int j = 0; j < f->n_lists; j++)   /* a list given has at least one value */
@@ -37,6 +67,16 @@ static int resolve_optim(cli_flags *f, char *err, int errlen) {
     if (dt_cli_ckpt_optim(f, &kind, err, errlen)) return -1;   /* --resume: the file's */
     if (f->optim && !strcmp(f->optim, "sgd")) kind = DT_OPTIM_SGD;
     else if (f->optim && !strcmp(f->optim, "adamw")) kind = DT_OPTIM_ADAMW;
+    /* another optimizer's setting would do nothing: refused (--momentum with adamw was accepted) */
+    static const char *const sgd_only[] = {"--momentum", "--nesterov"}, *const adamw_only[] = {"--beta1", "--beta2", "--eps"};
+    const char *const *other = kind == DT_OPTIM_SGD ? adamw_only : sgd_only;
+    size_t n_other = kind == DT_OPTIM_SGD ? 3 : 2;
+    for (size_t i = 0; i < n_other; i++)
+        if (dt_cli_flag_given(f, other[i])) {
+            snprintf(err, (size_t)errlen, "%s is %s's setting; this run's optimizer is %s (--optim)", other[i],
+                     kind == DT_OPTIM_SGD ? "adamw" : "sgd", kind == DT_OPTIM_SGD ? "sgd" : "adamw");
+            return -1;
+        }
     dt_optim_cfg c = dt_optim_cfg_default(kind);
     dt_args_overlay(f->table, f->n_table, f->given, &f->optim_flags, sizeof f->optim_flags, &c);
     if (f->nesterov) c.nesterov = 1;

@@ -21,6 +21,7 @@ typedef struct cli_flags {
      * 4b); list-valued ones are parsed here, then set through the registry */
     char model_meta[256], model_help[64], data_help[256];
     char flag_names[DT_CLI_MAX_ROWS][DT_SETTING_NAME_MAX + 3];   /* the model rows' ("--max-t") */
+    int n_model_rows;           /* table rows 1 .. n_model_rows - 1: the built-ins' settings (0: --model) */
     int n_lists, list_n[16], lists[16][DT_SETTING_INTS_MAX];
     const dt_model_setting *list_of[16];
     int nproc;

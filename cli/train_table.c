@@ -97,6 +97,7 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
     int cap = N_ARGS(f->table);
     int nm = model_rows(f, t, cap, err, errlen);
     if (nm < 0) return -1;
+    f->n_model_rows = nm;
     dt_arg a[] = {
         {"--data", DT_ARG_STR, &f->data, "KIND", f->data_help, 0, 0},
         {"--data-path", DT_ARG_STR, &o->data_path, "PATH", "dataset dir/file; shard: a .bin file or a directory of them; a text directory: every file but *.dat and *.u8 (fortune indexes and twins); in a directory, links to files count, each file once, subdirectories not read (defaults: " DT_FASHION_MNIST_DIR ", " DT_FORTUNES_DIR ")", 0, 0},

@@ -54,7 +54,7 @@ if cmake -S "$tmp/proj" -B "$tmp/proj/build" -DCMAKE_PREFIX_PATH="$pfx" -DCMAKE_
    cmake --build "$tmp/proj/build" >> "$tmp/fp.out" 2>&1; then
     echo "ok   find_package(dtrain): built dtrain::dtrain's consumer"
     # trains at 2 ranks, against the installed library (its rpath)
-    if "$src/tests/scripts/test_example_resmlp.sh" "${mpi[@]}" -n 2 "$tmp/proj/build/resmlp" --steps 40 > "$tmp/run.out" 2>&1 &&
+    if "$src/tests/scripts/test_example_resmlp.sh" ddp 40 "${mpi[@]}" -n 2 "$tmp/proj/build/resmlp" --steps 40 > "$tmp/run.out" 2>&1 &&
        ldd "$tmp/proj/build/resmlp" | grep -c "$pfx/lib/libdtrain.so" > /dev/null; then
         echo "ok   the find_package build trains at 2 ranks: $(tail -1 "$tmp/run.out")"
     else

@@ -102,7 +102,11 @@ if [ "$np" -eq 2 ]; then
     run tp2_z3 --tp 2 --nproc 2 --zero 3 --quiet && near single tp2_z3
     refused zero_node "does not combine with --node-params" --tp 2 --zero 2 --node-params --nproc 2
     refused world "does not divide --nproc 2" --tp 4 --nproc 2
-    refused mlp "gpt2 only" --model mlp --tp 2 --nproc 2
+    # (the MLP without gpt2's flags: those would be refused first, as settings of another model)
+    if out=$(timeout 60 "$bin" train --model mlp --hidden 16 --threads 1 --steps 1 --tp 2 --nproc 2 < /dev/null 2>&1); then
+        echo "FAIL mlp: --tp 2 was accepted"; fail=1
+    elif grep -c -- "gpt2 only" <<< "$out" > /dev/null; then echo "ok   mlp refused: gpt2 only"
+    else echo "FAIL mlp: want 'gpt2 only', got: $out"; fail=1; fi
     # sequence parallelism
     sp=(--tp 2 --nproc 2 --sequence-parallel)
     run sp2 "${sp[@]}" && near single sp2 && same_acc single sp2

@@ -38,6 +38,11 @@ static void test_bad_flags(void **state) {
     expect_error("train --lr abc", "--lr: invalid value 'abc'");
     expect_error("train --batch 0 --steps 1", "--batch must be positive");
     expect_error("train --recompute layers", "--recompute: unknown mode 'layers' (none, blocks)");
+    /* a setting of another model or optimizer than the one that runs would do nothing */
+    expect_error("train --model gpt2 --hidden 16 --steps 1", "--hidden is not a setting of --model gpt2 (it is mlp's)");
+    expect_error("train --layers 2 --steps 1", "--layers is not a setting of --model mlp (it is gpt2's)");
+    expect_error("train --momentum 0.9 --steps 1", "--momentum is sgd's setting; this run's optimizer is adamw");
+    expect_error("train --optim sgd --beta1 0.8 --steps 1", "--beta1 is adamw's setting; this run's optimizer is sgd");
     /* numbers as written: no leading blank (" -1" read as the unsigned 2^64 - 1), no trailing comma */
     expect_error("train --seed ' -1' --steps 1", "--seed: invalid value ' -1'");
     expect_error("train --hidden 16, --steps 1", "--hidden: invalid value '16,'");
