@@ -126,7 +126,12 @@ int dt_param_full_shape(const dt_param *p, int64_t *shape);
  * places local into full. */
 void dt_split_copy(const dt_param_split *s, int ndim, const int64_t *full_shape, int part, float *full, float *local,
                    int to_full);
-/* A non-trained tensor saved in checkpoints (BatchNorm running stats). */
+/* A non-trained tensor saved in checkpoints (BatchNorm running stats). Its
+ * name is its own (not another buffer's or a parameter's). Under a pipeline
+ * the stage that saves it is the one whose blocks use the module its name
+ * starts with ("bn1.running_mean": module bn1), else the first stage: name
+ * a buffer a block updates under that block's module, or the saved value is
+ * the first stage's copy. */
 dt_named_buffer *dt_model_add_buffer(dt_model *m, const char *name, int ndim, const int64_t *shape, float fill);
 dt_status dt_model_add_input(dt_model *m, const dt_input_spec *spec);
 
