@@ -1,5 +1,6 @@
 /* The model registry: the one place that knows which built-in models exist
  * (nn.h section 4b). Everything else reaches a built-in through its entry. */
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 #include "dtrain/nn.h"
@@ -133,6 +134,9 @@ dt_status dt_model_builtin_check(const dt_model_builtin *b) {
     if (!b->name || !*b->name || strlen(b->name) >= sizeof ((dt_model *)0)->name || !strcmp(b->name, "custom"))
         return DT_ERR(DT_EINVAL, "model registry: name '%s' must be 1..%zu characters, not 'custom'",
                       b->name ? b->name : "(null)", sizeof ((dt_model *)0)->name - 1);
+    for (const char *c = b->name; *c; c++)   /* it is a --model value and one of a listed set: no separators */
+        if (!isalnum((unsigned char)*c) && *c != '_' && *c != '-')
+            return DT_ERR(DT_EINVAL, "model registry: name '%s' may hold letters, digits, '_' and '-' only", b->name);
     const char *hole = !b->data ? "data" : !b->defaults ? "defaults" : !b->validate ? "validate" : !b->build ? "build" : NULL;
     if (hole) return DT_ERR(DT_EINVAL, "model %s: the entry has no %s", b->name, hole);
     if (b->n_settings < 0 || b->n_settings > DT_ARCH_FIELDS_MAX || (b->n_settings && !b->settings))

@@ -28,22 +28,22 @@ dt_status dt_optim_cfg_validate(const dt_optim_cfg *c) {
     if (c->kind != DT_OPTIM_SGD && c->kind != DT_OPTIM_ADAMW)
         return DT_ERR(DT_EINVAL, "optimizer kind %d unknown (sgd or adamw)", (int)c->kind);
     if (!(c->lr >= 0.0f) || !isfinite(c->lr))
-        return DT_ERR(DT_EINVAL, "lr must be finite and >= 0 (got %g)", (double)c->lr);
+        return DT_ERR(DT_EINVAL, "optim.lr must be finite and >= 0 (got %g)", (double)c->lr);
     if (!(c->weight_decay >= 0.0f) || !isfinite(c->weight_decay))
-        return DT_ERR(DT_EINVAL, "weight_decay must be finite and >= 0 (got %g)",
+        return DT_ERR(DT_EINVAL, "optim.weight_decay must be finite and >= 0 (got %g)",
                       (double)c->weight_decay);
     if (c->kind == DT_OPTIM_SGD) {
         if (!in_unit(c->momentum))
-            return DT_ERR(DT_EINVAL, "momentum must be in [0, 1) (got %g)", (double)c->momentum);
+            return DT_ERR(DT_EINVAL, "optim.momentum must be in [0, 1) (got %g)", (double)c->momentum);
         if (c->nesterov && !(c->momentum > 0.0f))
-            return DT_ERR(DT_EINVAL, "nesterov requires momentum > 0");
+            return DT_ERR(DT_EINVAL, "optim.nesterov requires optim.momentum > 0");
     } else {
         if (!in_unit(c->beta1))
-            return DT_ERR(DT_EINVAL, "beta1 must be in [0, 1) (got %g)", (double)c->beta1);
+            return DT_ERR(DT_EINVAL, "optim.beta1 must be in [0, 1) (got %g)", (double)c->beta1);
         if (!in_unit(c->beta2))
-            return DT_ERR(DT_EINVAL, "beta2 must be in [0, 1) (got %g)", (double)c->beta2);
+            return DT_ERR(DT_EINVAL, "optim.beta2 must be in [0, 1) (got %g)", (double)c->beta2);
         if (!(c->eps > 0.0f) || !isfinite(c->eps))
-            return DT_ERR(DT_EINVAL, "eps must be finite and > 0 (got %g)", (double)c->eps);
+            return DT_ERR(DT_EINVAL, "optim.eps must be finite and > 0 (got %g)", (double)c->eps);
     }
     if (c->state_dtype != DT_OPTIM_STATE_FP32 && c->state_dtype != DT_OPTIM_STATE_BF16)
         return DT_ERR(DT_EINVAL, "train.optim.state_dtype: unknown optimizer state dtype %d (fp32 or bf16)", c->state_dtype);

@@ -11,7 +11,7 @@ bin=$1 np=$2; shift 2
 mpiexec=("$@")
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail=0
-want="dtrain: error: lr must be finite and >= 0 (got -1)"
+want="dtrain: error: --lr must be finite and >= 0 (got -1)"
 args=(train --model mlp --hidden 32 --threads 1 --quiet --steps 2 --lr -1)
 check() {   # check TAG COMMAND...
     local tag=$1; shift

@@ -381,6 +381,15 @@ static void test_bad_entries(void **state) {
     b.validate = always_ok;
     b.name = "custom";
     assert_int_equal(dt_model_builtin_check(&b), DT_EINVAL);
+    /* a --model value, listed with the others ("mlp, cnn, gpt2, ..."): no separators */
+    const char *bad_names[] = {"has space", "a,b", "x|y", "path/x"};
+    for (int i = 0; i < 4; i++) {
+        b.name = bad_names[i];
+        if (dt_model_builtin_check(&b) != DT_EINVAL) fail_msg("model name '%s' accepted", bad_names[i]);
+        assert_msg_has("may hold letters, digits, '_' and '-' only");
+    }
+    b.name = "wide_2-x";
+    assert_int_equal(dt_model_builtin_check(&b), DT_OK);
 }
 
 /* ---- the registered model goes every built-in's way ---- */
