@@ -14,6 +14,12 @@ dt_status dt_trainer_load_data(dt_trainer *t) {
     }
     DT_TRY(dt_dataset_open(o->data, &dopts, &t->data));
     const dt_dataset *d = &t->data;
+    /* a batch no epoch can fill is refused before its buffers are sized
+     * (dt_trainer_check_sizes refines this per data rank, after the
+     * strategy; here "out of memory" came first) */
+    if (!o->uneven && !o->eval_only && o->batch > d->size[DT_SPLIT_TRAIN])
+        return DT_ERR(DT_EINVAL, "train.batch %lld is more than the %lld training samples of %s", (long long)o->batch,
+                      (long long)d->size[DT_SPLIT_TRAIN], d->source);
     /* a strategy that schedules micro-batches itself gets all K at once */
     int64_t B = o->batch * dt_trainer_batch_slots(t);   /* <= 2^40: dt_train_opts_validate */
     /* sizes in bytes must not wrap (a wrapped size allocates too little) */

@@ -43,6 +43,8 @@ static void test_bad_flags(void **state) {
     expect_error("train --layers 2 --steps 1", "--layers is not a setting of --model mlp (it is gpt2's)");
     expect_error("train --momentum 0.9 --steps 1", "--momentum is sgd's setting; this run's optimizer is adamw");
     expect_error("train --optim sgd --beta1 0.8 --steps 1", "--beta1 is adamw's setting; this run's optimizer is sgd");
+    /* a batch larger than the data is that, not an allocation failure */
+    expect_error("train --model mlp --hidden 16 --batch 10000000 --steps 1", "--batch 10000000 is more than the 60000 training samples");
     /* numbers as written: no leading blank (" -1" read as the unsigned 2^64 - 1), no trailing comma */
     expect_error("train --seed ' -1' --steps 1", "--seed: invalid value ' -1'");
     expect_error("train --hidden 16, --steps 1", "--hidden: invalid value '16,'");
