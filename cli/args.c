@@ -78,14 +78,13 @@ bad:
     return -1;
 }
 
-/* s is one of the table's flags (alone or as --flag=value) */
-static int is_flag(const dt_arg *table, int n, const char *s) {
-    if (strncmp(s, "--", 2)) return 0;
+/* the table's row for s ("--flag" or "--flag=value"), or NULL */
+static const dt_arg *find_arg(const dt_arg *table, int n, const char *s) {
     const char *eq = strchr(s, '=');
     size_t len = eq ? (size_t)(eq - s) : strlen(s);
     for (int k = 0; k < n; k++)
-        if (strlen(table[k].name) == len && !strncmp(table[k].name, s, len)) return 1;
-    return !strcmp(s, "--help");
+        if (strlen(table[k].name) == len && !strncmp(table[k].name, s, len)) return &table[k];
+    return NULL;
 }
 
 int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, unsigned char *given, char *err,
@@ -95,10 +94,7 @@ int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, u
         const char *s = argv[i];
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) return 1;
         const char *eq = strchr(s, '=');
-        size_t len = eq ? (size_t)(eq - s) : strlen(s);
-        const dt_arg *a = NULL;
-        for (int k = 0; k < n; k++)
-            if (strlen(table[k].name) == len && !strncmp(table[k].name, s, len)) { a = &table[k]; break; }
+        const dt_arg *a = find_arg(table, n, s);
         if (!a) {
             snprintf(err, (size_t)errlen, "unknown option '%s' (see --help)", s);
             return -1;
@@ -111,7 +107,7 @@ int dt_args_parse(const dt_arg *table, int n, int argc, char **argv, int from, u
         }
         const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!v) { snprintf(err, (size_t)errlen, "%s needs a value (%s)", a->name, a->meta ? a->meta : "value"); return -1; }
-        if (!eq && is_flag(table, n, v)) {   /* "--save --quiet": a forgotten value, not a file named --quiet */
+        if (!eq && (find_arg(table, n, v) || !strcmp(v, "--help"))) {   /* "--save --quiet": a forgotten value */
             snprintf(err, (size_t)errlen, "%s needs a value (%s), not the flag %s (a value that starts with -- goes as "
                      "%s=VALUE)", a->name, a->meta ? a->meta : "value", v, a->name);
             return -1;

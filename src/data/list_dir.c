@@ -20,17 +20,18 @@
 #include <unistd.h>
 #include "dataset_internal.h"
 
-typedef struct entry { char *path; dev_t dev; ino_t ino; int link, pos, drop; } entry;
+typedef struct entry { char *path; dev_t dev; ino_t ino; int link, drop; } entry;
 
 static int by_path(const void *a, const void *b) { return strcmp(((const entry *)a)->path, ((const entry *)b)->path); }
 
-/* one file's names together, the one that stays first: not a link, then name order */
+/* one file's names together, the one that stays first: not a link, then name
+ * order (the entries are sorted by name already: their addresses are that order) */
 static int by_file(const void *pa, const void *pb) {
     const entry *a = *(entry *const *)pa, *b = *(entry *const *)pb;
     if (a->dev != b->dev) return a->dev < b->dev ? -1 : 1;
     if (a->ino != b->ino) return a->ino < b->ino ? -1 : 1;
     if (a->link != b->link) return a->link - b->link;
-    return a->pos - b->pos;
+    return (a > b) - (a < b);
 }
 
 void dt_data_names_free(char **names, int n) {
@@ -82,7 +83,7 @@ dt_status dt_data_list_dir(const char *dir, int (*want)(const char *name), const
             v = nv;
             cap = nc;
         }
-        v[n] = (entry){strdup(path), sb.st_dev, sb.st_ino, link, 0, 0};
+        v[n] = (entry){strdup(path), sb.st_dev, sb.st_ino, link, 0};
         if (!v[n].path) st = DT_ERR(DT_ENOMEM, "%s: out of memory listing directory", dir);
         else n++;
     }
@@ -93,7 +94,7 @@ dt_status dt_data_list_dir(const char *dir, int (*want)(const char *name), const
     int k = 0;
     if (st == DT_OK) {
         if (n > 1) qsort(v, (size_t)n, sizeof *v, by_path);
-        for (int i = 0; i < n; i++) { v[i].pos = i; byf[i] = &v[i]; }
+        for (int i = 0; i < n; i++) byf[i] = &v[i];
         if (n > 1) qsort(byf, (size_t)n, sizeof *byf, by_file);
         for (int i = 1; i < n; i++)   /* all but the first name of each file */
             byf[i]->drop = byf[i]->dev == byf[i - 1]->dev && byf[i]->ino == byf[i - 1]->ino;

@@ -113,6 +113,18 @@ static void geom_from_node(const dt_node *n, conv_geom *G) {
     G->K = G->C * G->KH * G->KW;
 }
 
+void dt_ops_conv2d_bias_grad(float *db, const float *dy, int64_t N, int64_t OC, int64_t P) {
+#pragma omp parallel for schedule(static)
+    for (int64_t oc = 0; oc < OC; oc++) {
+        double s = 0;
+        for (int64_t i = 0; i < N; i++) {
+            const float *r = dy + (i * OC + oc) * P;
+            for (int64_t p = 0; p < P; p++) s += r[p];
+        }
+        db[oc] += (float)s;
+    }
+}
+
 static void conv2d_backward(dt_graph *g, dt_node *n) {
     conv_geom G;
     geom_from_node(n, &G);
@@ -123,17 +135,7 @@ static void conv2d_backward(dt_graph *g, dt_node *n) {
     const float *dy = dt_f32(n->out->grad);
     const int64_t OC = G.OC, P = G.P, K = G.K;
 
-    if (db) {   /* db[oc] += sum over n, p of dy[n, oc, p] */
-        #pragma omp parallel for schedule(static)
-        for (int64_t oc = 0; oc < OC; oc++) {
-            double s = 0;
-            for (int64_t i = 0; i < G.N; i++) {
-                const float *r = dy + (i * OC + oc) * P;
-                for (int64_t p = 0; p < P; p++) s += r[p];
-            }
-            db[oc] += (float)s;
-        }
-    }
+    if (db) dt_ops_conv2d_bias_grad(db, dy, G.N, OC, P);
     if (!dx && !dw) return;
 
     /* one image per chunk: dy[n0] already is dyT[OC, P] */

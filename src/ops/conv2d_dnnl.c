@@ -219,11 +219,15 @@ static void from_layout(conv_arg *a, void *buf, void *plain, int *err) {
 
 static void set(dnnl_memory_t m, void *h) { dnnl_memory_set_data_handle(m, h); }
 
+/* OH x OW of one output channel of one image */
+static int64_t out_pixels(const conv_key *k) {
+    return ((k->H + 2 * k->pad - k->KH) / k->stride + 1) * ((k->W + 2 * k->pad - k->KW) / k->stride + 1);
+}
+
 /* the type a convolution's inputs are rounded to (F32: none) */
 static dt_dtype rounding(const conv_key *k) {
     if (dt_gemm_precision() == DT_PREC_FP16) return DT_F16;
-    int64_t OH = (k->H + 2 * k->pad - k->KH) / k->stride + 1, OW = (k->W + 2 * k->pad - k->KW) / k->stride + 1;
-    return dt_ops_sgemm_bf16_applies(k->N * OH * OW, k->OC, k->C * k->KH * k->KW) ? DT_BF16 : DT_F32;
+    return dt_ops_sgemm_bf16_applies(k->N * out_pixels(k), k->OC, k->C * k->KH * k->KW) ? DT_BF16 : DT_F32;
 }
 
 /* n floats of src rounded to `to` in arena scratch (src itself for F32) */
@@ -233,17 +237,6 @@ static const float *rounded(dt_graph *g, const float *src, size_t n, dt_dtype to
     if (!buf) { *err = 1; return NULL; }
     dt_round_to(buf, src, to, n);
     return buf;
-}
-
-/* db[oc] += sum over n, p of dy[n, oc, p] (in double, as im2col's) */
-static void bias_grad(float *db, const float *dy, int64_t N, int64_t OC, int64_t P) {
-#pragma omp parallel for schedule(static)
-    for (int64_t oc = 0; oc < OC; oc++) {
-        double s = 0;
-        for (int64_t i = 0; i < N; i++)
-            for (int64_t q = 0; q < P; q++) s += dy[(i * OC + oc) * P + q];
-        db[oc] += (float)s;
-    }
 }
 
 typedef struct conv_saved { conv_prims *p; void *src; } conv_saved;   /* src in f_src.md */
@@ -257,9 +250,8 @@ static void conv_dnnl_backward(dt_graph *g, dt_node *n) {
     if (!dx && !dw && !db) return;
     int err = 0;
     size_t wn = (size_t)(k->OC * k->C * k->KH * k->KW);
-    int64_t OH = (k->H + 2 * k->pad - k->KH) / k->stride + 1, OW = (k->W + 2 * k->pad - k->KW) / k->stride + 1;
     dt_dtype to = rounding(k);   /* (the saved src was rounded in forward) */
-    const float *dy32 = dt_f32(n->out->grad), *dy = rounded(g, dy32, (size_t)(k->N * k->OC * OH * OW), to, &err);
+    const float *dy32 = dt_f32(n->out->grad), *dy = rounded(g, dy32, (size_t)(k->N * k->OC * out_pixels(k)), to, &err);
     if (dw || db) {
         void *ddst = err ? NULL : to_layout(g, &p->w_ddst, dy, &err);
         void *src = sv->src;
@@ -289,7 +281,7 @@ static void conv_dnnl_backward(dt_graph *g, dt_node *n) {
         }
         if (!err && dw) dt_ops_acc(dw, dw_plain, (int64_t)wn);
         if (!err && db && to == DT_F32) dt_ops_acc(db, db_plain, k->OC);
-        else if (!err && db) bias_grad(db, dy32, k->N, k->OC, OH * OW);   /* a sum, not a product: fp32 dy */
+        else if (!err && db) dt_ops_conv2d_bias_grad(db, dy32, k->N, k->OC, out_pixels(k));   /* a sum: fp32 dy */
     }
     if (dx && !err) {
         size_t xn = (size_t)(k->N * k->C * k->H * k->W);

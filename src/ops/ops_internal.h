@@ -36,6 +36,9 @@ int dt_ops_check_blas(const char *op, int n, const int64_t *dims);
  * 0: oneDNN does not serve this geometry (or DTRAIN_CONV=im2col): use im2col.
  * 1: handled; *out is the result, or NULL with the error set. */
 int dt_conv2d_dnnl(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int pad, dt_tensor **out);
+/* conv2d's bias gradient, both backends: db[oc] += sum over n, p of
+ * dy[n, oc, p] (dy [N, OC, P]), summed in double (conv2d.c) */
+void dt_ops_conv2d_bias_grad(float *db, const float *dy, int64_t N, int64_t OC, int64_t P);
 
 /* Row-major C[M, N] = alpha * op(A)[M, K] · op(B)[K, N] + beta * C.
  * ta / tb nonzero: A / B are stored transposed. Zero-sized problems are

@@ -169,7 +169,7 @@ dt_status dt_trainer_save(dt_trainer *t, const char *path) {
 
 void dt_trainer_free(dt_trainer *t) {
     if (!t) return;
-    if (!t->finished) dt_trainer_finish(t);   /* strategy, trace, metrics; an error path: the result has nowhere to go */
+    dt_trainer_finish(t);   /* strategy, trace, metrics (a no-op when done); an error path: the result has nowhere to go */
     dt_graph_free(t->graph);   /* before the model: resetting the tape touches its params */
     if (t->model) dt_working_copy_leave(&t->wcopy, t->model);
     dt_model_free(t->model);
