@@ -8,10 +8,59 @@ dt_status dt_dataset_open_fashion_mnist(const dt_dataset_opts *o, dt_dataset *ou
 dt_status dt_dataset_open_text(const dt_dataset_opts *o, dt_dataset *out);
 dt_status dt_dataset_open_shard(const dt_dataset_opts *o, dt_dataset *out);
 
-/* Where each file of a text directory ends in its token stream: end[k]
- * (cumulative, non-decreasing) for the k-th file in name order. */
-typedef struct dt_text_files { int64_t *end; int n; } dt_text_files;
-void dt_text_files_free(dt_text_files *f);
+/* ---- token streams (token_stream.c) ----
+ * A split of a token dataset: uint16 ids laid end to end in pieces, one per
+ * file of a directory (name order) or one for a file. A piece is a view into
+ * memory a dt_token_store owns: an llm.c shard mapped read-only (the page
+ * cache holds it once per machine, shared by its ranks, so a rank's own
+ * memory does not grow with the data), or a buffer (text, whose bytes widen
+ * to uint16). Sample i is the window of T+1 tokens at i*T, which may span
+ * pieces as the stream spans files. Streams made by slicing share the store. */
+typedef struct dt_token_piece { const uint16_t *ids; int64_t n; } dt_token_piece;
+typedef struct dt_token_stream {
+    dt_token_piece *piece;   /* [n], owned (the ids are not) */
+    int64_t *end;            /* [n]: tokens in pieces 0..k */
+    int n, cap;
+    int64_t n_tokens;        /* end[n-1], 0 when empty */
+    int vocab;               /* ids lie in [0, vocab): 256 for bytes, max id + 1 for shards */
+} dt_token_stream;
+/* Appends a piece of n ids (n may be 0: an empty file still counts as one). */
+dt_status dt_token_stream_push(dt_token_stream *s, const uint16_t *ids, int64_t n, const char *path);
+void dt_token_stream_free(dt_token_stream *s);
+/* out = tokens [a, b) of s (0 <= a <= b <= s->n_tokens) as views, s's vocab. */
+dt_status dt_token_stream_slice(const dt_token_stream *s, int64_t a, int64_t b, dt_token_stream *out,
+                                const char *path);
+/* (n_tokens - 1) / T windows of T+1 tokens (0 below two tokens). */
+int64_t dt_token_stream_windows(const dt_token_stream *s, int T);
+/* windows idx[0..n) (each < windows) -> x[n, T], y[n, T] = x shifted by one */
+void dt_token_stream_batch(const dt_token_stream *s, const int64_t *idx, int64_t n, int T, int32_t *x, int32_t *y);
+
+typedef struct dt_token_region { void *base; size_t mapped; } dt_token_region;   /* mapped 0: malloc'd */
+typedef struct dt_token_store { dt_token_region *region; int n, cap; } dt_token_store;
+/* The store takes base: munmap(base, mapped) or free(base) at dt_token_store_free
+ * (also when adding fails). */
+dt_status dt_token_store_add(dt_token_store *st, void *base, size_t mapped, const char *path);
+void dt_token_store_free(dt_token_store *st);
+
+/* ---- opening token data into a store and a stream ----
+ * A file is one piece; a directory is one piece per eligible file (list_dir.c:
+ * name order, links to files read, each file once, never hold_out). */
+typedef dt_status (*dt_token_open_fn)(const char *path, const char *hold_out, dt_token_store *st,
+                                      dt_token_stream *out);
+dt_status dt_text_open(const char *path, const char *hold_out, dt_token_store *st, dt_token_stream *out);
+dt_status dt_token_shard_open(const char *path, const char *hold_out, dt_token_store *st, dt_token_stream *out);
+/* shard_map.c: one llm.c shard mapped read-only, its ids one piece of out
+ * (out->vocab raised to cover them: every id is read once, here). */
+dt_status dt_token_shard_map(const char *path, dt_token_store *st, dt_token_stream *out);
+/* token_shard.c: checks an llm.c shard's header (hdr: its first 1024 bytes)
+ * against the file's size; *n = its token count. */
+#define DT_SHARD_HDR_BYTES 1024
+dt_status dt_token_shard_header(const char *path, const uint8_t *hdr, int64_t size, int64_t *n);
+/* text.c: the bytes of a file, or of a directory's eligible files
+ * concatenated; ends (may be NULL): where each file ends, *n_files of them. */
+dt_status dt_text_read(const char *path, const char *hold_out, uint16_t **ids, int64_t *n, int64_t **ends,
+                       int *n_files);
+
 /* list_dir.c: the files of a data directory whose names `want` accepts:
  * regular files and links to one (not another user's links), in name order,
  * each file once, never the file hold_out names (may be NULL; *held, may be
@@ -20,41 +69,25 @@ dt_status dt_data_list_dir(const char *dir, int (*want)(const char *name), const
                            int *n, int *held);
 void dt_data_names_free(char **names, int n);
 
-/* dt_text_load of a file or directory without the held-out file (see
- * dt_data_list_dir); _files: of a directory, also returning the file
- * boundaries (a path that is not a directory fails: nothing to split). */
-dt_status dt_text_load_path(const char *path, const char *hold_out, dt_token_dataset *out);
-dt_status dt_text_load_files(const char *dir, const char *hold_out, dt_token_dataset *out, dt_text_files *files);
-/* token_part.c: keeps in tr (the training tokens, a prefix of the stream f
- * describes) the files of part `rank` of `world` (file k -> part k % world).
- * Fails on every part alike, naming the part, when some part would get
- * fewer than T + 1 tokens. */
-dt_status dt_tokens_keep_part(dt_token_dataset *tr, const dt_text_files *f, int rank, int world, int T,
-                              const char *path);
-
+/* token_part.c: the training split of part `rank` of `world` from all (the
+ * whole stream; its first n_tr tokens are for training). By file (keep_part:
+ * file k -> part k % world, each clipped to n_tr) or by range (keep_range:
+ * dt_part_range of the n_tr tokens). Both fail on every part alike, naming
+ * the part, when some part would get fewer than T + 1 tokens. */
+dt_status dt_tokens_keep_part(const dt_token_stream *all, int64_t n_tr, int rank, int world, int T, const char *path,
+                              dt_token_stream *out);
+dt_status dt_tokens_keep_range(const dt_token_stream *all, int64_t n_tr, int rank, int world, int T,
+                               const char *path, dt_token_stream *out);
 /* part.c: part `rank` of `world` of n items in one sequence, [*a, *b):
  * contiguous, sized in proportion to rank + 1 (data.h's uneven split). */
 void dt_part_range(int64_t n, int rank, int world, int64_t *a, int64_t *b);
-/* token_part.c: keeps in tr (the training tokens of one file) part `rank`
- * of `world` by dt_part_range; fails on every part alike, naming the part,
- * when some part would get fewer than T + 1 tokens. */
-dt_status dt_tokens_keep_range(dt_token_dataset *tr, int rank, int world, int T, const char *path);
-/* shard_dir.c: llm.c shards from a file or a directory of *.bin shards (name
- * order, concatenated, without the held-out file); _files also returns where
- * each shard ends. */
-dt_status dt_token_shard_load_path(const char *path, const char *hold_out, dt_token_dataset *out);
-dt_status dt_token_shard_load_files(const char *dir, const char *hold_out, dt_token_dataset *out, dt_text_files *files);
 
-/* Token-window datasets (text, shard): reads path (and o->val_path) with
- * load, holds out the last 10% when there is no val_path, and checks there is
- * at least one training window of o->seq + 1 tokens. With o->part_world > 1
- * the training split of a directory is cut by file (load_files), that of one
- * file into ranges (dt_tokens_keep_range). A val_path inside the training
- * directory is held out of training (hold_out); one that is the training
- * directory or file itself is refused. */
-typedef dt_status (*dt_token_load_fn)(const char *path, const char *hold_out, dt_token_dataset *out);
-typedef dt_status (*dt_token_load_files_fn)(const char *path, const char *hold_out, dt_token_dataset *out,
-                                            dt_text_files *files);
-dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_load_fn load,
-                                 dt_token_load_files_fn load_files, dt_dataset *out);
+/* Token-window datasets (text, shard): opens path (and o->val_path) with
+ * open, holds out the last 10% when there is no val_path, and checks there
+ * is at least one training window of o->seq + 1 tokens. With o->part_world
+ * > 1 the training split of a directory is cut by file, that of one file
+ * into ranges. A val_path inside the training directory is held out of
+ * training; one that is the training directory or file itself is refused. */
+dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_open_fn open,
+                                 dt_dataset *out);
 #endif

@@ -4,5 +4,5 @@
 
 dt_status dt_dataset_open_shard(const dt_dataset_opts *o, dt_dataset *out) {
     if (!o->path) return DT_ERR(DT_EINVAL, "train.data shard needs train.data_path FILE.bin or a directory of them");
-    return dt_dataset_open_tokens(o->path, o, dt_token_shard_load_path, dt_token_shard_load_files, out);
+    return dt_dataset_open_tokens(o->path, o, dt_token_shard_open, out);
 }

@@ -1,5 +1,7 @@
 /* Token-window datasets (shared by text and shard): sample i of a split is
- * x = tokens[i*T .. i*T+T), y = the same shifted by one; int32 [T] each. */
+ * x = tokens[i*T .. i*T+T), y = the same shifted by one; int32 [T] each.
+ * The splits are streams of views (token_stream.c): nothing is copied to
+ * hold out the tail or to keep a rank's part. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,34 +9,21 @@
 #include <sys/stat.h>
 #include "dataset_internal.h"
 
-typedef struct tokens { dt_token_dataset split[2]; int T; } tokens;   /* [DT_SPLIT_TRAIN], [DT_SPLIT_EVAL] */
+/* [DT_SPLIT_TRAIN], [DT_SPLIT_EVAL]: views into store */
+typedef struct tokens { dt_token_store store; dt_token_stream split[2]; int T; } tokens;
 
 static void tok_fill(const void *self, dt_split sp, const int64_t *idx, int64_t n, void *const *x, int32_t *y) {
     const tokens *t = self;
-    dt_token_batch(&t->split[sp], idx, n, t->T, x[0], y);
+    dt_token_stream_batch(&t->split[sp], idx, n, t->T, x[0], y);
 }
 
 static void tok_destroy(void *self) {
     tokens *t = self;
     if (!t) return;
-    dt_token_dataset_free(&t->split[0]);
-    dt_token_dataset_free(&t->split[1]);
+    dt_token_stream_free(&t->split[0]);
+    dt_token_stream_free(&t->split[1]);
+    dt_token_store_free(&t->store);
     free(t);
-}
-
-/* all -> train = first 90%, eval = a copy of the last 10% (all's buffer becomes train's). */
-static dt_status split_tail(dt_token_dataset *all, tokens *t) {
-    int64_t n_val = all->n_tokens / 10, n_tr = all->n_tokens - n_val;
-    dt_token_dataset *tr = &t->split[DT_SPLIT_TRAIN], *va = &t->split[DT_SPLIT_EVAL];
-    *tr = *all;
-    tr->n_tokens = n_tr;
-    memset(all, 0, sizeof *all);
-    va->tokens = malloc((size_t)(n_val ? n_val : 1) * sizeof(uint16_t));
-    if (!va->tokens) return DT_ERR(DT_ENOMEM, "out of memory");
-    memcpy(va->tokens, tr->tokens + n_tr, (size_t)n_val * sizeof(uint16_t));
-    va->n_tokens = n_val;
-    va->vocab = tr->vocab;
-    return DT_OK;
 }
 
 /* Training on the validation data would make its loss meaningless: the
@@ -58,8 +47,8 @@ static dt_status val_apart(const char *path, const char *val_path) {
     return DT_OK;
 }
 
-dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_load_fn load,
-                                 dt_token_load_files_fn load_files, dt_dataset *out) {
+dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_open_fn open,
+                                 dt_dataset *out) {
     if (o->seq <= 0 || o->seq > INT_MAX)
         return DT_ERR(DT_EINVAL, "train.seq %lld: token data needs a positive sequence length", (long long)o->seq);
     int split = o->part_world > 1;
@@ -68,24 +57,27 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
     tokens *t = calloc(1, sizeof *t);
     if (!t) return DT_ERR(DT_ENOMEM, "out of memory");
     t->T = (int)o->seq;
-    dt_token_dataset all = {0};
-    dt_text_files files = {0};
+    dt_token_stream all = {0};
     dt_status s = o->val_path && !o->eval_only ? val_apart(path, o->val_path) : DT_OK;
     /* a validation file inside the training directory is held out of training */
-    if (s == DT_OK) s = by_file ? load_files(path, o->val_path, &all, &files) : load(path, o->val_path, &all);
+    if (s == DT_OK) s = open(path, o->val_path, &t->store, &all);
+    int64_t n_tr = all.n_tokens;   /* the training split: the first n_tr tokens of all */
     if (s == DT_OK && o->val_path) {
-        t->split[DT_SPLIT_TRAIN] = all;
-        s = load(o->val_path, NULL, &t->split[DT_SPLIT_EVAL]);
-    } else if (s == DT_OK) {
-        s = split_tail(&all, t);
+        s = open(o->val_path, NULL, &t->store, &t->split[DT_SPLIT_EVAL]);
+    } else if (s == DT_OK) {   /* the last 10% */
+        n_tr = all.n_tokens - all.n_tokens / 10;
+        s = dt_token_stream_slice(&all, n_tr, all.n_tokens, &t->split[DT_SPLIT_EVAL], path);
     }
+    dt_token_stream *train = &t->split[DT_SPLIT_TRAIN];
     if (s == DT_OK && by_file)   /* the eval split stays whole: the same on every rank */
-        s = dt_tokens_keep_part(&t->split[DT_SPLIT_TRAIN], &files, o->part_rank, o->part_world, t->T, path);
+        s = dt_tokens_keep_part(&all, n_tr, o->part_rank, o->part_world, t->T, path, train);
     else if (s == DT_OK && split)
-        s = dt_tokens_keep_range(&t->split[DT_SPLIT_TRAIN], o->part_rank, o->part_world, t->T, path);
-    dt_text_files_free(&files);
-    const dt_token_dataset *tr = &t->split[DT_SPLIT_TRAIN], *va = &t->split[DT_SPLIT_EVAL];
-    if (s == DT_OK && dt_token_windows(tr, t->T) < 1)
+        s = dt_tokens_keep_range(&all, n_tr, o->part_rank, o->part_world, t->T, path, train);
+    else if (s == DT_OK)
+        s = dt_token_stream_slice(&all, 0, n_tr, train, path);
+    dt_token_stream_free(&all);
+    const dt_token_stream *tr = &t->split[DT_SPLIT_TRAIN], *va = &t->split[DT_SPLIT_EVAL];
+    if (s == DT_OK && dt_token_stream_windows(tr, t->T) < 1)
         s = DT_ERR(DT_EINVAL, "%s: data too short: %lld training tokens for sequence length %d", path,
                    (long long)tr->n_tokens, t->T);
     if (s != DT_OK) { tok_destroy(t); return s; }
@@ -96,8 +88,8 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
     int64_t vocab = tr->vocab > va->vocab ? tr->vocab : va->vocab;
     out->sample = (dt_sample_shape){.n_inputs = 1, .targets = t->T, .classes = vocab};
     out->sample.in[0] = (dt_input_spec){.name = "ids", .dtype = DT_I32, .ndim = 1, .dims = {t->T}};
-    out->size[DT_SPLIT_TRAIN] = dt_token_windows(tr, t->T);
-    out->size[DT_SPLIT_EVAL] = dt_token_windows(va, t->T);
+    out->size[DT_SPLIT_TRAIN] = dt_token_stream_windows(tr, t->T);
+    out->size[DT_SPLIT_EVAL] = dt_token_stream_windows(va, t->T);
     out->unit = "tokens";
     out->rate_unit = "tok/s";
     out->eval_name = "validation";

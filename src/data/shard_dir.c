@@ -1,10 +1,7 @@
-/* llm.c token shards from a directory: every file named *.bin, in
- * strcmp order of names (train_000.bin, train_001.bin, ...), concatenated
- * into one token stream (list_dir.c: links to files count, each file once,
- * never the validation file); a path that is a file is that one shard. */
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
+/* llm.c token shards from a file or a directory: every file named *.bin, in
+ * strcmp order of names (train_000.bin, train_001.bin, ...), one mapped piece
+ * each of one token stream (list_dir.c: links to files count, each file once,
+ * never the validation file). */
 #include <string.h>
 #include <sys/stat.h>
 #include "dataset_internal.h"
@@ -25,43 +22,20 @@ static dt_status list_shards(const char *dir, const char *hold_out, char ***out,
                   held ? " besides the validation file" : "");
 }
 
-dt_status dt_token_shard_load_files(const char *dir, const char *hold_out, dt_token_dataset *out, dt_text_files *files) {
+dt_status dt_token_shard_open(const char *path, const char *hold_out, dt_token_store *st, dt_token_stream *out) {
     memset(out, 0, sizeof *out);
-    memset(files, 0, sizeof *files);
-    char **names;
-    int n;
-    DT_TRY(list_shards(dir, hold_out, &names, &n));
-    dt_status st = (files->end = malloc((size_t)n * sizeof *files->end)) ? DT_OK
-                 : DT_ERR(DT_ENOMEM, "%s: out of memory", dir);
-    for (int i = 0; i < n && st == DT_OK; i++) {
-        dt_token_dataset one;
-        st = dt_token_shard_load(names[i], &one);
-        if (st != DT_OK) break;
-        uint16_t *t = realloc(out->tokens, (size_t)(out->n_tokens + one.n_tokens) * sizeof *t);
-        if (!t) {
-            st = DT_ERR(DT_ENOMEM, "%s: out of memory (%lld tokens)", names[i], (long long)(out->n_tokens + one.n_tokens));
-        } else {
-            memcpy(t + out->n_tokens, one.tokens, (size_t)one.n_tokens * sizeof *t);
-            out->tokens = t;
-            out->n_tokens += one.n_tokens;
-            if (one.vocab > out->vocab) out->vocab = one.vocab;
-            files->end[files->n++] = out->n_tokens;
-        }
-        dt_token_dataset_free(&one);
-    }
-    dt_data_names_free(names, n);
-    if (st != DT_OK) {
-        dt_token_dataset_free(out);
-        dt_text_files_free(files);
-    }
-    return st;
-}
-
-dt_status dt_token_shard_load_path(const char *path, const char *hold_out, dt_token_dataset *out) {
     struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return dt_token_shard_load(path, out);
-    dt_text_files files;
-    dt_status st = dt_token_shard_load_files(path, hold_out, out, &files);
-    dt_text_files_free(&files);
-    return st;
+    dt_status s;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        s = dt_token_shard_map(path, st, out);   /* (names a missing path) */
+    } else {
+        char **names;
+        int n;
+        DT_TRY(list_shards(path, hold_out, &names, &n));
+        s = DT_OK;
+        for (int i = 0; i < n && s == DT_OK; i++) s = dt_token_shard_map(names[i], st, out);
+        dt_data_names_free(names, n);
+    }
+    if (s != DT_OK) dt_token_stream_free(out);
+    return s;
 }

@@ -4,7 +4,7 @@
  * Directory rules (list_dir.c): regular files and links to one, each file
  * once, in name order, but not names ending in ".dat" (fortune index files)
  * or ".u8" (fortune dirs' UTF-8 twins); subdirectories are not descended.
- * Also here: the generic token-dataset helpers (free, windows, batch). */
+ * Also here: the public one-buffer token-dataset helpers (free, windows, batch). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,13 +57,13 @@ static int ends_with(const char *s, const char *suffix) {
     return ls >= lx && memcmp(s + ls - lx, suffix, lx) == 0;
 }
 
-/* files (may be NULL): room for one more end offset */
-static dt_status files_reserve(dt_text_files *f, int *cap, const char *dir) {
-    if (!f || f->n < *cap) return DT_OK;
+/* ends (may be NULL): room for one more end offset */
+static dt_status ends_reserve(int64_t **ends, int n, int *cap, const char *dir) {
+    if (!ends || n < *cap) return DT_OK;
     int nc = *cap ? 2 * *cap : 64;
-    int64_t *e = realloc(f->end, (size_t)nc * sizeof *e);
+    int64_t *e = realloc(*ends, (size_t)nc * sizeof *e);
     if (!e) return DT_ERR(DT_ENOMEM, "%s: out of memory listing directory", dir);
-    f->end = e;
+    *ends = e;
     *cap = nc;
     return DT_OK;
 }
@@ -71,8 +71,8 @@ static dt_status files_reserve(dt_text_files *f, int *cap, const char *dir) {
 static int text_name(const char *nm) { return !ends_with(nm, ".dat") && !ends_with(nm, ".u8"); }
 
 /* Append every eligible file of dir (not hold_out), in strcmp order of
- * names; files (may be NULL) gets where each one ends in b. */
-static dt_status text_append_dir(tokbuf *b, const char *dir, const char *hold_out, dt_text_files *files) {
+ * names; ends (may be NULL) gets where each one ends in b, *n_files of them. */
+static dt_status text_append_dir(tokbuf *b, const char *dir, const char *hold_out, int64_t **ends, int *n_files) {
     char **names;
     int n;
     DT_TRY(dt_data_list_dir(dir, text_name, hold_out, &names, &n, NULL));
@@ -80,61 +80,70 @@ static dt_status text_append_dir(tokbuf *b, const char *dir, const char *hold_ou
     int cap = 0;
     for (int i = 0; i < n && st == DT_OK; i++) {
         st = text_append_file(b, names[i]);
-        if (st == DT_OK) st = files_reserve(files, &cap, dir);
-        if (st == DT_OK && files) files->end[files->n++] = b->n;
+        if (st == DT_OK) st = ends_reserve(ends, *n_files, &cap, dir);
+        if (st == DT_OK && ends) (*ends)[(*n_files)++] = b->n;
     }
     dt_data_names_free(names, n);
     return st;
 }
 
-dt_status dt_text_load(const char *path, dt_token_dataset *out) { return dt_text_load_path(path, NULL, out); }
-
-dt_status dt_text_load_path(const char *path, const char *hold_out, dt_token_dataset *out) {
-    if (!path || !out) return DT_ERR(DT_EINVAL, "dt_text_load: NULL argument");
-    memset(out, 0, sizeof *out);
+dt_status dt_text_read(const char *path, const char *hold_out, uint16_t **ids, int64_t *n, int64_t **ends,
+                       int *n_files) {
+    *ids = NULL;
+    *n = 0;
+    if (ends) *ends = NULL;
+    *n_files = 0;
     struct stat sb;
     if (stat(path, &sb) != 0) return DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
     tokbuf b = {0};
     dt_status st;
-    if (S_ISDIR(sb.st_mode)) st = text_append_dir(&b, path, hold_out, NULL);
-    else if (S_ISREG(sb.st_mode)) st = text_append_file(&b, path);
-    else st = DT_ERR(DT_EINVAL, "%s: not a regular file or directory", path);
+    if (S_ISDIR(sb.st_mode)) {
+        st = text_append_dir(&b, path, hold_out, ends, n_files);
+    } else if (S_ISREG(sb.st_mode)) {
+        st = text_append_file(&b, path);
+        if (st == DT_OK && ends) st = (*ends = malloc(sizeof **ends)) ? DT_OK : DT_ERR(DT_ENOMEM, "out of memory");
+        if (st == DT_OK && ends) (*ends)[(*n_files)++] = b.n;
+    } else {
+        st = DT_ERR(DT_EINVAL, "%s: not a regular file or directory", path);
+    }
     if (st == DT_OK && b.n == 0)
         st = DT_ERR(DT_EFORMAT, "%s: no text data (empty file or no eligible files)", path);
     if (st != DT_OK) {
         free(b.v);
+        if (ends) { free(*ends); *ends = NULL; }
+        *n_files = 0;
         return st;
     }
-    out->tokens = b.v;
-    out->n_tokens = b.n;
-    out->vocab = 256;
+    *ids = b.v;
+    *n = b.n;
     return DT_OK;
 }
 
-dt_status dt_text_load_files(const char *dir, const char *hold_out, dt_token_dataset *out, dt_text_files *files) {
+dt_status dt_text_load(const char *path, dt_token_dataset *out) {
+    if (!path || !out) return DT_ERR(DT_EINVAL, "dt_text_load: NULL argument");
     memset(out, 0, sizeof *out);
-    memset(files, 0, sizeof *files);
-    struct stat sb;
-    if (stat(dir, &sb) != 0) return DT_ERR(DT_EIO, "%s: cannot stat: %s", dir, strerror(errno));
-    if (!S_ISDIR(sb.st_mode))
-        return DT_ERR(DT_EINVAL, "%s: not a directory (an uneven split gives each rank whole files of a directory)", dir);
-    tokbuf b = {0};
-    dt_status st = text_append_dir(&b, dir, hold_out, files);
-    if (st == DT_OK && b.n == 0) st = DT_ERR(DT_EFORMAT, "%s: no text data (no eligible files)", dir);
-    if (st != DT_OK) {
-        free(b.v);
-        dt_text_files_free(files);
-        return st;
-    }
-    out->tokens = b.v;
-    out->n_tokens = b.n;
+    int n_files;
+    DT_TRY(dt_text_read(path, NULL, &out->tokens, &out->n_tokens, NULL, &n_files));
     out->vocab = 256;
     return DT_OK;
 }
 
-void dt_text_files_free(dt_text_files *f) {
-    free(f->end);
-    memset(f, 0, sizeof *f);
+/* the text as one owned buffer, one piece per file */
+dt_status dt_text_open(const char *path, const char *hold_out, dt_token_store *st, dt_token_stream *out) {
+    memset(out, 0, sizeof *out);
+    uint16_t *ids;
+    int64_t n, *ends;
+    int n_files;
+    DT_TRY(dt_text_read(path, hold_out, &ids, &n, &ends, &n_files));
+    dt_status s = dt_token_store_add(st, ids, 0, path);
+    for (int k = 0; k < n_files && s == DT_OK; k++) {
+        int64_t a = k ? ends[k - 1] : 0;
+        s = dt_token_stream_push(out, ids + a, ends[k] - a, path);
+    }
+    free(ends);
+    out->vocab = 256;
+    if (s != DT_OK) dt_token_stream_free(out);
+    return s;
 }
 
 void dt_token_dataset_free(dt_token_dataset *d) {

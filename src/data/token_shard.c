@@ -12,13 +12,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "dtrain/data.h"
+#include "dataset_internal.h"
 #include "util/atomic_file.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
-#define SHARD_HDR_INTS 256
-#define SHARD_HDR_BYTES (SHARD_HDR_INTS * 4)
+#define SHARD_HDR_BYTES DT_SHARD_HDR_BYTES   /* 256 int32 */
 #define SHARD_CHUNK 65536   /* tokens per read/write chunk */
 
 static int32_t le32(const uint8_t *p) {
@@ -28,6 +27,20 @@ static int32_t le32(const uint8_t *p) {
 static void put_le32(uint8_t *p, int32_t v) {
     uint32_t u = (uint32_t)v;
     p[0] = (uint8_t)u; p[1] = (uint8_t)(u >> 8); p[2] = (uint8_t)(u >> 16); p[3] = (uint8_t)(u >> 24);
+}
+
+dt_status dt_token_shard_header(const char *path, const uint8_t *hdr, int64_t size, int64_t *n) {
+    int32_t magic = le32(hdr), version = le32(hdr + 4), n32 = le32(hdr + 8);
+    if (magic != SHARD_MAGIC) return DT_ERR(DT_EFORMAT, "%s: bad magic %d (expected %d)", path, magic, SHARD_MAGIC);
+    if (version != SHARD_VERSION)
+        return DT_ERR(DT_EFORMAT, "%s: unsupported version %d (expected %d)", path, version, SHARD_VERSION);
+    if (n32 <= 0) return DT_ERR(DT_EFORMAT, "%s: bad token count %d in header", path, n32);
+    int64_t expect = SHARD_HDR_BYTES + 2 * (int64_t)n32;
+    if (size != expect)
+        return DT_ERR(DT_EFORMAT, "%s: size mismatch: header says %lld tokens (%lld bytes), file has %lld bytes",
+                      path, (long long)n32, (long long)expect, (long long)size);
+    *n = n32;
+    return DT_OK;
 }
 
 dt_status dt_token_shard_load(const char *path, dt_token_dataset *out) {
@@ -57,25 +70,9 @@ dt_status dt_token_shard_load(const char *path, dt_token_dataset *out) {
         st = DT_ERR(DT_EIO, "%s: cannot read header", path);
         goto done;
     }
-    int32_t magic = le32(hdr), version = le32(hdr + 4), n32 = le32(hdr + 8);
-    if (magic != SHARD_MAGIC) {
-        st = DT_ERR(DT_EFORMAT, "%s: bad magic %d (expected %d)", path, magic, SHARD_MAGIC);
-        goto done;
-    }
-    if (version != SHARD_VERSION) {
-        st = DT_ERR(DT_EFORMAT, "%s: unsupported version %d (expected %d)", path, version, SHARD_VERSION);
-        goto done;
-    }
-    if (n32 <= 0) {
-        st = DT_ERR(DT_EFORMAT, "%s: bad token count %d in header", path, n32);
-        goto done;
-    }
-    int64_t n = n32, expect = SHARD_HDR_BYTES + 2 * n;
-    if (size != expect) {
-        st = DT_ERR(DT_EFORMAT, "%s: size mismatch: header says %lld tokens (%lld bytes), file has %lld bytes",
-                    path, (long long)n, (long long)expect, (long long)size);
-        goto done;
-    }
+    int64_t n;
+    st = dt_token_shard_header(path, hdr, size, &n);
+    if (st != DT_OK) goto done;
     tok = malloc((size_t)n * sizeof *tok);
     if (!tok) {
         st = DT_ERR(DT_ENOMEM, "%s: out of memory for %lld tokens", path, (long long)n);

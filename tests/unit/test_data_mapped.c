@@ -1,0 +1,213 @@
+/* Token shards are read where they lie (mapped read-only), not copied: a
+ * rank's own (anonymous) memory stays flat while a directory of shards is
+ * opened and batches are drawn from it. The windows still read the
+ * concatenated stream: across shard boundaries (one window across three
+ * shards), in the held-out tail, in each rank's files and in a file's
+ * ranges. Expected tokens come from the formula the shards were written
+ * with, never from the reader. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dtrain/data.h"
+#include "tmpdir.h"
+
+static char g_dir[256];
+
+static int group_setup(void **state) {
+    (void)state;
+    return dt_test_tmpdir(g_dir, sizeof g_dir, "mapped");
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    dt_test_rm_rf(g_dir);
+    return 0;
+}
+
+/* token at position i of the whole stream */
+static uint16_t tok_at(int64_t i) { return (uint16_t)((i * 7919 + 13) % 50021); }
+
+/* dir/name holding tokens [first, first + n) of the stream */
+static void write_shard(const char *dir, const char *name, int64_t first, int64_t n) {
+    uint16_t *v = malloc((size_t)n * sizeof *v);
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++) v[i] = tok_at(first + i);
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    assert_int_equal(dt_token_shard_write(path, v, n), DT_OK);
+    free(v);
+}
+
+static void make_dir(char *out, size_t n, const char *name) {
+    snprintf(out, n, "%s/%s", g_dir, name);
+    assert_int_equal(mkdir(out, 0755), 0);
+}
+
+/* Window w of split sp must be positions pos(0..T) of the stream. */
+static void assert_window(const dt_dataset *d, dt_split sp, int64_t w, int T, int64_t (*pos)(int64_t)) {
+    int32_t x[64], y[64];
+    assert_true(T <= 64);
+    void *xs[1] = {x};
+    dt_dataset_batch(d, sp, &w, 1, xs, y);
+    for (int t = 0; t < T; t++) {
+        if (x[t] != tok_at(pos(w * T + t)) || y[t] != tok_at(pos(w * T + t + 1)))
+            fail_msg("split %d window %lld token %d: x %d y %d, expected %d %d", (int)sp, (long long)w, t, x[t], y[t],
+                     tok_at(pos(w * T + t)), tok_at(pos(w * T + t + 1)));
+    }
+}
+
+/* shards of 1000, 20, 2500 and 400 tokens: 3920 in all, the last 392 held
+ * out, so training is [0, 3528) */
+static int64_t pos_train(int64_t j) { return j; }
+static int64_t pos_eval(int64_t j) { return 3528 + j; }
+/* 2 parts by file: part 0 = files 0 and 2 = [0, 1000) ++ [1020, 3520);
+ * part 1 = files 1 and 3 = [1000, 1020) ++ [3520, 3528) */
+static int64_t pos_part0(int64_t j) { return j < 1000 ? j : 1020 + (j - 1000); }
+static int64_t pos_part1(int64_t j) { return j < 20 ? 1000 + j : 3520 + (j - 20); }
+
+static void test_windows_across_shards(void **state) {
+    (void)state;
+    char dir[512];
+    make_dir(dir, sizeof dir, "four");
+    write_shard(dir, "s0.bin", 0, 1000);
+    write_shard(dir, "s1.bin", 1000, 20);
+    write_shard(dir, "s2.bin", 1020, 2500);
+    write_shard(dir, "s3.bin", 3520, 400);
+    dt_dataset d;
+    dt_dataset_opts o = {.path = dir, .seq = 64};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 3527 / 64);
+    assert_int_equal(d.size[DT_SPLIT_EVAL], 391 / 64);
+    for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w++)   /* window 15 = [960, 1024]: shards 0, 1 and 2 */
+        assert_window(&d, DT_SPLIT_TRAIN, w, 64, pos_train);
+    for (int64_t w = 0; w < d.size[DT_SPLIT_EVAL]; w++) assert_window(&d, DT_SPLIT_EVAL, w, 64, pos_eval);
+    dt_dataset_close(&d);
+
+    o.seq = 8;
+    o.part_world = 2;
+    o.part_rank = 0;
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 3499 / 8);
+    for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w++) assert_window(&d, DT_SPLIT_TRAIN, w, 8, pos_part0);
+    dt_dataset_close(&d);
+    o.part_rank = 1;
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 27 / 8);   /* window 2 = [16, 24]: both of its files */
+    for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w++) assert_window(&d, DT_SPLIT_TRAIN, w, 8, pos_part1);
+    for (int64_t w = 0; w < d.size[DT_SPLIT_EVAL]; w++) assert_window(&d, DT_SPLIT_EVAL, w, 8, pos_eval);
+    dt_dataset_close(&d);
+}
+
+/* one file of 3000 tokens: training [0, 2700); 2 parts by range: [0, 900), [900, 2700) */
+static int64_t pos_range1(int64_t j) { return 900 + j; }
+
+static void test_ranges_of_one_shard(void **state) {
+    (void)state;
+    char dir[512], path[600];
+    make_dir(dir, sizeof dir, "one");
+    write_shard(dir, "all.bin", 0, 3000);
+    snprintf(path, sizeof path, "%s/all.bin", dir);
+    dt_dataset d;
+    dt_dataset_opts o = {.path = path, .seq = 16, .part_rank = 1, .part_world = 2};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 1799 / 16);
+    for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w++) assert_window(&d, DT_SPLIT_TRAIN, w, 16, pos_range1);
+    dt_dataset_close(&d);
+}
+
+/* kB of this process's resident memory from /proc/self/status: "RssAnon"
+ * (its own: heap, not file pages) or "VmRSS" (all of it); -1 unknown */
+static long status_kb(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':' && sscanf(line + n + 1, "%ld", &kb) == 1) break;
+    fclose(f);
+    return kb;
+}
+
+/* 4 shards x 8M tokens = 64 MB: copying them (what the reader did) adds
+ * 64 MB to the rank's own memory, and reading them through the mapping at
+ * open would add 64 MB of resident file pages; the rank keeps views, and
+ * drawing windows maps in only the pages they touch */
+static void test_shards_stay_out_of_rank_memory(void **state) {
+    (void)state;
+    if (status_kb("RssAnon") < 0 || status_kb("VmRSS") < 0) skip();   /* no /proc/self/status: cannot tell */
+    char dir[512];
+    make_dir(dir, sizeof dir, "big");
+    const int64_t per = 8 << 20;
+    char name[32];
+    for (int k = 0; k < 4; k++) {
+        snprintf(name, sizeof name, "big_%d.bin", k);
+        write_shard(dir, name, k * per, per);
+    }
+    long anon0 = status_kb("RssAnon"), rss0 = status_kb("VmRSS");
+    dt_dataset d;
+    dt_dataset_opts o = {.path = dir, .seq = 64};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    long anon_open = status_kb("RssAnon") - anon0, rss_open = status_kb("VmRSS") - rss0;
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], (4 * per - 4 * per / 10 - 1) / 64);
+    for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w += 997)   /* reading still works everywhere */
+        assert_window(&d, DT_SPLIT_TRAIN, w, 64, pos_train);
+    long anon_read = status_kb("RssAnon") - anon0;
+    dt_dataset_close(&d);
+    if (anon_open > 8 * 1024 || anon_read > 8 * 1024)
+        fail_msg("64 MB of shards grew the rank's own memory by %ld kB at open, %ld kB after reading", anon_open,
+                 anon_read);
+    if (rss_open > 8 * 1024) fail_msg("opening 64 MB of shards grew the resident set by %ld kB", rss_open);
+}
+
+/* The mapped reader's own checks name the file: a truncated header, a bad
+ * size, and a FIFO (refused at once, not waited on). */
+static void test_mapped_errors_name_the_file(void **state) {
+    (void)state;
+    char dir[512], path[600];
+    make_dir(dir, sizeof dir, "bad");
+    write_shard(dir, "a.bin", 0, 100);
+    snprintf(path, sizeof path, "%s/b.bin", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs("short", f);
+    fclose(f);
+    dt_dataset d;
+    dt_dataset_opts o = {.path = dir, .seq = 8};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_EFORMAT);
+    if (!strstr(dt_error_message(), "b.bin") || !strstr(dt_error_message(), "truncated"))
+        fail_msg("%s", dt_error_message());
+    f = fopen(path, "r+b");   /* a whole header claiming 100 tokens, and 3 bytes of them */
+    assert_non_null(f);
+    int32_t hdr[256] = {20240520, 1, 100};
+    assert_int_equal(fwrite(hdr, sizeof hdr, 1, f), 1);
+    fputs("abc", f);
+    fclose(f);
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_EFORMAT);
+    if (!strstr(dt_error_message(), "b.bin") || !strstr(dt_error_message(), "size mismatch"))
+        fail_msg("%s", dt_error_message());
+    snprintf(path, sizeof path, "%s/fifo.bin", g_dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    dt_dataset_opts fo = {.path = path, .seq = 8};
+    assert_int_equal(dt_dataset_open("shard", &fo, &d), DT_EINVAL);
+    if (!strstr(dt_error_message(), "fifo.bin") || !strstr(dt_error_message(), "not a regular file"))
+        fail_msg("%s", dt_error_message());
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_windows_across_shards),
+        cmocka_unit_test(test_ranges_of_one_shard),
+        cmocka_unit_test(test_shards_stay_out_of_rank_memory),
+        cmocka_unit_test(test_mapped_errors_name_the_file),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
