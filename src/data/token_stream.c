@@ -73,11 +73,15 @@ void dt_token_stream_batch(const dt_token_stream *s, const int64_t *idx, int64_t
         int k = piece_at(s, p);
         int64_t off = p - (s->end[k] - s->piece[k].n);
         int32_t *xr = x + i * (int64_t)T, *yr = y + i * (int64_t)T;
-        for (int t = 0; t <= T; t++) {   /* T+1 tokens: x takes 0..T-1, y 1..T */
-            while (off == s->piece[k].n) { k++; off = 0; }   /* (empty pieces too) */
-            int32_t v = s->piece[k].ids[off++];
-            if (t < T) xr[t] = v;
-            if (t > 0) yr[t - 1] = v;
+        /* window token j (0..T) goes to x[j] (j < T) and y[j - 1] (j > 0);
+         * copied as runs that lie in one piece each */
+        for (int64_t j = 0; j <= T; k++, off = 0) {
+            int64_t len = s->piece[k].n - off;
+            if (len > T + 1 - j) len = T + 1 - j;
+            const uint16_t *ids = s->piece[k].ids + off;
+            for (int64_t m = j; m < j + len && m < T; m++) xr[m] = ids[m - j];
+            for (int64_t m = j > 0 ? j : 1; m < j + len; m++) yr[m - 1] = ids[m - j];
+            j += len;
         }
     }
 }
