@@ -97,14 +97,17 @@ static void cnn_defaults(dt_model_cfg *c) {
 }
 
 static dt_status cnn_validate(const dt_model_cfg *c) {
-    if (c->cnn_c1 <= 0 || c->cnn_c2 <= 0 || c->cnn_fc <= 0 || c->cnn_classes <= 1)
-        return DT_ERR(DT_EINVAL, "cnn: channel, fc and class counts must be positive");
+    /* messages name the settings (arch.*), which the CLI shows as flags */
+    if (c->cnn_c1 <= 0 || c->cnn_c2 <= 0)
+        return DT_ERR(DT_EINVAL, "cnn: arch.channels %d,%d must be positive", c->cnn_c1, c->cnn_c2);
+    if (c->cnn_fc <= 0) return DT_ERR(DT_EINVAL, "cnn: arch.fc %d must be positive", c->cnn_fc);
+    if (c->cnn_classes <= 1) return DT_ERR(DT_EINVAL, "cnn: arch.classes %d: at least 2 are needed", c->cnn_classes);
     if (c->cnn_h < DT_CNN_MIN_SIDE || c->cnn_w < DT_CNN_MIN_SIDE || c->cnn_h > DT_CNN_MAX_SIDE || c->cnn_w > DT_CNN_MAX_SIDE)
         return DT_ERR(DT_EINVAL, "cnn: images of %dx%d: each side must be in %d..%d (two 2x2 max-pools)", c->cnn_h,
                       c->cnn_w, DT_CNN_MIN_SIDE, DT_CNN_MAX_SIDE);
     if ((int64_t)c->cnn_c2 * (c->cnn_h / 4) * (c->cnn_w / 4) > INT32_MAX)
-        return DT_ERR(DT_EINVAL, "cnn: %d channels of %dx%d images make fc1's input too wide", c->cnn_c2,
-                      c->cnn_h / 4, c->cnn_w / 4);
+        return DT_ERR(DT_EINVAL, "cnn: arch.channels' second count %d over %dx%d images makes fc1's input too wide",
+                      c->cnn_c2, c->cnn_h / 4, c->cnn_w / 4);
     return DT_OK;
 }
 

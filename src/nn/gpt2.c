@@ -278,14 +278,17 @@ static void gpt2_defaults(dt_model_cfg *c) {
 }
 
 static dt_status gpt2_validate(const dt_model_cfg *c) {
-    if (c->n_layer <= 0 || c->n_embd <= 0 || c->n_head <= 0 || c->vocab <= 0 || c->max_t <= 0)
-        return DT_ERR(DT_EINVAL, "gpt2: L, C, H, V and maxT must be positive");
+    /* messages name the settings (arch.*), which the CLI shows as flags */
+    const struct { const char *key; int v; } pos[] = {{"arch.layers", c->n_layer}, {"arch.embd", c->n_embd},
+        {"arch.heads", c->n_head}, {"arch.vocab", c->vocab}, {"arch.max_t", c->max_t}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v <= 0) return DT_ERR(DT_EINVAL, "gpt2: %s %d must be positive", pos[i].key, pos[i].v);
     if (c->n_embd % c->n_head)
-        return DT_ERR(DT_EINVAL, "gpt2: n_embd %d is not divisible by n_head %d", c->n_embd, c->n_head);
+        return DT_ERR(DT_EINVAL, "gpt2: arch.embd %d is not divisible by arch.heads %d", c->n_embd, c->n_head);
     if (c->vocab > 65536)
-        return DT_ERR(DT_EINVAL, "gpt2: vocab %d exceeds 65536 (tokens are uint16)", c->vocab);
-    if (c->dropout < 0 || c->dropout >= 1)
-        return DT_ERR(DT_EINVAL, "gpt2: dropout %g outside [0, 1)", c->dropout);
+        return DT_ERR(DT_EINVAL, "gpt2: arch.vocab %d exceeds 65536 (tokens are uint16)", c->vocab);
+    if (!(c->dropout >= 0 && c->dropout < 1))
+        return DT_ERR(DT_EINVAL, "gpt2: arch.dropout %g outside [0, 1)", c->dropout);
     if (c->tp_size > 1) {   /* tensor parallelism: heads and the MLP's 4C columns split T ways */
         if (c->n_head % c->tp_size)
             return DT_ERR(DT_EINVAL, "gpt2: arch.heads %d is not divisible by the tensor-parallel size tp.size %d "

@@ -47,12 +47,16 @@ static void mlp_defaults(dt_model_cfg *c) {
 }
 
 static dt_status mlp_validate(const dt_model_cfg *c) {
+    /* messages name the settings (arch.*), which the CLI shows as flags */
     if (c->mlp_in <= 0 || c->mlp_out <= 0)
-        return DT_ERR(DT_EINVAL, "mlp: input and output sizes must be positive");
+        return DT_ERR(DT_EINVAL, "mlp: arch.mlp_in %d and arch.mlp_out %d must be positive", c->mlp_in, c->mlp_out);
     if (c->mlp_n_hidden < 0 || c->mlp_n_hidden > DT_MLP_MAX_LAYERS)
-        return DT_ERR(DT_EINVAL, "mlp: 0..%d hidden layers supported, got %d", DT_MLP_MAX_LAYERS, c->mlp_n_hidden);
+        return DT_ERR(DT_EINVAL, "mlp: arch.hidden lists %d layers; 0..%d are supported", c->mlp_n_hidden,
+                      DT_MLP_MAX_LAYERS);
     for (int i = 0; i < c->mlp_n_hidden; i++)
-        if (c->mlp_hidden[i] <= 0) return DT_ERR(DT_EINVAL, "mlp: hidden layer %d has size %d", i, c->mlp_hidden[i]);
+        if (c->mlp_hidden[i] <= 0)
+            return DT_ERR(DT_EINVAL, "mlp: arch.hidden layer %d has size %d; sizes must be positive", i + 1,
+                          c->mlp_hidden[i]);
     return DT_OK;
 }
 

@@ -57,6 +57,11 @@ static void test_bad_flags(void **state) {
     /* the library names the models' settings (arch.max_t); the CLI writes their flags */
     expect_error("train --model gpt2 --seq 200 --steps 1", "--seq 200 must be in 1..128 (the model's --max-t)");
     expect_error("train --model cnn --channels 3", "--channels needs 2 values (C1,C2)");
+    /* the models' own checks name flags, not fields (they said n_embd, n_head, "L, C, H, V and maxT") */
+    expect_error("train --model gpt2 --embd 30 --heads 4 --steps 1", "gpt2: --embd 30 is not divisible by --heads 4");
+    expect_error("train --model gpt2 --layers 0 --steps 1", "gpt2: --layers 0 must be positive");
+    expect_error("train --model gpt2 --vocab 70000 --steps 1", "gpt2: --vocab 70000 exceeds 65536");
+    expect_error("train --model cnn --fc 0 --steps 1", "cnn: --fc 0 must be positive");
     expect_error("train --data imagenet", "unknown dataset 'imagenet' (fashion-mnist, text, shard)");
     expect_error("train --optim lion", "unknown optimizer 'lion'");
     expect_error("frobnicate", "unknown command");
