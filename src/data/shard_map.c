@@ -13,7 +13,10 @@
  * A shard must not be truncated in place while it is mapped (reading past a
  * file's new end raises SIGBUS); replacing it by rename, as
  * dt_token_shard_write does, is safe: the mapping keeps the old file.
- * Big-endian hosts read the file into memory (its ids are little-endian). */
+ * Big-endian hosts, and file systems that cannot map (FUSE with direct_io),
+ * read the file into memory instead (the ids are little-endian). One
+ * mapping per shard: vm.max_map_count (65530 by default) bounds a
+ * directory's shards. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -24,31 +27,36 @@
 #include <unistd.h>
 #include "dataset_internal.h"
 
+/* the shard read into memory the store owns (where it cannot be mapped) */
+static dt_status read_whole(const char *path, dt_token_store *st, dt_token_stream *out) {
+    dt_token_dataset d;
+    DT_TRY(dt_token_shard_load(path, &d));
+    DT_TRY(dt_token_store_add(st, d.tokens, 0, path));
+    DT_TRY(dt_token_stream_push(out, d.tokens, d.n_tokens, path));
+    if (d.vocab > out->vocab) out->vocab = d.vocab;
+    return DT_OK;
+}
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define SCAN_IDS (1 << 19)   /* ids per read of the vocabulary scan (1 MiB) */
+#define SCAN_IDS (1 << 16)   /* ids per read of the vocabulary scan (128 KiB, on the stack) */
 
 /* *vocab = the largest of the n ids after the header + 1, read with pread */
 static dt_status scan_vocab(int fd, const char *path, int64_t n, int *vocab) {
-    uint16_t *buf = malloc(SCAN_IDS * sizeof *buf);
-    if (!buf) return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
+    uint16_t buf[SCAN_IDS];
     uint16_t m = 0;
-    dt_status s = DT_OK;
-    for (int64_t i = 0; i < n && s == DT_OK;) {
+    for (int64_t i = 0; i < n;) {
         size_t want = (size_t)(n - i < SCAN_IDS ? n - i : SCAN_IDS) * sizeof *buf;
         ssize_t r = pread(fd, buf, want, (off_t)(DT_SHARD_HDR_BYTES + 2 * i));
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0 || r % 2) {   /* the file shrank (or failed) under us */
-            s = r < 0 ? DT_ERR(DT_EIO, "%s: read failed: %s", path, strerror(errno))
-                      : DT_ERR(DT_EFORMAT, "%s: truncated while reading: %lld of %lld tokens", path,
-                               (long long)i, (long long)n);
-            break;
-        }
+        if (r < 0) return DT_ERR(DT_EIO, "%s: read failed: %s", path, strerror(errno));
+        if (r == 0 || r % 2)   /* the file shrank under us */
+            return DT_ERR(DT_EFORMAT, "%s: truncated: expected %lld tokens, got %lld", path, (long long)n,
+                          (long long)i);
         for (ssize_t k = 0; k < r / 2; k++) m = buf[k] > m ? buf[k] : m;
         i += r / 2;
     }
-    free(buf);
     *vocab = m + 1;
-    return s;
+    return DT_OK;
 }
 
 dt_status dt_token_shard_map(const char *path, dt_token_store *st, dt_token_stream *out) {
@@ -70,11 +78,17 @@ dt_status dt_token_shard_map(const char *path, dt_token_store *st, dt_token_stre
     if (s == DT_OK) s = scan_vocab(fd, path, n, &vocab);
     void *base = MAP_FAILED;
     size_t len = (size_t)sb.st_size;
-    if (s == DT_OK && (base = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
-        s = DT_ERR(errno == ENOMEM ? DT_ENOMEM : DT_EIO, "%s: cannot map %lld bytes: %s", path, (long long)len,
-                   strerror(errno));
+    int unmappable = 0;   /* a file system without mmap (FUSE direct_io: ENODEV) is read instead */
+    /* private: read-only pages are the page cache's own, shared all the same */
+    if (s == DT_OK && (base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED) {
+        unmappable = errno == ENODEV;
+        if (!unmappable)
+            s = DT_ERR(errno == ENOMEM ? DT_ENOMEM : DT_EIO, "%s: cannot map %lld bytes: %s%s", path, (long long)len,
+                       strerror(errno), errno == ENOMEM ? " (one mapping per shard: see vm.max_map_count)" : "");
+    }
     close(fd);
     if (s != DT_OK) return s;
+    if (unmappable) return read_whole(path, st, out);
     /* windows are drawn at random: fault in the pages a window touches, not
      * the read-around block (matters once the data outgrows the page cache) */
     (void)posix_madvise(base, len, POSIX_MADV_RANDOM);   /* advice: failure costs only speed */
@@ -85,11 +99,6 @@ dt_status dt_token_shard_map(const char *path, dt_token_store *st, dt_token_stre
 }
 #else
 dt_status dt_token_shard_map(const char *path, dt_token_store *st, dt_token_stream *out) {
-    dt_token_dataset d;
-    DT_TRY(dt_token_shard_load(path, &d));
-    DT_TRY(dt_token_store_add(st, d.tokens, 0, path));
-    DT_TRY(dt_token_stream_push(out, d.tokens, d.n_tokens, path));
-    if (d.vocab > out->vocab) out->vocab = d.vocab;
-    return DT_OK;
+    return read_whole(path, st, out);
 }
 #endif

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "dtrain/data.h"
 #include "tmpdir.h"
@@ -90,6 +91,11 @@ static void test_windows_across_shards(void **state) {
         assert_window(&d, DT_SPLIT_TRAIN, w, 64, pos_train);
     for (int64_t w = 0; w < d.size[DT_SPLIT_EVAL]; w++) assert_window(&d, DT_SPLIT_EVAL, w, 64, pos_eval);
     dt_dataset_close(&d);
+    o.seq = 9;   /* window 110 = [990, 999]: its last token is shard 0's last */
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 3527 / 9);
+    for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w++) assert_window(&d, DT_SPLIT_TRAIN, w, 9, pos_train);
+    dt_dataset_close(&d);
 
     o.seq = 8;
     o.part_world = 2;
@@ -103,6 +109,74 @@ static void test_windows_across_shards(void **state) {
     assert_int_equal(d.size[DT_SPLIT_TRAIN], 27 / 8);   /* window 2 = [16, 24]: both of its files */
     for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w++) assert_window(&d, DT_SPLIT_TRAIN, w, 8, pos_part1);
     for (int64_t w = 0; w < d.size[DT_SPLIT_EVAL]; w++) assert_window(&d, DT_SPLIT_EVAL, w, 8, pos_eval);
+    dt_dataset_close(&d);
+}
+
+/* shards of 1000, 1000 and 50 tokens: 2050, the last 205 held out, training
+ * [0, 1845); 2 parts by file: part 0 = files 0 and 2, file 2 wholly held out
+ * (an empty piece); the eval split is [1845, 2050) on every part */
+static int64_t pos_held(int64_t j) { return 1845 + j; }
+
+static void test_file_wholly_held_out(void **state) {
+    (void)state;
+    char dir[512];
+    make_dir(dir, sizeof dir, "held");
+    write_shard(dir, "h0.bin", 0, 1000);
+    write_shard(dir, "h1.bin", 1000, 1000);
+    write_shard(dir, "h2.bin", 2000, 50);
+    dt_dataset d;
+    dt_dataset_opts o = {.path = dir, .seq = 16, .part_rank = 0, .part_world = 2};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 999 / 16);
+    for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w++) assert_window(&d, DT_SPLIT_TRAIN, w, 16, pos_train);
+    assert_int_equal(d.size[DT_SPLIT_EVAL], 204 / 16);
+    for (int64_t w = 0; w < d.size[DT_SPLIT_EVAL]; w++) assert_window(&d, DT_SPLIT_EVAL, w, 16, pos_held);
+    dt_dataset_close(&d);
+}
+
+/* A text directory's empty file is a piece of no tokens: a = "0123456789",
+ * b = "", c = "ABCDEFGHIJ", d = "klmnopqrst" (30 bytes, the last 3 held out);
+ * with T = 4 window 2 = "89ABC" crosses b; in 2 parts by file, part 1's
+ * files are b and d, so its first window starts past the empty piece. */
+static void text_file(const char *dir, const char *name, const char *bytes) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(bytes, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void assert_text_window(const dt_dataset *d, int64_t w, const char *want) {   /* want: T + 1 bytes */
+    int32_t x[4], y[4];
+    void *xs[1] = {x};
+    dt_dataset_batch(d, DT_SPLIT_TRAIN, &w, 1, xs, y);
+    for (int t = 0; t < 4; t++)
+        if (x[t] != want[t] || y[t] != want[t + 1])
+            fail_msg("window %lld token %d: x '%c' y '%c', expected '%c' '%c'", (long long)w, t, x[t], y[t], want[t],
+                     want[t + 1]);
+}
+
+static void test_empty_text_file(void **state) {
+    (void)state;
+    char dir[512];
+    make_dir(dir, sizeof dir, "text");
+    text_file(dir, "a", "0123456789");
+    text_file(dir, "b", "");
+    text_file(dir, "c", "ABCDEFGHIJ");
+    text_file(dir, "d", "klmnopqrst");
+    dt_dataset d;
+    dt_dataset_opts o = {.path = dir, .seq = 4};
+    assert_int_equal(dt_dataset_open("text", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 26 / 4);
+    const char *all = "0123456789ABCDEFGHIJklmnopq";
+    for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w++) assert_text_window(&d, w, all + 4 * w);
+    dt_dataset_close(&d);
+    o.part_world = 2;
+    o.part_rank = 1;   /* b (empty) and d's training part "klmnopq" */
+    assert_int_equal(dt_dataset_open("text", &o, &d), DT_OK);
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], 6 / 4);
+    assert_text_window(&d, 0, "klmno");
     dt_dataset_close(&d);
 }
 
@@ -197,7 +271,9 @@ static void test_mapped_errors_name_the_file(void **state) {
     snprintf(path, sizeof path, "%s/fifo.bin", g_dir);
     assert_int_equal(mkfifo(path, 0600), 0);
     dt_dataset_opts fo = {.path = path, .seq = 8};
+    alarm(10);   /* an open that waits for a writer fails the test (SIGALRM), not after ctest's timeout */
     assert_int_equal(dt_dataset_open("shard", &fo, &d), DT_EINVAL);
+    alarm(0);
     if (!strstr(dt_error_message(), "fifo.bin") || !strstr(dt_error_message(), "not a regular file"))
         fail_msg("%s", dt_error_message());
 }
@@ -205,6 +281,8 @@ static void test_mapped_errors_name_the_file(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_windows_across_shards),
+        cmocka_unit_test(test_file_wholly_held_out),
+        cmocka_unit_test(test_empty_text_file),
         cmocka_unit_test(test_ranges_of_one_shard),
         cmocka_unit_test(test_shards_stay_out_of_rank_memory),
         cmocka_unit_test(test_mapped_errors_name_the_file),
