@@ -25,13 +25,14 @@ typedef struct gen_flags {
 
 typedef struct gen_out { int text; int n; } gen_out;
 
+/* a token as it comes; a failed write (a full disk, a closed pipe) stops
+ * generation, and main reports it */
 static int print_token(int32_t tok, int i, void *user) {
     gen_out *o = user;
     if (o->text) putchar((unsigned char)tok);
     else printf("%s%d", i ? "," : "", (int)tok);
     o->n++;
-    fflush(stdout);
-    return 0;
+    return fflush(stdout) != 0 || ferror(stdout);
 }
 
 /* "1,2,3" -> ids (malloc'd); -1 with a message in err */
@@ -147,20 +148,18 @@ int dt_cli_generate(int argc, char **argv) {
             free(prompt);
             return 2;
         }
-    int32_t *out = malloc(((size_t)f.tokens + 1) * sizeof *out);
-    dt_model *m = NULL;
-    dt_status s = prompt && out ? DT_OK : DT_ERR(DT_ENOMEM, "out of memory");
+    dt_model *m = NULL;   /* (tokens are streamed through print_token, none kept) */
+    dt_status s = prompt ? DT_OK : DT_ERR(DT_ENOMEM, "out of memory");
     if (s == DT_OK) s = dt_model_create(&cm.cfg, 0, &m);
     if (s == DT_OK) s = dt_model_load_params(m, path);
     int text = byte_vocab && !f.ids;
     gen_out go = {.text = text};
     for (int i = 0; s == DT_OK && text && i < n_prompt; i++) putchar((unsigned char)prompt[i]);   /* the prompt, then what follows */
     dt_gen_opts o = {.temperature = f.temperature, .top_k = f.top_k, .seed = f.seed, .no_cache = f.no_cache};
-    if (s == DT_OK) s = dt_generate(m, prompt, n_prompt, f.tokens, &o, out, print_token, &go);
+    if (s == DT_OK) s = dt_generate(m, prompt, n_prompt, f.tokens, &o, NULL, print_token, &go);
     if (s == DT_OK || go.n) putchar('\n');
     fflush(stdout);
     dt_model_free(m);
     free(prompt);
-    free(out);
     return s == DT_OK ? 0 : fail(dt_error_message());
 }

@@ -1,4 +1,5 @@
 /* dtrain: command-line entry point. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include "dtrain/version.h"
@@ -15,9 +16,7 @@ static void usage(FILE *f) {
                "\n  dtrain --version   the version of dtrain (library and CLI)\n");
 }
 
-int main(int argc, char **argv) {
-    dt_blas_fix_core(argv);   /* may re-execute with OPENBLAS_CORETYPE set (ops.h) */
-    if (argc < 2) { usage(stderr); return 2; }
+static int run_command(int argc, char **argv) {
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) { printf("dtrain %s\n", DTRAIN_VERSION); return 0; }
     if (!strcmp(argv[1], "train")) return dt_cli_train(argc, argv, 0);
@@ -27,4 +26,17 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "plot")) return dt_cli_plot(argc, argv);
     fprintf(stderr, "dtrain: unknown command '%s' (train, eval, generate, inspect, plot)\n", argv[1]);
     return 2;
+}
+
+int main(int argc, char **argv) {
+    dt_blas_fix_core(argv);   /* may re-execute with OPENBLAS_CORETYPE set (ops.h) */
+    if (argc < 2) { usage(stderr); return 2; }
+    int rc = run_command(argc, argv);
+    /* what a command printed must have reached its destination: a full disk
+     * or a closed pipe under `dtrain generate > out.txt` is an error, not 0 */
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "dtrain: error: writing standard output: %s\n", errno ? strerror(errno) : "failed");
+        if (rc == 0) rc = 1;
+    }
+    return rc;
 }

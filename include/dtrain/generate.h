@@ -13,7 +13,8 @@
  *   DT_TRY(dt_generate(m, prompt, n_prompt, 100, &o, out, NULL, NULL));
  *
  * The same model, prompt and options give the same tokens (one generator,
- * seeded from o.seed, draws one uniform number per sampled token).
+ * seeded from o.seed, draws one uniform number per token drawn at a
+ * temperature above 0 with top_k other than 1; greedy picks draw none).
  */
 #ifndef DTRAIN_GENERATE_H
 #define DTRAIN_GENERATE_H
@@ -50,11 +51,13 @@ typedef struct dt_gen_opts {
                             for comparison); 0: the KV cache */
 } dt_gen_opts;
 
-/* One token from logits[V]: greedy at temperature 0, else a draw from
- * softmax(logits / temperature) restricted to the top_k largest (ties at the
- * k-th value broken by lower id), using one dt_rng_uniform of rng. scratch
- * holds 2 * V floats' room (NULL: allocated here). Returns the id, or -1 with
- * DT_EINVAL for a negative temperature or top_k, a NaN logit, V < 1. */
+/* One token from logits[V]: greedy at temperature 0 or top_k 1 (rng may be
+ * NULL then), else a draw from softmax(logits / temperature) restricted to
+ * the top_k largest (ties at the k-th value broken by lower id), using one
+ * dt_rng_uniform of rng; when the largest logit is infinite, the kept ids
+ * equal to it are drawn evenly. scratch holds 2 * V floats' room (NULL:
+ * allocated here). Returns the id, or -1 with DT_EINVAL for a negative or
+ * infinite temperature, a negative top_k, a NaN logit, V < 1. */
 int32_t dt_gen_pick(const float *logits, int V, float temperature, int top_k, dt_rng *rng, float *scratch);
 
 /* Called with each new token as it is chosen (i: 0 .. n_new-1); a non-zero
@@ -62,13 +65,16 @@ int32_t dt_gen_pick(const float *logits, int V, float temperature, int top_k, dt
 typedef int (*dt_gen_token_fn)(int32_t token, int i, void *user);
 
 /* Generates n_new tokens after prompt[0..n_prompt) (n_prompt >= 1: the model
- * needs a first token) into out[0..n_new), calling fn (optional) with each.
- * The context is arch.max_t (a longer prompt keeps its last max_t tokens):
+ * needs a first token) into out[0..n_new), calling fn (optional) with each;
+ * out may be NULL when fn is given (tokens streamed, none kept).
+ * The context is arch.max_t (a longer prompt keeps its last max_t tokens; a
+ * model of one's own, with o.no_cache, takes an "ids" input declared [-T]):
  * once the prompt and the tokens so far fill it,
  * the cache is refilled from the last max_t / 2 of them (positions restart at
  * 0; one prefix forward) and generation goes on, so n_new is unbounded and
  * the cost stays linear in it. DT_EINVAL naming the culprit: a prompt id
- * outside the vocabulary, bad options, a model without "ids" input. */
+ * outside the vocabulary, bad options, a model without "ids" input or
+ * without a context bound. */
 dt_status dt_generate(dt_model *m, const int32_t *prompt, int n_prompt, int n_new, const dt_gen_opts *o,
                       int32_t *out, dt_gen_token_fn fn, void *user);
 

@@ -83,7 +83,8 @@ void dt_adamw_step_range_bf16(const dt_optim_cfg *c, float lr, int decay, float 
 /* Sum of squares of x[0..n) in double (for the global grad norm; the caller
  * sums partial results across ranks / shards, then takes sqrt). */
 double dt_sumsq(const float *x, size_t n);
-/* Scale factor for clipping: min(1, max_norm / (norm + 1e-6)); 1 if max_norm <= 0. */
+/* Scale factor for clipping: min(1, max_norm / (norm + 1e-6)); 1 if max_norm <= 0,
+ * and 1 for a NaN norm (clipping cannot repair a NaN gradient). */
 float dt_clip_scale(double norm, float max_norm);
 
 /* ---- an optimizer over a flat buffer ----

@@ -10,6 +10,7 @@
  * Its arithmetic follows dt_op_attention (q pre-scaled by 1/sqrt(hs), fmaf
  * accumulation in position order), so the logits agree with a forward over
  * the whole prefix to rounding (GEMMs over 1 row instead of T). */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,7 +256,8 @@ static int desc(const void *a, const void *b) {
 }
 
 int32_t dt_gen_pick(const float *logits, int V, float temperature, int top_k, dt_rng *rng, float *scratch) {
-    if (!logits || V < 1 || !(temperature >= 0) || top_k < 0 || (temperature > 0 && !rng)) {
+    int greedy = temperature == 0 || top_k == 1;
+    if (!logits || V < 1 || !(temperature >= 0) || isinf(temperature) || top_k < 0 || (!greedy && !rng)) {
         DT_ERR(DT_EINVAL, "dt_gen_pick: bad arguments (V %d, temperature %g, top_k %d)", V, (double)temperature, top_k);
         return -1;
     }
@@ -264,7 +266,7 @@ int32_t dt_gen_pick(const float *logits, int V, float temperature, int top_k, dt
             DT_ERR(DT_EINVAL, "generate: logit %d is NaN (a corrupt or diverged model)", i);
             return -1;
         }
-    if (temperature == 0 || top_k == 1) {
+    if (greedy) {
         int best = 0;
         for (int i = 1; i < V; i++)
             if (logits[i] > logits[best]) best = i;
@@ -293,7 +295,11 @@ int32_t dt_gen_pick(const float *logits, int V, float temperature, int top_k, dt
     double sum = 0;
     for (int i = 0; i < V; i++) {
         int keep = logits[i] > kth || (logits[i] == kth && equal_left-- > 0);
-        w[i] = keep ? expf((logits[i] - mx) / temperature) : 0.0f;
+        /* an infinite largest logit (inf - inf is NaN): the kept ids equal to it
+         * share the draw evenly (+inf: they outweigh every finite one; all -inf:
+         * nothing tells the kept ones apart) */
+        float e = isinf(mx) ? (logits[i] == mx ? 1.0f : 0.0f) : expf((logits[i] - mx) / temperature);
+        w[i] = keep ? e : 0.0f;
         sum += w[i];
     }
     double u = (double)dt_rng_uniform(rng) * sum, acc = 0;
@@ -335,16 +341,32 @@ static dt_status refill(gen_state *st, int32_t tok) {
     return push(st, st->win, keep + 1);
 }
 
+/* The context: a built-in's sequence bound (gpt2: arch.max_t), else T of
+ * an "ids" input declared [-T] (at most T tokens); 0 when there is none. */
+static int context_of(const dt_model *m) {
+    int T = dt_model_cfg_max_seq(&m->cfg, NULL);
+    for (int k = 0; T < 1 && k < m->n_inputs; k++) {
+        const dt_input_spec *in = &m->inputs[k];
+        if (!strcmp(in->name, "ids") && in->dtype == DT_I32 && in->ndim == 1 && in->dims[0] < 0 &&
+            in->dims[0] >= -INT_MAX)
+            T = (int)-in->dims[0];
+    }
+    return T;
+}
+
 dt_status dt_generate(dt_model *m, const int32_t *prompt, int n_prompt, int n_new, const dt_gen_opts *o,
                       int32_t *out, dt_gen_token_fn fn, void *user) {
-    if (!m || !o || (n_new > 0 && !out) || n_new < 0)
-        return DT_ERR(DT_EINVAL, "dt_generate: bad arguments");
+    if (!m || !o || (n_new > 0 && !out && !fn) || n_new < 0)
+        return DT_ERR(DT_EINVAL, "dt_generate: bad arguments (n_new %d, out %s, fn %s)", n_new, out ? "given" : "NULL",
+                      fn ? "given" : "NULL");
     if (!prompt || n_prompt < 1) return DT_ERR(DT_EINVAL, "generate: the prompt is empty (the model needs a first token)");
     if (!(o->temperature >= 0) || !isfinite(o->temperature))
         return DT_ERR(DT_EINVAL, "generate: temperature %g must be 0 (greedy) or positive", (double)o->temperature);
     if (o->top_k < 0) return DT_ERR(DT_EINVAL, "generate: top_k %d must be 0 (all) or positive", o->top_k);
-    int V = (int)m->classes, T = dt_model_cfg_max_seq(&m->cfg, NULL);
-    if (V < 1 || T < 1) return DT_ERR(DT_EINVAL, "generate: model '%s' is not a sequence model with a vocabulary", m->name);
+    int V = (int)m->classes, T = context_of(m);
+    if (V < 1 || T < 1)
+        return DT_ERR(DT_EINVAL, "generate: model '%s' is not a sequence model with a vocabulary and a context bound "
+                      "(a built-in's arch.max_t, or an \"ids\" input declared [-T]: at most T tokens)", m->name);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return DT_ERR(DT_EINVAL, "generate: prompt token %d (id %d) is outside the vocabulary of %d (arch.vocab)",
@@ -365,7 +387,7 @@ dt_status dt_generate(dt_model *m, const int32_t *prompt, int n_prompt, int n_ne
     for (int i = 0; s == DT_OK && i < n_new; i++) {
         int32_t tok = dt_gen_pick(st.logits, V, o->temperature, o->top_k, &rng, st.logits + V);
         if (tok < 0) { s = dt_error_code(); break; }
-        out[i] = tok;
+        if (out) out[i] = tok;
         if ((fn && fn(tok, i, user)) || i == n_new - 1) break;
         s = st.n < st.cap ? push(&st, &tok, 1) : refill(&st, tok);
     }

@@ -5,7 +5,8 @@
 # the context (arch.max_t 32, refilled); sampling is the same for a seed and
 # differs for another; a vocabulary that is not bytes prints ids and takes
 # --prompt-ids; bad input is refused naming the flag. dtrain train
-# --sample-every prints samples while training that continue the text.
+# --sample-every prints samples while training that continue the text; a
+# full disk under its output is an error.
 # usage: test_generate_cli.sh DTRAIN_BINARY
 set -uo pipefail
 bin=$1
@@ -32,6 +33,15 @@ out2=$(gen --init "$tmp/rep.st" --prompt abc --tokens 60 --temperature 0 --no-ca
 [ "$out2" = "$out" ] && ok "--no-cache (whole prefix per token) gives the KV cache's tokens" || bad "--no-cache: got: $out2"
 out=$(gen --resume "$tmp/rep.st" --prompt fgh --tokens 12 --temperature 0.8 --seed 4)
 [ "$out" = "fghijabcdefghij" ] && ok "sampled at 0.8 from the trained model: $out" || bad "sampled: got: $out"
+
+# output that cannot be written (a full disk) is an error, not exit 0 with the text lost
+if [ -w /dev/full ]; then
+    err=$("$bin" generate --threads 1 --init "$tmp/rep.st" --prompt abc --tokens 60 2>&1 > /dev/full); rc=$?
+    [ $rc -eq 1 ] && [[ "$err" == *"writing standard output"* ]] && ok "generate > /dev/full: exit 1, $err" \
+        || bad "generate > /dev/full: want exit 1 naming the output, got (exit $rc): $err"
+else
+    echo "skip generate > /dev/full: no writable /dev/full"
+fi
 
 # sampling: the same seed gives the same text, another seed other text (a barely trained model)
 a=$(gen --init "$tmp/early.st" --prompt abc --tokens 80 --temperature 1 --top-k 0 --seed 7)

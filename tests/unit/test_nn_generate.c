@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 #include "dtrain/generate.h"
+#include "dtrain/ops.h"
 
 static dt_model *tiny_gpt2(int max_t, uint64_t seed) {
     dt_model_cfg c = dt_model_cfg_default(DT_MODEL_GPT2);
@@ -134,6 +135,59 @@ static void test_pick(void **state) {
     float nan[2] = {0, NAN};
     assert_int_equal(dt_gen_pick(nan, 2, 0, 0, NULL, NULL), -1);
     assert_non_null(strstr(dt_error_message(), "NaN"));
+    /* an infinite temperature is refused, as dt_generate refuses it */
+    assert_int_equal(dt_gen_pick(l, 6, INFINITY, 0, &r, NULL), -1);
+    assert_int_equal(dt_error_code(), DT_EINVAL);
+    /* top_k 1 is greedy: no generator needed */
+    assert_int_equal(dt_gen_pick(l, 6, 1.0f, 1, NULL, NULL), 1);
+    /* infinite logits (inf - inf is NaN in the softmax): +inf ids share the
+     * draw and outweigh the rest; all -inf: every kept id may come */
+    float inf[3] = {0, INFINITY, INFINITY}, ninf[3] = {-INFINITY, -INFINITY, -INFINITY};
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 400; i++) seen[dt_gen_pick(inf, 3, 1.0f, 0, &r, NULL)]++;
+    assert_int_equal(seen[0], 0);
+    assert_true(seen[1] > 100 && seen[2] > 100);
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 600; i++) seen[dt_gen_pick(ninf, 3, 1.0f, 0, &r, NULL)]++;
+    assert_true(seen[0] > 100 && seen[1] > 100 && seen[2] > 100);
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 400; i++) seen[dt_gen_pick(ninf, 3, 1.0f, 2, &r, NULL)]++;   /* top-2 of equals: ids 0, 1 */
+    assert_true(seen[0] > 100 && seen[1] > 100 && seen[2] == 0);
+}
+
+/* A model of one's own: a bigram table whose largest logit after id i is
+ * i + 1 (mod 50), taking "ids" declared [-8] (at most 8 tokens): greedy
+ * generation without a cache counts on, also past the 8-token context. */
+#define BV 50
+static dt_tensor *bigram_embed(dt_model *m, dt_graph *g, dt_tensor *x, const dt_batch *b, void *u) {
+    (void)x; (void)u;
+    const dt_tensor *ids = dt_batch_input(b, "ids", DT_I32, "bigram");
+    if (!ids || dt_module_enter(g, m->modules[0]) != DT_OK) return NULL;
+    int64_t shape[3] = {b->B, b->T, BV};
+    dt_tensor *y = dt_op_embedding(g, &m->modules[0]->params[0]->value, ids->data, b->B * b->T, 3, shape);
+    return dt_module_leave(g, m->modules[0]) == DT_OK ? y : NULL;
+}
+
+static void test_model_of_ones_own(void **state) {
+    (void)state;
+    dt_model *m = NULL;
+    assert_int_equal(dt_model_new("bigram", 1, &m), DT_OK);
+    assert_int_equal(dt_model_add_input(m, &(dt_input_spec){.name = "ids", .dtype = DT_I32, .ndim = 1, .dims = {-8},
+                                                            .int_limit = BV}), DT_OK);
+    dt_module *tab = dt_model_add_module(m, "tab");
+    assert_non_null(tab);
+    assert_non_null(dt_model_add_param(m, tab, "weight", 2, (int64_t[]){BV, BV}, DT_INIT_ZERO));
+    assert_int_equal(dt_model_add_block(m, "embed", bigram_embed, NULL, 0, NULL, 2, (int64_t[]){DT_DIM_SEQ, BV}),
+                     DT_OK);
+    assert_int_equal(dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, BV), DT_OK);
+    assert_int_equal(dt_model_build(m), DT_OK);
+    float *w = dt_f32(&dt_model_find_param(m, "tab.weight")->value);
+    for (int i = 0; i < BV; i++) w[i * BV + (i + 1) % BV] = 10.0f;
+    int32_t p[2] = {1, 2}, out[20];
+    dt_gen_opts o = {.no_cache = 1};
+    assert_int_equal(dt_generate(m, p, 2, 20, &o, out, NULL, NULL), DT_OK);
+    for (int i = 0; i < 20; i++) assert_int_equal(out[i], 3 + i);
+    dt_model_free(m);
 }
 
 static void test_errors_name_the_culprit(void **state) {
@@ -175,6 +229,11 @@ static void test_callback_stops(void **state) {
     assert_int_equal(dt_generate(m, prompt, NP, 10, &o, out, stop_at_3, seen), DT_OK);
     assert_memory_equal(out, seen, 3 * sizeof *out);
     assert_int_equal(seen[3], 0);
+    /* streamed only: out may be NULL when a callback takes the tokens */
+    int32_t streamed[10] = {0};
+    assert_int_equal(dt_generate(m, prompt, NP, 10, &o, NULL, stop_at_3, streamed), DT_OK);
+    assert_memory_equal(streamed, seen, 3 * sizeof *out);
+    assert_int_equal(dt_generate(m, prompt, NP, 10, &o, NULL, NULL, NULL), DT_EINVAL);   /* nowhere for them */
     dt_model_free(m);
 }
 
@@ -186,6 +245,7 @@ int main(void) {
         cmocka_unit_test(test_pick),
         cmocka_unit_test(test_errors_name_the_culprit),
         cmocka_unit_test(test_callback_stops),
+        cmocka_unit_test(test_model_of_ones_own),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
