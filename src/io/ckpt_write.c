@@ -1,5 +1,6 @@
 /* Writing a sharded set: per-rank shard files, then index.json (the commit
  * point), then removal of files that belong to other sets. */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -225,11 +226,35 @@ static dt_status build_index(const char *dir, const char *set, int world, int st
     return s;
 }
 
-/* Files named like a shard (or its temp file) or an index temp file, but not of `set`. */
+/* p past n >= 1 characters of `what` (isdigit / isxdigit), or NULL */
+static const char *skip_run(const char *p, int (*what)(int), int min, int max) {
+    int n = 0;
+    while (n < max && what((unsigned char)p[n])) n++;
+    return n >= min && !what((unsigned char)p[n]) ? p + n : NULL;
+}
+
+/* A name this writer makes: "shard-<step>-<8 hex>-r<rank>.safetensors", or
+ * its atomic temp file (+ ".tmp.<pid>.<n>"). Only those are removed: a
+ * user's "shard-notes.txt" in the directory is not dtrain's to delete. */
+static int is_shard_file(const char *name) {
+    const char *p = !strncmp(name, SHARD_PREFIX, strlen(SHARD_PREFIX)) ? name + strlen(SHARD_PREFIX) : NULL;
+    if (p) p = skip_run(p, isdigit, 1, 20);
+    if (p && *p == '-') p = skip_run(p + 1, isxdigit, 8, 8);
+    else p = NULL;
+    if (p && !strncmp(p, "-r", 2)) p = skip_run(p + 2, isdigit, 1, 10);
+    else p = NULL;
+    if (!p || strncmp(p, ".safetensors", 12)) return 0;
+    p += 12;
+    if (!*p) return 1;
+    if (strncmp(p, ".tmp.", 5) || !(p = skip_run(p + 5, isdigit, 1, 20)) || *p != '.') return 0;
+    return (p = skip_run(p + 1, isdigit, 1, 10)) && !*p;
+}
+
+/* Shards (or their temp files) of another set than `set`, and index temp files. */
 static int stale(const char *name, const char *set) {
     char keep[128];
     int n = snprintf(keep, sizeof keep, SHARD_PREFIX "%s-r", set);
-    if (!strncmp(name, SHARD_PREFIX, strlen(SHARD_PREFIX))) return strncmp(name, keep, (size_t)n) != 0;
+    if (is_shard_file(name)) return strncmp(name, keep, (size_t)n) != 0;
     return !strncmp(name, DT_CKPT_INDEX_NAME ".tmp.", strlen(DT_CKPT_INDEX_NAME ".tmp."));
 }
 

@@ -153,8 +153,21 @@ static void test_new_set_replaces_old(void **state) {
     snprintf(p, sizeof p, "%s/shard-%s-r0.safetensors.tmp.1.0", dir, s1);   /* a dead temp file */
     FILE *f = fopen(p, "w");
     fclose(f);
+    /* files of the user's that merely start like a shard stay */
+    const char *users[] = {"shard-000.bin", "shard-notes.txt", "shard-3-1111111-r0.safetensors",
+                           "shard-3-11111111-r0.safetensors.bak", "shard-3-11111111-r0.safetensors.tmp.x"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, users[i]);
+        assert_non_null(f = fopen(p, "w"));
+        fclose(f);
+    }
     write_set(dir, s2, GOOD);
-    assert_int_equal(count_files(dir), 4);
+    assert_int_equal(count_files(dir), 4 + 5);
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, users[i]);
+        if (access(p, F_OK) != 0) fail_msg("a save removed the user's file %s", users[i]);
+        unlink(p);
+    }
     shard_path(p, sizeof p, dir, s1, 0);
     assert_int_not_equal(access(p, F_OK), 0);
     assert_int_equal(dt_ckpt_open(dir, &c), DT_OK);
