@@ -50,6 +50,11 @@ static dt_status parent_of(const char *path, char *buf, size_t n, const char *se
 static dt_status check_file(const char *setting, const char *path, int append) {
     if (!*path) return DT_ERR(DT_EINVAL, "%s: empty path", setting);
     struct stat sb;
+    /* a file written whole is renamed into place, which replaces a link
+     * itself: the target would silently go stale and the file land beside it */
+    if (!append && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode))
+        return DT_ERR(DT_EINVAL, "%s %s: is a symbolic link (a save replaces the file by rename, which would replace "
+                      "the link, not write its target): give the target's path", setting, path);
     if (stat(path, &sb) == 0) {
         if (S_ISDIR(sb.st_mode)) return DT_ERR(DT_EINVAL, "%s %s: is a directory, expected a file", setting, path);
         if (!append && !S_ISREG(sb.st_mode))   /* the rename would replace a device or pipe */

@@ -6,6 +6,7 @@
 #include <cmocka.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <sys/wait.h>
 #include "dtrain/version.h"
@@ -176,6 +177,19 @@ static void test_outputs_checked_at_startup(void **state) {
     expect_fails_before_training("--trace", "/nonexistent_dt_dir/t.json");
     expect_fails_before_training("--metrics", "/nonexistent_dt_dir/m.jsonl");
     expect_fails_before_training("--save", "/tmp");   /* a directory where a file goes */
+    /* a link to the file: the rename would replace the link and leave its target stale */
+    char dir[] = "/tmp/dt_save_link_XXXXXX", link[64], target[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(target, sizeof target, "%s/real.st", dir);
+    snprintf(link, sizeof link, "%s/link.st", dir);
+    assert_int_equal(symlink(target, link), 0);
+    expect_fails_before_training("--save", link);
+    char args[256], out[8192];
+    snprintf(args, sizeof args, "train --model mlp --hidden 16 --batch 8 --steps 1 --save %s", link);
+    run_all(args, out, sizeof out);
+    if (!strstr(out, "symbolic link")) fail_msg("--save LINK: %.400s", out);
+    unlink(link);
+    rmdir(dir);
 }
 
 static void test_version(void **state) {
