@@ -26,11 +26,20 @@ static const char *ckpt_path(const cli_flags *f) { return f->o.resume ? f->o.res
 int dt_cli_ckpt_read(cli_flags *f, char *err, int errlen) {
     memset(&f->ckpt, 0, sizeof f->ckpt);
     const char *path = ckpt_path(f);
-    /* both: the library refuses the pair; a file that cannot be read: the
-     * trainer says why on every rank, as for any checkpoint error */
-    if (!path || (f->o.resume && f->o.init) || dt_checkpoint_read_model(path, &f->ckpt) != DT_OK) {
+    /* both: the library refuses the pair; a file that cannot be opened or
+     * read: the trainer says why on every rank, as for any checkpoint error */
+    if (!path || (f->o.resume && f->o.init)) return 0;
+    dt_status s = dt_checkpoint_read_model(path, &f->ckpt);
+    if (s != DT_OK) {
         memset(&f->ckpt, 0, sizeof f->ckpt);
-        return 0;
+        if (s == DT_EIO) return 0;
+        /* a file that opens but whose record is bad (a setting that is not a
+         * number, ...): said here, or the run is built from default flags and
+         * refused for a model flag the user never gave */
+        char msg[384];
+        dt_cli_flag_names(dt_error_message(), msg, sizeof msg);
+        snprintf(err, (size_t)errlen, "%s: %s", f->o.resume ? "--resume" : "--init", msg);
+        return -1;
     }
     if (f->ckpt.builtin && f->model && strcmp(f->model, f->ckpt.name)) {
         snprintf(err, (size_t)errlen, "--model %s contradicts %s, a checkpoint of --model %s (leave --model out: "

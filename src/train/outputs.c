@@ -51,8 +51,10 @@ static dt_status check_file(const char *setting, const char *path, int append) {
     if (!*path) return DT_ERR(DT_EINVAL, "%s: empty path", setting);
     struct stat sb;
     /* a file written whole is renamed into place, which replaces a link
-     * itself: the target would silently go stale and the file land beside it */
-    if (!append && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode))
+     * itself: one's own link would leave its target silently stale (another
+     * user's link planted in a shared directory is meant to be replaced: its
+     * target is never written) */
+    if (!append && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode) && sb.st_uid == geteuid())
         return DT_ERR(DT_EINVAL, "%s %s: is a symbolic link (a save replaces the file by rename, which would replace "
                       "the link, not write its target): give the target's path", setting, path);
     if (stat(path, &sb) == 0) {

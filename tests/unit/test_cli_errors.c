@@ -192,6 +192,34 @@ static void test_outputs_checked_at_startup(void **state) {
     rmdir(dir);
 }
 
+/* A checkpoint whose record is bad (the seed "x") is refused for that, not
+ * for a model flag the user never gave (the run was built from defaults:
+ * "saved with --hidden 16, this run has 256,256"). */
+static void test_bad_record_named(void **state) {
+    (void)state;
+    char dir[] = "/tmp/dt_bad_record_XXXXXX", path[64], args[256], out[8192];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/a.st", dir);
+    snprintf(args, sizeof args, "train --model mlp --hidden 16 --batch 8 --steps 1 --threads 1 --quiet --save %s", path);
+    assert_int_equal(run_all(args, out, sizeof out), 0);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    char head[4096];
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    head[n] = 0;
+    char *at = n > 8 ? strstr(head + 8, "\"seed\":\"1\"") : NULL;   /* past the 8-byte header length */
+    assert_non_null(at);
+    assert_int_equal(fseek(f, (long)(at - head) + 8, SEEK_SET), 0);
+    assert_int_equal(fputc('x', f), 'x');   /* same length: the file stays well-formed */
+    assert_int_equal(fclose(f), 0);
+    snprintf(args, sizeof args, "train --resume %s --steps 3 --batch 8", path);
+    int rc = run_all(args, out, sizeof out);
+    if (rc == 0 || !strstr(out, "metadata 'seed' = 'x'") || strstr(out, "--hidden"))
+        fail_msg("rc %d: %.400s", rc, out);
+    unlink(path);
+    rmdir(dir);
+}
+
 static void test_version(void **state) {
     (void)state;
     char cmd[512], out[256], want[64];
@@ -222,6 +250,7 @@ int main(void) {
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_missing_and_corrupt_files),
         cmocka_unit_test(test_outputs_checked_at_startup),
+        cmocka_unit_test(test_bad_record_named),
         cmocka_unit_test(test_help_lists_flags),
         cmocka_unit_test(test_version),
     };
