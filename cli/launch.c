@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include "cli.h"
 
 extern char **environ;
@@ -183,11 +186,21 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGHUP);
     sigaddset(&stop, SIGUSR1);
     sigprocmask(SIG_BLOCK, &stop, &old);
+    pid_t parent = getpid();
     pid_t child = fork();
     if (child == 0) {
         setpgid(0, 0);   /* a terminal's Ctrl-C reaches us, not mpirun (signals.c) */
+#ifdef __linux__
+        /* a launcher killed outright (SIGKILL, the OOM killer) leaves no one
+         * to stop the job: mpirun then gets SIGTERM, its abort, which ends
+         * the ranks, instead of running on unwatched */
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(1);
+#else
+        (void)parent;
+#endif
         sigprocmask(SIG_SETMASK, &old, NULL);
         execvp(av[0], av);
         fprintf(stderr, "dtrain: --nproc: cannot run %s: is Open MPI installed (openmpi-bin)?\n", av[0]);

@@ -1,9 +1,12 @@
-/* Preemption: SIGTERM / SIGINT / SIGUSR1 ask the trainer to stop at the next
+/* Preemption: SIGTERM / SIGINT / SIGHUP / SIGUSR1 ask the trainer to stop at the next
  * step boundary (the ranks agree on it, save, and exit with 128 + the signal
  * number, as a shell reports a death by that signal); a second SIGTERM or
  * SIGINT restores the default action and re-raises it: the process dies at
  * once. SIGUSR1 only ever asks: it is what launchers pass on, and repeat
- * (SIGURG is our launcher's SIGUSR1 through mpirun, below).
+ * (SIGURG is our launcher's SIGUSR1 through mpirun, below). SIGHUP is a
+ * closed terminal or ssh session: the run saves and stops as for SIGTERM
+ * (exit 129), where its default action lost the steps since the last save
+ * and, for the launcher, left mpirun and the ranks running unwatched.
  *
  * The --nproc launcher (launch.c) runs mpirun as a child in a process group of
  * its own, so a terminal's Ctrl-C reaches only the launcher, and passes the
@@ -123,9 +126,9 @@ static void install(void (*fn)(int), void (*urg)(int, siginfo_t *, void *)) {
     sa.sa_handler = fn;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    const int sigs[] = {SIGTERM, SIGINT, SIGUSR1, SIGURG};
-    for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]);   /* one handler at a time */
-    for (int i = 0; i < 3; i++) sigaction(sigs[i], &sa, NULL);
+    const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGURG};
+    for (int i = 0; i < 5; i++) sigaddset(&sa.sa_mask, sigs[i]);   /* one handler at a time */
+    for (int i = 0; i < 4; i++) sigaction(sigs[i], &sa, NULL);
     if (urg) {
         sa.sa_handler = NULL;
         sa.sa_sigaction = urg;

@@ -245,10 +245,11 @@ foreach(np 2 4)
   set_tests_properties(test_collective_watchdog_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
 endforeach()
 
-# SIGTERM / SIGINT mid-run: every rank stops after the same step, saves (file,
-# ZeRO shards, pipeline), says so once, exits 128 + signal; the checkpoint
-# resumes bit-identically. np 1: one process; np 2/4: one rank signalled under
-# mpiexec, and the --nproc launcher.
+# SIGTERM / SIGINT / SIGHUP mid-run: every rank stops after the same step,
+# saves (file, ZeRO shards, pipeline), says so once, exits 128 + signal; the
+# checkpoint resumes bit-identically. np 1: one process; np 2/4: one rank
+# signalled under mpiexec, and the --nproc launcher (also SIGKILLed: mpirun
+# and the ranks end with it).
 foreach(np 1 2 4)
   add_test(NAME test_signal_stop_np${np}
            COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_signal_stop.sh $<TARGET_FILE:dtrain_cli>

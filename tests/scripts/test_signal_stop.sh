@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Preemption: SIGTERM / SIGINT mid-run stops every rank after the same step,
+# Preemption: SIGTERM / SIGINT / SIGHUP mid-run stops every rank after the same step,
 # writes the checkpoint (--save: single file, ZeRO sharded set, pipeline),
 # prints "interrupted at step N, saved to PATH" once and exits 128 + signal;
 # resuming that checkpoint to the end gives bit for bit the checkpoint of an
-# uninterrupted run (tests/tools/ckpt_cmp). A second signal stops at once.
+# uninterrupted run (tests/tools/ckpt_cmp). A second signal stops at once. A
+# launcher killed outright takes mpirun and the ranks with it.
 # usage: test_signal_stop.sh DTRAIN CKPT_CMP NP [MPIEXEC ARGS...]
 #   NP 1: one process. NP 2|4: the signal reaches one rank only under a plain
 #   mpiexec (the ranks must agree), and the --nproc launcher (mpirun underneath).
@@ -76,6 +77,8 @@ REF=()
 if [ "$np" -eq 1 ]; then
     case_ single TERM launcher -- "$bin" train "${mlp[@]}"
     case_ single_int INT launcher -- "$bin" train "${mlp[@]}"
+    # a closed terminal or ssh session (SIGHUP) saves and stops as SIGTERM does (it killed the run unsaved)
+    case_ single_hup HUP launcher -- "$bin" train "${mlp[@]}"
     # a second signal stops at once: no step-boundary stop, no checkpoint
     "$bin" train "${mlp[@]}" --steps 100000 --save "$tmp/twice.st" < /dev/null > "$tmp/twice.out" 2>&1 &
     pid=$!
@@ -91,6 +94,18 @@ else
     case_ "ddp_np${np}_rank$last" TERM "rank:$last" -- "${mpiexec[@]}" --quiet -n "$np" "$bin" train "${mlp[@]}"
     REF=("$bin" train "${mlp[@]}" --nproc "$np" --zero 1 --save-format consolidated)
     case_ "zero1_sharded_np$np" INT launcher -- "$bin" train "${mlp[@]}" --nproc "$np" --zero 1
+    case_ "zero1_hup_np$np" HUP launcher -- "$bin" train "${mlp[@]}" --nproc "$np" --zero 1
+    # the launcher killed outright (SIGKILL): mpirun and the ranks end too, not run on unwatched
+    "$bin" train "${mlp[@]}" --steps 1000000 --nproc "$np" --save "$tmp/kill9.ck" < /dev/null > "$tmp/kill9.out" 2>&1 &
+    pid=$!
+    if wait_step "$tmp/kill9.out" "$pid"; then
+        kill -KILL "$pid"; wait "$pid" 2>/dev/null
+        left=""
+        for i in $(seq 1 150); do left=$(pgrep -f "$tmp/kill9.ck"); [ -z "$left" ] && break; sleep 0.1; done
+        if [ -z "$left" ]; then echo "ok   launcher SIGKILLed: mpirun and the ranks ended within $((i / 10)) s"
+        else echo "FAIL launcher SIGKILLed: still running 15 s later: $(pgrep -fa "$tmp/kill9.ck" | cut -c1-80)"
+             pkill -KILL -f "$tmp/kill9.ck"; fail=1; fi
+    else echo "FAIL kill9: never reached step 20"; kill -KILL "$pid"; fail=1; fi
     # a pipeline of np stages == one process with its micro-batches accumulated
     hid=64; [ "$np" -eq 4 ] && hid=64,64,64
     REF=("$bin" train "${mlp[@]}" --hidden $hid --batch 32 --accum 2)
