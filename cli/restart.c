@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "cli.h"
 
@@ -32,6 +33,29 @@ static long long ckpt_step(const char *path) {
     long long v = s ? atoll(s) : -1;
     dt_ckpt_close(c);
     return v;
+}
+
+/* Which checkpoint is at path: its file (a set: its index), by device,
+ * inode, size and modification time. Every save makes a new file by rename,
+ * so a checkpoint this job wrote differs from what was there at launch. */
+typedef struct ckpt_ident { int exists; dev_t dev; ino_t ino; off_t size; struct timespec mtime; } ckpt_ident;
+
+static ckpt_ident ident_of(const char *path) {
+    ckpt_ident id = {0};
+    char idx[PATH_MAX + 16];
+    struct stat sb;
+    if (stat(path, &sb) != 0) return id;
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(idx, sizeof idx, "%s/index.json", path);
+        if (stat(idx, &sb) != 0) return id;
+    }
+    id = (ckpt_ident){.exists = 1, .dev = sb.st_dev, .ino = sb.st_ino, .size = sb.st_size, .mtime = sb.st_mtim};
+    return id;
+}
+
+static int same_ident(const ckpt_ident *a, const ckpt_ident *b) {
+    return a->exists && b->exists && a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+           a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec;
 }
 
 static long long progress_step(const char *file) {
@@ -132,6 +156,10 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     long long evalb = piped ? r->eval_batches : 0;
     int rc = 0, restarts = 0;
     long long recomputed = 0;
+    /* a checkpoint already at --save when the job started (another run's, or
+     * the one this job resumes): a restart resumes only from a save of this
+     * job's own; until then it runs the job as first launched */
+    const ckpt_ident before = ident_of(save);
     for (;;) {
         int k = 0;
         char **use = argv;
@@ -175,6 +203,9 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
         rc = dt_cli_relaunch(n, use, world, threads, where, 0);
         if (rc == 0 || rc == 2 || dt_cli_launcher_signalled() || restarts == max_restarts) break;
         long long reached = progress_step(prog), from = ckpt_step(save);
+        const ckpt_ident now_at = ident_of(save);
+        int old_ckpt = from >= 0 && same_ident(&before, &now_at);
+        if (old_ckpt) from = -1;
         if (reached >= 0 && from < reached) recomputed += reached - (from > 0 ? from : 0);   /* run again */
         char why[400];   /* the exit, then which hosts did not answer (lost: < 300) */
         snprintf(why, sizeof why, "the job failed (exit %d)%s", rc, reached >= 0 ? "" : " before its first step");
@@ -225,8 +256,8 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
             fprintf(stderr, "dtrain: %s; restart %d of %d from %s (step %lld)%s\n", why, restarts, max_restarts, save,
                     from, on);
         else
-            fprintf(stderr, "dtrain: %s with no complete checkpoint at %s yet; restart %d of %d as first launched%s\n",
-                    why, save, restarts, max_restarts, on);
+            fprintf(stderr, "dtrain: %s with no complete checkpoint %sat %s yet; restart %d of %d as first launched%s\n",
+                    why, old_ckpt ? "of this job's " : "", save, restarts, max_restarts, on);
         fflush(stderr);
     }
     if (restarts > 0) {

@@ -5,8 +5,9 @@
 # restarts from the newest complete checkpoint; the run completes, says how
 # many restarts and recomputed steps, its final checkpoint equals an
 # uninterrupted run's bit for bit, and its metrics hold every step once.
-# Also: a failure with no restarts left ends the job (non-zero), --max-restarts
-# without --save or without a launch is refused.
+# Also: a failure with no restarts left ends the job (non-zero); another
+# run's checkpoint already at --save is never resumed; --max-restarts without
+# --save or without a launch is refused.
 # usage: test_restart.sh DTRAIN CKPT_CMP NP [SEED]
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -90,6 +91,22 @@ done
 wait $job; rc=$?
 if [ $rc -ne 0 ] && grep -q "1 restart .*the job failed" "$tmp/last.err"; then echo "ok   no restarts left: exit $rc, $(grep -m1 '1 restart' "$tmp/last.err")"
 else echo "FAIL no restarts left: exit $rc"; tail -5 "$tmp/last.err"; fail=1; fi
+
+# a checkpoint of another run already at --save: a failure before this job's
+# first save restarts the job as launched, not from that checkpoint (it did)
+"$bin" "${base[@]}" --batch 8 --steps 30 --save "$tmp/prev.ck" > /dev/null 2>&1 || { echo "FAIL prev: the earlier run"; fail=1; }
+"$bin" "${base[@]}" --nproc "$np" --batch 8 --steps 40 --max-restarts 1 --save "$tmp/prev.ck" --metrics "$tmp/prev.jsonl" \
+    < /dev/null > "$tmp/prev.out" 2> "$tmp/prev.err" &
+job=$!
+while kill -0 $job 2>/dev/null; do s=$(last_step "$tmp/prev.jsonl"); [ -n "$s" ] && [ "$s" -ge 5 ] && break; sleep 0.02; done
+for p in $(pgrep -f -- "--save $tmp/prev.ck"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$' > /dev/null && kill -9 "$p"
+done
+wait $job; rc=$?
+if [ $rc -eq 0 ] && grep -q "no complete checkpoint of this job's at $tmp/prev.ck yet; restart 1 of 1 as first launched" "$tmp/prev.err" \
+   && ! grep -q "restart 1 of 1 from" "$tmp/prev.err"; then
+    echo "ok   another run's checkpoint at --save is not resumed: $(grep -m1 'restart 1 of 1' "$tmp/prev.err")"
+else echo "FAIL another run's checkpoint at --save: exit $rc"; tail -5 "$tmp/prev.err"; fail=1; fi
 
 for bad in "--max-restarts 2 --nproc $np|needs --save PATH" "--max-restarts 2 --save $tmp/x.st|needs a job dtrain launches"; do
     IFS='|' read -r flags want <<< "$bad"
