@@ -83,6 +83,10 @@ void dt_cli_hosts_free(dt_cli_hosts *h);
  * h's hosts (filled machine by machine); print_only: print the command line
  * and the environment it passes on, run nothing. Returns the exit status. */
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h, int print_only);
+/* dt_cli_relaunch's status when the launcher itself failed (no executable
+ * path, no launch directory, no memory, no fork): nothing a restart mends */
+#define DT_CLI_LAUNCH_FAILED 125
+#define DT_CLI_MAX_RESTARTS 1000   /* --max-restarts K: at most this (cmd_train.c says 1000) */
 /* hosts_probe.c: which hosts of h answer (alive[i] = 1; this machine always
  * does): each runs one process through mpirun, all at once, within
  * timeout_s. Returns how many answer, -1 when out of memory.

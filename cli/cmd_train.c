@@ -432,6 +432,8 @@ int dt_cli_train(int argc, char **argv, int eval_only) {
     int launching = f.hosts || f.hostfile || f.print_launch || (f.nproc != INT_MIN ? f.nproc > 1 : slurm);
     if (f.max_restarts) {
         const char *bad = f.max_restarts < 0 ? "must be >= 0"
+                        : f.max_restarts > DT_CLI_MAX_RESTARTS ? "is more than 1000 (a job failing that often "
+                                                                 "needs looking at, not restarting)"
                         : eval_only ? "applies to dtrain train"
                         : !f.o.save ? "needs --save PATH (each restart resumes from it)"
                         : f.o.uneven ? "does not combine with --uneven (which cannot resume)"

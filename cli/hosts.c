@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -90,6 +91,12 @@ static int parse_file(const char *path, dt_cli_hosts *h, char *err, int errlen) 
     while (!rc && fgets(line, sizeof line, f)) {
         ln++;
         snprintf(where, sizeof where, "--hostfile %.500s line %d", path, ln);
+        size_t got = strlen(line);
+        if (got == sizeof line - 1 && line[got - 1] != '\n' && !feof(f)) {   /* its rest would read as lines */
+            snprintf(err, (size_t)errlen, "%s is longer than %d characters", where, (int)sizeof line - 2);
+            rc = -1;
+            break;
+        }
         line[strcspn(line, "#\n")] = 0;
         if (strchr(line, '\r')) {   /* mpirun reads the file itself: no guessing what it makes of a CR */
             snprintf(err, (size_t)errlen, "%s ends in a carriage return (a DOS/Windows text file): convert it, "
@@ -144,18 +151,31 @@ static int parse_file(const char *path, dt_cli_hosts *h, char *err, int errlen) 
     return rc;
 }
 
-/* SLURM_TASKS_PER_NODE: "2(x3),1" = 2 + 2 + 2 + 1 */
+/* a task count: digits only, 1 .. INT_MAX (-1 otherwise) */
+static long slurm_count(const char *s) {
+    if (!s || !isdigit((unsigned char)*s)) return -1;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    return errno || *end || v < 1 || v > INT_MAX ? -1 : v;
+}
+
+/* SLURM_TASKS_PER_NODE: "2(x3),1" = 2 + 2 + 2 + 1; -1 for anything else or
+ * a sum past INT_MAX */
 static long slurm_tasks(const char *s) {
     long total = 0;
     while (s && *s) {
         char *end;
-        long n = strtol(s, &end, 10), rep = 1;
-        if (end == s || n < 0) return -1;
+        errno = 0;
+        long n = isdigit((unsigned char)*s) ? strtol(s, &end, 10) : -1, rep = 1;
+        if (n < 0 || errno || n > INT_MAX) return -1;
         if (!strncmp(end, "(x", 2)) {
-            rep = strtol(end + 2, &end, 10);
-            if (*end != ')' || rep < 1) return -1;
+            const char *r = end + 2;
+            rep = isdigit((unsigned char)*r) ? strtol(r, &end, 10) : -1;
+            if (*end != ')' || rep < 1 || errno || rep > INT_MAX) return -1;
             end++;
         }
+        if (n && rep > (INT_MAX - total) / n) return -1;
         total += n * rep;
         if (*end == ',') end++;
         else if (*end) return -1;
@@ -179,7 +199,7 @@ static int slurm_max(const char *s) {
         char *end;
         long n = strtol(s, &end, 10);
         if (end == s) break;
-        if (n > best) best = n;
+        if (n > best && n <= INT_MAX) best = n;
         end += strcspn(end, ",");
         s = *end ? end + 1 : end;
     }
@@ -199,7 +219,7 @@ int dt_cli_hosts_parse(const char *hosts, const char *hostfile, dt_cli_hosts *h,
         h->hostfile = hostfile;
     } else if (getenv("SLURM_JOB_ID") && getenv("SLURM_JOB_NODELIST")) {
         const char *tpn = getenv("SLURM_TASKS_PER_NODE"), *nt = getenv("SLURM_NTASKS");
-        long total = nt ? strtol(nt, NULL, 10) : slurm_tasks(tpn);
+        long total = nt ? slurm_count(nt) : slurm_tasks(tpn);
         const char *nn = getenv("SLURM_JOB_NUM_NODES");
         if (total < 1) {
             snprintf(err, (size_t)errlen, "inside Slurm job %s: cannot read its task count (SLURM_NTASKS=%s, "

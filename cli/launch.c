@@ -67,7 +67,7 @@ static void print_word(const char *w) {
 int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h, int print_only) {
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) { fprintf(stderr, "dtrain: cannot find own executable for --nproc\n"); return 1; }
+    if (n <= 0) { fprintf(stderr, "dtrain: cannot find own executable for --nproc\n"); return DT_CLI_LAUNCH_FAILED; }
     self[n] = 0;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
@@ -98,7 +98,7 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
         if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
         if (snprintf(dir, sizeof dir, "%s/dtrain-launch.XXXXXX", tmpdir) >= (int)sizeof dir || !mkdtemp(dir)) {
             fprintf(stderr, "dtrain: --nproc: cannot create a directory in %s: %s\n", tmpdir, strerror(errno));
-            return 1;
+            return DT_CLI_LAUNCH_FAILED;
         }
         setenv(DT_CLI_LAUNCH_DIR_ENV, dir, 1);
         if (!local) setenv(DT_CLI_LAUNCH_MACHINE_ENV, machine, 1);
@@ -108,7 +108,11 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
     char **av = calloc((size_t)argc + 32 + 2 * nenv, sizeof *av);
     char **names = calloc(nenv + 1, sizeof *names);
     char *hostlist = NULL;
-    if (!av || !names) { free(av); free(names); dt_cli_launch_dir_remove(*dir ? dir : NULL); return 1; }
+    if (!av || !names) {
+        fprintf(stderr, "dtrain: --nproc: out of memory\n");
+        free(av); free(names); dt_cli_launch_dir_remove(*dir ? dir : NULL);
+        return DT_CLI_LAUNCH_FAILED;
+    }
     int k = 0;
     av[k++] = DT_MPIEXEC;
     av[k++] = "-np";
@@ -122,7 +126,11 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
         size_t len = 1;
         for (int i = 0; i < h->n; i++) len += strlen(h->name[i]) + 16;
         hostlist = malloc(len);
-        if (!hostlist) { free(av); free(names); dt_cli_launch_dir_remove(*dir ? dir : NULL); return 1; }
+        if (!hostlist) {
+            fprintf(stderr, "dtrain: --nproc: out of memory\n");
+            free(av); free(names); dt_cli_launch_dir_remove(*dir ? dir : NULL);
+            return DT_CLI_LAUNCH_FAILED;
+        }
         size_t o = 0;
         for (int i = 0; i < h->n; i++) o += (size_t)snprintf(hostlist + o, len - o, "%s%s:%d", i ? "," : "", h->name[i], h->slots[i]);
         av[k++] = "--host";
@@ -172,8 +180,13 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
     }
     av[k] = NULL;
     if (print_only) {
-        for (char **e = environ; *e; e++)
-            if (forwarded(*e)) { print_word(*e); putchar(' '); }
+        for (char **e = environ; *e; e++)   /* NAME='value': a quoted NAME=value is no assignment */
+            if (forwarded(*e)) {
+                size_t nl = strcspn(*e, "=");
+                printf("%.*s=", (int)nl, *e);
+                print_word((*e)[nl] ? *e + nl + 1 : "");
+                putchar(' ');
+            }
         for (int i = 0; av[i]; i++) { print_word(av[i]); putchar(av[i + 1] ? ' ' : '\n'); }
         for (size_t i = 0; i < ne; i++) free(names[i]);
         free(names);
@@ -214,7 +227,7 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
         perror("dtrain: --nproc: fork");
         sigprocmask(SIG_SETMASK, &old, NULL);
         dt_cli_launch_dir_remove(*dir ? dir : NULL);
-        return 1;
+        return DT_CLI_LAUNCH_FAILED;
     }
     dt_cli_launch_where where = local ? DT_LAUNCH_ALL_HERE : dt_cli_hosts_here(h, nproc) ? DT_LAUNCH_SOME_HERE : DT_LAUNCH_ELSEWHERE;
     int rc = dt_cli_launch_wait((int)child, &old, *dir ? dir : NULL, nproc, where);

@@ -137,6 +137,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     int *worlds = calloc((size_t)max_restarts + 1, sizeof *worlds);
     int *alive = calloc((size_t)(h->n > 0 ? h->n : 1), sizeof *alive);
     if (!av || !resumed || !worlds || !alive) {
+        fprintf(stderr, "dtrain: --max-restarts: out of memory\n");
         free(av);
         free(resumed);
         free(worlds);
@@ -202,6 +203,10 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
         if (pf) fclose(pf);
         rc = dt_cli_relaunch(n, use, world, threads, where, 0);
         if (rc == 0 || rc == 2 || dt_cli_launcher_signalled() || restarts == max_restarts) break;
+        if (rc == DT_CLI_LAUNCH_FAILED || rc == 127) {   /* the launcher's own failure, or no mpirun: said above */
+            fprintf(stderr, "dtrain: the launch itself failed (exit %d); not restarting\n", rc);
+            break;
+        }
         long long reached = progress_step(prog), from = ckpt_step(save);
         const ckpt_ident now_at = ident_of(save);
         int old_ckpt = from >= 0 && same_ident(&before, &now_at);

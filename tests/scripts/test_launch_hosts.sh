@@ -39,6 +39,8 @@ has "hosts: the GEMM and kernel choices reach every rank" \
     env DTRAIN_GEMM=openblas OPENBLAS_CORETYPE=SkylakeX "$bin" train --hosts a:2,b:2 --print-launch
 has "hosts: threads per rank reach every rank" "^OMP_NUM_THREADS=3 .*-x OMP_NUM_THREADS" \
     "$bin" train --hosts a:2,b:2 --threads 3 --print-launch
+has "the environment printed as assignments a shell takes (NAME='a b', not 'NAME=a b')" "(^| )DTRAIN_FOO='a b' " \
+    env DTRAIN_FOO='a b' "$bin" train --nproc 2 --print-launch
 printf '# two machines\nn1 slots=2\nn2   slots=3  # more\n\n' > "$tmp/hosts"
 has "hostfile: passed on, ranks = its slots" " -np 5 .*--hostfile $tmp/hosts --map-by slot" \
     "$bin" train --hostfile "$tmp/hosts" --print-launch
@@ -83,6 +85,13 @@ refuses "hostfile: bad max_slots" "--hostfile $tmp/bad line 1: 'max_slots=x'" "$
 printf 'a slots=2\r\nb\r\n' > "$tmp/crlf"   # (the first line's CR was taken as a space, the second's named raw)
 refuses "hostfile: DOS line ends named" "--hostfile $tmp/crlf line 1 ends in a carriage return" "$bin" train --hostfile "$tmp/crlf"
 refuses "hostfile: missing" "--hostfile $tmp/none: No such file" "$bin" train --hostfile "$tmp/none"
+{ printf '#%.0s' $(seq 1 1100); printf ' node9\nn1 slots=2\n'; } > "$tmp/long"   # (its tail read as a line of its own: 3 slots)
+refuses "hostfile: a line too long to read whole" "--hostfile $tmp/long line 1 is longer than 1022 characters" \
+    "$bin" train --hostfile "$tmp/long"
+for nt in 4abc 4294967297 2147483648 -1; do
+    refuses "Slurm: SLURM_NTASKS=$nt refused, not read as a number" "cannot read its task count \(SLURM_NTASKS=$nt" \
+        env SLURM_JOB_ID=7 SLURM_JOB_NODELIST=n1 SLURM_NTASKS=$nt "$bin" train --print-launch
+done
 : > "$tmp/empty"
 refuses "hostfile: empty" "--hostfile $tmp/empty: no hosts in it" "$bin" train --hostfile "$tmp/empty"
 refuses "unresolvable host named" "host 'nosuch\.invalid' \(--hosts\): cannot resolve its name" \

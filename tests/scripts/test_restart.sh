@@ -108,7 +108,8 @@ if [ $rc -eq 0 ] && grep -q "no complete checkpoint of this job's at $tmp/prev.c
     echo "ok   another run's checkpoint at --save is not resumed: $(grep -m1 'restart 1 of 1' "$tmp/prev.err")"
 else echo "FAIL another run's checkpoint at --save: exit $rc"; tail -5 "$tmp/prev.err"; fail=1; fi
 
-for bad in "--max-restarts 2 --nproc $np|needs --save PATH" "--max-restarts 2 --save $tmp/x.st|needs a job dtrain launches"; do
+for bad in "--max-restarts 2 --nproc $np|needs --save PATH" "--max-restarts 2 --save $tmp/x.st|needs a job dtrain launches" \
+           "--max-restarts 1001 --nproc $np --save $tmp/x.st|is more than 1000"; do
     IFS='|' read -r flags want <<< "$bad"
     # shellcheck disable=SC2086
     out=$("$bin" "${base[@]}" $flags < /dev/null 2>&1); rc=$?
