@@ -161,6 +161,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
      * the one this job resumes): a restart resumes only from a save of this
      * job's own; until then it runs the job as first launched */
     const ckpt_ident before = ident_of(save);
+    int before_first = 0;   /* the last attempt failed before its first step */
     for (;;) {
         int k = 0;
         char **use = argv;
@@ -216,6 +217,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
         snprintf(why, sizeof why, "the job failed (exit %d)%s", rc, reached >= 0 ? "" : " before its first step");
         /* where the next attempt runs: the hosts that answer */
         char on[400] = "";
+        int moved = 0;   /* the next attempt runs elsewhere or on another world */
         if (h->n > 0) {
             double t = dt_cli_probe_timeout();
             if (dt_cli_hosts_probe(h, alive, t) < 0) break;
@@ -251,9 +253,19 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
             if (acc != accum && evalb > 0)
                 snprintf(on + strlen(on), sizeof on - strlen(on), " and --eval-batches %lld the evaluation%s",
                          (evalb + acc - 1) / acc, evalb % acc ? " (rounded up to whole batches)" : "");
+            moved = W != world || !all;
             world = W;
             accum = acc;
         }
+        /* failed twice before its first step, from the same start, on the
+         * same ranks: a missing file, a model that does not fit -- what a
+         * restart cannot mend (the ranks said why above) */
+        if (reached < 0 && restarts > 0 && resumed[restarts - 1] == from && before_first && !moved) {
+            fprintf(stderr, "dtrain: %s again, from the same start as the attempt before; not restarting (a failure "
+                    "that repeats before the first step is not one a restart mends)\n", why);
+            break;
+        }
+        before_first = reached < 0;
         resumed[restarts] = from;
         worlds[restarts] = world;
         restarts++;
@@ -268,12 +280,15 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     if (restarts > 0) {
         char list[640] = "";
         size_t o = 0;
+        int said_step = 0;
         for (int i = 0; i < restarts && o < sizeof list; i++) {
-            o += (size_t)snprintf(list + o, sizeof list - o, "%s%lld", i ? ", " : "", resumed[i] < 0 ? 0 : resumed[i]);
+            if (resumed[i] < 0) o += (size_t)snprintf(list + o, sizeof list - o, "%sthe start", i ? ", " : "");
+            else o += (size_t)snprintf(list + o, sizeof list - o, "%s%s%lld", i ? ", " : "", said_step++ ? "" : "step ",
+                                       resumed[i]);   /* "step 10, 22, 32" */
             if (o < sizeof list && worlds[i] != (i ? worlds[i - 1] : nproc))
                 o += (size_t)snprintf(list + o, sizeof list - o, " on %d rank%s", worlds[i], worlds[i] == 1 ? "" : "s");
         }
-        fprintf(stderr, "dtrain: %d restart%s (resumed at step %s); %lld step%s computed again; %s\n", restarts,
+        fprintf(stderr, "dtrain: %d restart%s (resumed at %s); %lld step%s computed again; %s\n", restarts,
                 restarts == 1 ? "" : "s", list, recomputed, recomputed == 1 ? "" : "s",
                 rc == 0 ? "the job completed" : "the job failed");
     }

@@ -5,7 +5,8 @@
 # restarts from the newest complete checkpoint; the run completes, says how
 # many restarts and recomputed steps, its final checkpoint equals an
 # uninterrupted run's bit for bit, and its metrics hold every step once.
-# Also: a failure with no restarts left ends the job (non-zero); another
+# Also: a failure with no restarts left ends the job (non-zero); one that
+# repeats before the first step is not restarted again; another
 # run's checkpoint already at --save is never resumed; --max-restarts without
 # --save or without a launch is refused.
 # usage: test_restart.sh DTRAIN CKPT_CMP NP [SEED]
@@ -107,6 +108,14 @@ if [ $rc -eq 0 ] && grep -q "no complete checkpoint of this job's at $tmp/prev.c
    && ! grep -q "restart 1 of 1 from" "$tmp/prev.err"; then
     echo "ok   another run's checkpoint at --save is not resumed: $(grep -m1 'restart 1 of 1' "$tmp/prev.err")"
 else echo "FAIL another run's checkpoint at --save: exit $rc"; tail -5 "$tmp/prev.err"; fail=1; fi
+
+# a failure that repeats before the first step (a missing data file) is not restarted again and again
+"$bin" "${base[@]}" --data-path "$tmp/missing.txt" --nproc "$np" --batch 8 --max-restarts 5 --save "$tmp/miss.ck" \
+    < /dev/null > "$tmp/miss.out" 2> "$tmp/miss.err"; rc=$?
+if [ $rc -ne 0 ] && grep -q "before its first step again, from the same start .*; not restarting" "$tmp/miss.err" \
+   && grep -q "dtrain: 1 restart (resumed at the start)" "$tmp/miss.err"; then
+    echo "ok   a repeated failure before the first step ends the job after one restart: $(tail -1 "$tmp/miss.err")"
+else echo "FAIL a repeated failure before the first step: exit $rc"; tail -4 "$tmp/miss.err"; fail=1; fi
 
 for bad in "--max-restarts 2 --nproc $np|needs --save PATH" "--max-restarts 2 --save $tmp/x.st|needs a job dtrain launches" \
            "--max-restarts 1001 --nproc $np --save $tmp/x.st|is more than 1000"; do
