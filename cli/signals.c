@@ -380,11 +380,20 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
         }
         nanosleep(&(struct timespec){0, 20000000}, NULL);   /* a signal cuts it short */
     }
+    int started_here = w.n;
     free(w.pid);
     if (st < 0) return 1;
     rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     /* stopped on the ask we sent (the ranks' SIGUSR1), or ended by us: report the signal we got */
     if (g_seen && (rc == 128 + SIGUSR1 || term_at)) rc = 128 + g_first;
+    /* what mpirun --quiet and a rank that died by a signal leave unsaid (a
+     * rank's own error has printed its line) */
+    if (!g_seen && rc > 128 && rc <= 128 + 64)   /* (Linux: signals 1 .. 64) */
+        fprintf(stderr, "dtrain: a rank was ended by signal %d (%s)%s; the job failed\n", rc - 128, strsignal(rc - 128),
+                rc - 128 == SIGKILL ? ": the kernel's out-of-memory killer (see dmesg) or a kill -9" : "");
+    else if (!g_seen && rc != 0 && dir && where == DT_LAUNCH_ALL_HERE && started_here == 0)
+        fprintf(stderr, "dtrain: mpirun failed (exit %d) before any rank started; the command --print-launch shows, "
+                        "run without its --quiet, prints mpirun's own message\n", rc);
     return rc;
 }
 

@@ -90,7 +90,9 @@ for k in 1 2; do
     while [ $k = 1 ] && kill -0 $job 2>/dev/null && ! grep -q 'restart 1 of 1' "$tmp/last.err"; do sleep 0.05; done
 done
 wait $job; rc=$?
-if [ $rc -ne 0 ] && grep -q "1 restart .*the job failed" "$tmp/last.err"; then echo "ok   no restarts left: exit $rc, $(grep -m1 '1 restart' "$tmp/last.err")"
+if [ $rc -ne 0 ] && grep -q "1 restart .*the job failed" "$tmp/last.err" &&
+   grep -q "a rank was ended by signal 9 (.*): the kernel's out-of-memory killer" "$tmp/last.err"; then
+    echo "ok   no restarts left: exit $rc, $(grep -m1 '1 restart' "$tmp/last.err"); the killed rank said"
 else echo "FAIL no restarts left: exit $rc"; tail -5 "$tmp/last.err"; fail=1; fi
 
 # a checkpoint of another run already at --save: a failure before this job's

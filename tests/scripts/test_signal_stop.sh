@@ -96,7 +96,9 @@ else
     case_ "zero1_sharded_np$np" INT launcher -- "$bin" train "${mlp[@]}" --nproc "$np" --zero 1
     case_ "zero1_hup_np$np" HUP launcher -- "$bin" train "${mlp[@]}" --nproc "$np" --zero 1
     # the launcher killed outright (SIGKILL): mpirun and the ranks end too, not run on unwatched
-    "$bin" train "${mlp[@]}" --steps 1000000 --nproc "$np" --save "$tmp/kill9.ck" < /dev/null > "$tmp/kill9.out" 2>&1 &
+    # (TMPDIR: the launch directory a killed launcher cannot remove goes with $tmp)
+    TMPDIR="$tmp" "$bin" train "${mlp[@]}" --steps 1000000 --nproc "$np" --save "$tmp/kill9.ck" < /dev/null \
+        > "$tmp/kill9.out" 2>&1 &
     pid=$!
     if wait_step "$tmp/kill9.out" "$pid"; then
         kill -KILL "$pid"; wait "$pid" 2>/dev/null
