@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <cjson/cJSON.h>
 #include "ckpt_internal.h"
+#include "st_internal.h"
 
 #define INDEX_MAX ((long)1 << 28)
 
@@ -182,6 +183,10 @@ dt_status dt_ckpt_open_sharded(const char *dir, dt_ckpt *c) {
         return DT_ERR(DT_EINVAL, "sharded checkpoint %s: path too long", dir);
     char *text = NULL;
     DT_TRY(read_text(dir, path, &text));
+    if (dt_json_escapes_nul(text)) {
+        free(text);
+        return DT_ERR(DT_EFORMAT, "%s: escapes a NUL character (\\u0000) in a name or value", path);
+    }
     cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);
     free(text);
     dt_status s = DT_OK;

@@ -293,6 +293,15 @@ done:
     return s;
 }
 
+int dt_json_escapes_nul(const char *text) {
+    for (const char *p = text; *p; p++) {
+        if (*p != '\\' || !p[1]) continue;
+        if (p[1] == 'u' && !strncmp(p + 2, "0000", 4)) return 1;
+        p++;   /* the escaped character ("\\u0000" is a backslash, then text) */
+    }
+    return 0;
+}
+
 dt_status dt_st_parse_header(const char *path, const char *raw, uint64_t n, uint64_t data_size,
                              dt_safetensors *st) {
     if (memchr(raw, 0, (size_t)n))
@@ -301,6 +310,10 @@ dt_status dt_st_parse_header(const char *path, const char *raw, uint64_t n, uint
     if (!text) return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
     memcpy(text, raw, (size_t)n);
     text[n] = 0;
+    if (dt_json_escapes_nul(text)) {
+        free(text);
+        return DT_ERR(DT_EFORMAT, "%s: header escapes a NUL character (\\u0000) in a name or value", path);
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
     if (!root) {

@@ -17,6 +17,9 @@
  * else; on error the caller frees st (dt_safetensors_free). */
 dt_status dt_st_parse_header(const char *path, const char *raw, uint64_t n, uint64_t data_size,
                              dt_safetensors *st);
+/* 1 if the JSON text escapes a NUL ("\u0000"): a C string from it would end
+ * there, so "fc1.bias\u0000x" would read as another tensor's name "fc1.bias" */
+int dt_json_escapes_nul(const char *text);
 
 /* zlib CRC-32 continued over n bytes (any n). */
 uint32_t dt_st_crc_update(uint32_t crc, const void *p, size_t n);

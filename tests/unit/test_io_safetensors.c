@@ -399,6 +399,10 @@ static void test_corrupt_headers(void **state) {
         {"{\"__metadata__\":{},\"__metadata__\":{},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
          "\"data_offsets\":[0,4]}}", 4, "__metadata__", "duplicate"},
         {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0, "'k'", "duplicate"},
+        /* an escaped NUL: as a C string "a\u0000x" is "a", another tensor's name */
+        {"{\"a\\u0000x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "NUL", "\\u0000"},
+        {"{\"__metadata__\":{\"step\":\"3\\u0000\"},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+         4, "NUL", NULL},
     };
     const char *p = path_in("bad.safetensors");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -414,6 +418,11 @@ static void test_corrupt_headers(void **state) {
     write_hdr(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
     dt_safetensors st;
     assert_int_equal(dt_safetensors_load(p, &st), DT_OK);
+    dt_safetensors_free(&st);
+    /* an escaped backslash before "u0000" is text, not a NUL: the name is a\u0000 */
+    write_hdr(p, "{\"a\\\\u0000\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
+    assert_int_equal(dt_safetensors_load(p, &st), DT_OK);
+    assert_string_equal(st.tensors[0].name, "a\\u0000");
     dt_safetensors_free(&st);
 }
 
