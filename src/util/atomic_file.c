@@ -104,6 +104,12 @@ dt_status dt_atomic_open(dt_atomic_file *af, const char *path) {
         af_release(af);
         return s;
     }
+    /* the file it replaces keeps its permissions (a checkpoint kept 0600
+     * does not become 0644 at the next save); lstat: a link is replaced,
+     * its target's mode is not ours to copy. Best effort, like umask's. */
+    struct stat old;
+    if (lstat(path, &old) == 0 && S_ISREG(old.st_mode) && old.st_uid == geteuid())
+        (void)fchmod(fd, old.st_mode & 07777);
     af->f = fdopen(fd, "wb");
     if (!af->f) {
         int e = errno;

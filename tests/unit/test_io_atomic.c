@@ -1,5 +1,5 @@
-/* Atomic file writes: replacement, failure paths keep the old file and leave
- * no temp files behind. */
+/* Atomic file writes: replacement (keeping the replaced file's permissions),
+ * failure paths keep the old file and leave no temp files behind. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -74,6 +74,14 @@ static void test_create_and_replace(void **state) {
     assert_int_equal(dt_write_file_atomic(p, NULL, 0), DT_OK);
     assert_file_is(p, "", 0);
     assert_int_equal(count_temp_files(g_dir), 0);
+    /* the replaced file's permissions stay (a private checkpoint stays private) */
+    for (mode_t m = 0600; m; m = m == 0600 ? 0640 : 0) {
+        assert_int_equal(chmod(p, m), 0);
+        assert_int_equal(dt_write_file_atomic(p, "kept", 4), DT_OK);
+        struct stat sb;
+        assert_int_equal(stat(p, &sb), 0);
+        assert_int_equal(sb.st_mode & 07777, m);
+    }
 
     /* Relative path (directory "."). */
     char cwd[512];
