@@ -91,8 +91,12 @@ static dt_status check_arch(const dt_model *m, dt_ckpt_meta_get get, const void 
 dt_status dt_checkpoint_check_identity(const dt_run *r, dt_ckpt_meta_get get, const void *src, const char *what) {
     const char *fmt = get(src, "format"), *kind = get(src, "model"), *opt = get(src, "optimizer");
     const char *have = r->model->name;
-    if (!fmt || strcmp(fmt, "dtrain-checkpoint-1"))
-        return DT_ERR(DT_EFORMAT, "%s: not a dtrain checkpoint (format '%s')", what, fmt ? fmt : "missing");
+    if (!fmt || strcmp(fmt, "dtrain-checkpoint-1")) {
+        const char *base = strrchr(what, '/') ? strrchr(what, '/') + 1 : what;   /* one rank's file of a set */
+        int shard = !fmt && !strncmp(base, "shard-", 6) && strstr(base, ".safetensors");
+        return DT_ERR(DT_EFORMAT, "%s: not a dtrain checkpoint (format '%s')%s", what, fmt ? fmt : "missing",
+                      shard ? "; it looks like one rank's shard of a sharded checkpoint: give its directory" : "");
+    }
     if (!kind || strcmp(kind, have))
         return DT_ERR(DT_EFORMAT, "%s: checkpoint is for model '%s', this run is '%s'", what, kind ? kind : "?", have);
     if (!opt || strcmp(opt, optim_name(r)))

@@ -104,9 +104,9 @@ dt_status dt_checkpoint_apply_steps_of(dt_ckpt_meta_get get, const void *src, co
     for (const char *p = v; *p;) {
         long first, last;
         long long steps;
-        if (parse_run(&p, &first, &last, &steps) || first < 0 || last < first || last >= n_listed)
+        if (parse_run(&p, &first, &last, &steps) || first < 0 || last < first || last >= n_listed || steps < 0)
             return DT_ERR(DT_EFORMAT, "%s: metadata 'optim_steps' = '%s' is malformed (expected FIRST-LAST:STEPS runs "
-                          "of parameter indices below %d)", what, v, n_listed);
+                          "of parameter indices below %d, STEPS >= 0)", what, v, n_listed);
         for (long g = first; g <= last; g++) {
             int i = local_of ? local_of[g] : (int)g;
             if (i < 0 || !find(m, i, opts, n, &o, &k)) continue;

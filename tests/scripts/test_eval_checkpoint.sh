@@ -129,6 +129,9 @@ check_refused() {   # check_refused WHAT WANT1 WANT2 ARGS...
     fi
 }
 check_refused "eval --model cnn on a gpt2 file" "--model cnn" "--model gpt2" eval --resume "$ck" --model cnn "${run[@]}"
+# one rank's file of a sharded set given where the set's directory belongs
+shard0=$(ls "$tmp"/gpt2-zero3.ck/shard-*-r0.safetensors | head -1)
+check_refused "eval --resume on one shard of a set" "$shard0" "give its directory" eval --resume "$shard0" "${run[@]}"
 # flags of training alone are refused by eval (they were accepted and ignored:
 # --save wrote nothing but created the directory's lock), and its --help lists none
 # (and those evaluation has no use for: no optimizer, no random numbers, no

@@ -102,6 +102,7 @@ static void test_bad_values(void **st) {
     expect_bad(m, &o, "2-1:1", "malformed");
     expect_bad(m, &o, "0-0:1;", "malformed");
     expect_bad(m, &o, "1-1:4", "'fc1.bias' took 4 steps");
+    expect_bad(m, &o, "0-3:-5", "STEPS >= 0");   /* (it said "took -5 steps, more than the optimizer's 3") */
     dt_optimizer_free(&o);
     dt_model_free(m);
 }
