@@ -28,5 +28,7 @@ dt_status dt__bg_queue_index(dt_bg_writer *w, const char *dir, const char *set, 
 void dt__bg_next_is_shard(int on);
 /* ckpt_write.c: rank's shard file name of set; 0 if it does not fit. */
 int dt__ckpt_shard_name(char *buf, size_t cap, const char *set, int rank);
+/* 1 when the shard file at path belongs to the set its directory's index.json commits */
+int dt__ckpt_shard_committed(const char *shard_path);
 
 #endif

@@ -440,7 +440,10 @@ void dt_bg_writer_abandon(dt_bg_writer *w) {
     w->cancel = 1;   /* an index waiting for shards gives up; files queued are written, then removed */
     while (w->files_pending > 0 || w->index_pending > 0) pthread_cond_wait(&w->cv_done, &w->mu);
     w->cancel = 0;
-    for (int i = 0; i < w->n_shards; i++) unlink(w->shards[i]);
+    /* (not a shard of a set whose index was committed -- a failure after the
+     * commit, a peer's: that set is the one that loads, as for a direct save) */
+    for (int i = 0; i < w->n_shards; i++)
+        if (!dt__ckpt_shard_committed(w->shards[i])) unlink(w->shards[i]);
     forget_shards(w);
     w->err = DT_OK;   /* (the caller reported the failure) */
     w->msg[0] = 0;

@@ -250,6 +250,21 @@ static int is_shard_file(const char *name) {
     return (p = skip_run(p + 1, isdigit, 1, 10)) && !*p;
 }
 
+/* (bg_internal.h) the set of the shard file at shard_path is the one its
+ * directory's index commits */
+int dt__ckpt_shard_committed(const char *shard_path) {
+    const char *slash = strrchr(shard_path, '/'), *base = slash ? slash + 1 : shard_path;
+    const char *r = strstr(base, "-r");   /* (a set id holds digits, '-' and lowercase hex: no "-r") */
+    char dir[4096], set[DT_CKPT_SET_MAX];
+    if (!is_shard_file(base) || !r) return 0;
+    size_t sl = (size_t)(r - base) - strlen(SHARD_PREFIX);
+    if (sl >= sizeof set || snprintf(dir, sizeof dir, "%s", slash ? shard_path : ".") >= (int)sizeof dir) return 0;
+    if (slash) dir[slash == shard_path ? 1 : slash - shard_path] = 0;   /* "/x": the root */
+    memcpy(set, base + strlen(SHARD_PREFIX), sl);
+    set[sl] = 0;
+    return committed_set(dir, set);
+}
+
 /* Shards (or their temp files) of another set than `set`, and index temp files. */
 static int stale(const char *name, const char *set) {
     char keep[128];

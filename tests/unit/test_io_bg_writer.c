@@ -7,7 +7,8 @@
  *    boundaries fall inside tensors, gives the same bytes;
  *  - a sharded set's index waits for every rank's shard file and then
  *    commits the set (the set loads); cancelled while a shard is missing,
- *    nothing is committed and the wait reports it;
+ *    nothing is committed and the wait reports it; abandoned, an uncommitted
+ *    set's shards go and a committed set's stay;
  *  - a write that fails on the thread is reported by the next wait, naming
  *    the file, and only once;
  *  - bad arguments are refused at the call, not later. */
@@ -202,6 +203,12 @@ static void test_index_waits_for_shards(void **state) {
     assert_int_equal(dt_ckpt_read(c, "a", 0, 6, got), DT_OK);
     assert_memory_equal(got, a, sizeof a);
     dt_ckpt_close(c);
+    /* abandoned after its commit (a failure reported later, a peer's): the
+     * committed set keeps its shards and loads (its rank-0 shard was removed) */
+    dt_bg_writer_abandon(wr);
+    assert_int_equal(dt_ckpt_open(dir, &c), DT_OK);
+    assert_int_equal(dt_ckpt_read(c, "a", 0, 6, got), DT_OK);
+    dt_ckpt_close(c);
     /* a set one of whose shards never comes: cancelled, the old set stays the one */
     dt_bg_writer_capture(wr);
     assert_int_equal(dt_ckpt_write_shard(dir, "4-00000002", 0, 2, r0, 1), DT_OK);
@@ -215,6 +222,11 @@ static void test_index_waits_for_shards(void **state) {
     assert_int_equal(dt_ckpt_open(dir, &c), DT_OK);
     assert_string_equal(dt_ckpt_get_meta(c, "step"), "3");
     dt_ckpt_close(c);
+    char s4[200];   /* abandoned uncommitted: its shard goes */
+    snprintf(s4, sizeof s4, "%s/shard-4-00000002-r0.safetensors", dir);
+    assert_true(exists(s4));
+    dt_bg_writer_abandon(wr);
+    assert_false(exists(s4));
     dt_bg_writer_free(wr);
 }
 
