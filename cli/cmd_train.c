@@ -384,17 +384,16 @@ static int launch(int argc, char **argv, const cli_flags *f) {
  * and ignored once, --save even creating its directory's lock). Evaluation
  * has no optimizer (--optim), draws no random numbers (--seed: the split is
  * read in order, dropout is off), keeps nothing for a backward
- * (--saved-activations), reduces no gradients (--deterministic), prints no
- * progress lines (--log-every) and runs a pipeline's batches forward in
- * order (--max-outstanding). */
+ * (--saved-activations), prints no progress lines (--log-every) and runs a
+ * pipeline's batches forward in order (--max-outstanding). (--deterministic
+ * stays: it orders the metric's sums and tensor parallelism's reductions.) */
 static const char *const train_only[] = {
     "--steps", "--epochs", "--accum", "--recompute", "--optim", "--lr", "--min-lr", "--warmup", "--wd", "--momentum",
     "--nesterov", "--beta1", "--beta2", "--eps", "--freeze", "--unfreeze-at", "--no-decay", "--lr-scale", "--clip",
     "--optim-state", "--loss-scale", "--loss-scale-init", "--loss-scale-window", "--seed", "--saved-activations",
     "--save", "--save-every", "--save-sync", "--save-format", "--log-every", "--sample-every", "--sample-tokens",
     "--stop-after", "--max-restarts", "--min-nproc", "--bucket-mb", "--first-bucket-mb", "--find-unused",
-    "--no-overlap", "--overlap-step", "--uneven", "--sync-bn", "--no-broadcast-buffers", "--deterministic",
-    "--max-outstanding"};
+    "--no-overlap", "--overlap-step", "--uneven", "--sync-bn", "--no-broadcast-buffers", "--max-outstanding"};
 
 static int is_train_only(const char *flag) {
     for (size_t i = 0; i < sizeof train_only / sizeof *train_only; i++)

@@ -210,7 +210,11 @@ int dt_cli_relaunch(int argc, char **argv, int nproc, int threads, const dt_cli_
         /* a launcher killed outright (SIGKILL, the OOM killer) leaves no one
          * to stop the job: mpirun then gets SIGTERM, its abort, which ends
          * the ranks, instead of running on unwatched */
-        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(1);
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) {
+            fprintf(stderr, "dtrain: --nproc: cannot tie mpirun to the launcher (prctl): %s\n", strerror(errno));
+            _exit(DT_CLI_LAUNCH_FAILED);
+        }
+        if (getppid() != parent) _exit(DT_CLI_LAUNCH_FAILED);   /* the launcher is gone already */
 #else
         (void)parent;
 #endif

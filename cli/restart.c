@@ -136,12 +136,16 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     long long *resumed = calloc((size_t)max_restarts + 1, sizeof *resumed);
     int *worlds = calloc((size_t)max_restarts + 1, sizeof *worlds);
     int *alive = calloc((size_t)(h->n > 0 ? h->n : 1), sizeof *alive);
-    if (!av || !resumed || !worlds || !alive) {
+    int *ran_on = calloc((size_t)(h->n > 0 ? h->n : 1), sizeof *ran_on);   /* the hosts of the last attempt */
+    char *own = calloc((size_t)max_restarts + 1, 1);   /* [i]: restart i resumed a save of this job's */
+    if (!av || !resumed || !worlds || !alive || !ran_on || !own) {
         fprintf(stderr, "dtrain: --max-restarts: out of memory\n");
         free(av);
         free(resumed);
         free(worlds);
         free(alive);
+        free(ran_on);
+        free(own);
         unlink(prog);
         return 1;
     }
@@ -162,12 +166,21 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
      * job's own; until then it runs the job as first launched */
     const ckpt_ident before = ident_of(save);
     int before_first = 0;   /* the last attempt failed before its first step */
+    /* the job's own flags resume --save itself (--resume SAVE): a restart
+     * before its first save starts where the job did */
+    int job_resumes_save = 0;
+    for (int i = 2; i < argc; i++) {
+        size_t l = strlen("--resume");
+        if (!strcmp(argv[i], "--resume") && i + 1 < argc && !strcmp(argv[i + 1], save)) job_resumes_save = 1;
+        if (!strncmp(argv[i], "--resume=", l + 1) && !strcmp(argv[i] + l + 1, save)) job_resumes_save = 1;
+    }
+    for (int i = 0; i < h->n; i++) ran_on[i] = 1;
     for (;;) {
         int k = 0;
         char **use = argv;
         int n = argc;
         if (restarts > 0) {   /* the flags, --resume SAVE for --resume / --init, the micro-steps of this world */
-            int resize = world != nproc, ckpt = resumed[restarts - 1] >= 0;
+            int resize = world != nproc, ckpt = own[restarts - 1];
             av[k++] = argv[0];
             av[k++] = argv[1];
             for (int i = 2; i < argc; i++) {
@@ -210,8 +223,10 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
         }
         long long reached = progress_step(prog), from = ckpt_step(save);
         const ckpt_ident now_at = ident_of(save);
-        int old_ckpt = from >= 0 && same_ident(&before, &now_at);
-        if (old_ckpt) from = -1;
+        int old_ckpt = from >= 0 && same_ident(&before, &now_at), mine = from >= 0 && !old_ckpt;
+        /* where the next attempt starts: this job's save, else as launched
+         * (at --save's step when the job resumes it, else from the start) */
+        if (old_ckpt && !job_resumes_save) from = -1;
         if (reached >= 0 && from < reached) recomputed += reached - (from > 0 ? from : 0);   /* run again */
         char why[400];   /* the exit, then which hosts did not answer (lost: < 300) */
         snprintf(why, sizeof why, "the job failed (exit %d)%s", rc, reached >= 0 ? "" : " before its first step");
@@ -253,7 +268,11 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
             if (acc != accum && evalb > 0)
                 snprintf(on + strlen(on), sizeof on - strlen(on), " and --eval-batches %lld the evaluation%s",
                          (evalb + acc - 1) / acc, evalb % acc ? " (rounded up to whole batches)" : "");
-            moved = W != world || !all;
+            moved = W != world;
+            for (int i = 0; i < h->n; i++) {
+                moved |= alive[i] != ran_on[i];
+                ran_on[i] = alive[i];
+            }
             world = W;
             accum = acc;
         }
@@ -266,6 +285,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
             break;
         }
         before_first = reached < 0;
+        own[restarts] = (char)mine;
         resumed[restarts] = from;
         worlds[restarts] = world;
         restarts++;
@@ -299,5 +319,7 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     free(resumed);
     free(worlds);
     free(alive);
+    free(ran_on);
+    free(own);
     return rc;
 }

@@ -6,7 +6,10 @@
  * (SIGURG is our launcher's SIGUSR1 through mpirun, below). SIGHUP is a
  * closed terminal or ssh session: the run saves and stops as for SIGTERM
  * (exit 129), where its default action lost the steps since the last save
- * and, for the launcher, left mpirun and the ranks running unwatched.
+ * and, for the launcher, left mpirun and the ranks running unwatched; like
+ * SIGUSR1 it only ever asks (a hang-up arrives twice: from the shell, then
+ * the kernel), and under nohup (SIGHUP ignored from the start) it stays
+ * ignored.
  *
  * The --nproc launcher (launch.c) runs mpirun as a child in a process group of
  * its own, so a terminal's Ctrl-C reaches only the launcher, and passes the
@@ -91,7 +94,10 @@ static void die_now(int sig) {
 
 static void on_rank_signal(int sig) {
     if (g_seen++) {
-        if (sig != SIGUSR1) die_now(sig);   /* (a launcher's repeat: the same stop) */
+        /* (SIGUSR1: a launcher's repeat of the same stop; SIGHUP: a hang-up
+         * comes twice, from the shell and from the kernel, and must not turn
+         * the save into a kill) */
+        if (sig != SIGUSR1 && sig != SIGHUP) die_now(sig);
         return;
     }
     g_first = sig;
@@ -112,7 +118,7 @@ static void on_rank_sigurg(int sig, siginfo_t *si, void *ctx) {
 
 /* the launcher only counts: its wait loop acts (kill, files) */
 static void on_launcher_signal(int sig) {
-    if (g_seen && sig == SIGUSR1) return;   /* only asks again: not the second signal */
+    if (g_seen && (sig == SIGUSR1 || sig == SIGHUP)) return;   /* only asks again: not the second signal */
     if (!g_seen) g_first = sig;
     g_last = sig;
     g_seen++;
@@ -128,7 +134,11 @@ static void install(void (*fn)(int), void (*urg)(int, siginfo_t *, void *)) {
     sigemptyset(&sa.sa_mask);
     const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGURG};
     for (int i = 0; i < 5; i++) sigaddset(&sa.sa_mask, sigs[i]);   /* one handler at a time */
-    for (int i = 0; i < 4; i++) sigaction(sigs[i], &sa, NULL);
+    for (int i = 0; i < 4; i++) {
+        struct sigaction was;   /* nohup (SIGHUP ignored, inherited) keeps the run going as it asked */
+        if (sigs[i] == SIGHUP && sigaction(SIGHUP, NULL, &was) == 0 && was.sa_handler == SIG_IGN) continue;
+        sigaction(sigs[i], &sa, NULL);
+    }
     if (urg) {
         sa.sa_handler = NULL;
         sa.sa_sigaction = urg;
@@ -387,11 +397,17 @@ int dt_cli_launch_wait(int child, const sigset_t *unblock, const char *dir, int 
     /* stopped on the ask we sent (the ranks' SIGUSR1), or ended by us: report the signal we got */
     if (g_seen && (rc == 128 + SIGUSR1 || term_at)) rc = 128 + g_first;
     /* what mpirun --quiet and a rank that died by a signal leave unsaid (a
-     * rank's own error has printed its line) */
-    if (!g_seen && rc > 128 && rc <= 128 + 64)   /* (Linux: signals 1 .. 64) */
-        fprintf(stderr, "dtrain: a rank was ended by signal %d (%s)%s; the job failed\n", rc - 128, strsignal(rc - 128),
-                rc - 128 == SIGKILL ? ": the kernel's out-of-memory killer (see dmesg) or a kill -9" : "");
-    else if (!g_seen && rc != 0 && dir && where == DT_LAUNCH_ALL_HERE && started_here == 0)
+     * rank's own error, or its stop on a signal sent to it, has printed its
+     * line; 125 / 127: the launch's own failure, said where it happened) */
+    int sig = rc - 128, stop = sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGUSR1;
+    if (!g_seen && WIFSIGNALED(st))
+        fprintf(stderr, "dtrain: mpirun was ended by signal %d (%s); the job failed\n", WTERMSIG(st),
+                strsignal(WTERMSIG(st)));
+    else if (!g_seen && sig > 0 && sig <= 64 && !stop)   /* (Linux: signals 1 .. 64) */
+        fprintf(stderr, "dtrain: a rank was ended by signal %d (%s)%s; the job failed\n", sig, strsignal(sig),
+                sig == SIGKILL ? ": the kernel's out-of-memory killer (see dmesg) or a kill -9" : "");
+    else if (!g_seen && rc != 0 && rc != DT_CLI_LAUNCH_FAILED && rc != 127 && dir && where == DT_LAUNCH_ALL_HERE &&
+             started_here == 0)
         fprintf(stderr, "dtrain: mpirun failed (exit %d) before any rank started; the command --print-launch shows, "
                         "run without its --quiet, prints mpirun's own message\n", rc);
     return rc;

@@ -175,7 +175,8 @@ dt_status dt_ckpt_discard_shard(const char *dir, const char *set, int rank);
 #define DT_CKPT_LOCK_NAME ".dtrain.lock"
 dt_status dt_ckpt_lock_dir(const char *dir, int *fd);
 void dt_ckpt_unlock_dir(int fd);
-/* Rank's file of the set, written atomically. Zero-length pieces are skipped. */
+/* Rank's file of the set (its id from dt_ckpt_set_id; another is refused),
+ * written atomically. Zero-length pieces are skipped. */
 dt_status dt_ckpt_write_shard(const char *dir, const char *set, int rank, int world,
                               const dt_ckpt_piece *pieces, int n_pieces);
 /* Rank 0, after every shard was written: index.json (file sizes from the

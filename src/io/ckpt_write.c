@@ -156,9 +156,13 @@ dt_status dt_ckpt_discard_shard(const char *dir, const char *set, int rank) {
     return DT_OK;
 }
 
+static int is_set_id(const char *set);
+
 dt_status dt_ckpt_write_shard(const char *dir, const char *set, int rank, int world,
                               const dt_ckpt_piece *pieces, int n_pieces) {
     char path[4096], name[128], vr[16], vw[16];
+    if (!dir || !set || !is_set_id(set))
+        return DT_ERR(DT_EINVAL, "dt_ckpt_write_shard: set id '%s' is not one dt_ckpt_set_id makes", set ? set : "(null)");
     if (!shard_name(name, sizeof name, set, rank) ||
         snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
         return DT_ERR(DT_EINVAL, "sharded checkpoint %s: path too long", dir);
@@ -233,6 +237,12 @@ static const char *skip_run(const char *p, int (*what)(int), int min, int max) {
     return n >= min && !what((unsigned char)p[n]) ? p + n : NULL;
 }
 
+/* "<step>-<8 hex>", as dt_ckpt_set_id makes it */
+static int is_set_id(const char *set) {
+    const char *p = skip_run(set, isdigit, 1, 20);
+    return p && *p == '-' && (p = skip_run(p + 1, isxdigit, 8, 8)) && !*p;
+}
+
 /* A name this writer makes: "shard-<step>-<8 hex>-r<rank>.safetensors", or
  * its atomic temp file (+ ".tmp.<pid>.<n>"). Only those are removed: a
  * user's "shard-notes.txt" in the directory is not dtrain's to delete. */
@@ -289,6 +299,8 @@ dt_status dt_ckpt_write_index(const char *dir, const char *set, int world, int s
                               const dt_st_meta *meta, int n_meta) {
     if (!dir || !set || world < 1 || n_tensors < 0 || (n_tensors && !tensors) || n_meta < 0 || (n_meta && !meta))
         return DT_ERR(DT_EINVAL, "dt_ckpt_write_index: bad arguments");
+    if (!is_set_id(set))   /* (the names a later save removes, or an abandoned one keeps, follow from it) */
+        return DT_ERR(DT_EINVAL, "dt_ckpt_write_index: set id '%s' is not one dt_ckpt_set_id makes", set);
     char *json = NULL, path[4096];
     if (snprintf(path, sizeof path, "%s/%s", dir, DT_CKPT_INDEX_NAME) >= (int)sizeof path)
         return DT_ERR(DT_EINVAL, "sharded checkpoint %s: path too long", dir);

@@ -88,13 +88,21 @@ dt_status dt_atomic_open(dt_atomic_file *af, const char *path) {
         af_release(af);
         return DT_ERR(DT_ENOMEM, "%s: out of memory", path);
     }
+    /* the file it replaces keeps its permissions (a checkpoint kept 0600
+     * does not become 0644 at the next save): the temp file is created with
+     * no more than them, so no one else can open it meanwhile, then given
+     * them exactly (umask's bits back; never setuid). lstat: a link is
+     * replaced, its target's mode is not ours to copy. */
+    struct stat old;
+    int keep = lstat(path, &old) == 0 && S_ISREG(old.st_mode) && old.st_uid == geteuid();
+    mode_t create = keep ? old.st_mode & 0666 : 0666;
     int fd = -1;
     for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
         unsigned n = atomic_fetch_add(&tmp_counter, 1u);
         snprintf(af->tmp_path, cap, "%s.tmp.%ld.%u", path, (long)getpid(), n);
         /* O_EXCL: never an existing file, nor a final symbolic link planted
          * under the temp name (O_NOFOLLOW says so for any reader) */
-        fd = open(af->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        fd = open(af->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, create);
         if (fd < 0 && errno != EEXIST) break;
     }
     if (fd < 0) {
@@ -104,12 +112,7 @@ dt_status dt_atomic_open(dt_atomic_file *af, const char *path) {
         af_release(af);
         return s;
     }
-    /* the file it replaces keeps its permissions (a checkpoint kept 0600
-     * does not become 0644 at the next save); lstat: a link is replaced,
-     * its target's mode is not ours to copy. Best effort, like umask's. */
-    struct stat old;
-    if (lstat(path, &old) == 0 && S_ISREG(old.st_mode) && old.st_uid == geteuid())
-        (void)fchmod(fd, old.st_mode & 07777);
+    if (keep) (void)fchmod(fd, old.st_mode & 0777);   /* (best effort, like umask's) */
     af->f = fdopen(fd, "wb");
     if (!af->f) {
         int e = errno;

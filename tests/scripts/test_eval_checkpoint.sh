@@ -135,9 +135,9 @@ check_refused "eval --resume on one shard of a set" "$shard0" "give its director
 # flags of training alone are refused by eval (they were accepted and ignored:
 # --save wrote nothing but created the directory's lock), and its --help lists none
 # (and those evaluation has no use for: no optimizer, no random numbers, no
-# backward, no gradient reduction, no progress lines, batches forward in order)
+# backward, no progress lines, batches forward in order)
 for tf in "--save $tmp/e-save" "--steps 10" "--lr 0.1" "--save-every 1" "--freeze h.0.*" "--optim adamw" "--seed 1" \
-          "--saved-activations bf16" "--deterministic" "--log-every 1"; do
+          "--saved-activations bf16" "--log-every 1"; do
     # shellcheck disable=SC2086
     out=$(timeout -k 15 60 "$bin" eval --resume "$ck" "${run[@]}" $tf < /dev/null 2>&1); rc=$?
     if [ $rc -eq 2 ] && [[ "$out" == "dtrain: ${tf%% *} applies to dtrain train"* ]] && [ ! -e "$tmp/e-save" ]; then
@@ -153,7 +153,7 @@ else
     echo "FAIL eval --max-outstanding: want exit 2 and 'applies to dtrain train', got: $out"; fail=1
 fi
 help=$("$bin" eval --help 2>&1)
-if grep -qE '^  --(save|steps|lr|save-every|freeze|optim|seed|saved-activations|deterministic|log-every|max-outstanding) ' \
+if grep -qE '^  --(save|steps|lr|save-every|freeze|optim|seed|saved-activations|log-every|max-outstanding) ' \
         <<< "$help" || ! grep -qE '^  --resume ' <<< "$help"; then
     echo "FAIL eval --help lists training flags (or not --resume)"; fail=1
 else

@@ -39,6 +39,11 @@ if [ -w /dev/full ]; then
     err=$("$bin" generate --threads 1 --init "$tmp/rep.st" --prompt abc --tokens 60 2>&1 > /dev/full); rc=$?
     [ $rc -eq 1 ] && [[ "$err" == *"writing standard output"* ]] && ok "generate > /dev/full: exit 1, $err" \
         || bad "generate > /dev/full: want exit 1 naming the output, got (exit $rc): $err"
+    # training's result is its checkpoint: a failed stdout only warns (a completed job must not look failed)
+    err=$("$bin" train --model mlp --hidden 16 --batch 8 --steps 2 --threads 1 --save "$tmp/full.st" 2>&1 > /dev/full); rc=$?
+    [ $rc -eq 0 ] && [ -s "$tmp/full.st" ] && [[ "$err" == *"warning: writing standard output"* ]] \
+        && ok "train > /dev/full: exit 0, the checkpoint written, a warning" \
+        || bad "train > /dev/full: want exit 0 and a warning, got (exit $rc): $err"
 else
     echo "skip generate > /dev/full: no writable /dev/full"
 fi

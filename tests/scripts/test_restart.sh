@@ -111,6 +111,23 @@ if [ $rc -eq 0 ] && grep -q "no complete checkpoint of this job's at $tmp/prev.c
     echo "ok   another run's checkpoint at --save is not resumed: $(grep -m1 'restart 1 of 1' "$tmp/prev.err")"
 else echo "FAIL another run's checkpoint at --save: exit $rc"; tail -5 "$tmp/prev.err"; fail=1; fi
 
+# the job resumes --save itself (--resume CK --save CK) and fails before its first save: the
+# restart resumes CK again, and the summary counts from its step (it said "at the start", 35 again)
+"$bin" "${base[@]}" --batch 8 --steps 30 --save "$tmp/own.ck" > /dev/null 2>&1 || { echo "FAIL own: the first run"; fail=1; }
+"$bin" "${base[@]}" --nproc "$np" --batch 8 --steps 60 --max-restarts 1 --resume "$tmp/own.ck" --save "$tmp/own.ck" \
+    --metrics "$tmp/own.jsonl" < /dev/null > "$tmp/own.out" 2> "$tmp/own.err" &
+job=$!
+while kill -0 $job 2>/dev/null; do s=$(last_step "$tmp/own.jsonl"); [ -n "$s" ] && [ "$s" -ge 35 ] && break; sleep 0.02; done
+for p in $(pgrep -f -- "--save $tmp/own.ck"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$' > /dev/null && kill -9 "$p"
+done
+wait $job; rc=$?
+again=$(grep -oE "; [0-9]+ steps? computed again" "$tmp/own.err" | grep -oE "[0-9]+")
+if [ $rc -eq 0 ] && grep -q "restart 1 of 1 from $tmp/own.ck (step 30)" "$tmp/own.err" &&
+   grep -q "1 restart (resumed at step 30)" "$tmp/own.err" && [ -n "$again" ] && [ "$again" -lt 30 ]; then
+    echo "ok   the job's own --resume CK: $(grep -m1 '1 restart' "$tmp/own.err")"
+else echo "FAIL the job's own --resume CK: exit $rc"; tail -4 "$tmp/own.err"; fail=1; fi
+
 # a failure that repeats before the first step (a missing data file) is not restarted again and again
 "$bin" "${base[@]}" --data-path "$tmp/missing.txt" --nproc "$np" --batch 8 --max-restarts 5 --save "$tmp/miss.ck" \
     < /dev/null > "$tmp/miss.out" 2> "$tmp/miss.err"; rc=$?

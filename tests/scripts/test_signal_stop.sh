@@ -79,6 +79,27 @@ if [ "$np" -eq 1 ]; then
     case_ single_int INT launcher -- "$bin" train "${mlp[@]}"
     # a closed terminal or ssh session (SIGHUP) saves and stops as SIGTERM does (it killed the run unsaved)
     case_ single_hup HUP launcher -- "$bin" train "${mlp[@]}"
+    # a hang-up comes twice (the shell's, then the kernel's): the second only asks again, the run still saves
+    "$bin" train "${mlp[@]}" --steps 100000 --save "$tmp/hup2.st" < /dev/null > "$tmp/hup2.out" 2>&1 &
+    pid=$!
+    if wait_step "$tmp/hup2.out" "$pid"; then kill -HUP "$pid"; kill -HUP "$pid"; fi
+    wait "$pid"; rc=$?
+    if [ $rc -eq 129 ] && [ -e "$tmp/hup2.st" ] && grep -q "^interrupted at step" "$tmp/hup2.out"; then
+        echo "ok   SIGHUP twice: saved and stopped (exit 129)"
+    else echo "FAIL SIGHUP twice: exit $rc (wanted 129), checkpoint: $(ls "$tmp"/hup2.st 2>/dev/null || echo none)"; fail=1; fi
+    # under nohup (SIGHUP ignored from the start) a hang-up changes nothing; SIGTERM still stops
+    bash -c 'trap "" HUP; exec "$@"' _ "$bin" train "${mlp[@]}" --steps 100000 --save "$tmp/nohup.st" < /dev/null \
+        > "$tmp/nohup.out" 2>&1 &
+    pid=$!
+    if wait_step "$tmp/nohup.out" "$pid"; then
+        kill -HUP "$pid"; sleep 1
+        if kill -0 "$pid" 2>/dev/null && ! grep -q "^interrupted" "$tmp/nohup.out"; then
+            echo "ok   nohup: SIGHUP ignored, still training"
+        else echo "FAIL nohup: the run stopped on SIGHUP"; fail=1; fi
+        kill -TERM "$pid"
+    fi
+    wait "$pid"; rc=$?
+    [ $rc -eq 143 ] || { echo "FAIL nohup: SIGTERM after it: exit $rc (wanted 143)"; fail=1; }
     # a second signal stops at once: no step-boundary stop, no checkpoint
     "$bin" train "${mlp[@]}" --steps 100000 --save "$tmp/twice.st" < /dev/null > "$tmp/twice.out" 2>&1 &
     pid=$!

@@ -303,6 +303,27 @@ static void test_consolidated_file(void **state) {
     expect_open_error(p, "none.safetensors", "cannot open");
 }
 
+/* A set id not of dt_ckpt_set_id's form is refused: the names a later save
+ * removes (and an abandoned one keeps) follow from that form. */
+static void test_set_id_form(void **state) {
+    (void)state;
+    char dir[128];
+    subdir(dir, sizeof dir, "ids");
+    assert_int_equal(dt_ckpt_prepare_dir(dir), DT_OK);
+    dt_ckpt_piece r0[] = {{"a", 0, 7, A}};
+    dt_ckpt_shape shapes[] = {{"a", 1, {7}}};
+    const char *bad[] = {"mine", "3-1234567", "3-123456789", "-3-12345678", "3-1234567g", "3_12345678", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(dt_ckpt_write_shard(dir, bad[i], 0, 1, r0, 1), DT_EINVAL);
+        assert_non_null(strstr(dt_error_message(), "dt_ckpt_set_id"));
+        assert_int_equal(dt_ckpt_write_index(dir, bad[i], 1, 1, shapes, 1, NULL, 0), DT_EINVAL);
+    }
+    assert_int_equal(count_files(dir), 0);
+    char set[DT_CKPT_SET_MAX];
+    dt_ckpt_set_id(123456789012LL, 0xabcdef01u, set);
+    assert_int_equal(dt_ckpt_write_shard(dir, set, 0, 1, r0, 1), DT_OK);
+}
+
 static void test_prepare_dir_rejects_file(void **state) {
     (void)state;
     char p[128];
@@ -321,6 +342,7 @@ int main(void) {
         cmocka_unit_test(test_gap_overlap_shape),
         cmocka_unit_test(test_bad_index_and_dtype),
         cmocka_unit_test(test_consolidated_file),
+        cmocka_unit_test(test_set_id_form),
         cmocka_unit_test(test_prepare_dir_rejects_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
