@@ -19,7 +19,8 @@
 static int add_host(dt_cli_hosts *h, const char *name, size_t len, long slots, const char *where, char *err,
                     int errlen) {
     if (len == 0 || len > 255) {
-        snprintf(err, (size_t)errlen, "%s: a host name of %zu characters (1..255)", where, len);
+        snprintf(err, (size_t)errlen, "%s: a host name of %zu characters (1..255)%s", where, len,
+                 len ? "" : ": an empty entry (a leading, trailing or doubled comma?)");
         return -1;
     }
     for (size_t i = 0; i < len; i++)
@@ -33,7 +34,7 @@ static int add_host(dt_cli_hosts *h, const char *name, size_t len, long slots, c
         return -1;
     }
     for (int i = 0; i < h->n; i++)
-        if (strlen(h->name[i]) == len && !strncmp(h->name[i], name, len)) {
+        if (strlen(h->name[i]) == len && !strncasecmp(h->name[i], name, len)) {   /* (names ignore case) */
             snprintf(err, (size_t)errlen, "%s: host '%.*s' listed twice", where, (int)len, name);
             return -1;
         }
@@ -66,8 +67,8 @@ static int parse_list(const char *s, dt_cli_hosts *h, char *err, int errlen) {
         if (*q == ':') {
             char *end;
             errno = 0;
-            slots = strtol(q + 1, &end, 10);
-            if (end == q + 1 || errno || (*end && *end != ',')) {
+            slots = isdigit((unsigned char)q[1]) ? strtol(q + 1, &end, 10) : (end = (char *)q + 1, 0);
+            if (end == q + 1 || errno || (*end && *end != ',')) {   /* (digits only: not " 2", "+2") */
                 snprintf(err, (size_t)errlen, "--hosts %s: after '%.*s:' a slot count (e.g. h0:2,h1:2)", s, (int)len, p);
                 return -1;
             }

@@ -69,6 +69,10 @@ many=$(for i in $(seq 1 60); do printf 'node%03d:4,' "$i"; done)
 refuses "60 hosts: the list cut in the middle, the last one named" \
     "--nproc 1000: 60 hosts \(node001:4, node002:4, .*, \.\.\., node060:4\) has 240 slots$" "$bin" train --hosts "${many%,}" --nproc 1000
 refuses "host twice" "--hosts: host 'a' listed twice" "$bin" train --hosts a:1,a:2
+refuses "host twice, in other case" "--hosts: host 'a' listed twice" "$bin" train --hosts A:1,a:2
+refuses "a slot count with a space" "--hosts a: 2: after 'a:' a slot count" "$bin" train --hosts 'a: 2'
+refuses "a slot count with a sign" "--hosts a:\+2: after 'a:' a slot count" "$bin" train --hosts 'a:+2'
+refuses "a trailing comma" "an empty entry \(a leading, trailing or doubled comma\?\)" "$bin" train --hosts 'a:2,'
 refuses "more ranks than slots" "--nproc 5: 2 hosts \(a:2, b:2\) has 4 slots" "$bin" train --hosts a:2,b:2 --nproc 5
 refuses "hosts and hostfile" "--hosts and --hostfile: give one of them" "$bin" train --hosts a:2 --hostfile "$tmp/hosts"
 printf 'n1 slot=2\n' > "$tmp/bad"
