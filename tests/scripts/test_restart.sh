@@ -25,6 +25,14 @@ base=(train --model gpt2 --layers 2 --embd 64 --heads 2 --max-t 64 --seq 64 --da
 fail=0
 
 last_step() { tail -n 1 "$1" 2>/dev/null | grep -oE '"step":[0-9]+' | cut -d: -f2; }
+# kill_rank1_at JOB METRICS SAVE STEP: once METRICS logs STEP (or JOB ends), SIGKILL rank 1 of the job saving to SAVE
+kill_rank1_at() {
+    local job=$1 metrics=$2 save=$3 step=$4 s p
+    while kill -0 "$job" 2>/dev/null; do s=$(last_step "$metrics"); [ -n "$s" ] && [ "$s" -ge "$step" ] && break; sleep 0.02; done
+    for p in $(pgrep -f -- "--save $save"); do
+        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$' > /dev/null && kill -9 "$p"
+    done
+}
 
 # faulty TAG REF_ARGS -- ARGS: the uninterrupted reference (REF_ARGS), then the
 # same run with 5 kills (ARGS); checkpoints compared
@@ -83,10 +91,7 @@ fi
     < /dev/null > "$tmp/last.out" 2> "$tmp/last.err" &
 job=$!
 for k in 1 2; do
-    while kill -0 $job 2>/dev/null; do s=$(last_step "$tmp/last.jsonl"); [ -n "$s" ] && [ "$s" -ge $((k * 10)) ] && break; sleep 0.02; done
-    for p in $(pgrep -f -- "--save $tmp/last.ck"); do
-        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$' > /dev/null && kill -9 "$p"
-    done
+    kill_rank1_at $job "$tmp/last.jsonl" "$tmp/last.ck" $((k * 10))
     while [ $k = 1 ] && kill -0 $job 2>/dev/null && ! grep -q 'restart 1 of 1' "$tmp/last.err"; do sleep 0.05; done
 done
 wait $job; rc=$?
@@ -101,10 +106,7 @@ else echo "FAIL no restarts left: exit $rc"; tail -5 "$tmp/last.err"; fail=1; fi
 "$bin" "${base[@]}" --nproc "$np" --batch 8 --steps 40 --max-restarts 1 --save "$tmp/prev.ck" --metrics "$tmp/prev.jsonl" \
     < /dev/null > "$tmp/prev.out" 2> "$tmp/prev.err" &
 job=$!
-while kill -0 $job 2>/dev/null; do s=$(last_step "$tmp/prev.jsonl"); [ -n "$s" ] && [ "$s" -ge 5 ] && break; sleep 0.02; done
-for p in $(pgrep -f -- "--save $tmp/prev.ck"); do
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$' > /dev/null && kill -9 "$p"
-done
+kill_rank1_at $job "$tmp/prev.jsonl" "$tmp/prev.ck" 5
 wait $job; rc=$?
 if [ $rc -eq 0 ] && grep -q "no complete checkpoint of this job's at $tmp/prev.ck yet; restart 1 of 1 as first launched" "$tmp/prev.err" \
    && ! grep -q "restart 1 of 1 from" "$tmp/prev.err"; then
@@ -117,10 +119,7 @@ else echo "FAIL another run's checkpoint at --save: exit $rc"; tail -5 "$tmp/pre
 "$bin" "${base[@]}" --nproc "$np" --batch 8 --steps 60 --max-restarts 1 --resume "$tmp/own.ck" --save "$tmp/own.ck" \
     --metrics "$tmp/own.jsonl" < /dev/null > "$tmp/own.out" 2> "$tmp/own.err" &
 job=$!
-while kill -0 $job 2>/dev/null; do s=$(last_step "$tmp/own.jsonl"); [ -n "$s" ] && [ "$s" -ge 35 ] && break; sleep 0.02; done
-for p in $(pgrep -f -- "--save $tmp/own.ck"); do
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$' > /dev/null && kill -9 "$p"
-done
+kill_rank1_at $job "$tmp/own.jsonl" "$tmp/own.ck" 35
 wait $job; rc=$?
 again=$(grep -oE "; [0-9]+ steps? computed again" "$tmp/own.err" | grep -oE "[0-9]+")
 if [ $rc -eq 0 ] && grep -q "restart 1 of 1 from $tmp/own.ck (step 30)" "$tmp/own.err" &&
