@@ -177,6 +177,8 @@ static dt_status check_tiling(const char *dir, dt_ckpt *c) {
     return DT_OK;
 }
 
+void (*dt__ckpt_after_index_read)(const char *dir);
+
 dt_status dt_ckpt_open_sharded(const char *dir, dt_ckpt *c) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/%s", dir, DT_CKPT_INDEX_NAME) >= (int)sizeof path)
@@ -209,6 +211,7 @@ dt_status dt_ckpt_open_sharded(const char *dir, dt_ckpt *c) {
     if (s == DT_OK) s = parse_meta(dir, cJSON_GetObjectItemCaseSensitive(root, "metadata"), c);
     if (s == DT_OK && !(c->files = calloc((size_t)world, sizeof *c->files)))
         s = DT_ERR(DT_ENOMEM, "%s: out of memory", dir);
+    if (s == DT_OK && dt__ckpt_after_index_read) dt__ckpt_after_index_read(dir);
     int i = 0;
     for (const cJSON *it = s == DT_OK ? files->child : NULL; it && s == DT_OK; it = it->next, i++)
         s = open_file(dir, it, i, (int)world, set->valuestring, c);

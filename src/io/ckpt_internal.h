@@ -66,6 +66,9 @@ struct dt_ckpt {
 
 /* Sharded open (ckpt_index.c): fills a zeroed c from dir/index.json. */
 dt_status dt_ckpt_open_sharded(const char *dir, dt_ckpt *c);
+/* Tests only: called once the index is read, before its files are opened
+ * (where a save into the directory can remove them). NULL in the library. */
+extern void (*dt__ckpt_after_index_read)(const char *dir);
 /* Sorted tensor table helpers (ckpt_source.c). */
 int dt_ckpt_tensor_cmp(const void *a, const void *b);
 dt_ckpt_tensor *dt_ckpt_lookup(const dt_ckpt *c, const char *name);

@@ -66,6 +66,46 @@ static dt_status open_single(const char *path, dt_ckpt *c) {
     return DT_OK;
 }
 
+/* Everything but the path: c as calloc left it. */
+static void ckpt_clear(dt_ckpt *c) {
+    for (int i = 0; i < c->n_files; i++) dt_ckpt_file_close(&c->files[i]);
+    for (int i = 0; i < c->n_t; i++) { free(c->t[i].name); free(c->t[i].sp); }
+    for (int i = 0; i < c->n_meta; i++) { free(c->mk[i]); free(c->mv[i]); }
+    free(c->files); free(c->t); free(c->mk); free(c->mv);
+    char *path = c->path;
+    memset(c, 0, sizeof *c);
+    c->path = path;
+}
+
+/* index.json's identity: a save replaces it by a rename (a new inode). */
+static int index_id(const char *dir, struct stat *sb) {
+    char p[4096];
+    return snprintf(p, sizeof p, "%s/%s", dir, DT_CKPT_INDEX_NAME) < (int)sizeof p && stat(p, sb) == 0 ? 0 : -1;
+}
+
+/* A save into a directory commits its set by renaming index.json over the
+ * old one, then removes the old set's files: a reader between the two finds a
+ * file of the set it read gone. When the index changed meanwhile, the reader
+ * takes the new set (a few times over: saves may follow each other fast);
+ * an error with the index unchanged is the directory's own. */
+#define CKPT_OPEN_TRIES 8
+
+static dt_status open_sharded(const char *dir, dt_ckpt *c) {
+    dt_status s = DT_OK;
+    for (int tries = 0; tries < CKPT_OPEN_TRIES; tries++) {
+        struct stat before, after;
+        int have = index_id(dir, &before) == 0;
+        s = dt_ckpt_open_sharded(dir, c);
+        if (s == DT_OK || !have || index_id(dir, &after) != 0 || (after.st_ino == before.st_ino &&
+            after.st_dev == before.st_dev && after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+            after.st_mtim.tv_nsec == before.st_mtim.tv_nsec && after.st_size == before.st_size))
+            return s;
+        ckpt_clear(c);
+        c->sharded = 1;
+    }
+    return s;
+}
+
 dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
     if (!out) return DT_ERR(DT_EINVAL, "dt_ckpt_open: NULL output");
     *out = NULL;
@@ -79,7 +119,7 @@ dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
     dt_status s;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         c->sharded = 1;
-        s = dt_ckpt_open_sharded(path, c);
+        s = open_sharded(path, c);
     } else {
         s = open_single(path, c);
     }
@@ -93,10 +133,8 @@ dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
 
 void dt_ckpt_close(dt_ckpt *c) {
     if (!c) return;
-    for (int i = 0; i < c->n_files; i++) dt_ckpt_file_close(&c->files[i]);
-    for (int i = 0; i < c->n_t; i++) { free(c->t[i].name); free(c->t[i].sp); }
-    for (int i = 0; i < c->n_meta; i++) { free(c->mk[i]); free(c->mv[i]); }
-    free(c->files); free(c->t); free(c->mk); free(c->mv); free(c->path);
+    ckpt_clear(c);
+    free(c->path);
     free(c);
 }
 

@@ -2,7 +2,9 @@
  * one process reads back across piece boundaries; a newer set replaces the
  * old one only once its index lands; every kind of corruption (missing or
  * truncated file, file of another set, gap, overlap, wrong shape, wrong
- * dtype, bad index) is a clear error. Consolidated files read the same way. */
+ * dtype, bad index) is a clear error. Consolidated files read the same way.
+ * A reader that a save overtakes (its set's files removed after it read the
+ * index) reads the new set. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "dtrain/io.h"
+#include "io/ckpt_internal.h"
 
 static char root[64];
 static float A[20], B[10], C[3];   /* a: [4, 5], b: [10], c: [3] */
@@ -333,6 +336,52 @@ static void test_prepare_dir_rejects_file(void **state) {
     assert_non_null(strstr(dt_error_message(), "not a directory"));
 }
 
+/* A save lands between the reader's index and its files (the hook runs
+ * there): the old set's files are gone, the reader takes the new set. */
+static const char *race_dir;
+static int race_saves;   /* saves the hook still makes, one per call */
+static unsigned race_salt;
+
+static void save_between(const char *dir) {
+    assert_string_equal(dir, race_dir);
+    if (race_saves <= 0) return;
+    race_saves--;
+    char set[DT_CKPT_SET_MAX];
+    dt_ckpt_set_id(9, 0x30000000u + race_salt++, set);
+    C[0] += 1.0f;   /* each save's c differs */
+    write_set(dir, set, GOOD);
+}
+
+static void test_reader_overtaken_by_save(void **state) {
+    (void)state;
+    char dir[128], set[DT_CKPT_SET_MAX];
+    subdir(dir, sizeof dir, "race");
+    dt_ckpt_set_id(8, 0x2fffffffu, set);
+    write_set(dir, set, GOOD);
+    float c0 = C[0], got[3];
+    race_dir = dir;
+    dt__ckpt_after_index_read = save_between;
+    for (int saves = 1; saves <= 3; saves++) {   /* one save, or several in a row */
+        race_saves = saves;
+        dt_ckpt *c = NULL;
+        dt_status s = dt_ckpt_open(dir, &c);
+        if (s != DT_OK) fail_msg("overtaken by %d save(s): %s", saves, dt_error_message());
+        assert_int_equal(race_saves, 0);
+        assert_int_equal(dt_ckpt_read(c, "c", 0, 3, got), DT_OK);
+        assert_true(got[0] == C[0]);   /* the newest set */
+        dt_ckpt_close(c);
+    }
+    /* a file missing with the index unchanged stays an error, not a retry */
+    race_saves = 0;
+    char p[256];
+    dt_ckpt_set_id(9, 0x30000000u + race_salt - 1, set);
+    shard_path(p, sizeof p, dir, set, 1);
+    assert_int_equal(unlink(p), 0);
+    expect_open_error(dir, "missing", NULL);
+    dt__ckpt_after_index_read = NULL;
+    C[0] = c0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_ranges),
@@ -344,6 +393,7 @@ int main(void) {
         cmocka_unit_test(test_consolidated_file),
         cmocka_unit_test(test_set_id_form),
         cmocka_unit_test(test_prepare_dir_rejects_file),
+        cmocka_unit_test(test_reader_overtaken_by_save),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
