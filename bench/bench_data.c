@@ -6,7 +6,9 @@
  * process's.
  *
  *   bench_data make DIR SHARDS TOKENS_PER_SHARD   writes llm.c shards (ids < 50257)
- *   bench_data DIR [T=1024] [B=8] [BATCHES=2000]  opens DIR as "shard" and draws */
+ *   bench_data make-text DIR FILES BYTES_PER_FILE writes text files (printable bytes)
+ *   bench_data DIR [T=1024] [B=8] [BATCHES=2000] [KIND=shard|text]
+ *                                                 opens DIR as KIND and draws */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,25 +47,48 @@ static int make(const char *dir, int shards, long per) {
     return 0;
 }
 
+static int make_text(const char *dir, int files, long per) {
+    if (mkdir(dir, 0755) != 0) { perror(dir); return 1; }
+    char *v = malloc((size_t)per);
+    if (!v) return 1;
+    uint64_t x = 88172645463325252ull;
+    for (int k = 0; k < files; k++) {
+        for (long i = 0; i < per; i++) {   /* printable ASCII and newlines */
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            v[i] = x % 64 == 0 ? '\n' : (char)(' ' + x % 95);
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/part_%06d.txt", dir, k);
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(v, 1, (size_t)per, f) != (size_t)per || fclose(f) != 0) { perror(path); return 1; }
+    }
+    free(v);
+    printf("wrote %d text files x %ld bytes to %s\n", files, per, dir);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 5 && !strcmp(argv[1], "make")) return make(argv[2], atoi(argv[3]), atol(argv[4]));
+    if (argc >= 5 && !strcmp(argv[1], "make-text")) return make_text(argv[2], atoi(argv[3]), atol(argv[4]));
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: bench_data make DIR SHARDS TOKENS_PER_SHARD | bench_data DIR [T] [B] [BATCHES]\n");
+        fprintf(stderr, "usage: bench_data make DIR SHARDS TOKENS_PER_SHARD | make-text DIR FILES BYTES_PER_FILE | "
+                "DIR [T] [B] [BATCHES] [shard|text]\n");
         return 2;
     }
     int T = argc > 2 ? atoi(argv[2]) : 1024, B = argc > 3 ? atoi(argv[3]) : 8;
     long batches = argc > 4 ? atol(argv[4]) : 2000;
+    const char *kind = argc > 5 ? argv[5] : "shard";
     if (T < 1 || B < 1 || batches < 1) { fprintf(stderr, "T, B and BATCHES must be positive\n"); return 2; }
     long anon0 = status_kb("RssAnon"), rss0 = status_kb("VmRSS");
     double t0 = bench_now();
     dt_dataset d;
     dt_dataset_opts o = {.path = argv[1], .seq = T};
-    if (dt_dataset_open("shard", &o, &d) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
+    if (dt_dataset_open(kind, &o, &d) != DT_OK) { fprintf(stderr, "%s\n", dt_error_message()); return 1; }
     double open_s = bench_now() - t0;
     long anon = status_kb("RssAnon") - anon0, rss = status_kb("VmRSS") - rss0;
     int64_t n = d.size[DT_SPLIT_TRAIN];
-    printf("open %s: %lld training windows of %d (%.2f G tokens) in %.2f s; rank's own memory +%.1f MiB, "
-           "resident +%.1f MiB, peak resident %.1f MiB\n", argv[1], (long long)n, T, (double)n * T / 1e9, open_s,
+    printf("open %s (%s): %lld training windows of %d (%.2f G tokens) in %.2f s; rank's own memory +%.1f MiB, "
+           "resident +%.1f MiB, peak resident %.1f MiB\n", argv[1], kind, (long long)n, T, (double)n * T / 1e9, open_s,
            anon / 1024.0, rss / 1024.0, status_kb("VmHWM") / 1024.0);
     int32_t *x = malloc((size_t)B * T * sizeof *x), *y = malloc((size_t)B * T * sizeof *y);
     int64_t *idx = malloc((size_t)B * sizeof *idx);

@@ -9,14 +9,19 @@ dt_status dt_dataset_open_text(const dt_dataset_opts *o, dt_dataset *out);
 dt_status dt_dataset_open_shard(const dt_dataset_opts *o, dt_dataset *out);
 
 /* ---- token streams (token_stream.c) ----
- * A split of a token dataset: uint16 ids laid end to end in pieces, one per
- * file of a directory (name order) or one for a file. A piece is a view into
- * memory a dt_token_store owns: an llm.c shard mapped read-only (the page
- * cache holds it once per machine, shared by its ranks, so a rank's own
- * memory does not grow with the data), or a buffer (text, whose bytes widen
- * to uint16). Sample i is the window of T+1 tokens at i*T, which may span
- * pieces as the stream spans files. Streams made by slicing share the store. */
-typedef struct dt_token_piece { const uint16_t *ids; int64_t n; } dt_token_piece;
+ * A split of a token dataset: ids laid end to end in pieces, one per file of
+ * a directory (name order) or one for a file. A piece is a view into memory
+ * a dt_token_store owns, mapped read-only where it can be (the page cache
+ * holds it once per machine, shared by its ranks, so a rank's own memory
+ * does not grow with the data): an llm.c shard's uint16 ids (width 2), or a
+ * text file's bytes (width 1, widened as a batch copies them). Sample i is
+ * the window of T+1 tokens at i*T, which may span pieces as the stream spans
+ * files. Streams made by slicing share the store. */
+typedef struct dt_token_piece {
+    const void *ids;         /* n ids of `width` bytes (little-endian uint16 at width 2) */
+    int64_t n;
+    int width;               /* 1: bytes (text), 2: uint16 (shards) */
+} dt_token_piece;
 typedef struct dt_token_stream {
     dt_token_piece *piece;   /* [n], owned (the ids are not) */
     int64_t *end;            /* [n]: tokens in pieces 0..k */
@@ -24,8 +29,8 @@ typedef struct dt_token_stream {
     int64_t n_tokens;        /* end[n-1], 0 when empty */
     int vocab;               /* ids lie in [0, vocab): 256 for bytes, max id + 1 for shards */
 } dt_token_stream;
-/* Appends a piece of n ids (n may be 0: an empty file still counts as one). */
-dt_status dt_token_stream_push(dt_token_stream *s, const uint16_t *ids, int64_t n, const char *path);
+/* Appends a piece of n ids of `width` bytes (n may be 0: an empty file still counts as one). */
+dt_status dt_token_stream_push(dt_token_stream *s, const void *ids, int width, int64_t n, const char *path);
 void dt_token_stream_free(dt_token_stream *s);
 /* out = tokens [a, b) of s (0 <= a <= b <= s->n_tokens) as views, s's vocab. */
 dt_status dt_token_stream_slice(const dt_token_stream *s, int64_t a, int64_t b, dt_token_stream *out,
@@ -52,15 +57,14 @@ dt_status dt_token_shard_open(const char *path, const char *hold_out, dt_token_s
 /* shard_map.c: one llm.c shard mapped read-only, its ids one piece of out
  * (out->vocab raised to cover them: every id is read once, here). */
 dt_status dt_token_shard_map(const char *path, dt_token_store *st, dt_token_stream *out);
+/* shard_map.c: fd's bytes [0, len) read-only into the store, *base their
+ * address; *base NULL where the file system cannot map (FUSE direct_io), and
+ * for len 0. Advised random access: windows are drawn at random. */
+dt_status dt_token_map_fd(int fd, size_t len, const char *path, dt_token_store *st, const void **base);
 /* token_shard.c: checks an llm.c shard's header (hdr: its first 1024 bytes)
  * against the file's size; *n = its token count. */
 #define DT_SHARD_HDR_BYTES 1024
 dt_status dt_token_shard_header(const char *path, const uint8_t *hdr, int64_t size, int64_t *n);
-/* text.c: the bytes of a file, or of a directory's eligible files
- * concatenated; ends (may be NULL): where each file ends, *n_files of them. */
-dt_status dt_text_read(const char *path, const char *hold_out, uint16_t **ids, int64_t *n, int64_t **ends,
-                       int *n_files);
-
 /* list_dir.c: the files of a data directory whose names `want` accepts:
  * regular files and links to one (not another user's links), in name order,
  * each file once, never the file hold_out names (may be NULL; *held, may be

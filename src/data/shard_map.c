@@ -32,8 +32,26 @@ static dt_status read_whole(const char *path, dt_token_store *st, dt_token_strea
     dt_token_dataset d;
     DT_TRY(dt_token_shard_load(path, &d));
     DT_TRY(dt_token_store_add(st, d.tokens, 0, path));
-    DT_TRY(dt_token_stream_push(out, d.tokens, d.n_tokens, path));
+    DT_TRY(dt_token_stream_push(out, d.tokens, 2, d.n_tokens, path));
     if (d.vocab > out->vocab) out->vocab = d.vocab;
+    return DT_OK;
+}
+
+dt_status dt_token_map_fd(int fd, size_t len, const char *path, dt_token_store *st, const void **base) {
+    *base = NULL;
+    if (len == 0) return DT_OK;   /* (mmap refuses 0 bytes; there is nothing to view) */
+    /* private: read-only pages are the page cache's own, shared all the same */
+    void *b = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (b == MAP_FAILED) {
+        if (errno == ENODEV) return DT_OK;   /* FUSE direct_io: the caller reads the file */
+        return DT_ERR(errno == ENOMEM ? DT_ENOMEM : DT_EIO, "%s: cannot map %lld bytes: %s%s", path, (long long)len,
+                      strerror(errno), errno == ENOMEM ? " (one mapping per file: see vm.max_map_count)" : "");
+    }
+    /* windows are drawn at random: fault in the pages a window touches, not
+     * the read-around block (matters once the data outgrows the page cache) */
+    (void)posix_madvise(b, len, POSIX_MADV_RANDOM);   /* advice: failure costs only speed */
+    DT_TRY(dt_token_store_add(st, b, len, path));
+    *base = b;
     return DT_OK;
 }
 
@@ -76,24 +94,12 @@ dt_status dt_token_shard_map(const char *path, dt_token_store *st, dt_token_stre
         s = DT_ERR(DT_EIO, "%s: cannot read header", path);
     else s = dt_token_shard_header(path, hdr, (int64_t)sb.st_size, &n);
     if (s == DT_OK) s = scan_vocab(fd, path, n, &vocab);
-    void *base = MAP_FAILED;
-    size_t len = (size_t)sb.st_size;
-    int unmappable = 0;   /* a file system without mmap (FUSE direct_io: ENODEV) is read instead */
-    /* private: read-only pages are the page cache's own, shared all the same */
-    if (s == DT_OK && (base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED) {
-        unmappable = errno == ENODEV;
-        if (!unmappable)
-            s = DT_ERR(errno == ENOMEM ? DT_ENOMEM : DT_EIO, "%s: cannot map %lld bytes: %s%s", path, (long long)len,
-                       strerror(errno), errno == ENOMEM ? " (one mapping per shard: see vm.max_map_count)" : "");
-    }
+    const void *base = NULL;
+    if (s == DT_OK) s = dt_token_map_fd(fd, (size_t)sb.st_size, path, st, &base);
     close(fd);
     if (s != DT_OK) return s;
-    if (unmappable) return read_whole(path, st, out);
-    /* windows are drawn at random: fault in the pages a window touches, not
-     * the read-around block (matters once the data outgrows the page cache) */
-    (void)posix_madvise(base, len, POSIX_MADV_RANDOM);   /* advice: failure costs only speed */
-    DT_TRY(dt_token_store_add(st, base, len, path));
-    DT_TRY(dt_token_stream_push(out, (const uint16_t *)((const uint8_t *)base + DT_SHARD_HDR_BYTES), n, path));
+    if (!base) return read_whole(path, st, out);   /* a file system without mmap */
+    DT_TRY(dt_token_stream_push(out, (const uint8_t *)base + DT_SHARD_HDR_BYTES, 2, n, path));
     if (vocab > out->vocab) out->vocab = vocab;
     return DT_OK;
 }

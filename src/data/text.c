@@ -1,15 +1,24 @@
 /* Byte-level text datasets: every byte of a file (or of every regular file in a
  * directory, sorted by name) becomes one token in [0, 256).
  *
+ * Training data (dt_text_open) is mapped read-only, a piece of bytes per file
+ * that batches widen as they copy (shard_map.c's mapping: one copy per
+ * machine in the page cache, none in a rank's own memory; files that cannot
+ * be mapped are read). A text file must not be truncated in place while a
+ * run maps it (SIGBUS past the new end); an editor's save by rename, or
+ * appending, is safe. The public dt_text_load reads into one uint16 buffer.
+ *
  * Directory rules (list_dir.c): regular files and links to one, each file
  * once, in name order, but not names ending in ".dat" (fortune index files)
  * or ".u8" (fortune dirs' UTF-8 twins); subdirectories are not descended.
  * Also here: the public one-buffer token-dataset helpers (free, windows, batch). */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "dataset_internal.h"
 
 /* Growable uint16 token buffer. */
@@ -57,52 +66,22 @@ static int ends_with(const char *s, const char *suffix) {
     return ls >= lx && memcmp(s + ls - lx, suffix, lx) == 0;
 }
 
-/* ends (may be NULL): room for one more end offset */
-static dt_status ends_reserve(int64_t **ends, int n, int *cap, const char *dir) {
-    if (!ends || n < *cap) return DT_OK;
-    int nc = *cap ? 2 * *cap : 64;
-    int64_t *e = realloc(*ends, (size_t)nc * sizeof *e);
-    if (!e) return DT_ERR(DT_ENOMEM, "%s: out of memory listing directory", dir);
-    *ends = e;
-    *cap = nc;
-    return DT_OK;
-}
-
 static int text_name(const char *nm) { return !ends_with(nm, ".dat") && !ends_with(nm, ".u8"); }
 
-/* Append every eligible file of dir (not hold_out), in strcmp order of
- * names; ends (may be NULL) gets where each one ends in b, *n_files of them. */
-static dt_status text_append_dir(tokbuf *b, const char *dir, const char *hold_out, int64_t **ends, int *n_files) {
-    char **names;
-    int n;
-    DT_TRY(dt_data_list_dir(dir, text_name, hold_out, &names, &n, NULL));
-    dt_status st = DT_OK;
-    int cap = 0;
-    for (int i = 0; i < n && st == DT_OK; i++) {
-        st = text_append_file(b, names[i]);
-        if (st == DT_OK) st = ends_reserve(ends, *n_files, &cap, dir);
-        if (st == DT_OK && ends) (*ends)[(*n_files)++] = b->n;
-    }
-    dt_data_names_free(names, n);
-    return st;
-}
-
-dt_status dt_text_read(const char *path, const char *hold_out, uint16_t **ids, int64_t *n, int64_t **ends,
-                       int *n_files) {
-    *ids = NULL;
-    *n = 0;
-    if (ends) *ends = NULL;
-    *n_files = 0;
+/* the bytes of a file, or of a directory's eligible files concatenated */
+static dt_status text_read(const char *path, uint16_t **ids, int64_t *n) {
     struct stat sb;
     if (stat(path, &sb) != 0) return DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
     tokbuf b = {0};
-    dt_status st;
+    dt_status st = DT_OK;
     if (S_ISDIR(sb.st_mode)) {
-        st = text_append_dir(&b, path, hold_out, ends, n_files);
+        char **names;
+        int nn;
+        st = dt_data_list_dir(path, text_name, NULL, &names, &nn, NULL);
+        for (int i = 0; i < nn && st == DT_OK; i++) st = text_append_file(&b, names[i]);
+        dt_data_names_free(names, nn);   /* (NULL, 0 when listing failed) */
     } else if (S_ISREG(sb.st_mode)) {
         st = text_append_file(&b, path);
-        if (st == DT_OK && ends) st = (*ends = malloc(sizeof **ends)) ? DT_OK : DT_ERR(DT_ENOMEM, "out of memory");
-        if (st == DT_OK && ends) (*ends)[(*n_files)++] = b.n;
     } else {
         st = DT_ERR(DT_EINVAL, "%s: not a regular file or directory", path);
     }
@@ -110,8 +89,6 @@ dt_status dt_text_read(const char *path, const char *hold_out, uint16_t **ids, i
         st = DT_ERR(DT_EFORMAT, "%s: no text data (empty file or no eligible files)", path);
     if (st != DT_OK) {
         free(b.v);
-        if (ends) { free(*ends); *ends = NULL; }
-        *n_files = 0;
         return st;
     }
     *ids = b.v;
@@ -122,26 +99,55 @@ dt_status dt_text_read(const char *path, const char *hold_out, uint16_t **ids, i
 dt_status dt_text_load(const char *path, dt_token_dataset *out) {
     if (!path || !out) return DT_ERR(DT_EINVAL, "dt_text_load: NULL argument");
     memset(out, 0, sizeof *out);
-    int n_files;
-    DT_TRY(dt_text_read(path, NULL, &out->tokens, &out->n_tokens, NULL, &n_files));
+    DT_TRY(text_read(path, &out->tokens, &out->n_tokens));
     out->vocab = 256;
     return DT_OK;
 }
 
-/* the text as one owned buffer, one piece per file */
+/* one file's bytes as a piece of out: mapped, or read where the file system
+ * cannot map (the store owns either) */
+static dt_status text_map_file(const char *path, dt_token_store *st, dt_token_stream *out) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   /* (a FIFO must not block the open) */
+    if (fd < 0) return DT_ERR(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    dt_status s = DT_OK;
+    const void *base = NULL;
+    if (fstat(fd, &sb) != 0) s = DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode)) s = DT_ERR(DT_EINVAL, "%s: not a regular file or directory", path);
+    else s = dt_token_map_fd(fd, (size_t)sb.st_size, path, st, &base);
+    close(fd);
+    if (s != DT_OK) return s;
+    if (!base && sb.st_size > 0) {   /* cannot be mapped: read it */
+        tokbuf b = {0};
+        DT_TRY(text_append_file(&b, path));
+        uint8_t *bytes = malloc(b.n ? (size_t)b.n : 1);
+        for (int64_t i = 0; bytes && i < b.n; i++) bytes[i] = (uint8_t)b.v[i];
+        free(b.v);
+        if (!bytes) return DT_ERR(DT_ENOMEM, "%s: out of memory (%lld bytes)", path, (long long)b.n);
+        DT_TRY(dt_token_store_add(st, bytes, 0, path));
+        return dt_token_stream_push(out, bytes, 1, b.n, path);
+    }
+    return dt_token_stream_push(out, base, 1, (int64_t)sb.st_size, path);
+}
+
+/* the text as views of its files, one piece per file */
 dt_status dt_text_open(const char *path, const char *hold_out, dt_token_store *st, dt_token_stream *out) {
     memset(out, 0, sizeof *out);
-    uint16_t *ids;
-    int64_t n, *ends;
-    int n_files;
-    DT_TRY(dt_text_read(path, hold_out, &ids, &n, &ends, &n_files));
-    dt_status s = dt_token_store_add(st, ids, 0, path);
-    for (int k = 0; k < n_files && s == DT_OK; k++) {
-        int64_t a = k ? ends[k - 1] : 0;
-        s = dt_token_stream_push(out, ids + a, ends[k] - a, path);
-    }
-    free(ends);
     out->vocab = 256;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    dt_status s = DT_OK;
+    if (S_ISDIR(sb.st_mode)) {
+        char **names;
+        int n;
+        DT_TRY(dt_data_list_dir(path, text_name, hold_out, &names, &n, NULL));
+        for (int i = 0; i < n && s == DT_OK; i++) s = text_map_file(names[i], st, out);
+        dt_data_names_free(names, n);
+    } else {
+        s = text_map_file(path, st, out);
+    }
+    if (s == DT_OK && out->n_tokens == 0)
+        s = DT_ERR(DT_EFORMAT, "%s: no text data (empty file or no eligible files)", path);
     if (s != DT_OK) dt_token_stream_free(out);
     return s;
 }

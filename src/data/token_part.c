@@ -47,7 +47,7 @@ dt_status dt_tokens_keep_part(const dt_token_stream *all, int64_t n_tr, int rank
     int64_t a, b;
     for (int k = rank; k < all->n; k += world) {
         file_span(all, k, n_tr, &a, &b);
-        dt_status s = dt_token_stream_push(out, all->piece[k].ids, b - a, path);
+        dt_status s = dt_token_stream_push(out, all->piece[k].ids, all->piece[k].width, b - a, path);
         if (s != DT_OK) {
             dt_token_stream_free(out);
             return s;

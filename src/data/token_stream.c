@@ -1,6 +1,6 @@
 /* Token streams and the store behind them (dataset_internal.h).
  *
- * A stream is a list of pieces (views of uint16 ids) with their cumulative
+ * A stream is a list of pieces (views of ids: bytes or uint16) with their cumulative
  * ends; window i starts at token i*T and takes T+1 tokens, walking into the
  * next pieces when it crosses a piece's end. Slicing copies views, never
  * ids, so a split or a rank's part costs memory per file, not per token. */
@@ -9,7 +9,7 @@
 #include <sys/mman.h>
 #include "dataset_internal.h"
 
-dt_status dt_token_stream_push(dt_token_stream *s, const uint16_t *ids, int64_t n, const char *path) {
+dt_status dt_token_stream_push(dt_token_stream *s, const void *ids, int width, int64_t n, const char *path) {
     if (s->n == s->cap) {
         int cap = s->cap ? 2 * s->cap : 16;
         dt_token_piece *p = realloc(s->piece, (size_t)cap * sizeof *p);
@@ -19,7 +19,7 @@ dt_status dt_token_stream_push(dt_token_stream *s, const uint16_t *ids, int64_t 
         s->end = e;
         s->cap = cap;
     }
-    s->piece[s->n] = (dt_token_piece){.ids = ids, .n = n};
+    s->piece[s->n] = (dt_token_piece){.ids = ids, .n = n, .width = width};
     s->n_tokens += n;
     s->end[s->n++] = s->n_tokens;
     return DT_OK;
@@ -53,7 +53,9 @@ dt_status dt_token_stream_slice(const dt_token_stream *s, int64_t a, int64_t b, 
     for (int k = a < b ? piece_at(s, a) : s->n; k < s->n && s->end[k] - s->piece[k].n < b; k++) {
         int64_t start = s->end[k] - s->piece[k].n;   /* piece k holds [start, end[k]) */
         int64_t lo = a > start ? a : start, hi = b < s->end[k] ? b : s->end[k];
-        dt_status st = dt_token_stream_push(out, s->piece[k].ids + (lo - start), hi - lo, path);
+        const dt_token_piece *pc = &s->piece[k];
+        const void *ids = hi > lo ? (const uint8_t *)pc->ids + (lo - start) * pc->width : pc->ids;   /* (NULL: empty) */
+        dt_status st = dt_token_stream_push(out, ids, pc->width, hi - lo, path);
         if (st != DT_OK) {
             dt_token_stream_free(out);
             return st;
@@ -67,20 +69,26 @@ int64_t dt_token_stream_windows(const dt_token_stream *s, int T) {
     return (s->n_tokens - 1) / T;
 }
 
+/* ids [0, len) of a run (window tokens j .. j+len-1) into x[j..] and y[j-1..]:
+ * window token j goes to x[j] (j < T) and y[j - 1] (j > 0) */
+#define COPY_RUN(ids)                                                              \
+    do {                                                                           \
+        for (int64_t m = j; m < j + len && m < T; m++) xr[m] = (ids)[m - j];       \
+        for (int64_t m = j > 0 ? j : 1; m < j + len; m++) yr[m - 1] = (ids)[m - j]; \
+    } while (0)
+
 void dt_token_stream_batch(const dt_token_stream *s, const int64_t *idx, int64_t n, int T, int32_t *x, int32_t *y) {
     for (int64_t i = 0; i < n; i++) {
         int64_t p = idx[i] * (int64_t)T;
         int k = piece_at(s, p);
         int64_t off = p - (s->end[k] - s->piece[k].n);
         int32_t *xr = x + i * (int64_t)T, *yr = y + i * (int64_t)T;
-        /* window token j (0..T) goes to x[j] (j < T) and y[j - 1] (j > 0);
-         * copied as runs that lie in one piece each */
-        for (int64_t j = 0; j <= T; k++, off = 0) {
-            int64_t len = s->piece[k].n - off;
+        for (int64_t j = 0; j <= T; k++, off = 0) {   /* runs that lie in one piece each */
+            const dt_token_piece *pc = &s->piece[k];
+            int64_t len = pc->n - off;
             if (len > T + 1 - j) len = T + 1 - j;
-            const uint16_t *ids = s->piece[k].ids + off;
-            for (int64_t m = j; m < j + len && m < T; m++) xr[m] = ids[m - j];
-            for (int64_t m = j > 0 ? j : 1; m < j + len; m++) yr[m - 1] = ids[m - j];
+            if (len > 0 && pc->width == 1) COPY_RUN((const uint8_t *)pc->ids + off);
+            else if (len > 0) COPY_RUN((const uint16_t *)pc->ids + off);
             j += len;
         }
     }

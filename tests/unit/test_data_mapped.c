@@ -1,6 +1,6 @@
-/* Token shards are read where they lie (mapped read-only), not copied: a
- * rank's own (anonymous) memory stays flat while a directory of shards is
- * opened and batches are drawn from it. The windows still read the
+/* Token shards and text files are read where they lie (mapped read-only),
+ * not copied: a rank's own (anonymous) memory stays flat while a directory
+ * of shards or of text is opened and batches are drawn from it. The windows still read the
  * concatenated stream: across shard boundaries (one window across three
  * shards), in the held-out tail, in each rank's files and in a file's
  * ranges. Expected tokens come from the formula the shards were written
@@ -242,6 +242,56 @@ static void test_shards_stay_out_of_rank_memory(void **state) {
     if (rss_open > 8 * 1024) fail_msg("opening 64 MB of shards grew the resident set by %ld kB", rss_open);
 }
 
+/* byte i of the text written below */
+static uint8_t byte_at(int64_t i) { return (uint8_t)((i * 131 + 7) % 251); }
+
+static void assert_text_bytes(const dt_dataset *d, int64_t w, int T) {   /* T <= 100 */
+    int32_t x[100], y[100];
+    void *xs[1] = {x};
+    dt_dataset_batch(d, DT_SPLIT_TRAIN, &w, 1, xs, y);
+    for (int t = 0; t < T; t++)
+        if (x[t] != byte_at(w * T + t) || y[t] != byte_at(w * T + t + 1))
+            fail_msg("window %lld token %d: x %d y %d, expected %d %d", (long long)w, t, x[t], y[t], byte_at(w * T + t),
+                     byte_at(w * T + t + 1));
+}
+
+/* 4 text files x 16 MB: widening them to uint16 (what the reader did)
+ * added 128 MB to the rank's own memory; mapped, they add nothing, and the
+ * windows still read the bytes across file boundaries */
+static void test_text_stays_out_of_rank_memory(void **state) {
+    (void)state;
+    if (status_kb("RssAnon") < 0) skip();
+    char dir[512], path[600];
+    make_dir(dir, sizeof dir, "bigtext");
+    const int64_t per = 16 << 20;
+    uint8_t *buf = malloc((size_t)per);
+    assert_non_null(buf);
+    for (int k = 0; k < 4; k++) {
+        for (int64_t i = 0; i < per; i++) buf[i] = byte_at(k * per + i);
+        snprintf(path, sizeof path, "%s/part_%d.txt", dir, k);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(buf, 1, (size_t)per, f), (size_t)per);
+        assert_int_equal(fclose(f), 0);
+    }
+    free(buf);
+    long anon0 = status_kb("RssAnon");
+    dt_dataset d;
+    const int T = 100;
+    dt_dataset_opts o = {.path = dir, .seq = T};
+    assert_int_equal(dt_dataset_open("text", &o, &d), DT_OK);
+    long anon_open = status_kb("RssAnon") - anon0;
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], (4 * per - 4 * per / 10 - 1) / T);
+    int64_t edges[] = {per / T, 2 * per / T, 3 * per / T - 1, d.size[DT_SPLIT_TRAIN] - 1};   /* across files, the last */
+    for (int64_t w = 0; w < d.size[DT_SPLIT_TRAIN]; w += 4099) assert_text_bytes(&d, w, T);
+    for (int i = 0; i < 4; i++) assert_text_bytes(&d, edges[i], T);
+    long anon_read = status_kb("RssAnon") - anon0;
+    dt_dataset_close(&d);
+    if (anon_open > 8 * 1024 || anon_read > 8 * 1024)
+        fail_msg("64 MB of text grew the rank's own memory by %ld kB at open, %ld kB after reading", anon_open,
+                 anon_read);
+}
+
 /* The mapped reader's own checks name the file: a truncated header, a bad
  * size, and a FIFO (refused at once, not waited on). */
 static void test_mapped_errors_name_the_file(void **state) {
@@ -276,6 +326,11 @@ static void test_mapped_errors_name_the_file(void **state) {
     alarm(0);
     if (!strstr(dt_error_message(), "fifo.bin") || !strstr(dt_error_message(), "not a regular file"))
         fail_msg("%s", dt_error_message());
+    alarm(10);   /* as text */
+    assert_int_equal(dt_dataset_open("text", &fo, &d), DT_EINVAL);
+    alarm(0);
+    if (!strstr(dt_error_message(), "fifo.bin") || !strstr(dt_error_message(), "not a regular file"))
+        fail_msg("%s", dt_error_message());
 }
 
 int main(void) {
@@ -285,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_empty_text_file),
         cmocka_unit_test(test_ranges_of_one_shard),
         cmocka_unit_test(test_shards_stay_out_of_rank_memory),
+        cmocka_unit_test(test_text_stays_out_of_rank_memory),
         cmocka_unit_test(test_mapped_errors_name_the_file),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
