@@ -68,7 +68,7 @@ endforeach()
 # run the hierarchical collectives (dist.h section 10) wherever ctest runs;
 # tests/scripts/test_multihost.sh runs real hosts (network namespaces).
 foreach(t test_ddp_equivalence test_zero_equivalence test_zero_stage3 test_dist_machine test_zero_node_params
-          test_dist_node_allreduce)
+          test_dist_node_allreduce test_zero_sync_bn)
   foreach(m "2x2;0,0,1,1" "3p1;0,0,0,1")
     list(GET m 0 tag)
     list(GET m 1 ids)

@@ -3,7 +3,9 @@
  * buffers of the CNN after a few steps on different data per rank, with one
  * and with two micro-steps. A sanity check first: DDP with sync_bn differs
  * from DDP without it (the ranks' batch statistics differ), so the equality
- * says something. */
+ * says something. DDP's 16-bit wire carries gradients only: the statistics
+ * stay float32 (run on simulated machines too, where that wire is the
+ * hierarchical one between machines). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,17 +23,18 @@ static void make_micro(const dt_model_cfg *c, int st, int K, int64_t B, dtt_batc
     for (int k = 0; k < K; k++) dtt_make_batch(c, dtt_key(st, t_rank(), k), B + t_rank() % 2, &mb[k]);
 }
 
-static void ddp_run(const dt_model_cfg *c, int K, int sync_bn, dtz_result *out) {
+static void ddp_run_wire(const dt_model_cfg *c, int K, int sync_bn, dt_dtype wire, int steps, int det, dtz_result *out) {
     dt_optim_cfg oc = dtt_adamw(1e-2f, 0.01f);
     dtt_net n;
     dtt_net_init(&n, c, 1 + (uint64_t)t_rank(), &oc);
     dt_ddp_opts o;
     dt_ddp_opts_default(&o);
     o.dp.sync_bn = sync_bn;
-    o.dp.deterministic = t_size() > 2;
+    o.dp.deterministic = det;
+    o.dp.wire = wire;
     dt_ddp *d;
     T_OK(dt_ddp_create(n.m, world, &o, &d));
-    for (int st = 0; st < STEPS; st++) {
+    for (int st = 0; st < steps; st++) {
         dtt_batch mb[2];
         make_micro(c, st, K, 3, mb);
         n.lr = lr_of(st);
@@ -43,6 +46,10 @@ static void ddp_run(const dt_model_cfg *c, int K, int sync_bn, dtz_result *out) 
     out->buffers = dtz_buffers(n.m, &out->n_buffers);
     dt_ddp_free(d);
     dtt_net_free(&n);
+}
+
+static void ddp_run(const dt_model_cfg *c, int K, int sync_bn, dtz_result *out) {
+    ddp_run_wire(c, K, sync_bn, DT_F32, STEPS, t_size() > 2, out);
 }
 
 static void zero_run(const dt_model_cfg *c, int K, int stage, dtz_result *out) {
@@ -98,10 +105,34 @@ static void test_sync_bn(void) {
     t_end();
 }
 
+/* After one step the BatchNorm buffers come from the initial parameters and
+ * the batch alone: a 16-bit gradient wire must leave them bitwise as with
+ * float32 (rounding the count and the sums of x and x^2 lost the variance) */
+static void test_sync_bn_wire(void) {
+    dt_pg_topo topo;
+    dt_pg_topology(world, &topo);
+    t_begin(topo.hierarchical ? "DDP sync_bn: float32 statistics under a 16-bit wire between machines"
+                              : "DDP sync_bn: float32 statistics under a 16-bit wire");
+    dt_model_cfg c = dtt_cnn_cfg();
+    dtz_result want;   /* (plain sums, as a 16-bit wire allows: a fixed order for one layout) */
+    ddp_run_wire(&c, 1, 1, DT_F32, 1, 0, &want);
+    const dt_dtype wires[] = {DT_BF16, DT_F16};
+    for (int i = 0; i < 2; i++) {
+        dtz_result got;
+        ddp_run_wire(&c, 1, 1, wires[i], 1, 0, &got);
+        T_CHECK(got.n_buffers == want.n_buffers);
+        T_BITWISE(got.buffers, want.buffers, got.n_buffers, i ? "fp16 wire: BatchNorm buffers" : "bf16 wire: BatchNorm buffers");
+        dtz_result_free(&got);
+    }
+    dtz_result_free(&want);
+    t_end();
+}
+
 int main(int argc, char **argv) {
     t_init(&argc, &argv);
     T_OK(dt_pg_world(&world));
     test_sync_bn();
+    test_sync_bn_wire();
     T_OK(dt_pg_free(world));
     T_OK(dt_dist_finalize());
     return 0;

@@ -100,7 +100,9 @@ dt_status dt_ddp_create(dt_model *m, dt_pg *pg, const dt_ddp_opts *o, dt_ddp **o
     if (s == DT_OK) s = dt_ddp_bcast_params(d, 0);
     if (s == DT_OK) s = dt_par_buffers_bcast(&d->bufs);   /* rank 0's, whatever the options */
     if (s == DT_OK && opts.dp.sync_bn) {   /* the exchange ZeRO's sync_bn uses too (common/sync_bn.c) */
-        d->bn = (dt_par_bn){.pg = pg, .red_flags = d->red_flags};
+        /* float32 statistics whatever the gradients' wire: a count and sums
+         * of x and x^2 rounded to 16 bits lose the variance (ZeRO's too) */
+        d->bn = (dt_par_bn){.pg = pg, .red_flags = d->red_flags & DT_RED_DETERMINISTIC};
         m->bn_sync = (dt_bn_sync){dt_par_bn_sync, &d->bn};
     }
     if (s != DT_OK) { dt_ddp_free(d); return s; }
