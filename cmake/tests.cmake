@@ -121,6 +121,14 @@ set_tests_properties(test_recompute_bitwise PROPERTIES LABELS mpi PROCESSORS 2 T
 # Test tools (not tests themselves): ckpt_cmp compares two checkpoints bitwise.
 add_executable(ckpt_cmp ${CMAKE_SOURCE_DIR}/tests/tools/ckpt_cmp.c)
 target_link_libraries(ckpt_cmp PRIVATE dtrain)
+# wd_waits: a late rank against the waits outside dt_work_wait (test_watchdog_waits).
+add_executable(wd_waits ${CMAKE_SOURCE_DIR}/tests/tools/wd_waits.c)
+target_link_libraries(wd_waits PRIVATE dtrain)
+foreach(np 2 4)
+  add_test(NAME test_watchdog_waits_np${np}
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_watchdog_waits.sh $<TARGET_FILE:wd_waits> ${np} ${DT_MPIEXEC})
+  set_tests_properties(test_watchdog_waits_np${np} PROPERTIES LABELS mpi PROCESSORS ${np} TIMEOUT 600)
+endforeach()
 # ckpt_bf16 counts the checkpoint values bfloat16 cannot hold (test_optim_bf16).
 add_executable(ckpt_bf16 ${CMAKE_SOURCE_DIR}/tests/tools/ckpt_bf16.c)
 target_link_libraries(ckpt_bf16 PRIVATE dtrain)

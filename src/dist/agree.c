@@ -76,16 +76,22 @@ static uint64_t fnv1a(const char *p, size_t n) {
     return h;
 }
 
-dt_status dt__side_allgather(dt_pg *pg, const void *in, void *out, int bytes) {
+dt_status dt__side_allgather(dt_pg *pg, const dt_work *w, const void *in, void *out, int bytes) {
     MPI_Request r;
     int rc = MPI_Iallgather(in, bytes, MPI_BYTE, out, bytes, MPI_BYTE, pg->side, &r);
     if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_agree: MPI_Iallgather");
-    for (int done = 0, idle = 0; !done;) {
+    /* watched like any collective: a rank that never comes must not hang the
+     * others past the collective timeout (r stays MPI's: the group is broken) */
+    double t0 = dt_mono_s(), next_warn = t0 + dt__dist.stall_warn_s;
+    for (int done = 0, idle = 0, k = 0; !done;) {
         rc = MPI_Test(&r, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_agree: MPI_Test");
         if (done) break;
         if (pg->mode == DT_PROGRESS_POLL && dt__poll_all(pg)) idle = 0;
         else if (++idle > 64) sched_yield();
+        if ((++k & 255) == 0 && dt__wd_wait_check(pg, w, w ? NULL : "configuration agreement (dt_pg_agree)", t0,
+                                                  &next_warn))
+            return dt__wd_timeout_error(pg);
     }
     return DT_OK;
 }
@@ -231,7 +237,7 @@ dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a) {
     summary me = {fnv1a(mine.buf, mine.len), fnv1a(mine.buf, mine.oom ? 0 : wire_len), (uint32_t)mine.len,
                   (uint32_t)(mine.oom || a->oom || mine.len > 1u << 30)};
     summary *sum = malloc((size_t)pg->size * sizeof *sum);
-    dt_status s = sum ? dt__side_allgather(pg, &me, sum, (int)sizeof me)
+    dt_status s = sum ? dt__side_allgather(pg, NULL, &me, sum, (int)sizeof me)
                       : DT_ERR(DT_ENOMEM, "dt_pg_agree on %s: out of memory", pg->name);
     int differ = 0, wire_differs = 0;
     size_t longest = 0;
@@ -248,7 +254,7 @@ dt_status dt_pg_agree(dt_pg *pg, const dt_agree *a) {
         char *all = malloc((size_t)pg->size * longest), *pad = calloc(1, longest);
         if (all && pad) {
             memcpy(pad, mine.buf, mine.len);
-            s = dt__side_allgather(pg, pad, all, (int)longest);
+            s = dt__side_allgather(pg, NULL, pad, all, (int)longest);
             if (s == DT_OK) s = explain(pg, all, longest, sum);
         } else {
             s = DT_ERR(DT_ENOMEM, "dt_pg_agree on %s: out of memory for %d configurations of %zu bytes", pg->name,

@@ -136,11 +136,11 @@ static dt_status issue(dt_work *w, dt_work **wp) {
     int p2p = w->kind == DT_OPK_SEND || w->kind == DT_OPK_RECV;
     w->seq = pg->seq++;
     if (!p2p) w->coll_idx = pg->ncoll++;
+    dt__wd_issued(w);   /* (before the debug exchange: a stall there names the ranks not come) */
     if (dt__dist.debug && !p2p) {
         dt_status s = dt__debug_check(w);
         if (s != DT_OK) { dt__work_free(w); return s; }
     }
-    dt__wd_issued(w);
     if (!wp) return dt__submit(w);
     dt_status s = dt__submit(w);
     if (s == DT_OK) *wp = w;

@@ -283,6 +283,16 @@ void dt__wd_free(dt_pg *pg);
 void dt__wd_issued(dt_work *w);
 void dt__wd_beat(dt_pg *pg, double now);
 int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn);
+/* A wait outside dt_work_wait, made by the thread that will report it: a
+ * shared-memory op's start waiting for the peers to free its slot (POLL), a
+ * side exchange (--debug-collectives, dt_pg_agree). Every call looks at the
+ * clock: call it every few hundred spins. w: the collective waited for (its
+ * stall described as dt__wd_check does), or NULL (`what` named, timeout
+ * only). 1 when the collective timeout passed (or had already): pg is then
+ * broken and timed out; the caller fails with dt__wd_timeout_error. */
+int dt__wd_wait_check(dt_pg *pg, const dt_work *w, const char *what, double t0, double *next_warn);
+/* The error of a wait the collective timeout ended (pg's message). */
+dt_status dt__wd_timeout_error(dt_pg *pg);
 /* --debug-collectives: every rank's fingerprint of w (kind, dtype, count,
  * root, sequence) compared before it is issued; DT_ECOMM naming both sides. */
 dt_status dt__debug_check(dt_work *w);
@@ -302,7 +312,7 @@ void *dt__comm_thread(void *arg);
 void dt__work_describe(const dt_work *w, char *o, size_t n);
 /* agree.c: MPI_Iallgather of `bytes` per rank on pg->side, waited with
  * MPI_Test (POLL: polling every group meanwhile). */
-dt_status dt__side_allgather(dt_pg *pg, const void *in, void *out, int bytes);
+dt_status dt__side_allgather(dt_pg *pg, const dt_work *w, const void *in, void *out, int bytes);
 void dt__work_free(dt_work *w);
 
 #endif

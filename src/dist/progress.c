@@ -197,12 +197,7 @@ static int thread_wait(dt_pg *pg, const dt_work *w, double t0, double *next_warn
     return dt__wd_check(pg, op, t0, next_warn);
 }
 
-static dt_status timed_out(dt_pg *pg) {
-    dt__dist.waited_out = 1;
-    char msg[512];
-    dt__pg_broken(pg, msg, sizeof msg);
-    return dt_error_set(DT_ECOMM, __FILE__, __LINE__, "%s", msg);
-}
+static dt_status timed_out(dt_pg *pg) { return dt__wd_timeout_error(pg); }
 
 void dt_pg_poll(dt_pg *pg) {
     if (!pg || pg->mode != DT_PROGRESS_POLL || !pg->head) return;

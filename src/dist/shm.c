@@ -254,8 +254,18 @@ int dt__shm_start(dt_work *w) {
      * (POLL: finishing our own earlier ops is what lets the peers advance);
      * a staged allreduce (node_allreduce.c) rewrites the slot op k - 1 read */
     int staged = w->kind == DT_OPK_ALLREDUCE_NODE;
-    while ((k >= RING && !all_at_least(s, 1, k + 1 - RING)) || (staged && k > 0 && !all_at_least(s, 1, k))) {
-        if (pg->mode == DT_PROGRESS_POLL) dt__poll_all(pg);
+    double t0 = 0, next_warn = 0;
+    for (int spins = 0; (k >= RING && !all_at_least(s, 1, k + 1 - RING)) || (staged && k > 0 && !all_at_least(s, 1, k));) {
+        if (pg->mode == DT_PROGRESS_POLL) {   /* this thread is the one that waits: it watches the wait too */
+            dt__poll_all(pg);
+            if (!spins++) t0 = dt_mono_s(), next_warn = t0 + dt__dist.stall_warn_s;
+            if (pg->timed_out || ((spins & 255) == 0 && dt__wd_wait_check(pg, w, NULL, t0, &next_warn))) {
+                snprintf(w->msg, sizeof w->msg, "%s", pg->broken_msg);   /* (not published: nobody waits for it) */
+                w->st = DT_ECOMM;
+                dt__dist.waited_out = 1;
+                return MPI_ERR_OTHER;
+            }
+        }
         if (++idle > 64) sched_yield();
     }
     w->shm_seq = k;

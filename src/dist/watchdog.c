@@ -373,6 +373,32 @@ int dt__wd_check(dt_pg *pg, const dt_work *w, double t0, double *next_warn) {
     return 1;
 }
 
+int dt__wd_wait_check(dt_pg *pg, const dt_work *w, const char *what, double t0, double *next_warn) {
+    int thr = pg->mode == DT_PROGRESS_THREAD;
+    if (thr) pthread_mutex_lock(&pg->mu);   /* (as thread_wait holds it around dt__wd_check) */
+    int to = pg->timed_out;
+    double limit = dt__dist.timeout_s, now = dt_mono_s();
+    if (!to && w) {
+        to = dt__wd_check(pg, w, t0, next_warn);
+    } else if (!to && limit > 0 && now - t0 >= limit) {
+        to = pg->timed_out = 1;
+        if (!pg->broken) {
+            pg->broken = 1;
+            snprintf(pg->broken_msg, sizeof pg->broken_msg, "collective timed out (dist.collective_timeout_s %.0f s): "
+                     "%s on %s has waited %.1f s: a rank has not joined it", limit, what, pg->name, now - t0);
+        }
+    }
+    if (thr) pthread_mutex_unlock(&pg->mu);
+    return to;
+}
+
+dt_status dt__wd_timeout_error(dt_pg *pg) {
+    dt__dist.waited_out = 1;
+    char msg[512];
+    dt__pg_broken(pg, msg, sizeof msg);
+    return dt_error_set(DT_ECOMM, __FILE__, __LINE__, "%s", msg);
+}
+
 /* ---- --debug-collectives ---- */
 
 typedef struct fingerprint {
@@ -394,7 +420,7 @@ dt_status dt__debug_check(dt_work *w) {
     fingerprint me = {(int32_t)w->kind, (int32_t)w->dtype, rooted ? w->root : -1, w->avg, w->count, w->coll_idx, w->seq};
     fingerprint *all = malloc((size_t)pg->size * sizeof *all);
     if (!all) return DT_ERR(DT_ENOMEM, "dist.debug_collectives on %s: out of memory", pg->name);
-    dt_status s = dt__side_allgather(pg, &me, all, (int)sizeof me);
+    dt_status s = dt__side_allgather(pg, w, &me, all, (int)sizeof me);
     int bad = -1;
     for (int r = 0; s == DT_OK && r < pg->size && bad < 0; r++)
         if (all[r].kind != all[0].kind || all[r].dtype != all[0].dtype || all[r].root != all[0].root ||
