@@ -13,7 +13,8 @@
 # (2, 1, 2) (--tp 2 on 4 ranks), whose file resumes in one process, the
 # training losses continuing the uninterrupted one-process run within 1e-6;
 # the set resumes at (1, 2, 2), at --pp 2 alone and at (4, 1, 1) too, and a
-# one-process checkpoint at (1, 2, 2). The start-up line
+# one-process checkpoint at (1, 2, 2); so does a set whose vocabulary --tp
+# does not divide. The start-up line
 # prints the mesh; a world P x T does not divide is refused. (ZeRO inside
 # tensor-parallel stages: test_tp_zero.sh.) With --sequence-parallel (the stages' activations and sends
 # are each tp rank's positions; each stage sums its replicated gradients over
@@ -107,6 +108,16 @@ fi
 # and the other way: a one-process file resumed by tensor-parallel stages
 run half_single --batch 2 --accum 2 --steps 2 --save "$tmp/single.st" --quiet &&
     run tpp_from_single "${tpp[@]}" --batch 4 --resume "$tmp/single.st" --quiet && near single tpp_from_single
+# a vocabulary --tp does not divide (257: the last tp rank's part of wte holds
+# a padding row) is saved whole and unpadded: the set, with ZeRO-1 inside the
+# stages too, resumes in one process (its pieces once ran past the tensor)
+run single_v --batch 2 --accum 2 --eval-batches 4 --vocab 257 --quiet
+for z in "" "--zero 1"; do
+    # shellcheck disable=SC2086
+    run "tppv_half${z:+_z1}" "${tpp[@]}" --batch 4 --vocab 257 --steps 2 $z --save "$tmp/tppv${z:+_z1}.ck" --quiet &&
+        run "from_tppv${z:+_z1}" --batch 2 --accum 2 --eval-batches 4 --resume "$tmp/tppv${z:+_z1}.ck" --quiet &&
+        near single_v "from_tppv${z:+_z1}"
+done
 
 # sequence parallelism inside the stages
 sp=(--sequence-parallel)

@@ -104,7 +104,9 @@ static dt_status add_piece(dt_pipe *p, const char *name, const dt_param *q, cons
     DT_TRY(dt_pipe_tp_whole(p, q, local, &w));
     if (p->lay.tp_rank != 0) return DT_OK;
     if (w) whole[(*nw)++] = w;
-    size_t numel = (size_t)q->value.numel * (size_t)(q->split.parts > 1 ? q->split.parts : 1);
+    int64_t full[DT_MAX_DIMS];
+    size_t numel = w ? (size_t)dt_shape_numel(dt_param_full_shape(q, full), full)   /* whole: no padding rows */
+                     : (size_t)q->value.numel;
     pc[(*n)++] = (dt_ckpt_piece){name, 0, numel, w ? w : local};
     return DT_OK;
 }

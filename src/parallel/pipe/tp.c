@@ -86,10 +86,10 @@ dt_status dt_pipe_tp_whole(dt_pipe *p, const dt_param *q, const float *local, fl
     dt_status s = dt_allgather(p->tp.pg, local, parts, (int64_t)n, DT_F32, &w);
     if (s == DT_OK) s = dt_work_wait(w);
     if (s != DT_OK || p->lay.tp_rank != 0) { free(parts); return s; }
-    float *out = malloc(n * T * sizeof *out);
-    if (!out) { free(parts); return DT_ERR(DT_ENOMEM, "pipeline checkpoint: out of memory for %s", q->name); }
     int64_t full[DT_MAX_DIMS];
-    int nd = dt_param_full_shape(q, full);
+    int nd = dt_param_full_shape(q, full);   /* (the parts may hold padding rows: n * T >= whole) */
+    float *out = malloc((size_t)dt_shape_numel(nd, full) * sizeof *out);
+    if (!out) { free(parts); return DT_ERR(DT_ENOMEM, "pipeline checkpoint: out of memory for %s", q->name); }
     for (int k = 0; k < p->lay.T; k++)   /* rank k of the group holds part k */
         dt_split_copy(&q->split, nd, full, k, out, parts + (size_t)k * n, 1);
     free(parts);
