@@ -555,6 +555,10 @@ int dt_param_copy_exact(const dt_param *p);
  * every parameter rounded to `to` (nearest even) but the exact ones, copied
  * (dst == src: rounded in place, the exact ones left). Gaps: rounded zeros. */
 void dt_model_round_params(const dt_model *m, float *dst, const float *src, dt_dtype to);
+/* Before rounding src (m's layout) to fp16: an element of a rounded
+ * parameter that would become inf (|x| >= 65520, beyond fp16's 65504) is an
+ * error naming the parameter, the element and its value. */
+dt_status dt_model_check_f16_range(const dt_model *m, const float *src);
 void dt_working_copy_leave(dt_working_copy *w, dt_model *m);
 void dt_working_copy_free(dt_working_copy *w);
 /* Re-point values and grads into new flat buffers: values in `total`

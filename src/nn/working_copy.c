@@ -8,6 +8,7 @@
  * while not, the views are param_flat's. Entering rounds the whole flat
  * buffer once (one read, one write per element) and copies the 1-D ones
  * back; leaving only moves pointers. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include "dtrain/nn.h"
@@ -39,6 +40,18 @@ void dt_model_round_params(const dt_model *m, float *dst, const float *src, dt_d
             dt_round_to(dst + m->offsets[i], src + m->offsets[i], to, (size_t)m->params[i]->value.numel);
 }
 
+dt_status dt_model_check_f16_range(const dt_model *m, const float *src) {
+    for (int i = 0; i < m->n_params; i++) {
+        if (dt_param_copy_exact(m->params[i])) continue;
+        const float *x = src + m->offsets[i];
+        for (int64_t k = 0; k < m->params[i]->value.numel; k++)
+            if (isfinite(x[k]) && fabsf(x[k]) >= 65520.0f)   /* (65520: halfway to 2^16, rounds to inf) */
+                return DT_ERR(DT_EINVAL, "parameter %s: element %lld (%g) is beyond fp16's range (65504): "
+                              "use train.param_dtype bf16 or fp32", m->params[i]->name, (long long)k, (double)x[k]);
+    }
+    return DT_OK;
+}
+
 static void point(dt_model *m, float *base) {
     for (int i = 0; i < m->n_params; i++) m->params[i]->value.data = base + m->offsets[i];
 }
@@ -57,15 +70,8 @@ dt_status dt_working_copy_enter(dt_working_copy *w, dt_model *m) {
         w->n = n;
     }
     dt_model_round_params(m, w->buf, m->param_flat.data, w->dtype);
-    if (w->dtype == DT_F16 && overflowed(w->buf, m->param_flat.data, n)) {   /* beyond 65504: inf */
-        for (int i = 0; i < m->n_params; i++) {
-            const float *v = w->buf + m->offsets[i], *x = m->param_flat.data + m->offsets[i];
-            for (int64_t k = 0; k < m->params[i]->value.numel; k++)
-                if (overflowed(v + k, x + k, 1))
-                    return DT_ERR(DT_EINVAL, "parameter %s: element %lld (%g) is beyond fp16's range (65504): "
-                                  "use train.param_dtype bf16 or fp32", m->params[i]->name, (long long)k, (double)x[k]);
-        }
-    }
+    if (w->dtype == DT_F16 && overflowed(w->buf, m->param_flat.data, n))   /* beyond 65504: inf */
+        return dt_model_check_f16_range(m, m->param_flat.data);   /* (names it) */
     point(m, w->buf);
     w->active = 1;
     return DT_OK;

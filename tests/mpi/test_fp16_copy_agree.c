@@ -13,6 +13,9 @@
  *   - ZeRO-3 with a weight beyond 65504 from --init: every rank fails the
  *     step and the evaluation naming it (ZeRO's gathered payload carries
  *     the inf to every rank alike).
+ *   - ZeRO-1/2, the same --init: their rounded copy is made whole on every
+ *     rank at start-up (and after a load), so every rank refuses there,
+ *     naming it (before: they trained on an inf weight to a NaN loss).
  * Without the agreement the test hangs (ctest's timeout fails it). */
 #include <math.h>
 #include <string.h>
@@ -119,6 +122,54 @@ static void test_pipeline(void) {
  * receives the same gathered payload; the step and the evaluation fail on
  * every rank with DT_EINVAL naming the parameter and the rank whose master
  * shard holds it, and freeing the trainer returns (nothing left waiting). */
+/* the model's own initial weights beside the corpus (every rank has its
+ * path), one of them (h.1.mlp.c_proj.weight's last) beyond fp16's range */
+static void write_big_init(const dt_train_opts *o, char *init, size_t cap) {
+    snprintf(init, cap, "%s", text_path);
+    char *slash = strrchr(init, '/');
+    T_CHECK(slash != NULL);
+    snprintf(slash, cap - (size_t)(slash - init), "/init.safetensors");
+    if (t_rank() == 0) {
+        dt_model *m;
+        T_OK(dt_model_create(&o->model, o->seed, &m));
+        dt_param *p = dt_model_find_param(m, "h.1.mlp.c_proj.weight");
+        T_CHECK(p != NULL && p->value.ndim == 2);
+        dt_f32(&p->value)[p->value.numel - 1] = 1e6f;
+        T_OK(dt_model_save_params(m, init));
+        dt_model_free(m);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/* ZeRO-1/2: refused at start-up or at the first step, on every rank, naming it */
+static void test_zero12(void) {
+    t_begin("fp16 working copy under ZeRO-1/2: a weight beyond 65504 (from --init) is refused on every rank");
+    dt_train_opts o;
+    opts(&o);
+    char init[300];
+    write_big_init(&o, init, sizeof init);
+    o.init = init;
+    for (int stage = 1; stage <= 2; stage++) {
+        dt_zero_opts zo;
+        dt_zero_opts_default(&zo);
+        zo.stage = stage;
+        zo.param_dtype = DT_F16;
+        dt_strategy s;
+        T_OK(dt_zero_strategy(world, &zo, DT_ZERO_CKPT_CONSOLIDATED, &s));
+        dt_trainer *t = NULL;
+        double loss;
+        dt_error_clear();
+        dt_status st = dt_trainer_create(&o, &s, &t);
+        if (st == DT_OK) st = dt_trainer_step(t, &loss);
+        if (t_rank() == 0) printf("  stage %d: %s\n", stage, dt_error_message());
+        T_CHECK(st == DT_EINVAL);
+        T_CHECK(strstr(dt_error_message(), "h.1.mlp.c_proj.weight") != NULL);
+        T_CHECK(strstr(dt_error_message(), "beyond fp16's range") != NULL);
+        dt_trainer_free(t);
+    }
+    t_end();
+}
+
 static void test_zero3(void) {
     t_begin("fp16 working copy under ZeRO-3: a weight beyond 65504 (from --init) ends the step on every rank");
     dt_train_opts o;
@@ -167,6 +218,7 @@ int main(int argc, char **argv) {
     test_tp();
     test_pipeline();
     test_zero3();
+    test_zero12();
     MPI_Barrier(MPI_COMM_WORLD);
     if (t_rank() == 0) dt_test_rm_rf(dir);
     T_OK(dt_dist_finalize());

@@ -620,6 +620,29 @@ static void test_fp16_range(void) {
         dtt_batch_free(&b);
         dtz_net_free(&n);
     }
+    /* float32 masters on an fp16 gather wire (dp.wire, --compress fp16): the
+     * wire overflows, not a working copy, and the message says so */
+    dt_zero_opts o = dtz_opts(&sp, 2, DT_ZERO_OVERLAP_AFTER_BACKWARD);
+    o.dp.wire = DT_F16;
+    o.dp.first_bucket_bytes = o.dp.bucket_bytes = 2048;
+    dtz_net n;
+    dtz_net_init(&n, &sp, 1 + (uint64_t)t_rank(), world, &o);
+    dtt_batch b;
+    dtt_make_batch(&sp.cfg, dtt_key(0, 0, 0), sp.B, &b);
+    T_OK(try_step(&n, &b));
+    const char *name = n.m->params[n.m->n_params - 2]->name;
+    float *w = NULL;
+    owner_of_param(n.z, n.m, name, &w);
+    if (w) *w = 1e6f;
+    dt_error_clear();
+    T_CHECK(try_step(&n, &b) == DT_EINVAL);
+    const char *msg = dt_error_message();
+    T_CHECK(strstr(msg, name) != NULL && strstr(msg, "beyond fp16's range") != NULL);
+    T_CHECK(strstr(msg, "dp.wire fp16") != NULL);
+    T_CHECK(strstr(msg, "param_dtype") == NULL);   /* (the masters are float32: not the cause) */
+    if (t_rank() == 0) printf("  fp16 wire: %s\n", msg);
+    dtt_batch_free(&b);
+    dtz_net_free(&n);
     t_end();
 }
 

@@ -103,7 +103,10 @@ dt_status dt_zero_gather_params(dt_zero *z) {
     DT_TRY(dt_zero_sync_params(z));
     if (z->stage == 3) return DT_OK;
     for (int i = 0; i < z->lay.nb; i++) DT_TRY(allgather_bucket(z, i, NULL));
-    if (z->lay.shard_param)   /* 16-bit param_dtype: the copy forward reads holds the rounded masters */
+    if (z->lay.shard_param) {   /* 16-bit param_dtype: the copy forward reads holds the rounded masters */
+        if (z->opts.param_dtype == DT_F16)   /* (gathered whole: every rank refuses alike) */
+            DT_TRY(dt_model_check_f16_range(z->m, z->m->param_flat.data));
         dt_model_round_params(z->m, z->m->param_flat.data, z->m->param_flat.data, z->opts.param_dtype);
+    }
     return DT_OK;
 }

@@ -248,14 +248,22 @@ static int64_t first_inf(const float *x, size_t n) {
     return -1;
 }
 
+/* the first of n finite floats fp16 rounds to inf (|x| >= 65520), or -1 */
+static int64_t first_f16_overflow(const float *x, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if (isfinite(x[k]) && fabsf(x[k]) >= 65520.0f) return (int64_t)k;
+    return -1;
+}
+
 static dt_status refuse_overflow(const dt_zero *z, const zbucket *b, int q, size_t at) {
     for (int j = 0; j < b->pub.n_params; j++) {
         const dt_param *p = z->lay.order[b->pub.first_param + j];
         size_t a = z->m->offsets[p->index];
-        if (at >= a && at < a + (size_t)p->value.numel)
+        if (at >= a && at < a + (size_t)p->value.numel)   /* (fp16 on the wire: a working copy, or dp.wire's) */
             return DT_ERR(DT_EINVAL, "parameter %s: element %zu is beyond fp16's range (65504) in rank %d's master "
-                          "shard (its fp16 working copy gathers as inf): use train.param_dtype bf16 or fp32",
-                          p->name, at - a, dt_pg_world_rank(z->ag_pg, q));
+                          "shard (%s gathers as inf): use %s", p->name, at - a, dt_pg_world_rank(z->ag_pg, q),
+                          z->opts.param_dtype == DT_F16 ? "its fp16 working copy" : "dp.wire fp16",
+                          z->opts.param_dtype == DT_F16 ? "train.param_dtype bf16 or fp32" : "dp.wire bf16, or dp.wire f32");
     }
     return DT_ERR(DT_EINVAL, "zero: bucket %d: a padding element gathered as inf from rank %d", b->pub.index,
                   dt_pg_world_rank(z->ag_pg, q));
@@ -268,8 +276,12 @@ dt_status dt_zero_wire_gathered(dt_zero *z, int i, int check) {
     int copy16 = z->opts.param_dtype != DT_F32;
     dt_status s = DT_OK;
     for (int q = 0; q < z->world; q++) {   /* float32 param_dtype: the own chunk stays the exact master copy */
-        if (q == z->rank && !copy16) continue;
         float *d = b->ag_dest + (size_t)q * S;
+        if (q == z->rank && !copy16) {   /* the peers see it as inf: refuse with them */
+            int64_t k = check && s == DT_OK && z->wire.pdt == DT_F16 ? first_f16_overflow(d, S) : -1;
+            if (k >= 0) s = refuse_overflow(z, b, q, b->pub.begin + (size_t)q * S + (size_t)k);
+            continue;
+        }
         const char *chunk = (const char *)b->ag_wire + (size_t)q * b->pchunk * pes;
         dt_convert(d, DT_F32, chunk, z->wire.pdt, S);
         if (b->xn) exact_elems(z, b, b->pub.begin + (size_t)q * S, S, d, (char *)chunk + S * pes, 1);

@@ -95,7 +95,8 @@ static dt_status shard_storage(dt_zero *z) {
     for (int i = 0; i < z->lay.nb; i++)
         memcpy(dt_zero_shard_param_ptr(z, i), m->param_flat.data + z->lay.b[i].pub.own_begin,
                z->lay.b[i].pub.shard * sizeof(float));
-    if (z->stage < 3) {
+    if (z->stage < 3) {   /* (the masters are whole on every rank here: all refuse alike) */
+        if (z->opts.param_dtype == DT_F16) DT_TRY(dt_model_check_f16_range(m, m->param_flat.data));
         dt_model_round_params(m, m->param_flat.data, m->param_flat.data, z->opts.param_dtype);
         return DT_OK;
     }
