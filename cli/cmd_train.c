@@ -2,6 +2,7 @@
  * of argv (the table: train_table.c), the defaults that depend on other flags
  * (train_defaults.c), then the checks and conversions of the other flags
  * here. */
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -246,7 +247,7 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
         double v = strtod(f->loss_scale, &end);
         if (!strcmp(f->loss_scale, "dynamic")) o->loss_scale = DT_LOSS_SCALE_DYNAMIC;
         else if (!strcmp(f->loss_scale, "off")) o->loss_scale = DT_LOSS_SCALE_OFF;
-        else if (*f->loss_scale && !*end && v > 0 && v <= (double)DT_LOSS_SCALE_MAX) {
+        else if (*f->loss_scale && !*end && v >= (double)FLT_MIN && v <= (double)DT_LOSS_SCALE_MAX) {
             if (o->loss_scale_init > 0 || o->loss_scale_window > 0) {
                 snprintf(err, (size_t)errlen, "%s applies to --loss-scale dynamic, not to a fixed scale",
                          o->loss_scale_init > 0 ? "--loss-scale-init" : "--loss-scale-window");
@@ -255,8 +256,8 @@ static int finish_flags(cli_flags *f, char *err, int errlen) {
             o->loss_scale = DT_LOSS_SCALE_FIXED;
             o->loss_scale_init = (float)v;
         } else {
-            snprintf(err, (size_t)errlen, "--loss-scale: '%s' is not dynamic, off or a positive number up to 2^64 "
-                     "(1.8e19)", f->loss_scale);
+            snprintf(err, (size_t)errlen, "--loss-scale: '%s' is not dynamic, off or a number from 1.2e-38 up to "
+                     "2^64 (1.8e19)", f->loss_scale);
             return -1;
         }
     }

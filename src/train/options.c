@@ -1,6 +1,7 @@
 /* Training options: defaults and validation (contradictions fail loudly).
  * Whether the model takes the data's samples is checked when the data is
  * open (data_setup.c). */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -67,8 +68,10 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
     if ((unsigned)o->param_dtype > DT_PARAMS_FP16)
         return DT_ERR(DT_EINVAL, "train.param_dtype: unknown mode %d", o->param_dtype);
     if ((unsigned)o->loss_scale > DT_LOSS_SCALE_DYNAMIC) return DT_ERR(DT_EINVAL, "train.loss_scale: unknown mode %d", o->loss_scale);
-    if (!(o->loss_scale_init >= 0.0f) || o->loss_scale_init > DT_LOSS_SCALE_MAX)
-        return DT_ERR(DT_EINVAL, "train.loss_scale_init must be > 0 and at most 2^64 (0: 65536), got %g",
+    /* (a subnormal scale is flushed to 0 with denormals off: from FLT_MIN up) */
+    if (!(o->loss_scale_init >= 0.0f) || o->loss_scale_init > DT_LOSS_SCALE_MAX ||
+        (o->loss_scale_init > 0.0f && o->loss_scale_init < FLT_MIN))
+        return DT_ERR(DT_EINVAL, "train.loss_scale_init must be from 1.2e-38 up to 2^64 (0: 65536), got %g",
                       (double)o->loss_scale_init);
     if (o->loss_scale == DT_LOSS_SCALE_FIXED && o->loss_scale_init == 0.0f)
         return DT_ERR(DT_EINVAL, "train.loss_scale: a fixed loss scale needs its value (train.loss_scale_init)");

@@ -327,7 +327,10 @@ static dt_status step_impl(dt_trainer *t, double *loss_out) {
     }
     t->last_loss = loss;
     if (loss_out) *loss_out = loss;
-    if (!isfinite(loss)) return DT_ERR(DT_EINVAL, "loss is %g at step %lld (lower train.optim.lr?)", loss, (long long)t->step);
+    if (!isfinite(loss))   /* (fp16: the forward's products overflow; a loss scale only guards the backward) */
+        return DT_ERR(DT_EINVAL, "loss is %g at step %lld (%s)", loss, (long long)t->step,
+                      t->opts.precision == DT_PREC_FP16 ? "fp16 products overflow past 65504 in the forward pass? try "
+                      "train.precision bf16, or lower train.optim.lr" : "lower train.optim.lr?");
     return DT_OK;
 }
 

@@ -14,7 +14,7 @@
 #  - a run saved at step 9 (scale halved from its start, mid-way through a
 #    growth window) resumes to the same bits as the uninterrupted run: scale
 #    and clean-step count come from the checkpoint;
-#  - bad --loss-scale values are refused with one line.
+#  - bad --loss-scale values (a subnormal one too) are refused with one line.
 # usage: test_fp16.sh DTRAIN CKPT_CMP
 set -uo pipefail
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"   # (see test_recompute_bitwise.sh)
@@ -83,9 +83,16 @@ refuses() {   # refuses MESSAGE ARGS...
     if [ $rc -eq 2 ] && [ "$(wc -l <<< "$out")" -eq 1 ] && grep -c -- "$msg" <<< "$out" > /dev/null; then echo "ok   refused: $out"
     else echo "FAIL $*: exit $rc: $out"; fail=1; fi
 }
-refuses "--loss-scale: 'big' is not dynamic, off or a positive number" --loss-scale big
+refuses "--loss-scale: 'big' is not dynamic, off or a number from 1.2e-38" --loss-scale big
 refuses "--loss-scale-init applies to --loss-scale dynamic" --loss-scale 1024
 refuses "needs loss scaling (--precision fp16, or --loss-scale dynamic)" --precision fp32 --loss-scale-window 5
 gpt2=("${gpt2[@]:0:${#gpt2[@]}-2}")   # without --loss-scale-init: the window alone with a fixed scale
 refuses "--loss-scale-window applies to --loss-scale dynamic, not to a fixed scale" --loss-scale 1024 --loss-scale-window 5
+refuses "--loss-scale: '1e-40' is not dynamic, off or a number from 1.2e-38" --loss-scale 1e-40   # (subnormal: flushed)
+# a forward that overflows (weights blown up by --lr 1000) ends the run with
+# a hint at fp16's range, not only at the learning rate
+out=$("$bin" train "${gpt2[@]}" --steps 30 --batch 4 --lr 1000 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -c "loss is .* (fp16 products overflow past 65504 in the forward pass? try --precision bf16" \
+       <<< "$out" > /dev/null; then echo "ok   a non-finite loss in fp16: $(tail -1 <<< "$out")"
+else echo "FAIL --lr 1000 in fp16: exit $rc: $(tail -2 <<< "$out")"; fail=1; fi
 exit $fail

@@ -76,6 +76,12 @@ static void test_bad_numbers(void **state) {
     dt_train_opts_default(&o);
     o.recompute = (dt_recompute)7;
     expect_invalid(&o, "train.recompute: unknown mode 7");
+    dt_train_opts_default(&o);   /* subnormal: flushed to 0 once denormals are off (a fixed scale became 65536) */
+    o.loss_scale = DT_LOSS_SCALE_FIXED;
+    o.loss_scale_init = 1e-40f;
+    expect_invalid(&o, "train.loss_scale_init must be from 1.2e-38 up to 2^64");
+    o.loss_scale_init = 1e-37f;
+    assert_int_equal(dt_train_opts_validate(&o), DT_OK);
 }
 
 static void test_contradictions(void **state) {
