@@ -36,7 +36,7 @@ static int can_refresh(const dt_trainer *t) {
 dt_status dt_trainer_check_unfreeze(const dt_trainer *t) {
     if (t->opts.unfreeze_at <= 0 || t->opts.eval_only || can_refresh(t)) return DT_OK;
     return DT_ERR(DT_EINVAL, "train.unfreeze_at %lld: strategy %s cannot change the trainable parameters during a run "
-                  "(DDP, ZeRO and one process can); train without train.unfreeze_at, or save before that step and "
+                  "(DDP, ZeRO, tensor parallelism and one process can); train without train.unfreeze_at, or save before that step and "
                   "resume without train.freeze", (long long)t->opts.unfreeze_at, t->strat.name);
 }
 
@@ -45,7 +45,7 @@ dt_status dt_trainer_refresh_trainable(dt_trainer *t) {
     if (t->strat.refresh_trainable) DT_TRY(t->strat.refresh_trainable(t->strat.self, &t->run));
     else if (!can_refresh(t))
         return DT_ERR(DT_EINVAL, "strategy %s cannot change the trainable parameters during a run (train.unfreeze_at, "
-                      "dt_trainer_refresh_trainable): DDP, ZeRO and one process can", t->strat.name);
+                      "dt_trainer_refresh_trainable): DDP, ZeRO, tensor parallelism and one process can", t->strat.name);
     else DT_TRY(dt_model_refresh_grads(t->model));   /* one process (the strategies do their own) */
     if (!t->strat.owns_optimizer) DT_TRY(dt_optimizer_refresh_model(&t->optim, t->model));
     if (!t->opts.quiet && t->strat.rank == 0)

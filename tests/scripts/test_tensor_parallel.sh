@@ -16,7 +16,8 @@
 # the evaluation's token accuracy (argmax over the split logits) equals one
 # process's, and a vocabulary T does not divide (257 at --tp 2: one row of
 # padding) trains as one process and saves a checkpoint one process resumes.
-# --tp 2 --zero 3 at dp 1 (ZeRO on groups of one) trains as one process too.
+# --tp 2 --zero 3 at dp 1 (ZeRO on groups of one) trains as one process too,
+# and so does --freeze with --unfreeze-at (at dp 2: as DDP).
 # What is not built is refused up front, naming the flag. (--tp with --pp:
 # test_tp_pipeline.sh; --tp with --zero across replicas: test_tp_zero.sh.)
 # Sequence parallelism (--sequence-parallel: outside the split layers each
@@ -85,6 +86,9 @@ if [ "$np" -eq 2 ]; then
     run tp2_v_half --vocab 257 --tp 2 --nproc 2 --steps 2 --save "$tmp/tp2v.st" --quiet &&
         run from_tp2_v --vocab 257 --resume "$tmp/tp2v.st" --quiet && near single_v from_tp2_v
     run tp2_sgd --tp 2 --nproc 2 --optim sgd --lr 0.5 && near single_sgd tp2_sgd
+    # --unfreeze-at: the frozen block's parts start training at step 2, as in one process
+    thaw=(--freeze 'h.0.*' --unfreeze-at 2)
+    run single_thaw "${thaw[@]}" --quiet && run tp2_thaw "${thaw[@]}" --tp 2 --nproc 2 --quiet && near single_thaw tp2_thaw
     # recompute replays tp_reduce in backward; accumulation; dropout masks on whole tensors
     mix=(--recompute blocks --accum 2 --dropout 0.1)
     run single_mix "${mix[@]}" --quiet && run tp2_mix "${mix[@]}" --tp 2 --nproc 2 --quiet && near single_mix tp2_mix
@@ -133,6 +137,9 @@ else
     if grep -c 'mesh: dp 2 x tp 2' "$tmp/tp2_dp2.out" > /dev/null; then echo "ok   mesh line"
     else echo "FAIL no 'mesh: dp 2 x tp 2' line, got:"; cat "$tmp/tp2_dp2.out"; fail=1; fi
     run tp4 --tp 4 --nproc 4 --quiet && near single tp4 && same_acc single tp4
+    thaw=(--freeze 'h.0.*' --unfreeze-at 2)   # DDP over the replicas re-cuts its buckets
+    run ddp2_thaw "${thaw[@]}" --nproc 2 --quiet && run tp2_dp2_thaw "${thaw[@]}" --tp 2 --nproc 4 --quiet &&
+        near ddp2_thaw tp2_dp2_thaw
     run sp2_dp2 --tp 2 --nproc 4 --sequence-parallel --quiet && near ddp2 sp2_dp2
     run sp4 --tp 4 --nproc 4 --sequence-parallel --quiet && near single sp4 && same_acc single sp4
     mix=(--recompute blocks --accum 2 --dropout 0.1)

@@ -157,6 +157,17 @@ static dt_status s_refresh(void *self, dt_run *r) {
     return dt_zero_refresh_trainable(((dt_tp *)self)->zero);
 }
 
+/* --unfreeze-at without ZeRO: every rank's trainable set alike (the parts
+ * carry the same names), then DDP over the replicas re-cuts its buckets, or
+ * one replica allocates the new gradients (the group's own sums look at
+ * grad.data each step); the trainer refreshes the optimizer */
+static dt_status s_refresh_plain(void *self, dt_run *r) {
+    dt_tp *s = self;
+    DT_TRY(dt_par_agree_trainable(r->model, s->world, "tp refresh_trainable"));
+    if (has_inner(s)) return s->inner.refresh_trainable(s->inner.self, r);
+    return dt_model_refresh_grads(r->model);
+}
+
 static void s_destroy(void *self) {
     dt_tp *s = self;
     if (has_inner(s)) s->inner.destroy(s->inner.self);
@@ -188,7 +199,8 @@ dt_status dt_tp_strategy(dt_pg *world, const dt_tp_opts *o, dt_strategy *out) {
                          .prepare_model = s_prepare, .agree = s_agree, .setup = s_setup,
                          .before_forward = s_before_forward, .after_backward = s_after_backward,
                          .allreduce_sum = s_allreduce_sum, .agree_status = s_agree_status,
-                         .grad_sumsq = s_grad_sumsq, .save = s_save, .destroy = s_destroy};
+                         .grad_sumsq = s_grad_sumsq, .save = s_save, .refresh_trainable = s_refresh_plain,
+                         .destroy = s_destroy};
     return DT_OK;
 }
 
