@@ -266,23 +266,69 @@ void dt_cli_hosts_list(const dt_cli_hosts *h, const char *sep, char *out, size_t
     }
 }
 
+/* Up to ADDRS of a name's addresses (IPv4 or IPv6, as 16 bytes: a v4 one
+ * zero-padded), to find two entries that are one machine. */
+enum { ADDRS = 8 };
+typedef struct host_addrs { unsigned char a[ADDRS][16]; int n; } host_addrs;
+
+static void keep_addrs(const struct addrinfo *ai, host_addrs *h) {
+    h->n = 0;
+    for (; ai && h->n < ADDRS; ai = ai->ai_next) {
+        unsigned char b[16] = {0};
+        if (ai->ai_family == AF_INET) memcpy(b, &((const struct sockaddr_in *)(const void *)ai->ai_addr)->sin_addr, 4);
+        else if (ai->ai_family == AF_INET6)
+            memcpy(b, &((const struct sockaddr_in6 *)(const void *)ai->ai_addr)->sin6_addr, 16);
+        else continue;
+        int seen = 0;
+        for (int k = 0; k < h->n && !seen; k++) seen = !memcmp(h->a[k], b, 16);
+        if (!seen) memcpy(h->a[h->n++], b, 16);
+    }
+}
+
+static int share_addr(const host_addrs *x, const host_addrs *y) {
+    for (int i = 0; i < x->n; i++)
+        for (int j = 0; j < y->n; j++)
+            if (!memcmp(x->a[i], y->a[j], 16)) return 1;
+    return 0;
+}
+
 /* Host names must resolve, unless the user launches through an agent of
  * their own (OMPI_MCA_plm_rsh_agent: e.g. containers, namespaces), which
- * gives names its own meaning. */
+ * gives names its own meaning. Two entries for one machine ("localhost" and
+ * "127.0.0.1", "node1" and an alias with its address) are refused: mpirun
+ * would count it as two machines, two sets of slots on one. */
 int dt_cli_hosts_resolve(const dt_cli_hosts *h, char *err, int errlen) {
     const char *agent = getenv("OMPI_MCA_plm_rsh_agent");
     if (agent && *agent) return 0;
-    for (int i = 0; i < h->n; i++) {
-        struct addrinfo *ai = NULL, hint = {.ai_socktype = SOCK_STREAM};
-        int rc = getaddrinfo(h->name[i], NULL, &hint, &ai);
-        if (rc) {
-            snprintf(err, (size_t)errlen, "host '%s' (%s): cannot resolve its name: %s", h->name[i],
-                     h->hostfile ? "--hostfile" : "--hosts", gai_strerror(rc));
-            return -1;
-        }
-        freeaddrinfo(ai);
+    const char *from = h->hostfile ? "--hostfile" : "--hosts";
+    host_addrs *ad = calloc((size_t)(h->n > 0 ? h->n : 1), sizeof *ad);
+    if (!ad) {
+        snprintf(err, (size_t)errlen, "%s: out of memory", from);
+        return -1;
     }
-    return 0;
+    int rc = 0;
+    for (int i = 0; i < h->n && !rc; i++) {
+        struct addrinfo *ai = NULL, hint = {.ai_socktype = SOCK_STREAM};
+        int g = getaddrinfo(h->name[i], NULL, &hint, &ai);
+        if (g) {
+            snprintf(err, (size_t)errlen, "host '%s' (%s): cannot resolve its name: %s", h->name[i], from,
+                     gai_strerror(g));
+            rc = -1;
+            break;
+        }
+        keep_addrs(ai, &ad[i]);
+        freeaddrinfo(ai);
+        int here = dt_cli_host_is_here(h->name[i]);
+        for (int j = 0; j < i && !rc; j++)
+            if ((here && dt_cli_host_is_here(h->name[j])) || share_addr(&ad[i], &ad[j])) {
+                snprintf(err, (size_t)errlen, "%s: hosts '%s' and '%s' are one machine (%s): list it once, with "
+                         "its slots (%s:%d)", from, h->name[j], h->name[i], here ? "this one" : "the same address",
+                         h->name[j], h->slots[j] + h->slots[i]);
+                rc = -1;
+            }
+    }
+    free(ad);
+    return rc;
 }
 
 /* an IPv4 literal ("10.0.0.1", 127.x.x.x) one of this machine's interfaces

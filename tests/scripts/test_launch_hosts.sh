@@ -100,6 +100,13 @@ done
 refuses "hostfile: empty" "--hostfile $tmp/empty: no hosts in it" "$bin" train --hostfile "$tmp/empty"
 refuses "unresolvable host named" "host 'nosuch\.invalid' \(--hosts\): cannot resolve its name" \
     "$bin" train --hosts nosuch.invalid:2
+# one machine under two names: mpirun would take it for two (and its slots twice)
+refuses "this machine twice (localhost, 127.0.0.1)" \
+    "--hosts: hosts 'localhost' and '127\.0\.0\.1' are one machine \(this one\): list it once, with its slots \(localhost:3\)" \
+    "$bin" train --hosts localhost:1,127.0.0.1:2
+printf 'localhost slots=1\n%s slots=1\n' "$(hostname)" > "$tmp/twice"
+refuses "this machine twice (localhost, its host name)" "--hostfile: hosts 'localhost' and '$(hostname)' are one machine" \
+    "$bin" train --hostfile "$tmp/twice"
 refuses "Slurm: more ranks than tasks" "--nproc 8: Slurm job 7: n\[1-3\] \(6 tasks\) has 6 slots" \
     env SLURM_JOB_ID=7 SLURM_JOB_NODELIST='n[1-3]' SLURM_TASKS_PER_NODE='2(x3)' "$bin" train --nproc 8
 # a silent machine is noticed within ~20 s (TCP keepalives on mpirun's control connections), unless the user set them
