@@ -189,8 +189,9 @@ dt_tensor *dt_op_maxpool2d(dt_graph *g, dt_tensor *x, int k, int s);
  * running_mean / running_var (unbiased var) with `momentum`; eval: use the
  * running statistics. `sync` (may be NULL) all-reduces the per-channel
  * statistics across ranks (SyncBatchNorm): called with a float array of
- * length n and must replace it by its sum over ranks; it also returns the
- * global element count through *count (in: local count). */
+ * length n and must replace it by its sum over ranks; it also sums *count
+ * over ranks (in: local count). Called twice in a training forward (the sums
+ * of x, then of (x - mean)^2 around the global mean) and once in backward. */
 typedef dt_status (*dt_bn_sync_fn)(float *data, int64_t n, double *count, void *user);
 typedef struct dt_bn_sync { dt_bn_sync_fn fn; void *user; } dt_bn_sync;
 dt_tensor *dt_op_batchnorm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,

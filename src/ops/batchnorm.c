@@ -3,7 +3,8 @@
  * values x[n, c, s].
  *
  *   batch-stat mode (training, or no running buffers given):
- *     mean = sum/M, var = sumsq/M - mean^2 (biased, used to normalise)
+ *     mean = sum/M, var = sum (x - mean)^2 / M (biased, used to normalise;
+ *     two passes: sumsq/M - mean^2 cancels when |mean| >> std)
  *     training also updates running_mean/var (PyTorch semantics; not again
  *     when a recompute replays the forward):
  *       running_mean = (1-m)*running_mean + m*mean
@@ -13,11 +14,13 @@
  *   y = gamma * (x - mean) * invstd + beta,  invstd = 1/sqrt(var + eps)
  *   (gamma / beta may be NULL: 1 / 0).
  *
- * SyncBatchNorm (sync && sync->fn, batch-stat mode only). Exactly two
- * exchanges per step, both float arrays of 2C values laid out as two halves:
- *   forward:  buf[c] = sum_c x,   buf[C + c] = sum_c x^2     (local sums)
- *             *count = local M on input; the fn replaces buf by its sum over
- *             ranks and *count by the global M.
+ * SyncBatchNorm (sync && sync->fn, batch-stat mode only). Exactly three
+ * exchanges per step:
+ *   forward:  C values sum_c x (local sums), *count = local M on input; the
+ *             fn replaces them by their sums over ranks and *count by the
+ *             global M; then C values sum_c (x - mean_c)^2 around the global
+ *             mean (*count 0: not used).
+ *   backward: 2C values in two halves (below).
  *   backward: buf[c] = sum_c dy,  buf[C + c] = sum_c dy*xhat (local sums)
  *             (*count = local M on input; the output is not used: the global M
  *             saved by the forward is.) Only done when x needs a gradient,
@@ -156,25 +159,39 @@ dt_tensor *dt_op_batchnorm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tenso
 
     double count = (double)(N * S);
     if (batch_stats) {
-        /* buf[c] = sum x, buf[C + c] = sum x^2 over the local values of channel c */
+        /* Two passes (sync: two exchanges): buf[c] = sum x -> the mean, then
+         * buf[C + c] = sum (x - mean)^2. One pass of sum x^2 - M mean^2
+         * cancels when the mean is large against the spread (mean 5000,
+         * std 1: a variance of 0 and outputs 330 times too large). */
         #pragma omp parallel for schedule(static)
         for (int64_t c = 0; c < C; c++) {
-            double s1 = 0, s2 = 0;
+            double s1 = 0;
             for (int64_t i = 0; i < N; i++) {
                 const float *xr = xd + (i * C + c) * S;
-                #pragma omp simd reduction(+ : s1, s2)   /* double lanes, fixed order: deterministic */
-                for (int64_t s = 0; s < S; s++) { double v = xr[s]; s1 += v; s2 += v * v; }
+                #pragma omp simd reduction(+ : s1)   /* double lanes, fixed order: deterministic */
+                for (int64_t s = 0; s < S; s++) s1 += xr[s];
             }
             buf[c] = (float)s1;
+        }
+        if (use_sync && bn_run_sync(sync, buf, C, &count, "[sum x]") != DT_OK) return NULL;
+        if (use_sync && (!(count >= 1.0) || !isfinite(count))) {
+            DT_ERR(DT_ECOMM, "batchnorm: SyncBatchNorm returned a bad global count %g (x%s)", count, sx);
+            return NULL;
+        }
+        for (int64_t c = 0; c < C; c++) mean[c] = (float)(buf[c] / count);   /* (the same on every rank) */
+        #pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < C; c++) {
+            double s2 = 0;
+            const double mu = mean[c];
+            for (int64_t i = 0; i < N; i++) {
+                const float *xr = xd + (i * C + c) * S;
+                #pragma omp simd reduction(+ : s2)
+                for (int64_t s = 0; s < S; s++) { double d = (double)xr[s] - mu; s2 += d * d; }
+            }
             buf[C + c] = (float)s2;
         }
-        if (use_sync) {
-            if (bn_run_sync(sync, buf, 2 * C, &count, "[sum x, sum x^2]") != DT_OK) return NULL;
-            if (!(count >= 1.0) || !isfinite(count)) {
-                DT_ERR(DT_ECOMM, "batchnorm: SyncBatchNorm returned a bad global count %g (x%s)", count, sx);
-                return NULL;
-            }
-        }
+        double again = 0;   /* (the count is known: the exchange sums this one) */
+        if (use_sync && bn_run_sync(sync, buf + C, C, &again, "[sum (x - mean)^2]") != DT_OK) return NULL;
         if (training && count < 2.0) {
             DT_ERR(DT_EINVAL, "batchnorm: training needs more than one value per channel, x%s has %g", sx, count);
             return NULL;
@@ -185,10 +202,8 @@ dt_tensor *dt_op_batchnorm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tenso
         float *rm = update ? dt_f32(running_mean) : NULL;
         float *rv = update ? dt_f32(running_var) : NULL;
         for (int64_t c = 0; c < C; c++) {
-            double mu = buf[c] / count;
-            double var = buf[C + c] / count - mu * mu;
-            if (var < 0) var = 0;   /* rounding in sumsq/M - mean^2 */
-            mean[c] = (float)mu;
+            double mu = mean[c];
+            double var = buf[C + c] / count;   /* (>= 0: a sum of squares) */
             invstd[c] = (float)(1.0 / sqrt(var + (double)eps));
             if (rm) {
                 rm[c] = (float)((1.0 - momentum) * rm[c] + (double)momentum * mu);

@@ -342,10 +342,11 @@ static void test_syncbn_two_ranks_match_concatenated_batch(void **state) {
                         dt_f32(&rsrc.value), &sync, &s);
     bn_forward_backward(x2, 2 * N, C, H, W, dt_f32(&gsrc.value), dt_f32(&bsrc.value), R2, NULL, &cat);
 
-    /* exactly two exchanges of 2C floats; the forward one starts from the local count */
-    assert_int_equal(fs.calls, 2);
-    assert_int_equal(fs.n_seen[0], 2 * C);
-    assert_int_equal(fs.n_seen[1], 2 * C);
+    /* three exchanges: sum x (from the local count), sum (x - mean)^2, then backward's 2C */
+    assert_int_equal(fs.calls, 3);
+    assert_int_equal(fs.n_seen[0], C);
+    assert_int_equal(fs.n_seen[1], C);
+    assert_int_equal(fs.n_seen[2], 2 * C);
     assert_true(fs.count_in[0] == (double)(N * H * W));
     for (int64_t i = 0; i < per; i++) {
         assert_float_equal(s.y[i], cat.y[i], 1e-5);
@@ -384,7 +385,7 @@ static void test_syncbn_identity_equals_plain(void **state) {
                         dt_f32(&rsrc.value), &sync, &a);
     bn_forward_backward(dt_f32(&src.value), N, C, H, W, dt_f32(&gsrc.value), dt_f32(&bsrc.value),
                         dt_f32(&rsrc.value), NULL, &b);
-    assert_int_equal(fs.calls, 2);
+    assert_int_equal(fs.calls, 3);
     assert_memory_equal(a.y, b.y, (size_t)per * sizeof(float));
     assert_memory_equal(a.dx, b.dx, (size_t)per * sizeof(float));
     assert_memory_equal(a.dga, b.dga, (size_t)C * sizeof(float));
@@ -393,6 +394,45 @@ static void test_syncbn_identity_equals_plain(void **state) {
     assert_memory_equal(a.rv, b.rv, (size_t)C * sizeof(float));
     bn_run_free(&a); bn_run_free(&b);
     dt_param_free(&src); dt_param_free(&gsrc); dt_param_free(&bsrc); dt_param_free(&rsrc);
+}
+
+/* A mean large against the spread (5000 + a spread of about 1, as raw
+ * features: years, prices): the variance is the data's, not what is left of
+ * sumsq/M - mean^2 after rounding (that gave 0, and outputs 330x too large).
+ * Expected values from a double two-pass over the same floats. */
+static void test_large_mean_variance(void **state) {
+    (void)state;
+    const int64_t N = 256, C = 2;
+    int64_t shape[2] = {N, C};
+    dt_param x;
+    assert_int_equal(dt_param_init(&x, "x", 2, shape), DT_OK);
+    uint32_t r = 12345;
+    for (int64_t i = 0; i < N * C; i++) {   /* uniform spread in [-1.7, 1.7): std ~ 1 */
+        r = r * 1664525u + 1013904223u;
+        dt_f32(&x.value)[i] = (i % C ? -5000.0f : 5000.0f) + 3.4f * ((float)(r >> 8) / 16777216.0f - 0.5f);
+    }
+    dt_tensor rm, rv;
+    assert_int_equal(dt_tensor_alloc(&rm, DT_F32, 1, &C), DT_OK);
+    assert_int_equal(dt_tensor_alloc(&rv, DT_F32, 1, &C), DT_OK);
+    for (int64_t c = 0; c < C; c++) { dt_f32(&rm)[c] = 0; dt_f32(&rv)[c] = 1; }
+    dt_graph *g = dt_graph_create();
+    dt_tensor *y = dt_op_batchnorm(g, &x.value, NULL, NULL, &rm, &rv, 1.0f, 1e-5f, NULL);   /* momentum 1: rv = var */
+    assert_non_null(y);
+    for (int64_t c = 0; c < C; c++) {
+        double mu = 0, var = 0, rms = 0;
+        for (int64_t i = 0; i < N; i++) mu += dt_f32(&x.value)[i * C + c];
+        mu /= (double)N;
+        for (int64_t i = 0; i < N; i++) var += pow(dt_f32(&x.value)[i * C + c] - mu, 2);
+        for (int64_t i = 0; i < N; i++) rms += pow(dt_f32(y)[i * C + c], 2);
+        double unbiased = var / (double)(N - 1);
+        if (fabs(dt_f32(&rv)[c] - unbiased) > 1e-3 * unbiased)
+            fail_msg("channel %lld: running_var %g, the data's %g", (long long)c, dt_f32(&rv)[c], unbiased);
+        rms = sqrt(rms / (double)N);   /* normalised: 1 up to eps */
+        if (fabs(rms - 1.0) > 1e-3) fail_msg("channel %lld: rms of y %g, expected 1", (long long)c, rms);
+    }
+    dt_graph_free(g);
+    dt_tensor_free(&rm); dt_tensor_free(&rv);
+    dt_param_free(&x);
 }
 
 /* A failing sync fn makes the forward return NULL with both messages; eval
@@ -427,6 +467,7 @@ int main(void) {
         cmocka_unit_test(test_batchnorm_grads_accumulate),
         cmocka_unit_test(test_syncbn_two_ranks_match_concatenated_batch),
         cmocka_unit_test(test_syncbn_identity_equals_plain),
+        cmocka_unit_test(test_large_mean_variance),
         cmocka_unit_test(test_syncbn_failure_and_eval),
     };
     return OPH_RUN("ops_batchnorm", table, extra);

@@ -1,5 +1,5 @@
 /* SyncBatchNorm's all-reduce for DDP and ZeRO: the per-channel sums of one
- * BatchNorm (forward: sum x, sum x^2; backward: sum dy, sum dy*xhat, see
+ * BatchNorm (forward: sum x, then sum (x - mean)^2; backward: sum dy, sum dy*xhat, see
  * src/ops/batchnorm.c) and the element count travel as one float message
  * [sums..., count] summed over the group, in rank order when deterministic.
  * One exchange for both strategies, so ZeRO with sync_bn computes DDP's
