@@ -14,6 +14,7 @@
  * the table: their flags follow from their names by one rule (dt_cli_model_flag:
  * "arch.max_t" is --max-t), and a setting without a flag (the library sizes
  * it from the data) is written as what it is, its help ("MLP input size"). */
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,17 +163,34 @@ static size_t model_setting(const char *in, char *buf, size_t n) {
 
 /* (a progress thread may log too: the table is sorted once, then read-only;
  * so is the model registry once running) */
+/* c continues a name (a tensor's "optim.momentum.fc1.weight", a path's
+ * "/runs/train.steps"): a setting is replaced only as a whole word */
+static int name_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
+static int joins_before(const char *start, const char *p) {
+    return p > start && (name_char(p[-1]) || p[-1] == '.' || p[-1] == '/' || p[-1] == '-');
+}
+static int joins_after(const char *p) {
+    return name_char(*p) || ((*p == '.' || *p == '/') && name_char(p[1]));
+}
+
 size_t dt_cli_flag_names(const char *in, char *out, size_t n) {
     pthread_once(&g_sort_once, sort_flags);
     size_t need = 0;   /* the whole result's length, written or not */
     char model[256];
+    const char *start = in;
     while (*in) {
         const char *piece = in;
-        size_t len = 1, skip = model_setting(in, model, sizeof model);   /* characters of in replaced */
+        int word = !joins_before(start, in);
+        size_t len = 1, skip = word ? model_setting(in, model, sizeof model) : 0;   /* characters of in replaced */
+        if (skip && joins_after(in + skip)) skip = 0;
         if (skip) { piece = model; len = strlen(model); }
-        for (int k = 0; k < N_FLAGS && !skip; k++) {
+        for (int k = 0; k < N_FLAGS && !skip && word; k++) {
             size_t l = strlen(g_sorted[k].setting);
-            if (!strncmp(in, g_sorted[k].setting, l)) { piece = g_sorted[k].flag; len = strlen(piece); skip = l; }
+            if (!strncmp(in, g_sorted[k].setting, l) && !joins_after(in + l)) {
+                piece = g_sorted[k].flag;
+                len = strlen(piece);
+                skip = l;
+            }
         }
         in += skip ? skip : 1;
         for (size_t i = 0; i < len; i++, need++)

@@ -188,6 +188,11 @@ static void test_setting_names_in_messages(void **state) {
         {"/d (train.data text): samples", "/d (--data text): samples"},
         {"train.log_every, train.stop_after, train.threads, train.clip, train.warmup, train.recompute",
          "--log-every, --stop-after, --threads, --clip, --warmup, --recompute"},
+        /* only whole words: not inside a tensor's name, a path or a longer name */
+        {"no optimizer state 'optim.momentum.fc1.weight' (train.optim.momentum 0.9)",
+         "no optimizer state 'optim.momentum.fc1.weight' (--momentum 0.9)"},
+        {"/runs/train.steps/x, xtrain.steps, train.steps_done, arch.layers.0, train.steps.",
+         "/runs/train.steps/x, xtrain.steps, train.steps_done, arch.layers.0, --steps."},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[256];
