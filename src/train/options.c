@@ -100,7 +100,9 @@ dt_status dt_train_opts_validate(const dt_train_opts *o) {
         return DT_ERR(DT_EINVAL, "parameter groups: %d groups without a table", o->n_groups);
     if (o->init && o->resume) return DT_ERR(DT_EINVAL, "train.init and train.resume are exclusive (a checkpoint already holds the weights)");
     if (o->uneven) {   /* each rank's data position is its own: nothing a checkpoint records */
-        const char *bad = o->resume ? "train.resume" : o->save_every ? "train.save_every" : o->stop_after ? "train.stop_after" : NULL;
+        /* (unfreezing is a collective a rank that ran out of data, already joined, never makes) */
+        const char *bad = o->resume ? "train.resume" : o->save_every ? "train.save_every" : o->stop_after ? "train.stop_after"
+                        : o->unfreeze_at > 0 ? "train.unfreeze_at" : NULL;
         if (bad) return DT_ERR(DT_EINVAL, "train.uneven does not combine with %s (ranks stop at different steps)", bad);
     }
     return DT_OK;

@@ -141,7 +141,8 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
     /* resumed: the steps after the checkpoint are logged again, not twice */
     if (s == DT_OK && o->metrics && o->resume && !o->eval_only && t->strat.rank == 0)
         s = dt_jsonl_drop_after(o->metrics, t->step);
-    if (s == DT_OK && o->metrics && t->strat.rank == 0) s = dt_jsonl_open(&t->metrics, o->metrics);
+    /* the rank that runs every step writes them (uneven: the one with the most data) */
+    if (s == DT_OK && o->metrics && t->strat.rank == t->lead_rank) s = dt_jsonl_open(&t->metrics, o->metrics);
     if (s == DT_OK && o->trace) {
         char path[4096];
         dt_trainer_trace_path(t, path, sizeof path);

@@ -7,8 +7,9 @@
 # sizes, independently of dtrain); the validation loss is the same under the
 # three strategies (ZeRO + join equals DDP + join). When rank 0 is not the
 # rank that trains longest, its checkpoint still holds the optimizer state of
-# one that did. Combinations that cannot
-# join (--zero 3, a pipeline) and a file too short to split fail with a
+# one that did, and --metrics (written by that rank) has every step.
+# Combinations that cannot join (--zero 3, a pipeline, --unfreeze-at) and a
+# file too short to split fail with a
 # message naming them. Fashion-MNIST and llm.c token shards (a directory of
 # them split by file, one file split into ranges in proportion to r + 1)
 # train unevenly too: each rank's own step count as that rule gives it,
@@ -82,15 +83,21 @@ done
 split_steps "$tmp/swap" 800 5000 3000 4000
 exp2=("${steps[@]}")
 [ "${exp2[0]}" -lt "${exp2[1]}" ] || { echo "FAIL: swapped data does not make rank 1 lead (${exp2[*]})"; exit 1; }
-if ! timeout 300 "$bin" "${base[@]}" --data-path "$tmp/swap" --optim adamw --save "$tmp/swap.st" > "$tmp/swap.out" 2>&1; then
+if ! timeout 300 "$bin" "${base[@]}" --data-path "$tmp/swap" --optim adamw --save "$tmp/swap.st" \
+        --metrics "$tmp/swap.jsonl" > "$tmp/swap.out" 2>&1; then
     echo "FAIL swap: run failed:"; tail -5 "$tmp/swap.out"; fail=1
 elif ! grep -aq "\"optim_step\":\"${exp2[1]}\"" "$tmp/swap.st"; then
     echo "FAIL swap: the checkpoint's optimizer should be the longest-training rank's (step ${exp2[1]}), found:"
     grep -ao '"optim_step":"[0-9]*"' "$tmp/swap.st"; fail=1
 elif grep -ao '"optim_steps":"[^"]*"' "$tmp/swap.st" | grep -q ":${exp2[0]}\(,\|\"\)"; then
     echo "FAIL swap: per-parameter step counts are rank 0's ${exp2[0]}:"; grep -ao '"optim_steps":"[^"]*"' "$tmp/swap.st"; fail=1
+elif [ "$(grep -c '"loss"' "$tmp/swap.jsonl")" -ne "${exp2[1]}" ] || ! grep -q "^{\"step\":${exp2[1]},\"loss\"" "$tmp/swap.jsonl"; then
+    # (written by the rank that runs every step: rank 0's file stopped at its own count)
+    echo "FAIL swap: --metrics should hold a line for each of the ${exp2[1]} steps, has $(grep -c '"loss"' "$tmp/swap.jsonl"):"
+    tail -3 "$tmp/swap.jsonl"; fail=1
 else
-    echo "ok swap: rank 0 trained ${exp2[0]} steps, rank 1 ${exp2[1]}; the checkpoint's optimizer is at step ${exp2[1]}"
+    echo "ok swap: rank 0 trained ${exp2[0]} steps, rank 1 ${exp2[1]}; the checkpoint's optimizer is at step ${exp2[1]}," \
+         "--metrics has every step"
 fi
 
 check_error() {   # expected message, extra flags...
@@ -105,6 +112,7 @@ check_error() {   # expected message, extra flags...
 }
 check_error "--uneven does not combine with --zero 3" --zero 3
 check_error "--uneven does not combine with a pipeline" --pp 2
+check_error "--uneven does not combine with --unfreeze-at" --freeze 'h.0.*' --unfreeze-at 2
 # one file split into ranges in proportion to r + 1: a file too short for rank 0's third fails naming it
 # (40 tokens: rank 0's 13 are less than one window of 16 + 1; validation from b.txt)
 head -c 40 "$tmp/txt/a.txt" > "$tmp/short.txt"

@@ -119,6 +119,12 @@ static void test_contradictions(void **state) {
     o.save_every = 0;
     o.stop_after = 2;
     expect_invalid(&o, "train.uneven does not combine with train.stop_after (ranks");
+    o.stop_after = 0;   /* the rank that ran out of data would miss the unfreezing's collective */
+    static const char *freeze[] = {"fc1.*"};
+    o.freeze = freeze;
+    o.n_freeze = 1;
+    o.unfreeze_at = 3;
+    expect_invalid(&o, "train.uneven does not combine with train.unfreeze_at (ranks");
 }
 
 static void test_overflowing_products(void **state) {
