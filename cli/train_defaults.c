@@ -77,7 +77,9 @@ static int resolve_optim(cli_flags *f, char *err, int errlen) {
                      kind == DT_OPTIM_SGD ? "adamw" : "sgd", kind == DT_OPTIM_SGD ? "sgd" : "adamw");
             return -1;
         }
-    dt_optim_cfg c = dt_optim_cfg_default(kind);
+    /* --resume: the saved run's settings (its lr, momentum, betas, ...), then the flags given */
+    dt_optim_cfg c = f->o.resume && f->ckpt.has_optim && f->ckpt.optim.kind == kind ? f->ckpt.optim
+                                                                                     : dt_optim_cfg_default(kind);
     dt_args_overlay(f->table, f->n_table, f->given, &f->optim_flags, sizeof f->optim_flags, &c);
     if (f->nesterov) c.nesterov = 1;
     if (f->optim_state && !strcmp(f->optim_state, "bf16")) c.state_dtype = DT_OPTIM_STATE_BF16;

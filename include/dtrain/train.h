@@ -297,6 +297,9 @@ typedef struct dt_ckpt_model {
     int n_fields;                  /* the settings the file records, as recorded */
     dt_arch_field fields[DT_ARCH_FIELDS_MAX];
     char optimizer[16];            /* "adamw" | "sgd"; "" when not recorded */
+    int has_optim;                 /* 1: optim is the saved run's optimizer settings ("optimizer_settings":
+                                      lr, weight_decay, and momentum / nesterov or beta1 / beta2 / eps) */
+    dt_optim_cfg optim;
     int has_seed;                  /* 1: seed is the saved run's train.seed (its data order and init) */
     uint64_t seed;
 } dt_ckpt_model;

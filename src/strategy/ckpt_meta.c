@@ -23,12 +23,35 @@ static void meta_add(dt_ckpt_meta *mb, const char *key, const char *fmt, unsigne
     mb->n++;
 }
 
+/* the shortest %g text that reads back as x ("0.05", not "0.0500000007") */
+static void short_float(float x, char buf[24]) {
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, 24, "%.*g", prec, (double)x);
+        if (strtof(buf, NULL) == x) return;
+    }
+}
+
 void dt_checkpoint_meta(const dt_run *r, const char *strategy, int64_t optim_step, dt_ckpt_meta *mb) {
     const dt_model *m = r->model;
     mb->n = 0;
     mb->m[mb->n++] = (dt_st_meta){"format", "dtrain-checkpoint-1"};
     mb->m[mb->n++] = (dt_st_meta){"model", m->name};
     mb->m[mb->n++] = (dt_st_meta){"optimizer", optim_name(r)};
+    const dt_optim_cfg *oc = r->optim;   /* its settings: a resume continues with them (PyTorch's param_groups) */
+    char lr[24], wd[24], a[24], b[24], e[24];
+    short_float(oc->lr, lr);
+    short_float(oc->weight_decay, wd);
+    if (oc->kind == DT_OPTIM_SGD) {
+        short_float(oc->momentum, a);
+        snprintf(mb->v[mb->n], sizeof mb->v[0], "lr=%s,weight_decay=%s,momentum=%s,nesterov=%d", lr, wd, a, oc->nesterov);
+    } else {
+        short_float(oc->beta1, a);
+        short_float(oc->beta2, b);
+        short_float(oc->eps, e);
+        snprintf(mb->v[mb->n], sizeof mb->v[0], "lr=%s,weight_decay=%s,beta1=%s,beta2=%s,eps=%s", lr, wd, a, b, e);
+    }
+    mb->m[mb->n] = (dt_st_meta){"optimizer_settings", mb->v[mb->n]};
+    mb->n++;
     mb->m[mb->n++] = (dt_st_meta){"strategy", strategy ? strategy : "?"};
     int na = dt_model_arch_fields(&m->cfg, mb->arch);
     for (int i = 0; i < na; i++) mb->m[mb->n++] = (dt_st_meta){mb->arch[i].key, mb->arch[i].value};

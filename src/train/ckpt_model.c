@@ -2,14 +2,53 @@
  * built-in's name and arch.* settings, read from the metadata of a file or a
  * sharded set's index, so a caller can build it again without describing it. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dtrain/train.h"
 
+/* "lr=0.05,weight_decay=0,momentum=0.9,nesterov=0" over kind's defaults
+ * (a key this version does not know is left alone: a newer writer's) */
+static dt_status read_optim(const char *v, const char *path, dt_optim_kind kind, dt_optim_cfg *out) {
+    *out = dt_optim_cfg_default(kind);
+    for (const char *p = v; *p;) {
+        size_t kl = strcspn(p, "=,");
+        if (p[kl] != '=')
+            return DT_ERR(DT_EFORMAT, "checkpoint %s: metadata 'optimizer_settings' = '%s': '%.*s' has no value", path, v,
+                          (int)kl, p);
+        char *end;
+        errno = 0;
+        double x = strtod(p + kl + 1, &end);
+        if (end == p + kl + 1 || (*end && *end != ',') || errno || !isfinite(x))
+            return DT_ERR(DT_EFORMAT, "checkpoint %s: metadata 'optimizer_settings' = '%s': '%.*s' is not a number", path,
+                          v, (int)kl, p);
+        float f = (float)x;
+        if (kl == 2 && !strncmp(p, "lr", 2)) out->lr = f;
+        else if (kl == 12 && !strncmp(p, "weight_decay", 12)) out->weight_decay = f;
+        else if (kl == 8 && !strncmp(p, "momentum", 8)) out->momentum = f;
+        else if (kl == 8 && !strncmp(p, "nesterov", 8)) out->nesterov = x != 0;
+        else if (kl == 5 && !strncmp(p, "beta1", 5)) out->beta1 = f;
+        else if (kl == 5 && !strncmp(p, "beta2", 5)) out->beta2 = f;
+        else if (kl == 3 && !strncmp(p, "eps", 3)) out->eps = f;
+        p = *end ? end + 1 : end;
+    }
+    if (dt_optim_cfg_validate(out) != DT_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", dt_error_message());
+        return DT_ERR(DT_EFORMAT, "checkpoint %s: metadata 'optimizer_settings' = '%s': %s", path, v, why);
+    }
+    return DT_OK;
+}
+
 static dt_status read_model(const dt_ckpt *c, const char *path, dt_ckpt_model *out) {
     const char *name = dt_ckpt_get_meta(c, "model"), *opt = dt_ckpt_get_meta(c, "optimizer");
     if (opt) snprintf(out->optimizer, sizeof out->optimizer, "%s", opt);
+    const char *os = dt_ckpt_get_meta(c, "optimizer_settings");
+    if (os && opt && (!strcmp(opt, "sgd") || !strcmp(opt, "adamw"))) {   /* (saved before it existed: none) */
+        DT_TRY(read_optim(os, path, !strcmp(opt, "sgd") ? DT_OPTIM_SGD : DT_OPTIM_ADAMW, &out->optim));
+        out->has_optim = 1;
+    }
     const char *seed = dt_ckpt_get_meta(c, "seed");
     if (seed) {
         char *end;
