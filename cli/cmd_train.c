@@ -71,6 +71,10 @@ static const cli_name k_pp_wire[] = {{"fp32", DT_F32}, {"bf16", DT_BF16}, {"fp16
 /* --pp P --microbatches M --batch B: micro-batches of B / M, M per step. */
 static int pipe_flags(cli_flags *f, char *err, int errlen) {
     dt_pipe_opts *p = &f->dist.pipe;
+    if (dt_cli_flag_given(f, "--virtual-stages") && p->virtual_stages < 1) {   /* (0 also means "not given") */
+        snprintf(err, (size_t)errlen, "--virtual-stages %d must be >= 1", p->virtual_stages);
+        return -1;
+    }
     int piped = p->stages != 1 || f->schedule || f->microbatches != INT_MIN || p->n_split || p->max_outstanding ||
                 p->virtual_stages || f->pp_wire;
     if (!piped) return 0;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bad pipeline configurations fail on every rank with one clear message and
 # never hang: ranks not divisible by --pp, more stages than blocks, a
-# schedule's micro-batch rule, a split that does not add up. At 4 ranks the
+# schedule's micro-batch rule, a split that does not add up, more (virtual
+# stage, micro-batch) pairs than message tags. At 4 ranks the
 # start-up line of 2 stages x 2 replicas describes every stage's replica
 # group, also when one stays inside a machine and the other spans two, and
 # its collective runs also where ranks differ on --quiet (one rank's choice).
@@ -27,6 +28,8 @@ if [ "$np" -eq 2 ]; then
     expect "--pp-split adds up to 3 blocks" --pp 2 --nproc 2 --pp-split 1,2
     expect "micro-batches to be a multiple of --pp (P, 2P, ...; got M=3, P=2)" --pp 2 --nproc 2 --schedule interleaved --microbatches 3 --batch 30
     expect "cannot be combined with ZeRO's interleaved step overlap" --pp 2 --nproc 2 --zero 1 --overlap-step interleaved --clip 1
+    # one message tag per (virtual stage, micro-batch): refused at start-up, not in step 1 (or never)
+    expect "pipeline: 2 virtual stages x 5002 micro-batches is too many (< 10000)" --pp 2 --nproc 2 --batch 5002 --microbatches 5002
 else
     expect "4 virtual stages (--pp 4 x --virtual-stages 1) but model mlp has only 2 blocks" --pp 4 --nproc 4
     expect "--pp-split has 3 entries" --pp 4 --nproc 4 --pp-split 1,1,1 --hidden 32,32,32

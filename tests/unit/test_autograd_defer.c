@@ -258,8 +258,9 @@ static void test_cnn_defer_all_bitwise(void **state) {
         m.sync_calls = 0;
         float *got = run_schedule(&md, "B0 B1 B2 W0 W1 W2", defer_all, NULL, all);
         expect_bitwise(&md, plain, got, use_sync ? "cnn, SyncBN" : "cnn");
-        /* SyncBN: one exchange per forward and one per backward (for dx), deferred or not */
-        assert_int_equal(plain_calls, use_sync ? 2 * NM : 0);
+        /* SyncBN: two exchanges per forward (sum x, then sum (x - mean)^2) and one per
+         * backward (for dx), deferred or not */
+        assert_int_equal(plain_calls, use_sync ? 3 * NM : 0);
         assert_int_equal(m.sync_calls, plain_calls);
         free(plain);
         free(got);

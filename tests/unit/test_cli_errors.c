@@ -82,6 +82,8 @@ static void test_bad_flags(void **state) {
     expect_error("train --pp 2 --batch 10 --microbatches 4", "--batch 10 does not split into --microbatches 4");
     expect_error("train --pp 2 --accum 2", "--accum does not combine with a pipeline");
     expect_error("train --pp 2 --virtual-stages 2", "more than 1 needs --schedule interleaved");
+    expect_error("train --pp 2 --schedule interleaved --virtual-stages -1", "--virtual-stages -1 must be >= 1");
+    expect_error("train --virtual-stages 0", "--virtual-stages 0 must be >= 1");   /* (0 was taken as the default) */
     expect_error("train --pp 2 --schedule 1f1b --max-outstanding 2", "--max-outstanding applies to --schedule gpipe");
     expect_error("train --pp 2 --microbatches 0", "--microbatches must be >= 1");
     /* the mesh dp x pp x tp: the world is a multiple of P x T */

@@ -517,7 +517,8 @@ static dt_status ensure_schedule(dt_pipe *p, int M) {
     dt_pipe_schedule_free(&p->step.sched);
     p->step.M = M;
     if (p->lay.S * M >= DT_PIPE_TAG_GRAD - DT_PIPE_TAG_ACT)
-        return DT_ERR(DT_EINVAL, "pipeline: %d virtual stages x %d micro-batches is too many (< 10000)", p->lay.S, M);
+        return DT_ERR(DT_EINVAL, "pipeline: %d virtual stages x %d micro-batches is too many (< %d)", p->lay.S, M,
+                      DT_PIPE_TAG_GRAD - DT_PIPE_TAG_ACT);
     return dt_pipe_schedule_build(p->o.schedule, p->lay.P, M, p->lay.V, p->o.max_outstanding, &p->step.sched);
 }
 
