@@ -82,6 +82,7 @@ static int resolve_optim(cli_flags *f, char *err, int errlen) {
                                                                                      : dt_optim_cfg_default(kind);
     dt_args_overlay(f->table, f->n_table, f->given, &f->optim_flags, sizeof f->optim_flags, &c);
     if (f->nesterov) c.nesterov = 1;
+    else if (c.momentum == 0) c.nesterov = 0;   /* a resumed Nesterov run given --momentum 0: plain SGD */
     if (f->optim_state && !strcmp(f->optim_state, "bf16")) c.state_dtype = DT_OPTIM_STATE_BF16;
     else if (f->optim_state && strcmp(f->optim_state, "fp32")) {
         snprintf(err, (size_t)errlen, "--optim-state: '%s' is not one of fp32, bf16", f->optim_state);

@@ -3,8 +3,10 @@
  *
  * Training data (dt_text_open) is mapped read-only, a piece of bytes per file
  * that batches widen as they copy (shard_map.c's mapping: one copy per
- * machine in the page cache, none in a rank's own memory; files that cannot
- * be mapped are read). A text file must not be truncated in place while a
+ * machine in the page cache, none in a rank's own memory). Files under
+ * 64 KiB, pseudo-files and files that cannot be mapped are read instead (a
+ * directory of 65k short documents would exhaust vm.max_map_count). A text
+ * file of 64 KiB or more must not be truncated in place while a
  * run maps it (SIGBUS past the new end); an editor's save by rename, or
  * appending, is safe. The public dt_text_load reads into one uint16 buffer.
  *
@@ -14,6 +16,7 @@
  * Also here: the public one-buffer token-dataset helpers (free, windows, batch). */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,30 +107,59 @@ dt_status dt_text_load(const char *path, dt_token_dataset *out) {
     return DT_OK;
 }
 
-/* one file's bytes as a piece of out: mapped, or read where the file system
- * cannot map (the store owns either) */
+/* fd's bytes to its end, whatever its size said (a pseudo-file says 0) */
+static dt_status read_bytes(int fd, const char *path, size_t hint, uint8_t **out, int64_t *n) {
+    size_t cap = hint + 1 > 4096 ? hint + 1 : 4096, len = 0;
+    uint8_t *b = malloc(cap);
+    for (;;) {
+        if (!b) return DT_ERR(DT_ENOMEM, "%s: out of memory (%zu bytes)", path, cap);
+        if (len == cap) {
+            uint8_t *nb = cap <= SIZE_MAX / 2 ? realloc(b, cap * 2) : NULL;
+            if (!nb) { free(b); return DT_ERR(DT_ENOMEM, "%s: out of memory (%zu bytes)", path, cap * 2); }
+            b = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, b + len, cap - len);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0) {
+            free(b);
+            return DT_ERR(DT_EIO, "%s: read failed: %s", path, strerror(errno));
+        }
+        if (r == 0) break;
+        len += (size_t)r;
+    }
+    *out = b;
+    *n = (int64_t)len;
+    return DT_OK;
+}
+
+/* Files from this size on are mapped; smaller ones are read (a mapping each
+ * would run a directory of 65k short documents into vm.max_map_count, and
+ * a mapping holds at least a page anyway). */
+#define TEXT_MAP_MIN ((size_t)1 << 16)
+
+/* one file's bytes as a piece of out, held by the store: mapped, or read
+ * (small, a pseudo-file, or a file system that cannot map) */
 static dt_status text_map_file(const char *path, dt_token_store *st, dt_token_stream *out) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   /* (a FIFO must not block the open) */
     if (fd < 0) return DT_ERR(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     dt_status s = DT_OK;
     const void *base = NULL;
+    size_t size = 0;
     if (fstat(fd, &sb) != 0) s = DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
     else if (!S_ISREG(sb.st_mode)) s = DT_ERR(DT_EINVAL, "%s: not a regular file or directory", path);
-    else s = dt_token_map_fd(fd, (size_t)sb.st_size, path, st, &base);
-    close(fd);
-    if (s != DT_OK) return s;
-    if (!base && sb.st_size > 0) {   /* cannot be mapped: read it */
-        tokbuf b = {0};
-        DT_TRY(text_append_file(&b, path));
-        uint8_t *bytes = malloc(b.n ? (size_t)b.n : 1);
-        for (int64_t i = 0; bytes && i < b.n; i++) bytes[i] = (uint8_t)b.v[i];
-        free(b.v);
-        if (!bytes) return DT_ERR(DT_ENOMEM, "%s: out of memory (%lld bytes)", path, (long long)b.n);
-        DT_TRY(dt_token_store_add(st, bytes, 0, path));
-        return dt_token_stream_push(out, bytes, 1, b.n, path);
+    else if ((size = (size_t)sb.st_size) >= TEXT_MAP_MIN) s = dt_token_map_fd(fd, size, path, st, &base);
+    if (s == DT_OK && base) {
+        close(fd);
+        return dt_token_stream_push(out, base, 1, (int64_t)size, path);
     }
-    return dt_token_stream_push(out, base, 1, (int64_t)sb.st_size, path);
+    uint8_t *bytes = NULL;
+    int64_t n = 0;
+    if (s == DT_OK) s = read_bytes(fd, path, size, &bytes, &n);
+    close(fd);
+    if (s == DT_OK) s = dt_token_store_add(st, bytes, 0, path);   /* (frees bytes when it fails) */
+    return s == DT_OK ? dt_token_stream_push(out, bytes, 1, n, path) : s;
 }
 
 /* the text as views of its files, one piece per file */

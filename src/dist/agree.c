@@ -77,22 +77,38 @@ static uint64_t fnv1a(const char *p, size_t n) {
 }
 
 dt_status dt__side_allgather(dt_pg *pg, const dt_work *w, const void *in, void *out, int bytes) {
+    /* MPI works on copies of its own: after a timeout it may still write them
+     * (a late rank arriving), so they are left to it, never the caller's */
+    char *mi = malloc((size_t)bytes + 1), *mo = malloc((size_t)pg->size * (size_t)bytes + 1);
+    if (!mi || !mo) {
+        free(mi);
+        free(mo);
+        return DT_ERR(DT_ENOMEM, "%s: out of memory for a %d x %d-byte exchange", pg->name, pg->size, bytes);
+    }
+    memcpy(mi, in, (size_t)bytes);
     MPI_Request r;
-    int rc = MPI_Iallgather(in, bytes, MPI_BYTE, out, bytes, MPI_BYTE, pg->side, &r);
-    if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_agree: MPI_Iallgather");
+    int rc = MPI_Iallgather(mi, bytes, MPI_BYTE, mo, bytes, MPI_BYTE, pg->side, &r);
+    if (rc != MPI_SUCCESS) {
+        free(mi);
+        free(mo);
+        return dt__mpi_err(rc, "dt_pg_agree: MPI_Iallgather");
+    }
     /* watched like any collective: a rank that never comes must not hang the
      * others past the collective timeout (r stays MPI's: the group is broken) */
     double t0 = dt_mono_s(), next_warn = t0 + dt__dist.stall_warn_s;
     for (int done = 0, idle = 0, k = 0; !done;) {
         rc = MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_agree: MPI_Test");
+        if (rc != MPI_SUCCESS) return dt__mpi_err(rc, "dt_pg_agree: MPI_Test");   /* (MPI's copies: left) */
         if (done) break;
         if (pg->mode == DT_PROGRESS_POLL && dt__poll_all(pg)) idle = 0;
         else if (++idle > 64) sched_yield();
         if ((++k & 255) == 0 && dt__wd_wait_check(pg, w, w ? NULL : "configuration agreement (dt_pg_agree)", t0,
                                                   &next_warn))
-            return dt__wd_timeout_error(pg);
+            return dt__wd_timeout_error(pg);   /* (mi, mo: MPI's still) */
     }
+    memcpy(out, mo, (size_t)pg->size * (size_t)bytes);
+    free(mi);
+    free(mo);
     return DT_OK;
 }
 

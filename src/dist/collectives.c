@@ -244,9 +244,10 @@ dt_status dt_reduce_scatter(dt_pg *pg, const void *in, void *out, int64_t count,
      * in order; rank order (as flat) only deterministic, F32, consecutive */
     const dt_topo *t = &pg->topo;
     int det = (op & DT_RED_DETERMINISTIC) || pg->deterministic;
-    /* (MPI's int byte offsets: a handler receives R x |H| chunks, |H| <= ceil(size / R),
-     * so under 2 x nb on every rank alike, which all must decide the same) */
-    int hier = !shm && t->hier && count > 0 && nb <= INT_MAX / 2 && (!det || (dtype == DT_F32 && t->contiguous));
+    /* (MPI's int byte offsets: a handler receives up to rs_recv_chunks chunks,
+     * the same bound on every rank, which all must decide the same) */
+    int hier = !shm && t->hier && count > 0 && nb <= INT_MAX && (double)t->rs_recv_chunks * (double)cb <= INT_MAX &&
+               (!det || (dtype == DT_F32 && t->contiguous));
     dt_work *w = NULL;
     DT_TRY(new_work(pg, shm ? DT_OPK_REDUCE_SCATTER_SHM : hier ? DT_OPK_REDUCE_SCATTER_HIER : DT_OPK_REDUCE_SCATTER,
                     count, dtype, (double)nb, wp, &w));

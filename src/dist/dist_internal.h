@@ -70,6 +70,8 @@ typedef struct dt_topo {
     int *hand, *hand_off;           /* (hier) the chunks this machine's local rank q handles (reduce-
                                        scatter, allgather): hand[hand_off[q] .. hand_off[q + 1]),
                                        ascending; hand_off has local_size + 1 entries */
+    int64_t rs_recv_chunks;         /* (hier) the largest R x |H(rank)| over every machine: the chunks a
+                                       reduce-scatter's handler receives at most (the same on every rank) */
     MPI_Comm cross[2];              /* (hier) the whole group, for point-to-point across machines:
                                        [0] phase 2 of reduce-scatter / allgather, [1] their chain */
 } dt_topo;

@@ -210,6 +210,20 @@ dt_status dt__topo_create(dt_pg *pg) {
         memcpy(at, t->hand_off, (size_t)R * sizeof *at);
         for (int k = 0; k < pg->size; k++) t->hand[at[t->local_of[dt__chunk_handler(t, t->machine, k)]]++] = k;
     }
+    /* every machine's handlers, for a bound all ranks share (collectives.c): a
+     * chunk's handler is its owner's local index mod the machine's rank count,
+     * so single-rank machines' chunks all land on local rank 0 */
+    int *cnt = calloc((size_t)t->max_local + 1, sizeof *cnt);
+    t->rs_recv_chunks = 0;
+    for (int m = 0; cnt && m < t->machines; m++) {
+        int Rm = t->member_off[m + 1] - t->member_off[m];
+        memset(cnt, 0, (size_t)Rm * sizeof *cnt);
+        for (int k = 0; k < pg->size; k++) cnt[t->local_of[k] % Rm]++;
+        for (int q = 0; q < Rm; q++)
+            if ((int64_t)Rm * cnt[q] > t->rs_recv_chunks) t->rs_recv_chunks = (int64_t)Rm * cnt[q];
+    }
+    if (!cnt) t->rs_recv_chunks = (int64_t)t->max_local * pg->size;   /* (the largest it can be) */
+    free(cnt);
     st = make_lanes(t, comm);   /* (collective: every rank makes it, with or without memory) */
     if (st == DT_OK && (!at || !t->hand || !t->hand_off))
         st = DT_ERR(DT_ENOMEM, "dt_pg: out of memory for %d ranks", pg->size);

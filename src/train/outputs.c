@@ -150,7 +150,8 @@ dt_status dt_trainer_check_outputs(const dt_trainer *t) {
     int rank0 = t->strat.rank == 0;
     if (o->save && t->strat.save_is_dir) DT_TRY(check_dir("train.save", o->save));   /* every rank writes its shard */
     else if (o->save && rank0) DT_TRY(check_file("train.save", o->save, 0));
-    if (o->metrics && rank0) DT_TRY(check_file("train.metrics", o->metrics, 1));
+    /* (uneven: the rank with the most data writes them, known only later: every rank checks) */
+    if (o->metrics && (rank0 || o->uneven)) DT_TRY(check_file("train.metrics", o->metrics, 1));
     if (o->trace) {
         char path[4096];
         dt_trainer_trace_path(t, path, sizeof path);

@@ -50,4 +50,8 @@ for o in "sgd:--optim sgd --lr 0.05 --momentum 0.9 --nesterov --wd 0.01" "adamw:
     if [ -n "$c" ] && [ "$c" != "$a" ]; then echo "ok   $tag: --lr 0.5 given on resume applies ($c)"
     else echo "FAIL $tag: --lr 0.5 on resume changed nothing ($c)"; fail=1; fi
 done
+# the saved run used Nesterov: --momentum 0 on resume makes it plain SGD (there is no --no-nesterov)
+if "$bin" "${run[@]}" --steps 6 --resume "$tmp/sgd-part.st" --momentum 0 > "$tmp/sgd-m0.out" 2>&1; then
+    echo "ok   a Nesterov checkpoint resumed with --momentum 0"
+else echo "FAIL --momentum 0 on a Nesterov checkpoint:"; tail -2 "$tmp/sgd-m0.out"; fail=1; fi
 exit $fail

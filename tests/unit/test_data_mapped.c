@@ -292,6 +292,42 @@ static void test_text_stays_out_of_rank_memory(void **state) {
                  anon_read);
 }
 
+/* More short text files than the kernel's mappings per process (65530 by
+ * default): they are read, not mapped each; and a pseudo-file whose size
+ * says 0 still gives its bytes. */
+static void test_many_small_text_files(void **state) {
+    (void)state;
+    char dir[512], name[32];
+    make_dir(dir, sizeof dir, "manytext");
+    enum { FILES = 66000 };
+    for (int k = 0; k < FILES; k++) {
+        snprintf(name, sizeof name, "doc%06d.txt", k);
+        text_file(dir, name, "ab");   /* file k holds "ab": the stream is "abab..." */
+    }
+    dt_dataset d;
+    dt_dataset_opts o = {.path = dir, .seq = 4};
+    dt_status st = dt_dataset_open("text", &o, &d);
+    if (st != DT_OK) fail_msg("%d files of 2 bytes: %s", FILES, dt_error_message());
+    assert_int_equal(d.size[DT_SPLIT_TRAIN], (2 * FILES - 2 * FILES / 10 - 1) / 4);
+    assert_text_window(&d, 0, "ababa");
+    assert_text_window(&d, d.size[DT_SPLIT_TRAIN] - 1, "ababa");
+    dt_dataset_close(&d);
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;   /* no procfs: nothing more to check */
+    fclose(f);
+    dt_dataset_opts po = {.path = "/proc/self/status", .seq = 8};
+    st = dt_dataset_open("text", &po, &d);
+    if (st != DT_OK) fail_msg("/proc/self/status (size 0, text inside): %s", dt_error_message());
+    int32_t x[8], y[8];
+    void *xs[1] = {x};
+    int64_t w = 0;
+    dt_dataset_batch(&d, DT_SPLIT_TRAIN, &w, 1, xs, y);
+    const char *want = "Name:";   /* the status file's first line */
+    for (int t = 0; t < 5; t++)
+        if (x[t] != want[t]) fail_msg("/proc/self/status token %d: %d, expected '%c'", t, x[t], want[t]);
+    dt_dataset_close(&d);
+}
+
 /* The mapped reader's own checks name the file: a truncated header, a bad
  * size, and a FIFO (refused at once, not waited on). */
 static void test_mapped_errors_name_the_file(void **state) {
@@ -341,6 +377,7 @@ int main(void) {
         cmocka_unit_test(test_ranges_of_one_shard),
         cmocka_unit_test(test_shards_stay_out_of_rank_memory),
         cmocka_unit_test(test_text_stays_out_of_rank_memory),
+        cmocka_unit_test(test_many_small_text_files),
         cmocka_unit_test(test_mapped_errors_name_the_file),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
