@@ -24,46 +24,6 @@
 #include <unistd.h>
 #include "dataset_internal.h"
 
-/* Growable uint16 token buffer. */
-typedef struct tokbuf {
-    uint16_t *v;
-    int64_t n, cap;
-} tokbuf;
-
-static dt_status tokbuf_reserve(tokbuf *b, int64_t extra, const char *path) {
-    if (b->n + extra <= b->cap) return DT_OK;
-    int64_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + extra) cap *= 2;
-    uint16_t *nv = realloc(b->v, (size_t)cap * sizeof(uint16_t));
-    if (!nv) return DT_ERR(DT_ENOMEM, "%s: out of memory (%lld tokens)", path, (long long)cap);
-    b->v = nv;
-    b->cap = cap;
-    return DT_OK;
-}
-
-/* Append the bytes of one file to b. */
-static dt_status text_append_file(tokbuf *b, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return DT_ERR(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
-    unsigned char chunk[65536];
-    dt_status st = DT_OK;
-    for (;;) {
-        size_t r = fread(chunk, 1, sizeof chunk, f);
-        if (r > 0) {
-            st = tokbuf_reserve(b, (int64_t)r, path);
-            if (st != DT_OK) break;
-            for (size_t i = 0; i < r; i++) b->v[b->n + (int64_t)i] = chunk[i];
-            b->n += (int64_t)r;
-        }
-        if (r < sizeof chunk) {
-            if (ferror(f)) st = DT_ERR(DT_EIO, "%s: read failed: %s", path, strerror(errno));
-            break;
-        }
-    }
-    fclose(f);
-    return st;
-}
-
 static int ends_with(const char *s, const char *suffix) {
     size_t ls = strlen(s), lx = strlen(suffix);
     return ls >= lx && memcmp(s + ls - lx, suffix, lx) == 0;
@@ -71,38 +31,29 @@ static int ends_with(const char *s, const char *suffix) {
 
 static int text_name(const char *nm) { return !ends_with(nm, ".dat") && !ends_with(nm, ".u8"); }
 
-/* the bytes of a file, or of a directory's eligible files concatenated */
-static dt_status text_read(const char *path, uint16_t **ids, int64_t *n) {
-    struct stat sb;
-    if (stat(path, &sb) != 0) return DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
-    tokbuf b = {0};
-    dt_status st = DT_OK;
-    if (S_ISDIR(sb.st_mode)) {
-        char **names;
-        int nn;
-        st = dt_data_list_dir(path, text_name, NULL, &names, &nn, NULL);
-        for (int i = 0; i < nn && st == DT_OK; i++) st = text_append_file(&b, names[i]);
-        dt_data_names_free(names, nn);   /* (NULL, 0 when listing failed) */
-    } else if (S_ISREG(sb.st_mode)) {
-        st = text_append_file(&b, path);
-    } else {
-        st = DT_ERR(DT_EINVAL, "%s: not a regular file or directory", path);
-    }
-    if (st == DT_OK && b.n == 0)
-        st = DT_ERR(DT_EFORMAT, "%s: no text data (empty file or no eligible files)", path);
-    if (st != DT_OK) {
-        free(b.v);
-        return st;
-    }
-    *ids = b.v;
-    *n = b.n;
-    return DT_OK;
-}
-
+/* one uint16 buffer: the training reader's pieces, widened */
 dt_status dt_text_load(const char *path, dt_token_dataset *out) {
     if (!path || !out) return DT_ERR(DT_EINVAL, "dt_text_load: NULL argument");
     memset(out, 0, sizeof *out);
-    DT_TRY(text_read(path, &out->tokens, &out->n_tokens));
+    dt_token_store st = {0};
+    dt_token_stream all;
+    dt_status s = dt_text_open(path, NULL, &st, &all);
+    if (s != DT_OK) {
+        dt_token_store_free(&st);   /* (the files read or mapped before the fault) */
+        return s;
+    }
+    int64_t n = all.n_tokens;   /* (> 0: the open checked) */
+    uint16_t *ids = malloc((size_t)n * sizeof *ids);
+    for (int k = 0; ids && k < all.n; k++) {
+        const uint8_t *b = all.piece[k].ids;
+        int64_t from = all.end[k] - all.piece[k].n;
+        for (int64_t i = 0; i < all.piece[k].n; i++) ids[from + i] = b[i];
+    }
+    dt_token_stream_free(&all);
+    dt_token_store_free(&st);
+    if (!ids) return DT_ERR(DT_ENOMEM, "%s: out of memory (%lld tokens)", path, (long long)n);
+    out->tokens = ids;
+    out->n_tokens = n;
     out->vocab = 256;
     return DT_OK;
 }

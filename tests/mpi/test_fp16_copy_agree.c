@@ -174,21 +174,8 @@ static void test_zero3(void) {
     t_begin("fp16 working copy under ZeRO-3: a weight beyond 65504 (from --init) ends the step on every rank");
     dt_train_opts o;
     opts(&o);
-    char init[300];   /* beside the corpus (every rank has its path) */
-    snprintf(init, sizeof init, "%s", text_path);
-    char *slash = strrchr(init, '/');
-    T_CHECK(slash != NULL);
-    snprintf(slash, sizeof init - (size_t)(slash - init), "/init.safetensors");
-    if (t_rank() == 0) {   /* the model's own initial weights, one of them beyond fp16's range */
-        dt_model *m;
-        T_OK(dt_model_create(&o.model, o.seed, &m));
-        dt_param *p = dt_model_find_param(m, "h.1.mlp.c_proj.weight");
-        T_CHECK(p != NULL && p->value.ndim == 2);
-        dt_f32(&p->value)[p->value.numel - 1] = 1e6f;
-        T_OK(dt_model_save_params(m, init));
-        dt_model_free(m);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+    char init[300];
+    write_big_init(&o, init, sizeof init);
     o.init = init;
     dt_zero_opts zo;
     dt_zero_opts_default(&zo);
