@@ -512,7 +512,7 @@ static dt_status do_weights(dt_pipe *p, int c, int j) {
     return run_weights(p, c, j);
 }
 
-static dt_status ensure_schedule(dt_pipe *p, int M) {
+dt_status dt_pipe_ensure_schedule(dt_pipe *p, int M) {
     if (M == p->step.M && p->step.sched.n) return DT_OK;
     dt_pipe_schedule_free(&p->step.sched);
     p->step.M = M;
@@ -527,7 +527,7 @@ static dt_status run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_su
     DT_TRY(notice_post(p));
     at(p, -1, -1);
     DT_TRY(fault_hook(p, 0, -1));
-    DT_TRY(ensure_schedule(p, M));
+    DT_TRY(dt_pipe_ensure_schedule(p, M));
     DT_TRY(prepare_slots(p, mb, M));
     p->step.mb = mb;
     p->step.loss_sum = 0;

@@ -384,6 +384,10 @@ struct dt_pipe {
     dt_pipe_metrics metrics;
 };
 
+/* pipe/engine.c: p->step.sched for M micro-batches (kept while M stays);
+ * refuses S x M beyond the activation tags' range (a (virtual stage,
+ * micro-batch) pair each). */
+dt_status dt_pipe_ensure_schedule(dt_pipe *p, int M);
 /* pipe/engine.c: one step's forward + backward over mb[0..M) / evaluation. */
 dt_status dt_pipe_run_step(dt_pipe *p, const dt_batch *mb, int M, double *loss_sum);
 dt_status dt_pipe_run_eval(dt_pipe *p, const dt_batch *b, int n, double sums[3]);

@@ -198,13 +198,8 @@ static dt_status s_setup(void *self, dt_run *r) {
     if (p->lay.S > DT_PIPE_MAX_VSTAGES)
         return DT_ERR(DT_EINVAL, "pipeline: at most %d virtual stages (pipe.stages x pipe.virtual_stages = %d)", DT_PIPE_MAX_VSTAGES,
                       p->lay.S);
-    /* the schedule first: a bad (P, M, V) is the same error on every rank;
-     * each (virtual stage, micro-batch) needs a message tag of its own below
-     * the tied rows' (pipe_internal.h) */
-    if (p->lay.S * p->step.M >= DT_PIPE_TAG_GRAD - DT_PIPE_TAG_ACT)
-        return DT_ERR(DT_EINVAL, "pipeline: %d virtual stages x %d micro-batches is too many (< %d)", p->lay.S,
-                      p->step.M, DT_PIPE_TAG_GRAD - DT_PIPE_TAG_ACT);
-    DT_TRY(dt_pipe_schedule_build(p->o.schedule, p->lay.P, p->step.M, p->lay.V, p->o.max_outstanding, &p->step.sched));
+    /* the schedule first: a bad (P, M, V) is the same error on every rank */
+    DT_TRY(dt_pipe_ensure_schedule(p, r->accum));
     /* tensor-parallel stages: the model's comm before the probe, whose forward uses it */
     DT_TRY(dt_par_agree(p->comm.world, dt_pipe_tp_attach(p, p->m), "pipeline tensor parallelism"));
     dt_pipe_probe pr;
