@@ -146,8 +146,9 @@ int dt_cli_train_table(cli_flags *f, char *err, int errlen) {
         {"--save", DT_ARG_STR, &o->save, "FILE", "write a checkpoint at the end (atomically; the path is checked writable at start-up)", 0, 0},
         {"--save-every", DT_ARG_I64, &o->save_every, "N", "also checkpoint every N steps (written in the background while training goes on)", 0, 0},
         {"--save-sync", DT_ARG_FLAG, &o->save_sync, NULL, "write every checkpoint before training goes on (no background writer)", 0, 0},
-        {"--resume", DT_ARG_STR, &o->resume, "FILE|DIR", "continue from a checkpoint file or set (bit-for-bit; the model, its settings and --optim come from it: "
-         "a flag that contradicts it is refused; --steps must be at least its step)", 0, 0},
+        {"--resume", DT_ARG_STR, &o->resume, "FILE|DIR", "continue from a checkpoint file or set (bit-for-bit; the model, its settings, --seed and --optim come from it: "
+         "a flag that contradicts them is refused; so do --lr, --wd, --momentum, --nesterov, --beta1, --beta2 and --eps, "
+         "which a flag given overrides; --steps must be at least its step)", 0, 0},
         {"--metrics", DT_ARG_STR, &o->metrics, "FILE", "append one JSON line per training step and one per evaluation (step, eval_loss, eval_accuracy; dtrain eval too); checked writable at start-up", 0, 0},
         {"--trace", DT_ARG_STR, &o->trace, "FILE", "write a Chrome/Perfetto trace (per rank: FILE.rankN)", 0, 0},
         {"--log-every", DT_ARG_I64, &o->log_every, "N", "progress line interval when not on a terminal (default 0: about 20 lines a run)", 0, 0},
