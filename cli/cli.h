@@ -106,7 +106,8 @@ double dt_cli_mono_s(void);
  * micro-steps per replica in *accum; 0 when there is none. */
 typedef struct dt_cli_elastic {
     int nproc, min_nproc, stages, accum;
-    int tp;   /* --tp (0 or 1: none): a replica is stages x tp ranks */
+    int tp;               /* --tp (0 or 1: none): a replica is stages x tp ranks */
+    int accum_multiple;   /* 0 or 1: any; the new accum a multiple of it (interleaved: --pp) */
 } dt_cli_elastic;
 int dt_cli_elastic_world(const dt_cli_elastic *e, int slots, int *accum);
 /* out: the hosts of h with keep[i] (a --host list, no hostfile); -1 when out
@@ -122,6 +123,8 @@ int dt_cli_hosts_subset(const dt_cli_hosts *h, const int *keep, dt_cli_hosts *ou
 typedef struct dt_cli_restart {
     int max_restarts, min_nproc;   /* min_nproc 0: the job's own world */
     int stages, accum;             /* --pp; micro-steps per replica and step */
+    int piped;                     /* the pipeline engine runs (--pp, or any of its flags: --pp 1 --microbatches M) */
+    int microbatch_multiple;       /* a pipeline's micro-batches are a multiple of it (interleaved: --pp; else 1) */
     int tp;                        /* --tp */
     long long batch;               /* the library's: a micro-batch */
     long long eval_batches;        /* the library's (micro-batches of `batch` for a pipeline); 0: all */
@@ -129,6 +132,15 @@ typedef struct dt_cli_restart {
 } dt_cli_restart;
 int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h,
                                const dt_cli_restart *r);
+/* The flags of restart attempt: argv (argc of them) without what the attempt
+ * replaces; resize: the world changed, so the micro-steps become accum
+ * (--accum, or a pipeline's --microbatches with --batch and --eval-batches
+ * scaled to keep the global batch and the evaluated sequences); resume:
+ * --resume r->save. av holds argc + 9 pointers; v the numbers' text.
+ * Returns the count (av[count] = NULL). */
+typedef struct dt_cli_restart_vals { char accum[24], batch[24], eval[24]; } dt_cli_restart_vals;
+int dt_cli_restart_argv(int argc, char **argv, const dt_cli_restart *r, int resize, int accum, int resume,
+                        char **av, dt_cli_restart_vals *v);
 /* signals.c, launcher: a stop signal reached this process (do not restart) */
 int dt_cli_launcher_signalled(void);
 /* signals.c: stop requests on SIGTERM / SIGINT / SIGUSR1 (this rank) */

@@ -10,7 +10,7 @@
  * step and continues the loss curve where it was.
  *
  * The world chosen is the largest W with min_nproc <= W <= min(N, slots
- * that answer), R | W and D' | A x D: never larger than the job as
+ * that answer), R | W and D' | A x D (and an interleaved pipeline's P | A'): never larger than the job as
  * launched, so spare machines (a host list with more slots than N) replace
  * lost ones first and only then does the world shrink. */
 #include <stdio.h>
@@ -27,6 +27,7 @@ int dt_cli_elastic_world(const dt_cli_elastic *e, int slots, int *accum_out) {
         if (W % R) continue;
         int D = W / R;
         if (units % D) continue;
+        if (e->accum_multiple > 1 && (units / D) % e->accum_multiple) continue;   /* interleaved: M a multiple of P */
         *accum_out = (int)(units / D);
         return W;
     }

@@ -118,6 +118,44 @@ static void lost_list(const dt_cli_hosts *h, const int *alive, char *out, size_t
         if (!alive[i]) o += (size_t)snprintf(out + o, len - o, "%s%s", o ? ", " : "", h->name[i]);
 }
 
+/* The flags of a restart (see cli.h): argv without what the new attempt
+ * replaces, then the micro-steps of a resized world, then --resume save. */
+int dt_cli_restart_argv(int argc, char **argv, const dt_cli_restart *r, int resize, int accum, int resume,
+                        char **av, dt_cli_restart_vals *v) {
+    int k = 0, piped = r->piped;
+    long long evalb = piped ? r->eval_batches : 0;
+    av[k++] = argv[0];
+    av[k++] = argv[1];
+    for (int i = 2; i < argc; i++) {
+        int rp = replaced(argv, i, resume, resize, piped, evalb > 0);
+        if (rp == 2) i++;
+        else if (!rp) av[k++] = argv[i];
+    }
+    if (resize) {
+        snprintf(v->accum, sizeof v->accum, "%d", accum);
+        snprintf(v->batch, sizeof v->batch, "%lld", r->batch * accum);
+        if (piped) {
+            if (evalb > 0) {
+                snprintf(v->eval, sizeof v->eval, "%lld", (evalb + accum - 1) / accum);
+                av[k++] = "--eval-batches";
+                av[k++] = v->eval;
+            }
+            av[k++] = "--batch";
+            av[k++] = v->batch;
+            av[k++] = "--microbatches";
+        } else {
+            av[k++] = "--accum";
+        }
+        av[k++] = v->accum;
+    }
+    if (resume) {
+        av[k++] = "--resume";
+        av[k++] = (char *)r->save;
+    }
+    av[k] = NULL;
+    return k;
+}
+
 int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h,
                                const dt_cli_restart *r) {
     const char *save = r->save;
@@ -149,13 +187,14 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
         unlink(prog);
         return 1;
     }
-    int piped = r->stages > 1;
+    int piped = r->piped;
     dt_cli_elastic el = {.nproc = nproc, .min_nproc = r->min_nproc > 0 ? r->min_nproc : nproc,
-                         .stages = piped ? r->stages : 1, .accum = r->accum, .tp = r->tp};
+                         .stages = piped ? r->stages : 1, .accum = r->accum, .tp = r->tp,
+                         .accum_multiple = piped ? r->microbatch_multiple : 1};
     dt_cli_hosts sub = {0};
     const dt_cli_hosts *where = h;
     int world = nproc, accum = r->accum;
-    char v_accum[24], v_batch[24], v_eval[24];
+    dt_cli_restart_vals vals;
     /* a pipeline's evaluation set, eval_batches micro-batches, kept when
      * --batch changes (rounded up to whole batches of the new --batch) */
     long long evalb = piped ? r->eval_batches : 0;
@@ -176,42 +215,11 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     }
     for (int i = 0; i < h->n; i++) ran_on[i] = 1;
     for (;;) {
-        int k = 0;
         char **use = argv;
         int n = argc;
         if (restarts > 0) {   /* the flags, --resume SAVE for --resume / --init, the micro-steps of this world */
-            int resize = world != nproc, ckpt = own[restarts - 1];
-            av[k++] = argv[0];
-            av[k++] = argv[1];
-            for (int i = 2; i < argc; i++) {
-                int rp = replaced(argv, i, ckpt, resize, piped, evalb > 0);
-                if (rp == 2) i++;
-                else if (!rp) av[k++] = argv[i];
-            }
-            if (resize) {
-                snprintf(v_accum, sizeof v_accum, "%d", accum);
-                snprintf(v_batch, sizeof v_batch, "%lld", r->batch * accum);
-                if (piped) {
-                    if (evalb > 0) {
-                        snprintf(v_eval, sizeof v_eval, "%lld", (evalb + accum - 1) / accum);
-                        av[k++] = "--eval-batches";
-                        av[k++] = v_eval;
-                    }
-                    av[k++] = "--batch";
-                    av[k++] = v_batch;
-                    av[k++] = "--microbatches";
-                } else {
-                    av[k++] = "--accum";
-                }
-                av[k++] = v_accum;
-            }
-            if (ckpt) {
-                av[k++] = "--resume";
-                av[k++] = (char *)save;
-            }
-            av[k] = NULL;
+            n = dt_cli_restart_argv(argc, argv, r, world != nproc, accum, own[restarts - 1], av, &vals);
             use = av;
-            n = k;
         }
         FILE *pf = fopen(prog, "w");   /* no step yet in this attempt */
         if (pf) fclose(pf);

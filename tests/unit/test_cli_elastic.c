@@ -69,6 +69,60 @@ static void test_pipeline_stages_divide_the_world(void **st) {
     assert_int_equal(world(4, 1, 4, 2, 3, &acc), 0);
 }
 
+/* interleaved: the micro-batches stay a multiple of --pp. pp 2 x dp 3,
+ * 2 micro-batches each (6 per step), 4 slots: pp 2 x dp 2 would run 3
+ * micro-batches (the schedule refuses 3 with P 2, every attempt failed), so
+ * pp 2 x dp 1 with 6. */
+static void test_interleaved_keeps_micro_batches_a_multiple_of_stages(void **st) {
+    (void)st;
+    int acc = -1;
+    dt_cli_elastic e = {.nproc = 6, .min_nproc = 2, .stages = 2, .accum = 2, .accum_multiple = 2};
+    assert_int_equal(dt_cli_elastic_world(&e, 4, &acc), 2);
+    assert_int_equal(acc, 6);
+    e.accum_multiple = 1;   /* 1f1b: 3 is fine */
+    assert_int_equal(dt_cli_elastic_world(&e, 4, &acc), 4);
+    assert_int_equal(acc, 3);
+}
+
+static int has_pair(char **av, int n, const char *flag, const char *val) {
+    for (int i = 0; i + 1 < n; i++)
+        if (!strcmp(av[i], flag) && (!val || !strcmp(av[i + 1], val))) return 1;
+    return 0;
+}
+
+/* A resized restart of a pipeline of one stage (--pp 1 --microbatches 4:
+ * the pipeline engine, micro-batches of --batch / 4) rescales
+ * --microbatches and --batch; it used to pass --accum beside them, which
+ * the CLI refuses with a pipeline, so every restart failed. */
+static void test_restart_flags_of_a_one_stage_pipeline(void **st) {
+    (void)st;
+    char *argv[] = {"dtrain", "train", "--pp", "1", "--microbatches", "4", "--batch=8", "--save", "ck", NULL};
+    dt_cli_restart r = {.max_restarts = 2, .stages = 1, .accum = 4, .piped = 1, .microbatch_multiple = 1,
+                        .batch = 2, .save = "ck"};
+    char *av[9 + 9];
+    dt_cli_restart_vals v;
+    int n = dt_cli_restart_argv(9, argv, &r, 1, 8, 1, av, &v);
+    assert_null(av[n]);
+    assert_false(has_pair(av, n, "--accum", NULL));
+    assert_true(has_pair(av, n, "--microbatches", "8"));
+    assert_true(has_pair(av, n, "--batch", "16"));   /* 8 micro-batches of 2 */
+    assert_true(has_pair(av, n, "--resume", "ck"));
+    assert_true(has_pair(av, n, "--pp", "1"));
+    for (int i = 0; i < n; i++) {
+        assert_string_not_equal(av[i], "--batch=8");
+        assert_string_not_equal(av[i], "4");
+    }
+    /* DDP: --accum, and --batch kept as given */
+    char *ddp[] = {"dtrain", "train", "--accum", "2", "--batch", "8", "--save", "ck", NULL};
+    dt_cli_restart d = {.max_restarts = 2, .stages = 1, .accum = 2, .batch = 8, .save = "ck"};
+    n = dt_cli_restart_argv(8, ddp, &d, 1, 4, 0, av, &v);
+    assert_true(has_pair(av, n, "--accum", "4"));
+    assert_true(has_pair(av, n, "--batch", "8"));
+    assert_false(has_pair(av, n, "--microbatches", NULL));
+    assert_false(has_pair(av, n, "--resume", NULL));
+    assert_int_equal(n, 8);
+}
+
 static void test_min_nproc_is_a_floor(void **st) {
     (void)st;
     int acc;
@@ -103,6 +157,8 @@ int main(void) {
         cmocka_unit_test(test_shrink_keeps_the_global_batch),
         cmocka_unit_test(test_pipeline_stages_divide_the_world),
         cmocka_unit_test(test_min_nproc_is_a_floor),
+        cmocka_unit_test(test_interleaved_keeps_micro_batches_a_multiple_of_stages),
+        cmocka_unit_test(test_restart_flags_of_a_one_stage_pipeline),
         cmocka_unit_test(test_subset_keeps_the_answering_hosts_in_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
