@@ -42,6 +42,10 @@ int dt_cli_report(dt_status s, int rank, int world, int clean);
  * fits, else into a malloc'd string the caller frees (result != buf). */
 size_t dt_cli_flag_names(const char *in, char *out, size_t n);
 char *dt_cli_flag_text(const char *in, char *buf, size_t n);
+/* on: the job runs the pipeline engine, whose train.batch / train.accum /
+ * train.eval_batches are per micro-batch: named as such, not as --batch /
+ * --accum / --eval-batches (set once, before training) */
+void dt_cli_flag_names_pipeline(int on);
 /* settings.c: a model setting's flag, from its name: "arch." dropped, '_' as
  * '-' ("arch.max_t" -> "--max-t"); -1 when key is not "arch.<name>" or the
  * flag does not fit n bytes */

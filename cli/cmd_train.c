@@ -77,6 +77,7 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
     }
     int piped = p->stages != 1 || f->schedule || f->microbatches != INT_MIN || p->n_split || p->max_outstanding ||
                 p->virtual_stages || f->pp_wire;
+    dt_cli_flag_names_pipeline(0);
     if (!piped) return 0;
     int w = DT_F32;
     if (f->pp_wire && name_flag("--pp-wire", f->pp_wire, CLI_NAMES(k_pp_wire), &w, err, errlen)) return -1;
@@ -125,6 +126,7 @@ static int pipe_flags(cli_flags *f, char *err, int errlen) {
     if (f->o.eval_batches > 0) f->o.eval_batches *= M;   /* (a negative count is refused as given) */
     f->o.batch /= M;
     f->o.accum = M;
+    dt_cli_flag_names_pipeline(1);
     return 0;
 }
 

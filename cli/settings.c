@@ -120,6 +120,19 @@ static const setting_flag k_flags[] = {
 };
 #define N_FLAGS ((int)(sizeof k_flags / sizeof k_flags[0]))
 
+/* Under a pipeline the CLI hands the library micro-batches (pipe_flags in
+ * cmd_train.c): its train.batch is --batch / --microbatches, its
+ * train.accum --microbatches, its train.eval_batches counts micro-batches.
+ * Those settings are named as what they are, so a message never quotes a
+ * --batch the user did not give. */
+static const setting_flag k_pipe_flags[] = {
+    {"train.batch", "the micro-batch (--batch / --microbatches)"},
+    {"train.accum", "--microbatches"},
+    {"train.eval_batches", "the evaluation's micro-batches (--eval-batches x --microbatches)"},
+};
+static int g_pipelined;
+void dt_cli_flag_names_pipeline(int on) { g_pipelined = on; }
+
 static int longer_first(const void *a, const void *b) {
     size_t x = strlen(((const setting_flag *)a)->setting), y = strlen(((const setting_flag *)b)->setting);
     return x < y ? 1 : x > y ? -1 : 0;
@@ -184,6 +197,14 @@ size_t dt_cli_flag_names(const char *in, char *out, size_t n) {
         size_t len = 1, skip = word ? model_setting(in, model, sizeof model) : 0;   /* characters of in replaced */
         if (skip && joins_after(in + skip)) skip = 0;
         if (skip) { piece = model; len = strlen(model); }
+        for (size_t k = 0; g_pipelined && k < sizeof k_pipe_flags / sizeof *k_pipe_flags && !skip && word; k++) {
+            size_t l = strlen(k_pipe_flags[k].setting);
+            if (!strncmp(in, k_pipe_flags[k].setting, l) && !joins_after(in + l)) {
+                piece = k_pipe_flags[k].flag;
+                len = strlen(piece);
+                skip = l;
+            }
+        }
         for (int k = 0; k < N_FLAGS && !skip && word; k++) {
             size_t l = strlen(g_sorted[k].setting);
             if (!strncmp(in, g_sorted[k].setting, l) && !joins_after(in + l)) {

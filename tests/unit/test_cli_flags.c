@@ -300,6 +300,34 @@ static void test_binary_uses_resolved_defaults(void **state) {
     dt_test_rm_rf(dir);
 }
 
+/* Under a pipeline the library's batch is a micro-batch and its accum the
+ * micro-batch count: its messages name them so, never as a --batch or an
+ * --accum the user did not give (--batch 200000 --microbatches 2 used to
+ * read "--batch 100000 is more than the 60000 training samples"). */
+static void test_pipeline_names_micro_batches(void **state) {
+    (void)state;
+    char out[512];
+    parse_ok("--pp 1 --microbatches 2 --batch 8");
+    dt_cli_flag_names("train.batch 4 x train.accum 2; train.eval_batches 6", out, sizeof out);
+    assert_string_equal(out, "the micro-batch (--batch / --microbatches) 4 x --microbatches 2; "
+                             "the evaluation's micro-batches (--eval-batches x --microbatches) 6");
+    parse_ok("--batch 8");   /* no pipeline: the flags themselves */
+    dt_cli_flag_names("train.batch 8 x train.accum 1", out, sizeof out);
+    assert_string_equal(out, "--batch 8 x --accum 1");
+    /* the binary's message */
+    char cmd[512], line[512] = "";
+    snprintf(cmd, sizeof cmd, "%s train --model mlp --pp 1 --microbatches 2 --batch 200000 --steps 1 2>&1", DT_CLI_PATH);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    int said = 0;
+    while (fgets(line, sizeof line, p)) {
+        if (strstr(line, "--batch 100000")) fail_msg("quotes the micro-batch as --batch: %s", line);
+        said |= strstr(line, "the micro-batch (--batch / --microbatches) 100000 is more than") != NULL;
+    }
+    assert_int_not_equal(pclose(p), 0);
+    assert_true(said);
+}
+
 int main(void) {
     if (dt_model_register(&tiny, NULL) != DT_OK) {
         fprintf(stderr, "registering the tiny model: %s\n", dt_error_message());
@@ -315,6 +343,7 @@ int main(void) {
         cmocka_unit_test(test_agreement_names_flags),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_binary_uses_resolved_defaults),
+        cmocka_unit_test(test_pipeline_names_micro_batches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
