@@ -1,8 +1,8 @@
 /* dtrain generate: sample from a GPT-2 checkpoint. The model is the one the
  * checkpoint records (dt_checkpoint_read_model: "model" and arch.*), its
  * weights are loaded from the file or set, and dtrain/generate.h runs it
- * with a KV cache. A byte vocabulary (arch.vocab 256: the text dataset's
- * tokens are bytes) prints text; any other prints token ids. */
+ * with a KV cache. A byte vocabulary (arch.vocab 256, trained on the text
+ * dataset, whose tokens are bytes) prints text; any other prints token ids. */
 #include <errno.h>
 #include <omp.h>
 #include <stdio.h>
@@ -69,7 +69,7 @@ int dt_cli_generate(int argc, char **argv) {
         {"--init", DT_ARG_STR, &f.init, "CKPT", "checkpoint to sample from: a file, a ZeRO set or a pipeline set "
                                                 "(a directory); the model is the one it records", 0, 0},
         {"--resume", DT_ARG_STR, &f.resume, "CKPT", "the same as --init (only the weights are read)", 0, 0},
-        {"--prompt", DT_ARG_STR, &f.prompt, "TEXT", "text to continue, for a byte vocabulary (arch.vocab 256); "
+        {"--prompt", DT_ARG_STR, &f.prompt, "TEXT", "text to continue, for a byte vocabulary (a model trained with --data text); "
                                                    "default a newline", 0, 0},
         {"--prompt-ids", DT_ARG_STR, &f.prompt_ids, "LIST", "token ids to continue, comma-separated (any vocabulary; "
                                                            "needed for others)", 0, 0},
@@ -119,15 +119,20 @@ int dt_cli_generate(int argc, char **argv) {
                  cm.name[0] ? "model '" : "no model (not written by dtrain train)", cm.name, cm.name[0] ? "'" : "");
         return fail(msg);
     }
-    int byte_vocab = cm.cfg.vocab == BYTE_VOCAB;
+    /* bytes: 256 tokens, trained on text (a checkpoint that does not say which
+     * data: taken as text); a token shard's 256 ids are a tokenizer's, not bytes */
+    int byte_vocab = cm.cfg.vocab == BYTE_VOCAB && (!cm.data[0] || !strcmp(cm.data, "text"));
+    char what[96];
+    if (cm.cfg.vocab == BYTE_VOCAB) snprintf(what, sizeof what, "trained on --data %s: token ids", cm.data);
+    else snprintf(what, sizeof what, "arch.vocab %d", cm.cfg.vocab);
     if (f.prompt && !byte_vocab) {
-        snprintf(msg, sizeof msg, "--prompt: the vocabulary of %s (arch.vocab %d) is not bytes; give token ids "
-                 "with --prompt-ids", path, cm.cfg.vocab);
+        snprintf(msg, sizeof msg, "--prompt: the vocabulary of %s (%s) is not bytes; give token ids "
+                 "with --prompt-ids", path, what);
         return fail(msg);
     }
     if (!f.prompt && !f.prompt_ids && !byte_vocab) {
-        snprintf(msg, sizeof msg, "%s has a vocabulary of %d tokens, not bytes: give the prompt as --prompt-ids",
-                 path, cm.cfg.vocab);
+        snprintf(msg, sizeof msg, "%s has a vocabulary of %d tokens (%s), not bytes: give the prompt as "
+                 "--prompt-ids", path, cm.cfg.vocab, what);
         return fail(msg);
     }
     int32_t *prompt = NULL;

@@ -98,6 +98,8 @@ typedef struct dt_run {
     uint64_t seed;
     int rank, world;              /* this rank's data replica and their number (strategy.data_*) */
     int accum;                    /* micro-batches per optimizer step */
+    const char *data;             /* train.data, the dataset trained on (NULL: not said); a checkpoint
+                                     records it, so generate knows text (bytes) from token ids */
     /* During setup() only: one micro-batch of real training data (the first
      * `batch` samples, not drawn from the sampler), for strategies that probe
      * the model (a pipeline measures and partitions its blocks). */

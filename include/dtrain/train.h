@@ -300,6 +300,7 @@ typedef struct dt_ckpt_model {
     int has_optim;                 /* 1: optim is the saved run's optimizer settings ("optimizer_settings":
                                       lr, weight_decay, and momentum / nesterov or beta1 / beta2 / eps) */
     dt_optim_cfg optim;
+    char data[32];                 /* "data": the train.data it was trained on ("" when not recorded) */
     int has_seed;                  /* 1: seed is the saved run's train.seed (its data order and init) */
     uint64_t seed;
 } dt_ckpt_model;

@@ -53,6 +53,11 @@ void dt_checkpoint_meta(const dt_run *r, const char *strategy, int64_t optim_ste
     mb->m[mb->n] = (dt_st_meta){"optimizer_settings", mb->v[mb->n]};
     mb->n++;
     mb->m[mb->n++] = (dt_st_meta){"strategy", strategy ? strategy : "?"};
+    if (r->data) {   /* what the tokens are: "text" = bytes; "shard" = a tokenizer's ids */
+        snprintf(mb->v[mb->n], sizeof mb->v[0], "%s", r->data);
+        mb->m[mb->n] = (dt_st_meta){"data", mb->v[mb->n]};
+        mb->n++;
+    }
     int na = dt_model_arch_fields(&m->cfg, mb->arch);
     for (int i = 0; i < na; i++) mb->m[mb->n++] = (dt_st_meta){mb->arch[i].key, mb->arch[i].value};
     snprintf(mb->v[mb->n], sizeof mb->v[0], "%d:%08x", m->arch_n, (unsigned)m->arch_crc);

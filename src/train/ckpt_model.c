@@ -49,6 +49,8 @@ static dt_status read_model(const dt_ckpt *c, const char *path, dt_ckpt_model *o
         DT_TRY(read_optim(os, path, !strcmp(opt, "sgd") ? DT_OPTIM_SGD : DT_OPTIM_ADAMW, &out->optim));
         out->has_optim = 1;
     }
+    const char *data = dt_ckpt_get_meta(c, "data");
+    if (data) snprintf(out->data, sizeof out->data, "%s", data);
     const char *seed = dt_ckpt_get_meta(c, "seed");
     if (seed) {
         char *end;

@@ -70,7 +70,7 @@ dt_status dt_trainer_sample(dt_trainer *t, int tty) {
         s = dt_generate(t->model, x, n_prompt, n, &g, out, NULL, NULL);
     }
     if (s == DT_OK) {
-        int bytes = t->model->cfg.vocab == BYTE_VOCAB;
+        int bytes = t->model->cfg.vocab == BYTE_VOCAB && !strcmp(o->data, DT_DATA_TEXT);   /* a shard's 256 ids: not bytes */
         size_t at = put_tokens(text, 0, cap, x, n_prompt, bytes);
         if (!bytes) at += (size_t)snprintf(text + at, cap - at, " ->");
         if (!bytes && at + 2 < cap) text[at++] = ' ';

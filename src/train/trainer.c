@@ -116,7 +116,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
         t->run = (dt_run){.model = t->model, .graph = t->graph, .optim = &t->opts.optim, .clip = o->clip,
                           .lr = o->optim.lr, .quiet = o->quiet, .step = &t->step, .sampler = &t->sampler,
                           .seed = o->seed, .rank = t->strat.data_rank, .world = t->strat.data_world,
-                          .accum = o->accum, .optimizer = t->strat.owns_optimizer ? NULL : &t->optim,
+                          .accum = o->accum, .data = o->data, .optimizer = t->strat.owns_optimizer ? NULL : &t->optim,
                           .scaler = dt_train_loss_scaling(o) ? &t->scaler : NULL,
                           .param_copy_bytes = t->wcopy.dtype != DT_F32 ? t->model->param_flat.numel * sizeof(float) : 0};
         s = example_batch(t);

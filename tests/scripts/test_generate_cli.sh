@@ -66,6 +66,17 @@ out=$(gen --init "$tmp/v300.st" --prompt hi); rc=$?
 [ $rc -ne 0 ] && grep -q -- "--prompt-ids" <<< "$out" && ok "--prompt on vocab 300 refused: $out" || bad "--prompt on vocab 300: exit $rc: $out"
 out=$(gen --init "$tmp/v300.st" --prompt-ids 300); rc=$?
 [ $rc -ne 0 ] && grep -q "id 300" <<< "$out" && ok "id outside the vocabulary refused: $out" || bad "id 300: exit $rc: $out"
+# 256 ids from a token shard are a tokenizer's, not bytes: the checkpoint records its data,
+# so generate asks for ids and prints ids (it used to print them as bytes and take --prompt)
+{ printf '\210\330\064\001\001\000\000\000\000\020\000\000'; head -c 1012 /dev/zero
+  printf "$(awk 'BEGIN {for (i = 0; i < 4096; i++) printf "\\%03o\\000", 32 + i % 90}')"; } > "$tmp/v256.bin"
+"$bin" train "${model[@]}" --data shard --data-path "$tmp/v256.bin" --vocab 256 --steps 2 --save "$tmp/v256.st" \
+    > "$tmp/v256.out" 2>&1 || bad "training on a shard, --vocab 256: $(tail -2 "$tmp/v256.out")"
+out=$(gen --init "$tmp/v256.st" --prompt hi); rc=$?
+[ $rc -ne 0 ] && grep -q -- "--data shard: token ids" <<< "$out" && ok "--prompt on a shard's vocab 256 refused: $out" ||
+    bad "--prompt on a shard's vocab 256: exit $rc: $out"
+out=$(gen --init "$tmp/v256.st" --prompt-ids 65,66 --tokens 4 --seed 2)
+if [[ "$out" =~ ^[0-9]+(,[0-9]+){3}$ ]]; then ok "a shard's vocab 256 prints ids: $out"; else bad "shard vocab 256: got: $out"; fi
 # refused before anything is printed (a byte vocabulary echoed 'A' and byte 300 % 256 first)
 out=$("$bin" generate --threads 1 --init "$tmp/rep.st" --prompt-ids 65,300 2> /dev/null); rc=$?
 [ $rc -eq 2 ] && [ -z "$out" ] && ok "id 300 on a byte vocabulary: exit 2, nothing on stdout" ||
