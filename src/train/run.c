@@ -71,7 +71,9 @@ static dt_status train_steps(dt_trainer *t, dt_stop_sync *stop, int tty, int lea
         if (o->sample_every > 0 && t->step % o->sample_every == 0 && t->strat.rank == t->lead_rank)
             DT_TRY(dt_trainer_sample(t, tty));
         if (o->progress_file && t->strat.rank == 0) write_progress(o->progress_file, t->step);
-        if (o->save && o->save_every > 0 && t->step % o->save_every == 0 && !*code)
+        /* a stop after any other step saves in stop_early; after the last,
+         * the run ends as usual, which takes this save for the final one */
+        if (o->save && o->save_every > 0 && t->step % o->save_every == 0 && (!*code || t->step >= t->total_steps))
             DT_TRY(dt_trainer_save_background(t, o->save));
         if (*code) {   /* agreed: every rank stops after this step (unless it was the last) */
             if (t->step >= t->total_steps) *code = 0;

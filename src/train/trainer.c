@@ -134,7 +134,9 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
                               (long long)t->step, o->resume)
                      : DT_ERR(DT_EINVAL, "train.epochs %d (%lld steps) end before step %lld of checkpoint %s", o->epochs,
                               (long long)t->total_steps, (long long)t->step, o->resume);
-    if (s == DT_OK && o->resume && !o->eval_only && o->unfreeze_at > 0 && t->step >= o->unfreeze_at)
+    /* (at step unfreeze_at itself the parameters are still frozen: the step
+     * that follows unfreezes them, resumed or not) */
+    if (s == DT_OK && o->resume && !o->eval_only && o->unfreeze_at > 0 && t->step > o->unfreeze_at)
         s = DT_ERR(DT_EINVAL, "checkpoint %s is at step %lld, not before train.unfreeze_at %lld: its train.freeze parameters "
                    "already train, so resume it without train.freeze and train.unfreeze_at", o->resume, (long long)t->step,
                    (long long)o->unfreeze_at);

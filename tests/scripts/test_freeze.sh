@@ -102,6 +102,17 @@ for strat in "${strategies[@]}"; do
     else
         echo "ok $tag"
     fi
+    # the checkpoint at step --unfreeze-at itself, resumed with the job's own flags (as
+    # --max-restarts does): its parameters are still frozen there, so it resumes (it was
+    # refused as past --unfreeze-at) and equals the uninterrupted run
+    if ! timeout 300 "${launch[@]}" train "${base[@]}" "${common[@]}" --steps 4 --freeze 'fc1.*' --unfreeze-at 2 \
+            --resume "$t-mid" "${one[@]}" --save "$t-c.st" > "$t-c.out" 2>&1; then
+        echo "FAIL $tag: resuming the step-2 checkpoint with --unfreeze-at 2:"; tail -3 "$t-c.out"; fail=1
+    elif ! "$cmp" "$t-c.st" "$t-a.st" > "$t.cmp" 2>&1; then
+        echo "FAIL $tag: resumed at --unfreeze-at differs from the uninterrupted run:"; cat "$t.cmp"; fail=1
+    else
+        echo "ok $tag: resumed at step --unfreeze-at"
+    fi
 done
 if timeout 300 "${launch[@]}" train "${base[@]}" --steps 4 --freeze 'fc1.*' --unfreeze-at 1 --resume "$tmp/thaw-ddp-mid" \
         > "$tmp/late.out" 2>&1 || ! grep -q "not before --unfreeze-at 1" "$tmp/late.out"; then
