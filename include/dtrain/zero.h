@@ -72,8 +72,10 @@
  *              stage 3's gathered copy takes it from the master shard), every
  *              OTHER rank's shard as f32(round16(owner's value)). Ranks hold
  *              different full parameters (each exact in its own shard); their
- *              forwards differ accordingly. Gathers outside a training step
- *              (after a checkpoint load, stage 3 at free) move float32.
+ *              forwards differ accordingly. A checkpoint load gathers the
+ *              same way (a resumed run goes on bit for bit); stage 3 at free
+ *              and a change of the trainable set (which re-shards) gather
+ *              float32, the exact masters.
  * Bytes per collective halve (dt_zero_stats.bytes_reduced / bytes_gathered).
  * Gradient clipping's norm is over the float32 reduced shards.
  *

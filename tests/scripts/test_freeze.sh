@@ -80,8 +80,13 @@ fi
 # --unfreeze-at 2 == frozen for 2 steps, saved, resumed without --freeze
 # (the refresh mid-run and a checkpoint round trip agree bit for bit: fresh
 # optimizer state and own step count 0 for the unfrozen parameters, the
-# others' carried over), one process, DDP and ZeRO 1/2/3.
-for strat in "${strategies[@]}"; do
+# others' carried over), one process, DDP and ZeRO 1/2/3; ZeRO 1/2 also with
+# a 16-bit wire, where each rank holds the other ranks' shards rounded: the
+# refresh re-shards without rounding the masters, and a resume gathers as a
+# step does (both used to give other values than the uninterrupted run)
+thaw=("${strategies[@]}")
+[ "$np" -gt 1 ] && thaw+=("zero1bf16:--zero 1 --compress bf16" "zero2fp16:--zero 2 --compress fp16")
+for strat in "${thaw[@]}"; do
     tag="thaw-${strat%%:*}" t="$tmp/thaw-${strat%%:*}"
     # shellcheck disable=SC2206
     sa=(${strat#*:})

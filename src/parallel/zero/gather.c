@@ -16,7 +16,7 @@
 #define GATHER_WINDOW 2
 
 /* Bucket i's owned shard into its place in the flat parameters of every
- * rank, exactly (float32: after a checkpoint load). */
+ * rank, exactly (float32: after a checkpoint load without a 16-bit wire). */
 static dt_status allgather_bucket(dt_zero *z, int i, dt_work **w) {
     const dt_zero_bucket *b = &z->lay.b[i].pub;
     if (z->wire.mparams)   /* the own shard is in place in the machine's copy */
@@ -24,6 +24,8 @@ static dt_status allgather_bucket(dt_zero *z, int i, dt_work **w) {
     return dt_allgather(z->ag_pg, dt_zero_shard_param_ptr(z, i), z->m->param_flat.data + b->begin, (int64_t)b->shard,
                         DT_F32, w);
 }
+
+dt_status dt_zero_gather_exact(dt_zero *z, int i) { return allgather_bucket(z, i, NULL); }
 
 /* On failure the bucket stays queued: the wait that needs it retries and
  * reports the error. A training step's gather goes over the wire (16-bit or
@@ -102,7 +104,18 @@ dt_status dt_zero_sync_params(dt_zero *z) {
 dt_status dt_zero_gather_params(dt_zero *z) {
     DT_TRY(dt_zero_sync_params(z));
     if (z->stage == 3) return DT_OK;
-    for (int i = 0; i < z->lay.nb; i++) DT_TRY(allgather_bucket(z, i, NULL));
+    /* a 16-bit wire with float32 masters: gathered as a training step
+     * leaves them (zero.h: every other rank's shard rounded), so a resumed
+     * run goes on bit for bit as the uninterrupted one */
+    int wire = !z->lay.shard_param && z->wire.pdt != DT_F32;
+    for (int i = 0; i < z->lay.nb; i++) {
+        if (!wire) {
+            DT_TRY(allgather_bucket(z, i, NULL));
+            continue;
+        }
+        DT_TRY(issue_gather(z, i));
+        DT_TRY(dt_zero_wait_gather(z, i));
+    }
     if (z->lay.shard_param) {   /* 16-bit param_dtype: the copy forward reads holds the rounded masters */
         if (z->opts.param_dtype == DT_F16)   /* (gathered whole: every rank refuses alike) */
             DT_TRY(dt_model_check_f16_range(z->m, z->m->param_flat.data));

@@ -218,11 +218,15 @@ static dt_status gather_orphans(dt_zero *z) {
     return DT_OK;
 }
 
-/* Stage 3 back to a whole model (dt_zero_free): the parameters gathered
- * into a flat buffer; stages 1/2 with a 16-bit param_dtype: the exact
- * masters over the rounded copy. Collective. */
+/* Stage 3 back to a whole model (dt_zero_free, and a change of the
+ * trainable set, which re-shards from rank 0's copy): the parameters
+ * gathered into a flat buffer; stages 1/2 with a 16-bit param_dtype: the
+ * exact masters over the rounded copy; with a 16-bit wire: every owner's
+ * exact shard over the others' rounded copies of it. Collective. */
 void dt_zero_make_whole(dt_zero *z) {
     dt_model *m = z->m;
+    if (z->stage < 3 && !z->lay.shard_param && z->wire.pdt != DT_F32 && m->param_flat.data)
+        for (int i = 0; i < z->lay.nb; i++) dt_zero_gather_exact(z, i);
     if (z->stage < 3 && z->lay.shard_param && m->param_flat.data)
         for (int i = 0; i < z->lay.nb; i++)
             dt_allgather(z->ag_pg, z->lay.shard_param + z->lay.b[i].pub.shard_offset,

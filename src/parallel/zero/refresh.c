@@ -153,6 +153,9 @@ dt_status dt_zero_refresh_trainable(dt_zero *z) {
     z->lr = lr;
     if (s == DT_OK) s = dt_zero_read_owned_states(z, m, image_range, &im);
     if (s == DT_OK) restore_steps(z, &im, step);
+    /* the parameters as a step (or a load) leaves them under the new
+     * sharding: a 16-bit wire's other shards rounded, the own exact */
+    if (s == DT_OK) s = dt_zero_gather_params(z);
     image_free(&im);
     return s;
 }

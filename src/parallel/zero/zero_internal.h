@@ -278,6 +278,9 @@ dt_status dt_zero_pump_gathers(dt_zero *z, int force);
 dt_status dt_zero_wait_all_gathers(dt_zero *z);
 /* Wait the in-flight all-gather of bucket i (any stage). */
 dt_status dt_zero_wait_gather(dt_zero *z, int i);
+/* stages 1/2: bucket i's owned shards, exact float32, into every rank's
+ * flat parameters (blocking; not the wire) */
+dt_status dt_zero_gather_exact(dt_zero *z, int i);
 
 /* zero/params.c: module hooks; stages 1/2 wait for a module's parameter
  * all-gathers before its forward, stage 3 gathers / prefetches / frees. */
