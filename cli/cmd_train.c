@@ -379,7 +379,7 @@ static int launch(int argc, char **argv, const cli_flags *f) {
                              .stages = f->dist.pipe.stages, .tp = f->dist.tp.size, .accum = f->o.accum, .batch = f->o.batch,
                              .piped = f->dist.pipelined,
                              .microbatch_multiple = f->dist.pipe.schedule == DT_PIPE_INTERLEAVED ? f->dist.pipe.stages : 1,
-                             .eval_batches = f->o.eval_batches};
+                             .eval_batches = f->o.eval_batches, .metrics = f->o.metrics};
         rc = f->max_restarts > 0 && !f->print_launch
                  ? dt_cli_relaunch_restarting(argc, argv, np, f->o.threads, &h, &rs)
                  : dt_cli_relaunch(argc, argv, np, f->o.threads, &h, f->print_launch);

@@ -14,6 +14,7 @@
  * checkpoint, which they all see (progress_dir). */
 #define _XOPEN_SOURCE 700   /* realpath */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +109,29 @@ static int replaced(char **argv, int i, int ckpt, int resize, int piped, int eva
         if (!strncmp(argv[i], drop[j], l) && argv[i][l] == '=') return 1;
     }
     return 0;
+}
+
+/* The size of the metrics file (-1: none), and back to it: an attempt
+ * that starts over (no checkpoint of this job's to resume) logs its steps
+ * again, so what the failed attempts appended goes (a resumed attempt's
+ * trainer drops its own stale lines). The launcher sees the file where
+ * the ranks write it when rank 0 runs here or the file system is shared. */
+static long long file_size(const char *path) {
+    struct stat sb;
+    return path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) ? (long long)sb.st_size : -1;
+}
+
+static void metrics_back_to(const char *path, long long size) {
+    if (!path || file_size(path) < 0 || file_size(path) == size) return;
+    if (size < 0) {
+        if (unlink(path) != 0) fprintf(stderr, "dtrain: warning: --metrics %s: %s\n", path, strerror(errno));
+        return;
+    }
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0)
+        fprintf(stderr, "dtrain: warning: --metrics %s: cannot drop the failed attempts' lines: %s\n", path,
+                strerror(errno));
+    if (fd >= 0) close(fd);
 }
 
 /* the hosts that did not answer, "b, c" */
@@ -214,9 +238,11 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
         if (!strncmp(argv[i], "--resume=", l + 1) && !strcmp(argv[i] + l + 1, save)) job_resumes_save = 1;
     }
     for (int i = 0; i < h->n; i++) ran_on[i] = 1;
+    const long long metrics_at_launch = file_size(r->metrics);
     for (;;) {
         char **use = argv;
         int n = argc;
+        if (restarts > 0 && !own[restarts - 1]) metrics_back_to(r->metrics, metrics_at_launch);
         if (restarts > 0) {   /* the flags, --resume SAVE for --resume / --init, the micro-steps of this world */
             n = dt_cli_restart_argv(argc, argv, r, world != nproc, accum, own[restarts - 1], av, &vals);
             use = av;

@@ -229,8 +229,10 @@ dt_status dt_jsonl_check(const char *path);
 /* fields as alternating key / double value pairs, e.g. ("step", 3.0, "loss", 2.1). */
 dt_status dt_jsonl_write(dt_jsonl *j, int n_fields, const char *const *keys, const double *values);
 dt_status dt_jsonl_close(dt_jsonl *j);   /* the close's result (buffered data is written); idempotent */
-/* Removes the lines of steps after `step` (a resumed run logs them again);
- * a missing file is DT_OK. Same link rule as dt_jsonl_open. */
+/* Removes the lines of steps after `step` (a resumed run logs them again)
+ * of the file's last run (from where its training steps last went down:
+ * another run appended before it keeps its lines); a missing file is
+ * DT_OK. Same link rule as dt_jsonl_open. */
 dt_status dt_jsonl_drop_after(const char *path, int64_t step);
 
 #endif

@@ -125,19 +125,43 @@ dt_status dt_jsonl_close(dt_jsonl *j) {
     return DT_OK;
 }
 
-/* A resumed run recomputes the steps after its checkpoint: their lines go
- * (steps only grow along the file, so everything from the first line past
- * `step` on). Opened for writing under the same link rule as appending. */
+/* A line's "step" (-1: none) and whether it is a training step's ("loss") */
+static double line_step(const char *line, int *training) {
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *st = o ? cJSON_GetObjectItemCaseSensitive(o, "step") : NULL;
+    double v = cJSON_IsNumber(st) ? st->valuedouble : -1;
+    *training = v >= 0 && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "loss"));
+    cJSON_Delete(o);
+    return v;
+}
+
+/* A resumed run recomputes the steps after its checkpoint: their lines go.
+ * The file may hold earlier runs too (appended to by another run, which
+ * starts again at a lower step): only the last run's lines are its own, so
+ * the cut is the first line past `step` from where the training steps last
+ * went down (an evaluation's line never starts a run). Opened for writing
+ * under the same link rule as appending. */
 dt_status dt_jsonl_drop_after(const char *path, int64_t step) {
     FILE *f = fopen(path, "r");
     if (!f) return errno == ENOENT ? DT_OK : DT_ERR(DT_EIO, "metrics file %s: %s", path, strerror(errno));
     char line[4096];
-    long cut = -1, at = 0;
+    long cut = -1, at = 0, run = 0;
+    double last = -1;
+    while (fgets(line, sizeof line, f)) {   /* where the last run starts */
+        int training;
+        double v = line_step(line, &training);
+        if (training && v < last) run = at;
+        if (training) last = v;
+        at = ftell(f);
+    }
+    if (fseek(f, run, SEEK_SET) != 0) {
+        fclose(f);
+        return DT_ERR(DT_EIO, "metrics file %s: %s", path, strerror(errno));
+    }
+    at = run;
     while (cut < 0 && fgets(line, sizeof line, f)) {
-        cJSON *o = cJSON_Parse(line);
-        const cJSON *st = o ? cJSON_GetObjectItemCaseSensitive(o, "step") : NULL;
-        if (cJSON_IsNumber(st) && st->valuedouble > (double)step) cut = at;
-        cJSON_Delete(o);
+        int training;
+        if (line_step(line, &training) > (double)step) cut = at;
         at = ftell(f);
     }
     fclose(f);

@@ -102,7 +102,10 @@ else echo "FAIL no restarts left: exit $rc"; tail -5 "$tmp/last.err"; fail=1; fi
 
 # a checkpoint of another run already at --save: a failure before this job's
 # first save restarts the job as launched, not from that checkpoint (it did)
+# (the metrics file already holds another run's line: it stays; the failed attempt's
+# lines go, so steps 1..40 are logged once each -- they were logged twice up to the kill)
 "$bin" "${base[@]}" --batch 8 --steps 30 --save "$tmp/prev.ck" > /dev/null 2>&1 || { echo "FAIL prev: the earlier run"; fail=1; }
+echo '{"step":0,"loss":9}' > "$tmp/prev.jsonl"   # (step 0: below the kill's trigger)
 "$bin" "${base[@]}" --nproc "$np" --batch 8 --steps 40 --max-restarts 1 --save "$tmp/prev.ck" --metrics "$tmp/prev.jsonl" \
     < /dev/null > "$tmp/prev.out" 2> "$tmp/prev.err" &
 job=$!
@@ -112,6 +115,9 @@ if [ $rc -eq 0 ] && grep -q "no complete checkpoint of this job's at $tmp/prev.c
    && ! grep -q "restart 1 of 1 from" "$tmp/prev.err"; then
     echo "ok   another run's checkpoint at --save is not resumed: $(grep -m1 'restart 1 of 1' "$tmp/prev.err")"
 else echo "FAIL another run's checkpoint at --save: exit $rc"; tail -5 "$tmp/prev.err"; fail=1; fi
+logged=$(grep -oE '"step":[0-9]+,"loss"' "$tmp/prev.jsonl" | cut -d: -f2 | cut -d, -f1 | tr '\n' ' ')
+if [ "$logged" = "0 $(seq -s ' ' 1 40) " ]; then echo "ok   restarted as first launched: metrics hold the earlier line, then steps 1..40 once each"
+else echo "FAIL restarted as first launched: metrics steps: $(echo "$logged" | head -c 300)"; fail=1; fi
 
 # the job resumes --save itself (--resume CK --save CK) and fails before its first save: the
 # restart resumes CK again, and the summary counts from its step (it said "at the start", 35 again)

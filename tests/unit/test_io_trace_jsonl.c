@@ -268,6 +268,45 @@ static void test_jsonl_lines(void **state) {
     free(text);
 }
 
+/* A resumed run's stale lines go, and only its own: the file holds an
+ * earlier run (steps 1..4 and its evaluation at 4), then the resumed run's
+ * (steps 1..3, its evaluation at 3, steps 4..5 of an attempt that died).
+ * Resuming the step-3 checkpoint drops the second run's lines past step 3;
+ * the first run's steps 4 and its evaluation stay (they were cut, with
+ * everything after them, when the cut was the first line past step 3). */
+static void test_jsonl_drop_after_keeps_earlier_runs(void **state) {
+    (void)state;
+    const char *lines[] = {
+        "{\"step\":1,\"loss\":2}", "{\"step\":2,\"loss\":2}", "{\"step\":3,\"loss\":2}",
+        "{\"step\":4,\"loss\":2}", "{\"step\":4,\"eval_loss\":1}",
+        "{\"step\":1,\"loss\":3}", "{\"step\":2,\"loss\":3}", "{\"step\":3,\"loss\":3}",
+        "{\"step\":3,\"eval_loss\":1.5}", "{\"step\":4,\"loss\":3}", "{\"step\":5,\"loss\":3}",
+    };
+    FILE *f = fopen(g_path, "w");
+    assert_non_null(f);
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) fprintf(f, "%s\n", lines[i]);
+    fclose(f);
+    assert_int_equal(dt_jsonl_drop_after(g_path, 3), DT_OK);
+    char want[1024] = "";
+    for (size_t i = 0; i < 9; i++) {   /* all but the second run's steps 4 and 5 */
+        strcat(want, lines[i]);
+        strcat(want, "\n");
+    }
+    char *got = read_text(g_path);
+    assert_string_equal(got, want);
+    free(got);
+    /* one run: the first line past the step on (an evaluation's line past it too) */
+    assert_int_equal(dt_jsonl_drop_after(g_path, 2), DT_OK);
+    got = read_text(g_path);
+    want[0] = 0;
+    for (size_t i = 0; i < 7; i++) {
+        strcat(want, lines[i]);
+        strcat(want, "\n");
+    }
+    assert_string_equal(got, want);
+    free(got);
+}
+
 static void test_jsonl_bad_path(void **state) {
     (void)state;
     char p[300];
@@ -286,6 +325,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_trace_bad_path, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_jsonl_lines, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_jsonl_bad_path, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_jsonl_drop_after_keeps_earlier_runs, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
