@@ -59,6 +59,13 @@ static int same_ident(const ckpt_ident *a, const ckpt_ident *b) {
            a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec;
 }
 
+/* a and b name one file or directory ("./ck.st" and "ck.st"), or the same text */
+static int same_path(const char *a, const char *b) {
+    struct stat x, y;
+    if (!strcmp(a, b)) return 1;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
 static long long progress_step(const char *file) {
     FILE *f = fopen(file, "r");
     long long v = -1;
@@ -234,8 +241,8 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     int job_resumes_save = 0;
     for (int i = 2; i < argc; i++) {
         size_t l = strlen("--resume");
-        if (!strcmp(argv[i], "--resume") && i + 1 < argc && !strcmp(argv[i + 1], save)) job_resumes_save = 1;
-        if (!strncmp(argv[i], "--resume=", l + 1) && !strcmp(argv[i] + l + 1, save)) job_resumes_save = 1;
+        if (!strcmp(argv[i], "--resume") && i + 1 < argc && same_path(argv[i + 1], save)) job_resumes_save = 1;
+        if (!strncmp(argv[i], "--resume=", l + 1) && same_path(argv[i] + l + 1, save)) job_resumes_save = 1;
     }
     for (int i = 0; i < h->n; i++) ran_on[i] = 1;
     const long long metrics_at_launch = file_size(r->metrics);

@@ -131,6 +131,14 @@ static void test_round_trip_and_corruption(void **state) {
     os.resume = ck;
     assert_int_not_equal(dt_trainer_create(&os, NULL, &t), DT_OK);
     assert_non_null(strstr(dt_error_message(), "optimizer"));
+    /* another seed: its data order would make the saved position mean other
+     * samples (the library took it silently; only the CLI refused) */
+    dt_train_opts od = o;
+    od.seed = o.seed + 1;
+    od.resume = ck;
+    assert_int_equal(dt_trainer_create(&od, NULL, &t), DT_EINVAL);
+    assert_non_null(strstr(dt_error_message(), "rt.safetensors"));
+    assert_non_null(strstr(dt_error_message(), "train.seed"));
     free(buf); free(p); free(q);
 }
 
