@@ -75,6 +75,10 @@ void dt_convert(void *dst, dt_dtype dst_t, const void *src, dt_dtype src_t, size
  * dt_convert) and widened back to float32: the value a 16-bit copy holds,
  * in float32 storage. dst may be src. Any other dt copies. */
 void dt_round_to(float *dst, const float *src, dt_dtype dt, size_t n);
+/* The first of n finite floats that fp16 rounds to inf (|x| >= 65520,
+ * halfway between its largest value 65504 and 2^16), or -1: where an fp16
+ * copy or payload of them would stop being a number. */
+int64_t dt_f16_first_overflow(const float *x, size_t n);
 
 /* ---- flat buffers ----
  * A flat buffer is one allocation holding many tensors back to back.

@@ -44,10 +44,10 @@ dt_status dt_model_check_f16_range(const dt_model *m, const float *src) {
     for (int i = 0; i < m->n_params; i++) {
         if (dt_param_copy_exact(m->params[i])) continue;
         const float *x = src + m->offsets[i];
-        for (int64_t k = 0; k < m->params[i]->value.numel; k++)
-            if (isfinite(x[k]) && fabsf(x[k]) >= 65520.0f)   /* (65520: halfway to 2^16, rounds to inf) */
-                return DT_ERR(DT_EINVAL, "parameter %s: element %lld (%g) is beyond fp16's range (65504): "
-                              "use train.param_dtype bf16 or fp32", m->params[i]->name, (long long)k, (double)x[k]);
+        int64_t k = dt_f16_first_overflow(x, (size_t)m->params[i]->value.numel);
+        if (k >= 0)
+            return DT_ERR(DT_EINVAL, "parameter %s: element %lld (%g) is beyond fp16's range (65504): "
+                          "use train.param_dtype bf16 or fp32", m->params[i]->name, (long long)k, (double)x[k]);
     }
     return DT_OK;
 }

@@ -79,6 +79,25 @@ static void check_round_to(dt_dtype t) {
 }
 static void test_round_to(void **s) { (void)s; check_round_to(DT_BF16); check_round_to(DT_F16); }
 
+/* dt_f16_first_overflow: the first finite float whose fp16 conversion is
+ * inf (the converter is the reference, on values around the boundary and
+ * non-finite ones, which are skipped) */
+static void test_f16_first_overflow(void **s) {
+    (void)s;
+    const float edge = 65520.0f;
+    float x[] = {1.0f, 65504.0f, nextafterf(edge, 0.0f), -nextafterf(edge, 0.0f), INFINITY, NAN, -INFINITY,
+                 -edge, edge, 1e30f};
+    size_t n = sizeof x / sizeof *x;
+    for (size_t from = 0; from < n; from++) {
+        int64_t want = -1;
+        for (size_t k = from; k < n && want < 0; k++)
+            if (isfinite(x[k]) && (dt_f32_to_f16(x[k]) & 0x7fffu) == 0x7c00u) want = (int64_t)(k - from);
+        assert_int_equal(dt_f16_first_overflow(x + from, n - from), want);
+    }
+    assert_int_equal(dt_f16_first_overflow(x, 7), -1);   /* up to the non-finite ones: none */
+    assert_int_equal(dt_f16_first_overflow(x, 8), 7);     /* -65520 */
+}
+
 static void test_by_hand(void **s) {
     (void)s;
     /* bf16 keeps 7 fraction bits: 1 + 2^-8 is a tie (to 1), 1 + 3 * 2^-8 too (to 1 + 2^-6) */
@@ -102,6 +121,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_widen), cmocka_unit_test(test_f16_widen), cmocka_unit_test(test_bf16_round),
         cmocka_unit_test(test_f16_round), cmocka_unit_test(test_by_hand), cmocka_unit_test(test_round_to),
+        cmocka_unit_test(test_f16_first_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

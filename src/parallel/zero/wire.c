@@ -248,13 +248,6 @@ static int64_t first_inf(const float *x, size_t n) {
     return -1;
 }
 
-/* the first of n finite floats fp16 rounds to inf (|x| >= 65520), or -1 */
-static int64_t first_f16_overflow(const float *x, size_t n) {
-    for (size_t k = 0; k < n; k++)
-        if (isfinite(x[k]) && fabsf(x[k]) >= 65520.0f) return (int64_t)k;
-    return -1;
-}
-
 static dt_status refuse_overflow(const dt_zero *z, const zbucket *b, int q, size_t at) {
     for (int j = 0; j < b->pub.n_params; j++) {
         const dt_param *p = z->lay.order[b->pub.first_param + j];
@@ -278,7 +271,7 @@ dt_status dt_zero_wire_gathered(dt_zero *z, int i, int check) {
     for (int q = 0; q < z->world; q++) {   /* float32 param_dtype: the own chunk stays the exact master copy */
         float *d = b->ag_dest + (size_t)q * S;
         if (q == z->rank && !copy16) {   /* the peers see it as inf: refuse with them */
-            int64_t k = check && s == DT_OK && z->wire.pdt == DT_F16 ? first_f16_overflow(d, S) : -1;
+            int64_t k = check && s == DT_OK && z->wire.pdt == DT_F16 ? dt_f16_first_overflow(d, S) : -1;
             if (k >= 0) s = refuse_overflow(z, b, q, b->pub.begin + (size_t)q * S + (size_t)k);
             continue;
         }
