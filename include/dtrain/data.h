@@ -103,7 +103,9 @@ typedef struct dt_dataset_opts {
 
 typedef struct dt_dataset {
     const char *name;        /* registry name: "fashion-mnist", "text", "shard" */
-    char source[512];        /* what was read (directory or file), for messages */
+    char source[512];        /* what was read (directory or file): the training data, for messages */
+    char classes_source[512];/* what sets sample.classes (a vocabulary: the split with the largest id),
+                                for messages about it; "" = source */
     dt_sample_shape sample;  /* every sample of both splits */
     int64_t size[2];         /* samples in [DT_SPLIT_TRAIN], [DT_SPLIT_EVAL] */
     /* how results read: throughput counts targets ("samples" / "tokens",

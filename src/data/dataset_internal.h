@@ -1,6 +1,7 @@
 /* Dataset implementations behind dt_dataset_open (one file each). */
 #ifndef DT_DATASET_INTERNAL_H
 #define DT_DATASET_INTERNAL_H
+#include <sys/types.h>
 #include "dtrain/data.h"
 
 typedef dt_status (*dt_dataset_open_fn)(const dt_dataset_opts *o, dt_dataset *out);
@@ -40,7 +41,12 @@ int64_t dt_token_stream_windows(const dt_token_stream *s, int T);
 /* windows idx[0..n) (each < windows) -> x[n, T], y[n, T] = x shifted by one */
 void dt_token_stream_batch(const dt_token_stream *s, const int64_t *idx, int64_t n, int T, int32_t *x, int32_t *y);
 
-typedef struct dt_token_region { void *base; size_t mapped; } dt_token_region;   /* mapped 0: malloc'd */
+typedef struct dt_token_region {
+    void *base;
+    size_t mapped;           /* 0: malloc'd */
+    dev_t dev;               /* the file's identity (0, 0: not known) */
+    ino_t ino;
+} dt_token_region;
 typedef struct dt_token_store { dt_token_region *region; int n, cap; } dt_token_store;
 /* The store takes base: munmap(base, mapped) or free(base) at dt_token_store_free
  * (also when adding fails). */

@@ -47,6 +47,33 @@ static dt_status val_apart(const char *path, const char *val_path) {
     return DT_OK;
 }
 
+static int by_identity(const void *a, const void *b) {
+    const dt_token_region *x = a, *y = b;
+    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+    return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+/* No file is both training and validation data, whatever its names (a
+ * link, a hard link, the same file listed in both directories): the
+ * store's regions [0, n_train) are the training files, the rest the
+ * validation files. */
+static dt_status files_apart(const dt_token_store *st, int n_train, const char *path, const char *val_path) {
+    if (n_train == 0 || n_train == st->n) return DT_OK;
+    dt_token_region *tr = malloc((size_t)n_train * sizeof *tr);
+    if (!tr) return DT_ERR(DT_ENOMEM, "out of memory comparing the training and validation files");
+    memcpy(tr, st->region, (size_t)n_train * sizeof *tr);
+    qsort(tr, (size_t)n_train, sizeof *tr, by_identity);
+    dt_status s = DT_OK;
+    for (int i = n_train; i < st->n && s == DT_OK; i++)
+        if ((st->region[i].dev || st->region[i].ino) && bsearch(&st->region[i], tr, (size_t)n_train, sizeof *tr, by_identity))
+            s = DT_ERR(DT_EINVAL, "train.val_path %s holds a file of the training data train.data_path %s (the same "
+                       "file under another name or through a link: device %llu, inode %llu); validate on files "
+                       "training does not read", val_path, path, (unsigned long long)st->region[i].dev,
+                       (unsigned long long)st->region[i].ino);
+    free(tr);
+    return s;
+}
+
 dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_token_open_fn open,
                                  dt_dataset *out) {
     if (o->seq <= 0 || o->seq > INT_MAX)
@@ -62,8 +89,10 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
     /* a validation file inside the training directory is held out of training */
     if (s == DT_OK) s = open(path, o->val_path, &t->store, &all);
     int64_t n_tr = all.n_tokens;   /* the training split: the first n_tr tokens of all */
+    int n_train_files = t->store.n;
     if (s == DT_OK && o->val_path) {
         s = open(o->val_path, NULL, &t->store, &t->split[DT_SPLIT_EVAL]);
+        if (s == DT_OK && !o->eval_only) s = files_apart(&t->store, n_train_files, path, o->val_path);
     } else if (s == DT_OK) {   /* the last 10% */
         n_tr = all.n_tokens - all.n_tokens / 10;
         s = dt_token_stream_slice(&all, n_tr, all.n_tokens, &t->split[DT_SPLIT_EVAL], path);
@@ -83,8 +112,9 @@ dt_status dt_dataset_open_tokens(const char *path, const dt_dataset_opts *o, dt_
     if (s != DT_OK) { tok_destroy(t); return s; }
     /* ids of both splits must fit the model's vocabulary; messages about the
      * vocabulary name the file with the largest id */
-    if (o->val_path && va->vocab > tr->vocab) snprintf(out->source, sizeof out->source, "train.val_path %s", o->val_path);
-    else snprintf(out->source, sizeof out->source, "%s", path);
+    snprintf(out->source, sizeof out->source, "%s", path);
+    if (o->val_path && va->vocab > tr->vocab)
+        snprintf(out->classes_source, sizeof out->classes_source, "train.val_path %s", o->val_path);
     int64_t vocab = tr->vocab > va->vocab ? tr->vocab : va->vocab;
     out->sample = (dt_sample_shape){.n_inputs = 1, .targets = t->T, .classes = vocab};
     out->sample.in[0] = (dt_input_spec){.name = "ids", .dtype = DT_I32, .ndim = 1, .dims = {t->T}};

@@ -58,9 +58,11 @@ dt_status dt_text_load(const char *path, dt_token_dataset *out) {
     return DT_OK;
 }
 
-/* fd's bytes to its end, whatever its size said (a pseudo-file says 0) */
+/* fd's bytes to its end, whatever its size said (a pseudo-file says 0), in
+ * a buffer of their size (a directory of many short documents keeps their
+ * bytes, not a page each) */
 static dt_status read_bytes(int fd, const char *path, size_t hint, uint8_t **out, int64_t *n) {
-    size_t cap = hint + 1 > 4096 ? hint + 1 : 4096, len = 0;
+    size_t cap = hint ? hint + 1 : 4096, len = 0;
     uint8_t *b = malloc(cap);
     for (;;) {
         if (!b) return DT_ERR(DT_ENOMEM, "%s: out of memory (%zu bytes)", path, cap);
@@ -78,6 +80,10 @@ static dt_status read_bytes(int fd, const char *path, size_t hint, uint8_t **out
         }
         if (r == 0) break;
         len += (size_t)r;
+    }
+    if (cap > len + 1) {   /* (a failed shrink keeps the larger buffer) */
+        uint8_t *nb = realloc(b, len + 1);
+        if (nb) b = nb;
     }
     *out = b;
     *n = (int64_t)len;

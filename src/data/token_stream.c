@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include "dataset_internal.h"
 
 dt_status dt_token_stream_push(dt_token_stream *s, const void *ids, int width, int64_t n, const char *path) {
@@ -106,7 +107,10 @@ dt_status dt_token_store_add(dt_token_store *st, void *base, size_t mapped, cons
         st->region = r;
         st->cap = cap;
     }
-    st->region[st->n++] = (dt_token_region){.base = base, .mapped = mapped};
+    struct stat sb;   /* which file: the training and validation sets must not share one (dataset_tokens.c) */
+    int known = path && stat(path, &sb) == 0;
+    st->region[st->n++] = (dt_token_region){.base = base, .mapped = mapped, .dev = known ? sb.st_dev : 0,
+                                            .ino = known ? sb.st_ino : 0};
     return DT_OK;
 }
 

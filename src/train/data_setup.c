@@ -40,6 +40,10 @@ dt_status dt_trainer_load_data(dt_trainer *t) {
     return DT_OK;
 }
 
+/* the data a message about the samples' shape names: the split that sets
+ * the classes (a vocabulary's largest id), else the training data */
+static const char *classes_source(const dt_dataset *d) { return d->classes_source[0] ? d->classes_source : d->source; }
+
 /* A built-in model takes the data's sample size where its registry entry
  * says how (nn.h dt_model_cfg_fit: the MLP's input width is the image's
  * element count, the CNN's H x W the image's sides). A size the model cannot
@@ -50,7 +54,7 @@ dt_status dt_trainer_fit_model(dt_trainer *t) {
     if (t->opts.build_model || dt_model_cfg_fit(c, &d->sample) == DT_OK) return DT_OK;
     char why[512], have[128];
     snprintf(why, sizeof why, "%s", dt_error_message());
-    return DT_ERR(DT_EINVAL, "%s (train.data %s): samples are %s, but model %s cannot take them: %s", d->source,
+    return DT_ERR(DT_EINVAL, "%s (train.data %s): samples are %s, but model %s cannot take them: %s", classes_source(d),
                   d->name, dt_sample_shape_str(&d->sample, have, sizeof have), dt_model_kind_name(c->kind), why);
 }
 
@@ -59,7 +63,7 @@ dt_status dt_trainer_check_data(dt_trainer *t) {
     if (dt_model_check_sample(t->model, &d->sample) == DT_OK) return DT_OK;
     char want[512], have[128];
     snprintf(want, sizeof want, "%s", dt_error_message());
-    return DT_ERR(DT_EINVAL, "%s (train.data %s): samples are %s, but %s", d->source, d->name,
+    return DT_ERR(DT_EINVAL, "%s (train.data %s): samples are %s, but %s", classes_source(d), d->name,
                   dt_sample_shape_str(&d->sample, have, sizeof have), want);
 }
 

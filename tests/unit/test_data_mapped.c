@@ -293,8 +293,10 @@ static void test_text_stays_out_of_rank_memory(void **state) {
 }
 
 /* More short text files than the kernel's mappings per process (65530 by
- * default): they are read, not mapped each; and a pseudo-file whose size
- * says 0 still gives its bytes. */
+ * default): they are read, not mapped each, into buffers of their size
+ * (a page each, as before, held 66000 x 4 KiB = 258 MB of the rank's own
+ * memory for 132 kB of text: the bound is 32 MB, the lists of pieces
+ * included); and a pseudo-file whose size says 0 still gives its bytes. */
 static void test_many_small_text_files(void **state) {
     (void)state;
     char dir[512], name[32];
@@ -306,8 +308,11 @@ static void test_many_small_text_files(void **state) {
     }
     dt_dataset d;
     dt_dataset_opts o = {.path = dir, .seq = 4};
+    long anon0 = status_kb("RssAnon");
     dt_status st = dt_dataset_open("text", &o, &d);
     if (st != DT_OK) fail_msg("%d files of 2 bytes: %s", FILES, dt_error_message());
+    long grown = status_kb("RssAnon") - anon0;
+    if (anon0 >= 0 && grown > 32 * 1024) fail_msg("%d files of 2 bytes took %ld kB of the rank's memory", FILES, grown);
     assert_int_equal(d.size[DT_SPLIT_TRAIN], (2 * FILES - 2 * FILES / 10 - 1) / 4);
     assert_text_window(&d, 0, "ababa");
     assert_text_window(&d, d.size[DT_SPLIT_TRAIN] - 1, "ababa");
@@ -325,6 +330,80 @@ static void test_many_small_text_files(void **state) {
     const char *want = "Name:";   /* the status file's first line */
     for (int t = 0; t < 5; t++)
         if (x[t] != want[t]) fail_msg("/proc/self/status token %d: %d, expected '%c'", t, x[t], want[t]);
+    dt_dataset_close(&d);
+}
+
+/* The validation data never shares a file with the training data, whatever
+ * the names: a hard link to the training file in the validation directory,
+ * a symbolic link to it, or training given as a link into the validation
+ * directory, are refused naming train.val_path (each trained and reported
+ * a validation loss on training data before); eval_only reads no training
+ * batch, so it does not care. */
+static void test_validation_shares_no_file(void **state) {
+    (void)state;
+    char tr[512], va[512], vb[512], path[600], other[600], lnk[700];
+    make_dir(tr, sizeof tr, "ov_train");
+    make_dir(va, sizeof va, "ov_val_hard");
+    make_dir(vb, sizeof vb, "ov_val_sym");
+    char text[200];
+    for (int i = 0; i < 199; i++) text[i] = (char)('a' + i % 26);
+    text[199] = 0;
+    text_file(tr, "train.txt", text);
+    text_file(va, "other.txt", text + 50);
+    text_file(vb, "other.txt", text + 50);
+    snprintf(path, sizeof path, "%s/train.txt", tr);
+    snprintf(lnk, sizeof lnk, "%s/copy.txt", va);
+    assert_int_equal(link(path, lnk), 0);
+    snprintf(lnk, sizeof lnk, "%s/copy.txt", vb);
+    assert_int_equal(symlink(path, lnk), 0);
+    dt_dataset d;
+    const char *vals[] = {va, vb};
+    for (int k = 0; k < 2; k++) {
+        dt_dataset_opts o = {.path = path, .val_path = vals[k], .seq = 8};
+        assert_int_equal(dt_dataset_open("text", &o, &d), DT_EINVAL);
+        if (!strstr(dt_error_message(), vals[k]) || !strstr(dt_error_message(), "training data"))
+            fail_msg("%s", dt_error_message());
+        o.eval_only = 1;
+        assert_int_equal(dt_dataset_open("text", &o, &d), DT_OK);
+        dt_dataset_close(&d);
+    }
+    /* training through a link into a validation directory holding its target */
+    snprintf(other, sizeof other, "%s/other.txt", va);
+    snprintf(lnk, sizeof lnk, "%s/via_link.txt", tr);
+    assert_int_equal(symlink(other, lnk), 0);
+    dt_dataset_opts o = {.path = lnk, .val_path = va, .seq = 8};
+    assert_int_equal(dt_dataset_open("text", &o, &d), DT_EINVAL);
+    /* separate files: fine */
+    dt_dataset_opts ok = {.path = path, .val_path = other, .seq = 8};
+    assert_int_equal(dt_dataset_open("text", &ok, &d), DT_OK);
+    dt_dataset_close(&d);
+}
+
+/* A validation shard with a larger id than any training one sets the
+ * vocabulary, and messages about the vocabulary name it (classes_source);
+ * messages about the training samples still name the training data
+ * (source): "the 2 training samples of --val-path v.bin" was wrong. */
+static void test_sources_of_messages(void **state) {
+    (void)state;
+    char dir[512], tp[600], vp[600];
+    make_dir(dir, sizeof dir, "sources");
+    int64_t first = 0;   /* a validation stretch whose largest id exceeds the training one's */
+    uint16_t tmax = 0;
+    for (int64_t i = 0; i < 40; i++) tmax = tok_at(i) > tmax ? tok_at(i) : tmax;
+    for (int64_t f = 40;; f++) {
+        uint16_t vmax = 0;
+        for (int64_t i = 0; i < 40; i++) vmax = tok_at(f + i) > vmax ? tok_at(f + i) : vmax;
+        if (vmax > tmax) { first = f; break; }
+    }
+    write_shard(dir, "t.bin", 0, 40);
+    write_shard(dir, "v.bin", first, 40);
+    snprintf(tp, sizeof tp, "%s/t.bin", dir);
+    snprintf(vp, sizeof vp, "%s/v.bin", dir);
+    dt_dataset d;
+    dt_dataset_opts o = {.path = tp, .val_path = vp, .seq = 8};
+    assert_int_equal(dt_dataset_open("shard", &o, &d), DT_OK);
+    assert_string_equal(d.source, tp);
+    assert_non_null(strstr(d.classes_source, "v.bin"));
     dt_dataset_close(&d);
 }
 
@@ -379,6 +458,8 @@ int main(void) {
         cmocka_unit_test(test_text_stays_out_of_rank_memory),
         cmocka_unit_test(test_many_small_text_files),
         cmocka_unit_test(test_mapped_errors_name_the_file),
+        cmocka_unit_test(test_validation_shares_no_file),
+        cmocka_unit_test(test_sources_of_messages),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
