@@ -471,6 +471,11 @@ endforeach()
 add_test(NAME test_plot_cli
          COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_plot_cli.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(test_plot_cli PROPERTIES LABELS mpi PROCESSORS 2 TIMEOUT 300)
+# dtrain plot on hand-made input, no training (a few seconds): odd bytes in
+# file names, numbers past the axes' range; well-formed XML or one error line.
+add_test(NAME test_plot_input
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/scripts/test_plot_input.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(test_plot_input PROPERTIES LABELS unit TIMEOUT 120)
 
 # Re-executed to fix OpenBLAS's kernel family (forced: DTRAIN_TEST_BLAS_CORE),
 # dtrain keeps its name: comm and `pgrep -x dtrain`, argv[0], and a link's

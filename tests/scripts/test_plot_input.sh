@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# dtrain plot on hand-made input (no training run, a few seconds): whatever a
+# file's name or numbers hold, the picture is well-formed XML with finite
+# coordinates, or the input is refused in one line.
+#  - file names with bytes that are not UTF-8 XML can hold (stray and
+#    overlong leads, surrogates, code points past U+10FFFF, U+FFFE / U+FFFF,
+#    C0 controls): each such byte is '?' in data-run / data-trace and in the
+#    legend; valid characters are kept as they are.
+# Every SVG is read back by xmllint (libxml2-utils) and, when there is one,
+# python3's xml.dom.minidom (expat).
+# usage: test_plot_input.sh DTRAIN_BINARY
+set -uo pipefail
+bin=$1
+command -v xmllint > /dev/null || { echo "FAIL xmllint not found: install libxml2-utils (scripts/deps.sh)"; exit 1; }
+py=""
+command -v python3 > /dev/null && python3 -c 'import xml.dom.minidom' 2> /dev/null && py=python3
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cd "$tmp" || exit 1
+fail=0
+ok()  { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fail=1; }
+# well-formed by both parsers; prints the first parser complaint when not
+wellformed() {
+    xmllint --noout "$1" 2> xml.err || { head -2 xml.err; return 1; }
+    [ -z "$py" ] || "$py" -c 'import sys, xml.dom.minidom; xml.dom.minidom.parse(sys.argv[1])' "$1" 2> py.err ||
+        { tail -1 py.err; return 1; }
+}
+show() { printf '%q' "$1"; }   # a name with odd bytes, printable
+
+# ---- file names: what XML cannot hold is '?' ----
+metrics='{"step":1,"loss":2.5,"lr":0.1}\n{"step":2,"loss":2.0,"lr":0.1}\n'
+trace='{"traceEvents":[{"name":"forward","ph":"X","ts":0,"dur":5,"pid":0,"tid":0}]}\n'
+# name | the name as the SVG must show it
+while IFS='|' read -r name want; do
+    name=$(printf '%b' "$name"); want=$(printf '%b' "$want")
+    for kind in metrics trace; do
+        f="$name.$kind"
+        if [ $kind = metrics ]; then printf "$metrics" > "$f"; else printf "$trace" > "$f"; fi
+        out=$("$bin" plot "$f" -o names.svg 2>&1); rc=$?
+        if [ $rc -ne 0 ]; then bad "$kind $(show "$f"): exit $rc: $out"; continue; fi
+        why=$(wellformed names.svg) || { bad "$kind $(show "$f"): not well-formed XML: $why"; continue; }
+        attr=data-run; [ $kind = trace ] && attr=data-trace
+        if grep -qF "$attr=\"$want.$kind\"" names.svg; then ok "$kind $(show "$f"): shown as $(show "$want.$kind")"
+        else bad "$kind $(show "$f"): want $attr=\"$(show "$want.$kind")\": $(grep -o "$attr=\"[^\"]*\"" names.svg | head -1)"; fi
+    done
+done <<'NAMES'
+lead-f5-\xf5\x80\x80-|lead-f5-???-
+lead-ff-\xff-|lead-ff-?-
+surrogate-\xed\xa0\x80-|surrogate-???-
+low-surrogate-\xed\xbf\xbf-|low-surrogate-???-
+overlong3-\xe0\x80\xaf-|overlong3-???-
+overlong3b-\xe0\x9f\xbf-|overlong3b-???-
+overlong4-\xf0\x80\x80\xaf-|overlong4-????-
+overlong4b-\xf0\x8f\xbf\xbf-|overlong4b-????-
+overlong2-\xc0\xaf-\xc1\xbf-|overlong2-??-??-
+past-10ffff-\xf4\x90\x80\x80-|past-10ffff-????-
+fffe-\xef\xbf\xbe-|fffe-???-
+ffff-\xef\xbf\xbf-|ffff-???-
+cut-\xe2\x82-|cut-??-
+lone-continuation-\x80-|lone-continuation-?-
+controls-\x01\x1b[31m\x7f-|controls-??[31m?-
+tab-\t-newline-\n-|tab-?-newline-?-
+kept-\xc3\xa9\xe2\x82\xac\xef\xbf\xbd\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf-|kept-\xc3\xa9\xe2\x82\xac\xef\xbf\xbd\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf-
+NAMES
+
+exit $fail
