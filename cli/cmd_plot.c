@@ -102,10 +102,7 @@ int dt_cli_plot(int argc, char **argv) {
     dt_plot_data d = {0};
     char err[1024];
     for (int i = 0; i < in.n && !rc; i++) {
-        int tr = dt_plot_is_trace(in.v[i], err, sizeof err);
-        if (tr < 0 || (tr ? dt_plot_read_trace(&d, in.v[i], err, sizeof err)
-                          : dt_plot_read_metrics(&d, in.v[i], err, sizeof err)))
-            rc = fail(err);
+        if (dt_plot_read(&d, in.v[i], err, sizeof err)) rc = fail(err);
     }
     int series = 0;
     for (int i = 0; i < d.nruns; i++)

@@ -36,14 +36,12 @@ typedef struct dt_plot_data {
     int nranks;
 } dt_plot_data;
 
-/* 1 when the file holds a Chrome trace (a JSON document whose first key is
- * "traceEvents"), 0 when not, -1 when it cannot be read (err set). */
-int dt_plot_is_trace(const char *path, char *err, size_t n);
-/* Appends path's series to a new run of d. -1 with one line in err naming
- * the file (and line: "m.jsonl:7: not a JSON object"). */
-int dt_plot_read_metrics(dt_plot_data *d, const char *path, char *err, size_t n);
-/* Appends one dt_plot_rank per pid found in path's complete events. */
-int dt_plot_read_trace(dt_plot_data *d, const char *path, char *err, size_t n);
+/* Reads path once (a pipe gives its bytes once: `dtrain plot <(...)`) and
+ * appends what it holds: a Chrome trace (a JSON document whose first key is
+ * "traceEvents") adds one dt_plot_rank per pid of its complete events,
+ * anything else is metrics JSONL and adds one run. -1 with one line in err
+ * naming the file (and line: "m.jsonl:7: not a JSON object"). */
+int dt_plot_read(dt_plot_data *d, const char *path, char *err, size_t n);
 void dt_plot_data_free(dt_plot_data *d);
 
 /* The SVG document (malloc'd, *len bytes); NULL when out of memory.

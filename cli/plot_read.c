@@ -31,21 +31,40 @@ static int push(dt_plot_series *s, double x, double y) {
     return 0;
 }
 
-int dt_plot_is_trace(const char *path, char *err, size_t n) {
+/* a JSON document whose first key is "traceEvents" (the first bytes decide) */
+static int is_trace(const char *text, size_t len) {
+    const char *p = text, *end = text + len;
+    while (p < end && isspace((unsigned char)*p)) p++;
+    if (p == end || *p++ != '{') return 0;
+    while (p < end && isspace((unsigned char)*p)) p++;
+    return (size_t)(end - p) >= 13 && !memcmp(p, "\"traceEvents\"", 13);
+}
+
+static char *read_all(const char *path, size_t *len, char *err, size_t n) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, n, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
+        return NULL;
     }
-    char head[256];
-    size_t got = fread(head, 1, sizeof head - 1, f);
+    size_t cap = 1 << 16, got = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        got += fread(buf + got, 1, cap - got, f);
+        if (got < cap) break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) { free(buf); buf = NULL; break; }
+        buf = nb;
+        cap *= 2;
+    }
+    if (!buf) snprintf(err, n, "%s: out of memory", path);
+    else if (ferror(f)) {
+        snprintf(err, n, "%s: read error: %s", path, strerror(errno));
+        free(buf);
+        buf = NULL;
+    }
     fclose(f);
-    head[got] = 0;
-    const char *p = head;
-    while (isspace((unsigned char)*p)) p++;
-    if (*p++ != '{') return 0;
-    while (isspace((unsigned char)*p)) p++;
-    return !strncmp(p, "\"traceEvents\"", 13);
+    *len = got;
+    return buf;
 }
 
 static dt_plot_run *new_run(dt_plot_data *d, const char *path) {
@@ -58,25 +77,23 @@ static dt_plot_run *new_run(dt_plot_data *d, const char *path) {
     return r;
 }
 
-int dt_plot_read_metrics(dt_plot_data *d, const char *path, char *err, size_t n) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(err, n, "%s: cannot open: %s", path, strerror(errno));
+static int read_metrics(dt_plot_data *d, const char *path, const char *text, size_t size, char *err, size_t n) {
+    dt_plot_run *run = new_run(d, path);
+    if (!run) {
+        snprintf(err, n, "%s: out of memory", path);
         return -1;
     }
-    dt_plot_run *run = new_run(d, path);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
     long lineno = 0, objects = 0;
-    int rc = run ? 0 : -1;
-    if (!run) snprintf(err, n, "%s: out of memory", path);
-    while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
+    int rc = 0;
+    for (size_t at = 0; rc == 0 && at < size;) {
+        const char *line = text + at, *nl = memchr(line, '\n', size - at);
+        size_t len = nl ? (size_t)(nl - line) + 1 : size - at;
+        at += len;
         lineno++;
-        const char *p = line;
-        while (isspace((unsigned char)*p)) p++;
-        if (!*p) continue;   /* blank lines (a trailing newline) carry nothing */
-        cJSON *o = cJSON_ParseWithLength(line, (size_t)len);
+        size_t sp = 0;
+        while (sp < len && isspace((unsigned char)line[sp])) sp++;
+        if (sp == len) continue;   /* blank lines (a trailing newline) carry nothing */
+        cJSON *o = cJSON_ParseWithLength(line, len);
         if (!cJSON_IsObject(o)) {
             snprintf(err, n, "%s:%ld: not a JSON object (a metrics file holds one per line, as --metrics writes)",
                      path, lineno);
@@ -97,12 +114,6 @@ int dt_plot_read_metrics(dt_plot_data *d, const char *path, char *err, size_t n)
         }
         cJSON_Delete(o);
     }
-    if (rc == 0 && ferror(f)) {
-        snprintf(err, n, "%s: read error: %s", path, strerror(errno));
-        rc = -1;
-    }
-    free(line);
-    fclose(f);
     return rc;
 }
 
@@ -144,33 +155,6 @@ static double iv_union(ivals *v) {
         }
     }
     return k ? total + (e - b) : 0;
-}
-
-static char *read_all(const char *path, size_t *len, char *err, size_t n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, n, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, got = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        got += fread(buf + got, 1, cap - got, f);
-        if (got < cap) break;
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) { free(buf); buf = NULL; break; }
-        buf = nb;
-        cap *= 2;
-    }
-    if (!buf) snprintf(err, n, "%s: out of memory", path);
-    else if (ferror(f)) {
-        snprintf(err, n, "%s: read error: %s", path, strerror(errno));
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = got;
-    return buf;
 }
 
 static int num(const cJSON *o, const char *k, double *v) {
@@ -229,20 +213,15 @@ static int split_rank(const cJSON *evs, int pid, dt_plot_rank *r) {
     return bad ? -1 : 0;
 }
 
-int dt_plot_read_trace(dt_plot_data *d, const char *path, char *err, size_t n) {
-    size_t len;
-    char *text = read_all(path, &len, err, n);
-    if (!text) return -1;
+static int read_trace(dt_plot_data *d, const char *path, const char *text, size_t len, char *err, size_t n) {
     cJSON *doc = cJSON_ParseWithLength(text, len);
     if (!doc) {   /* (cut short by a killed run, most often) */
         const char *at = cJSON_GetErrorPtr();
         size_t off = at && at >= text && at <= text + len ? (size_t)(at - text) : len;
         snprintf(err, n, "%s: not valid JSON at byte %zu of %zu%s", path, off, len,
                  off + 16 >= len ? " (near its end: truncated?)" : "");
-        free(text);
         return -1;
     }
-    free(text);
     const cJSON *evs = cJSON_GetObjectItemCaseSensitive(doc, "traceEvents");
     if (!cJSON_IsArray(evs)) {
         snprintf(err, n, "%s: not a Chrome trace (expected a JSON object with a traceEvents array, as --trace writes)",
@@ -280,6 +259,15 @@ int dt_plot_read_trace(dt_plot_data *d, const char *path, char *err, size_t n) {
         rc = -1;
     }
     cJSON_Delete(doc);
+    return rc;
+}
+
+int dt_plot_read(dt_plot_data *d, const char *path, char *err, size_t n) {
+    size_t len;
+    char *text = read_all(path, &len, err, n);
+    if (!text) return -1;
+    int rc = is_trace(text, len) ? read_trace(d, path, text, len, err, n) : read_metrics(d, path, text, len, err, n);
+    free(text);
     return rc;
 }
 

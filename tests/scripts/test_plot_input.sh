@@ -6,6 +6,8 @@
 #    overlong leads, surrogates, code points past U+10FFFF, U+FFFE / U+FFFF,
 #    C0 controls): each such byte is '?' in data-run / data-trace and in the
 #    legend; valid characters are kept as they are.
+#  - a pipe (`dtrain plot <(cat m.jsonl)`, a FIFO) is read once: all of its
+#    lines are plotted, a trace through a pipe is still a trace.
 # Every SVG is read back by xmllint (libxml2-utils) and, when there is one,
 # python3's xml.dom.minidom (expat).
 # usage: test_plot_input.sh DTRAIN_BINARY
@@ -62,5 +64,25 @@ controls-\x01\x1b[31m\x7f-|controls-??[31m?-
 tab-\t-newline-\n-|tab-?-newline-?-
 kept-\xc3\xa9\xe2\x82\xac\xef\xbf\xbd\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf-|kept-\xc3\xa9\xe2\x82\xac\xef\xbf\xbd\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf-
 NAMES
+
+# ---- pipes: each input is read once ----
+# the metrics' points as data-points writes them (step,value), from the input's own text
+printf '{"step":1,"loss":2.5,"lr":0.1}\n{"step":2,"loss":2.25,"lr":0.1}\n{"step":3,"loss":2.125,"lr":0.05}\n' > m.jsonl
+want_pts="1,2.5 2,2.25 3,2.125"
+pts() { xmllint --xpath "string(//*[local-name()='g'][@data-series='loss']/@data-points)" "$1" 2> /dev/null; }
+out=$("$bin" plot <(cat m.jsonl) -o pipe.svg 2>&1); rc=$?
+[ $rc -eq 0 ] && [ "$(pts pipe.svg)" = "$want_pts" ] && ok "metrics through a pipe: $want_pts" ||
+    bad "metrics through a pipe: exit $rc: $out; points '$(pts pipe.svg 2> /dev/null)', want '$want_pts'"
+printf "$trace" > one.json
+out=$("$bin" plot <(cat one.json) -o pipe.svg 2>&1); rc=$?
+got=$(xmllint --xpath "string(//*[local-name()='g'][@class='rank']/@data-compute-us)" pipe.svg 2> /dev/null)
+[ $rc -eq 0 ] && [ "$got" = 5.000 ] && ok "a trace through a pipe: compute $got us" ||
+    bad "a trace through a pipe: exit $rc: $out; compute '$got', want 5.000"
+mkfifo fifo
+timeout 10 sh -c "cat m.jsonl > fifo" &   # (a writer that gives up: no hang)
+out=$(timeout 10 "$bin" plot fifo -o fifo.svg 2>&1); rc=$?
+wait
+[ $rc -eq 0 ] && [ "$(pts fifo.svg)" = "$want_pts" ] && ok "metrics from a FIFO: $want_pts" ||
+    bad "metrics from a FIFO: exit $rc: $out; points '$(pts fifo.svg 2> /dev/null)', want '$want_pts'"
 
 exit $fail
