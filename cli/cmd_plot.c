@@ -104,6 +104,10 @@ int dt_cli_plot(int argc, char **argv) {
     for (int i = 0; i < in.n && !rc; i++) {
         if (dt_plot_read(&d, in.v[i], err, sizeof err)) rc = fail(err);
     }
+    for (int i = 0; i < d.nruns && !rc; i++)
+        if (d.runs[i].bad_steps)
+            fprintf(stderr, "dtrain: warning: %s:%ld: a step that is not a finite number: %ld line%s skipped\n",
+                    d.runs[i].path, d.runs[i].bad_step_line, d.runs[i].bad_steps, d.runs[i].bad_steps == 1 ? "" : "s");
     int series = 0;
     for (int i = 0; i < d.nruns; i++)
         for (int k = 0; k < DT_PLOT_NSERIES; k++) series += d.runs[i].s[k].n > 0;

@@ -17,6 +17,8 @@ typedef struct dt_plot_series {
 typedef struct dt_plot_run {   /* one metrics file */
     const char *path;          /* as given (not owned) */
     dt_plot_series s[DT_PLOT_NSERIES];
+    long bad_steps;            /* lines skipped: a "step" that is not a finite number (1e999) */
+    long bad_step_line;        /* the first of them */
 } dt_plot_run;
 
 typedef struct dt_plot_rank {  /* one rank of a trace: its compute thread's time, split */

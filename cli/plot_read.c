@@ -103,6 +103,11 @@ static int read_metrics(dt_plot_data *d, const char *path, const char *text, siz
         }
         objects++;
         const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "step");
+        if (cJSON_IsNumber(st) && !isfinite(st->valuedouble)) {   /* "step":1e999: no place on the x axis */
+            if (!run->bad_steps++) run->bad_step_line = lineno;
+            cJSON_Delete(o);
+            continue;
+        }
         double x = cJSON_IsNumber(st) ? st->valuedouble : (double)objects;
         for (int k = 0; k < DT_PLOT_NSERIES && rc == 0; k++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, dt_plot_keys[k]);
@@ -174,8 +179,10 @@ static int rank_num(const cJSON *o, int *rank) {
 }
 
 /* one rank's split: the compute thread (tid 0) computing, blocked on
- * communication, or neither; the communication lane (tid 1) apart */
-static int split_rank(const cJSON *evs, int pid, dt_plot_rank *r) {
+ * communication, or neither; the communication lane (tid 1) apart. -1: out
+ * of memory; -2: the events span more microseconds than a double holds
+ * (ends: the first start and the last end). */
+static int split_rank(const cJSON *evs, int pid, dt_plot_rank *r, double ends[2]) {
     ivals comp = {0}, both = {0}, bg = {0};
     double lo = INFINITY, hi = -INFINITY;
     int bad = 0;
@@ -185,8 +192,8 @@ static int split_rank(const cJSON *evs, int pid, dt_plot_rank *r) {
         double tid, ts, dur;
         int p;
         if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !rank_num(e, &p) || p != pid ||
-            !num(e, "tid", &tid) || !num(e, "ts", &ts) || !num(e, "dur", &dur) || dur < 0)
-            continue;
+            !num(e, "tid", &tid) || !num(e, "ts", &ts) || !num(e, "dur", &dur) || dur < 0 || !isfinite(ts + dur))
+            continue;   /* (an end past the largest double: not a time) */
         if (ts < lo) lo = ts;
         if (ts + dur > hi) hi = ts + dur;
         const cJSON *cat = cJSON_GetObjectItemCaseSensitive(e, "cat");
@@ -197,7 +204,11 @@ static int split_rank(const cJSON *evs, int pid, dt_plot_rank *r) {
         else if (tid == 0 && comm) bad |= iv_push(&both, ts, ts + dur);
         else if (tid != 0) bad |= iv_push(&bg, ts, ts + dur);
     }
-    if (!bad) {
+    ends[0] = lo;
+    ends[1] = hi;
+    if (!bad && hi > lo && !isfinite(hi - lo)) {   /* both ends finite, their distance not */
+        bad = -2;
+    } else if (!bad) {
         r->rank = pid;
         r->span_us = hi > lo ? hi - lo : 0;
         r->compute_us = iv_union(&comp);
@@ -210,7 +221,7 @@ static int split_rank(const cJSON *evs, int pid, dt_plot_rank *r) {
     free(comp.a);
     free(both.a);
     free(bg.a);
-    return bad ? -1 : 0;
+    return bad == -2 ? -2 : bad ? -1 : 0;
 }
 
 static int read_trace(dt_plot_data *d, const char *path, const char *text, size_t len, char *err, size_t n) {
@@ -248,7 +259,15 @@ static int read_trace(dt_plot_data *d, const char *path, const char *text, size_
         r = &d->ranks[d->nranks];
         memset(r, 0, sizeof *r);
         r->path = path;
-        if (split_rank(evs, pid, r)) { rc = -1; break; }
+        double ends[2];
+        int sr = split_rank(evs, pid, r, ends);
+        if (sr == -2) {
+            snprintf(err, n, "%s: rank %d's events run from %g to %g us: too far apart to measure", path, pid,
+                     ends[0], ends[1]);
+            rc = -2;   /* (said) */
+            break;
+        }
+        if (sr) { rc = -1; break; }
         d->nranks++;
         found++;
     }

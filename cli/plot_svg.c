@@ -5,6 +5,7 @@
  * data-series, data-run, data-n and data-points ("x,y x,y ...", the values
  * read, shortest text that reads back to the same double), every bar
  * data-rank and its times in microseconds. */
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -99,12 +100,20 @@ enum { W = 960, PH = 300, ML = 80, MR = 250, MT = 36, MB = 46, TOP = 28 };
 
 typedef struct axis { double lo, hi, step; int log; } axis;
 
-static double nice_step(double range, int target) {
-    double raw = range / target, p = pow(10, floor(log10(raw))), f = raw / p;
-    return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * p;
+/* a round step (1, 2 or 5 times a power of ten) near (hi - lo) / target:
+ * finite and positive for any finite lo < hi (hi - lo itself may overflow:
+ * -1e308..1e308; a subnormal range gives the smallest normal double's step) */
+static double nice_step(double lo, double hi, int target) {
+    double raw = hi / target - lo / target;
+    if (!(raw >= DBL_MIN)) raw = DBL_MIN;
+    double p = pow(10, floor(log10(raw))), f = raw / p;
+    if (!(p > 0) || !isfinite(f)) return raw;   /* (10^e not a normal double: the raw step itself) */
+    double step = (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * p;
+    return isfinite(step) ? step : raw;
 }
 
-/* [lo, hi] of the data -> bounds on whole ticks (about 5) */
+/* [lo, hi] of the data -> bounds on whole ticks (about 5); finite data give
+ * finite bounds lo < hi and a finite step > 0 */
 static axis make_axis(double lo, double hi, int log_scale) {
     axis a = {lo, hi, 1, log_scale};
     if (log_scale) {
@@ -115,20 +124,33 @@ static axis make_axis(double lo, double hi, int log_scale) {
     }
     /* one value, or values a tick step could not tell apart (0.3 and
      * 0.30000000000000004: a step below their ulp would never advance) */
-    if (!(hi - lo > fmax(fabs(lo), fabs(hi)) * 1e-9)) {   /* a band around them */
+    if (!(hi / 2 - lo / 2 > fmax(fabs(lo), fabs(hi)) * 5e-10)) {   /* a band around them */
         double pad = lo != 0 ? fabs(lo) * 0.1 : 1;
-        lo -= pad;
-        hi += pad;
+        lo = fmax(lo - pad, -DBL_MAX);
+        hi = fmin(hi + pad, DBL_MAX);
     }
-    a.step = nice_step(hi - lo, 5);
+    a.step = nice_step(lo, hi, 5);
     a.lo = floor(lo / a.step) * a.step;
     a.hi = ceil(hi / a.step) * a.step;
+    if (!isfinite(a.lo)) a.lo = lo;   /* the next tick is past the largest double: the data's own bound */
+    if (!isfinite(a.hi)) a.hi = hi;
     return a;
 }
 
+/* ticks lo + i * step, i = 0..ticks(a) - 1: those inside [lo, hi] (a count,
+ * not v += step: that never ends where lo + step rounds back to lo) */
+static int ticks(const axis *a) {
+    double k = floor((a->hi / a->step - a->lo / a->step) * (1 + 1e-9)) + 1;
+    return k < 1 ? 1 : k > 1000 ? 1000 : (int)k;
+}
+
+/* tick i, lo + i * step (in halves: 4 * 5e307 alone would overflow) */
+static double tick_at(const axis *a, int i) { return 2 * (a->lo / 2 + i * (a->step / 2)); }
+
+/* v on [p0, p1]; halves so that hi - lo never overflows */
 static double map(const axis *a, double v, double p0, double p1) {
     double t = a->log ? log10(v) : v;
-    return p0 + (t - a->lo) / (a->hi - a->lo) * (p1 - p0);
+    return p0 + (t / 2 - a->lo / 2) / (a->hi / 2 - a->lo / 2) * (p1 - p0);
 }
 
 static void tick_label(char *t, size_t n, double v, double step, double maxabs) {
@@ -147,8 +169,8 @@ static void draw_axes(sbuf *b, int top, const axis *x, const axis *y, const char
     put(b, "<g class=\"axes\" stroke=\"#ccc\" stroke-width=\"1\">\n");
     char t[48];
     double xm = fmax(fabs(x->lo), fabs(x->hi));
-    for (double v = x->lo; xlabel && v <= x->hi + x->step * 1e-6; v += x->step) {   /* no x label: no x ticks */
-        double px = map(x, v, x0, x1);
+    for (int i = 0, nt = ticks(x); xlabel && i < nt; i++) {   /* no x label: no x ticks */
+        double v = tick_at(x, i), px = map(x, v, x0, x1);
         tick_label(t, sizeof t, v, x->step, xm);
         put(b, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>", px, y0, px, y1);
         put(b, "<text x=\"%.2f\" y=\"%d\" text-anchor=\"middle\" stroke=\"none\" fill=\"#333\">%s</text>\n", px,
@@ -158,7 +180,8 @@ static void draw_axes(sbuf *b, int top, const axis *x, const axis *y, const char
         for (double e = y->lo; e <= y->hi + 1e-9; e++)
             for (int m = 1; m <= 5; m += m == 1 ? 1 : 3) {   /* 1, 2, 5 per decade (only 1 past 4 decades) */
                 double v = (double)m * pow(10, e), py = y1 + (log10(v) - y->lo) / (y->hi - y->lo) * (y0 - y1);
-                if (log10(v) > y->hi + 1e-9 || (m > 1 && y->hi - y->lo > 4)) continue;
+                if (!(v > 0) || !isfinite(v) || log10(v) > y->hi + 1e-9 || (m > 1 && y->hi - y->lo > 4))
+                    continue;   /* (10^-324 is 0, 10^309 infinite) */
                 snprintf(t, sizeof t, "%g", v);
                 put(b, "<line x1=\"%d\" y1=\"%.2f\" x2=\"%d\" y2=\"%.2f\"/>", x0, py, x1, py);
                 put(b, "<text x=\"%d\" y=\"%.2f\" text-anchor=\"end\" stroke=\"none\" fill=\"#333\">%s</text>\n",
@@ -166,8 +189,8 @@ static void draw_axes(sbuf *b, int top, const axis *x, const axis *y, const char
             }
     } else {
         double ym = fmax(fabs(y->lo), fabs(y->hi));
-        for (double v = y->lo; v <= y->hi + y->step * 1e-6; v += y->step) {
-            double py = map(y, v, y1, y0);
+        for (int i = 0, nt = ticks(y); i < nt; i++) {
+            double v = tick_at(y, i), py = map(y, v, y1, y0);
             tick_label(t, sizeof t, v, y->step, ym);
             put(b, "<line x1=\"%d\" y1=\"%.2f\" x2=\"%d\" y2=\"%.2f\"/>", x0, py, x1, py);
             put(b, "<text x=\"%d\" y=\"%.2f\" text-anchor=\"end\" stroke=\"none\" fill=\"#333\">%s</text>\n", x0 - 6,
@@ -300,7 +323,7 @@ static void draw_ranks(sbuf *b, int top, const dt_plot_rank *r, int n) {
                "data-overlapped-comm-us=\"%.3f\">\n<title>rank %d: ", r[i].span_us, v[0], v[1], v[2], r[i].overlapped_us,
             r[i].rank);
         for (int k = 0; k < 3; k++)
-            put(b, "%s%s %.1f ms (%.0f%%)", k ? ", " : "", part[k], v[k] / 1e3, tot > 0 ? 100 * v[k] / tot : 0);
+            put(b, "%s%s %.1f ms (%.0f%%)", k ? ", " : "", part[k], v[k] / 1e3, tot > 0 ? 100 * (v[k] / tot) : 0);
         put(b, "; communication running under compute %.1f ms</title>\n", r[i].overlapped_us / 1e3);
         double cx = x0 + slot * (i + 0.5), acc = 0;
         for (int k = 0; k < 3; k++) {
@@ -316,7 +339,7 @@ static void draw_ranks(sbuf *b, int top, const dt_plot_rank *r, int n) {
             put(b, ")");
         }
         put(b, "</text>\n<text x=\"%.2f\" y=\"%d\" text-anchor=\"middle\" fill=\"#333\">%.0f%% compute</text>\n</g>\n",
-            cx, y1 + 32, tot > 0 ? 100 * v[0] / tot : 0);
+            cx, y1 + 32, tot > 0 ? 100 * (v[0] / tot) : 0);
     }
     for (int k = 0; k < 3; k++)
         put(b, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">%s</text>\n",

@@ -6,6 +6,11 @@
 #    overlong leads, surrogates, code points past U+10FFFF, U+FFFE / U+FFFF,
 #    C0 controls): each such byte is '?' in data-run / data-trace and in the
 #    legend; valid characters are kept as they are.
+#  - numbers at the ends of a double: a step that is not finite (1e999)
+#    skips its line with a warning, a trace event ending past the largest
+#    double is skipped, events too far apart to measure are refused; steps
+#    and values from -1.8e308 to 1.8e308 or a few subnormals apart give axes
+#    and coordinates that are all finite numbers.
 #  - a pipe (`dtrain plot <(cat m.jsonl)`, a FIFO) is read once: all of its
 #    lines are plotted, a trace through a pipe is still a trace.
 # Every SVG is read back by xmllint (libxml2-utils) and, when there is one,
@@ -28,6 +33,8 @@ wellformed() {
         { tail -1 py.err; return 1; }
 }
 show() { printf '%q' "$1"; }   # a name with odd bytes, printable
+# the loss series' data-points ("step,value ...")
+pts() { xmllint --xpath "string(//*[local-name()='g'][@data-series='loss']/@data-points)" "$1" 2> /dev/null; }
 
 # ---- file names: what XML cannot hold is '?' ----
 metrics='{"step":1,"loss":2.5,"lr":0.1}\n{"step":2,"loss":2.0,"lr":0.1}\n'
@@ -65,11 +72,59 @@ tab-\t-newline-\n-|tab-?-newline-?-
 kept-\xc3\xa9\xe2\x82\xac\xef\xbf\xbd\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf-|kept-\xc3\xa9\xe2\x82\xac\xef\xbf\xbd\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf-
 NAMES
 
+# ---- numbers at the ends of a double ----
+# no "nan" / "inf" anywhere in the picture (the file names here hold neither)
+finite_svg() { ! grep -Eiq '(^|[^a-z])-?(nan|inf)([^a-z]|$)' "$1"; }
+# name | lines (printf) | extra flag | what the picture must hold (grep -F)
+while IFS='|' read -r name lines flag want; do
+    printf "$lines" > "$name"
+    # shellcheck disable=SC2086
+    out=$(timeout 20 "$bin" plot "$name" -o num.svg $flag 2>&1); rc=$?
+    why=""
+    [ $rc -eq 0 ] || why="exit $rc (124: hung)"
+    [ -z "$why" ] && { why=$(wellformed num.svg) || why="not well-formed: $why"; }
+    [ -z "$why" ] && ! finite_svg num.svg && why="not finite: $(grep -Eio '[a-z0-9-]*="[^"]*(nan|inf)[^"]*"|>[^<]*(nan|inf)[^<]*<' num.svg | head -3 | tr '\n' ' ')"
+    [ -z "$why" ] && ! grep -qF -- "$want" num.svg && why="no '$want' in the picture"
+    [ -z "$why" ] && ok "$name $flag: finite, '$want'" || bad "$name $flag: $why: $out"
+done <<'NUMS'
+steps-huge.jsonl|{"step":-1e308,"loss":1}\n{"step":1e308,"loss":2}\n|| data-points="-1e+308,1 1e+308,2"
+steps-max.jsonl|{"step":-1.7976931348623157e308,"loss":1}\n{"step":1.7976931348623157e308,"loss":2}\n||data-points="-1.7976931348623157e+308,1 1.7976931348623157e+308,2"
+values-max.jsonl|{"step":1,"loss":-1.7976931348623157e308}\n{"step":2,"loss":1.7976931348623157e308}\n||data-n="2"
+one-value-max.jsonl|{"step":1,"loss":1.7976931348623157e308}\n{"step":2,"loss":1.7976931348623157e308}\n||data-n="2"
+steps-subnormal.jsonl|{"step":5e-324,"loss":1}\n{"step":1e-323,"loss":2}\n||data-n="2"
+values-subnormal.jsonl|{"step":1,"loss":5e-324,"lr":1e-320}\n{"step":2,"loss":1e-323,"lr":1e-320}\n||data-n="2"
+values-subnormal-log.jsonl|{"step":1,"loss":5e-324}\n{"step":2,"loss":1}\n|--log-loss|log scale
+big-ms.jsonl|{"step":1,"ms":1e300}\n{"step":2,"ms":1e-300}\n||data-n="2"
+NUMS
+
+# a step that is no finite number: its line is skipped, with a warning naming the first
+printf '{"step":1e999,"loss":1}\n{"step":2,"loss":2}\n{"step":-1e999,"loss":3}\n{"step":4,"loss":4}\n' > step-overflow.jsonl
+out=$("$bin" plot step-overflow.jsonl -o num.svg 2>&1); rc=$?
+if [ $rc -eq 0 ] && finite_svg num.svg && wellformed num.svg > /dev/null && [ "$(pts num.svg)" = "2,2 4,4" ] &&
+   grep -q 'warning: step-overflow.jsonl:1: .*2 lines skipped' <<< "$out"; then ok "steps 1e999, -1e999: skipped: $out"
+else bad "steps 1e999, -1e999: exit $rc, points '$(pts num.svg)' (want '2,2 4,4'): $out"; fi
+
+# traces: an event whose end is past the largest double is skipped (the rest is drawn);
+# events too far apart for their distance to be a double: refused in one line
+printf '{"traceEvents":[{"name":"forward","ph":"X","ts":1e308,"dur":1e308,"pid":0,"tid":0},{"name":"forward","ph":"X","ts":10,"dur":5,"pid":0,"tid":0}]}' > end-overflow.json
+out=$("$bin" plot end-overflow.json -o num.svg 2>&1); rc=$?
+got=$(xmllint --xpath "string(//*[local-name()='g'][@class='rank']/@data-span-us)" num.svg 2> /dev/null)
+[ $rc -eq 0 ] && finite_svg num.svg && [ "$got" = 5.000 ] && ok "trace event ending past 1.8e308: skipped, span $got us" ||
+    bad "trace event ending past 1.8e308: exit $rc, span '$got' (want 5.000): $out"
+printf '{"traceEvents":[{"name":"forward","ph":"X","ts":0,"dur":1e308,"pid":0,"tid":0}]}' > long.json
+out=$("$bin" plot long.json -o num.svg 2>&1); rc=$?
+[ $rc -eq 0 ] && finite_svg num.svg && wellformed num.svg > /dev/null && ok "a trace event of 1e308 us: finite picture" ||
+    bad "a trace event of 1e308 us: exit $rc: $out"
+printf '{"traceEvents":[{"name":"forward","ph":"X","ts":-1e308,"dur":1,"pid":0,"tid":0},{"name":"forward","ph":"X","ts":1e308,"dur":1,"pid":0,"tid":0}]}' > apart.json
+echo kept > kept.svg
+out=$("$bin" plot apart.json -o kept.svg 2>&1); rc=$?
+[ $rc -eq 1 ] && [ "$(cat kept.svg)" = kept ] && grep -q "apart.json: rank 0's events .*too far apart" <<< "$out" &&
+    [ "$(wc -l <<< "$out")" -eq 1 ] && ok "trace events 2e308 us apart: $out" || bad "trace events 2e308 us apart: exit $rc: $out"
+
 # ---- pipes: each input is read once ----
 # the metrics' points as data-points writes them (step,value), from the input's own text
 printf '{"step":1,"loss":2.5,"lr":0.1}\n{"step":2,"loss":2.25,"lr":0.1}\n{"step":3,"loss":2.125,"lr":0.05}\n' > m.jsonl
 want_pts="1,2.5 2,2.25 3,2.125"
-pts() { xmllint --xpath "string(//*[local-name()='g'][@data-series='loss']/@data-points)" "$1" 2> /dev/null; }
 out=$("$bin" plot <(cat m.jsonl) -o pipe.svg 2>&1); rc=$?
 [ $rc -eq 0 ] && [ "$(pts pipe.svg)" = "$want_pts" ] && ok "metrics through a pipe: $want_pts" ||
     bad "metrics through a pipe: exit $rc: $out; points '$(pts pipe.svg 2> /dev/null)', want '$want_pts'"
