@@ -313,8 +313,11 @@ static void draw_ranks(sbuf *b, int top, const dt_plot_rank *r, int n) {
     axis ax = {0, 1, 2, 0};
     draw_axes(b, top, &ax, &ay, NULL, secs ? "seconds" : "milliseconds");
     double slot = (double)(x1 - x0) / n, bw = fmin(slot * 0.6, 80);
+    /* two bars with one rank number (traces of different runs): every bar
+     * names its file, by the path as given where file names repeat */
     int many_files = 0;
-    for (int i = 1; i < n; i++) many_files |= r[i].path != r[0].path && r[i].rank == r[0].rank;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) many_files |= r[i].rank == r[j].rank;
     for (int i = 0; i < n; i++) {
         double v[3] = {r[i].compute_us, r[i].comm_us, r[i].idle_us}, tot = v[0] + v[1] + v[2];
         put(b, "<g class=\"rank\" data-rank=\"%d\" data-trace=\"", r[i].rank);
@@ -334,8 +337,11 @@ static void draw_ranks(sbuf *b, int top, const dt_plot_rank *r, int n) {
         }
         put(b, "<text x=\"%.2f\" y=\"%d\" text-anchor=\"middle\">rank %d", cx, y1 + 16, r[i].rank);
         if (many_files) {
+            const char *name = base(r[i].path);
+            for (int j = 0; j < n; j++)
+                if (strcmp(r[j].path, r[i].path) && !strcmp(base(r[j].path), name)) name = r[i].path;
             put(b, " (");
-            esc(b, base(r[i].path));
+            esc(b, name);
             put(b, ")");
         }
         put(b, "</text>\n<text x=\"%.2f\" y=\"%d\" text-anchor=\"middle\" fill=\"#333\">%.0f%% compute</text>\n</g>\n",

@@ -11,6 +11,8 @@
 #    double is skipped, events too far apart to measure are refused; steps
 #    and values from -1.8e308 to 1.8e308 or a few subnormals apart give axes
 #    and coordinates that are all finite numbers.
+#  - traces whose rank numbers repeat (two runs): every bar's label is its
+#    own, naming its file (the path where file names repeat too).
 #  - a pipe (`dtrain plot <(cat m.jsonl)`, a FIFO) is read once: all of its
 #    lines are plotted, a trace through a pipe is still a trace.
 # Every SVG is read back by xmllint (libxml2-utils) and, when there is one,
@@ -101,7 +103,7 @@ NUMS
 printf '{"step":1e999,"loss":1}\n{"step":2,"loss":2}\n{"step":-1e999,"loss":3}\n{"step":4,"loss":4}\n' > step-overflow.jsonl
 out=$("$bin" plot step-overflow.jsonl -o num.svg 2>&1); rc=$?
 if [ $rc -eq 0 ] && finite_svg num.svg && wellformed num.svg > /dev/null && [ "$(pts num.svg)" = "2,2 4,4" ] &&
-   grep -q 'warning: step-overflow.jsonl:1: .*2 lines skipped' <<< "$out"; then ok "steps 1e999, -1e999: skipped: $out"
+   grep -q 'warning: step-overflow.jsonl:1: .*2 lines skipped' <<< "$out"; then ok "steps 1e999, -1e999: skipped: $(grep warning <<< "$out")"
 else bad "steps 1e999, -1e999: exit $rc, points '$(pts num.svg)' (want '2,2 4,4'): $out"; fi
 
 # traces: an event whose end is past the largest double is skipped (the rest is drawn);
@@ -120,6 +122,27 @@ echo kept > kept.svg
 out=$("$bin" plot apart.json -o kept.svg 2>&1); rc=$?
 [ $rc -eq 1 ] && [ "$(cat kept.svg)" = kept ] && grep -q "apart.json: rank 0's events .*too far apart" <<< "$out" &&
     [ "$(wc -l <<< "$out")" -eq 1 ] && ok "trace events 2e308 us apart: $out" || bad "trace events 2e308 us apart: exit $rc: $out"
+
+# ---- rank labels: one per bar ----
+ev() { printf '{"name":"forward","ph":"X","ts":0,"dur":5,"pid":%d,"tid":0}' "$1"; }
+printf '{"traceEvents":[%s,%s]}' "$(ev 0)" "$(ev 1)" > A.json
+printf '{"traceEvents":[%s]}' "$(ev 1)" > B.json
+mkdir -p runA runB
+printf '{"traceEvents":[%s]}' "$(ev 0)" > runA/t.json
+printf '{"traceEvents":[%s]}' "$(ev 0)" > runB/t.json
+labels() { xmllint --xpath "//*[local-name()='g'][@class='rank']/*[local-name()='text'][1]/text()" "$1" 2> /dev/null |
+               sed 's/rank/\nrank/g' | sed '/^$/d'; }
+while IFS='|' read -r files want; do
+    # shellcheck disable=SC2086
+    out=$("$bin" plot $files -o ranks.svg 2>&1); rc=$?
+    got=$(labels ranks.svg | paste -sd '|')
+    [ $rc -eq 0 ] && [ "$got" = "$want" ] && ok "bars of $files: $got" || bad "bars of $files: exit $rc, '$got', want '$want': $out"
+done <<'RANKS'
+A.json B.json|rank 0 (A.json)|rank 1 (A.json)|rank 1 (B.json)
+B.json A.json|rank 1 (B.json)|rank 0 (A.json)|rank 1 (A.json)
+runA/t.json runB/t.json|rank 0 (runA/t.json)|rank 0 (runB/t.json)
+A.json|rank 0|rank 1
+RANKS
 
 # ---- pipes: each input is read once ----
 # the metrics' points as data-points writes them (step,value), from the input's own text
