@@ -29,8 +29,13 @@ static const char *usage =
     "  --log-loss             logarithmic y axis for the loss panel\n"
     "  -h, --help             this text\n\n"
     "Every series is also in the file as data: <g class=\"series\" data-series=\"loss\" data-run=\"FILE\"\n"
-    "data-n=\"N\" data-points=\"step,value ...\">; every bar <g class=\"rank\" data-rank=\"R\" ...>.\n"
-    "Exit status: 0 written, 1 an input could not be read or holds nothing to plot, 2 usage.\n";
+    "data-n=\"N\" data-points=\"step,value ...\">; every bar <g class=\"rank\" data-rank=\"R\" ...>.\n\n"
+    "A metrics file with none of loss, eval_loss, lr, ms (an empty one, say) is left out with a\n"
+    "warning when another input has something to draw; a line whose step is not a finite number is\n"
+    "skipped with a warning.\n\n"
+    "Exit status: 0 written (also when a warning left something out), 1 an input could not be read\n"
+    "or is not valid (a line that is not JSON, a trace without complete events), or no input has\n"
+    "anything to plot, 2 usage.\n";
 
 static int fail(const char *what) {
     fprintf(stderr, "dtrain: error: %s\n", what);

@@ -13,6 +13,9 @@
 #    and coordinates that are all finite numbers.
 #  - traces whose rank numbers repeat (two runs): every bar's label is its
 #    own, naming its file (the path where file names repeat too).
+#  - what --help says of inputs with nothing to plot is what happens: an
+#    empty metrics file beside a good one is a warning (exit 0), alone it
+#    is exit 1, as is a trace without complete events beside a good file.
 #  - a pipe (`dtrain plot <(cat m.jsonl)`, a FIFO) is read once: all of its
 #    lines are plotted, a trace through a pipe is still a trace.
 # Every SVG is read back by xmllint (libxml2-utils) and, when there is one,
@@ -143,6 +146,25 @@ B.json A.json|rank 1 (B.json)|rank 0 (A.json)|rank 1 (A.json)
 runA/t.json runB/t.json|rank 0 (runA/t.json)|rank 0 (runB/t.json)
 A.json|rank 0|rank 1
 RANKS
+
+# ---- nothing to plot: as --help says ----
+help=$("$bin" plot --help | tr '\n' ' ')
+: > empty.jsonl
+printf "$metrics" > good.jsonl
+printf '{"traceEvents":[{"name":"x","ph":"M","pid":0,"tid":0}]}' > no-events.json
+out=$("$bin" plot empty.jsonl good.jsonl -o help.svg 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "warning: empty.jsonl holds none of the keys" <<< "$out" &&
+    grep -q "(an empty one, say) is left out with a warning when another input has something to draw" <<< "$help" &&
+    grep -q "Exit status: 0 written (also when a warning left something out)" <<< "$help" &&
+    ok "an empty metrics file beside a good one: exit 0, a warning; --help says so" ||
+    bad "an empty metrics file beside a good one: exit $rc: $out; --help: $help"
+out=$("$bin" plot empty.jsonl -o help.svg 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "or no input has anything to plot" <<< "$help" && ok "an empty metrics file alone: exit 1; --help says so" ||
+    bad "an empty metrics file alone: exit $rc: $out; --help: $help"
+out=$("$bin" plot no-events.json good.jsonl -o help.svg 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "1 an input could not be read or is not valid (a line that is not JSON, a trace without complete events)" <<< "$help" &&
+    ok "a trace without complete events beside a good file: exit 1; --help says so" ||
+    bad "a trace without complete events beside a good file: exit $rc: $out; --help: $help"
 
 # ---- pipes: each input is read once ----
 # the metrics' points as data-points writes them (step,value), from the input's own text
