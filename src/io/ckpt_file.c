@@ -56,10 +56,8 @@ dt_status dt_ckpt_file_open(const char *path, dt_ckpt_file *f) {
     struct stat sb;
     unsigned char lb[8];
     uint64_t n = 0;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) s = DT_ERR(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
-    else if (fstat(f->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) s = DT_ERR(DT_EIO, "%s: not a regular file", path);
-    else if ((f->size = (uint64_t)sb.st_size) < 8)
+    s = dt_io_open_regular(path, &f->fd, &sb);   /* (a FIFO: refused, not waited on) */
+    if (s == DT_OK && (f->size = (uint64_t)sb.st_size) < 8)
         s = DT_ERR(DT_EFORMAT, "%s: %" PRIu64 " bytes, too short for a safetensors file", path, f->size);
     if (s == DT_OK) s = read_full(f->fd, path, 0, lb, 8);
     if (s == DT_OK) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <cjson/cJSON.h>
 #include "ckpt_internal.h"
 #include "st_internal.h"
@@ -13,15 +14,20 @@
 #define INDEX_MAX ((long)1 << 28)
 
 static dt_status read_text(const char *dir, const char *path, char **out) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    int fd;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
         return DT_ERR(DT_EIO, "sharded checkpoint %s: cannot open %s: %s (not a checkpoint directory, "
                       "or the first save did not finish)", dir, DT_CKPT_INDEX_NAME, strerror(errno));
+    if (dt_io_open_regular(path, &fd, &sb) != DT_OK)   /* a FIFO, a directory, ...: named, not waited on */
+        return DT_ERR(DT_EIO, "sharded checkpoint %s: %s", dir, dt_error_message());
+    FILE *f = fdopen(fd, "rb");
+    if (!f) close(fd);
     long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (f && fseek(f, 0, SEEK_END) == 0) n = ftell(f);
     char *buf = n >= 0 && n <= INDEX_MAX ? malloc((size_t)n + 1) : NULL;
     int ok = buf && fseek(f, 0, SEEK_SET) == 0 && fread(buf, 1, (size_t)n, f) == (size_t)n;
-    fclose(f);
+    if (f) fclose(f);
     if (!ok) {
         free(buf);
         return DT_ERR(DT_EIO, "sharded checkpoint %s: cannot read %s", dir, DT_CKPT_INDEX_NAME);
@@ -100,6 +106,9 @@ static dt_status open_file(const char *dir, const cJSON *item, int i, int world,
     if (stat(path, &sb) != 0)
         return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: file %s of set %s (rank %d of %d) is missing: %s",
                       dir, nm->valuestring, set, i, world, strerror(errno));
+    if (!S_ISREG(sb.st_mode))   /* (a FIFO would block the open below) */
+        return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: file %s of set %s (rank %d of %d) is not a regular file",
+                      dir, nm->valuestring, set, i, world);
     if ((int64_t)sb.st_size != bytes)
         return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: file %s is %lld bytes, index.json says %lld "
                       "(truncated or rewritten)", dir, nm->valuestring, (long long)sb.st_size, (long long)bytes);

@@ -1,12 +1,14 @@
 /* safetensors reader: loads the whole file into one aligned buffer and
  * validates every length and offset before exposing tensors. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <cjson/cJSON.h>
 #include "st_internal.h"
 
@@ -243,18 +245,48 @@ static dt_status check_coverage(const char *path, const dt_safetensors *st, span
     return DT_OK;
 }
 
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO (named pipe)" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a file";
+}
+
+dt_status dt_io_open_regular(const char *path, int *fd, struct stat *sb) {
+    *fd = -1;
+    int k = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);   /* (a FIFO's open would wait for a writer) */
+    if (k < 0) return DT_ERR(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(k, sb) != 0) {
+        dt_status s = DT_ERR(DT_EIO, "%s: cannot stat: %s", path, strerror(errno));
+        close(k);
+        return s;
+    }
+    if (!S_ISREG(sb->st_mode)) {
+        close(k);
+        return DT_ERR(DT_EIO, "%s: %s, not a regular file", path, file_kind(sb->st_mode));
+    }
+    int fl = fcntl(k, F_GETFL);
+    if (fl < 0 || fcntl(k, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        dt_status s = DT_ERR(DT_EIO, "%s: cannot set blocking reads: %s", path, strerror(errno));
+        close(k);
+        return s;
+    }
+    *fd = k;
+    return DT_OK;
+}
+
 /* Reads the file into st->file_bytes (data section 64-byte aligned). */
 static dt_status read_file(const char *path, dt_safetensors *st, uint64_t *hdr_len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return DT_ERR(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
+    int fd;
+    DT_TRY(dt_io_open_regular(path, &fd, &sb));
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        dt_status e = DT_ERR(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+        return e;
+    }
     dt_status s = DT_OK;
     unsigned char lenb[8];
     uint64_t size = 0, n = 0;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        s = DT_ERR(DT_EIO, "%s: not a regular file", path);
-        goto done;
-    }
     size = (uint64_t)sb.st_size;
     if (size < 8) {
         s = DT_ERR(DT_EFORMAT, "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length",

@@ -21,6 +21,13 @@ dt_status dt_st_parse_header(const char *path, const char *raw, uint64_t n, uint
  * there, so "fc1.bias\u0000x" would read as another tensor's name "fc1.bias" */
 int dt_json_escapes_nul(const char *text);
 
+/* Opens path for reading, refusing anything but a regular file (a FIFO,
+ * device, socket or directory: DT_EIO naming path and what it is) without
+ * blocking on it: a FIFO is opened O_NONBLOCK, then the flag is cleared.
+ * *fd and *sb filled on DT_OK; nothing left open otherwise. */
+struct stat;
+dt_status dt_io_open_regular(const char *path, int *fd, struct stat *sb);
+
 /* zlib CRC-32 continued over n bytes (any n). */
 uint32_t dt_st_crc_update(uint32_t crc, const void *p, size_t n);
 /* DT_OK if crc is the one recorded for tensor `name`, else an error naming both. */
