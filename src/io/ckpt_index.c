@@ -83,6 +83,10 @@ static dt_status parse_meta(const char *dir, const cJSON *m, dt_ckpt *c) {
     for (const cJSON *v = m->child; v; v = v->next) {
         if (!cJSON_IsString(v))
             return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: metadata '%s' is not a string", dir, v->string);
+        for (int i = 0; i < c->n_meta; i++)   /* (JSON parsing keeps both; a lookup would see the first) */
+            if (!strcmp(c->mk[i], v->string))
+                return DT_ERR(DT_EFORMAT, "sharded checkpoint %s: %s: duplicate metadata key '%s'", dir,
+                              DT_CKPT_INDEX_NAME, v->string);
         int i = c->n_meta++;
         c->mk[i] = dt_ckpt_strdup(v->string);
         c->mv[i] = dt_ckpt_strdup(v->valuestring);

@@ -1,7 +1,8 @@
 /* Checkpoint readers refuse what is not a checkpoint, in one message naming
  * the culprit, and never wait on it: a FIFO (or another non-regular file)
  * given as a checkpoint file, as a set's index.json or as one of its shard
- * files. (Each check runs under alarm(): a reader that blocks fails the test
+ * files; an index.json with a metadata key twice (as a single file's header
+ * is). (Each FIFO check runs under alarm(): a reader that blocks fails the test
  * with SIGALRM instead of hanging it.) */
 #include <stdarg.h>
 #include <stddef.h>
@@ -144,11 +145,29 @@ static void test_fifo_shard(void **state) {
     alarm(0);
 }
 
+/* index.json's metadata with one key twice: refused like a file header's */
+static void test_index_duplicate_meta(void **state) {
+    (void)state;
+    char dir[128], set[DT_CKPT_SET_MAX];
+    snprintf(dir, sizeof dir, "%s/dup_meta", root);
+    write_set(dir, set);
+    dt_ckpt *c = NULL;
+    write_index(dir, set, -1, -1, "\"step\":\"7\",\"seed\":\"1\"");
+    assert_int_equal(dt_ckpt_open(dir, &c), DT_OK);
+    assert_string_equal(dt_ckpt_get_meta(c, "step"), "7");
+    dt_ckpt_close(c);
+    write_index(dir, set, -1, -1, "\"step\":\"7\",\"seed\":\"1\",\"step\":\"9\"");
+    assert_int_equal(dt_ckpt_open(dir, &c), DT_EFORMAT);
+    expect_msg(dir, "duplicate metadata key 'step'");
+    expect_msg("index.json", "duplicate");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fifo_file),
         cmocka_unit_test(test_fifo_index),
         cmocka_unit_test(test_fifo_shard),
+        cmocka_unit_test(test_index_duplicate_meta),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
