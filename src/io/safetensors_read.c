@@ -171,6 +171,10 @@ static dt_status parse_metadata(const char *path, const cJSON *m, dt_safetensors
     return DT_OK;
 }
 
+static int hex_digit(char ch) {
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
 /* Metadata "crc32.<tensor>": 8 hex digits, for a tensor of the file. */
 static dt_status parse_crcs(const char *path, dt_safetensors *st) {
     size_t np = strlen(DT_ST_CRC_PREFIX);
@@ -181,12 +185,13 @@ static dt_status parse_crcs(const char *path, dt_safetensors *st) {
         for (int j = 0; j < st->n_tensors && !t; j++)
             if (!strcmp(st->tensors[j].name, k + np)) t = &st->tensors[j];
         if (!t) return DT_ERR(DT_EFORMAT, "%s: metadata '%s' is the checksum of a tensor the file does not have", path, k);
-        char *end = NULL;
-        unsigned long c = strtoul(v, &end, 16);
-        if (strlen(v) != 8 || *end || *v == '-' || *v == '+' || *v == ' ')
+        uint32_t c = 0;   /* exactly 8 hex digits (strtoul would take "0x000000", " +1234ab") */
+        int digits = 0;
+        for (int d; digits < 8 && (d = hex_digit(v[digits])) >= 0; digits++) c = c << 4 | (uint32_t)d;
+        if (digits != 8 || v[8])
             return DT_ERR(DT_EFORMAT, "%s: tensor '%s': checksum '%s' is not 8 hex digits", path, t->name, v);
         t->has_crc = 1;
-        t->crc = (uint32_t)c;
+        t->crc = c;
     }
     return DT_OK;
 }

@@ -2,7 +2,8 @@
  * the culprit, and never wait on it: a FIFO (or another non-regular file)
  * given as a checkpoint file, as a set's index.json or as one of its shard
  * files; an index.json with a metadata key twice (as a single file's header
- * is). (Each FIFO check runs under alarm(): a reader that blocks fails the test
+ * is); a recorded checksum that is not exactly 8 hex digits ("0x000000").
+ * (Each FIFO check runs under alarm(): a reader that blocks fails the test
  * with SIGALRM instead of hanging it.) */
 #include <stdarg.h>
 #include <stddef.h>
@@ -162,12 +163,62 @@ static void test_index_duplicate_meta(void **state) {
     expect_msg("index.json", "duplicate");
 }
 
+/* a safetensors file by hand: tensor "a", F32 [1], 4 zero bytes (zlib
+ * CRC-32 0x2144df1c), its checksum recorded as crc */
+static void write_one(const char *path, const char *crc) {
+    char h[256];
+    int n = snprintf(h, sizeof h, "{\"__metadata__\":{\"crc32.a\":\"%s\"},"
+                     "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", crc);
+    while (n % 8) h[n++] = ' ';
+    unsigned char len[8] = {0}, zero[4] = {0};
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(len, 1, 8, f), 8);
+    assert_int_equal(fwrite(h, 1, (size_t)n, f), (size_t)n);
+    assert_int_equal(fwrite(zero, 1, 4, f), 4);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void test_checksum_digits(void **state) {
+    (void)state;
+    char p[128];
+    snprintf(p, sizeof p, "%s/crc.safetensors", root);
+    static const char *const good[] = {"2144df1c", "2144DF1C"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        write_one(p, good[i]);
+        dt_safetensors st;
+        assert_int_equal(dt_safetensors_load(p, &st), DT_OK);
+        dt_safetensors_free(&st);
+        dt_ckpt *c;
+        float x = 1;
+        assert_int_equal(dt_ckpt_open(p, &c), DT_OK);
+        assert_int_equal(dt_ckpt_read(c, "a", 0, 1, &x), DT_OK);
+        assert_true(x == 0.0f);
+        dt_ckpt_close(c);
+    }
+    static const char *const bad[] = {"0x000000", "0X2144df", " 2144df1", "+2144df1", "-2144df1", "2144df1",
+                                      "2144df1c0", "2144df1g", "2144df1 ", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_one(p, bad[i]);
+        char want[64];
+        snprintf(want, sizeof want, "checksum '%s' is not 8 hex digits", bad[i]);
+        dt_ckpt *c = NULL;
+        if (dt_ckpt_open(p, &c) != DT_EFORMAT) fail_msg("'%s' accepted by dt_ckpt_open", bad[i]);
+        expect_msg(p, want);
+        dt_safetensors st;
+        if (dt_safetensors_load(p, &st) != DT_EFORMAT) fail_msg("'%s' accepted by dt_safetensors_load", bad[i]);
+        expect_msg(p, want);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fifo_file),
         cmocka_unit_test(test_fifo_index),
         cmocka_unit_test(test_fifo_shard),
         cmocka_unit_test(test_index_duplicate_meta),
+        cmocka_unit_test(test_checksum_digits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
