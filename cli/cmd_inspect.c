@@ -3,21 +3,42 @@
  * recorded checksum matches its bytes. Reads through dt_ckpt (io.h), so a
  * single file, a ZeRO set and a pipeline set (directories with index.json)
  * are inspected alike. Exit 0: readable and every checksum good; 1: a bad
- * checksum (each tensor named) or an unreadable checkpoint; 2: usage. */
+ * checksum (each tensor named) or an unreadable checkpoint; 2: usage.
+ * Everything read from the checkpoint (names, metadata, file names, the
+ * library's messages quoting them) is printed through E(): a name holding
+ * ESC or a newline shows as \x1b / \x0a, never reaching the terminal raw. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dtrain/io.h"
 #include "cli.h"
+#include "text.h"
 
 static const char *usage =
     "usage: dtrain inspect FILE|DIR\n\n"
     "Describe a checkpoint: a safetensors file, or a sharded set (a directory with index.json,\n"
     "written by --zero or --pp): model and architecture (arch.*), step, strategy and world size\n"
     "it was saved with, optimizer state, and every tensor (name, dtype, shape, bytes). Every\n"
-    "recorded CRC-32 is checked against the tensor's bytes; each bad tensor is named.\n\n"
+    "recorded CRC-32 is checked against the tensor's bytes; each bad tensor is named. Control\n"
+    "characters in names and metadata are shown escaped (ESC as \\x1b, a newline as \\x0a).\n\n"
     "Exit status: 0 all good, 1 a bad checksum or an unreadable checkpoint, 2 usage.\n";
+
+/* s escaped for the terminal (text.h); valid until 16 more calls (a ring of
+ * buffers, freed by E(NULL)); out of memory: a placeholder */
+static const char *E(const char *s) {
+    static char *ring[16];
+    static int next;
+    if (!s) {
+        for (int i = 0; i < 16; i++) { free(ring[i]); ring[i] = NULL; }
+        return NULL;
+    }
+    free(ring[next]);
+    ring[next] = dt_cli_escape(s);
+    const char *r = ring[next] ? ring[next] : "(out of memory)";
+    next = (next + 1) % 16;
+    return r;
+}
 
 /* metadata the summary shows by name; the rest is listed as is */
 static const char *const shown[] = {"format", "model", "optimizer", "strategy", "step", "optim_step", "epoch",
@@ -45,36 +66,36 @@ static void human(uint64_t b, char *buf, size_t n) {
 
 static void summary(const dt_ckpt *c) {
     const char *model = dt_ckpt_get_meta(c, "model");
-    printf("model       %s\n", model ? model : "(not recorded: not written by dtrain train)");
+    printf("model       %s\n", model ? E(model) : "(not recorded: not written by dtrain train)");
     int na = 0;
     for (int i = 0; i < dt_ckpt_meta_count(c); i++) {
         const char *v, *k = dt_ckpt_meta_at(c, i, &v);
         if (strncmp(k, "arch.", 5) || !strcmp(k, "arch.params")) continue;
-        printf("%s%s %s", na++ ? ", " : "arch        ", k + 5, v);
+        printf("%s%s %s", na++ ? ", " : "arch        ", E(k + 5), E(v));
     }
     const char *ap = dt_ckpt_get_meta(c, "arch.params");
-    if (ap) printf("%sparameters+buffers %s", na++ ? "; " : "arch        ", ap);
+    if (ap) printf("%sparameters+buffers %s", na++ ? "; " : "arch        ", E(ap));
     if (na) printf("\n");
     const char *step = dt_ckpt_get_meta(c, "step");
     if (step)
-        printf("step        %s (optimizer step %s; data epoch %s, cursor %s; seed %s)\n", step,
-               meta_or(c, "optim_step", "?"), meta_or(c, "epoch", "?"), meta_or(c, "cursor", "?"),
-               meta_or(c, "seed", "?"));
+        printf("step        %s (optimizer step %s; data epoch %s, cursor %s; seed %s)\n", E(step),
+               E(meta_or(c, "optim_step", "?")), E(meta_or(c, "epoch", "?")), E(meta_or(c, "cursor", "?")),
+               E(meta_or(c, "seed", "?")));
     /* "world" is the data-parallel world the run's sampler split the data over
      * (a pipeline's replicas); a sharded set also has one file per rank */
     const char *strat = dt_ckpt_get_meta(c, "strategy"), *world = dt_ckpt_get_meta(c, "world");
     if (strat || world) {
-        printf("strategy    %s; data-parallel world %s", strat ? strat : "(not recorded)", world ? world : "?");
+        printf("strategy    %s; data-parallel world %s", strat ? E(strat) : "(not recorded)", world ? E(world) : "?");
         if (dt_ckpt_is_sharded(c)) printf("; written by %d ranks (one file each)", dt_ckpt_file_count(c));
         printf("\n");
     }
     const char *fmt = dt_ckpt_get_meta(c, "format");
-    if (fmt) printf("format      %s\n", fmt);
+    if (fmt) printf("format      %s\n", E(fmt));
     int other = 0;
     for (int i = 0; i < dt_ckpt_meta_count(c); i++) {
         const char *v, *k = dt_ckpt_meta_at(c, i, &v);
         if (is_shown(k)) continue;
-        printf("%s%s = %s\n", other++ ? "            " : "metadata    ", k, *v ? v : "\"\"");
+        printf("%s%s = %s\n", other++ ? "            " : "metadata    ", E(k), *v ? E(v) : "\"\"");
     }
 }
 
@@ -96,11 +117,11 @@ static void optimizer(const dt_ckpt *c) {
     }
     const char *opt = dt_ckpt_get_meta(c, "optimizer");
     if (!total) {
-        printf("optimizer   %s%sno state saved (weights only)\n", opt ? opt : "", opt ? ": " : "");
+        printf("optimizer   %s%sno state saved (weights only)\n", opt ? E(opt) : "", opt ? ": " : "");
         return;
     }
-    printf("optimizer   %s%s", opt ? opt : "(not recorded)", ": ");
-    for (int k = 0; k < ns; k++) printf("%s%s for %d parameters", k ? ", " : "", states[k], count[k]);
+    printf("optimizer   %s%s", opt ? E(opt) : "(not recorded)", ": ");
+    for (int k = 0; k < ns; k++) printf("%s%s for %d parameters", k ? ", " : "", E(states[k]), count[k]);
     printf("\n");
 }
 
@@ -113,17 +134,18 @@ int dt_cli_inspect(int argc, char **argv) {
     const char *path = argv[2];
     dt_ckpt *c;
     if (dt_ckpt_open(path, &c) != DT_OK) {
-        fprintf(stderr, "dtrain: error: %s\n", dt_error_message());
+        fprintf(stderr, "dtrain: error: %s\n", E(dt_error_message()));
+        E(NULL);
         return 1;
     }
     int sharded = dt_ckpt_is_sharded(c), nf = dt_ckpt_file_count(c), nt = dt_ckpt_tensor_count(c);
     char hb[32];
-    printf("checkpoint  %s (%s)\n", path, sharded ? "sharded set: index.json and one file per rank" : "safetensors file");
+    printf("checkpoint  %s (%s)\n", E(path), sharded ? "sharded set: index.json and one file per rank" : "safetensors file");
     for (int i = 0; i < nf; i++) {
         uint64_t b;
         const char *fp = dt_ckpt_file_at(c, i, &b);
         human(b, hb, sizeof hb);
-        printf("%s%s (%s)\n", i ? "            " : "files       ", fp, hb);
+        printf("%s%s (%s)\n", i ? "            " : "files       ", E(fp), hb);
     }
     summary(c);
     optimizer(c);
@@ -131,7 +153,7 @@ int dt_cli_inspect(int argc, char **argv) {
     int w = 4;
     for (int i = 0; i < nt; i++) {
         dt_ckpt_info t;
-        if (dt_ckpt_tensor_at(c, i, &t) == DT_OK && (int)strlen(t.name) > w) w = (int)strlen(t.name);
+        if (dt_ckpt_tensor_at(c, i, &t) == DT_OK && (int)strlen(E(t.name)) > w) w = (int)strlen(E(t.name));
     }
     printf("\ntensors     %d\n  %-*s  %-5s  %-18s  %12s  %s  crc\n", nt, w, "name", "dtype", "shape", "bytes",
            sharded ? "pieces" : "   offset");
@@ -162,7 +184,7 @@ int dt_cli_inspect(int argc, char **argv) {
         char where[32];
         if (sharded) snprintf(where, sizeof where, "%6d", t.pieces);
         else snprintf(where, sizeof where, "%9" PRIu64, t.offset);
-        printf("  %-*s  %-5s  %-18s  %12" PRIu64 "  %s  %s\n", w, t.name, dt_dtype_name(t.dtype), sh, t.bytes, where, crc);
+        printf("  %-*s  %-5s  %-18s  %12" PRIu64 "  %s  %s\n", w, E(t.name), dt_dtype_name(t.dtype), sh, t.bytes, where, crc);
     }
     human(total, hb, sizeof hb);
     printf("  %d tensors, %" PRIu64 " bytes (%s)\n\n", nt, total, hb);
@@ -170,7 +192,7 @@ int dt_cli_inspect(int argc, char **argv) {
         printf("checksums   BAD: %d of %d tensors do not match their recorded CRC-32:\n", bad, nt);
         for (int i = 0; i < nt; i++) {
             dt_ckpt_info t;
-            if (why && why[i] && dt_ckpt_tensor_at(c, i, &t) == DT_OK) printf("  %s: %s\n", t.name, why[i]);
+            if (why && why[i] && dt_ckpt_tensor_at(c, i, &t) == DT_OK) printf("  %s: %s\n", E(t.name), E(why[i]));
         }
     } else if (!checked && unchecked) {   /* a file from elsewhere: nothing to verify, and not "ok" */
         printf("checksums   none recorded: %d tensors not checked\n", unchecked);
@@ -183,9 +205,11 @@ int dt_cli_inspect(int argc, char **argv) {
     dt_ckpt_close(c);
     if (bad) {
         fflush(stdout);
-        fprintf(stderr, "dtrain: error: %s: %d tensor%s with a bad checksum (corrupt data)\n", path, bad,
+        fprintf(stderr, "dtrain: error: %s: %d tensor%s with a bad checksum (corrupt data)\n", E(path), bad,
                 bad == 1 ? "" : "s");
+        E(NULL);
         return 1;
     }
+    E(NULL);
     return 0;
 }

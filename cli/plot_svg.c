@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "plot.h"
+#include "text.h"
 
 typedef struct sbuf { char *p; size_t len, cap; int oom; } sbuf;
 
@@ -37,26 +38,6 @@ static void put(sbuf *b, const char *fmt, ...) {
     b->len += (size_t)n;
 }
 
-/* length of the UTF-8 sequence at s when it is one XML 1.0 can hold, else 0:
- * the shortest form only (no C0/C1 leads, no E0 80..9F or F0 80..8F), no
- * surrogates (U+D800..DFFF), nothing past U+10FFFF, and not U+FFFE / U+FFFF
- * (XML's Char production excludes them). ASCII is esc's own concern. */
-static int utf8_len(const unsigned char *s) {
-    int n;
-    unsigned cp;
-    if (s[0] >= 0xc2 && s[0] <= 0xdf) { n = 2; cp = s[0] & 0x1fu; }
-    else if (s[0] >= 0xe0 && s[0] <= 0xef) { n = 3; cp = s[0] & 0x0fu; }
-    else if (s[0] >= 0xf0 && s[0] <= 0xf4) { n = 4; cp = s[0] & 0x07u; }
-    else return 0;
-    for (int i = 1; i < n; i++) {   /* (a NUL stops here: it is no continuation byte) */
-        if ((s[i] & 0xc0) != 0x80) return 0;
-        cp = cp << 6 | (s[i] & 0x3fu);
-    }
-    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff))) return 0;   /* overlong, too large */
-    if ((cp >= 0xd800 && cp <= 0xdfff) || cp == 0xfffe || cp == 0xffff) return 0;
-    return n;
-}
-
 /* text for an attribute or element: XML's five escapes; characters XML
  * cannot hold (controls, bytes that are not UTF-8) become '?' */
 static void esc(sbuf *b, const char *s) {
@@ -71,7 +52,7 @@ static void esc(sbuf *b, const char *s) {
         default:
             if (*p < 0x20 || *p == 0x7f) put(b, "?");
             else if (*p < 0x80) put(b, "%c", *p);
-            else if ((u = utf8_len(p)) != 0) { put(b, "%.*s", u, (const char *)p); p += u - 1; }
+            else if ((u = dt_cli_utf8_len(p)) != 0) { put(b, "%.*s", u, (const char *)p); p += u - 1; }
             else put(b, "?");
         }
     }
