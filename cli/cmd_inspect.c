@@ -157,7 +157,7 @@ int dt_cli_inspect(int argc, char **argv) {
     }
     printf("\ntensors     %d\n  %-*s  %-5s  %-18s  %12s  %s  crc\n", nt, w, "name", "dtype", "shape", "bytes",
            sharded ? "pieces" : "   offset");
-    int bad = 0, checked = 0, unchecked = 0;
+    int bad = 0, checked = 0, partly = 0, unchecked = 0;
     uint64_t total = 0;
     char **why = calloc((size_t)nt + 1, sizeof *why);
     for (int i = 0; i < nt; i++) {
@@ -169,13 +169,17 @@ int dt_cli_inspect(int argc, char **argv) {
             k += (size_t)snprintf(sh + k, sizeof sh - k, "%s%lld", d ? ", " : "", (long long)t.shape[d]);
         if (k < sizeof sh) snprintf(sh + k, sizeof sh - k, "]");
         int n_ok = 0;
-        const char *crc = "-";
+        char crc[96] = "-";
         if (dt_ckpt_verify_tensor(c, i, &n_ok) != DT_OK) {
-            crc = "BAD";
+            snprintf(crc, sizeof crc, "BAD");
             bad++;
             if (why) why[i] = strdup(dt_error_message());
+        } else if (t.checksummed && t.checksummed < t.pieces) {   /* the other pieces carry none: not "ok" */
+            snprintf(crc, sizeof crc, "ok in %d of %d pieces; %d without a checksum", t.checksummed, t.pieces,
+                     t.pieces - t.checksummed);
+            partly++;
         } else if (t.checksummed) {
-            crc = "ok";
+            snprintf(crc, sizeof crc, "ok");
             checked++;
         } else {
             unchecked++;
@@ -194,11 +198,15 @@ int dt_cli_inspect(int argc, char **argv) {
             dt_ckpt_info t;
             if (why && why[i] && dt_ckpt_tensor_at(c, i, &t) == DT_OK) printf("  %s: %s\n", E(t.name), E(why[i]));
         }
-    } else if (!checked && unchecked) {   /* a file from elsewhere: nothing to verify, and not "ok" */
+    } else if (!checked && !partly && unchecked) {   /* a file from elsewhere: nothing to verify, and not "ok" */
         printf("checksums   none recorded: %d tensors not checked\n", unchecked);
     } else {
-        printf("checksums   ok: %d tensors verified%s", checked, unchecked ? "" : "\n");
-        if (unchecked) printf(", %d without a recorded checksum (not checked)\n", unchecked);
+        printf("checksums   ok: %d tensors verified", checked);
+        if (partly)
+            printf(", %d partly (the pieces with a recorded checksum match; the others have none, not checked)",
+                   partly);
+        if (unchecked) printf(", %d without a recorded checksum (not checked)", unchecked);
+        printf("\n");
     }
     for (int i = 0; why && i < nt; i++) free(why[i]);
     free(why);

@@ -2,7 +2,9 @@
  * holds, safely and truthfully.
  *  - tensor names, metadata keys and values and error messages holding
  *    control characters (ESC sequences, newlines, BEL, CR) are printed
- *    escaped (\x1b, \x0a, ...), never raw to the terminal. */
+ *    escaped (\x1b, \x0a, ...), never raw to the terminal.
+ *  - a sharded tensor whose pieces carry a checksum only in part is shown
+ *    as checked in part, not as "ok". */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -100,9 +102,56 @@ static void test_control_characters(void **state) {
     has("x\\x1b[31m");
 }
 
+static long file_size(const char *path) {
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    return (long)sb.st_size;
+}
+
+/* A two-rank set by hand: "a" [4] in pieces a@0 (rank 0, checksum recorded)
+ * and a@2 (rank 1, none); "b" [1] whole on rank 0 with a checksum; "c" [1]
+ * on rank 1 without one. All zeros: zlib CRC-32 of 8 zero bytes 6522df69,
+ * of 4 zero bytes 2144df1c. */
+static void test_pieces_partly_checked(void **state) {
+    (void)state;
+    char dir[128], p0[192], p1[192], ix[192], text[1024];
+    snprintf(dir, sizeof dir, "%s/set", root);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(p0, sizeof p0, "%s/r0.safetensors", dir);
+    snprintf(p1, sizeof p1, "%s/r1.safetensors", dir);
+    snprintf(ix, sizeof ix, "%s/index.json", dir);
+    static const unsigned char zero[12];
+    write_st(p0,
+             "{\"__metadata__\":{\"set\":\"S1\",\"rank\":\"0\",\"crc32.a@0\":\"6522df69\",\"crc32.b@0\":\"2144df1c\"},"
+             "\"a@0\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+             "\"b@0\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+             zero, 12);
+    write_st(p1,
+             "{\"__metadata__\":{\"set\":\"S1\",\"rank\":\"1\"},"
+             "\"a@2\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+             "\"c@0\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+             zero, 12);
+    snprintf(text, sizeof text,
+             "{\"format\":\"dtrain-zero-sharded-1\",\"world\":2,\"stage\":2,\"set\":\"S1\","
+             "\"files\":[{\"name\":\"r0.safetensors\",\"bytes\":%ld},{\"name\":\"r1.safetensors\",\"bytes\":%ld}],"
+             "\"tensors\":{\"a\":[4],\"b\":[1],\"c\":[1]},\"metadata\":{}}",
+             file_size(p0), file_size(p1));
+    FILE *f = fopen(ix, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(inspect(dir), 0);
+    has("\n  a     F32    [4]                           16       2  ok in 1 of 2 pieces; 1 without a checksum\n");
+    has("\n  b     F32    [1]                            4       1  ok\n");
+    has("\n  c     F32    [1]                            4       1  -\n");
+    has("checksums   ok: 1 tensors verified, 1 partly (the pieces with a recorded checksum match; the others have "
+        "none, not checked), 1 without a recorded checksum (not checked)\n");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_control_characters),
+        cmocka_unit_test(test_pieces_partly_checked),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
