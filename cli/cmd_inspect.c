@@ -198,6 +198,8 @@ int dt_cli_inspect(int argc, char **argv) {
             dt_ckpt_info t;
             if (why && why[i] && dt_ckpt_tensor_at(c, i, &t) == DT_OK) printf("  %s: %s\n", E(t.name), E(why[i]));
         }
+    } else if (!nt) {   /* not "ok: 0 tensors verified" */
+        printf("checksums   nothing to verify: the checkpoint holds no tensors\n");
     } else if (!checked && !partly && unchecked) {   /* a file from elsewhere: nothing to verify, and not "ok" */
         printf("checksums   none recorded: %d tensors not checked\n", unchecked);
     } else {

@@ -4,7 +4,8 @@
  *    control characters (ESC sequences, newlines, BEL, CR) are printed
  *    escaped (\x1b, \x0a, ...), never raw to the terminal.
  *  - a sharded tensor whose pieces carry a checksum only in part is shown
- *    as checked in part, not as "ok". */
+ *    as checked in part, not as "ok".
+ *  - a checkpoint without tensors has nothing to verify (not "ok"). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -148,10 +149,22 @@ static void test_pieces_partly_checked(void **state) {
         "none, not checked), 1 without a recorded checksum (not checked)\n");
 }
 
+static void test_no_tensors(void **state) {
+    (void)state;
+    char p[128];
+    snprintf(p, sizeof p, "%s/empty.safetensors", root);
+    write_st(p, "{\"__metadata__\":{\"format\":\"pt\"}}", NULL, 0);
+    assert_int_equal(inspect(p), 0);
+    has("tensors     0\n");
+    has("checksums   nothing to verify: the checkpoint holds no tensors\n");
+    if (strstr(out, "verified")) fail_msg("inspect says something was verified:\n%s", out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_control_characters),
         cmocka_unit_test(test_pieces_partly_checked),
+        cmocka_unit_test(test_no_tensors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
