@@ -49,7 +49,7 @@ while IFS='|' read -r name want; do
     name=$(printf '%b' "$name"); want=$(printf '%b' "$want")
     for kind in metrics trace; do
         f="$name.$kind"
-        if [ $kind = metrics ]; then printf "$metrics" > "$f"; else printf "$trace" > "$f"; fi
+        if [ $kind = metrics ]; then printf %b "$metrics" > "$f"; else printf %b "$trace" > "$f"; fi
         out=$("$bin" plot "$f" -o names.svg 2>&1); rc=$?
         if [ $rc -ne 0 ]; then bad "$kind $(show "$f"): exit $rc: $out"; continue; fi
         why=$(wellformed names.svg) || { bad "$kind $(show "$f"): not well-formed XML: $why"; continue; }
@@ -82,7 +82,7 @@ NAMES
 finite_svg() { ! grep -Eiq '(^|[^a-z])-?(nan|inf)([^a-z]|$)' "$1"; }
 # name | lines (printf) | extra flag | what the picture must hold (grep -F)
 while IFS='|' read -r name lines flag want; do
-    printf "$lines" > "$name"
+    printf %b "$lines" > "$name"
     # shellcheck disable=SC2086
     out=$(timeout 20 "$bin" plot "$name" -o num.svg $flag 2>&1); rc=$?
     why=""
@@ -150,7 +150,7 @@ RANKS
 # ---- nothing to plot: as --help says ----
 help=$("$bin" plot --help | tr '\n' ' ')
 : > empty.jsonl
-printf "$metrics" > good.jsonl
+printf %b "$metrics" > good.jsonl
 printf '{"traceEvents":[{"name":"x","ph":"M","pid":0,"tid":0}]}' > no-events.json
 out=$("$bin" plot empty.jsonl good.jsonl -o help.svg 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "warning: empty.jsonl holds none of the keys" <<< "$out" &&
@@ -173,7 +173,7 @@ want_pts="1,2.5 2,2.25 3,2.125"
 out=$("$bin" plot <(cat m.jsonl) -o pipe.svg 2>&1); rc=$?
 [ $rc -eq 0 ] && [ "$(pts pipe.svg)" = "$want_pts" ] && ok "metrics through a pipe: $want_pts" ||
     bad "metrics through a pipe: exit $rc: $out; points '$(pts pipe.svg 2> /dev/null)', want '$want_pts'"
-printf "$trace" > one.json
+printf %b "$trace" > one.json
 out=$("$bin" plot <(cat one.json) -o pipe.svg 2>&1); rc=$?
 got=$(xmllint --xpath "string(//*[local-name()='g'][@class='rank']/@data-compute-us)" pipe.svg 2> /dev/null)
 [ $rc -eq 0 ] && [ "$got" = 5.000 ] && ok "a trace through a pipe: compute $got us" ||
