@@ -146,6 +146,27 @@ static void test_fifo_shard(void **state) {
     alarm(0);
 }
 
+/* the writer's side: discarding a failed save's shard looks at index.json
+ * (a committed set keeps its shards); a FIFO there is no committed set, and
+ * the discard neither waits on it nor keeps the shard */
+static void test_fifo_index_at_discard(void **state) {
+    (void)state;
+    char dir[128], set[DT_CKPT_SET_MAX], ix[192], p0[256];
+    snprintf(dir, sizeof dir, "%s/fifo_discard", root);
+    assert_int_equal(dt_ckpt_prepare_dir(dir), DT_OK);
+    dt_ckpt_set_id(9, 0x5678u, set);
+    dt_ckpt_piece r0[] = {{"a", 0, 1000, A}};
+    assert_int_equal(dt_ckpt_write_shard(dir, set, 0, 1, r0, 1), DT_OK);
+    snprintf(ix, sizeof ix, "%s/index.json", dir);
+    assert_int_equal(mkfifo(ix, 0600), 0);
+    alarm(20);
+    assert_int_equal(dt_ckpt_discard_shard(dir, set, 0), DT_OK);
+    alarm(0);
+    snprintf(p0, sizeof p0, "%s/shard-%s-r0.safetensors", dir, set);
+    assert_int_equal(access(p0, F_OK), -1);
+    unlink(ix);
+}
+
 /* index.json's metadata with one key twice: refused like a file header's */
 static void test_index_duplicate_meta(void **state) {
     (void)state;
@@ -217,6 +238,7 @@ int main(void) {
         cmocka_unit_test(test_fifo_file),
         cmocka_unit_test(test_fifo_index),
         cmocka_unit_test(test_fifo_shard),
+        cmocka_unit_test(test_fifo_index_at_discard),
         cmocka_unit_test(test_index_duplicate_meta),
         cmocka_unit_test(test_checksum_digits),
     };
