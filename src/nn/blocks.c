@@ -51,7 +51,12 @@ dt_status dt_model_add_block(dt_model *m, const char *name, dt_block_fn fn, void
 }
 
 dt_status dt_model_set_loss(dt_model *m, dt_loss_kind kind, int64_t classes) {
+    if (!m) return DT_ERR(DT_EINVAL, "dt_model_set_loss: the model is NULL");
     if (m->build_err != DT_OK) return m->build_err;
+    if (m->built) {   /* the blocks were checked against the loss the model was built with */
+        dt_nn_build_failed(m, DT_ERR(DT_ESTATE, "model %s: cannot set the loss after dt_model_build", m->name));
+        return m->build_err;
+    }
     dt_status s = DT_OK;
     if (kind != DT_LOSS_CROSS_ENTROPY) s = DT_ERR(DT_EINVAL, "model %s: unknown loss %d", m->name, (int)kind);
     else if (classes < 2) s = DT_ERR(DT_EINVAL, "model %s: cross-entropy over %lld classes (needs >= 2)", m->name,

@@ -285,6 +285,8 @@ static dt_status gpt2_validate(const dt_model_cfg *c) {
         if (pos[i].v <= 0) return DT_ERR(DT_EINVAL, "gpt2: %s %d must be positive", pos[i].key, pos[i].v);
     if (c->n_embd % c->n_head)
         return DT_ERR(DT_EINVAL, "gpt2: arch.embd %d is not divisible by arch.heads %d", c->n_embd, c->n_head);
+    if (c->vocab < 2)   /* a cross-entropy over one class is no loss */
+        return DT_ERR(DT_EINVAL, "gpt2: arch.vocab %d: the model predicts one of at least 2 tokens", c->vocab);
     if (c->vocab > 65536)
         return DT_ERR(DT_EINVAL, "gpt2: arch.vocab %d exceeds 65536 (tokens are uint16)", c->vocab);
     if (!(c->dropout >= 0 && c->dropout < 1))

@@ -50,6 +50,8 @@ static dt_status mlp_validate(const dt_model_cfg *c) {
     /* messages name the settings (arch.*), which the CLI shows as flags */
     if (c->mlp_in <= 0 || c->mlp_out <= 0)
         return DT_ERR(DT_EINVAL, "mlp: arch.mlp_in %d and arch.mlp_out %d must be positive", c->mlp_in, c->mlp_out);
+    if (c->mlp_out < 2)   /* a cross-entropy over one class is no loss */
+        return DT_ERR(DT_EINVAL, "mlp: arch.mlp_out %d: the model predicts one of at least 2 classes", c->mlp_out);
     if (c->mlp_n_hidden < 0 || c->mlp_n_hidden > DT_MLP_MAX_LAYERS)
         return DT_ERR(DT_EINVAL, "mlp: arch.hidden lists %d layers; 0..%d are supported", c->mlp_n_hidden,
                       DT_MLP_MAX_LAYERS);

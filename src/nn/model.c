@@ -115,6 +115,9 @@ dt_param *dt_model_add_param(dt_model *m, dt_module *mod, const char *leaf, int 
                                 (int)init.kind));
     if (dt_model_find_param(m, name))
         return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: parameter '%s' added twice", m->name, name));
+    for (int i = 0; i < m->n_buffers; i++)   /* a checkpoint: one name, one tensor */
+        if (!strcmp(m->buffers[i]->name, name))
+            return dt_nn_build_failed(m, DT_ERR(DT_EINVAL, "model %s: parameter '%s' has a buffer's name", m->name, name));
     dt_param *p = calloc(1, sizeof *p);
     dt_param **arr = dt_nn_grow(m->params, m->n_params, sizeof *arr);
     if (!p || !arr) {
@@ -161,7 +164,7 @@ dt_named_buffer *dt_model_add_buffer(dt_model *m, const char *name, int ndim, co
 }
 
 dt_status dt_model_add_input(dt_model *m, const dt_input_spec *spec) {
-    if (closed(m, "input", spec ? spec->name : "?")) return m->build_err ? m->build_err : DT_ESTATE;
+    if (closed(m, "input", spec ? spec->name : "?")) return !m ? DT_EINVAL : m->build_err ? m->build_err : DT_ESTATE;
     const char *bad = !spec ? "is NULL"
                     : !spec->name[0] || !memchr(spec->name, 0, sizeof spec->name) ? "has no name"
                     : spec->dtype != DT_F32 && spec->dtype != DT_I32 ? "must be DT_F32 or DT_I32"

@@ -41,8 +41,8 @@ void dt_split_copy(const dt_param_split *s, int ndim, const int64_t *full_shape,
 
 dt_param *dt_model_add_param_split(dt_model *m, dt_module *mod, const char *leaf, int ndim, const int64_t *full_shape,
                                    dt_init init, dt_param_split split) {
-    if (split.parts <= 1) return dt_model_add_param(m, mod, leaf, ndim, full_shape, init);
-    if (m->build_err != DT_OK) return NULL;
+    if (split.parts <= 1 || !m || !full_shape || m->build_err != DT_OK || m->built)   /* its checks and messages */
+        return dt_model_add_param(m, mod, leaf, ndim, full_shape, init);
     const dt_param_split *s = &split;
     if (ndim < 1 || ndim > DT_MAX_DIMS || s->dim < 0 || s->dim >= ndim || s->groups < 1 || s->index < 0 ||
         s->index >= s->parts || s->pad < 0 || (s->pad && s->groups != 1) ||

@@ -212,6 +212,15 @@ static void test_builder_misuse(void **state) {
     assert_int_equal(dt_model_build(NULL), DT_EINVAL);
     assert_int_equal(dt_model_add_block(NULL, "b", noop, NULL, 0, NULL, 1, d3), DT_EINVAL);
     assert_null(dt_model_find_param(NULL, "w"));
+    /* (each of these dereferenced the NULL model) */
+    dt_input_spec in = {.name = "x", .dtype = DT_F32, .ndim = 1, .dims = {3}};
+    assert_int_equal(dt_model_add_input(NULL, &in), DT_EINVAL);
+    assert_msg_has("the model is NULL");
+    assert_int_equal(dt_model_set_loss(NULL, DT_LOSS_CROSS_ENTROPY, 3), DT_EINVAL);
+    assert_int_equal(dt_model_set_loss_split(NULL, 4, 2), DT_EINVAL);
+    dt_param_split sp = {.dim = 0, .groups = 1, .parts = 2, .index = 0};
+    assert_null(dt_model_add_param_split(NULL, NULL, "w", 1, d3, DT_INIT_ZERO, sp));
+    assert_msg_has("the model is NULL");
     struct { const char *needle; int case_; } cases[] = {
         {"parameter 'p.w' has 1 dimensions but no shape (NULL)", 0},
         {"parameter 'p.w' has dimension 0 of size 0", 1},
@@ -221,6 +230,8 @@ static void test_builder_misuse(void **state) {
         {"buffer 'p.w' has a parameter's name", 5},
         {"buffer 'stats' has 2 dimensions but no shape (NULL)", 6},
         {"block b input has 1 dims but no sizes (NULL)", 7},
+        {"parameter 'stats' has a buffer's name", 8},
+        {"parameter 'p.w' has 1 dimensions but no shape (NULL)", 9},
     };
     dt_model *other;
     assert_int_equal(dt_model_new("other", 1, &other), DT_OK);
@@ -244,6 +255,11 @@ static void test_builder_misuse(void **state) {
         }
         if (c == 6) assert_null(dt_model_add_buffer(m, "stats", 2, NULL, 0.f));
         if (c == 7) assert_int_equal(dt_model_add_block(m, "b", noop, NULL, 1, NULL, 1, d3), DT_EINVAL);
+        if (c == 8) {   /* (it built, trained, and failed at the first save: "duplicate tensor name") */
+            assert_non_null(dt_model_add_buffer(m, "stats", 1, d3, 0.f));
+            assert_null(dt_model_add_param(m, NULL, "stats", 1, d3, DT_INIT_ZERO));
+        }
+        if (c == 9) assert_null(dt_model_add_param_split(m, p, "w", 1, NULL, DT_INIT_ZERO, sp));
         assert_msg_has(cases[k].needle);
         assert_int_not_equal(dt_model_build(m), DT_OK);   /* and the build reports it again */
         assert_msg_has(cases[k].needle);
@@ -360,6 +376,30 @@ static void test_check_sample(void **state) {
     dt_model_free(mlp);
 }
 
+/* A batch whose images are smaller than the CNN's (14 x 14 for 28 x 28) is
+ * an error naming both sizes, as the MLP's; the convolution read past the
+ * batch before. And the loss cannot change once the model is built. */
+static void test_cnn_image_size_and_late_loss(void **state) {
+    (void)state;
+    dt_model_cfg c = dt_model_cfg_default(DT_MODEL_CNN);
+    dt_model *m;
+    assert_int_equal(dt_model_create(&c, 1, &m), DT_OK);
+    float px[2 * 14 * 14] = {0};
+    int32_t y[2] = {1, 2};
+    dt_batch b = {.B = 2, .T = 1, .y = y};
+    int64_t shape[4] = {2, 1, 14, 14};
+    assert_int_equal(dt_batch_add_input(&b, "image", DT_F32, 4, shape, px), DT_OK);
+    dt_graph *g = dt_graph_create();
+    assert_non_null(g);
+    dt_error_clear();
+    assert_null(dt_model_forward(m, g, &b, NULL));
+    assert_msg_has("cnn: image input has 196 elements per sample, expected 28 x 28");
+    dt_graph_free(g);
+    assert_int_equal(dt_model_set_loss(m, DT_LOSS_CROSS_ENTROPY, 5), DT_ESTATE);
+    assert_msg_has("cannot set the loss after dt_model_build");
+    dt_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registration_and_init),
@@ -368,6 +408,7 @@ int main(void) {
         cmocka_unit_test(test_ranges_equal_whole_forward),
         cmocka_unit_test(test_block_shapes_resolve_seq),
         cmocka_unit_test(test_check_sample),
+        cmocka_unit_test(test_cnn_image_size_and_late_loss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
