@@ -51,8 +51,9 @@ typedef struct dt_token_dataset {
     int vocab;              /* 256 for bytes; from the data for shards (max id + 1 lower bound) */
 } dt_token_dataset;
 /* Bytes of a text file, or of every file in a directory (sorted by name; links
- * to files read, each file once, a dangling link an error; fortune index files
- * *.dat and UTF-8 twins *.u8 skipped; subdirectories not read), each byte one
+ * to files read, each file once, a dangling link an error; hidden files
+ * (".name"), fortune index files *.dat and UTF-8 twins *.u8 skipped;
+ * subdirectories not read), each byte one
  * token (vocab 256). */
 #define DT_FORTUNES_DIR "/usr/share/games/fortunes"
 dt_status dt_text_load(const char *path, dt_token_dataset *out);

@@ -9,8 +9,9 @@
  * error too, as checkpoint paths are (io.h): whoever can plant a link in a
  * shared directory could make the run read a file only its owner may;
  * never the held-out file (train.val_path inside the training directory is
- * the validation split, not training data). Subdirectories are not
- * descended. Sorting by name, then by file identity: O(n log n). */
+ * the validation split, not training data); never a hidden file (a name
+ * starting with '.': a desktop's or an editor's, not data). Subdirectories
+ * are not descended. Sorting by name, then by file identity: O(n log n). */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -55,7 +56,7 @@ dt_status dt_data_list_dir(const char *dir, int (*want)(const char *name), const
     struct dirent *e;
     while (st == DT_OK && (e = readdir(d)) != NULL) {
         const char *nm = e->d_name;
-        if (!strcmp(nm, ".") || !strcmp(nm, "..") || !want(nm)) continue;
+        if (nm[0] == '.' || !want(nm)) continue;   /* hidden files (".DS_Store", "._x.bin", editors' swap files) are not data */
         int len = snprintf(path, sizeof path, "%s/%s", dir, nm);
         if (len < 0 || (size_t)len >= sizeof path) { st = DT_ERR(DT_EINVAL, "%s/%s: path too long", dir, nm); break; }
         struct stat ls, sb;

@@ -174,7 +174,8 @@ static void test_shard_vocab_covers_val(void **state) {
     assert_int_equal(d.sample.classes, 1000);
     assert_int_equal(d.size[DT_SPLIT_TRAIN], 99 / 4);
     assert_int_equal(d.size[DT_SPLIT_EVAL], 19 / 4);
-    assert_non_null(strstr(d.source, pva));   /* the file whose ids set the vocabulary */
+    assert_non_null(strstr(d.classes_source, pva));   /* the file whose ids set the vocabulary */
+    assert_string_equal(d.source, ptr);                /* (the training samples' messages name theirs) */
     dt_dataset_close(&d);
     /* a model with 256 ids is refused at creation, naming that file and its largest id */
     dt_train_opts to;

@@ -106,6 +106,8 @@ static void test_text_dir_sorted_skips_index_and_links(void **state) {
     snprintf(p, sizeof p, "%s/beta", dir);      assert_int_equal(symlink("zeta", p), 0);
     snprintf(p, sizeof p, "%s/sub", dir);       assert_int_equal(mkdir(p, 0755), 0);
     snprintf(p, sizeof p, "%s/sub/inner", dir); write_file(p, "SUB", 3);
+    snprintf(p, sizeof p, "%s/.DS_Store", dir); write_file(p, "HID", 3);   /* hidden: not data */
+    snprintf(p, sizeof p, "%s/.zeta.swp", dir); write_file(p, "SWP", 3);
     snprintf(p, sizeof p, "%s/outside.txt", g_dir); write_file(p, "EXT", 3);
     char q[600];
     snprintf(q, sizeof q, "%s/gamma", dir);     assert_int_equal(symlink(p, q), 0);
@@ -113,7 +115,8 @@ static void test_text_dir_sorted_skips_index_and_links(void **state) {
     dt_token_dataset d;
     assert_int_equal(dt_text_load(dir, &d), DT_OK);
     /* alpha, gamma (a link to a file elsewhere: read), mid, zeta; no .dat,
-     * no .u8, beta (a second name of zeta: once, under its own name), no subdir */
+     * no .u8, beta (a second name of zeta: once, under its own name), no subdir,
+     * no hidden file */
     const char *want = "aaaEXTmZZ";
     assert_int_equal(d.n_tokens, (int64_t)strlen(want));
     for (size_t i = 0; i < strlen(want); i++) assert_int_equal(d.tokens[i], (unsigned char)want[i]);
