@@ -41,7 +41,7 @@ static dt_status record_node(dt_graph *g, dt_tensor *out, dt_tensor *x, dt_check
     ck->rng = rng;
     ck->rng_before = *before;
     ck->n_uses = g->n_ck_uses;
-    memcpy(ck->uses, g->ck_uses, (size_t)g->n_ck_uses * sizeof(int));
+    if (g->n_ck_uses) memcpy(ck->uses, g->ck_uses, (size_t)g->n_ck_uses * sizeof(int));   /* (ck_uses NULL until a first use) */
     return dt_graph_region_node(g, "checkpoint", dt_checkpoint_backward, x, out, ck, 1) ? DT_OK : DT_ENOMEM;
 }
 

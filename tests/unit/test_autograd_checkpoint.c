@@ -452,6 +452,27 @@ static void test_frozen_param_input_still_replays(void **state) {
     bnet_free(&n);
 }
 
+/* A checkpoint around parameter-free ops on a fresh graph (no parameter use
+ * listed yet, as under --freeze): x's gradient is the plain run's. */
+static dt_tensor *relu_fn(dt_graph *g, dt_tensor *x, void *ctx) { (void)ctx; return dt_op_relu(g, x); }
+
+static void test_parameter_free_checkpoint(void **state) {
+    (void)state;
+    float xd[8] = {1, -2, 3, -4, 5, -6, 7, -8}, up[8] = {1, 2, 3, 4, 5, 6, 7, 8}, want[8];
+    for (int ck = 0; ck < 2; ck++) {
+        dt_graph *g = dt_graph_create();
+        dt_tensor *x = dt_graph_input(g, 2, (int64_t[]){2, 4}, xd, 1);
+        dt_tensor *y = ck ? dt_graph_checkpoint(g, relu_fn, x, NULL, NULL) : relu_fn(g, x, NULL);
+        assert_non_null(y);
+        assert_int_equal(dt_graph_backward_from(g, y, up), DT_OK);
+        const float *gx = dt_graph_grad(g, x);
+        assert_non_null(gx);
+        if (!ck) memcpy(want, gx, sizeof want);
+        else assert_memory_equal(gx, want, sizeof want);
+        dt_graph_free(g);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_bitwise_as_plain),
@@ -463,6 +484,7 @@ int main(void) {
         cmocka_unit_test(test_ctx_input_gradient_outlives_replay),
         cmocka_unit_test(test_recomputing_flag),
         cmocka_unit_test(test_frozen_param_input_still_replays),
+        cmocka_unit_test(test_parameter_free_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
