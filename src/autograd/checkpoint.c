@@ -33,7 +33,7 @@ typedef struct dt_ckpt {
 } dt_ckpt;
 
 static dt_status record_node(dt_graph *g, dt_tensor *out, dt_tensor *x, dt_checkpoint_fn fn, void *ctx,
-                             dt_rng *rng, const dt_rng *before) {
+                             dt_rng *rng, const dt_rng *before, int requires_grad) {
     dt_ckpt *ck = dt_graph_scratch(g, sizeof *ck + (size_t)g->n_ck_uses * sizeof(int));
     if (!ck) { g->sticky = DT_ENOMEM; return DT_ENOMEM; }
     ck->fn = fn;
@@ -42,7 +42,7 @@ static dt_status record_node(dt_graph *g, dt_tensor *out, dt_tensor *x, dt_check
     ck->rng_before = *before;
     ck->n_uses = g->n_ck_uses;
     if (g->n_ck_uses) memcpy(ck->uses, g->ck_uses, (size_t)g->n_ck_uses * sizeof(int));   /* (ck_uses NULL until a first use) */
-    return dt_graph_region_node(g, "checkpoint", dt_checkpoint_backward, x, out, ck, 1) ? DT_OK : DT_ENOMEM;
+    return dt_graph_region_node(g, "checkpoint", dt_checkpoint_backward, x, out, ck, requires_grad) ? DT_OK : DT_ENOMEM;
 }
 
 dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void *ctx, dt_rng *rng) {
@@ -62,7 +62,12 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
     g->alloc = &g->arena;
     if (!y && dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "checkpoint: the function returned NULL without an error");
     dt_tensor *out = y ? dt_graph_copy_out(g, y, "checkpoint") : NULL;
-    if (out && y->requires_grad && record_node(g, out, x, fn, ctx, rng, &before) != DT_OK) out = NULL;
+    /* A node also for an output that needs no gradient when fn used parameters:
+     * no gradient reaches it, so backward's skip path releases their uses (as
+     * a plain run's unreached nodes do) and grad-ready fires. */
+    if (out && (y->requires_grad || g->n_ck_uses > 0) &&
+        record_node(g, out, x, fn, ctx, rng, &before, y->requires_grad) != DT_OK)
+        out = NULL;
     dt_arena_rewind(&g->scratch);   /* blocks stay: pack16 images point into them */
     return out;
 }

@@ -473,6 +473,43 @@ static void test_parameter_free_checkpoint(void **state) {
     }
 }
 
+/* fn uses W but returns a tensor computed with grad disabled: the output
+ * needs no gradient, yet W's use is counted; backward must release it, so
+ * W's grad-ready fires once, as in the plain run. */
+static int w_ready;
+static dt_status count_ready(dt_param *p, void *user) { (void)p; (void)user; w_ready++; return DT_OK; }
+
+static dt_tensor *used_w_const_out(dt_graph *g, dt_tensor *x, void *ctx) {
+    dt_param *W = ctx;
+    if (!dt_op_linear(g, x, &W->value, NULL, DT_W_OUT_IN)) return NULL;
+    int prev = dt_graph_set_grad_enabled(g, 0);
+    dt_tensor *y = dt_op_relu(g, x);
+    dt_graph_set_grad_enabled(g, prev);
+    return y;
+}
+
+static void test_no_grad_output_releases_uses(void **state) {
+    (void)state;
+    dt_param W;
+    assert_int_equal(dt_param_init(&W, "W", 2, (int64_t[]){4, 4}), DT_OK);
+    dt_gc_fill(&W, 5, 0.5f);
+    W.on_grad_ready = count_ready;
+    float xd[8] = {1, -2, 3, -4, 5, -6, 7, -8}, up[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    for (int ck = 0; ck < 2; ck++) {
+        dt_graph *g = dt_graph_create();
+        w_ready = 0;
+        dt_tensor *x = dt_graph_input(g, 2, (int64_t[]){2, 4}, xd, 1);
+        dt_tensor *y = ck ? dt_graph_checkpoint(g, used_w_const_out, x, &W, NULL) : used_w_const_out(g, x, &W);
+        assert_non_null(y);
+        assert_false(y->requires_grad);
+        assert_int_equal(dt_graph_param_uses(g, &W), 1);
+        assert_int_equal(dt_graph_backward_from(g, dt_op_add(g, dt_op_relu(g, x), y), up), DT_OK);
+        assert_int_equal(w_ready, 1);
+        dt_graph_free(g);
+    }
+    dt_param_free(&W);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_bitwise_as_plain),
@@ -485,6 +522,7 @@ int main(void) {
         cmocka_unit_test(test_recomputing_flag),
         cmocka_unit_test(test_frozen_param_input_still_replays),
         cmocka_unit_test(test_parameter_free_checkpoint),
+        cmocka_unit_test(test_no_grad_output_releases_uses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
