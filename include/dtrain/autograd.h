@@ -216,8 +216,10 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
  * until backward, which widens them back and back-propagates through fn's
  * own nodes. Returns fn's output (an exact float32 copy in g's arena; every
  * other tensor fn creates is gone when the call returns, as with
- * dt_graph_checkpoint). The ops' own saved state (statistics, masks,
- * parameters, fn's output) stays exact unless an op declared it roundable
+ * dt_graph_checkpoint); a fn that records no op and returns a tensor that
+ * requires grad from outside the region (x, a parameter's value) gets that
+ * tensor itself back, so its gradient flows as without pack16. The ops' own
+ * saved state (statistics, masks, parameters, fn's output) stays exact unless an op declared it roundable
  * (dt_graph_saved_may_round): only an op's backward reading another op's
  * output, or such a buffer, sees 16-bit values. PyTorch's autocast saves bf16 activations
  * the same way; fp16 turns values beyond +-65504 into inf, so the step's

@@ -212,6 +212,15 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
         return fail(g, mark);
     }
     if (g->sticky != DT_OK) return fail(g, mark);   /* (the message is set) */
+    if (g->n_nodes == mark && y->requires_grad && !dt_arena_owns(&g->scratch, y) &&
+        (y->numel == 0 || !dt_arena_owns(&g->scratch, y->data))) {
+        /* Nothing recorded, yet y needs a gradient: it comes from outside the
+         * region (x, a parameter's value, a ctx tensor) and outlives it, so
+         * it is handed back itself and the ops after it carry its gradient,
+         * as without pack16 (a copy would cut the chain). */
+        dt_arena_rewind(&g->scratch);
+        return y;
+    }
     dt_tensor *out = dt_graph_copy_out(g, y, "pack16");
     if (!out) return fail(g, mark);
     if (g->n_nodes == mark) {   /* nothing recorded (frozen or constant): nothing to keep */

@@ -35,6 +35,7 @@ typedef struct net {
     int nest;               /* 1: the region calls dt_graph_checkpoint; 2: dt_graph_pack16 */
     int deep;               /* 1: three GELUs between the products (more to keep) */
     int keep;               /* reader_region: declare its input keep-exact */
+    int ret_a;              /* identity_region: return A's value instead of x */
     char log[64][160]; int n_log;   /* grad-ready and module hooks, in order */
 } net;
 
@@ -453,6 +454,45 @@ static void test_errors_and_plain_cases(void **s) {
     net_free(&n);
 }
 
+/* A region that records no op and returns a tensor from outside it that
+ * requires grad -- its input x, or parameter A's value -- passes it through:
+ * z = relu(region(t)) back-propagates into x / A exactly as the plain run. */
+static dt_tensor *identity_region(dt_graph *g, dt_tensor *x, void *ctx) {
+    (void)g;
+    net *n = ctx;
+    return n->ret_a ? &n->A.value : x;
+}
+
+static void test_unrecorded_output_passes_through(void **s) {
+    (void)s;
+    net n;
+    net_init(&n, 16, 16);
+    int64_t sx[2] = {16, 16};
+    for (int of_a = 0; of_a < 2; of_a++) {
+        n.ret_a = of_a;
+        float *want = NULL;
+        for (int mode = PLAIN; mode <= BF16; mode++) {
+            dt_graph *g = dt_graph_create();
+            memset(n.A.grad.data, 0, 256 * sizeof(float));
+            n.n_log = 0;
+            dt_tensor *x = dt_graph_input(g, 2, sx, n.x, 1);
+            dt_tensor *y = mode == PLAIN ? identity_region(g, x, &n) : dt_graph_pack16(g, identity_region, x, &n, DT_BF16);
+            assert_non_null(y);
+            assert_true(y->requires_grad);
+            dt_tensor *z = dt_op_relu(g, dt_op_add(g, y, y));
+            assert_int_equal(dt_graph_backward_from(g, z, n.up), DT_OK);
+            const float *gr = of_a ? dt_f32(&n.A.grad) : dt_graph_grad(g, x);
+            assert_non_null(gr);
+            if (mode == PLAIN) want = dupf(gr, 256);
+            else assert_memory_equal(gr, want, 256 * sizeof(float));
+            assert_int_equal(n.n_log, of_a);   /* A's grad-ready, once */
+            dt_graph_free(g);
+        }
+        free(want);
+    }
+    net_free(&n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_rounds_what_backward_reads),
@@ -466,6 +506,7 @@ int main(void) {
         cmocka_unit_test(test_saved_keep_exact),
         cmocka_unit_test(test_output_not_owned_left_alone),
         cmocka_unit_test(test_errors_and_plain_cases),
+        cmocka_unit_test(test_unrecorded_output_passes_through),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
