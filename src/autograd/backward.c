@@ -54,6 +54,11 @@ dt_status dt_graph_seed_grad(dt_graph *g, dt_tensor *t, const float *up) {
     return DT_OK;
 }
 
+dt_status dt_graph_seed_region_out(dt_graph *g, dt_tensor *y, const float *up) {
+    if (y->param && !y->param->requires_grad) return DT_OK;   /* frozen: its gradient goes nowhere */
+    return dt_graph_seed_grad(g, y, up);
+}
+
 dt_status dt_graph_backward_from(dt_graph *g, dt_tensor *out, const float *upstream) {
     if (!g) return DT_ERR(DT_EINVAL, "backward: graph is NULL");
     if (g->backward_done)

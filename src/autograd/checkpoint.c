@@ -3,9 +3,10 @@
  * First pass, in forward: fn runs in COUNT mode with allocations in the
  * scratch arena — ops compute but record nothing, and their parameter uses
  * are counted (and listed) as if recorded, so pending totals and grad-ready
- * stay right. The output is copied into the main arena, the scratch rewound,
- * and one checkpoint node recorded: fn, ctx, rng, the rng state fn started
- * from and the list of uses.
+ * stay right (fn's output, if a trainable parameter's value, is one more:
+ * the ops after the checkpoint read a copy). The output is copied into the
+ * main arena, the scratch rewound, and one checkpoint node recorded: fn,
+ * ctx, rng, the rng state fn started from and the list of uses.
  *
  * Replay, that node's backward: x's gradient is allocated in the main arena,
  * the rng set to the saved state, fn re-run in REPLAY mode into the scratch
@@ -58,6 +59,7 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
     g->alloc = &g->scratch;
     g->n_ck_uses = 0;
     dt_tensor *y = fn(g, x, ctx);
+    dt_graph_output_use(g, y);   /* y a parameter's value: its use (OOM: sticky, backward refuses) */
     g->mode = DT_GRAPH_RECORD;
     g->alloc = &g->arena;
     if (!y && dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "checkpoint: the function returned NULL without an error");
@@ -108,8 +110,11 @@ void dt_checkpoint_backward(dt_graph *g, dt_node *n) {
     g->alloc = &g->scratch;
     g->n_replay_uses = 0;
     dt_tensor *y = ck->fn(g, x, ck->ctx);
+    int out_rec = dt_graph_output_use(g, y);   /* (counted before the check: it compares the uses) */
     dt_status s = check_replay(g, ck, n, y);
-    if (s == DT_OK) s = dt_graph_seed_grad(g, y, dy);
+    if (s == DT_OK) s = dt_graph_seed_region_out(g, y, dy);
+    /* y's own use was counted last, so it is released first: y's gradient is complete */
+    if (s == DT_OK && out_rec >= 0) s = dt_graph_release_use(g, out_rec);
     for (int k = g->n_nodes - 1; s == DT_OK && k >= mark; k--) s = dt_graph_run_node(g, g->nodes[k], y);
     if (s != DT_OK && dt_error_code() == DT_OK) DT_ERR(s, "checkpoint replay: a hook failed without a message");
     g->n_nodes = mark;

@@ -173,6 +173,12 @@ static int replayed_use(dt_graph *g, dt_param *p) {
     return r;
 }
 
+int dt_graph_output_use(dt_graph *g, const dt_tensor *y) {
+    dt_param *p = y ? y->param : NULL;
+    if (!p || !p->requires_grad || !y->requires_grad || !g->grad_enabled) return -1;
+    return g->mode == DT_GRAPH_REPLAY ? replayed_use(g, p) : count_use(g, p);
+}
+
 /* COUNT: the op runs but is not recorded; its parameter uses are counted
  * (listed in reverse input order, so the list read backwards releases them
  * as a recorded node would: nodes last to first, inputs in order), its

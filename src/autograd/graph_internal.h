@@ -88,6 +88,16 @@ dt_tensor *dt_graph_copy_out(dt_graph *g, const dt_tensor *y, const char *who);
  * if `requires_grad`. NULL on OOM. */
 dt_node *dt_graph_region_node(dt_graph *g, const char *op, dt_backward_fn bw, dt_tensor *x, dt_tensor *out,
                               void *saved, int requires_grad);
+/* A region's output y that is a trainable parameter's value (fn returned it
+ * unchanged): in a plain run the op after the region counts that use, after
+ * the region its copy does not, so the region counts it (RECORD / COUNT:
+ * counted, COUNT also listed; REPLAY: matched against the first pass). The
+ * use's record, to release once y's gradient is seeded; -1 if y is no such
+ * value, or on error (message set; OOM also sticky). */
+int dt_graph_output_use(dt_graph *g, const dt_tensor *y);
+/* Seeds a region's output y with its upstream gradient `up` (as
+ * dt_graph_seed_grad), except that a frozen parameter's value takes none. */
+dt_status dt_graph_seed_region_out(dt_graph *g, dt_tensor *y, const float *up);
 /* Uninitialised F32 tensor from arena a. */
 dt_tensor *dt_graph_tensor_in(dt_graph *g, dt_arena *a, int ndim, const int64_t *shape);
 /* The backward loop body for node n (markers fire PRE/POST_BACKWARD; an op

@@ -45,6 +45,7 @@ typedef struct dt_pack {
     dt_tensor *y, *out;      /* fn's output (in the image), its exact copy (main arena) */
     int n_nodes;  dt_node **nodes;     /* the region's tape, in record order */
     int n_uses;   int *uses;           /* parameter uses, released back to front on skip */
+    int out_rec;                       /* y a trainable parameter's value: that use's record (last in uses), else -1 */
     int n_blocks; size_t *used;        /* scratch blocks 0..n_blocks-1 and their fill */
     int n_ranges; pk_range *ranges;    /* sorted by (block, off), disjoint */
     unsigned char *image;
@@ -150,7 +151,7 @@ static void transfer(dt_graph *g, const dt_pack *pk, int dir) {
 /* The region's parameter uses, in the order the backward loop would release
  * them when read back to front: nodes last to first, each node's inputs in order. */
 static int collect_uses(dt_graph *g, dt_pack *pk, int mark) {
-    int n = 0;
+    int n = pk->out_rec >= 0;
     for (int k = mark; k < g->n_nodes; k++)
         for (int i = 0; i < g->nodes[k]->n_in; i++) n += g->nodes[k]->param_rec[i] >= 0;
     pk->uses = dt_arena_alloc(&g->arena, (size_t)(n ? n : 1) * sizeof(int));
@@ -159,6 +160,7 @@ static int collect_uses(dt_graph *g, dt_pack *pk, int mark) {
     for (int k = mark; k < g->n_nodes; k++)
         for (int i = g->nodes[k]->n_in - 1; i >= 0; i--)
             if (g->nodes[k]->param_rec[i] >= 0) pk->uses[pk->n_uses++] = g->nodes[k]->param_rec[i];
+    if (pk->out_rec >= 0) pk->uses[pk->n_uses++] = pk->out_rec;   /* counted after fn: released first */
     return 0;
 }
 
@@ -230,7 +232,8 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
     dt_pack *pk = dt_arena_alloc(&g->arena, sizeof *pk);
     if (!pk) { DT_ERR(DT_ENOMEM, "pack16: out of memory"); return fail(g, mark); }
     *pk = (dt_pack){.dtype = dtype, .y = y, .out = out, .restore_y = y->numel > 0 && scratch_block(&g->scratch, y->data) >= 0};
-    if (pack(g, pk, mark) != DT_OK) return fail(g, mark);
+    pk->out_rec = dt_graph_output_use(g, y);   /* y a parameter's value: the use its copy no longer counts */
+    if (g->sticky != DT_OK || pack(g, pk, mark) != DT_OK) return fail(g, mark);
     g->n_nodes = mark;
     dt_arena_rewind(&g->scratch);
     return dt_graph_region_node(g, "pack16", dt_pack16_backward, x, out, pk, y->requires_grad) ? out : NULL;
@@ -253,8 +256,9 @@ void dt_pack16_backward(dt_graph *g, dt_node *n) {
     if (s == DT_OK) {
         memcpy(g->nodes + mark, pk->nodes, (size_t)pk->n_nodes * sizeof(dt_node *));
         g->n_nodes += pk->n_nodes;
-        s = dt_graph_seed_grad(g, pk->y, dt_f32(n->out->grad));
+        s = dt_graph_seed_region_out(g, pk->y, dt_f32(n->out->grad));
     }
+    if (s == DT_OK && pk->out_rec >= 0) s = dt_graph_release_use(g, pk->out_rec);   /* last counted, first released */
     for (int k = g->n_nodes - 1; s == DT_OK && k >= mark; k--) s = dt_graph_run_node(g, g->nodes[k], pk->y);
     if (s != DT_OK && dt_error_code() == DT_OK) DT_ERR(s, "pack16 backward: a hook failed without a message");
     g->n_nodes = mark;

@@ -510,6 +510,53 @@ static void test_no_grad_output_releases_uses(void **state) {
     dt_param_free(&W);
 }
 
+/* A region (inside a module, so pack16 records its markers) that returns a
+ * parameter's value unchanged: z = relu(P) + relu(x). The checkpoint and the
+ * pack16 region count P's use, so P's gradient, its use count, has_grad and
+ * grad-ready are the plain run's; a frozen P (its value still requires grad)
+ * takes no gradient and backward succeeds. */
+typedef struct param_out_ctx { dt_module *m; dt_param *P; } param_out_ctx;
+
+static dt_tensor *param_out(dt_graph *g, dt_tensor *x, void *vctx) {
+    (void)x;
+    param_out_ctx *c = vctx;
+    if (dt_module_enter(g, c->m) != DT_OK || dt_module_leave(g, c->m) != DT_OK) return NULL;
+    return &c->P->value;
+}
+
+static void test_param_value_output(void **state) {
+    (void)state;
+    dt_param P;
+    assert_int_equal(dt_param_init(&P, "P", 2, (int64_t[]){2, 4}), DT_OK);
+    dt_gc_fill(&P, 9, 1.f);
+    P.on_grad_ready = count_ready;
+    dt_module m = {.name = "m"};
+    param_out_ctx c = {&m, &P};
+    float xd[8] = {1, -2, 3, -4, 5, -6, 7, -8}, up[8] = {1, 2, 3, 4, 5, 6, 7, 8}, want[8];
+    for (int frozen = 0; frozen < 2; frozen++) {
+        P.requires_grad = !frozen;
+        for (int mode = 0; mode < 3; mode++) {   /* plain, checkpoint, pack16 */
+            memset(P.grad.data, 0, sizeof want);
+            P.has_grad = 0;
+            w_ready = 0;
+            dt_graph *g = dt_graph_create();
+            dt_tensor *x = dt_graph_input(g, 2, (int64_t[]){2, 4}, xd, 1);
+            dt_tensor *y = mode == 0 ? param_out(g, NULL, &c)
+                         : mode == 1 ? dt_graph_checkpoint(g, param_out, NULL, &c, NULL)
+                                     : dt_graph_pack16(g, param_out, NULL, &c, DT_BF16);
+            assert_non_null(y);
+            assert_int_equal(dt_graph_backward_from(g, dt_op_add(g, dt_op_relu(g, y), dt_op_relu(g, x)), up), DT_OK);
+            assert_int_equal(dt_graph_param_uses(g, &P), !frozen);
+            assert_int_equal(P.has_grad, !frozen);
+            assert_int_equal(w_ready, !frozen);
+            if (mode == 0) memcpy(want, P.grad.data, sizeof want);
+            else assert_memory_equal(P.grad.data, want, sizeof want);
+            dt_graph_free(g);
+        }
+    }
+    dt_param_free(&P);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_bitwise_as_plain),
@@ -523,6 +570,7 @@ int main(void) {
         cmocka_unit_test(test_frozen_param_input_still_replays),
         cmocka_unit_test(test_parameter_free_checkpoint),
         cmocka_unit_test(test_no_grad_output_releases_uses),
+        cmocka_unit_test(test_param_value_output),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
