@@ -20,6 +20,7 @@ static int add_block(dt_arena *a, size_t cap) {
 }
 
 void *dt_arena_alloc(dt_arena *a, size_t bytes) {
+    if (bytes > SIZE_MAX - 63) return NULL;   /* rounding up to 64 would wrap to a tiny block */
     size_t need = (bytes + 63) & ~(size_t)63;
     if (need == 0) need = 64;
     dt_arena_block *b = a->n_blocks ? &a->blocks[a->cur] : NULL;

@@ -377,6 +377,26 @@ static void test_backward_from_errors(void **state) {
     net_free(&n);
 }
 
+/* dt_graph_scratch refuses a size whose rounding to the arena's 64-byte
+ * granule would wrap, with an out-of-memory error naming the size, and the
+ * graph still allocates afterwards. */
+static void test_scratch_huge_size_refused(void **state) {
+    (void)state;
+    dt_graph *g = dt_graph_create();
+    const size_t sizes[3] = {SIZE_MAX, SIZE_MAX - 10, SIZE_MAX - 62};
+    for (int i = 0; i < 3; i++) {
+        dt_error_clear();
+        assert_null(dt_graph_scratch(g, sizes[i]));
+        assert_int_equal(dt_error_code(), DT_ENOMEM);
+        char num[32];
+        snprintf(num, sizeof num, "%zu", sizes[i]);
+        if (!strstr(dt_error_message(), num)) fail_msg("message '%s' lacks the size %s", dt_error_message(), num);
+    }
+    dt_error_clear();
+    assert_non_null(dt_graph_scratch(g, 100));
+    dt_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_param_uses_per_graph),
@@ -387,6 +407,7 @@ int main(void) {
         cmocka_unit_test(test_backward_from_equals_weighted_sum),
         cmocka_unit_test(test_backward_from_mid_tape),
         cmocka_unit_test(test_backward_from_errors),
+        cmocka_unit_test(test_scratch_huge_size_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
