@@ -237,9 +237,10 @@ dt_tensor *dt_graph_pack16(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, void 
  * output. Anywhere else, nothing happens. */
 void dt_graph_saved_may_round(dt_graph *g, float *data, int64_t n);
 /* For ops: `data[n]` (typically the op's input, another op's output) is read
- * by the op's backward where 16-bit rounding would hurt -- LayerNorm's input
- * against its exact mean and rstd: when a row's mean dwarfs its spread, x's
- * rounding error is of the order of x - mean. Inside dt_graph_pack16 it is
+ * by the op's backward where 16-bit rounding would hurt -- LayerNorm's and
+ * BatchNorm's input against their exact mean and rstd: when a row's (a
+ * channel's) mean dwarfs its spread, x's rounding error is of the order of
+ * x - mean. Inside dt_graph_pack16 it is
  * kept exact (autocast keeps the residual stream, LayerNorm's input, in fp32
  * too). Anywhere else, nothing happens. */
 void dt_graph_saved_keep_exact(dt_graph *g, const float *data, int64_t n);

@@ -156,6 +156,10 @@ dt_tensor *dt_op_batchnorm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tenso
     float *buf = dt_graph_scratch(g, (size_t)(2 * C) * sizeof(float));
     if (!y || !sv || !mean || !invstd || !buf) return NULL;
     const float *xd = dt_f32(x);
+    /* backward re-normalises x with the exact statistics (batch or running):
+     * under dt_graph_pack16 a bf16 x is off by up to 2^-9 |x|, which dwarfs
+     * x - mean when a channel's mean dwarfs its spread */
+    dt_graph_saved_keep_exact(g, xd, x->numel);
 
     double count = (double)(N * S);
     if (batch_stats) {
