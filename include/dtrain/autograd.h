@@ -120,8 +120,10 @@ struct dt_module {
 
 /* Brackets a module's forward: fires PRE/POST_FORWARD (PRE/POST_RECOMPUTE in
  * a checkpoint's replay) and records markers so backward fires
- * PRE/POST_BACKWARD (not in a checkpoint's first pass: its replay records
- * them). Returns the hook's status. */
+ * PRE/POST_BACKWARD (in a checkpoint's first pass they are only listed: its
+ * replay records them, or, no gradient reaching it, backward fires them from
+ * the list). Returns the hook's status (DT_ENOMEM if the marker could not be
+ * recorded). */
 dt_status dt_module_enter(dt_graph *g, dt_module *m);
 dt_status dt_module_leave(dt_graph *g, dt_module *m);
 
@@ -202,7 +204,9 @@ size_t dt_graph_arena_bytes(const dt_graph *g);
  * fn must run the same ops both times (else backward fails naming the
  * difference); an op with effects outside the tape repeats them on replay
  * unless it checks dt_graph_recomputing(). A checkpoint whose output gets no
- * gradient is not replayed: its parameter uses are released at once.
+ * gradient is not replayed: its parameter uses are released at once and its
+ * modules' PRE/POST_BACKWARD hooks fire, as for a plain run's unreached
+ * modules (PRE/POST_RECOMPUTE do not: nothing is recomputed).
  * Errors: NULL g / fn (DT_EINVAL), a checkpoint inside fn (DT_ESTATE: nested
  * checkpoints are not supported), fn failing (NULL, fn's message; on replay
  * backward fails with it). With grad disabled, fn simply runs. */

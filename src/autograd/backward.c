@@ -13,12 +13,19 @@ dt_status dt_graph_release_use(dt_graph *g, int rec) {
     return DT_OK;
 }
 
+/* A module marker in backward: a leave (2) fires PRE_BACKWARD, an enter (1) POST_BACKWARD. */
+static dt_status fire_marker(dt_module *m, int marker) {
+    return m->hook ? m->hook(m, marker == 2 ? DT_HOOK_PRE_BACKWARD : DT_HOOK_POST_BACKWARD, m->hook_user) : DT_OK;
+}
+
+dt_status dt_graph_skip_region(dt_graph *g, const dt_region_event *ev, int n) {
+    for (int k = n - 1; k >= 0; k--)
+        DT_TRY(ev[k].module ? fire_marker(ev[k].module, ev[k].marker) : dt_graph_release_use(g, ev[k].rec));
+    return DT_OK;
+}
+
 dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start) {
-    if (n->marker) {
-        dt_module *m = n->module;
-        return m->hook ? m->hook(m, n->marker == 2 ? DT_HOOK_PRE_BACKWARD : DT_HOOK_POST_BACKWARD, m->hook_user)
-                       : DT_OK;
-    }
+    if (n->marker) return fire_marker(n->module, n->marker);
     /* An output no gradient reached contributes nothing; its params' pending
      * uses still count down so their grad-ready hook fires (a deferred
      * parameter's in the W pass). */
@@ -35,7 +42,7 @@ dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start) {
         g->mask = mask;
         if (dt_error_code() != DT_OK) return dt_error_code();
     } else if (n->backward == dt_checkpoint_backward) {
-        DT_TRY(dt_checkpoint_skip(g, n));   /* its parameter uses are inside it */
+        DT_TRY(dt_checkpoint_skip(g, n));   /* its parameter uses and markers are inside it */
     } else if (n->backward == dt_pack16_backward) {
         DT_TRY(dt_pack16_skip(g, n));
     }

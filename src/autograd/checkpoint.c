@@ -6,7 +6,10 @@
  * stay right (fn's output, if a trainable parameter's value, is one more:
  * the ops after the checkpoint read a copy). The output is copied into the
  * main arena, the scratch rewound, and one checkpoint node recorded: fn,
- * ctx, rng, the rng state fn started from and the list of uses.
+ * ctx, rng, the rng state fn started from and the list of uses and module
+ * markers (backward's skip path, when no gradient reaches the node, releases
+ * the uses and fires the markers' PRE/POST_BACKWARD hooks back to front, as
+ * for a plain run's unreached nodes; no recompute hooks: nothing is re-run).
  *
  * Replay, that node's backward: x's gradient is allocated in the main arena,
  * the rng set to the saved state, fn re-run in REPLAY mode into the scratch
@@ -29,20 +32,22 @@ typedef struct dt_ckpt {
     void *ctx;
     dt_rng *rng;             /* may be NULL */
     dt_rng rng_before;       /* *rng when the first pass started */
-    int n_uses;              /* parameter uses the first pass counted ... */
-    int uses[];              /* ... their records, in use order */
+    int n_uses;              /* parameter uses the first pass counted (the replay must match) */
+    int n_ev;                /* those uses and fn's module markers ... */
+    dt_region_event ev[];    /* ... in record order (the skip path's list) */
 } dt_ckpt;
 
 static dt_status record_node(dt_graph *g, dt_tensor *out, dt_tensor *x, dt_checkpoint_fn fn, void *ctx,
                              dt_rng *rng, const dt_rng *before, int requires_grad) {
-    dt_ckpt *ck = dt_graph_scratch(g, sizeof *ck + (size_t)g->n_ck_uses * sizeof(int));
+    dt_ckpt *ck = dt_graph_scratch(g, sizeof *ck + (size_t)g->n_ck_ev * sizeof(dt_region_event));
     if (!ck) { g->sticky = DT_ENOMEM; return DT_ENOMEM; }
     ck->fn = fn;
     ck->ctx = ctx;
     ck->rng = rng;
     ck->rng_before = *before;
     ck->n_uses = g->n_ck_uses;
-    if (g->n_ck_uses) memcpy(ck->uses, g->ck_uses, (size_t)g->n_ck_uses * sizeof(int));   /* (ck_uses NULL until a first use) */
+    ck->n_ev = g->n_ck_ev;
+    if (g->n_ck_ev) memcpy(ck->ev, g->ck_ev, (size_t)g->n_ck_ev * sizeof(dt_region_event));   /* (ck_ev NULL until a first event) */
     return dt_graph_region_node(g, "checkpoint", dt_checkpoint_backward, x, out, ck, requires_grad) ? DT_OK : DT_ENOMEM;
 }
 
@@ -57,17 +62,18 @@ dt_tensor *dt_graph_checkpoint(dt_graph *g, dt_checkpoint_fn fn, dt_tensor *x, v
     dt_rng before = rng ? *rng : (dt_rng){{0, 0}};
     g->mode = DT_GRAPH_COUNT;
     g->alloc = &g->scratch;
-    g->n_ck_uses = 0;
+    g->n_ck_uses = g->n_ck_ev = 0;
     dt_tensor *y = fn(g, x, ctx);
     dt_graph_output_use(g, y);   /* y a parameter's value: its use (OOM: sticky, backward refuses) */
     g->mode = DT_GRAPH_RECORD;
     g->alloc = &g->arena;
     if (!y && dt_error_code() == DT_OK) DT_ERR(DT_EINVAL, "checkpoint: the function returned NULL without an error");
     dt_tensor *out = y ? dt_graph_copy_out(g, y, "checkpoint") : NULL;
-    /* A node also for an output that needs no gradient when fn used parameters:
-     * no gradient reaches it, so backward's skip path releases their uses (as
-     * a plain run's unreached nodes do) and grad-ready fires. */
-    if (out && (y->requires_grad || g->n_ck_uses > 0) &&
+    /* A node also for an output that needs no gradient when fn used parameters
+     * or modules: no gradient reaches it, so backward's skip path releases
+     * the uses (grad-ready fires) and fires the markers' hooks, as a plain
+     * run's unreached nodes do. */
+    if (out && (y->requires_grad || g->n_ck_ev > 0) &&
         record_node(g, out, x, fn, ctx, rng, &before, y->requires_grad) != DT_OK)
         out = NULL;
     dt_arena_rewind(&g->scratch);   /* blocks stay: pack16 images point into them */
@@ -126,6 +132,5 @@ void dt_checkpoint_backward(dt_graph *g, dt_node *n) {
 
 dt_status dt_checkpoint_skip(dt_graph *g, dt_node *n) {
     const dt_ckpt *ck = n->saved;
-    for (int k = ck->n_uses - 1; k >= 0; k--) DT_TRY(dt_graph_release_use(g, ck->uses[k]));
-    return DT_OK;
+    return dt_graph_skip_region(g, ck->ev, ck->n_ev);
 }

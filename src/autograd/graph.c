@@ -21,7 +21,7 @@ void dt_graph_free(dt_graph *g) {
     dt_arena_free(&g->scratch);
     dt_ptab_free(&g->params);
     free(g->nodes);
-    free(g->ck_uses);
+    free(g->ck_ev);
     free(g->deferred);
     free(g->saved_decl);
     free(g);
@@ -142,21 +142,30 @@ dt_node *dt_graph_region_node(dt_graph *g, const char *op, dt_backward_fn bw, dt
     return n;
 }
 
+/* COUNT: room for one more event in ck_ev (0, or -1 on OOM). */
+static int ck_room(dt_graph *g) {
+    if (g->n_ck_ev < g->cap_ck_ev) return 0;
+    int nc = g->cap_ck_ev ? 2 * g->cap_ck_ev : 64;
+    dt_region_event *a = realloc(g->ck_ev, (size_t)nc * sizeof *a);
+    if (!a) return -1;
+    g->ck_ev = a;
+    g->cap_ck_ev = nc;
+    return 0;
+}
+
 /* One more use of p on this tape (COUNT: also listed for the checkpoint);
  * its record index, -1 (sticky set) on OOM. */
 static int count_use(dt_graph *g, dt_param *p) {
     int r = dt_ptab_get(&g->params, p);
-    if (r >= 0 && g->mode == DT_GRAPH_COUNT && g->n_ck_uses == g->cap_ck_uses) {
-        int nc = g->cap_ck_uses ? 2 * g->cap_ck_uses : 64;
-        int *a = realloc(g->ck_uses, (size_t)nc * sizeof *a);
-        if (a) { g->ck_uses = a; g->cap_ck_uses = nc; }
-        else r = -1;
-    }
+    if (r >= 0 && g->mode == DT_GRAPH_COUNT && ck_room(g) != 0) r = -1;
     if (r < 0) {
         g->sticky = DT_ERR(DT_ENOMEM, "out of memory recording parameter %s", p->name);
         return -1;
     }
-    if (g->mode == DT_GRAPH_COUNT) g->ck_uses[g->n_ck_uses++] = r;
+    if (g->mode == DT_GRAPH_COUNT) {
+        g->ck_ev[g->n_ck_ev++] = (dt_region_event){NULL, 0, r};
+        g->n_ck_uses++;
+    }
     p->has_grad = 1;
     g->params.recs[r].uses++;
     g->params.recs[r].pending++;
@@ -283,9 +292,18 @@ static dt_status fire_module(dt_module *m, dt_module_hook_kind k) {
     return m->hook ? m->hook(m, k, m->hook_user) : DT_OK;
 }
 
-/* Markers are not recorded in a checkpoint's first pass: its replay records them. */
+/* Markers are not recorded in a checkpoint's first pass (its replay records
+ * them), only listed, for the skip path of a checkpoint no gradient reaches. */
 static dt_status add_marker(dt_graph *g, dt_module *m, int marker) {
-    if (!g->grad_enabled || g->mode == DT_GRAPH_COUNT) return DT_OK;
+    if (!g->grad_enabled) return DT_OK;
+    if (g->mode == DT_GRAPH_COUNT) {
+        if (ck_room(g) != 0) {
+            g->sticky = DT_ERR(DT_ENOMEM, "out of memory recording module %s", m->name);
+            return DT_ENOMEM;
+        }
+        g->ck_ev[g->n_ck_ev++] = (dt_region_event){m, marker, -1};
+        return DT_OK;
+    }
     dt_node *n = dt_graph_new_node(g);
     if (!n) return DT_ENOMEM;
     n->marker = marker;

@@ -28,10 +28,19 @@ int dt_ptab_get(dt_param_table *t, dt_param *p);                /* found or adde
 void dt_ptab_clear(dt_param_table *t);                          /* no records, memory kept */
 void dt_ptab_free(dt_param_table *t);
 
+/* What the backward loop would do for one of a region's nodes, listed so a
+ * region no gradient reaches (its nodes gone: the checkpoint's never
+ * recorded, pack16's in an image not restored) can still do it: module set,
+ * fire its marker's hook (2, a leave: PRE_BACKWARD; 1, an enter:
+ * POST_BACKWARD); module NULL, release parameter use record `rec`. Listed in
+ * record order (a node's uses in reverse input order), so read back to
+ * front they are the loop's order: nodes last to first, inputs in order. */
+typedef struct dt_region_event { dt_module *module; int marker, rec; } dt_region_event;
+
 /* What dt_graph_record does with an op. */
 typedef enum dt_graph_mode {
     DT_GRAPH_RECORD = 0,   /* append a node, count parameter uses */
-    DT_GRAPH_COUNT,        /* checkpoint first pass: no node; count uses and list them in ck_uses */
+    DT_GRAPH_COUNT,        /* checkpoint first pass: no node; count uses, list them and markers in ck_ev */
     DT_GRAPH_REPLAY,       /* checkpoint replay in backward: append a node; uses were counted */
 } dt_graph_mode;
 
@@ -58,7 +67,8 @@ struct dt_graph {
     dt_param_table params;   /* uses of the parameters on this tape */
     int grad_enabled, training, final, backward_done;
     dt_graph_mode mode;
-    int *ck_uses; int n_ck_uses, cap_ck_uses;   /* COUNT: record index of each use, in order */
+    dt_region_event *ck_ev; int n_ck_ev, cap_ck_ev;   /* COUNT: each use and module marker, in order */
+    int n_ck_uses;           /* COUNT: the uses among them */
     int n_replay_uses;       /* REPLAY: parameter inputs of the nodes appended */
     dt_status sticky;        /* an allocation failed while recording: backward must not run */
     int packing;             /* 1 while a pack16 region's forward runs */
@@ -104,6 +114,9 @@ dt_tensor *dt_graph_tensor_in(dt_graph *g, dt_arena *a, int ndim, const int64_t 
  * whose output got a gradient, or is `start`, runs its backward; then its
  * parameter uses are released; then the tick). */
 dt_status dt_graph_run_node(dt_graph *g, dt_node *n, const dt_tensor *start);
+/* A region's events (n, in record order) back to front: what the backward
+ * loop does for the region's nodes when no gradient reached them. */
+dt_status dt_graph_skip_region(dt_graph *g, const dt_region_event *ev, int n);
 /* One use of record `rec` back-propagated: at pending 0 a final graph fires grad-ready. */
 dt_status dt_graph_release_use(dt_graph *g, int rec);
 /* t's gradient = up (t's gradient fresh: copied, so bitwise up) or += up. */
@@ -122,7 +135,8 @@ int dt_defer_reads(const dt_graph *g, const dt_tensor *x);
 
 /* checkpoint.c: the checkpoint node's backward (the replay), and what the
  * loop does instead when no gradient reached that node: release the uses its
- * first pass counted, so grad-ready still fires. */
+ * first pass counted, so grad-ready still fires, and fire its module
+ * markers' backward hooks. */
 void dt_checkpoint_backward(dt_graph *g, dt_node *n);
 dt_status dt_checkpoint_skip(dt_graph *g, dt_node *n);
 /* pack16.c: the same pair for a region kept in 16 bits (dt_graph_pack16). */

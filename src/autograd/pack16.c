@@ -44,8 +44,8 @@ typedef struct dt_pack {
     int restore_y;           /* y's data is the region's own (in the scratch): written back from out */
     dt_tensor *y, *out;      /* fn's output (in the image), its exact copy (main arena) */
     int n_nodes;  dt_node **nodes;     /* the region's tape, in record order */
-    int n_uses;   int *uses;           /* parameter uses, released back to front on skip */
-    int out_rec;                       /* y a trainable parameter's value: that use's record (last in uses), else -1 */
+    int n_ev;     dt_region_event *ev; /* parameter uses and module markers, back to front on skip */
+    int out_rec;                       /* y a trainable parameter's value: that use's record (last in ev), else -1 */
     int n_blocks; size_t *used;        /* scratch blocks 0..n_blocks-1 and their fill */
     int n_ranges; pk_range *ranges;    /* sorted by (block, off), disjoint */
     unsigned char *image;
@@ -148,19 +148,26 @@ static void transfer(dt_graph *g, const dt_pack *pk, int dir) {
     }
 }
 
-/* The region's parameter uses, in the order the backward loop would release
- * them when read back to front: nodes last to first, each node's inputs in order. */
-static int collect_uses(dt_graph *g, dt_pack *pk, int mark) {
+/* The region's parameter uses and module markers, in the order the backward
+ * loop would take them when read back to front: nodes last to first, each
+ * node's inputs in order (the nodes themselves are in the image, which the
+ * skip path does not restore). */
+static int collect_events(dt_graph *g, dt_pack *pk, int mark) {
     int n = pk->out_rec >= 0;
-    for (int k = mark; k < g->n_nodes; k++)
+    for (int k = mark; k < g->n_nodes; k++) {
+        n += g->nodes[k]->marker != 0;
         for (int i = 0; i < g->nodes[k]->n_in; i++) n += g->nodes[k]->param_rec[i] >= 0;
-    pk->uses = dt_arena_alloc(&g->arena, (size_t)(n ? n : 1) * sizeof(int));
-    if (!pk->uses) return -1;
-    pk->n_uses = 0;
-    for (int k = mark; k < g->n_nodes; k++)
-        for (int i = g->nodes[k]->n_in - 1; i >= 0; i--)
-            if (g->nodes[k]->param_rec[i] >= 0) pk->uses[pk->n_uses++] = g->nodes[k]->param_rec[i];
-    if (pk->out_rec >= 0) pk->uses[pk->n_uses++] = pk->out_rec;   /* counted after fn: released first */
+    }
+    pk->ev = dt_arena_alloc(&g->arena, (size_t)(n ? n : 1) * sizeof *pk->ev);
+    if (!pk->ev) return -1;
+    pk->n_ev = 0;
+    for (int k = mark; k < g->n_nodes; k++) {
+        const dt_node *nd = g->nodes[k];
+        if (nd->marker) pk->ev[pk->n_ev++] = (dt_region_event){nd->module, nd->marker, -1};
+        for (int i = nd->n_in - 1; i >= 0; i--)
+            if (nd->param_rec[i] >= 0) pk->ev[pk->n_ev++] = (dt_region_event){NULL, 0, nd->param_rec[i]};
+    }
+    if (pk->out_rec >= 0) pk->ev[pk->n_ev++] = (dt_region_event){NULL, 0, pk->out_rec};   /* counted after fn: released first */
     return 0;
 }
 
@@ -170,7 +177,7 @@ static dt_status pack(dt_graph *g, dt_pack *pk, int mark) {
     pk->nodes = dt_arena_alloc(&g->arena, (size_t)pk->n_nodes * sizeof(dt_node *));
     pk->n_blocks = g->scratch.n_blocks ? g->scratch.cur + 1 : 0;
     pk->used = dt_arena_alloc(&g->arena, (size_t)(pk->n_blocks ? pk->n_blocks : 1) * sizeof(size_t));
-    if (!pk->nodes || !pk->used || collect_uses(g, pk, mark) || collect_ranges(g, pk, mark))
+    if (!pk->nodes || !pk->used || collect_events(g, pk, mark) || collect_ranges(g, pk, mark))
         return DT_ERR(DT_ENOMEM, "pack16: out of memory for the region's record");
     memcpy(pk->nodes, g->nodes + mark, (size_t)pk->n_nodes * sizeof(dt_node *));
     for (int b = 0; b < pk->n_blocks; b++) pk->used[b] = g->scratch.blocks[b].used;
@@ -289,6 +296,5 @@ void dt_graph_saved_keep_exact(dt_graph *g, const float *data, int64_t n) { decl
 
 dt_status dt_pack16_skip(dt_graph *g, dt_node *n) {
     const dt_pack *pk = n->saved;
-    for (int k = pk->n_uses - 1; k >= 0; k--) DT_TRY(dt_graph_release_use(g, pk->uses[k]));
-    return DT_OK;
+    return dt_graph_skip_region(g, pk->ev, pk->n_ev);
 }

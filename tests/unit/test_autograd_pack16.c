@@ -493,6 +493,44 @@ static void test_unrecorded_output_passes_through(void **s) {
     net_free(&n);
 }
 
+/* A region no gradient reaches, packed or checkpointed: the log of module
+ * hooks and grad-ready calls is the plain run's -- blk's pre_bwd, B's and
+ * A's grad-ready, blk's post_bwd, as the plain backward walks the region's
+ * unreached nodes (no recompute hooks: nothing is re-run). */
+static void test_unreached_region_fires_backward_hooks(void **s) {
+    (void)s;
+    net n;
+    net_init(&n, 16, 16);
+    int64_t sx[2] = {16, 16}, sw[2] = {16, 16};
+    dt_param W;
+    assert_int_equal(dt_param_init(&W, "W", 2, sw), DT_OK);
+    for (int i = 0; i < 256; i++) dt_f32(&W.value)[i] = 0.01f * (float)i;
+    char want[64][160];
+    int n_want = 0;
+    for (int mode = 0; mode < 3; mode++) {   /* plain, pack16, checkpoint */
+        dt_graph *g = dt_graph_create();
+        n.n_log = 0;
+        dt_tensor *x = dt_graph_input(g, 2, sx, n.x, 1);
+        dt_tensor *dead = mode == 0 ? region(g, x, &n)
+                        : mode == 1 ? dt_graph_pack16(g, region, x, &n, DT_BF16)
+                                    : dt_graph_checkpoint(g, region, x, &n, NULL);
+        assert_non_null(dead);
+        dt_tensor *y = dt_op_matmul(g, x, &W.value);
+        assert_int_equal(dt_graph_backward_from(g, y, n.up), DT_OK);
+        if (mode == 0) {
+            n_want = n.n_log;
+            memcpy(want, n.log, sizeof want);
+            assert_int_equal(n_want, 6);   /* pre_fwd post_fwd pre_bwd ready B, ready A post_bwd */
+        } else {
+            assert_int_equal(n.n_log, n_want);
+            for (int i = 0; i < n_want; i++) assert_string_equal(n.log[i], want[i]);
+        }
+        dt_graph_free(g);
+    }
+    dt_param_free(&W);
+    net_free(&n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_rounds_what_backward_reads),
@@ -507,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_output_not_owned_left_alone),
         cmocka_unit_test(test_errors_and_plain_cases),
         cmocka_unit_test(test_unrecorded_output_passes_through),
+        cmocka_unit_test(test_unreached_region_fires_backward_hooks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
