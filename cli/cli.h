@@ -133,8 +133,8 @@ typedef struct dt_cli_restart {
     long long batch;               /* the library's: a micro-batch */
     long long eval_batches;        /* the library's (micro-batches of `batch` for a pipeline); 0: all */
     const char *save;
-    const char *metrics;           /* --metrics (NULL: none): an attempt that starts over drops the lines
-                                      the failed ones wrote (the file as it was at launch) */
+    const char *metrics;           /* --metrics (NULL: none): an attempt that starts over from step 0
+                                      drops the lines the failed ones appended */
 } dt_cli_restart;
 int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, const dt_cli_hosts *h,
                                const dt_cli_restart *r);

@@ -119,10 +119,12 @@ static int replaced(char **argv, int i, int ckpt, int resize, int piped, int eva
 }
 
 /* The size of the metrics file (-1: none), and back to it: an attempt
- * that starts over (no checkpoint of this job's to resume) logs its steps
- * again, so what the failed attempts appended goes (a resumed attempt's
- * trainer drops its own stale lines). The launcher sees the file where
- * the ranks write it when rank 0 runs here or the file system is shared. */
+ * that starts over from step 0 (the job resumes nothing, and no checkpoint
+ * of its own is there yet) logs its steps again, so what the failed
+ * attempts appended goes; a resumed attempt's trainer drops its own stale
+ * lines, which may leave the file shorter than at launch: never grown back
+ * (that would pad it with NULs). The launcher sees the file where the
+ * ranks write it when rank 0 runs here or the file system is shared. */
 static long long file_size(const char *path) {
     struct stat sb;
     return path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) ? (long long)sb.st_size : -1;
@@ -130,6 +132,7 @@ static long long file_size(const char *path) {
 
 static void metrics_back_to(const char *path, long long size) {
     if (!path || file_size(path) < 0 || file_size(path) == size) return;
+    if (size >= 0 && file_size(path) < size) return;   /* (not this job's lines: left alone) */
     if (size < 0) {
         if (unlink(path) != 0) fprintf(stderr, "dtrain: warning: --metrics %s: %s\n", path, strerror(errno));
         return;
@@ -238,18 +241,19 @@ int dt_cli_relaunch_restarting(int argc, char **argv, int nproc, int threads, co
     int before_first = 0;   /* the last attempt failed before its first step */
     /* the job's own flags resume --save itself (--resume SAVE): a restart
      * before its first save starts where the job did */
-    int job_resumes_save = 0;
+    int job_resumes_save = 0, job_resumes = 0;   /* ... --resume SAVE; --resume anything */
     for (int i = 2; i < argc; i++) {
         size_t l = strlen("--resume");
         if (!strcmp(argv[i], "--resume") && i + 1 < argc && same_path(argv[i + 1], save)) job_resumes_save = 1;
         if (!strncmp(argv[i], "--resume=", l + 1) && same_path(argv[i] + l + 1, save)) job_resumes_save = 1;
+        if (!strcmp(argv[i], "--resume") || !strncmp(argv[i], "--resume=", l + 1)) job_resumes = 1;
     }
     for (int i = 0; i < h->n; i++) ran_on[i] = 1;
     const long long metrics_at_launch = file_size(r->metrics);
     for (;;) {
         char **use = argv;
         int n = argc;
-        if (restarts > 0 && !own[restarts - 1]) metrics_back_to(r->metrics, metrics_at_launch);
+        if (restarts > 0 && !own[restarts - 1] && !job_resumes) metrics_back_to(r->metrics, metrics_at_launch);
         if (restarts > 0) {   /* the flags, --resume SAVE for --resume / --init, the micro-steps of this world */
             n = dt_cli_restart_argv(argc, argv, r, world != nproc, accum, own[restarts - 1], av, &vals);
             use = av;

@@ -165,7 +165,8 @@ typedef struct dt_block {
 dt_status dt_model_add_block(dt_model *m, const char *name, dt_block_fn fn, void *user, int in_ndim,
                              const int64_t *in_dims, int out_ndim, const int64_t *out_dims);
 /* Loss head on the last block's output [B, ..., classes]: mean cross-entropy
- * over the B*T targets; the metric is accuracy (argmax == target). */
+ * over the B*T targets; the metric is accuracy (argmax == target). Set
+ * before dt_model_build (after it: DT_ESTATE, and the model's build error). */
 typedef enum dt_loss_kind { DT_LOSS_CROSS_ENTROPY = 0, DT_LOSS_VOCAB_PARALLEL = 1 } dt_loss_kind;
 dt_status dt_model_set_loss(dt_model *m, dt_loss_kind kind, int64_t classes);
 /* Tensor parallelism: the loss head over logits split by columns

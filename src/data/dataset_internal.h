@@ -50,7 +50,9 @@ typedef struct dt_token_region {
 typedef struct dt_token_store { dt_token_region *region; int n, cap; } dt_token_store;
 /* The store takes base: munmap(base, mapped) or free(base) at dt_token_store_free
  * (also when adding fails). */
-dt_status dt_token_store_add(dt_token_store *st, void *base, size_t mapped, const char *path);
+struct stat;
+/* id: the file's fstat (its identity; NULL: not known) */
+dt_status dt_token_store_add(dt_token_store *st, void *base, size_t mapped, const char *path, const struct stat *id);
 void dt_token_store_free(dt_token_store *st);
 
 /* ---- opening token data into a store and a stream ----

@@ -30,8 +30,10 @@
 /* the shard read into memory the store owns (where it cannot be mapped) */
 static dt_status read_whole(const char *path, dt_token_store *st, dt_token_stream *out) {
     dt_token_dataset d;
+    struct stat sb;   /* the file's identity (this reader goes by path: no descriptor to ask) */
+    int known = stat(path, &sb) == 0;
     DT_TRY(dt_token_shard_load(path, &d));
-    DT_TRY(dt_token_store_add(st, d.tokens, 0, path));
+    DT_TRY(dt_token_store_add(st, d.tokens, 0, path, known ? &sb : NULL));
     DT_TRY(dt_token_stream_push(out, d.tokens, 2, d.n_tokens, path));
     if (d.vocab > out->vocab) out->vocab = d.vocab;
     return DT_OK;
@@ -50,7 +52,8 @@ dt_status dt_token_map_fd(int fd, size_t len, const char *path, dt_token_store *
     /* windows are drawn at random: fault in the pages a window touches, not
      * the read-around block (matters once the data outgrows the page cache) */
     (void)posix_madvise(b, len, POSIX_MADV_RANDOM);   /* advice: failure costs only speed */
-    DT_TRY(dt_token_store_add(st, b, len, path));
+    struct stat sb;   /* the mapped file's identity, from its descriptor */
+    DT_TRY(dt_token_store_add(st, b, len, path, fstat(fd, &sb) == 0 ? &sb : NULL));
     *base = b;
     return DT_OK;
 }

@@ -115,7 +115,7 @@ static dt_status text_map_file(const char *path, dt_token_store *st, dt_token_st
     int64_t n = 0;
     if (s == DT_OK) s = read_bytes(fd, path, size, &bytes, &n);
     close(fd);
-    if (s == DT_OK) s = dt_token_store_add(st, bytes, 0, path);   /* (frees bytes when it fails) */
+    if (s == DT_OK) s = dt_token_store_add(st, bytes, 0, path, &sb);   /* (frees bytes when it fails) */
     return s == DT_OK ? dt_token_stream_push(out, bytes, 1, n, path) : s;
 }
 

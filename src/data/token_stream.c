@@ -95,7 +95,7 @@ void dt_token_stream_batch(const dt_token_stream *s, const int64_t *idx, int64_t
     }
 }
 
-dt_status dt_token_store_add(dt_token_store *st, void *base, size_t mapped, const char *path) {
+dt_status dt_token_store_add(dt_token_store *st, void *base, size_t mapped, const char *path, const struct stat *id) {
     if (st->n == st->cap) {
         int cap = st->cap ? 2 * st->cap : 16;
         dt_token_region *r = realloc(st->region, (size_t)cap * sizeof *r);
@@ -107,10 +107,9 @@ dt_status dt_token_store_add(dt_token_store *st, void *base, size_t mapped, cons
         st->region = r;
         st->cap = cap;
     }
-    struct stat sb;   /* which file: the training and validation sets must not share one (dataset_tokens.c) */
-    int known = path && stat(path, &sb) == 0;
-    st->region[st->n++] = (dt_token_region){.base = base, .mapped = mapped, .dev = known ? sb.st_dev : 0,
-                                            .ino = known ? sb.st_ino : 0};
+    /* which file: the training and validation sets must not share one (dataset_tokens.c) */
+    st->region[st->n++] = (dt_token_region){.base = base, .mapped = mapped, .dev = id ? id->st_dev : 0,
+                                            .ino = id ? id->st_ino : 0};
     return DT_OK;
 }
 

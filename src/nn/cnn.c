@@ -18,8 +18,8 @@ static dt_tensor *image(const dt_model *m, dt_graph *g, const dt_batch *b) {
     const dt_tensor *img = dt_batch_input(b, "image", DT_F32, "cnn");
     int64_t shape[4] = {b->B, 1, m->cfg.cnn_h, m->cfg.cnn_w};
     if (img && img->numel != b->B * m->cfg.cnn_h * m->cfg.cnn_w) {   /* (the convolution would read past it) */
-        DT_ERR(DT_EINVAL, "cnn: image input has %lld elements per sample, expected %d x %d", (long long)(img->numel / b->B),
-               m->cfg.cnn_h, m->cfg.cnn_w);
+        DT_ERR(DT_EINVAL, "cnn: image input has %lld elements per sample, expected %d x %d",
+               (long long)(b->B > 0 ? img->numel / b->B : img->numel), m->cfg.cnn_h, m->cfg.cnn_w);
         return NULL;
     }
     dt_tensor *x = img ? dt_graph_tensor(g, 4, shape) : NULL;   /* a view of the caller's batch */

@@ -164,13 +164,6 @@ dt_status dt_checkpoint_apply_meta(dt_run *r, dt_ckpt_meta_get get, const void *
      * checkpoints: "seed", their generator state rng0 / rng1 is unused) */
     if (get(src, "dropout_seed")) DT_TRY(meta_u64(get, src, what, "dropout_seed", 1, &dseed));
     else if (get(src, "seed")) DT_TRY(meta_u64(get, src, what, "seed", 0, &dseed));
-    /* the data position is one of the saved seed's order: another seed's
-     * order from there would repeat some samples and skip others this epoch */
-    uint64_t seed = r->seed;
-    if (get(src, "seed")) DT_TRY(meta_u64(get, src, what, "seed", 0, &seed));
-    if (seed != r->seed)
-        return DT_ERR(DT_EINVAL, "%s was saved with train.seed %llu, this run has %llu (a resumed run keeps its data "
-                      "order: resume with the same seed)", what, (unsigned long long)seed, (unsigned long long)r->seed);
     if (world < 1 || world > INT32_MAX || cursor > INT64_MAX / world || step > INT64_MAX || ostep > INT64_MAX ||
         epoch > INT64_MAX)
         return DT_ERR(DT_EFORMAT, "%s: metadata out of range (world %llu, cursor %llu)", what,

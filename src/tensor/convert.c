@@ -136,14 +136,15 @@ void dt_convert(void *dst, dt_dtype dst_t, const void *src, dt_dtype src_t, size
     }
 }
 
-/* x rounded to dt and widened back, in chunks through a small 16-bit buffer;
- * contiguous runs over the threads, as convert_fast. */
+/* 65520: halfway between fp16's largest value 65504 and 2^16, rounds to inf */
 int64_t dt_f16_first_overflow(const float *x, size_t n) {
     for (size_t k = 0; k < n; k++)
         if (isfinite(x[k]) && fabsf(x[k]) >= 65520.0f) return (int64_t)k;
     return -1;
 }
 
+/* x rounded to dt and widened back, in chunks through a small 16-bit buffer;
+ * contiguous runs over the threads, as convert_fast. */
 void dt_round_to(float *dst, const float *src, dt_dtype dt, size_t n) {
     if (dt != DT_BF16 && dt != DT_F16) {
         if (dst != src) memmove(dst, src, n * sizeof(float));

@@ -37,6 +37,21 @@ static dt_status ckpt_readable(const dt_train_opts *o) {
     return DT_OK;
 }
 
+/* A resumed run keeps its data order: the checkpoint's position is one of
+ * its seed's order, and another seed's order from there would repeat some
+ * samples and skip others this epoch. (Evaluation draws none: any seed.) */
+static dt_status same_seed(const dt_train_opts *o) {
+    dt_ckpt_model cm;
+    if (dt_checkpoint_read_model(o->resume, &cm) != DT_OK) {   /* (the load says what is wrong with it) */
+        dt_error_clear();
+        return DT_OK;
+    }
+    if (!cm.has_seed || cm.seed == o->seed) return DT_OK;
+    return DT_ERR(DT_EINVAL, "%s was saved with train.seed %llu, this run has %llu (a resumed run keeps its data "
+                  "order: resume with the same seed)", o->resume, (unsigned long long)cm.seed,
+                  (unsigned long long)o->seed);
+}
+
 dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt_trainer **out) {
     if (!o || !out) return DT_ERR(DT_EINVAL, "dt_trainer_create: %s is NULL", !o ? "opts" : "out");
     *out = NULL;
@@ -121,6 +136,7 @@ dt_status dt_trainer_create(const dt_train_opts *o, const dt_strategy *strat, dt
                           .param_copy_bytes = t->wcopy.dtype != DT_F32 ? t->model->param_flat.numel * sizeof(float) : 0};
         s = example_batch(t);
     }
+    if (s == DT_OK && o->resume && !o->eval_only) s = same_seed(o);
     if (s == DT_OK && o->resume && !t->strat.load) s = dt_checkpoint_load(t, o->resume);
     if (s == DT_OK) {   /* before setup: a pipeline stage then holds only its part */
         t->model_params = dt_model_num_params(t->model);

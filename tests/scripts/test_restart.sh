@@ -122,7 +122,13 @@ else echo "FAIL restarted as first launched: metrics steps: $(echo "$logged" | h
 # the job resumes --save itself (--resume CK --save CK) and fails before its first save: the
 # restart resumes CK again, and the summary counts from its step (it said "at the start", 35 again;
 # CK spelt two ways, as one file: it was taken for another run's checkpoint)
-"$bin" "${base[@]}" --batch 8 --steps 30 --save "$tmp/own.ck" > /dev/null 2>&1 || { echo "FAIL own: the first run"; fail=1; }
+# (its metrics file, from the first run, also holds 4 stale lines past step 30, longer than
+# the steps that replace them: the resume drops them, leaving the file shorter than at
+# launch; the restart must not grow it back -- that padded it with NUL bytes)
+"$bin" "${base[@]}" --batch 8 --steps 30 --save "$tmp/own.ck" --metrics "$tmp/own.jsonl" > /dev/null 2>&1 ||
+    { echo "FAIL own: the first run"; fail=1; }
+pad=$(printf 'x%.0s' $(seq 1 300))
+for s in 31 32 33 34; do echo "{\"step\":$s,\"loss\":9,\"pad\":\"$pad\"}"; done >> "$tmp/own.jsonl"
 "$bin" "${base[@]}" --nproc "$np" --batch 8 --steps 60 --max-restarts 1 --resume "$tmp/./own.ck" --save "$tmp/own.ck" \
     --metrics "$tmp/own.jsonl" < /dev/null > "$tmp/own.out" 2> "$tmp/own.err" &
 job=$!
@@ -133,6 +139,10 @@ if [ $rc -eq 0 ] && grep -q "restart 1 of 1 from $tmp/own.ck (step 30)" "$tmp/ow
    grep -q "1 restart (resumed at step 30)" "$tmp/own.err" && [ -n "$again" ] && [ "$again" -lt 30 ]; then
     echo "ok   the job's own --resume CK: $(grep -m1 '1 restart' "$tmp/own.err")"
 else echo "FAIL the job's own --resume CK: exit $rc"; tail -4 "$tmp/own.err"; fail=1; fi
+logged=$(grep -oE '"step":[0-9]+,"loss"' "$tmp/own.jsonl" | cut -d: -f2 | cut -d, -f1 | tr '\n' ' ')
+if [ "$logged" = "$(seq -s ' ' 1 60) " ] && ! grep -qaP '\x00' "$tmp/own.jsonl" && ! grep -q '"pad"' "$tmp/own.jsonl"; then
+    echo "ok   the job's own --resume CK: metrics hold steps 1..60 once each, no stale line, no NUL byte"
+else echo "FAIL the job's own --resume CK: metrics steps: $(echo "$logged" | head -c 300)$(grep -caP '\x00' "$tmp/own.jsonl") lines with NUL"; fail=1; fi
 
 # a failure that repeats before the first step (a missing data file) is not restarted again and again
 "$bin" "${base[@]}" --data-path "$tmp/missing.txt" --nproc "$np" --batch 8 --max-restarts 5 --save "$tmp/miss.ck" \

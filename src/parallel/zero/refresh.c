@@ -155,6 +155,7 @@ dt_status dt_zero_refresh_trainable(dt_zero *z) {
     if (s == DT_OK) restore_steps(z, &im, step);
     /* the parameters as a step (or a load) leaves them under the new
      * sharding: a 16-bit wire's other shards rounded, the own exact */
+    s = dt_par_agree(z->pg, s, "zero refresh_trainable");   /* (a rank short of memory: every rank fails) */
     if (s == DT_OK) s = dt_zero_gather_params(z);
     image_free(&im);
     return s;
