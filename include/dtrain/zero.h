@@ -72,12 +72,11 @@
  *              stage 3's gathered copy takes it from the master shard), every
  *              OTHER rank's shard as f32(round16(owner's value)). Ranks hold
  *              different full parameters (each exact in its own shard); their
- *              forwards differ accordingly. A checkpoint holds the exact
- *              masters (a pipeline's replica 0 puts every owner's shard
- *              together before it writes), and a load gathers as a step does
- *              (a resumed run goes on bit for bit); stage 3 at free and a
- *              change of the trainable set (which re-shards) gather float32,
- *              the exact masters.
+ *              forwards differ accordingly. dt_zero_load gathers the same
+ *              way (a resumed run goes on bit for bit; a pipeline's replicas,
+ *              which load through the pipeline, do not yet); stage 3 at free
+ *              and a change of the trainable set (which re-shards) gather
+ *              float32, the exact masters.
  * Bytes per collective halve (dt_zero_stats.bytes_reduced / bytes_gathered).
  * Gradient clipping's norm is over the float32 reduced shards.
  *

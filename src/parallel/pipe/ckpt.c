@@ -71,12 +71,6 @@ void dt_pipe_ckpt_free(dt_pipe *p) {
  * model's tensors hold the rounded copy). The stage in effect: --node-params
  * makes stage 3 keep whole parameters, as stage 2. */
 static int zero3(const dt_pipe *p) { return p->dp.zero && dt_zero_values_sharded(p->dp.zero); }
-/* ZeRO 1/2 over a 16-bit wire with float32 masters: each replica holds the
- * other replicas' shards as the wire rounded them (zero.h), so a whole value
- * is only exact put together from every owner's shard */
-static int zero_wire16(const dt_pipe *p) {
-    return p->dp.zero && !zero3(p) && !p->dp.zero->lay.shard_param && p->dp.zero->wire.pdt != DT_F32;
-}
 
 /* ZeRO in tensor-parallel stages: saved from the replicas' shards put together */
 static int zero_tp(const dt_pipe *p) { return p->dp.zero && p->lay.T > 1; }
@@ -98,16 +92,6 @@ static dt_status gather_flats(dt_pipe *p, int ns, float **flat) {
         DT_TRY(dt_zero_gather_local(p->dp.zero, k, flat[k + 1]));
     }
     return DT_OK;
-}
-
-/* zero_wire16: flat[0] the exact values, every owner's shard put together
- * (collective over the stage's replicas; the allocation agreed first) */
-static dt_status gather_exact_values(dt_pipe *p, float **flat) {
-    size_t total = p->dp.zero->lay.total ? p->dp.zero->lay.total : 1;
-    flat[0] = malloc(total * sizeof **flat);
-    DT_TRY(dt_par_agree(p->dp.pg, flat[0] ? DT_OK : DT_ERR(DT_ENOMEM, "pipeline checkpoint: out of memory"),
-                        "pipeline checkpoint"));
-    return dt_zero_gather_local(p->dp.zero, -1, flat[0]);
 }
 
 /* A piece of tensor q (its value or a state, `local` this rank's part):
@@ -160,7 +144,7 @@ static dt_status write_my_shard_open(dt_pipe *p, dt_run *r, const char *dir, con
     float *zeros = zn ? calloc(zn, sizeof *zeros) : NULL;
     if (zn && !zeros) { free(pc); free(sname); free(whole); return DT_ERR(DT_ENOMEM, "%s: out of memory", dir); }
     int n = 0;
-    dt_status s = zero_tp(p) ? gather_flats(p, ns, flat) : zero_wire16(p) ? gather_exact_values(p, flat) : DT_OK;
+    dt_status s = zero_tp(p) ? gather_flats(p, ns, flat) : DT_OK;
     if (p->dp.zero && !zero_tp(p)) {   /* every replica: its owned ranges of the states (stage 3: and values; a tied copy:
                            on its authority only) */
         n = dt_zero_state_pieces(p->dp.zero, r, p->upd.norm_skip, pc, sname);
@@ -365,9 +349,6 @@ dt_status dt_pipe_load(dt_pipe *p, dt_run *r, const char *path) {
     dt_ckpt_close(ck);
     s = dt_par_agree(p->comm.world, s, path);
     /* values read as shards: ZeRO-3's buckets kept gathered (parameters no
-     * module owns), a 16-bit param_dtype's rounded flat copy, from the new
-     * shards; read whole under a 16-bit wire: the other replicas' shards
-     * gathered as a step leaves them (rounded), so a resume is bit for bit */
-    return s == DT_OK && (zero3(p) || zero_wire16(p)) ? dt_par_agree(p->comm.world, dt_zero_gather_params(p->dp.zero), path)
-                                                      : s;
+     * module owns), a 16-bit param_dtype's rounded flat copy, from the new shards */
+    return s == DT_OK && zero3(p) ? dt_par_agree(p->comm.world, dt_zero_gather_params(p->dp.zero), path) : s;
 }
